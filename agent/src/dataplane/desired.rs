@@ -1,0 +1,114 @@
+//! What the control plane asks the datapath to do: every frontend with its ordered backends.
+//! Plain data, no kernel types; the writer turns it into map entries.
+use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+
+use serde::{Deserialize, Serialize};
+use socklb_abi::{PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn number(self) -> u8 {
+        match self {
+            Self::Tcp => PROTO_TCP,
+            Self::Udp => PROTO_UDP,
+        }
+    }
+
+    pub fn from_number(number: u8) -> Option<Self> {
+        match number {
+            PROTO_TCP => Some(Self::Tcp),
+            PROTO_UDP => Some(Self::Udp),
+            _ => None,
+        }
+    }
+}
+
+/// Which traffic a frontend entry serves: local sockets (cgroup hooks) or packets arriving
+/// from outside the node (TC).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    #[default]
+    Internal,
+    External,
+}
+
+impl Scope {
+    pub fn number(self) -> u8 {
+        match self {
+            Self::Internal => SCOPE_INTERNAL,
+            Self::External => SCOPE_EXTERNAL,
+        }
+    }
+
+    pub fn from_number(number: u8) -> Option<Self> {
+        match number {
+            SCOPE_INTERNAL => Some(Self::Internal),
+            SCOPE_EXTERNAL => Some(Self::External),
+            _ => None,
+        }
+    }
+}
+
+/// A service frontend: an address and port a client may connect to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frontend {
+    pub address: Ipv4Addr,
+    pub port: u16,
+    pub protocol: Protocol,
+    #[serde(default)]
+    pub scope: Scope,
+}
+
+impl fmt::Display for Frontend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}/{:?} ({:?})",
+            self.address, self.port, self.protocol, self.scope
+        )
+    }
+}
+
+/// A backend endpoint; its protocol is its frontend's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct BackendAddr {
+    pub address: Ipv4Addr,
+    pub port: u16,
+}
+
+impl fmt::Display for BackendAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.address, self.port)
+    }
+}
+
+/// What one frontend should do.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrontendSpec {
+    /// Usable backends; empty means the frontend refuses connections (ECONNREFUSED).
+    pub backends: Vec<BackendAddr>,
+    /// sessionAffinity ClientIP timeout in seconds; `None` when affinity is off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_timeout_seconds: Option<u32>,
+}
+
+/// The whole desired datapath.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub frontends: BTreeMap<Frontend, FrontendSpec>,
+}
+
+impl Desired {
+    pub fn insert(&mut self, frontend: Frontend, spec: FrontendSpec) {
+        self.frontends.insert(frontend, spec);
+    }
+}

@@ -1,0 +1,178 @@
+//! What the host must provide before anything is loaded: cgroup v2, bpffs, capabilities.
+//! Each check fails with a message that says how to fix it.
+use std::{
+    ffi::CString,
+    fs,
+    os::unix::ffi::OsStrExt as _,
+    path::{Path, PathBuf},
+};
+
+/// `statfs.f_type` of a BPF filesystem.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error(
+        "no cgroup v2 filesystem is mounted (none in /proc/self/mountinfo): mount one with \
+         `mount -t cgroup2 none /sys/fs/cgroup` or pass --cgroup-path"
+    )]
+    NoCgroup2,
+    #[error("cannot read /proc/self/mountinfo")]
+    MountInfo(#[source] std::io::Error),
+    #[error("{path} is not a cgroup v2 directory: pass the cgroup v2 mount (or a cgroup in it) to --cgroup-path")]
+    NotCgroup2 { path: PathBuf },
+    #[error(
+        "bpffs is not mounted at {path}: run `mount -t bpf bpf {path}` or pass --bpffs with a \
+         directory on a mounted bpffs"
+    )]
+    NoBpffs { path: PathBuf },
+    #[error("cannot create the pin directory {path}")]
+    PinDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "missing capabilities {missing}: socklb loads and attaches BPF programs; run it as \
+         root or grant CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN and CAP_PERFMON"
+    )]
+    Capabilities { missing: String },
+}
+
+/// Mount point of the first cgroup v2 filesystem, from /proc/self/mountinfo.
+pub fn cgroup2_mount() -> Result<PathBuf, HostError> {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").map_err(HostError::MountInfo)?;
+    find_cgroup2(&mountinfo).ok_or(HostError::NoCgroup2)
+}
+
+/// Parses mountinfo(5): `id parent major:minor root mountpoint options... - fstype source`.
+fn find_cgroup2(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (mount, filesystem) = line.split_once(" - ")?;
+        if filesystem.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        mount.split_whitespace().nth(4).map(unescape_octal)
+    })
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape_octal(field: &str) -> PathBuf {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes.get(i + 1..i + 4).and_then(|digits| {
+            let text = std::str::from_utf8(digits).ok()?;
+            u8::from_str_radix(text, 8).ok()
+        });
+        match (bytes[i], octal) {
+            (b'\\', Some(byte)) => {
+                out.push(byte);
+                i += 4;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(std::ffi::OsStr::from_bytes(&out))
+}
+
+fn statfs_type(path: &Path) -> Option<i64> {
+    let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated path and a properly sized out-parameter.
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
+    (rc == 0).then_some(stat.f_type)
+}
+
+/// Checks that `path` is a directory of the cgroup v2 hierarchy.
+pub fn check_cgroup2(path: &Path) -> Result<(), HostError> {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    match statfs_type(path) {
+        Some(CGROUP2_SUPER_MAGIC) => Ok(()),
+        _ => Err(HostError::NotCgroup2 {
+            path: path.to_owned(),
+        }),
+    }
+}
+
+/// Makes sure `pin_dir` is (or can be created) on a mounted bpffs, and creates it.
+pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), HostError> {
+    // The nearest existing ancestor tells which filesystem the directory lands on.
+    let existing = pin_dir
+        .ancestors()
+        .find(|p| p.exists())
+        .unwrap_or(Path::new("/"));
+    if statfs_type(existing) != Some(BPF_FS_MAGIC) {
+        let mount = if existing == Path::new("/") || existing == Path::new("/sys/fs") {
+            PathBuf::from("/sys/fs/bpf")
+        } else {
+            existing.to_owned()
+        };
+        return Err(HostError::NoBpffs { path: mount });
+    }
+    fs::create_dir_all(pin_dir).map_err(|source| HostError::PinDir {
+        path: pin_dir.to_owned(),
+        source,
+    })
+}
+
+/// Checks the effective capabilities needed to load and attach the programs.
+pub fn check_capabilities() -> Result<(), HostError> {
+    const NEEDED: [(u32, &str); 3] = [(12, "CAP_NET_ADMIN"), (21, "CAP_SYS_ADMIN"), (39, "CAP_BPF")];
+    let Ok(status) = fs::read_to_string("/proc/self/status") else {
+        return Ok(()); // Cannot tell: let the kernel decide.
+    };
+    let Some(effective) = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+    else {
+        return Ok(());
+    };
+    let missing: Vec<&str> = NEEDED
+        .iter()
+        .filter(|(bit, _)| effective & (1 << bit) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(HostError::Capabilities {
+            missing: missing.join(", "),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_cgroup2_in_a_hybrid_layout() {
+        let mountinfo = "\
+25 30 0:23 / /sys rw,nosuid - sysfs sysfs rw
+31 25 0:27 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+32 31 0:28 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw,nsdelegate
+33 31 0:29 / /sys/fs/cgroup/cpu rw,nosuid - cgroup cgroup rw,cpu
+";
+        assert_eq!(
+            find_cgroup2(mountinfo),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+    }
+
+    #[test]
+    fn optional_fields_and_escapes_are_handled() {
+        let mountinfo = "40 1 0:40 / /mnt/my\\040cgroup rw shared:5 master:1 - cgroup2 none rw\n";
+        assert_eq!(find_cgroup2(mountinfo), Some(PathBuf::from("/mnt/my cgroup")));
+    }
+
+    #[test]
+    fn no_cgroup2_is_none() {
+        assert_eq!(find_cgroup2("25 30 0:23 / /sys rw - sysfs sysfs rw\n"), None);
+    }
+}

@@ -1,0 +1,237 @@
+//! Loading the embedded object with its maps pinned, attaching the programs through pinned
+//! bpf links, and removing everything again.
+//!
+//! Pinned maps are adopted when their layout and capacity match and replaced (with a
+//! warning) when not. Pinned links keep the programs attached while no agent runs; a new
+//! agent swaps its programs into the existing links atomically (`BPF_LINK_UPDATE`), so
+//! translation never stops across a restart or an upgrade.
+use std::{
+    fs::{self, File},
+    io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfError, EbpfLoader,
+    maps::MapError,
+    programs::{
+        CgroupAttachMode, CgroupSockAddr, ProgramError,
+        cgroup_sock_addr::CgroupSockAddrLink,
+        links::{FdLink, LinkError, PinnedLink},
+    },
+};
+use socklb_abi::{map_names, program_names};
+use tracing::{info, warn};
+
+use super::{Capacities, object::OBJECT};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("loading the eBPF object failed")]
+    Load(#[source] EbpfError),
+    #[error("the embedded eBPF object has no program {0}: the build is broken")]
+    MissingProgram(&'static str),
+    #[error("the embedded eBPF object has no map {0}: the build is broken")]
+    MissingMap(&'static str),
+    #[error("the kernel rejected program {name}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("cannot replace the incompatible pinned map {path}")]
+    ReplaceMap {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot open cgroup {path}")]
+    Cgroup {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("cannot {action} the pinned link {path}")]
+    Link {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: LinkError,
+    },
+    #[error("cannot pin the link {path}")]
+    PinLink {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("cannot create {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Where a pinned link of `program` lives.
+pub fn link_pin(pin_dir: &Path, program: &str) -> PathBuf {
+    pin_dir.join("links").join(program)
+}
+
+/// Loads the object, adopting compatible pinned maps, and loads every program into the
+/// kernel (verifier included); nothing is attached yet.
+pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> {
+    // Each round replaces at most one incompatible map; there are only so many maps.
+    for _ in 0..=map_names::ALL.len() {
+        let mut loader = EbpfLoader::new();
+        loader
+            .default_map_pin_directory(pin_dir)
+            .map_max_entries(map_names::SERVICES, capacities.service_entries)
+            .map_max_entries(map_names::BACKENDS, capacities.backends)
+            .map_max_entries(map_names::REVERSE, capacities.reverse)
+            .map_max_entries(map_names::AFFINITY, capacities.affinity);
+        match loader.load(OBJECT) {
+            Ok(mut ebpf) => {
+                load_programs(&mut ebpf)?;
+                return Ok(ebpf);
+            }
+            Err(EbpfError::MapError(MapError::IncompatiblePinnedMap {
+                name,
+                property,
+                expected,
+                actual,
+            })) => {
+                let path = pin_dir.join(&name);
+                warn!(
+                    map = %name, property, expected, actual,
+                    "pinned map differs from what this agent needs: replacing it (the running \
+                     programs keep the old map until they are replaced; its entries are \
+                     rewritten, session affinity and reverse entries start empty)"
+                );
+                fs::remove_file(&path).map_err(|source| LoadError::ReplaceMap { path, source })?;
+            }
+            Err(error) => return Err(LoadError::Load(error)),
+        }
+    }
+    Err(LoadError::Load(EbpfError::NoBTF))
+}
+
+fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    for name in program_names::ALL {
+        let program = sock_addr_program(ebpf, name)?;
+        program
+            .load()
+            .map_err(|source| LoadError::Program { name, source })?;
+    }
+    Ok(())
+}
+
+fn sock_addr_program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut CgroupSockAddr, LoadError> {
+    ebpf.program_mut(name)
+        .ok_or(LoadError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })
+}
+
+/// What `attach` did for each program.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Attachment {
+    /// A new link was created and pinned.
+    Attached,
+    /// The program of an existing pinned link was replaced in place.
+    Replaced,
+}
+
+/// Attaches every program to `cgroup`, or swaps it into the pinned link a previous agent
+/// left. The links stay pinned: the programs remain attached after this process exits.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    pin_dir: &Path,
+    cgroup: &Path,
+) -> Result<Vec<(&'static str, Attachment)>, LoadError> {
+    let links_dir = pin_dir.join("links");
+    fs::create_dir_all(&links_dir).map_err(|source| LoadError::Dir {
+        path: links_dir.clone(),
+        source,
+    })?;
+    let cgroup_file = File::open(cgroup).map_err(|source| LoadError::Cgroup {
+        path: cgroup.to_owned(),
+        source,
+    })?;
+
+    let mut done = Vec::new();
+    for name in program_names::ALL {
+        let program = sock_addr_program(ebpf, name)?;
+        let pin = link_pin(pin_dir, name);
+        let link_error = |action, source| LoadError::Link {
+            action,
+            path: pin.clone(),
+            source,
+        };
+        let attachment = if pin.exists() {
+            let pinned = PinnedLink::from_pin(&pin).map_err(|e| link_error("open", e))?;
+            let link = CgroupSockAddrLink::try_from(FdLink::from(pinned))
+                .map_err(|e| link_error("reuse (not a cgroup sock_addr link)", e))?;
+            let id = program
+                .attach_to_link(link)
+                .map_err(|source| LoadError::Program { name, source })?;
+            // Dropping our handle closes the fd only; the pin keeps the link.
+            drop(program.take_link(id));
+            Attachment::Replaced
+        } else {
+            // bpf links to cgroups always coexist with other programs; the mode must be 0.
+            let id = program
+                .attach(&cgroup_file, CgroupAttachMode::Single)
+                .map_err(|source| LoadError::Program { name, source })?;
+            let link = program
+                .take_link(id)
+                .map_err(|source| LoadError::Program { name, source })?;
+            let fd_link = FdLink::try_from(link).map_err(|e| link_error("pin", e))?;
+            fd_link
+                .pin(&pin)
+                .map_err(|source| LoadError::PinLink {
+                    path: pin.clone(),
+                    source,
+                })?;
+            Attachment::Attached
+        };
+        info!(program = name, cgroup = %cgroup.display(), ?attachment, "program attached");
+        done.push((name, attachment));
+    }
+    Ok(done)
+}
+
+/// What `cleanup` removed.
+#[derive(Debug, Default)]
+pub struct Cleanup {
+    pub removed: Vec<PathBuf>,
+}
+
+/// Detaches the programs (by removing their link pins) and removes socklb's pinned maps and
+/// directories under `pin_dir`; nothing it did not create.
+pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
+    let mut cleanup = Cleanup::default();
+    let links = program_names::ALL.iter().map(|name| link_pin(pin_dir, name));
+    let maps = map_names::ALL.iter().map(|name| pin_dir.join(name));
+    for path in links.chain(maps) {
+        match fs::remove_file(&path) {
+            Ok(()) => cleanup.removed.push(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        }
+    }
+    for dir in [pin_dir.join("links"), pin_dir.to_owned()] {
+        // Only if empty: anything else in there is not ours.
+        match fs::remove_dir(&dir) {
+            Ok(()) => cleanup.removed.push(dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                warn!(dir = %dir.display(), "not removed: it holds files socklb did not create");
+            }
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
+        }
+    }
+    Ok(cleanup)
+}

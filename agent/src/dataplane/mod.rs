@@ -1,0 +1,207 @@
+//! The datapath as the control plane sees it: load and attach the kernel programs, and
+//! `apply` a desired state to their maps.
+mod desired;
+mod host;
+mod layout;
+mod loader;
+mod maps;
+mod object;
+mod writer;
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    Ebpf,
+    maps::{MapData, MapError, PerCpuArray},
+};
+pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
+pub use host::HostError;
+pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
+use socklb_abi::{Counters, map_names};
+use tracing::{info, warn};
+pub use writer::{ApplyReport, Capacity, Rejected, StoreError};
+
+use self::{maps::KernelMaps, writer::Writer};
+
+/// Default directory of socklb's pins on bpffs.
+pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/socklb";
+
+/// Map capacities (`max_entries`), set at load time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacities {
+    /// Service map entries: one per frontend plus one per backend slot.
+    pub service_entries: u32,
+    /// Distinct backends (address, port, protocol).
+    pub backends: u32,
+    /// Sockets whose peer is shown as the frontend (LRU).
+    pub reverse: u32,
+    /// Session-affinity entries (LRU).
+    pub affinity: u32,
+}
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Self {
+            service_entries: 65_536,
+            backends: 65_536,
+            reverse: 262_144,
+            affinity: 65_536,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Directory on bpffs for socklb's pinned maps and links.
+    pub pin_dir: PathBuf,
+    /// cgroup v2 directory to attach to; `None` means the root of the cgroup v2 mount, so
+    /// that every process on the node is served.
+    pub cgroup: Option<PathBuf>,
+    pub capacities: Capacities,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
+            cgroup: None,
+            capacities: Capacities::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error("cannot use map {name}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("writing the maps failed; the agent re-read them and retries at the next sync")]
+    Write(#[source] StoreError),
+}
+
+/// The loaded datapath: programs verified by the kernel, maps pinned, and the writer that
+/// owns the service and backend maps.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    writer: Writer<KernelMaps>,
+    counters: PerCpuArray<MapData, Counters>,
+    config: Config,
+}
+
+impl Dataplane {
+    /// Loads the programs and adopts (or creates) the pinned maps. Nothing is attached: call
+    /// [`Self::apply`] first and then [`Self::attach`], so that the programs never run
+    /// against maps that are not programmed yet.
+    pub fn load(config: Config) -> Result<Self, DataplaneError> {
+        host::check_capabilities()?;
+        host::prepare_pin_dir(&config.pin_dir)?;
+        let mut ebpf = loader::load(&config.pin_dir, &config.capacities)?;
+        let kernel_maps = KernelMaps::new(
+            take_map(&mut ebpf, map_names::SERVICES)?,
+            take_map(&mut ebpf, map_names::BACKENDS)?,
+        )
+        .map_err(|source| DataplaneError::Map {
+            name: map_names::SERVICES,
+            source,
+        })?;
+        let counters = take_map(&mut ebpf, map_names::COUNTERS)?
+            .try_into()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::COUNTERS,
+                source,
+            })?;
+        let contents = kernel_maps.read().map_err(|source| DataplaneError::Map {
+            name: map_names::SERVICES,
+            source,
+        })?;
+        let adopted = contents.services.len();
+        let writer = Writer::adopt(kernel_maps, capacity(&config.capacities), contents);
+        info!(
+            pin_dir = %config.pin_dir.display(),
+            adopted_service_entries = adopted,
+            "datapath loaded"
+        );
+        Ok(Self {
+            ebpf,
+            writer,
+            counters,
+            config,
+        })
+    }
+
+    /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
+    /// does not fit are left as they were and listed in the report.
+    pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+        match self.writer.apply(desired) {
+            Ok(report) => {
+                for rejected in &report.rejected {
+                    warn!(error = %rejected, "frontend not programmed");
+                }
+                Ok(report)
+            }
+            Err(error) => {
+                self.readopt()?;
+                Err(DataplaneError::Write(error))
+            }
+        }
+    }
+
+    /// Forgets the writer's mirror and reads the maps again: repairs any drift (entries
+    /// changed or removed by hand) at the next apply.
+    pub fn readopt(&mut self) -> Result<(), DataplaneError> {
+        let contents = self
+            .writer
+            .store()
+            .read()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::SERVICES,
+                source,
+            })?;
+        self.writer.readopt(contents);
+        Ok(())
+    }
+
+    /// Attaches the programs (or replaces those a previous agent left attached).
+    pub fn attach(&mut self) -> Result<Vec<(&'static str, Attachment)>, DataplaneError> {
+        let cgroup = match &self.config.cgroup {
+            Some(path) => path.clone(),
+            None => host::cgroup2_mount()?,
+        };
+        host::check_cgroup2(&cgroup)?;
+        Ok(loader::attach(&mut self.ebpf, &self.config.pin_dir, &cgroup)?)
+    }
+
+    /// The kernel programs' counters, summed over CPUs.
+    pub fn counters(&self) -> Result<Counters, DataplaneError> {
+        let per_cpu = self
+            .counters
+            .get(&0, 0)
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::COUNTERS,
+                source,
+            })?;
+        Ok(Counters::sum(per_cpu.iter()))
+    }
+
+    pub fn pin_dir(&self) -> &Path {
+        &self.config.pin_dir
+    }
+}
+
+fn capacity(capacities: &Capacities) -> Capacity {
+    Capacity {
+        service_entries: capacities.service_entries,
+        backends: capacities.backends,
+    }
+}
+
+fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, LoadError> {
+    ebpf.take_map(name).ok_or(LoadError::MissingMap(name))
+}

@@ -1,0 +1,849 @@
+//! The diff writer: the only code that changes the service and backend maps.
+//!
+//! It keeps a mirror of what the maps hold (adopted from the maps at start, so an agent
+//! restart changes nothing), diffs the desired state against it and writes only the
+//! differences, frontend by frontend, in an order that keeps every concurrent lookup of the
+//! kernel programs consistent:
+//! - backends a frontend needs are written before any slot points at them;
+//! - slots are written before the master entry's count covers them, and the count is
+//!   lowered before the slots above it are deleted;
+//! - a removed frontend loses its master entry first, then its slots;
+//! - a backend no frontend uses any more is deleted last.
+//!
+//! A frontend whose change does not fit the maps' capacity is left exactly as it was and
+//! reported; the others are still applied.
+use std::collections::{BTreeMap, HashMap};
+
+use socklb_abi::{Backend, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey};
+
+use super::{
+    desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope},
+    layout::assign_slots,
+};
+
+/// One write to the maps, in the order the writer issues them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    PutBackend { id: u32, backend: Backend },
+    PutService { key: ServiceKey, entry: ServiceEntry },
+    DeleteService { key: ServiceKey },
+    DeleteBackend { id: u32 },
+}
+
+/// Where the writer's operations go: the pinned BPF maps, or a recorder in tests.
+pub trait Store {
+    fn write(&mut self, op: &Op) -> Result<(), StoreError>;
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{op:?} failed")]
+pub struct StoreError {
+    pub op: Op,
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// Capacities of the maps the writer fills (entries, as in `max_entries`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    pub service_entries: u32,
+    pub backends: u32,
+}
+
+/// A frontend that was left as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum Rejected {
+    #[error(
+        "frontend {frontend} needs {needed} more entries in map {map} but only {free} of its \
+         {capacity} are free: raise {flag} (the frontend keeps its previous state)"
+    )]
+    MapFull {
+        frontend: Frontend,
+        map: &'static str,
+        flag: &'static str,
+        capacity: u32,
+        free: u32,
+        needed: u32,
+    },
+    #[error(
+        "frontend {frontend} has {count} backends, more than the {max} slots a frontend can \
+         hold (the frontend keeps its previous state)"
+    )]
+    TooManyBackends {
+        frontend: Frontend,
+        count: usize,
+        max: u16,
+    },
+}
+
+/// What an `apply` did.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    /// Map writes issued.
+    pub writes: usize,
+    /// Frontends left unchanged because their change could not be applied.
+    pub rejected: Vec<Rejected>,
+}
+
+/// The writer's mirror of one frontend in the maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Programmed {
+    service_id: u32,
+    flags: u16,
+    affinity_timeout_s: u32,
+    /// Backend id per slot; index 0 is slot 1. 0 marks a slot that could not be read.
+    slots: Vec<u32>,
+    /// Entries above `count` found when adopting: deleted at the next apply.
+    stray_slots: Vec<u16>,
+}
+
+impl Programmed {
+    fn master(&self) -> ServiceEntry {
+        ServiceEntry {
+            backend_id: 0,
+            count: u16::try_from(self.slots.len()).unwrap_or(u16::MAX),
+            flags: self.flags,
+            service_id: self.service_id,
+            affinity_timeout_s: self.affinity_timeout_s,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Writer<S> {
+    store: S,
+    capacity: Capacity,
+    frontends: BTreeMap<Frontend, Programmed>,
+    backends: HashMap<u32, (BackendAddr, Protocol)>,
+    backend_ids: HashMap<(BackendAddr, Protocol), u32>,
+    /// Service-map keys with no master entry, found when adopting.
+    orphans: Vec<ServiceKey>,
+    next_backend_id: u32,
+    next_service_id: u32,
+}
+
+/// Contents of the service and backend maps, as read back from the kernel.
+#[derive(Debug, Default)]
+pub struct MapContents {
+    pub services: Vec<(ServiceKey, ServiceEntry)>,
+    pub backends: Vec<(u32, Backend)>,
+}
+
+impl<S: Store> Writer<S> {
+    /// A writer that adopts what the maps already hold.
+    pub fn adopt(store: S, capacity: Capacity, contents: MapContents) -> Self {
+        let mut writer = Self {
+            store,
+            capacity,
+            frontends: BTreeMap::new(),
+            backends: HashMap::new(),
+            backend_ids: HashMap::new(),
+            orphans: Vec::new(),
+            next_backend_id: 1,
+            next_service_id: 1,
+        };
+        writer.readopt(contents);
+        writer
+    }
+
+    /// Replaces the mirror with what the maps hold now.
+    pub fn readopt(&mut self, contents: MapContents) {
+        self.frontends.clear();
+        self.backends.clear();
+        self.backend_ids.clear();
+        self.orphans.clear();
+        self.next_backend_id = 1;
+        self.next_service_id = 1;
+        for (id, backend) in contents.backends {
+            let Some(protocol) = Protocol::from_number(backend.protocol) else {
+                // Unknown protocol: not ours to interpret; dropped at the next apply.
+                self.backends.insert(id, (from_backend(&backend), Protocol::Tcp));
+                continue;
+            };
+            let addr = from_backend(&backend);
+            self.backends.insert(id, (addr, protocol));
+            self.backend_ids.entry((addr, protocol)).or_insert(id);
+            self.next_backend_id = self.next_backend_id.max(id.saturating_add(1));
+        }
+
+        let mut slots: HashMap<ServiceKey, BTreeMap<u16, u32>> = HashMap::new();
+        let mut masters = Vec::new();
+        for (key, entry) in contents.services {
+            let master_key = ServiceKey { slot: 0, ..key };
+            match (key.slot, frontend_of(&key)) {
+                (_, None) => self.orphans.push(key),
+                (0, Some(frontend)) => masters.push((frontend, master_key, entry)),
+                (slot, Some(_)) => {
+                    slots
+                        .entry(master_key)
+                        .or_default()
+                        .insert(slot, entry.backend_id);
+                }
+            }
+        }
+        for (frontend, master_key, entry) in masters {
+            let mut held = slots.remove(&master_key).unwrap_or_default();
+            let programmed = Programmed {
+                service_id: entry.service_id,
+                flags: entry.flags,
+                affinity_timeout_s: entry.affinity_timeout_s,
+                slots: (1..=entry.count)
+                    .map(|slot| held.remove(&slot).unwrap_or(0))
+                    .collect(),
+                stray_slots: held.into_keys().collect(),
+            };
+            self.next_service_id = self
+                .next_service_id
+                .max(entry.service_id.saturating_add(1));
+            self.frontends.insert(frontend, programmed);
+        }
+        // Slots whose master is gone.
+        for (master_key, held) in slots {
+            for slot in held.into_keys() {
+                self.orphans.push(ServiceKey { slot, ..master_key });
+            }
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Number of service-map entries the mirror accounts for.
+    pub fn service_entries(&self) -> u32 {
+        let entries: usize = self
+            .frontends
+            .values()
+            .map(|p| 1 + p.slots.len() + p.stray_slots.len())
+            .sum();
+        u32::try_from(entries + self.orphans.len()).unwrap_or(u32::MAX)
+    }
+
+    pub fn backend_entries(&self) -> u32 {
+        u32::try_from(self.backends.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Makes the maps hold `desired`, writing only what differs.
+    ///
+    /// After an error the mirror may no longer match the maps: adopt them again (the
+    /// [`super::Dataplane`] does) before the next apply.
+    pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, StoreError> {
+        let mut report = ApplyReport::default();
+
+        for key in std::mem::take(&mut self.orphans) {
+            self.write(&mut report, Op::DeleteService { key })?;
+        }
+
+        let removed: Vec<Frontend> = self
+            .frontends
+            .keys()
+            .filter(|f| !desired.frontends.contains_key(f))
+            .copied()
+            .collect();
+        for frontend in removed {
+            self.remove_frontend(&mut report, frontend)?;
+        }
+
+        // Shrinking frontends first, so that growing ones find the room they free.
+        let mut changes: Vec<(&Frontend, &FrontendSpec)> = desired.frontends.iter().collect();
+        changes.sort_by_key(|(frontend, spec)| {
+            let old = self.frontends.get(frontend).map_or(0, |p| p.slots.len() + 1);
+            (spec.backends.len() + 1).cast_signed() - old.cast_signed()
+        });
+        for (frontend, spec) in changes {
+            if let Err(rejected) = self.update_frontend(&mut report, *frontend, spec)? {
+                report.rejected.push(rejected);
+            }
+        }
+
+        self.collect_backends(&mut report)?;
+        Ok(report)
+    }
+
+    fn write(&mut self, report: &mut ApplyReport, op: Op) -> Result<(), StoreError> {
+        self.store.write(&op)?;
+        report.writes += 1;
+        Ok(())
+    }
+
+    fn remove_frontend(
+        &mut self,
+        report: &mut ApplyReport,
+        frontend: Frontend,
+    ) -> Result<(), StoreError> {
+        let Some(programmed) = self.frontends.get(&frontend).cloned() else {
+            return Ok(());
+        };
+        // The master first: from then on lookups no longer see the frontend.
+        let slots = 1..=u16::try_from(programmed.slots.len()).unwrap_or(u16::MAX);
+        for slot in std::iter::once(0)
+            .chain(slots)
+            .chain(programmed.stray_slots.iter().copied())
+        {
+            self.write(report, Op::DeleteService {
+                key: service_key(&frontend, slot),
+            })?;
+        }
+        self.frontends.remove(&frontend);
+        Ok(())
+    }
+
+    /// Applies one frontend's change, or leaves it untouched and says why.
+    fn update_frontend(
+        &mut self,
+        report: &mut ApplyReport,
+        frontend: Frontend,
+        spec: &FrontendSpec,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        let old = self.frontends.get(&frontend).cloned();
+        let (flags, affinity_timeout_s) = match spec.affinity_timeout_seconds {
+            Some(timeout) => (SERVICE_FLAG_AFFINITY, timeout),
+            None => (0, 0),
+        };
+
+        // Backend ids: existing ones reused, new ones reserved (written only if accepted).
+        let mut new_backends = Vec::new();
+        let mut wanted = Vec::with_capacity(spec.backends.len());
+        for addr in &spec.backends {
+            let id = match self.backend_ids.get(&(*addr, frontend.protocol)) {
+                Some(id) => *id,
+                None => match new_backends.iter().find(|(_, a)| a == addr) {
+                    Some((id, _)) => *id,
+                    None => {
+                        let id = self.allocate_backend_id(&new_backends);
+                        new_backends.push((id, *addr));
+                        id
+                    }
+                },
+            };
+            wanted.push(id);
+        }
+
+        let old_slots = old.as_ref().map_or(&[][..], |p| &p.slots[..]);
+        let slots = assign_slots(old_slots, &wanted);
+        if slots.len() > usize::from(socklb_abi::MAX_BACKENDS_PER_SERVICE) {
+            return Ok(Err(Rejected::TooManyBackends {
+                frontend,
+                count: slots.len(),
+                max: socklb_abi::MAX_BACKENDS_PER_SERVICE,
+            }));
+        }
+
+        let programmed = Programmed {
+            service_id: match &old {
+                Some(p) => p.service_id,
+                None => self.allocate_service_id(),
+            },
+            flags,
+            affinity_timeout_s,
+            slots,
+            stray_slots: Vec::new(),
+        };
+        if old.as_ref() == Some(&programmed) {
+            return Ok(Ok(()));
+        }
+
+        // Capacity: the peak during the update is the old entries plus the added slots.
+        let old_entries = old.as_ref().map_or(0, |p| p.slots.len() + 1);
+        let grow = (programmed.slots.len() + 1).saturating_sub(old_entries);
+        if let Err(rejected) = self.check_room(frontend, grow, new_backends.len()) {
+            return Ok(Err(rejected));
+        }
+
+        let new_entries: Vec<(u32, Backend)> = new_backends
+            .iter()
+            .map(|(id, addr)| (*id, to_backend(addr, frontend.protocol)))
+            .collect();
+        for op in frontend_ops(&frontend, old.as_ref(), &programmed, &new_entries) {
+            self.write(report, op)?;
+        }
+        for (id, addr) in new_backends {
+            self.backends.insert(id, (addr, frontend.protocol));
+            self.backend_ids.insert((addr, frontend.protocol), id);
+        }
+        self.frontends.insert(frontend, programmed);
+        Ok(Ok(()))
+    }
+
+    fn check_room(&self, frontend: Frontend, grow: usize, new_backends: usize) -> Result<(), Rejected> {
+        let used = self.service_entries();
+        let free = self.capacity.service_entries.saturating_sub(used);
+        let grow = u32::try_from(grow).unwrap_or(u32::MAX);
+        if grow > free {
+            return Err(Rejected::MapFull {
+                frontend,
+                map: socklb_abi::map_names::SERVICES,
+                flag: "--max-service-entries",
+                capacity: self.capacity.service_entries,
+                free,
+                needed: grow,
+            });
+        }
+        let free = self.capacity.backends.saturating_sub(self.backend_entries());
+        let needed = u32::try_from(new_backends).unwrap_or(u32::MAX);
+        if needed > free {
+            return Err(Rejected::MapFull {
+                frontend,
+                map: socklb_abi::map_names::BACKENDS,
+                flag: "--max-backends",
+                capacity: self.capacity.backends,
+                free,
+                needed,
+            });
+        }
+        Ok(())
+    }
+
+    /// Deletes backends that no frontend's slot refers to any more.
+    fn collect_backends(&mut self, report: &mut ApplyReport) -> Result<(), StoreError> {
+        let used: std::collections::HashSet<u32> = self
+            .frontends
+            .values()
+            .flat_map(|p| p.slots.iter().copied())
+            .collect();
+        let mut unused: Vec<u32> = self
+            .backends
+            .keys()
+            .filter(|id| !used.contains(id))
+            .copied()
+            .collect();
+        unused.sort_unstable();
+        for id in unused {
+            self.write(report, Op::DeleteBackend { id })?;
+            if let Some(key) = self.backends.remove(&id) {
+                if self.backend_ids.get(&key) == Some(&id) {
+                    self.backend_ids.remove(&key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn allocate_backend_id(&mut self, reserved: &[(u32, BackendAddr)]) -> u32 {
+        loop {
+            let id = self.next_backend_id;
+            self.next_backend_id = self.next_backend_id.checked_add(1).unwrap_or(1);
+            if id != 0 && !self.backends.contains_key(&id) && !reserved.iter().any(|(r, _)| *r == id)
+            {
+                return id;
+            }
+        }
+    }
+
+    fn allocate_service_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_service_id;
+            self.next_service_id = self.next_service_id.checked_add(1).unwrap_or(1);
+            if id != 0 && !self.frontends.values().any(|p| p.service_id == id) {
+                return id;
+            }
+        }
+    }
+}
+
+/// The writes that take one frontend from `old` to `new`, in a lookup-safe order. Pure.
+fn frontend_ops(
+    frontend: &Frontend,
+    old: Option<&Programmed>,
+    new: &Programmed,
+    new_backends: &[(u32, Backend)],
+) -> Vec<Op> {
+    let mut ops: Vec<Op> = new_backends
+        .iter()
+        .map(|(id, backend)| Op::PutBackend {
+            id: *id,
+            backend: *backend,
+        })
+        .collect();
+    let old_slots = old.map_or(&[][..], |p| &p.slots[..]);
+    // Slots first: those beyond the old count are not yet visible to lookups.
+    for (index, id) in new.slots.iter().enumerate() {
+        if old_slots.get(index) != Some(id) {
+            ops.push(Op::PutService {
+                key: service_key(frontend, slot_number(index)),
+                entry: ServiceEntry {
+                    backend_id: *id,
+                    ..ServiceEntry::default()
+                },
+            });
+        }
+    }
+    // Then the master: new count, flags and timeout become visible at once.
+    if old.map(Programmed::master) != Some(new.master()) {
+        ops.push(Op::PutService {
+            key: service_key(frontend, 0),
+            entry: new.master(),
+        });
+    }
+    // Last, slots above the new count, which no lookup can reach any more.
+    let above_count = (new.slots.len()..old_slots.len()).map(slot_number);
+    let strays = old
+        .map_or(&[][..], |p| &p.stray_slots[..])
+        .iter()
+        .copied()
+        .filter(|slot| usize::from(*slot) > new.slots.len());
+    for slot in above_count.chain(strays) {
+        ops.push(Op::DeleteService {
+            key: service_key(frontend, slot),
+        });
+    }
+    ops
+}
+
+fn to_backend(addr: &BackendAddr, protocol: Protocol) -> Backend {
+    Backend {
+        address: u32::from(addr.address).to_be(),
+        port: addr.port.to_be(),
+        protocol: protocol.number(),
+        flags: 0,
+    }
+}
+
+fn slot_number(index: usize) -> u16 {
+    // Bounded by MAX_BACKENDS_PER_SERVICE, checked before any slot is written.
+    u16::try_from(index + 1).unwrap_or(u16::MAX)
+}
+
+pub fn service_key(frontend: &Frontend, slot: u16) -> ServiceKey {
+    ServiceKey {
+        address: u32::from(frontend.address).to_be(),
+        port: frontend.port.to_be(),
+        protocol: frontend.protocol.number(),
+        scope: frontend.scope.number(),
+        slot,
+        pad: 0,
+    }
+}
+
+pub fn frontend_of(key: &ServiceKey) -> Option<Frontend> {
+    Some(Frontend {
+        address: u32::from_be(key.address).into(),
+        port: u16::from_be(key.port),
+        protocol: Protocol::from_number(key.protocol)?,
+        scope: Scope::from_number(key.scope)?,
+    })
+}
+
+pub fn from_backend(backend: &Backend) -> BackendAddr {
+    BackendAddr {
+        address: u32::from_be(backend.address).into(),
+        port: u16::from_be(backend.port),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    /// Records operations and keeps the resulting map contents.
+    #[derive(Default)]
+    struct Recorder {
+        ops: Vec<Op>,
+        services: BTreeMap<ServiceKey, ServiceEntry>,
+        backends: BTreeMap<u32, Backend>,
+    }
+
+    impl Store for Recorder {
+        fn write(&mut self, op: &Op) -> Result<(), StoreError> {
+            self.ops.push(op.clone());
+            match op {
+                Op::PutBackend { id, backend } => {
+                    self.backends.insert(*id, *backend);
+                }
+                Op::PutService { key, entry } => {
+                    self.services.insert(*key, *entry);
+                }
+                Op::DeleteService { key } => {
+                    self.services.remove(key);
+                }
+                Op::DeleteBackend { id } => {
+                    self.backends.remove(id);
+                }
+            }
+            // After every single write, what a lookup sees must be consistent.
+            assert_consistent(&self.services, &self.backends);
+            Ok(())
+        }
+    }
+
+    /// Every slot a master entry's count covers exists and names an existing backend.
+    fn assert_consistent(
+        services: &BTreeMap<ServiceKey, ServiceEntry>,
+        backends: &BTreeMap<u32, Backend>,
+    ) {
+        for (key, entry) in services.iter().filter(|(k, _)| k.slot == 0) {
+            for slot in 1..=entry.count {
+                let slot_key = ServiceKey { slot, ..*key };
+                let Some(slot_entry) = services.get(&slot_key) else {
+                    panic!("slot {slot} of {key:?} is covered by count but missing");
+                };
+                assert!(
+                    backends.contains_key(&slot_entry.backend_id),
+                    "slot {slot} of {key:?} names missing backend {}",
+                    slot_entry.backend_id
+                );
+            }
+        }
+    }
+
+    const CAPACITY: Capacity = Capacity {
+        service_entries: 1000,
+        backends: 1000,
+    };
+
+    fn frontend(last: u8) -> Frontend {
+        Frontend {
+            address: Ipv4Addr::new(10, 96, 0, last),
+            port: 80,
+            protocol: Protocol::Tcp,
+            scope: Scope::Internal,
+        }
+    }
+
+    fn backends(lasts: &[u8]) -> Vec<BackendAddr> {
+        lasts
+            .iter()
+            .map(|last| BackendAddr {
+                address: Ipv4Addr::new(10, 0, 0, *last),
+                port: 8080,
+            })
+            .collect()
+    }
+
+    fn desired(entries: &[(u8, &[u8])]) -> Desired {
+        let mut desired = Desired::default();
+        for (f, b) in entries {
+            desired.insert(frontend(*f), FrontendSpec {
+                backends: backends(b),
+                affinity_timeout_seconds: None,
+            });
+        }
+        desired
+    }
+
+    fn writer() -> Writer<Recorder> {
+        Writer::adopt(Recorder::default(), CAPACITY, MapContents::default())
+    }
+
+    fn kinds(ops: &[Op]) -> Vec<String> {
+        ops.iter()
+            .map(|op| match op {
+                Op::PutBackend { id, .. } => format!("+be{id}"),
+                Op::DeleteBackend { id } => format!("-be{id}"),
+                Op::PutService { key, entry } if key.slot == 0 => {
+                    format!("+master(count={})", entry.count)
+                }
+                Op::PutService { key, entry } => format!("+slot{}=be{}", key.slot, entry.backend_id),
+                Op::DeleteService { key } if key.slot == 0 => "-master".to_owned(),
+                Op::DeleteService { key } => format!("-slot{}", key.slot),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn new_frontend_writes_backends_then_slots_then_master() {
+        let mut w = writer();
+        w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
+        assert_eq!(kinds(&w.store.ops), [
+            "+be1",
+            "+be2",
+            "+slot1=be1",
+            "+slot2=be2",
+            "+master(count=2)"
+        ]);
+    }
+
+    #[test]
+    fn unchanged_desired_writes_nothing() {
+        let mut w = writer();
+        let d = desired(&[(1, &[1, 2]), (2, &[])]);
+        w.apply(&d).expect("apply");
+        let report = w.apply(&d).expect("apply");
+        assert_eq!(report.writes, 0);
+    }
+
+    #[test]
+    fn shrink_lowers_count_before_deleting_slots_and_backend_goes_last() {
+        let mut w = writer();
+        w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
+        w.store.ops.clear();
+        w.apply(&desired(&[(1, &[1, 3])])).expect("apply");
+        assert_eq!(kinds(&w.store.ops), [
+            "+slot2=be3",
+            "+master(count=2)",
+            "-slot3",
+            "-be2"
+        ]);
+    }
+
+    #[test]
+    fn replacing_the_whole_set_never_exposes_a_missing_backend() {
+        let mut w = writer();
+        w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
+        w.store.ops.clear();
+        w.apply(&desired(&[(1, &[4, 5])])).expect("apply");
+        assert_eq!(kinds(&w.store.ops), [
+            "+be4",
+            "+be5",
+            "+slot1=be4",
+            "+slot2=be5",
+            "+master(count=2)",
+            "-slot3",
+            "-be1",
+            "-be2",
+            "-be3"
+        ]);
+    }
+
+    #[test]
+    fn removed_frontend_loses_master_before_slots() {
+        let mut w = writer();
+        w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
+        w.store.ops.clear();
+        w.apply(&desired(&[])).expect("apply");
+        assert_eq!(kinds(&w.store.ops), ["-master", "-slot1", "-slot2", "-be1", "-be2"]);
+    }
+
+    #[test]
+    fn no_backends_keeps_a_master_with_count_zero() {
+        let mut w = writer();
+        w.apply(&desired(&[(1, &[1])])).expect("apply");
+        w.store.ops.clear();
+        w.apply(&desired(&[(1, &[])])).expect("apply");
+        assert_eq!(kinds(&w.store.ops), ["+master(count=0)", "-slot1", "-be1"]);
+    }
+
+    #[test]
+    fn shared_backend_is_written_once_and_kept_while_used() {
+        let mut w = writer();
+        w.apply(&desired(&[(1, &[1]), (2, &[1])])).expect("apply");
+        assert_eq!(w.store.backends.len(), 1);
+        w.store.ops.clear();
+        w.apply(&desired(&[(2, &[1])])).expect("apply");
+        assert_eq!(kinds(&w.store.ops), ["-master", "-slot1"]);
+    }
+
+    #[test]
+    fn affinity_change_rewrites_only_the_master() {
+        let mut w = writer();
+        let mut d = desired(&[(1, &[1])]);
+        w.apply(&d).expect("apply");
+        w.store.ops.clear();
+        d.frontends
+            .get_mut(&frontend(1))
+            .expect("frontend")
+            .affinity_timeout_seconds = Some(30);
+        w.apply(&d).expect("apply");
+        assert_eq!(kinds(&w.store.ops), ["+master(count=1)"]);
+        let master = w.store.services[&service_key(&frontend(1), 0)];
+        assert_eq!(master.flags, SERVICE_FLAG_AFFINITY);
+        assert_eq!(master.affinity_timeout_s, 30);
+    }
+
+    #[test]
+    fn adopting_the_maps_makes_a_restart_write_nothing() {
+        let mut first = writer();
+        let d = desired(&[(1, &[1, 2, 3]), (2, &[2]), (3, &[])]);
+        first.apply(&d).expect("apply");
+        let contents = MapContents {
+            services: first.store.services.clone().into_iter().collect(),
+            backends: first.store.backends.clone().into_iter().collect(),
+        };
+        let recorder = Recorder {
+            services: first.store.services.clone(),
+            backends: first.store.backends.clone(),
+            ..Recorder::default()
+        };
+        let mut second = Writer::adopt(recorder, CAPACITY, contents);
+        let report = second.apply(&d).expect("apply");
+        assert_eq!(report.writes, 0, "{:?}", kinds(&second.store.ops));
+    }
+
+    #[test]
+    fn adopting_repairs_strays_orphans_and_holes() {
+        let f = frontend(1);
+        let be = |id| (id, Backend {
+            address: u32::from(Ipv4Addr::new(10, 0, 0, id as u8)).to_be(),
+            port: 8080u16.to_be(),
+            protocol: 6,
+            flags: 0,
+        });
+        let slot = |s, id| (service_key(&f, s), ServiceEntry {
+            backend_id: id,
+            ..ServiceEntry::default()
+        });
+        let contents = MapContents {
+            services: vec![
+                (service_key(&f, 0), ServiceEntry {
+                    count: 2,
+                    service_id: 7,
+                    ..ServiceEntry::default()
+                }),
+                slot(1, 1),
+                // slot 2 missing (a hole), slot 5 stray above the count
+                slot(5, 2),
+                // an orphan slot of a frontend without master
+                (service_key(&frontend(9), 1), ServiceEntry::default()),
+            ],
+            backends: vec![be(1), be(2), be(3)],
+        };
+        let recorder = Recorder {
+            services: contents.services.iter().copied().collect(),
+            backends: contents.backends.iter().copied().collect(),
+            ..Recorder::default()
+        };
+        // The adopted state is itself inconsistent (hole at slot 2), so only check the end.
+        let mut w = Writer::adopt(recorder, CAPACITY, contents);
+        w.store.services.remove(&service_key(&f, 0));
+        w.store.services.insert(service_key(&f, 0), ServiceEntry {
+            count: 1,
+            service_id: 7,
+            ..ServiceEntry::default()
+        });
+        w.store.services.insert(service_key(&f, 2), ServiceEntry {
+            backend_id: 2,
+            ..ServiceEntry::default()
+        });
+        w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
+        let services: Vec<_> = w.store.services.keys().map(|k| k.slot).collect();
+        assert_eq!(services, [0, 1, 2], "{:?}", kinds(&w.store.ops));
+        assert_eq!(w.store.services[&service_key(&f, 0)].service_id, 7);
+        assert_eq!(w.store.backends.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[test]
+    fn a_change_that_does_not_fit_leaves_the_frontend_as_it_was() {
+        let mut w = Writer::adopt(Recorder::default(), Capacity {
+            service_entries: 5,
+            backends: 10,
+        }, MapContents::default());
+        w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
+        let before = w.store.services.clone();
+        let report = w
+            .apply(&desired(&[(1, &[1, 2, 3, 4]), (2, &[])]))
+            .expect("apply");
+        assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
+        let message = report.rejected[0].to_string();
+        assert!(message.contains("socklb_svc_v1"), "{message}");
+        assert!(message.contains("--max-service-entries"), "{message}");
+        // Frontend 1 untouched, frontend 2 (which fits) applied.
+        for (key, entry) in &before {
+            assert_eq!(w.store.services.get(key), Some(entry));
+        }
+        assert!(w.store.services.contains_key(&service_key(&frontend(2), 0)));
+        assert!(!w.store.backends.contains_key(&3));
+    }
+
+    #[test]
+    fn backend_map_full_is_reported_with_its_flag() {
+        let mut w = Writer::adopt(Recorder::default(), Capacity {
+            service_entries: 100,
+            backends: 1,
+        }, MapContents::default());
+        let report = w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
+        assert!(report.rejected[0].to_string().contains("--max-backends"));
+        assert!(w.store.ops.is_empty());
+    }
+}

@@ -1,0 +1,4 @@
+//! socklb's agent: keeps the eBPF socket load balancer's maps in line with the cluster.
+pub mod cli;
+pub mod dataplane;
+pub mod static_frontends;

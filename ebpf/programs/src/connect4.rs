@@ -1,0 +1,23 @@
+//! connect() of TCP and UDP sockets: the destination frontend becomes a backend before the
+//! kernel routes, so the packets on the wire carry the backend's address.
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+
+use crate::{
+    context::SockAddr,
+    lb::{self, Forward, Pick},
+    PROCEED,
+};
+
+#[cgroup_sock_addr(connect4)]
+pub fn socklb_connect4(ctx: SockAddrContext) -> i32 {
+    let sock = SockAddr::new(&ctx);
+    let Some(protocol) = lb::served_protocol(&sock) else {
+        return PROCEED;
+    };
+    lb::forward_verdict(try_connect4(&sock, protocol))
+}
+
+#[inline(always)]
+fn try_connect4(sock: &SockAddr, protocol: u8) -> Result<Forward, lb::Error> {
+    lb::translate(sock, protocol, Pick::for_protocol(protocol))
+}

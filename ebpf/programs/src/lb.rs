@@ -1,0 +1,257 @@
+//! Forward translation shared by connect4 and sendmsg4: frontend lookup, backend choice
+//! (session affinity, then random or per-socket), and the reverse entry that later lets
+//! recvmsg4/getpeername4 show the frontend again.
+use aya_ebpf::helpers;
+use socklb_abi::{
+    AffinityEntry, AffinityKey, Backend, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey,
+    PROTO_TCP, PROTO_UDP, SCOPE_INTERNAL, SERVICE_FLAG_AFFINITY,
+};
+
+use crate::{
+    context::SockAddr,
+    counters::bump,
+    maps::{AFFINITY, BACKENDS, REVERSE, SERVICES},
+    PROCEED, REJECT,
+};
+
+const ECONNREFUSED: i32 = 111;
+const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+/// A lookup or update that should have worked did not: proceed untranslated, count it.
+pub struct Error;
+
+pub enum Forward {
+    /// Not a frontend (or not TCP/UDP): untouched.
+    Untouched,
+    /// A frontend without any usable backend.
+    NoBackend,
+    Translated { affinity_hit: bool },
+}
+
+/// How a slot is chosen when session affinity does not decide.
+#[derive(Clone, Copy)]
+pub enum Pick {
+    /// Every connection draws a new backend (TCP).
+    Random,
+    /// A socket keeps its backend for as long as the backend set is unchanged (UDP), so
+    /// that replies and later datagrams of one socket stay with one server.
+    PerSocket,
+}
+
+impl Pick {
+    pub fn for_protocol(protocol: u8) -> Self {
+        if protocol == PROTO_TCP {
+            Self::Random
+        } else {
+            Self::PerSocket
+        }
+    }
+}
+
+/// Turns a forward translation into the hook's verdict, counting what happened.
+#[inline(always)]
+pub fn forward_verdict(result: Result<Forward, Error>) -> i32 {
+    match result {
+        Ok(Forward::Untouched) => PROCEED,
+        Ok(Forward::Translated { affinity_hit }) => {
+            bump(|c| &mut c.translated);
+            if affinity_hit {
+                bump(|c| &mut c.affinity_hits);
+            }
+            PROCEED
+        }
+        Ok(Forward::NoBackend) => {
+            bump(|c| &mut c.no_backend);
+            // What kube-proxy's REJECT rule gives the client. The kernel keeps a negative
+            // retval set by the program instead of its default EPERM.
+            // SAFETY: plain helper call without pointers.
+            unsafe { helpers::bpf_set_retval(-ECONNREFUSED) };
+            REJECT
+        }
+        Err(Error) => {
+            bump(|c| &mut c.errors);
+            PROCEED
+        }
+    }
+}
+
+/// The socket's L4 protocol if socklb serves it.
+#[inline(always)]
+pub fn served_protocol(sock: &SockAddr) -> Option<u8> {
+    match sock.protocol() {
+        p if p == u32::from(PROTO_TCP) => Some(PROTO_TCP),
+        p if p == u32::from(PROTO_UDP) => Some(PROTO_UDP),
+        _ => None,
+    }
+}
+
+/// Rewrites the socket's destination from a frontend to one of its backends.
+#[inline(always)]
+pub fn translate(sock: &SockAddr, protocol: u8, pick: Pick) -> Result<Forward, Error> {
+    let frontend_address = sock.address();
+    let frontend_port = sock.port();
+    let mut key = ServiceKey {
+        address: frontend_address,
+        port: frontend_port,
+        protocol,
+        scope: SCOPE_INTERNAL,
+        slot: 0,
+        pad: 0,
+    };
+    // The one lookup every non-frontend destination pays.
+    let Some(master) = SERVICES.get_ptr(&key) else {
+        return Ok(Forward::Untouched);
+    };
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    let master: ServiceEntry = unsafe { *master };
+    if master.count == 0 {
+        return Ok(Forward::NoBackend);
+    }
+
+    let cookie = sock.socket_cookie();
+    let (backend_id, affinity_hit) = choose_backend(sock, &master, &mut key, cookie, pick)?;
+    let Some(backend) = BACKENDS.get_ptr(&backend_id) else {
+        return Err(Error);
+    };
+    // SAFETY: as above.
+    let backend: Backend = unsafe { *backend };
+
+    remember_frontend(
+        ReverseKey {
+            cookie,
+            address: backend.address,
+            port: backend.port,
+            pad: 0,
+        },
+        ReverseEntry {
+            address: frontend_address,
+            port: frontend_port,
+            pad: 0,
+            service_id: master.service_id,
+        },
+    )?;
+    sock.set_destination(backend.address, backend.port);
+    Ok(Forward::Translated { affinity_hit })
+}
+
+/// Chooses a backend id: the affinity entry if it is fresh and its backend still holds its
+/// slot, else a new draw (recorded for affinity when the service asks for it).
+#[inline(always)]
+fn choose_backend(
+    sock: &SockAddr,
+    master: &ServiceEntry,
+    key: &mut ServiceKey,
+    cookie: u64,
+    pick: Pick,
+) -> Result<(u32, bool), Error> {
+    let count = master.count;
+    if master.flags & SERVICE_FLAG_AFFINITY == 0 {
+        return Ok((backend_in_slot(key, pick_slot(pick, count, cookie))?, false));
+    }
+
+    // SAFETY: helper without arguments.
+    let now = unsafe { helpers::bpf_ktime_get_ns() };
+    let affinity_key = AffinityKey {
+        netns_cookie: sock.netns_cookie(),
+        service_id: master.service_id,
+        pad: 0,
+    };
+    if let Some(entry) = AFFINITY.get_ptr_mut(&affinity_key) {
+        // SAFETY: pointer from a successful lookup, valid for this run.
+        let entry = unsafe { &mut *entry };
+        let timeout_ns = u64::from(master.affinity_timeout_s) * NANOS_PER_SECOND;
+        let fresh = now.wrapping_sub(entry.last_used_ns) <= timeout_ns;
+        if fresh && entry.slot >= 1 && entry.slot <= count {
+            key.slot = entry.slot;
+            if let Some(slot) = SERVICES.get_ptr(key) {
+                // SAFETY: as above.
+                if unsafe { (*slot).backend_id } == entry.backend_id {
+                    entry.last_used_ns = now;
+                    return Ok((entry.backend_id, true));
+                }
+            }
+        }
+    }
+
+    let slot = pick_slot(pick, count, cookie);
+    let backend_id = backend_in_slot(key, slot)?;
+    let entry = AffinityEntry {
+        last_used_ns: now,
+        backend_id,
+        slot,
+        pad: 0,
+    };
+    AFFINITY
+        .insert(&affinity_key, &entry, 0)
+        .map_err(|_| Error)?;
+    Ok((backend_id, false))
+}
+
+#[inline(always)]
+fn backend_in_slot(key: &mut ServiceKey, slot: u16) -> Result<u32, Error> {
+    key.slot = slot;
+    match SERVICES.get_ptr(key) {
+        // SAFETY: pointer from a successful lookup.
+        Some(entry) => Ok(unsafe { (*entry).backend_id }),
+        None => Err(Error),
+    }
+}
+
+/// A slot in `1..=count`; `count` is never 0 here, and the guard keeps the modulo free of
+/// a panic path the verifier would reject.
+#[inline(always)]
+fn pick_slot(pick: Pick, count: u16, cookie: u64) -> u16 {
+    let count = u32::from(count);
+    if count == 0 {
+        return 1;
+    }
+    let draw = match pick {
+        // SAFETY: helper without arguments.
+        Pick::Random => unsafe { helpers::bpf_get_prandom_u32() },
+        Pick::PerSocket => mix(cookie),
+    };
+    // count <= u16::MAX, so the slot fits.
+    ((draw % count) + 1) as u16
+}
+
+/// Spreads consecutive socket cookies over the slots (splitmix64's finaliser).
+#[inline(always)]
+fn mix(cookie: u64) -> u32 {
+    let mut x = cookie;
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    x as u32
+}
+
+/// Records which frontend the socket asked for; skips the write when the entry is already
+/// there (every datagram of an unconnected UDP socket comes through here).
+#[inline(always)]
+fn remember_frontend(key: ReverseKey, frontend: ReverseEntry) -> Result<(), Error> {
+    if let Some(existing) = REVERSE.get_ptr(&key) {
+        // SAFETY: pointer from a successful lookup.
+        if unsafe { *existing } == frontend {
+            return Ok(());
+        }
+    }
+    REVERSE.insert(&key, &frontend, 0).map_err(|_| Error)
+}
+
+/// For recvmsg4/getpeername4: if this socket reached the peer through a frontend, show the
+/// frontend instead. Returns whether it rewrote.
+#[inline(always)]
+pub fn reverse(sock: &SockAddr) -> bool {
+    let key = ReverseKey {
+        cookie: sock.socket_cookie(),
+        address: sock.address(),
+        port: sock.port(),
+        pad: 0,
+    };
+    let Some(frontend) = REVERSE.get_ptr(&key) else {
+        return false;
+    };
+    // SAFETY: pointer from a successful lookup.
+    let frontend: ReverseEntry = unsafe { *frontend };
+    sock.set_destination(frontend.address, frontend.port);
+    true
+}

@@ -1,0 +1,30 @@
+//! socklb's kernel programs: socket-level service translation at the cgroup hooks.
+//!
+//! Every hook is a thin entry that calls a `try_*` function; an error lets the operation
+//! proceed untranslated (the safe verdict for a socket hook) and is counted.
+#![no_std]
+#![no_main]
+
+mod connect4;
+mod context;
+mod counters;
+mod getpeername4;
+mod lb;
+mod maps;
+mod recvmsg4;
+mod sendmsg4;
+
+/// Verdicts of cgroup sock_addr programs.
+const PROCEED: i32 = 1;
+const REJECT: i32 = 0;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // No reachable panic is left in the programs; the verifier rejects any that is.
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";

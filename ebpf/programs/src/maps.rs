@@ -1,0 +1,25 @@
+//! The maps, as described in socklb-abi. Capacities here are placeholders: the agent sets
+//! the real ones at load time from its flags.
+use aya_ebpf::{
+    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    macros::btf_map,
+};
+use socklb_abi::{
+    AffinityEntry, AffinityKey, Backend, Counters, ReverseEntry, ReverseKey, ServiceEntry,
+    ServiceKey,
+};
+
+#[btf_map(name = "socklb_svc_v1", pin_by_name)]
+pub static SERVICES: HashMap<ServiceKey, ServiceEntry, 65536> = HashMap::new();
+
+#[btf_map(name = "socklb_be_v1", pin_by_name)]
+pub static BACKENDS: HashMap<u32, Backend, 65536> = HashMap::new();
+
+#[btf_map(name = "socklb_rev_v1", pin_by_name)]
+pub static REVERSE: LruHashMap<ReverseKey, ReverseEntry, 65536> = LruHashMap::new();
+
+#[btf_map(name = "socklb_aff_v1", pin_by_name)]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
+
+#[btf_map(name = "socklb_cnt_v1", pin_by_name)]
+pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();

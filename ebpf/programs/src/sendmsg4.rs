@@ -1,0 +1,24 @@
+//! sendmsg()/sendto() of unconnected UDP sockets (DNS clients): each datagram to a
+//! frontend is sent to a backend.
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use socklb_abi::PROTO_UDP;
+
+use crate::{
+    context::SockAddr,
+    lb::{self, Forward, Pick},
+    PROCEED,
+};
+
+#[cgroup_sock_addr(sendmsg4)]
+pub fn socklb_sendmsg4(ctx: SockAddrContext) -> i32 {
+    let sock = SockAddr::new(&ctx);
+    if lb::served_protocol(&sock) != Some(PROTO_UDP) {
+        return PROCEED;
+    }
+    lb::forward_verdict(try_sendmsg4(&sock))
+}
+
+#[inline(always)]
+fn try_sendmsg4(sock: &SockAddr) -> Result<Forward, lb::Error> {
+    lb::translate(sock, PROTO_UDP, Pick::PerSocket)
+}
