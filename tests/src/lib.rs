@@ -1,1 +1,405 @@
+//! Harness for the privileged tests: a private network namespace and child cgroup per test,
+//! real servers on loopback addresses inside that namespace, the real `socklb-probe` client
+//! run inside the cgroup, and cleanup of everything in `Drop`, also when a test panics.
+//!
+//! A missing prerequisite (not root, no bpffs, no cgroup v2) fails the test with a message
+//! naming it; nothing is skipped.
+use std::{
+    ffi::CString,
+    fs,
+    io::{BufRead as _, BufReader, Write as _},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket},
+    os::{fd::AsRawFd as _, unix::process::CommandExt as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
 
+use serde::Deserialize;
+use socklb_agent::dataplane::{self, BackendAddr, Capacities, Config, Dataplane, Frontend, Protocol, Scope};
+
+/// A test's private world. Dropping it detaches the programs, removes the pins, the cgroup
+/// (after killing anything left in it) and returns the thread to its network namespace.
+pub struct Sandbox {
+    pub name: String,
+    pub pin_dir: PathBuf,
+    pub cgroup: PathBuf,
+    original_netns: fs::File,
+}
+
+impl Sandbox {
+    /// Enters a new network namespace (this thread and the threads and processes it starts)
+    /// and creates a child cgroup and a pin directory named after the test.
+    pub fn new(test: &str) -> Self {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "privileged test {test}: must run as root (use `./x test`)"
+        );
+        let name = format!("socklb-test-{}-{test}", std::process::id());
+        let original_netns =
+            fs::File::open("/proc/thread-self/ns/net").expect("open /proc/thread-self/ns/net");
+        // SAFETY: unshare affects only this thread's network namespace.
+        let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+        assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        let sandbox = Self {
+            pin_dir: PathBuf::from("/sys/fs/bpf").join(&name),
+            cgroup: cgroup2_root().join(&name),
+            name,
+            original_netns,
+        };
+        run(Command::new("ip").args(["link", "set", "lo", "up"]));
+        fs::create_dir(&sandbox.cgroup)
+            .unwrap_or_else(|e| panic!("create cgroup {}: {e}", sandbox.cgroup.display()));
+        sandbox
+    }
+
+    pub fn config(&self) -> Config {
+        Config {
+            pin_dir: self.pin_dir.clone(),
+            cgroup: Some(self.cgroup.clone()),
+            capacities: Capacities::default(),
+        }
+    }
+
+    /// Loads the datapath with this sandbox's pins; attached to its cgroup by `attach`.
+    pub fn dataplane(&self) -> Dataplane {
+        Dataplane::load(self.config()).expect("load the datapath")
+    }
+
+    /// A command that runs inside this sandbox's cgroup (and network namespace).
+    pub fn in_cgroup(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let procs = CString::new(self.cgroup.join("cgroup.procs").as_os_str().as_encoded_bytes())
+            .expect("cgroup path without NUL");
+        let mut command = Command::new(program);
+        // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        command
+    }
+
+    /// Runs the probe inside the cgroup and returns its attempts.
+    pub fn probe(&self, mode: &str, target: SocketAddr, count: u32) -> Vec<Attempt> {
+        let output = self
+            .in_cgroup(probe_bin())
+            .args([mode, &target.to_string(), &count.to_string()])
+            .output()
+            .expect("run socklb-probe");
+        parse_attempts(&output.stdout, &output.stderr)
+    }
+
+    /// Runs the probe outside the cgroup (a process the datapath must not touch).
+    pub fn probe_outside(&self, mode: &str, target: SocketAddr, count: u32) -> Vec<Attempt> {
+        let output = Command::new(probe_bin())
+            .args([mode, &target.to_string(), &count.to_string()])
+            .output()
+            .expect("run socklb-probe");
+        parse_attempts(&output.stdout, &output.stderr)
+    }
+
+    /// Starts a probe in the cgroup in the background: `count` attempts, `pause_ms` apart.
+    pub fn spawn_probe(&self, mode: &str, target: SocketAddr, count: u32, pause_ms: u32) -> ProbeRun {
+        let child = self
+            .in_cgroup(probe_bin())
+            .args([mode, &target.to_string(), &count.to_string(), &pause_ms.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn socklb-probe");
+        ProbeRun { child: Some(child) }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if let Err(e) = dataplane::cleanup(&self.pin_dir) {
+            eprintln!("cleanup of {}: {e}", self.pin_dir.display());
+        }
+        // Anything still in the cgroup (a probe of a failed test) is killed first.
+        let _ = fs::write(self.cgroup.join("cgroup.kill"), "1");
+        for _ in 0..100 {
+            match fs::remove_dir(&self.cgroup) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        // SAFETY: setns with a namespace fd we opened; affects only this thread.
+        unsafe { libc::setns(self.original_netns.as_raw_fd(), libc::CLONE_NEWNET) };
+    }
+}
+
+/// A probe started in the background.
+pub struct ProbeRun {
+    child: Option<Child>,
+}
+
+impl ProbeRun {
+    pub fn wait(mut self) -> Vec<Attempt> {
+        let child = self.child.take().expect("probe child");
+        let output = child.wait_with_output().expect("wait for socklb-probe");
+        parse_attempts(&output.stdout, &output.stderr)
+    }
+}
+
+impl Drop for ProbeRun {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// One line of the probe's output.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Attempt {
+    pub started_ns: u64,
+    pub peer: Option<String>,
+    pub reply: Option<String>,
+    pub error: Option<String>,
+}
+
+fn parse_attempts(stdout: &[u8], stderr: &[u8]) -> Vec<Attempt> {
+    let attempts: Vec<Attempt> = String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("probe line {line}: {e}")))
+        .collect();
+    assert!(
+        !attempts.is_empty(),
+        "socklb-probe printed nothing; stderr: {}",
+        String::from_utf8_lossy(stderr)
+    );
+    attempts
+}
+
+/// The probe client; cargo builds this package's binaries before its integration tests.
+fn probe_bin() -> PathBuf {
+    target_bin("socklb-probe", "SOCKLB_PROBE_BIN")
+}
+
+/// The agent binary, built by `./x test` before the tests run.
+pub fn agent_bin() -> PathBuf {
+    target_bin("socklb", "SOCKLB_BIN")
+}
+
+/// A binary next to the test's own target directory (target/debug/deps/<test> ->
+/// target/debug/<name>), unless `env` names one.
+fn target_bin(name: &str, env: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env) {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join(name))
+        .expect("target directory");
+    assert!(
+        bin.is_file(),
+        "{} not found: `./x test` builds it (or set {env})",
+        bin.display()
+    );
+    bin
+}
+
+/// The cgroup v2 mount, as the agent finds it.
+pub fn cgroup2_root() -> PathBuf {
+    let mountinfo = fs::read_to_string("/proc/self/mountinfo").expect("read mountinfo");
+    mountinfo
+        .lines()
+        .find_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            if fs.split_whitespace().next()? != "cgroup2" {
+                return None;
+            }
+            mount.split_whitespace().nth(4).map(PathBuf::from)
+        })
+        .expect("prerequisite missing: no cgroup v2 filesystem is mounted")
+}
+
+pub fn run(command: &mut Command) {
+    let output = command.output().unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A real server thread that answers every TCP connection, or every UDP datagram, with its
+/// name; stops when dropped.
+pub struct NamedServer {
+    pub name: String,
+    pub addr: SocketAddrV4,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl NamedServer {
+    pub fn tcp(name: &str, addr: SocketAddrV4) -> Self {
+        let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(AtomicBool::new(false));
+        let reply = name.to_owned();
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopping.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut stream, _)) => {
+                        let _ = stream.write_all(reply.as_bytes());
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                }
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn udp(name: &str, addr: SocketAddrV4) -> Self {
+        let socket = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        socket
+            .set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("timeout");
+        let stop = Arc::new(AtomicBool::new(false));
+        let reply = name.to_owned();
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut buffer = [0u8; 512];
+            while !stopping.load(Ordering::Relaxed) {
+                if let Ok((_, from)) = socket.recv_from(&mut buffer) {
+                    let _ = socket.send_to(reply.as_bytes(), from);
+                }
+            }
+        });
+        Self {
+            name: name.to_owned(),
+            addr,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    pub fn backend(&self) -> BackendAddr {
+        BackendAddr {
+            address: *self.addr.ip(),
+            port: self.addr.port(),
+        }
+    }
+}
+
+impl Drop for NamedServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A dnsmasq process serving `name.test -> answer` on `addr`:53; killed when dropped.
+pub struct Dnsmasq {
+    child: Child,
+}
+
+impl Dnsmasq {
+    pub fn start(listen: Ipv4Addr, answer: Ipv4Addr) -> Self {
+        let mut child = Command::new("dnsmasq")
+            .args([
+                "--keep-in-foreground",
+                "--conf-file=/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+                "--user=root",
+                "--pid-file=",
+                &format!("--listen-address={listen}"),
+                "--port=53",
+                &format!("--address=/who.test/{answer}"),
+                "--log-facility=-",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("prerequisite missing: dnsmasq (apt-get install dnsmasq-base; ./x setup does)");
+        // Ready once it logs that it started (it binds before logging).
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut log = String::new();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    let started = line.contains("started");
+                    log.push_str(&line);
+                    log.push('\n');
+                    if started {
+                        break;
+                    }
+                }
+                _ => panic!("dnsmasq on {listen} did not start: {log}"),
+            }
+        }
+        // Keep draining its log so it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self { child }
+    }
+}
+
+impl Drop for Dnsmasq {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP frontend on a "cluster IP" that nothing else answers in the sandbox.
+pub fn frontend(address: [u8; 4], port: u16, protocol: Protocol) -> Frontend {
+    Frontend {
+        address: Ipv4Addr::from(address),
+        port,
+        protocol,
+        scope: Scope::Internal,
+    }
+}
+
+pub fn addr(frontend: &Frontend) -> SocketAddr {
+    SocketAddr::from((frontend.address, frontend.port))
+}
+
+/// Counts attempts per reply.
+pub fn tally(attempts: &[Attempt]) -> std::collections::BTreeMap<String, usize> {
+    let mut tally = std::collections::BTreeMap::new();
+    for attempt in attempts {
+        let key = attempt
+            .reply
+            .clone()
+            .or_else(|| attempt.error.clone().map(|e| format!("error: {e}")))
+            .unwrap_or_default();
+        *tally.entry(key).or_insert(0) += 1;
+    }
+    tally
+}

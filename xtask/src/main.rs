@@ -1,1 +1,156 @@
-fn main() {}
+//! Developer and CI tasks: `cargo xtask setup | build-ebpf | test | bench`.
+mod setup;
+
+use std::{
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "socklb's developer and CI tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install everything a fresh Debian 12 machine lacks (idempotent).
+    Setup,
+    /// Build the eBPF object the agent embeds and print its path.
+    BuildEbpf,
+    /// Set up, then run every test: unit tests, clippy, and the privileged tests (as root).
+    Test {
+        /// Only the tests whose name contains this filter.
+        filter: Option<String>,
+    },
+    /// Run a benchmark and print its results (see docs/benchmarks.md).
+    Bench {
+        #[command(subcommand)]
+        bench: Bench,
+    },
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// connect()+close() to a VIP vs to the backend, and the programs' kernel run time,
+    /// with 1, 1,000 and 10,000 services of 10 backends in the maps.
+    Datapath {
+        /// Connections per measurement.
+        #[arg(long, default_value_t = 20_000)]
+        connections: u32,
+        /// Service counts to measure at.
+        #[arg(long, value_delimiter = ',', default_value = "1,1000,10000")]
+        services: Vec<u32>,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().task {
+        Task::Setup => setup::run(),
+        Task::BuildEbpf => {
+            let object = build_ebpf()?;
+            println!("{}", object.display());
+            Ok(())
+        }
+        Task::Test { filter } => test(filter.as_deref()),
+        Task::Bench { bench } => {
+            setup::run()?;
+            match bench {
+                Bench::Datapath {
+                    connections,
+                    services,
+                } => {
+                    let services: Vec<String> = services.iter().map(u32::to_string).collect();
+                    let args = [
+                        "datapath".to_owned(),
+                        "--connections".to_owned(),
+                        connections.to_string(),
+                        "--services".to_owned(),
+                        services.join(","),
+                    ];
+                    cargo_run_release("socklb-bench", &args)
+                }
+            }
+        }
+    }
+}
+
+/// Builds the agent (whose build script builds the eBPF crate) and returns the object it
+/// embeds, so that what one inspects is exactly what the agent loads.
+fn build_ebpf() -> anyhow::Result<PathBuf> {
+    let output = Command::new(cargo())
+        .args([
+            "build",
+            "--package",
+            "socklb-agent",
+            "--lib",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo build")?;
+    if !output.status.success() {
+        bail!("building the agent (and its eBPF object) failed; did `cargo xtask setup` run?");
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    // The build-script-executed message of socklb-agent names its OUT_DIR.
+    let out_dir = stdout
+        .lines()
+        .filter(|line| line.contains("\"build-script-executed\"") && line.contains("socklb-agent"))
+        .find_map(|line| {
+            let start = line.find("\"out_dir\":\"")? + "\"out_dir\":\"".len();
+            let end = line[start..].find('"')? + start;
+            Some(PathBuf::from(&line[start..end]))
+        })
+        .context("cargo did not report the agent's build script output directory")?;
+    let object = out_dir.join("socklb");
+    if !object.is_file() {
+        bail!("expected the eBPF object at {}", object.display());
+    }
+    Ok(object)
+}
+
+fn test(filter: Option<&str>) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "the tests load BPF programs and create network namespaces and cgroups: run them \
+             as root (e.g. `sudo ./x test`)"
+        );
+    }
+    setup::run()?;
+    step("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    // The privileged tests start the real agent binary.
+    step("build the agent", &["build", "--package", "socklb-agent", "--bins"])?;
+    let mut args = vec!["test", "--workspace", "--no-fail-fast"];
+    if let Some(filter) = filter {
+        args.push(filter);
+    }
+    step("tests (unit and privileged)", &args)
+}
+
+fn cargo_run_release(bin: &str, args: &[String]) -> anyhow::Result<()> {
+    let mut full = vec!["run", "--quiet", "--release", "--package", "socklb-tests", "--bin", bin, "--"];
+    full.extend(args.iter().map(String::as_str));
+    step(&format!("benchmark {bin}"), &full)
+}
+
+fn step(what: &str, args: &[&str]) -> anyhow::Result<()> {
+    eprintln!("==> {what}: cargo {}", args.join(" "));
+    let status = Command::new(cargo())
+        .args(args)
+        .status()
+        .with_context(|| format!("running cargo for {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
+}

@@ -1,1 +1,118 @@
-fn main() {}
+//! A real client for the privileged tests: connects (TCP, connected UDP) or sends (unconnected
+//! UDP) to an address, and prints one JSON line per attempt with what the kernel and the
+//! server said: the peer address the socket reports, the server's reply (its name), and the
+//! error if any. Run inside a test cgroup, it is "a process on the node".
+//!
+//! socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT] [PAUSE_MS]
+use std::{
+    io::{Read as _, Write as _},
+    net::{SocketAddr, TcpStream, UdpSocket},
+    time::Duration,
+};
+
+use serde::Serialize;
+
+#[derive(Serialize)]
+struct Attempt {
+    /// CLOCK_MONOTONIC before the connect/send, in ns (comparable across processes).
+    started_ns: u64,
+    /// getpeername() (TCP, connected UDP) or the reply's source (unconnected UDP).
+    peer: Option<String>,
+    reply: Option<String>,
+    error: Option<String>,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, mode, target, rest @ ..] = args.as_slice() else {
+        eprintln!("usage: socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT] [PAUSE_MS]");
+        std::process::exit(2);
+    };
+    let target: SocketAddr = target.parse().unwrap_or_else(|e| {
+        eprintln!("bad address {target}: {e}");
+        std::process::exit(2);
+    });
+    let count: u32 = rest.first().and_then(|c| c.parse().ok()).unwrap_or(1);
+    let pause = Duration::from_millis(rest.get(1).and_then(|p| p.parse().ok()).unwrap_or(0));
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    for _ in 0..count {
+        let started_ns = monotonic_ns();
+        let result = match mode.as_str() {
+            "tcp" => tcp(target),
+            "udp" => udp(target, false),
+            "udp-connected" => udp(target, true),
+            other => {
+                eprintln!("unknown mode {other}");
+                std::process::exit(2);
+            }
+        };
+        let attempt = match result {
+            Ok((peer, reply)) => Attempt {
+                started_ns,
+                peer: Some(peer.to_string()),
+                reply: Some(reply),
+                error: None,
+            },
+            Err(error) => Attempt {
+                started_ns,
+                peer: None,
+                reply: None,
+                error: Some(error_name(&error)),
+            },
+        };
+        let line = serde_json::to_string(&attempt).unwrap_or_default();
+        if writeln!(out, "{line}").is_err() {
+            return;
+        }
+        std::thread::sleep(pause);
+    }
+}
+
+fn tcp(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
+    let mut stream = TcpStream::connect_timeout(&target, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let peer = stream.peer_addr()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply)?;
+    Ok((peer, reply))
+}
+
+fn udp(target: SocketAddr, connected: bool) -> std::io::Result<(SocketAddr, String)> {
+    let socket = UdpSocket::bind("0.0.0.0:0")?;
+    socket.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut buffer = [0u8; 512];
+    if connected {
+        socket.connect(target)?;
+        socket.send(b"ping")?;
+        let peer = socket.peer_addr()?;
+        let (len, from) = socket.recv_from(&mut buffer)?;
+        if from != peer {
+            return Err(std::io::Error::other(format!("reply from {from}, peer {peer}")));
+        }
+        Ok((peer, String::from_utf8_lossy(&buffer[..len]).into_owned()))
+    } else {
+        socket.send_to(b"ping", target)?;
+        let (len, from) = socket.recv_from(&mut buffer)?;
+        Ok((from, String::from_utf8_lossy(&buffer[..len]).into_owned()))
+    }
+}
+
+fn error_name(error: &std::io::Error) -> String {
+    match error.raw_os_error() {
+        Some(libc::ECONNREFUSED) => "ECONNREFUSED".to_owned(),
+        Some(libc::ENETUNREACH) => "ENETUNREACH".to_owned(),
+        Some(libc::EPERM) => "EPERM".to_owned(),
+        _ => error.to_string(),
+    }
+}
+
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
+}

@@ -1,0 +1,483 @@
+//! The socket datapath on the real kernel: programs loaded and attached to a test cgroup,
+//! real servers and clients in a private network namespace.
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use socklb_agent::{
+    dataplane::{Capacities, Config, Dataplane, DataplaneError, Desired, FrontendSpec, Protocol},
+    static_frontends,
+};
+use socklb_tests::{Dnsmasq, NamedServer, Sandbox, addr, agent_bin, frontend, tally};
+
+fn tcp_backends(prefix: [u8; 3], count: u8, port: u16) -> Vec<NamedServer> {
+    (1..=count)
+        .map(|i| {
+            let ip = Ipv4Addr::new(prefix[0], prefix[1], prefix[2], i);
+            NamedServer::tcp(&format!("b{i}"), SocketAddrV4::new(ip, port))
+        })
+        .collect()
+}
+
+fn spec(servers: &[NamedServer]) -> FrontendSpec {
+    FrontendSpec {
+        backends: servers.iter().map(NamedServer::backend).collect(),
+        affinity_timeout_seconds: None,
+    }
+}
+
+fn programmed(sandbox: &Sandbox, desired: &Desired) -> Dataplane {
+    let mut dataplane = sandbox.dataplane();
+    let report = dataplane.apply(desired).expect("apply");
+    assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+    dataplane.attach().expect("attach");
+    dataplane
+}
+
+#[test]
+fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
+    let sandbox = Sandbox::new("tcp");
+    let servers = tcp_backends([127, 0, 1], 3, 8080);
+    let vip = frontend([10, 96, 0, 10], 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers));
+    let dataplane = programmed(&sandbox, &desired);
+
+    let attempts = sandbox.probe("tcp", addr(&vip), 300);
+    let tally = tally(&attempts);
+    assert_eq!(tally.values().sum::<usize>(), 300);
+    // Each share within about five standard deviations of 100 (binomial n=300, p=1/3).
+    for server in &servers {
+        let share = tally.get(&server.name).copied().unwrap_or(0);
+        assert!((59..=141).contains(&share), "share of {}: {share}; all: {tally:?}", server.name);
+    }
+    for attempt in &attempts {
+        assert_eq!(attempt.peer.as_deref(), Some("10.96.0.10:80"), "{attempt:?}");
+    }
+
+    // A direct connection to a backend is neither rewritten nor shown as the VIP.
+    let direct = sandbox.probe("tcp", SocketAddr::V4(servers[1].addr), 20);
+    for attempt in &direct {
+        assert_eq!(attempt.reply.as_deref(), Some("b2"), "{attempt:?}");
+        assert_eq!(attempt.peer.as_deref(), Some("127.0.1.2:8080"), "{attempt:?}");
+    }
+
+    let counters = dataplane.counters().expect("counters");
+    assert!(counters.translated >= 300, "{counters:?}");
+    assert!(counters.reverse_translated >= 300, "{counters:?}");
+    assert_eq!(counters.errors, 0, "{counters:?}");
+}
+
+#[test]
+fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip() {
+    let sandbox = Sandbox::new("dns");
+    let servers = [
+        Dnsmasq::start(Ipv4Addr::new(127, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 1)),
+        Dnsmasq::start(Ipv4Addr::new(127, 0, 2, 2), Ipv4Addr::new(192, 0, 2, 2)),
+    ];
+    let vip = frontend([10, 96, 0, 53], 53, Protocol::Udp);
+    let mut desired = Desired::default();
+    desired.insert(vip, FrontendSpec {
+        backends: (1..=2)
+            .map(|i| socklb_agent::dataplane::BackendAddr {
+                address: Ipv4Addr::new(127, 0, 2, i),
+                port: 53,
+            })
+            .collect(),
+        affinity_timeout_seconds: None,
+    });
+    let _dataplane = programmed(&sandbox, &desired);
+
+    let mut answers = BTreeSet::new();
+    for _ in 0..20 {
+        // dig checks that the reply comes from the address it asked: without the
+        // recvmsg4 translation it would discard the backend's reply and time out.
+        let output = sandbox
+            .in_cgroup("dig")
+            .args(["@10.96.0.53", "who.test", "A", "+time=2", "+tries=1", "+noall", "+answer", "+stats"])
+            .output()
+            .expect("prerequisite missing: dig (apt-get install bind9-dnsutils; ./x setup does)");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "dig failed: {text}");
+        assert!(text.contains("SERVER: 10.96.0.53#53"), "{text}");
+        let answer = text
+            .lines()
+            .find(|line| line.starts_with("who.test."))
+            .and_then(|line| line.split_whitespace().last())
+            .unwrap_or_else(|| panic!("no answer in: {text}"))
+            .to_owned();
+        answers.insert(answer);
+    }
+    // Both real servers answered (each dig uses a new socket: P(all one) = 2 * 2^-20).
+    assert_eq!(answers, BTreeSet::from(["192.0.2.1".to_owned(), "192.0.2.2".to_owned()]));
+    drop(servers);
+}
+
+#[test]
+fn udp_replies_appear_from_the_vip_connected_or_not() {
+    let sandbox = Sandbox::new("udp");
+    let servers: Vec<NamedServer> = (1..=2)
+        .map(|i| NamedServer::udp(&format!("u{i}"), SocketAddrV4::new(Ipv4Addr::new(127, 0, 3, i), 9000)))
+        .collect();
+    let vip = frontend([10, 96, 0, 20], 90, Protocol::Udp);
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers));
+    let _dataplane = programmed(&sandbox, &desired);
+
+    for mode in ["udp", "udp-connected"] {
+        let attempts = sandbox.probe(mode, addr(&vip), 40);
+        let tally = tally(&attempts);
+        assert!(
+            tally.get("u1").is_some() && tally.get("u2").is_some(),
+            "{mode}: both backends should answer some sockets: {tally:?}"
+        );
+        for attempt in &attempts {
+            assert_eq!(attempt.peer.as_deref(), Some("10.96.0.20:90"), "{mode}: {attempt:?}");
+        }
+    }
+    // Direct datagrams to a backend keep the backend as their source.
+    for attempt in sandbox.probe("udp", SocketAddr::V4(servers[0].addr), 5) {
+        assert_eq!(attempt.peer.as_deref(), Some("127.0.3.1:9000"), "{attempt:?}");
+    }
+}
+
+#[test]
+fn a_frontend_without_backends_refuses_like_kube_proxy() {
+    let sandbox = Sandbox::new("refuse");
+    let tcp = frontend([10, 96, 0, 30], 80, Protocol::Tcp);
+    let udp = frontend([10, 96, 0, 30], 53, Protocol::Udp);
+    let mut desired = Desired::default();
+    desired.insert(tcp, FrontendSpec::default());
+    desired.insert(udp, FrontendSpec::default());
+    let dataplane = programmed(&sandbox, &desired);
+
+    for (mode, target) in [("tcp", addr(&tcp)), ("udp", addr(&udp)), ("udp-connected", addr(&udp))] {
+        for attempt in sandbox.probe(mode, target, 3) {
+            assert_eq!(attempt.error.as_deref(), Some("ECONNREFUSED"), "{mode}: {attempt:?}");
+        }
+    }
+    assert!(dataplane.counters().expect("counters").no_backend >= 9);
+}
+
+#[test]
+fn a_process_outside_the_cgroup_is_not_translated() {
+    let sandbox = Sandbox::new("outside");
+    let servers = tcp_backends([127, 0, 4], 1, 8080);
+    // The frontend address is itself served, untranslated, by another server.
+    let _direct = NamedServer::tcp("direct", SocketAddrV4::new(Ipv4Addr::new(127, 0, 9, 9), 80));
+    let vip = frontend([127, 0, 9, 9], 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers));
+    let _dataplane = programmed(&sandbox, &desired);
+
+    let inside = tally(&sandbox.probe("tcp", addr(&vip), 10));
+    assert_eq!(inside.get("b1"), Some(&10), "{inside:?}");
+    let outside = tally(&sandbox.probe_outside("tcp", addr(&vip), 10));
+    assert_eq!(outside.get("direct"), Some(&10), "{outside:?}");
+}
+
+#[test]
+fn session_affinity_sticks_within_the_timeout_and_reselects_after() {
+    let sandbox = Sandbox::new("affinity");
+    let servers = tcp_backends([127, 0, 5], 3, 8080);
+    let vip = frontend([10, 96, 0, 40], 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, FrontendSpec {
+        affinity_timeout_seconds: Some(1),
+        ..spec(&servers)
+    });
+    let dataplane = programmed(&sandbox, &desired);
+
+    let mut chosen = BTreeSet::new();
+    for round in 0..8 {
+        // Every probe process shares the sandbox's network namespace: one client.
+        let tally = tally(&sandbox.probe("tcp", addr(&vip), 15));
+        assert_eq!(tally.len(), 1, "round {round}: not sticky: {tally:?}");
+        chosen.extend(tally.into_keys());
+        std::thread::sleep(Duration::from_millis(1300));
+    }
+    // After each expiry a fresh draw: all eight rounds on one backend has p = 3^-7.
+    assert!(chosen.len() >= 2, "never re-selected after the timeout: {chosen:?}");
+    assert!(dataplane.counters().expect("counters").affinity_hits >= 8 * 14);
+}
+
+#[test]
+fn churn_loses_no_connection_and_never_reaches_a_removed_backend() {
+    let sandbox = Sandbox::new("churn");
+    let servers = tcp_backends([127, 0, 6], 6, 8080);
+    let vip = frontend([10, 96, 0, 50], 80, Protocol::Tcp);
+    let sets = [&servers[0..3], &servers[3..6]];
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(sets[0]));
+    let mut dataplane = programmed(&sandbox, &desired);
+
+    let clients: Vec<_> = (0..4)
+        .map(|_| sandbox.spawn_probe("tcp", addr(&vip), 600, 1))
+        .collect();
+    // (apply started, apply returned, set) on the probes' clock.
+    let mut switches = vec![(0u64, 0u64, 0usize)];
+    let started = Instant::now();
+    let mut active = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(15));
+        active = 1 - active;
+        desired.insert(vip, spec(sets[active]));
+        let apply_started = monotonic_ns();
+        dataplane.apply(&desired).expect("apply");
+        switches.push((apply_started, monotonic_ns(), active));
+    }
+    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.wait()).collect();
+    assert!(switches.len() > 20, "too few backend set changes: {}", switches.len());
+
+    let failures: Vec<_> = attempts.iter().filter(|a| a.error.is_some()).collect();
+    assert!(failures.is_empty(), "{} of {} connects failed: {:?}", failures.len(), attempts.len(), &failures[..failures.len().min(5)]);
+    let mut checked = 0;
+    for attempt in &attempts {
+        // The set in force when this connect started: the last apply that had returned,
+        // unless the next apply was already under way (then either set may answer).
+        let started = attempt.started_ns;
+        let Some(k) = switches.iter().rposition(|(_, returned, _)| *returned <= started) else {
+            continue;
+        };
+        if switches.get(k + 1).is_some_and(|(next_started, _, _)| *next_started <= started) {
+            continue;
+        }
+        let set = switches[k].2;
+        let reply = attempt.reply.as_deref().unwrap_or_default();
+        assert!(
+            sets[set].iter().any(|s| s.name == reply),
+            "a connect after apply() returned reached {reply}, not in the active set {set}"
+        );
+        checked += 1;
+    }
+    assert!(checked > attempts.len() / 2, "only {checked} of {} attempts were checkable", attempts.len());
+}
+
+#[test]
+fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
+    let sandbox = Sandbox::new("restart");
+    let servers = tcp_backends([127, 0, 7], 2, 8080);
+    let vip = frontend([10, 96, 0, 60], 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers));
+    let frontends_file = std::env::temp_dir().join(format!("{}.json", sandbox.name));
+    std::fs::write(&frontends_file, static_frontends::to_json(&desired)).expect("write frontends");
+    let _remove_file = RemoveOnDrop(frontends_file.clone());
+
+    let start_agent = || {
+        let mut child = Command::new(agent_bin())
+            .arg("run")
+            .arg("--static-frontends")
+            .arg(&frontends_file)
+            .arg("--bpffs")
+            .arg(&sandbox.pin_dir)
+            .arg("--cgroup-path")
+            .arg(&sandbox.cgroup)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start socklb");
+        // Read the log on a thread that keeps draining it after "ready".
+        let stderr = child.stderr.take().expect("stderr");
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut log = String::new();
+            let mut ready = Some(ready_tx);
+            for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+                let Ok(line) = line else { break };
+                log.push_str(&line);
+                log.push('\n');
+                if line.contains("ready") {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(log.clone());
+                    }
+                }
+            }
+            if let Some(tx) = ready {
+                let _ = tx.send(format!("agent exited before ready:\n{log}"));
+            }
+        });
+        let log = ready_rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("agent did not become ready within 30 s");
+        assert!(log.contains("ready"), "{log}");
+        (Agent(child), log)
+    };
+
+    let (first, _) = start_agent();
+    let entries_before = service_entries(&sandbox);
+    let client = sandbox.spawn_probe("tcp", addr(&vip), 400, 5);
+    std::thread::sleep(Duration::from_millis(300));
+    first.stop();
+    // No agent at all for a while: the pinned links keep the programs attached.
+    std::thread::sleep(Duration::from_millis(300));
+    let (second, log) = start_agent();
+    assert!(log.contains("writes=0"), "the new agent rewrote adopted state: {log}");
+    assert!(log.contains("Replaced"), "the new agent did not replace the programs in place: {log}");
+    let attempts = client.wait();
+    second.stop();
+
+    assert_eq!(attempts.len(), 400);
+    for attempt in &attempts {
+        let reply = attempt.reply.as_deref().unwrap_or_default();
+        assert!(reply == "b1" || reply == "b2", "untranslated or failed: {attempt:?}");
+    }
+    assert_eq!(service_entries(&sandbox), entries_before, "state duplicated");
+    // Exactly one program per hook on the cgroup: replaced, not added.
+    let output = Command::new("bpftool")
+        .args(["cgroup", "show"])
+        .arg(&sandbox.cgroup)
+        .output()
+        .expect("prerequisite missing: bpftool (./x setup installs it)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    for program in socklb_abi::program_names::ALL {
+        let attached = text.lines().filter(|l| l.split_whitespace().any(|w| w == program)).count();
+        assert_eq!(attached, 1, "{program} attached {attached} times:\n{text}");
+    }
+}
+
+#[test]
+fn bpftool_map_dump_shows_named_fields() {
+    let sandbox = Sandbox::new("bpftool");
+    let vip = frontend([10, 96, 0, 70], 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, FrontendSpec {
+        backends: vec![socklb_agent::dataplane::BackendAddr {
+            address: Ipv4Addr::new(127, 0, 8, 1),
+            port: 8080,
+        }],
+        affinity_timeout_seconds: Some(30),
+    });
+    let _dataplane = programmed(&sandbox, &desired);
+    let dump = |map: &str| {
+        let output = Command::new("bpftool")
+            .args(["map", "dump", "pinned"])
+            .arg(sandbox.pin_dir.join(map))
+            .output()
+            .expect("prerequisite missing: bpftool (./x setup installs it)");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let services = dump("socklb_svc_v1");
+    for field in ["\"address\"", "\"port\"", "\"slot\"", "\"count\"", "\"service_id\"", "\"affinity_timeout_s\": 30"] {
+        assert!(services.contains(field), "{field} missing in:\n{services}");
+    }
+    let backends = dump("socklb_be_v1");
+    assert!(backends.contains("\"protocol\": 6"), "{backends}");
+}
+
+#[test]
+fn a_full_map_rejects_only_the_frontend_that_does_not_fit() {
+    let sandbox = Sandbox::new("full");
+    let servers = tcp_backends([127, 0, 10], 3, 8080);
+    let small = frontend([10, 96, 0, 80], 80, Protocol::Tcp);
+    let big = frontend([10, 96, 0, 81], 80, Protocol::Tcp);
+    let mut dataplane = Dataplane::load(Config {
+        capacities: Capacities {
+            service_entries: 5,
+            ..Capacities::default()
+        },
+        ..sandbox.config()
+    })
+    .expect("load");
+    let mut desired = Desired::default();
+    desired.insert(small, spec(&servers[..1]));
+    dataplane.apply(&desired).expect("apply");
+    dataplane.attach().expect("attach");
+
+    desired.insert(big, spec(&servers));
+    let report = dataplane.apply(&desired).expect("apply");
+    assert_eq!(report.rejected.len(), 1);
+    let message = report.rejected[0].to_string();
+    assert!(message.contains("socklb_svc_v1") && message.contains("--max-service-entries"), "{message}");
+    // The frontend that fit keeps working; the other is not half-written.
+    assert_eq!(tally(&sandbox.probe("tcp", addr(&small), 5)).get("b1"), Some(&5));
+    assert_eq!(service_entries(&sandbox), 2);
+}
+
+#[test]
+fn a_pinned_map_with_another_capacity_is_replaced_not_reused() {
+    let sandbox = Sandbox::new("relayout");
+    let servers = tcp_backends([127, 0, 11], 1, 8080);
+    let vip = frontend([10, 96, 0, 90], 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers));
+    drop(programmed(&sandbox, &desired));
+
+    let mut dataplane = Dataplane::load(Config {
+        capacities: Capacities {
+            service_entries: 1024,
+            ..Capacities::default()
+        },
+        ..sandbox.config()
+    })
+    .expect("load with a new capacity");
+    let report = dataplane.apply(&desired).expect("apply");
+    assert!(report.writes > 0, "the new map must be programmed");
+    dataplane.attach().expect("attach");
+    let info = aya::maps::MapInfo::from_pin(sandbox.pin_dir.join("socklb_svc_v1")).expect("map info");
+    assert_eq!(info.max_entries(), 1024);
+    assert_eq!(tally(&sandbox.probe("tcp", addr(&vip), 5)).get("b1"), Some(&5));
+}
+
+#[test]
+fn a_pin_directory_outside_bpffs_is_a_clear_error() {
+    let dir = std::env::temp_dir().join(format!("socklb-test-{}-nobpffs", std::process::id()));
+    let error = Dataplane::load(Config {
+        pin_dir: dir.clone(),
+        ..Config::default()
+    })
+    .err()
+    .expect("loading with pins outside bpffs must fail");
+    assert!(matches!(error, DataplaneError::Host(_)), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains("mount -t bpf bpf") && message.contains("--bpffs"), "{message}");
+    assert!(!dir.exists(), "nothing may be created when the check fails");
+}
+
+/// The running agent; killed (not left behind) if the test fails.
+struct Agent(std::process::Child);
+
+impl Agent {
+    /// SIGTERM, as Kubernetes stops a pod; the agent must exit cleanly.
+    fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id().cast_signed(), libc::SIGTERM) };
+        let status = self.0.wait().expect("wait for socklb");
+        assert!(status.success(), "socklb exited with {status}");
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn service_entries(sandbox: &Sandbox) -> usize {
+    let map = aya::maps::Map::HashMap(
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v1")).expect("open service map"),
+    );
+    let map: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
+        map.try_into().expect("service map");
+    map.keys().count()
+}
+
+fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
+}
