@@ -131,7 +131,7 @@ fn udp_replies_appear_from_the_vip_connected_or_not() {
         let attempts = sandbox.probe(mode, addr(&vip), 40);
         let tally = tally(&attempts);
         assert!(
-            tally.get("u1").is_some() && tally.get("u2").is_some(),
+            tally.contains_key("u1") && tally.contains_key("u2"),
             "{mode}: both backends should answer some sockets: {tally:?}"
         );
         for attempt in &attempts {
@@ -290,10 +290,10 @@ fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
                 let Ok(line) = line else { break };
                 log.push_str(&line);
                 log.push('\n');
-                if line.contains("ready") {
-                    if let Some(tx) = ready.take() {
-                        let _ = tx.send(log.clone());
-                    }
+                if line.contains("ready")
+                    && let Some(tx) = ready.take()
+                {
+                    let _ = tx.send(log.clone());
                 }
             }
             if let Some(tx) = ready {

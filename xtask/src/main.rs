@@ -2,6 +2,7 @@
 mod setup;
 
 use std::{
+    io::{BufRead as _, BufReader},
     path::PathBuf,
     process::{Command, Stdio},
 };
@@ -123,14 +124,56 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         );
     }
     setup::run()?;
-    step("clippy", &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])?;
+    // The default members: every crate but the eBPF one, which only builds for the bpf target.
+    step("clippy", &["clippy", "--all-targets", "--", "-D", "warnings"])?;
     // The privileged tests start the real agent binary.
     step("build the agent", &["build", "--package", "socklb-agent", "--bins"])?;
-    let mut args = vec!["test", "--workspace", "--no-fail-fast"];
+    // --all-targets: unit, integration and binary tests (there are no doc tests).
+    let mut args = vec!["test", "--all-targets", "--no-fail-fast"];
     if let Some(filter) = filter {
         args.push(filter);
     }
-    step("tests (unit and privileged)", &args)
+    eprintln!("==> tests (unit and privileged): cargo {}", args.join(" "));
+    let mut child = Command::new(cargo())
+        .args(&args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running cargo test")?;
+    let stdout = child.stdout.take().context("cargo test stdout")?;
+    let (mut passed, mut failed) = (0u64, 0u64);
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        if let Some((p, f)) = parse_test_result(&line) {
+            passed += p;
+            failed += f;
+        }
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+    // One closing line for the whole run, across all test binaries.
+    println!("{passed} passed, {failed} failed");
+    if !status.success() {
+        bail!("tests failed ({status})");
+    }
+    if passed == 0 {
+        bail!("no test ran");
+    }
+    Ok(())
+}
+
+/// Counts from libtest's `test result: ok. 12 passed; 0 failed; ...` line.
+fn parse_test_result(line: &str) -> Option<(u64, u64)> {
+    let rest = line.strip_prefix("test result: ")?;
+    let count = |label: &str| {
+        rest.split(';').find_map(|part| {
+            let words: Vec<&str> = part.split_whitespace().collect();
+            match words.as_slice() {
+                [.., number, word] if *word == label => number.parse::<u64>().ok(),
+                _ => None,
+            }
+        })
+    };
+    Some((count("passed")?, count("failed")?))
 }
 
 fn cargo_run_release(bin: &str, args: &[String]) -> anyhow::Result<()> {

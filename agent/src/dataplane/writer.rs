@@ -410,10 +410,10 @@ impl<S: Store> Writer<S> {
         unused.sort_unstable();
         for id in unused {
             self.write(report, Op::DeleteBackend { id })?;
-            if let Some(key) = self.backends.remove(&id) {
-                if self.backend_ids.get(&key) == Some(&id) {
-                    self.backend_ids.remove(&key);
-                }
+            if let Some(key) = self.backends.remove(&id)
+                && self.backend_ids.get(&key) == Some(&id)
+            {
+                self.backend_ids.remove(&key);
             }
         }
         Ok(())
