@@ -3,7 +3,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use tracing::{error, info};
+use tracing::info;
 
 use crate::{
     dataplane::{self, Capacities, Config, Dataplane},
@@ -104,7 +104,6 @@ pub fn main(cli: Cli) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            error!("{error:#}");
             eprintln!("error: {error:#}");
             ExitCode::FAILURE
         }

@@ -438,6 +438,48 @@ fn a_pin_directory_outside_bpffs_is_a_clear_error() {
     assert!(!dir.exists(), "nothing may be created when the check fails");
 }
 
+#[test]
+fn a_cgroup_path_outside_cgroup_v2_is_a_clear_error() {
+    let sandbox = Sandbox::new("nocgroup");
+    let error = Dataplane::load(Config {
+        cgroup: Some(std::env::temp_dir()),
+        ..sandbox.config()
+    })
+    .err()
+    .expect("a non-cgroup2 directory must be refused");
+    let message = error.to_string();
+    assert!(message.contains("not a cgroup v2 directory") && message.contains("--cgroup-path"), "{message}");
+    assert!(!sandbox.pin_dir.exists(), "nothing may be pinned when the check fails");
+}
+
+#[test]
+fn missing_capabilities_are_named_with_the_fix() {
+    let sandbox = Sandbox::new("caps");
+    let frontends_file = std::env::temp_dir().join(format!("{}.json", sandbox.name));
+    std::fs::write(&frontends_file, "[]").expect("write frontends");
+    let _remove_file = RemoveOnDrop(frontends_file.clone());
+    // setpriv (util-linux) drops the capabilities from the bounding set: root without them.
+    let output = Command::new("setpriv")
+        .arg("--bounding-set=-bpf,-net_admin")
+        .arg(agent_bin())
+        .arg("run")
+        .arg("--static-frontends")
+        .arg(&frontends_file)
+        .arg("--bpffs")
+        .arg(&sandbox.pin_dir)
+        .arg("--cgroup-path")
+        .arg(&sandbox.cgroup)
+        .output()
+        .expect("prerequisite missing: setpriv (util-linux)");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("CAP_NET_ADMIN, CAP_BPF") && stderr.contains("run it as root"),
+        "{stderr}"
+    );
+    assert!(!sandbox.pin_dir.exists(), "nothing may be pinned without the capabilities");
+}
+
 /// The running agent; killed (not left behind) if the test fails.
 struct Agent(std::process::Child);
 

@@ -92,6 +92,8 @@ pub struct Dataplane {
     ebpf: Ebpf,
     writer: Writer<KernelMaps>,
     counters: PerCpuArray<MapData, Counters>,
+    /// The cgroup v2 directory the programs attach to.
+    cgroup: PathBuf,
     config: Config,
 }
 
@@ -101,6 +103,12 @@ impl Dataplane {
     /// against maps that are not programmed yet.
     pub fn load(config: Config) -> Result<Self, DataplaneError> {
         host::check_capabilities()?;
+        // Resolved and checked now, so that a bad path fails before anything is touched.
+        let cgroup = match &config.cgroup {
+            Some(path) => path.clone(),
+            None => host::cgroup2_mount()?,
+        };
+        host::check_cgroup2(&cgroup)?;
         host::prepare_pin_dir(&config.pin_dir)?;
         let mut ebpf = loader::load(&config.pin_dir, &config.capacities)?;
         let kernel_maps = KernelMaps::new(
@@ -132,6 +140,7 @@ impl Dataplane {
             ebpf,
             writer,
             counters,
+            cgroup,
             config,
         })
     }
@@ -170,12 +179,7 @@ impl Dataplane {
 
     /// Attaches the programs (or replaces those a previous agent left attached).
     pub fn attach(&mut self) -> Result<Vec<(&'static str, Attachment)>, DataplaneError> {
-        let cgroup = match &self.config.cgroup {
-            Some(path) => path.clone(),
-            None => host::cgroup2_mount()?,
-        };
-        host::check_cgroup2(&cgroup)?;
-        Ok(loader::attach(&mut self.ebpf, &self.config.pin_dir, &cgroup)?)
+        Ok(loader::attach(&mut self.ebpf, &self.config.pin_dir, &self.cgroup)?)
     }
 
     /// The kernel programs' counters, summed over CPUs.
