@@ -7,7 +7,7 @@
 use std::{
     ffi::CString,
     fs,
-    io::{BufRead as _, BufReader, Write as _},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket},
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::{Path, PathBuf},
@@ -201,24 +201,22 @@ pub fn agent_bin() -> PathBuf {
     target_bin("socklb", "SOCKLB_BIN")
 }
 
-/// A binary next to the test's own target directory (target/debug/deps/<test> ->
-/// target/debug/<name>), unless `env` names one.
+/// A binary of the same target directory as the running one (tests run from
+/// target/debug/deps, binaries from target/debug), unless `env` names one.
 fn target_bin(name: &str, env: &str) -> PathBuf {
     if let Some(path) = std::env::var_os(env) {
         return PathBuf::from(path);
     }
     let exe = std::env::current_exe().expect("current_exe");
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(name))
-        .expect("target directory");
-    assert!(
-        bin.is_file(),
-        "{} not found: `./x test` builds it (or set {env})",
-        bin.display()
-    );
-    bin
+    let dir = exe.parent().expect("directory of the running binary");
+    let candidates = [Some(dir), dir.parent()].map(|d| d.map(|d| d.join(name)));
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|bin| bin.is_file())
+        .unwrap_or_else(|| {
+            panic!("{name} not found next to {}: `./x test` builds it (or set {env})", exe.display())
+        })
 }
 
 /// The cgroup v2 mount, as the agent finds it.
@@ -256,15 +254,26 @@ pub struct NamedServer {
 
 impl NamedServer {
     pub fn tcp(name: &str, addr: SocketAddrV4) -> Self {
+        Self::tcp_replying(name, addr, name)
+    }
+
+    /// A TCP server that answers every connection with `reply` (e.g. an HTTP response).
+    pub fn tcp_replying(name: &str, addr: SocketAddrV4, reply: &str) -> Self {
         let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
         listener.set_nonblocking(true).expect("nonblocking");
         let stop = Arc::new(AtomicBool::new(false));
-        let reply = name.to_owned();
+        let reply = reply.to_owned();
         let stopping = stop.clone();
         let thread = std::thread::spawn(move || {
             while !stopping.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((mut stream, _)) => {
+                        // An HTTP client's request is read first: closing with unread
+                        // data would reset the connection under the response.
+                        if reply.starts_with("HTTP/") {
+                            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+                            let _ = stream.read(&mut [0u8; 2048]);
+                        }
                         let _ = stream.write_all(reply.as_bytes());
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(1)),

@@ -23,6 +23,8 @@ enum Task {
     Setup,
     /// Build the eBPF object the agent embeds and print its path.
     BuildEbpf,
+    /// Set up, build, and show the datapath at work on the embedded demo frontends.
+    Demo,
     /// Set up, then run every test: unit tests, clippy, and the privileged tests (as root).
     Test {
         /// Only the tests whose name contains this filter.
@@ -58,6 +60,12 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Task::Test { filter } => test(filter.as_deref()),
+        Task::Demo => {
+            require_root("the demo")?;
+            setup::run()?;
+            step("build the agent", &["build", "--quiet", "--package", "socklb-agent", "--bins"])?;
+            step("demo", &["run", "--quiet", "--package", "socklb-tests", "--bin", "socklb-demo"])
+        }
         Task::Bench { bench } => {
             setup::run()?;
             match bench {
@@ -115,14 +123,19 @@ fn build_ebpf() -> anyhow::Result<PathBuf> {
     Ok(object)
 }
 
-fn test(filter: Option<&str>) -> anyhow::Result<()> {
+fn require_root(what: &str) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
-            "the tests load BPF programs and create network namespaces and cgroups: run them \
-             as root (e.g. `sudo ./x test`)"
+            "{what} loads BPF programs and creates network namespaces and cgroups: run it as \
+             root (e.g. `sudo ./x ...`)"
         );
     }
+    Ok(())
+}
+
+fn test(filter: Option<&str>) -> anyhow::Result<()> {
+    require_root("the test suite")?;
     setup::run()?;
     // The default members: every crate but the eBPF one, which only builds for the bpf target.
     step("clippy", &["clippy", "--all-targets", "--", "-D", "warnings"])?;
