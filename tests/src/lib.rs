@@ -10,7 +10,7 @@ use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket},
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::{Child, Command, Stdio},
     sync::{
         Arc,
