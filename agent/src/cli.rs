@@ -11,7 +11,11 @@ use crate::{
 };
 
 #[derive(Debug, Parser)]
-#[command(name = "socklb", version, about = "eBPF socket-level load balancer that replaces kube-proxy")]
+#[command(
+    name = "socklb",
+    version,
+    about = "eBPF socket-level load balancer that replaces kube-proxy"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

@@ -6,7 +6,10 @@
 //!   "backends": [{"address": "10.0.0.5", "port": 8080}],
 //!   "affinity_timeout_seconds": 10800}]
 //! ```
-use std::{fs, path::{Path, PathBuf}};
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
 

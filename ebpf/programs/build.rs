@@ -5,6 +5,8 @@ use which::which;
 fn main() {
     match which("bpf-linker") {
         Ok(linker) => println!("cargo:rerun-if-changed={}", linker.display()),
-        Err(error) => println!("cargo:warning=bpf-linker not found ({error}): run `cargo xtask setup`"),
+        Err(error) => {
+            println!("cargo:warning=bpf-linker not found ({error}): run `cargo xtask setup`")
+        }
     }
 }

@@ -21,7 +21,9 @@ use std::{
 };
 
 use serde::Deserialize;
-use socklb_agent::dataplane::{self, BackendAddr, Capacities, Config, Dataplane, Frontend, Protocol, Scope};
+use socklb_agent::dataplane::{
+    self, BackendAddr, Capacities, Config, Dataplane, Frontend, Protocol, Scope,
+};
 
 /// A test's private world. Dropping it detaches the programs, removes the pins, the cgroup
 /// (after killing anything left in it) and returns the thread to its network namespace.
@@ -47,7 +49,12 @@ impl Sandbox {
             fs::File::open("/proc/thread-self/ns/net").expect("open /proc/thread-self/ns/net");
         // SAFETY: unshare affects only this thread's network namespace.
         let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error());
+        assert_eq!(
+            rc,
+            0,
+            "unshare(CLONE_NEWNET): {}",
+            std::io::Error::last_os_error()
+        );
         let sandbox = Self {
             pin_dir: PathBuf::from("/sys/fs/bpf").join(&name),
             cgroup: cgroup2_root().join(&name),
@@ -75,8 +82,13 @@ impl Sandbox {
 
     /// A command that runs inside this sandbox's cgroup (and network namespace).
     pub fn in_cgroup(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let procs = CString::new(self.cgroup.join("cgroup.procs").as_os_str().as_encoded_bytes())
-            .expect("cgroup path without NUL");
+        let procs = CString::new(
+            self.cgroup
+                .join("cgroup.procs")
+                .as_os_str()
+                .as_encoded_bytes(),
+        )
+        .expect("cgroup path without NUL");
         let mut command = Command::new(program);
         // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
         unsafe {
@@ -116,10 +128,21 @@ impl Sandbox {
     }
 
     /// Starts a probe in the cgroup in the background: `count` attempts, `pause_ms` apart.
-    pub fn spawn_probe(&self, mode: &str, target: SocketAddr, count: u32, pause_ms: u32) -> ProbeRun {
+    pub fn spawn_probe(
+        &self,
+        mode: &str,
+        target: SocketAddr,
+        count: u32,
+        pause_ms: u32,
+    ) -> ProbeRun {
         let child = self
             .in_cgroup(probe_bin())
-            .args([mode, &target.to_string(), &count.to_string(), &pause_ms.to_string()])
+            .args([
+                mode,
+                &target.to_string(),
+                &count.to_string(),
+                &pause_ms.to_string(),
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -215,7 +238,10 @@ fn target_bin(name: &str, env: &str) -> PathBuf {
         .flatten()
         .find(|bin| bin.is_file())
         .unwrap_or_else(|| {
-            panic!("{name} not found next to {}: `./x test` builds it (or set {env})", exe.display())
+            panic!(
+                "{name} not found next to {}: `./x test` builds it (or set {env})",
+                exe.display()
+            )
         })
 }
 
@@ -235,7 +261,9 @@ pub fn cgroup2_root() -> PathBuf {
 }
 
 pub fn run(command: &mut Command) {
-    let output = command.output().unwrap_or_else(|e| panic!("run {command:?}: {e}"));
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
     assert!(
         output.status.success(),
         "{command:?} failed: {}",

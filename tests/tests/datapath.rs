@@ -52,17 +52,29 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
     // Each share within about five standard deviations of 100 (binomial n=300, p=1/3).
     for server in &servers {
         let share = tally.get(&server.name).copied().unwrap_or(0);
-        assert!((59..=141).contains(&share), "share of {}: {share}; all: {tally:?}", server.name);
+        assert!(
+            (59..=141).contains(&share),
+            "share of {}: {share}; all: {tally:?}",
+            server.name
+        );
     }
     for attempt in &attempts {
-        assert_eq!(attempt.peer.as_deref(), Some("10.96.0.10:80"), "{attempt:?}");
+        assert_eq!(
+            attempt.peer.as_deref(),
+            Some("10.96.0.10:80"),
+            "{attempt:?}"
+        );
     }
 
     // A direct connection to a backend is neither rewritten nor shown as the VIP.
     let direct = sandbox.probe("tcp", SocketAddr::V4(servers[1].addr), 20);
     for attempt in &direct {
         assert_eq!(attempt.reply.as_deref(), Some("b2"), "{attempt:?}");
-        assert_eq!(attempt.peer.as_deref(), Some("127.0.1.2:8080"), "{attempt:?}");
+        assert_eq!(
+            attempt.peer.as_deref(),
+            Some("127.0.1.2:8080"),
+            "{attempt:?}"
+        );
     }
 
     let counters = dataplane.counters().expect("counters");
@@ -80,15 +92,18 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
     ];
     let vip = frontend([10, 96, 0, 53], 53, Protocol::Udp);
     let mut desired = Desired::default();
-    desired.insert(vip, FrontendSpec {
-        backends: (1..=2)
-            .map(|i| socklb_agent::dataplane::BackendAddr {
-                address: Ipv4Addr::new(127, 0, 2, i),
-                port: 53,
-            })
-            .collect(),
-        affinity_timeout_seconds: None,
-    });
+    desired.insert(
+        vip,
+        FrontendSpec {
+            backends: (1..=2)
+                .map(|i| socklb_agent::dataplane::BackendAddr {
+                    address: Ipv4Addr::new(127, 0, 2, i),
+                    port: 53,
+                })
+                .collect(),
+            affinity_timeout_seconds: None,
+        },
+    );
     let _dataplane = programmed(&sandbox, &desired);
 
     let mut answers = BTreeSet::new();
@@ -97,7 +112,16 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
         // recvmsg4 translation it would discard the backend's reply and time out.
         let output = sandbox
             .in_cgroup("dig")
-            .args(["@10.96.0.53", "who.test", "A", "+time=2", "+tries=1", "+noall", "+answer", "+stats"])
+            .args([
+                "@10.96.0.53",
+                "who.test",
+                "A",
+                "+time=2",
+                "+tries=1",
+                "+noall",
+                "+answer",
+                "+stats",
+            ])
             .output()
             .expect("prerequisite missing: dig (apt-get install bind9-dnsutils; ./x setup does)");
         let text = String::from_utf8_lossy(&output.stdout);
@@ -112,7 +136,10 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
         answers.insert(answer);
     }
     // Both real servers answered (each dig uses a new socket: P(all one) = 2 * 2^-20).
-    assert_eq!(answers, BTreeSet::from(["192.0.2.1".to_owned(), "192.0.2.2".to_owned()]));
+    assert_eq!(
+        answers,
+        BTreeSet::from(["192.0.2.1".to_owned(), "192.0.2.2".to_owned()])
+    );
     drop(servers);
 }
 
@@ -120,7 +147,12 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
 fn udp_replies_appear_from_the_vip_connected_or_not() {
     let sandbox = Sandbox::new("udp");
     let servers: Vec<NamedServer> = (1..=2)
-        .map(|i| NamedServer::udp(&format!("u{i}"), SocketAddrV4::new(Ipv4Addr::new(127, 0, 3, i), 9000)))
+        .map(|i| {
+            NamedServer::udp(
+                &format!("u{i}"),
+                SocketAddrV4::new(Ipv4Addr::new(127, 0, 3, i), 9000),
+            )
+        })
         .collect();
     let vip = frontend([10, 96, 0, 20], 90, Protocol::Udp);
     let mut desired = Desired::default();
@@ -135,12 +167,20 @@ fn udp_replies_appear_from_the_vip_connected_or_not() {
             "{mode}: both backends should answer some sockets: {tally:?}"
         );
         for attempt in &attempts {
-            assert_eq!(attempt.peer.as_deref(), Some("10.96.0.20:90"), "{mode}: {attempt:?}");
+            assert_eq!(
+                attempt.peer.as_deref(),
+                Some("10.96.0.20:90"),
+                "{mode}: {attempt:?}"
+            );
         }
     }
     // Direct datagrams to a backend keep the backend as their source.
     for attempt in sandbox.probe("udp", SocketAddr::V4(servers[0].addr), 5) {
-        assert_eq!(attempt.peer.as_deref(), Some("127.0.3.1:9000"), "{attempt:?}");
+        assert_eq!(
+            attempt.peer.as_deref(),
+            Some("127.0.3.1:9000"),
+            "{attempt:?}"
+        );
     }
 }
 
@@ -154,9 +194,17 @@ fn a_frontend_without_backends_refuses_like_kube_proxy() {
     desired.insert(udp, FrontendSpec::default());
     let dataplane = programmed(&sandbox, &desired);
 
-    for (mode, target) in [("tcp", addr(&tcp)), ("udp", addr(&udp)), ("udp-connected", addr(&udp))] {
+    for (mode, target) in [
+        ("tcp", addr(&tcp)),
+        ("udp", addr(&udp)),
+        ("udp-connected", addr(&udp)),
+    ] {
         for attempt in sandbox.probe(mode, target, 3) {
-            assert_eq!(attempt.error.as_deref(), Some("ECONNREFUSED"), "{mode}: {attempt:?}");
+            assert_eq!(
+                attempt.error.as_deref(),
+                Some("ECONNREFUSED"),
+                "{mode}: {attempt:?}"
+            );
         }
     }
     assert!(dataplane.counters().expect("counters").no_backend >= 9);
@@ -185,10 +233,13 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after() {
     let servers = tcp_backends([127, 0, 5], 3, 8080);
     let vip = frontend([10, 96, 0, 40], 80, Protocol::Tcp);
     let mut desired = Desired::default();
-    desired.insert(vip, FrontendSpec {
-        affinity_timeout_seconds: Some(1),
-        ..spec(&servers)
-    });
+    desired.insert(
+        vip,
+        FrontendSpec {
+            affinity_timeout_seconds: Some(1),
+            ..spec(&servers)
+        },
+    );
     let dataplane = programmed(&sandbox, &desired);
 
     let mut chosen = BTreeSet::new();
@@ -200,7 +251,10 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after() {
         std::thread::sleep(Duration::from_millis(1300));
     }
     // After each expiry a fresh draw: all eight rounds on one backend has p = 3^-7.
-    assert!(chosen.len() >= 2, "never re-selected after the timeout: {chosen:?}");
+    assert!(
+        chosen.len() >= 2,
+        "never re-selected after the timeout: {chosen:?}"
+    );
     assert!(dataplane.counters().expect("counters").affinity_hits >= 8 * 14);
 }
 
@@ -230,19 +284,35 @@ fn churn_loses_no_connection_and_never_reaches_a_removed_backend() {
         switches.push((apply_started, monotonic_ns(), active));
     }
     let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.wait()).collect();
-    assert!(switches.len() > 20, "too few backend set changes: {}", switches.len());
+    assert!(
+        switches.len() > 20,
+        "too few backend set changes: {}",
+        switches.len()
+    );
 
     let failures: Vec<_> = attempts.iter().filter(|a| a.error.is_some()).collect();
-    assert!(failures.is_empty(), "{} of {} connects failed: {:?}", failures.len(), attempts.len(), &failures[..failures.len().min(5)]);
+    assert!(
+        failures.is_empty(),
+        "{} of {} connects failed: {:?}",
+        failures.len(),
+        attempts.len(),
+        &failures[..failures.len().min(5)]
+    );
     let mut checked = 0;
     for attempt in &attempts {
         // The set in force when this connect started: the last apply that had returned,
         // unless the next apply was already under way (then either set may answer).
         let started = attempt.started_ns;
-        let Some(k) = switches.iter().rposition(|(_, returned, _)| *returned <= started) else {
+        let Some(k) = switches
+            .iter()
+            .rposition(|(_, returned, _)| *returned <= started)
+        else {
             continue;
         };
-        if switches.get(k + 1).is_some_and(|(next_started, _, _)| *next_started <= started) {
+        if switches
+            .get(k + 1)
+            .is_some_and(|(next_started, _, _)| *next_started <= started)
+        {
             continue;
         }
         let set = switches[k].2;
@@ -253,7 +323,11 @@ fn churn_loses_no_connection_and_never_reaches_a_removed_backend() {
         );
         checked += 1;
     }
-    assert!(checked > attempts.len() / 2, "only {checked} of {} attempts were checkable", attempts.len());
+    assert!(
+        checked > attempts.len() / 2,
+        "only {checked} of {} attempts were checkable",
+        attempts.len()
+    );
 }
 
 #[test]
@@ -315,17 +389,30 @@ fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
     // No agent at all for a while: the pinned links keep the programs attached.
     std::thread::sleep(Duration::from_millis(300));
     let (second, log) = start_agent();
-    assert!(log.contains("writes=0"), "the new agent rewrote adopted state: {log}");
-    assert!(log.contains("Replaced"), "the new agent did not replace the programs in place: {log}");
+    assert!(
+        log.contains("writes=0"),
+        "the new agent rewrote adopted state: {log}"
+    );
+    assert!(
+        log.contains("Replaced"),
+        "the new agent did not replace the programs in place: {log}"
+    );
     let attempts = client.wait();
     second.stop();
 
     assert_eq!(attempts.len(), 400);
     for attempt in &attempts {
         let reply = attempt.reply.as_deref().unwrap_or_default();
-        assert!(reply == "b1" || reply == "b2", "untranslated or failed: {attempt:?}");
+        assert!(
+            reply == "b1" || reply == "b2",
+            "untranslated or failed: {attempt:?}"
+        );
     }
-    assert_eq!(service_entries(&sandbox), entries_before, "state duplicated");
+    assert_eq!(
+        service_entries(&sandbox),
+        entries_before,
+        "state duplicated"
+    );
     // Exactly one program per hook on the cgroup: replaced, not added.
     let output = Command::new("bpftool")
         .args(["cgroup", "show"])
@@ -334,7 +421,10 @@ fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
         .expect("prerequisite missing: bpftool (./x setup installs it)");
     let text = String::from_utf8_lossy(&output.stdout);
     for program in socklb_abi::program_names::ALL {
-        let attached = text.lines().filter(|l| l.split_whitespace().any(|w| w == program)).count();
+        let attached = text
+            .lines()
+            .filter(|l| l.split_whitespace().any(|w| w == program))
+            .count();
         assert_eq!(attached, 1, "{program} attached {attached} times:\n{text}");
     }
 }
@@ -344,13 +434,16 @@ fn bpftool_map_dump_shows_named_fields() {
     let sandbox = Sandbox::new("bpftool");
     let vip = frontend([10, 96, 0, 70], 80, Protocol::Tcp);
     let mut desired = Desired::default();
-    desired.insert(vip, FrontendSpec {
-        backends: vec![socklb_agent::dataplane::BackendAddr {
-            address: Ipv4Addr::new(127, 0, 8, 1),
-            port: 8080,
-        }],
-        affinity_timeout_seconds: Some(30),
-    });
+    desired.insert(
+        vip,
+        FrontendSpec {
+            backends: vec![socklb_agent::dataplane::BackendAddr {
+                address: Ipv4Addr::new(127, 0, 8, 1),
+                port: 8080,
+            }],
+            affinity_timeout_seconds: Some(30),
+        },
+    );
     let _dataplane = programmed(&sandbox, &desired);
     let dump = |map: &str| {
         let output = Command::new("bpftool")
@@ -358,11 +451,22 @@ fn bpftool_map_dump_shows_named_fields() {
             .arg(sandbox.pin_dir.join(map))
             .output()
             .expect("prerequisite missing: bpftool (./x setup installs it)");
-        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
     let services = dump("socklb_svc_v1");
-    for field in ["\"address\"", "\"port\"", "\"slot\"", "\"count\"", "\"service_id\"", "\"affinity_timeout_s\": 30"] {
+    for field in [
+        "\"address\"",
+        "\"port\"",
+        "\"slot\"",
+        "\"count\"",
+        "\"service_id\"",
+        "\"affinity_timeout_s\": 30",
+    ] {
         assert!(services.contains(field), "{field} missing in:\n{services}");
     }
     let backends = dump("socklb_be_v1");
@@ -392,9 +496,15 @@ fn a_full_map_rejects_only_the_frontend_that_does_not_fit() {
     let report = dataplane.apply(&desired).expect("apply");
     assert_eq!(report.rejected.len(), 1);
     let message = report.rejected[0].to_string();
-    assert!(message.contains("socklb_svc_v1") && message.contains("--max-service-entries"), "{message}");
+    assert!(
+        message.contains("socklb_svc_v1") && message.contains("--max-service-entries"),
+        "{message}"
+    );
     // The frontend that fit keeps working; the other is not half-written.
-    assert_eq!(tally(&sandbox.probe("tcp", addr(&small), 5)).get("b1"), Some(&5));
+    assert_eq!(
+        tally(&sandbox.probe("tcp", addr(&small), 5)).get("b1"),
+        Some(&5)
+    );
     assert_eq!(service_entries(&sandbox), 2);
 }
 
@@ -418,9 +528,13 @@ fn a_pinned_map_with_another_capacity_is_replaced_not_reused() {
     let report = dataplane.apply(&desired).expect("apply");
     assert!(report.writes > 0, "the new map must be programmed");
     dataplane.attach().expect("attach");
-    let info = aya::maps::MapInfo::from_pin(sandbox.pin_dir.join("socklb_svc_v1")).expect("map info");
+    let info =
+        aya::maps::MapInfo::from_pin(sandbox.pin_dir.join("socklb_svc_v1")).expect("map info");
     assert_eq!(info.max_entries(), 1024);
-    assert_eq!(tally(&sandbox.probe("tcp", addr(&vip), 5)).get("b1"), Some(&5));
+    assert_eq!(
+        tally(&sandbox.probe("tcp", addr(&vip), 5)).get("b1"),
+        Some(&5)
+    );
 }
 
 #[test]
@@ -434,7 +548,10 @@ fn a_pin_directory_outside_bpffs_is_a_clear_error() {
     .expect("loading with pins outside bpffs must fail");
     assert!(matches!(error, DataplaneError::Host(_)), "{error:?}");
     let message = error.to_string();
-    assert!(message.contains("mount -t bpf bpf") && message.contains("--bpffs"), "{message}");
+    assert!(
+        message.contains("mount -t bpf bpf") && message.contains("--bpffs"),
+        "{message}"
+    );
     assert!(!dir.exists(), "nothing may be created when the check fails");
 }
 
@@ -448,8 +565,14 @@ fn a_cgroup_path_outside_cgroup_v2_is_a_clear_error() {
     .err()
     .expect("a non-cgroup2 directory must be refused");
     let message = error.to_string();
-    assert!(message.contains("not a cgroup v2 directory") && message.contains("--cgroup-path"), "{message}");
-    assert!(!sandbox.pin_dir.exists(), "nothing may be pinned when the check fails");
+    assert!(
+        message.contains("not a cgroup v2 directory") && message.contains("--cgroup-path"),
+        "{message}"
+    );
+    assert!(
+        !sandbox.pin_dir.exists(),
+        "nothing may be pinned when the check fails"
+    );
 }
 
 #[test]
@@ -477,7 +600,10 @@ fn missing_capabilities_are_named_with_the_fix() {
         stderr.contains("CAP_NET_ADMIN, CAP_BPF") && stderr.contains("run it as root"),
         "{stderr}"
     );
-    assert!(!sandbox.pin_dir.exists(), "nothing may be pinned without the capabilities");
+    assert!(
+        !sandbox.pin_dir.exists(),
+        "nothing may be pinned without the capabilities"
+    );
 }
 
 /// The running agent; killed (not left behind) if the test fails.
@@ -510,7 +636,8 @@ impl Drop for RemoveOnDrop {
 
 fn service_entries(sandbox: &Sandbox) -> usize {
     let map = aya::maps::Map::HashMap(
-        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v1")).expect("open service map"),
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v1"))
+            .expect("open service map"),
     );
     let map: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
         map.try_into().expect("service map");
@@ -518,7 +645,10 @@ fn service_entries(sandbox: &Sandbox) -> usize {
 }
 
 fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: valid out-pointer.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)

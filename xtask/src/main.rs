@@ -63,8 +63,21 @@ fn main() -> anyhow::Result<()> {
         Task::Demo => {
             require_root("the demo")?;
             setup::run()?;
-            step("build the agent", &["build", "--quiet", "--package", "socklb-agent", "--bins"])?;
-            step("demo", &["run", "--quiet", "--package", "socklb-tests", "--bin", "socklb-demo"])
+            step(
+                "build the agent",
+                &["build", "--quiet", "--package", "socklb-agent", "--bins"],
+            )?;
+            step(
+                "demo",
+                &[
+                    "run",
+                    "--quiet",
+                    "--package",
+                    "socklb-tests",
+                    "--bin",
+                    "socklb-demo",
+                ],
+            )
         }
         Task::Bench { bench } => {
             setup::run()?;
@@ -138,9 +151,15 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     require_root("the test suite")?;
     setup::run()?;
     // The default members: every crate but the eBPF one, which only builds for the bpf target.
-    step("clippy", &["clippy", "--all-targets", "--", "-D", "warnings"])?;
+    step(
+        "clippy",
+        &["clippy", "--all-targets", "--", "-D", "warnings"],
+    )?;
     // The privileged tests start the real agent binary.
-    step("build the agent", &["build", "--package", "socklb-agent", "--bins"])?;
+    step(
+        "build the agent",
+        &["build", "--package", "socklb-agent", "--bins"],
+    )?;
     // --all-targets: unit, integration and binary tests (there are no doc tests).
     let mut args = vec!["test", "--all-targets", "--no-fail-fast"];
     if let Some(filter) = filter {
@@ -190,7 +209,16 @@ fn parse_test_result(line: &str) -> Option<(u64, u64)> {
 }
 
 fn cargo_run_release(bin: &str, args: &[String]) -> anyhow::Result<()> {
-    let mut full = vec!["run", "--quiet", "--release", "--package", "socklb-tests", "--bin", bin, "--"];
+    let mut full = vec![
+        "run",
+        "--quiet",
+        "--release",
+        "--package",
+        "socklb-tests",
+        "--bin",
+        bin,
+        "--",
+    ];
     full.extend(args.iter().map(String::as_str));
     step(&format!("benchmark {bin}"), &full)
 }

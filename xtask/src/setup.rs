@@ -47,7 +47,10 @@ fn apt_packages() -> anyhow::Result<()> {
         return Ok(());
     }
     eprintln!("==> setup: installing apt packages {}", missing.join(" "));
-    run_quiet(Command::new("apt-get").arg("update").arg("-qq"), "apt-get update")?;
+    run_quiet(
+        Command::new("apt-get").arg("update").arg("-qq"),
+        "apt-get update",
+    )?;
     run_quiet(
         Command::new("apt-get")
             .args(["install", "-y", "-qq", "--no-install-recommends"])
@@ -66,7 +69,13 @@ fn apt_installed(package: &str) -> bool {
 
 fn ebpf_toolchain() -> anyhow::Result<()> {
     let installed = Command::new("rustup")
-        .args(["component", "list", "--installed", "--toolchain", EBPF_TOOLCHAIN])
+        .args([
+            "component",
+            "list",
+            "--installed",
+            "--toolchain",
+            EBPF_TOOLCHAIN,
+        ])
         .output()
         .is_ok_and(|out| {
             out.status.success() && String::from_utf8_lossy(&out.stdout).contains("rust-src")
@@ -99,7 +108,9 @@ fn bpf_linker() -> anyhow::Result<()> {
         eprintln!("==> setup: bpf-linker {BPF_LINKER_VERSION} present");
         return Ok(());
     }
-    eprintln!("==> setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about a minute)");
+    eprintln!(
+        "==> setup: building bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (about a minute)"
+    );
     run_quiet(
         Command::new("cargo")
             .args([

@@ -19,7 +19,9 @@ pub enum HostError {
     NoCgroup2,
     #[error("cannot read /proc/self/mountinfo")]
     MountInfo(#[source] std::io::Error),
-    #[error("{path} is not a cgroup v2 directory: pass the cgroup v2 mount (or a cgroup in it) to --cgroup-path")]
+    #[error(
+        "{path} is not a cgroup v2 directory: pass the cgroup v2 mount (or a cgroup in it) to --cgroup-path"
+    )]
     NotCgroup2 { path: PathBuf },
     #[error(
         "bpffs is not mounted at {path}: run `mount -t bpf bpf {path}` or pass --bpffs with a \
@@ -170,11 +172,17 @@ mod tests {
     #[test]
     fn optional_fields_and_escapes_are_handled() {
         let mountinfo = "40 1 0:40 / /mnt/my\\040cgroup rw shared:5 master:1 - cgroup2 none rw\n";
-        assert_eq!(find_cgroup2(mountinfo), Some(PathBuf::from("/mnt/my cgroup")));
+        assert_eq!(
+            find_cgroup2(mountinfo),
+            Some(PathBuf::from("/mnt/my cgroup"))
+        );
     }
 
     #[test]
     fn no_cgroup2_is_none() {
-        assert_eq!(find_cgroup2("25 30 0:23 / /sys rw - sysfs sysfs rw\n"), None);
+        assert_eq!(
+            find_cgroup2("25 30 0:23 / /sys rw - sysfs sysfs rw\n"),
+            None
+        );
     }
 }

@@ -189,12 +189,10 @@ pub fn attach(
                 .take_link(id)
                 .map_err(|source| LoadError::Program { name, source })?;
             let fd_link = FdLink::try_from(link).map_err(|e| link_error("pin", e))?;
-            fd_link
-                .pin(&pin)
-                .map_err(|source| LoadError::PinLink {
-                    path: pin.clone(),
-                    source,
-                })?;
+            fd_link.pin(&pin).map_err(|source| LoadError::PinLink {
+                path: pin.clone(),
+                source,
+            })?;
             Attachment::Attached
         };
         info!(program = name, cgroup = %cgroup.display(), ?attachment, "program attached");
@@ -213,7 +211,9 @@ pub struct Cleanup {
 /// directories under `pin_dir`; nothing it did not create.
 pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     let mut cleanup = Cleanup::default();
-    let links = program_names::ALL.iter().map(|name| link_pin(pin_dir, name));
+    let links = program_names::ALL
+        .iter()
+        .map(|name| link_pin(pin_dir, name));
     let maps = map_names::ALL.iter().map(|name| pin_dir.join(name));
     for path in links.chain(maps) {
         match fs::remove_file(&path) {

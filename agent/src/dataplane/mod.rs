@@ -179,7 +179,11 @@ impl Dataplane {
 
     /// Attaches the programs (or replaces those a previous agent left attached).
     pub fn attach(&mut self) -> Result<Vec<(&'static str, Attachment)>, DataplaneError> {
-        Ok(loader::attach(&mut self.ebpf, &self.config.pin_dir, &self.cgroup)?)
+        Ok(loader::attach(
+            &mut self.ebpf,
+            &self.config.pin_dir,
+            &self.cgroup,
+        )?)
     }
 
     /// The kernel programs' counters, summed over CPUs.

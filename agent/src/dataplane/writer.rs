@@ -24,10 +24,20 @@ use super::{
 /// One write to the maps, in the order the writer issues them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    PutBackend { id: u32, backend: Backend },
-    PutService { key: ServiceKey, entry: ServiceEntry },
-    DeleteService { key: ServiceKey },
-    DeleteBackend { id: u32 },
+    PutBackend {
+        id: u32,
+        backend: Backend,
+    },
+    PutService {
+        key: ServiceKey,
+        entry: ServiceEntry,
+    },
+    DeleteService {
+        key: ServiceKey,
+    },
+    DeleteBackend {
+        id: u32,
+    },
 }
 
 /// Where the writer's operations go: the pinned BPF maps, or a recorder in tests.
@@ -157,7 +167,8 @@ impl<S: Store> Writer<S> {
         for (id, backend) in contents.backends {
             let Some(protocol) = Protocol::from_number(backend.protocol) else {
                 // Unknown protocol: not ours to interpret; dropped at the next apply.
-                self.backends.insert(id, (from_backend(&backend), Protocol::Tcp));
+                self.backends
+                    .insert(id, (from_backend(&backend), Protocol::Tcp));
                 continue;
             };
             let addr = from_backend(&backend);
@@ -192,9 +203,7 @@ impl<S: Store> Writer<S> {
                     .collect(),
                 stray_slots: held.into_keys().collect(),
             };
-            self.next_service_id = self
-                .next_service_id
-                .max(entry.service_id.saturating_add(1));
+            self.next_service_id = self.next_service_id.max(entry.service_id.saturating_add(1));
             self.frontends.insert(frontend, programmed);
         }
         // Slots whose master is gone.
@@ -247,7 +256,10 @@ impl<S: Store> Writer<S> {
         // Shrinking frontends first, so that growing ones find the room they free.
         let mut changes: Vec<(&Frontend, &FrontendSpec)> = desired.frontends.iter().collect();
         changes.sort_by_key(|(frontend, spec)| {
-            let old = self.frontends.get(frontend).map_or(0, |p| p.slots.len() + 1);
+            let old = self
+                .frontends
+                .get(frontend)
+                .map_or(0, |p| p.slots.len() + 1);
             (spec.backends.len() + 1).cast_signed() - old.cast_signed()
         });
         for (frontend, spec) in changes {
@@ -280,9 +292,12 @@ impl<S: Store> Writer<S> {
             .chain(slots)
             .chain(programmed.stray_slots.iter().copied())
         {
-            self.write(report, Op::DeleteService {
-                key: service_key(&frontend, slot),
-            })?;
+            self.write(
+                report,
+                Op::DeleteService {
+                    key: service_key(&frontend, slot),
+                },
+            )?;
         }
         self.frontends.remove(&frontend);
         Ok(())
@@ -365,7 +380,12 @@ impl<S: Store> Writer<S> {
         Ok(Ok(()))
     }
 
-    fn check_room(&self, frontend: Frontend, grow: usize, new_backends: usize) -> Result<(), Rejected> {
+    fn check_room(
+        &self,
+        frontend: Frontend,
+        grow: usize,
+        new_backends: usize,
+    ) -> Result<(), Rejected> {
         let used = self.service_entries();
         let free = self.capacity.service_entries.saturating_sub(used);
         let grow = u32::try_from(grow).unwrap_or(u32::MAX);
@@ -379,7 +399,10 @@ impl<S: Store> Writer<S> {
                 needed: grow,
             });
         }
-        let free = self.capacity.backends.saturating_sub(self.backend_entries());
+        let free = self
+            .capacity
+            .backends
+            .saturating_sub(self.backend_entries());
         let needed = u32::try_from(new_backends).unwrap_or(u32::MAX);
         if needed > free {
             return Err(Rejected::MapFull {
@@ -423,7 +446,9 @@ impl<S: Store> Writer<S> {
         loop {
             let id = self.next_backend_id;
             self.next_backend_id = self.next_backend_id.checked_add(1).unwrap_or(1);
-            if id != 0 && !self.backends.contains_key(&id) && !reserved.iter().any(|(r, _)| *r == id)
+            if id != 0
+                && !self.backends.contains_key(&id)
+                && !reserved.iter().any(|(r, _)| *r == id)
             {
                 return id;
             }
@@ -615,10 +640,13 @@ mod tests {
     fn desired(entries: &[(u8, &[u8])]) -> Desired {
         let mut desired = Desired::default();
         for (f, b) in entries {
-            desired.insert(frontend(*f), FrontendSpec {
-                backends: backends(b),
-                affinity_timeout_seconds: None,
-            });
+            desired.insert(
+                frontend(*f),
+                FrontendSpec {
+                    backends: backends(b),
+                    affinity_timeout_seconds: None,
+                },
+            );
         }
         desired
     }
@@ -635,7 +663,9 @@ mod tests {
                 Op::PutService { key, entry } if key.slot == 0 => {
                     format!("+master(count={})", entry.count)
                 }
-                Op::PutService { key, entry } => format!("+slot{}=be{}", key.slot, entry.backend_id),
+                Op::PutService { key, entry } => {
+                    format!("+slot{}=be{}", key.slot, entry.backend_id)
+                }
                 Op::DeleteService { key } if key.slot == 0 => "-master".to_owned(),
                 Op::DeleteService { key } => format!("-slot{}", key.slot),
             })
@@ -646,13 +676,16 @@ mod tests {
     fn new_frontend_writes_backends_then_slots_then_master() {
         let mut w = writer();
         w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
-        assert_eq!(kinds(&w.store.ops), [
-            "+be1",
-            "+be2",
-            "+slot1=be1",
-            "+slot2=be2",
-            "+master(count=2)"
-        ]);
+        assert_eq!(
+            kinds(&w.store.ops),
+            [
+                "+be1",
+                "+be2",
+                "+slot1=be1",
+                "+slot2=be2",
+                "+master(count=2)"
+            ]
+        );
     }
 
     #[test]
@@ -670,12 +703,10 @@ mod tests {
         w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
         w.store.ops.clear();
         w.apply(&desired(&[(1, &[1, 3])])).expect("apply");
-        assert_eq!(kinds(&w.store.ops), [
-            "+slot2=be3",
-            "+master(count=2)",
-            "-slot3",
-            "-be2"
-        ]);
+        assert_eq!(
+            kinds(&w.store.ops),
+            ["+slot2=be3", "+master(count=2)", "-slot3", "-be2"]
+        );
     }
 
     #[test]
@@ -684,17 +715,20 @@ mod tests {
         w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
         w.store.ops.clear();
         w.apply(&desired(&[(1, &[4, 5])])).expect("apply");
-        assert_eq!(kinds(&w.store.ops), [
-            "+be4",
-            "+be5",
-            "+slot1=be4",
-            "+slot2=be5",
-            "+master(count=2)",
-            "-slot3",
-            "-be1",
-            "-be2",
-            "-be3"
-        ]);
+        assert_eq!(
+            kinds(&w.store.ops),
+            [
+                "+be4",
+                "+be5",
+                "+slot1=be4",
+                "+slot2=be5",
+                "+master(count=2)",
+                "-slot3",
+                "-be1",
+                "-be2",
+                "-be3"
+            ]
+        );
     }
 
     #[test]
@@ -703,7 +737,10 @@ mod tests {
         w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
         w.store.ops.clear();
         w.apply(&desired(&[])).expect("apply");
-        assert_eq!(kinds(&w.store.ops), ["-master", "-slot1", "-slot2", "-be1", "-be2"]);
+        assert_eq!(
+            kinds(&w.store.ops),
+            ["-master", "-slot1", "-slot2", "-be1", "-be2"]
+        );
     }
 
     #[test]
@@ -764,23 +801,36 @@ mod tests {
     #[test]
     fn adopting_repairs_strays_orphans_and_holes() {
         let f = frontend(1);
-        let be = |id| (id, Backend {
-            address: u32::from(Ipv4Addr::new(10, 0, 0, id as u8)).to_be(),
-            port: 8080u16.to_be(),
-            protocol: 6,
-            flags: 0,
-        });
-        let slot = |s, id| (service_key(&f, s), ServiceEntry {
-            backend_id: id,
-            ..ServiceEntry::default()
-        });
+        let be = |id| {
+            (
+                id,
+                Backend {
+                    address: u32::from(Ipv4Addr::new(10, 0, 0, id as u8)).to_be(),
+                    port: 8080u16.to_be(),
+                    protocol: 6,
+                    flags: 0,
+                },
+            )
+        };
+        let slot = |s, id| {
+            (
+                service_key(&f, s),
+                ServiceEntry {
+                    backend_id: id,
+                    ..ServiceEntry::default()
+                },
+            )
+        };
         let contents = MapContents {
             services: vec![
-                (service_key(&f, 0), ServiceEntry {
-                    count: 2,
-                    service_id: 7,
-                    ..ServiceEntry::default()
-                }),
+                (
+                    service_key(&f, 0),
+                    ServiceEntry {
+                        count: 2,
+                        service_id: 7,
+                        ..ServiceEntry::default()
+                    },
+                ),
                 slot(1, 1),
                 // slot 2 missing (a hole), slot 5 stray above the count
                 slot(5, 2),
@@ -797,15 +847,21 @@ mod tests {
         // The adopted state is itself inconsistent (hole at slot 2), so only check the end.
         let mut w = Writer::adopt(recorder, CAPACITY, contents);
         w.store.services.remove(&service_key(&f, 0));
-        w.store.services.insert(service_key(&f, 0), ServiceEntry {
-            count: 1,
-            service_id: 7,
-            ..ServiceEntry::default()
-        });
-        w.store.services.insert(service_key(&f, 2), ServiceEntry {
-            backend_id: 2,
-            ..ServiceEntry::default()
-        });
+        w.store.services.insert(
+            service_key(&f, 0),
+            ServiceEntry {
+                count: 1,
+                service_id: 7,
+                ..ServiceEntry::default()
+            },
+        );
+        w.store.services.insert(
+            service_key(&f, 2),
+            ServiceEntry {
+                backend_id: 2,
+                ..ServiceEntry::default()
+            },
+        );
         w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
         let services: Vec<_> = w.store.services.keys().map(|k| k.slot).collect();
         assert_eq!(services, [0, 1, 2], "{:?}", kinds(&w.store.ops));
@@ -815,10 +871,14 @@ mod tests {
 
     #[test]
     fn a_change_that_does_not_fit_leaves_the_frontend_as_it_was() {
-        let mut w = Writer::adopt(Recorder::default(), Capacity {
-            service_entries: 5,
-            backends: 10,
-        }, MapContents::default());
+        let mut w = Writer::adopt(
+            Recorder::default(),
+            Capacity {
+                service_entries: 5,
+                backends: 10,
+            },
+            MapContents::default(),
+        );
         w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
         let before = w.store.services.clone();
         let report = w
@@ -838,10 +898,14 @@ mod tests {
 
     #[test]
     fn backend_map_full_is_reported_with_its_flag() {
-        let mut w = Writer::adopt(Recorder::default(), Capacity {
-            service_entries: 100,
-            backends: 1,
-        }, MapContents::default());
+        let mut w = Writer::adopt(
+            Recorder::default(),
+            Capacity {
+                service_entries: 100,
+                backends: 1,
+            },
+            MapContents::default(),
+        );
         let report = w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
         assert!(report.rejected[0].to_string().contains("--max-backends"));
         assert!(w.store.ops.is_empty());

@@ -3,9 +3,9 @@
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
 use crate::{
+    PROCEED,
     context::SockAddr,
     lb::{self, Forward, Pick},
-    PROCEED,
 };
 
 #[cgroup_sock_addr(connect4)]

@@ -1,6 +1,6 @@
 //! Typed access to `bpf_sock_addr`. The verifier only accepts whole-u32 reads and writes of
 //! these fields, so every access goes through here.
-use aya_ebpf::{bindings::bpf_sock_addr, helpers, programs::SockAddrContext, EbpfContext};
+use aya_ebpf::{EbpfContext, bindings::bpf_sock_addr, helpers, programs::SockAddrContext};
 
 pub struct SockAddr<'a> {
     ctx: &'a SockAddrContext,

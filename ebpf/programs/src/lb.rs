@@ -3,15 +3,15 @@
 //! recvmsg4/getpeername4 show the frontend again.
 use aya_ebpf::helpers;
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey,
-    PROTO_TCP, PROTO_UDP, SCOPE_INTERNAL, SERVICE_FLAG_AFFINITY,
+    AffinityEntry, AffinityKey, Backend, PROTO_TCP, PROTO_UDP, ReverseEntry, ReverseKey,
+    SCOPE_INTERNAL, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey,
 };
 
 use crate::{
+    PROCEED, REJECT,
     context::SockAddr,
     counters::bump,
     maps::{AFFINITY, BACKENDS, REVERSE, SERVICES},
-    PROCEED, REJECT,
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -25,7 +25,9 @@ pub enum Forward {
     Untouched,
     /// A frontend without any usable backend.
     NoBackend,
-    Translated { affinity_hit: bool },
+    Translated {
+        affinity_hit: bool,
+    },
 }
 
 /// How a slot is chosen when session affinity does not decide.

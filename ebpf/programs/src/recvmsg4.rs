@@ -2,7 +2,7 @@
 //! frontend the socket sent to.
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
-use crate::{context::SockAddr, counters::bump, lb, PROCEED};
+use crate::{PROCEED, context::SockAddr, counters::bump, lb};
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn socklb_recvmsg4(ctx: SockAddrContext) -> i32 {

@@ -4,9 +4,9 @@ use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use socklb_abi::PROTO_UDP;
 
 use crate::{
+    PROCEED,
     context::SockAddr,
     lb::{self, Forward, Pick},
-    PROCEED,
 };
 
 #[cgroup_sock_addr(sendmsg4)]

@@ -26,7 +26,11 @@ fn main() {
                 "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             );
-            NamedServer::tcp_replying(&format!("web-{i}"), SocketAddrV4::new(Ipv4Addr::new(127, 0, 1, i), 8080), &reply)
+            NamedServer::tcp_replying(
+                &format!("web-{i}"),
+                SocketAddrV4::new(Ipv4Addr::new(127, 0, 1, i), 8080),
+                &reply,
+            )
         })
         .collect();
     let dns = [
@@ -35,7 +39,9 @@ fn main() {
     ];
     section("Backends");
     println!("  web-1..3   HTTP on 127.0.1.1-3:8080");
-    println!("  dns-1, -2  dnsmasq on 127.0.2.1-2:53, answering who.test with 192.0.2.1 / 192.0.2.2");
+    println!(
+        "  dns-1, -2  dnsmasq on 127.0.2.1-2:53, answering who.test with 192.0.2.1 / 192.0.2.2"
+    );
 
     let frontends = std::env::temp_dir().join(format!("{}.json", sandbox.name));
     std::fs::write(&frontends, FRONTENDS).expect("write the demo frontends");
@@ -71,10 +77,20 @@ fn main() {
     for _ in 0..9 {
         let out = sandbox
             .in_cgroup("curl")
-            .args(["-sS", "-m", "3", "-w", "  [curl saw peer %{remote_ip}:%{remote_port}]", "http://10.96.0.10/"])
+            .args([
+                "-sS",
+                "-m",
+                "3",
+                "-w",
+                "  [curl saw peer %{remote_ip}:%{remote_port}]",
+                "http://10.96.0.10/",
+            ])
             .output()
             .expect("curl");
-        print!("  {}", String::from_utf8_lossy(&out.stdout).replace('\n', ""));
+        print!(
+            "  {}",
+            String::from_utf8_lossy(&out.stdout).replace('\n', "")
+        );
         println!("{}", String::from_utf8_lossy(&out.stderr).trim());
     }
 
@@ -85,7 +101,10 @@ fn main() {
             .args(["@10.96.0.53", "who.test", "+short", "+time=2", "+tries=1"])
             .output()
             .expect("dig");
-        println!("  answer {} (reply accepted by dig from 10.96.0.53)", String::from_utf8_lossy(&out.stdout).trim());
+        println!(
+            "  answer {} (reply accepted by dig from 10.96.0.53)",
+            String::from_utf8_lossy(&out.stdout).trim()
+        );
     }
 
     section("curl http://10.96.0.11/ (a service without endpoints)");
@@ -106,7 +125,10 @@ fn main() {
         .args(["-sS", "-m", "3", "http://10.96.0.10/"])
         .output()
         .expect("curl");
-    print!("  agent stopped; curl http://10.96.0.10/ -> {}", String::from_utf8_lossy(&out.stdout));
+    print!(
+        "  agent stopped; curl http://10.96.0.10/ -> {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     section("bpftool map dump pinned .../socklb_svc_v1 (first entry)");
     let out = Command::new("bpftool")

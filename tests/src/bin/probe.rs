@@ -88,7 +88,9 @@ fn udp(target: SocketAddr, connected: bool) -> std::io::Result<(SocketAddr, Stri
         let peer = socket.peer_addr()?;
         let (len, from) = socket.recv_from(&mut buffer)?;
         if from != peer {
-            return Err(std::io::Error::other(format!("reply from {from}, peer {peer}")));
+            return Err(std::io::Error::other(format!(
+                "reply from {from}, peer {peer}"
+            )));
         }
         Ok((peer, String::from_utf8_lossy(&buffer[..len]).into_owned()))
     } else {
