@@ -155,6 +155,7 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         "clippy",
         &["clippy", "--all-targets", "--", "-D", "warnings"],
     )?;
+    ebpf_clippy()?;
     // The privileged tests start the real agent binary.
     step(
         "build the agent",
@@ -206,6 +207,37 @@ fn parse_test_result(line: &str) -> Option<(u64, u64)> {
         })
     };
     Some((count("passed")?, count("failed")?))
+}
+
+/// Clippy on the kernel programs, with the nightly that builds them for the bpf target.
+fn ebpf_clippy() -> anyhow::Result<()> {
+    let toolchain = format!("+{}", setup::EBPF_TOOLCHAIN);
+    let args = [
+        toolchain.as_str(),
+        "clippy",
+        "--package",
+        "socklb-ebpf",
+        "--bins",
+        "--target",
+        "bpfel-unknown-none",
+        "-Zbuild-std=core",
+        "--target-dir",
+        "target/ebpf-clippy",
+        "--",
+        "-D",
+        "warnings",
+    ];
+    eprintln!("==> clippy (eBPF programs): cargo {}", args.join(" "));
+    // The rustup proxy (not $CARGO, the host toolchain's own cargo) honours `+toolchain`.
+    let status = Command::new("cargo")
+        .args(args)
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .status()
+        .context("running cargo clippy for the eBPF programs")?;
+    if !status.success() {
+        bail!("clippy (eBPF programs) failed ({status})");
+    }
+    Ok(())
 }
 
 fn cargo_run_release(bin: &str, args: &[String]) -> anyhow::Result<()> {

@@ -78,13 +78,16 @@ fn ebpf_toolchain() -> anyhow::Result<()> {
         ])
         .output()
         .is_ok_and(|out| {
-            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("rust-src")
+            let components = String::from_utf8_lossy(&out.stdout);
+            out.status.success() && components.contains("rust-src") && components.contains("clippy")
         });
     if installed {
-        eprintln!("==> setup: toolchain {EBPF_TOOLCHAIN} with rust-src present");
+        eprintln!("==> setup: toolchain {EBPF_TOOLCHAIN} with rust-src and clippy present");
         return Ok(());
     }
-    eprintln!("==> setup: installing toolchain {EBPF_TOOLCHAIN} with rust-src (eBPF builds)");
+    eprintln!(
+        "==> setup: installing toolchain {EBPF_TOOLCHAIN} with rust-src and clippy (eBPF builds)"
+    );
     run_quiet(
         Command::new("rustup").args([
             "toolchain",
@@ -94,6 +97,8 @@ fn ebpf_toolchain() -> anyhow::Result<()> {
             "minimal",
             "--component",
             "rust-src",
+            "--component",
+            "clippy",
         ]),
         "rustup toolchain install",
     )
