@@ -12,7 +12,7 @@
 //!
 //! A frontend whose change does not fit the maps' capacity is left exactly as it was and
 //! reported; the others are still applied.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use socklb_abi::{Backend, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey};
 
@@ -108,6 +108,11 @@ struct Programmed {
 }
 
 impl Programmed {
+    /// Service-map entries it occupies: master, slots and strays.
+    fn entries(&self) -> usize {
+        1 + self.slots.len() + self.stray_slots.len()
+    }
+
     fn master(&self) -> ServiceEntry {
         ServiceEntry {
             backend_id: 0,
@@ -128,6 +133,9 @@ pub struct Writer<S> {
     backend_ids: HashMap<(BackendAddr, Protocol), u32>,
     /// Service-map keys with no master entry, found when adopting.
     orphans: Vec<ServiceKey>,
+    /// Service-map entries the mirror accounts for, kept up to date (not recounted).
+    service_entries: usize,
+    service_ids: HashSet<u32>,
     next_backend_id: u32,
     next_service_id: u32,
 }
@@ -149,6 +157,8 @@ impl<S: Store> Writer<S> {
             backends: HashMap::new(),
             backend_ids: HashMap::new(),
             orphans: Vec::new(),
+            service_entries: 0,
+            service_ids: HashSet::new(),
             next_backend_id: 1,
             next_service_id: 1,
         };
@@ -212,6 +222,13 @@ impl<S: Store> Writer<S> {
                 self.orphans.push(ServiceKey { slot, ..master_key });
             }
         }
+        self.service_entries = self
+            .frontends
+            .values()
+            .map(Programmed::entries)
+            .sum::<usize>()
+            + self.orphans.len();
+        self.service_ids = self.frontends.values().map(|p| p.service_id).collect();
     }
 
     pub fn store(&self) -> &S {
@@ -220,12 +237,7 @@ impl<S: Store> Writer<S> {
 
     /// Number of service-map entries the mirror accounts for.
     pub fn service_entries(&self) -> u32 {
-        let entries: usize = self
-            .frontends
-            .values()
-            .map(|p| 1 + p.slots.len() + p.stray_slots.len())
-            .sum();
-        u32::try_from(entries + self.orphans.len()).unwrap_or(u32::MAX)
+        u32::try_from(self.service_entries).unwrap_or(u32::MAX)
     }
 
     pub fn backend_entries(&self) -> u32 {
@@ -241,6 +253,7 @@ impl<S: Store> Writer<S> {
 
         for key in std::mem::take(&mut self.orphans) {
             self.write(&mut report, Op::DeleteService { key })?;
+            self.service_entries -= 1;
         }
 
         let removed: Vec<Frontend> = self
@@ -300,6 +313,8 @@ impl<S: Store> Writer<S> {
             )?;
         }
         self.frontends.remove(&frontend);
+        self.service_entries -= programmed.entries();
+        self.service_ids.remove(&programmed.service_id);
         Ok(())
     }
 
@@ -376,6 +391,9 @@ impl<S: Store> Writer<S> {
             self.backends.insert(id, (addr, frontend.protocol));
             self.backend_ids.insert((addr, frontend.protocol), id);
         }
+        self.service_entries -= old.as_ref().map_or(0, Programmed::entries);
+        self.service_entries += programmed.entries();
+        self.service_ids.insert(programmed.service_id);
         self.frontends.insert(frontend, programmed);
         Ok(Ok(()))
     }
@@ -419,7 +437,7 @@ impl<S: Store> Writer<S> {
 
     /// Deletes backends that no frontend's slot refers to any more.
     fn collect_backends(&mut self, report: &mut ApplyReport) -> Result<(), StoreError> {
-        let used: std::collections::HashSet<u32> = self
+        let used: HashSet<u32> = self
             .frontends
             .values()
             .flat_map(|p| p.slots.iter().copied())
@@ -459,7 +477,7 @@ impl<S: Store> Writer<S> {
         loop {
             let id = self.next_service_id;
             self.next_service_id = self.next_service_id.checked_add(1).unwrap_or(1);
-            if id != 0 && !self.frontends.values().any(|p| p.service_id == id) {
+            if id != 0 && !self.service_ids.contains(&id) {
                 return id;
             }
         }
@@ -867,6 +885,31 @@ mod tests {
         assert_eq!(services, [0, 1, 2], "{:?}", kinds(&w.store.ops));
         assert_eq!(w.store.services[&service_key(&f, 0)].service_id, 7);
         assert_eq!(w.store.backends.keys().copied().collect::<Vec<_>>(), [1, 2]);
+    }
+
+    #[test]
+    fn entry_accounting_matches_the_maps_through_changes() {
+        let mut w = writer();
+        let steps: [&[(u8, &[u8])]; 5] = [
+            &[(1, &[1, 2, 3]), (2, &[2])],
+            &[(1, &[1]), (2, &[2, 3, 4]), (3, &[])],
+            &[(3, &[5, 6])],
+            &[],
+            &[(4, &[1, 2, 3, 4, 5, 6])],
+        ];
+        for step in steps {
+            w.apply(&desired(step)).expect("apply");
+            assert_eq!(
+                w.service_entries() as usize,
+                w.store.services.len(),
+                "{step:?}"
+            );
+            assert_eq!(
+                w.backend_entries() as usize,
+                w.store.backends.len(),
+                "{step:?}"
+            );
+        }
     }
 
     #[test]
