@@ -275,7 +275,7 @@ pub fn run(command: &mut Command) {
 /// name; stops when dropped.
 pub struct NamedServer {
     pub name: String,
-    pub addr: SocketAddrV4,
+    pub addr: SocketAddr,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -285,8 +285,17 @@ impl NamedServer {
         Self::tcp_replying(name, addr, name)
     }
 
+    /// A TCP server on an IPv6 address.
+    pub fn tcp6(name: &str, addr: SocketAddr) -> Self {
+        Self::serve_tcp(name, addr, name)
+    }
+
     /// A TCP server that answers every connection with `reply` (e.g. an HTTP response).
     pub fn tcp_replying(name: &str, addr: SocketAddrV4, reply: &str) -> Self {
+        Self::serve_tcp(name, SocketAddr::V4(addr), reply)
+    }
+
+    fn serve_tcp(name: &str, addr: SocketAddr, reply: &str) -> Self {
         let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
         listener.set_nonblocking(true).expect("nonblocking");
         let stop = Arc::new(AtomicBool::new(false));
@@ -334,16 +343,20 @@ impl NamedServer {
         });
         Self {
             name: name.to_owned(),
-            addr,
+            addr: SocketAddr::V4(addr),
             stop,
             thread: Some(thread),
         }
     }
 
+    /// The server as a backend; only IPv4 servers can be backends.
     pub fn backend(&self) -> BackendAddr {
+        let SocketAddr::V4(addr) = self.addr else {
+            panic!("{} is not an IPv4 server", self.name);
+        };
         BackendAddr {
-            address: *self.addr.ip(),
-            port: self.addr.port(),
+            address: *addr.ip(),
+            port: addr.port(),
         }
     }
 }

@@ -67,7 +67,7 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
     }
 
     // A direct connection to a backend is neither rewritten nor shown as the VIP.
-    let direct = sandbox.probe("tcp", SocketAddr::V4(servers[1].addr), 20);
+    let direct = sandbox.probe("tcp", servers[1].addr, 20);
     for attempt in &direct {
         assert_eq!(attempt.reply.as_deref(), Some("b2"), "{attempt:?}");
         assert_eq!(
@@ -77,8 +77,29 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
         );
     }
 
+    // A dual-stack (AF_INET6) socket talking to the IPv4-mapped VIP is served the same way.
+    let mapped: SocketAddr = "[::ffff:10.96.0.10]:80".parse().expect("address");
+    let attempts = sandbox.probe("tcp", mapped, 30);
+    assert_eq!(attempts.len(), 30);
+    for attempt in &attempts {
+        assert!(
+            attempt.reply.as_deref().is_some_and(|r| r.starts_with('b')),
+            "{attempt:?}"
+        );
+        assert_eq!(
+            attempt.peer.as_deref(),
+            Some("[::ffff:10.96.0.10]:80"),
+            "{attempt:?}"
+        );
+    }
+    // A genuine IPv6 destination passes through the connect6 program untouched.
+    let v6 = NamedServer::tcp6("v6", "[::1]:8080".parse().expect("address"));
+    for attempt in sandbox.probe("tcp", v6.addr, 3) {
+        assert_eq!(attempt.reply.as_deref(), Some("v6"), "{attempt:?}");
+    }
+
     let counters = dataplane.counters().expect("counters");
-    assert!(counters.translated >= 300, "{counters:?}");
+    assert!(counters.translated >= 330, "{counters:?}");
     assert!(counters.reverse_translated >= 300, "{counters:?}");
     assert_eq!(counters.errors, 0, "{counters:?}");
 }
@@ -159,23 +180,30 @@ fn udp_replies_appear_from_the_vip_connected_or_not() {
     desired.insert(vip, spec(&servers));
     let _dataplane = programmed(&sandbox, &desired);
 
-    for mode in ["udp", "udp-connected"] {
-        let attempts = sandbox.probe(mode, addr(&vip), 40);
+    let mapped: SocketAddr = "[::ffff:10.96.0.20]:90".parse().expect("address");
+    for (mode, target, peer) in [
+        ("udp", addr(&vip), "10.96.0.20:90"),
+        ("udp-connected", addr(&vip), "10.96.0.20:90"),
+        // Dual-stack sockets to the IPv4-mapped VIP (sendmsg6/recvmsg6/connect6).
+        ("udp", mapped, "[::ffff:10.96.0.20]:90"),
+        ("udp-connected", mapped, "[::ffff:10.96.0.20]:90"),
+    ] {
+        let attempts = sandbox.probe(mode, target, 40);
         let tally = tally(&attempts);
         assert!(
             tally.contains_key("u1") && tally.contains_key("u2"),
-            "{mode}: both backends should answer some sockets: {tally:?}"
+            "{mode} {target}: both backends should answer some sockets: {tally:?}"
         );
         for attempt in &attempts {
             assert_eq!(
                 attempt.peer.as_deref(),
-                Some("10.96.0.20:90"),
-                "{mode}: {attempt:?}"
+                Some(peer),
+                "{mode} {target}: {attempt:?}"
             );
         }
     }
     // Direct datagrams to a backend keep the backend as their source.
-    for attempt in sandbox.probe("udp", SocketAddr::V4(servers[0].addr), 5) {
+    for attempt in sandbox.probe("udp", servers[0].addr, 5) {
         assert_eq!(
             attempt.peer.as_deref(),
             Some("127.0.3.1:9000"),

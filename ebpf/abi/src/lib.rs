@@ -31,13 +31,27 @@ pub mod map_names {
 }
 
 /// Names of the kernel programs (the functions in socklb-ebpf), one per hook.
+/// The `*6` programs serve IPv6 sockets that talk to IPv4-mapped addresses.
 pub mod program_names {
     pub const CONNECT4: &str = "socklb_connect4";
     pub const SENDMSG4: &str = "socklb_sendmsg4";
     pub const RECVMSG4: &str = "socklb_recvmsg4";
     pub const GETPEERNAME4: &str = "socklb_getpeername4";
+    pub const CONNECT6: &str = "socklb_connect6";
+    pub const SENDMSG6: &str = "socklb_sendmsg6";
+    pub const RECVMSG6: &str = "socklb_recvmsg6";
+    pub const GETPEERNAME6: &str = "socklb_getpeername6";
 
-    pub const ALL: [&str; 4] = [CONNECT4, SENDMSG4, RECVMSG4, GETPEERNAME4];
+    pub const ALL: [&str; 8] = [
+        CONNECT4,
+        SENDMSG4,
+        RECVMSG4,
+        GETPEERNAME4,
+        CONNECT6,
+        SENDMSG6,
+        RECVMSG6,
+        GETPEERNAME6,
+    ];
 }
 
 /// IP protocol numbers as found in `bpf_sock_addr.protocol`.

@@ -239,10 +239,19 @@ fn remember_frontend(key: ReverseKey, frontend: ReverseEntry) -> Result<(), Erro
     REVERSE.insert(&key, &frontend, 0).map_err(|_| Error)
 }
 
-/// For recvmsg4/getpeername4: if this socket reached the peer through a frontend, show the
-/// frontend instead. Returns whether it rewrote.
+/// recvmsg/getpeername: shows the frontend instead of the backend, counted; always allows.
 #[inline(always)]
-pub fn reverse(sock: &SockAddr) -> bool {
+pub fn reverse_verdict(sock: &SockAddr) -> i32 {
+    if reverse(sock) {
+        bump(|c| &mut c.reverse_translated);
+    }
+    PROCEED
+}
+
+/// If this socket reached the peer through a frontend, shows the frontend instead. Returns
+/// whether it rewrote.
+#[inline(always)]
+fn reverse(sock: &SockAddr) -> bool {
     let key = ReverseKey {
         cookie: sock.socket_cookie(),
         address: sock.address(),

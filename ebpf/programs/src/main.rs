@@ -1,18 +1,19 @@
-//! socklb's kernel programs: socket-level service translation at the cgroup hooks.
+//! socklb's kernel programs: socket-level service translation at the cgroup hooks, for
+//! IPv4 sockets and for IPv6 sockets talking to IPv4-mapped addresses.
 //!
 //! Every hook is a thin entry that calls a `try_*` function; an error lets the operation
 //! proceed untranslated (the safe verdict for a socket hook) and is counted.
 #![no_std]
 #![no_main]
 
-mod connect4;
+mod connect;
 mod context;
 mod counters;
-mod getpeername4;
+mod getpeername;
 mod lb;
 mod maps;
-mod recvmsg4;
-mod sendmsg4;
+mod recvmsg;
+mod sendmsg;
 
 /// Verdicts of cgroup sock_addr programs.
 const PROCEED: i32 = 1;

@@ -79,7 +79,12 @@ fn tcp(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
 }
 
 fn udp(target: SocketAddr, connected: bool) -> std::io::Result<(SocketAddr, String)> {
-    let socket = UdpSocket::bind("0.0.0.0:0")?;
+    let any = if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    };
+    let socket = UdpSocket::bind(any)?;
     socket.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut buffer = [0u8; 512];
     if connected {

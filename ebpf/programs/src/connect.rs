@@ -10,14 +10,26 @@ use crate::{
 
 #[cgroup_sock_addr(connect4)]
 pub fn socklb_connect4(ctx: SockAddrContext) -> i32 {
-    let sock = SockAddr::new(&ctx);
-    let Some(protocol) = lb::served_protocol(&sock) else {
-        return PROCEED;
-    };
-    lb::forward_verdict(try_connect4(&sock, protocol))
+    on_connect(&SockAddr::v4(&ctx))
+}
+
+#[cgroup_sock_addr(connect6)]
+pub fn socklb_connect6(ctx: SockAddrContext) -> i32 {
+    match SockAddr::v4_mapped(&ctx) {
+        Some(sock) => on_connect(&sock),
+        None => PROCEED,
+    }
 }
 
 #[inline(always)]
-fn try_connect4(sock: &SockAddr, protocol: u8) -> Result<Forward, lb::Error> {
+fn on_connect(sock: &SockAddr) -> i32 {
+    let Some(protocol) = lb::served_protocol(sock) else {
+        return PROCEED;
+    };
+    lb::forward_verdict(try_connect(sock, protocol))
+}
+
+#[inline(always)]
+fn try_connect(sock: &SockAddr, protocol: u8) -> Result<Forward, lb::Error> {
     lb::translate(sock, protocol, Pick::for_protocol(protocol))
 }

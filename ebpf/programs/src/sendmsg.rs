@@ -11,14 +11,26 @@ use crate::{
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn socklb_sendmsg4(ctx: SockAddrContext) -> i32 {
-    let sock = SockAddr::new(&ctx);
-    if lb::served_protocol(&sock) != Some(PROTO_UDP) {
-        return PROCEED;
+    on_sendmsg(&SockAddr::v4(&ctx))
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn socklb_sendmsg6(ctx: SockAddrContext) -> i32 {
+    match SockAddr::v4_mapped(&ctx) {
+        Some(sock) => on_sendmsg(&sock),
+        None => PROCEED,
     }
-    lb::forward_verdict(try_sendmsg4(&sock))
 }
 
 #[inline(always)]
-fn try_sendmsg4(sock: &SockAddr) -> Result<Forward, lb::Error> {
+fn on_sendmsg(sock: &SockAddr) -> i32 {
+    if lb::served_protocol(sock) != Some(PROTO_UDP) {
+        return PROCEED;
+    }
+    lb::forward_verdict(try_sendmsg(sock))
+}
+
+#[inline(always)]
+fn try_sendmsg(sock: &SockAddr) -> Result<Forward, lb::Error> {
     lb::translate(sock, PROTO_UDP, Pick::PerSocket)
 }

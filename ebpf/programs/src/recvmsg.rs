@@ -1,0 +1,18 @@
+//! recvmsg()/recvfrom() of UDP sockets: a reply from a backend appears to come from the
+//! frontend the socket sent to. These programs must always allow.
+use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+
+use crate::{PROCEED, context::SockAddr, lb};
+
+#[cgroup_sock_addr(recvmsg4)]
+pub fn socklb_recvmsg4(ctx: SockAddrContext) -> i32 {
+    lb::reverse_verdict(&SockAddr::v4(&ctx))
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn socklb_recvmsg6(ctx: SockAddrContext) -> i32 {
+    match SockAddr::v4_mapped(&ctx) {
+        Some(sock) => lb::reverse_verdict(&sock),
+        None => PROCEED,
+    }
+}
