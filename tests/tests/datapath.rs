@@ -458,6 +458,61 @@ fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
 }
 
 #[test]
+fn cleanup_detaches_the_programs_and_removes_only_socklb_pins() {
+    let sandbox = Sandbox::new("cleanup");
+    let servers = tcp_backends([127, 0, 12], 1, 8080);
+    // The VIP is also served untranslated, so that "not translated" is visible.
+    let _direct = NamedServer::tcp(
+        "direct",
+        SocketAddrV4::new(Ipv4Addr::new(127, 0, 12, 99), 80),
+    );
+    let vip = frontend([127, 0, 12, 99], 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers));
+    drop(programmed(&sandbox, &desired));
+    assert_eq!(
+        tally(&sandbox.probe("tcp", addr(&vip), 3)).get("b1"),
+        Some(&3)
+    );
+
+    // Something in the pin directory that socklb did not create.
+    let foreign = sandbox.pin_dir.join("not-socklb");
+    std::fs::create_dir(&foreign).expect("create a foreign directory on bpffs");
+    let output = Command::new(agent_bin())
+        .arg("cleanup")
+        .arg("--bpffs")
+        .arg(&sandbox.pin_dir)
+        .output()
+        .expect("run socklb cleanup");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    assert_eq!(
+        tally(&sandbox.probe("tcp", addr(&vip), 3)).get("direct"),
+        Some(&3)
+    );
+    let left: Vec<_> = std::fs::read_dir(&sandbox.pin_dir)
+        .expect("the pin directory stays: it is not empty")
+        .map(|entry| entry.expect("entry").file_name())
+        .collect();
+    assert_eq!(left, ["not-socklb"]);
+    std::fs::remove_dir(&foreign).expect("remove the foreign directory");
+    let attached = Command::new("bpftool")
+        .args(["cgroup", "show"])
+        .arg(&sandbox.cgroup)
+        .output()
+        .expect("prerequisite missing: bpftool");
+    assert!(
+        !String::from_utf8_lossy(&attached.stdout).contains("socklb_"),
+        "programs still attached: {}",
+        String::from_utf8_lossy(&attached.stdout)
+    );
+}
+
+#[test]
 fn bpftool_map_dump_shows_named_fields() {
     let sandbox = Sandbox::new("bpftool");
     let vip = frontend([10, 96, 0, 70], 80, Protocol::Tcp);
