@@ -1,0 +1,763 @@
+//! `cargo xtask bench datapath`: what socket translation costs a client. It times
+//! connect()+close() to a service VIP against the same connections made directly to the
+//! service's backends, in one client process and interleaved, with 1, 1,000 and 10,000
+//! services of 10 backends in the maps, and reads the programs' kernel run time (BPF stats).
+//!
+//! socklb-bench datapath [--connections N] [--services 1,1000,10000]
+//!
+//! Only processes in the sandbox cgroup are translated, so the timed client is this binary
+//! again, started inside the cgroup with the hidden `client` subcommand; it prints one JSON
+//! line that the parent turns into a markdown table.
+use std::{
+    fs, io,
+    mem::size_of,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    process::Stdio,
+    ptr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant, SystemTime},
+};
+
+use aya::programs::{
+    links::{FdLink, PinnedLink},
+    loaded_programs,
+};
+use serde::{Deserialize, Serialize};
+use socklb_abi::{Counters, program_names};
+use socklb_agent::dataplane::{
+    self, BackendAddr, Capacities, Config, Dataplane, Desired, Frontend, FrontendSpec, Protocol,
+    Scope,
+};
+use socklb_tests::Sandbox;
+
+const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000]";
+const BACKENDS_PER_SERVICE: u32 = 10;
+/// Each measurement is split into this many VIP and direct batches, alternating which goes
+/// first, so that drift on a noisy machine hits both sides alike. Short batches matter: with
+/// 20 rounds the VIP/direct ratio of one run spread over 0.99-1.09, with 100 over 1.01-1.04.
+const ROUNDS: u32 = 100;
+const SERVICE_PORT: u16 = 80;
+const BACKEND_PORT: u16 = 8080;
+/// Above the connections a batch can leave unaccepted: a full accept queue drops SYNs and
+/// the retransmit adds a 1 s stall that would look like datapath latency.
+const BACKLOG: i32 = 4096;
+/// Untimed VIP connections that call getpeername(), only to read getpeername4's run time.
+const PEERNAME_CONNECTS: u32 = 2_000;
+/// Keeps the address plan (10.96.0.0/12 VIPs, 127.128.0.0/9 placeholder backends) and the
+/// maps within reason.
+const MAX_SERVICES: u32 = 100_000;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.split_first() {
+        Some((command, rest)) if command == "datapath" => datapath(rest),
+        Some((command, rest)) if command == "client" => client(rest),
+        _ => usage(),
+    }
+}
+
+fn usage() -> ! {
+    eprintln!("{USAGE}");
+    std::process::exit(2);
+}
+
+struct Options {
+    connections: u32,
+    services: Vec<u32>,
+}
+
+fn parse_options(args: &[String]) -> Options {
+    let mut options = Options {
+        connections: 20_000,
+        services: vec![1, 1_000, 10_000],
+    };
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let value = args.next().unwrap_or_else(|| usage());
+        match flag.as_str() {
+            "--connections" => options.connections = value.parse().unwrap_or_else(|_| usage()),
+            "--services" => {
+                options.services = value
+                    .split(',')
+                    .map(|count| count.trim().parse())
+                    .collect::<Result<_, _>>()
+                    .unwrap_or_else(|_| usage());
+            }
+            _ => usage(),
+        }
+    }
+    if options.connections < ROUNDS {
+        eprintln!("--connections must be at least {ROUNDS} (one per round)");
+        std::process::exit(2);
+    }
+    // The same maps grow from step to step, as a cluster's would.
+    let growing = options.services.windows(2).all(|pair| pair[0] < pair[1]);
+    let in_range = options
+        .services
+        .iter()
+        .all(|count| (1..=MAX_SERVICES).contains(count));
+    if options.services.is_empty() || !growing || !in_range {
+        eprintln!("--services must be increasing counts between 1 and {MAX_SERVICES}");
+        std::process::exit(2);
+    }
+    options
+}
+
+/// One measurement, as the client reports it.
+#[derive(Debug, Serialize, Deserialize)]
+struct Measurement {
+    vip: Latency,
+    direct: Latency,
+    /// connect4 during the VIP batches (lookup hit and translation).
+    connect4_vip: RunTime,
+    /// connect4 during the direct batches (the lookup miss every other connect pays).
+    connect4_direct: RunTime,
+    getpeername4: RunTime,
+    /// Every VIP connection the client made (timed, warm-up and getpeername ones).
+    vip_connects: u64,
+    /// Every direct connection the client made.
+    direct_connects: u64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Latency {
+    p50_ns: u64,
+    p99_ns: u64,
+    samples: u64,
+}
+
+impl Latency {
+    fn of(mut samples: Vec<u64>) -> Self {
+        samples.sort_unstable();
+        Self {
+            p50_ns: percentile(&samples, 50),
+            p99_ns: percentile(&samples, 99),
+            samples: samples.len() as u64,
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted samples.
+fn percentile(sorted: &[u64], percent: usize) -> u64 {
+    let rank = (sorted.len() * percent).div_ceil(100).max(1);
+    sorted.get(rank - 1).copied().unwrap_or(0)
+}
+
+/// A program's accumulated kernel run time, as BPF stats count it.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+struct RunTime {
+    run_ns: u64,
+    runs: u64,
+}
+
+impl RunTime {
+    fn since(self, before: Self) -> Self {
+        Self {
+            run_ns: self.run_ns.saturating_sub(before.run_ns),
+            runs: self.runs.saturating_sub(before.runs),
+        }
+    }
+
+    fn add(&mut self, other: Self) {
+        self.run_ns += other.run_ns;
+        self.runs += other.runs;
+    }
+
+    fn per_call_ns(self) -> Option<f64> {
+        (self.runs > 0).then(|| self.run_ns as f64 / self.runs as f64)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Parent: sandbox, servers, maps, and the report.
+
+fn datapath(args: &[String]) {
+    let options = parse_options(args);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!(
+            "the benchmark loads BPF programs and creates a network namespace and a cgroup: run \
+             it as root (e.g. `sudo cargo xtask bench datapath`)"
+        );
+        std::process::exit(1);
+    }
+    // Before any thread exists, so that every thread inherits the mask and only the
+    // cleanup thread sees these signals.
+    let signals = block_termination_signals();
+    let machine = machine_context();
+    let sandbox = Sandbox::new("bench");
+    cleanup_on_signal(signals, sandbox.pin_dir.clone(), sandbox.cgroup.clone());
+
+    let servers = Servers::start(&real_backends());
+    let max_services = options.services.iter().copied().max().unwrap_or(1);
+    let mut dataplane = Dataplane::load(Config {
+        capacities: capacities(max_services),
+        ..sandbox.config()
+    })
+    .expect("load the datapath");
+    // Run-time stats are counted only while this fd is open.
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .expect("enable BPF run-time stats (BPF_ENABLE_STATS needs CAP_SYS_ADMIN)");
+
+    let mut program_ids = None;
+    let mut rows = Vec::new();
+    for &services in &options.services {
+        // The middle service by index; its backends are the real servers.
+        let measured = services / 2;
+        let started = Instant::now();
+        let report = dataplane
+            .apply(&desired(services, measured))
+            .expect("apply the services to the maps");
+        assert!(
+            report.rejected.is_empty(),
+            "{services} services do not fit the maps: {:?}",
+            report.rejected
+        );
+        eprintln!(
+            "{services} services x {BACKENDS_PER_SERVICE} backends: {} map writes in {:.1?}",
+            report.writes,
+            started.elapsed()
+        );
+        let ids = *program_ids.get_or_insert_with(|| {
+            dataplane.attach().expect("attach the programs");
+            [
+                program_id(&sandbox.pin_dir, program_names::CONNECT4),
+                program_id(&sandbox.pin_dir, program_names::GETPEERNAME4),
+            ]
+        });
+
+        let counters_before = dataplane.counters().expect("read the counters");
+        let accepted_before = servers.accepted();
+        let measurement = run_client(&sandbox, vip(measured), ids, options.connections);
+        let counters = since(
+            dataplane.counters().expect("read the counters"),
+            counters_before,
+        );
+        check(&measurement, &counters);
+        servers.wait_for(accepted_before + measurement.vip_connects + measurement.direct_connects);
+        rows.push((services, measurement));
+    }
+    drop(servers);
+
+    print_report(&machine, &options, &rows);
+}
+
+/// The measured service's backends.
+fn real_backends() -> Vec<SocketAddrV4> {
+    (1..=BACKENDS_PER_SERVICE)
+        .map(|i| SocketAddrV4::new(Ipv4Addr::from(0x7f00_0100 + i), BACKEND_PORT))
+        .collect()
+}
+
+/// Service `index`'s VIP, from 10.96.0.1 upwards.
+fn vip(index: u32) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::from(0x0a60_0001 + index), SERVICE_PORT)
+}
+
+/// A distinct backend of every other service: loopback addresses nothing listens on and
+/// nothing connects to (only the measured VIP gets traffic).
+fn placeholder_backend(service: u32, backend: u32) -> SocketAddrV4 {
+    let address = 0x7f80_0000 + service * BACKENDS_PER_SERVICE + backend;
+    SocketAddrV4::new(Ipv4Addr::from(address), BACKEND_PORT)
+}
+
+fn desired(services: u32, measured: u32) -> Desired {
+    let real = real_backends();
+    let mut desired = Desired::default();
+    for service in 0..services {
+        let backends = (0..BACKENDS_PER_SERVICE)
+            .map(|backend| match real.get(backend as usize) {
+                Some(addr) if service == measured => *addr,
+                _ => placeholder_backend(service, backend),
+            })
+            .map(|addr| BackendAddr {
+                address: *addr.ip(),
+                port: addr.port(),
+            })
+            .collect();
+        let address = vip(service);
+        desired.insert(
+            Frontend {
+                address: *address.ip(),
+                port: address.port(),
+                protocol: Protocol::Tcp,
+                scope: Scope::Internal,
+            },
+            FrontendSpec {
+                backends,
+                affinity_timeout_seconds: None,
+            },
+        );
+    }
+    desired
+}
+
+/// Maps sized for the largest step, with room for the writer to spare.
+fn capacities(max_services: u32) -> Capacities {
+    let room = |entries: u32| (entries + entries / 8).next_power_of_two();
+    Capacities {
+        // A master entry and one entry per backend slot for every service.
+        service_entries: room(max_services * (BACKENDS_PER_SERVICE + 1)),
+        backends: room(max_services * BACKENDS_PER_SERVICE),
+        ..Capacities::default()
+    }
+}
+
+/// The id of the program behind the link the datapath pinned: exactly ours, even while
+/// other tests load programs of the same name.
+fn program_id(pin_dir: &Path, program: &str) -> u32 {
+    let pin = dataplane::link_pin(pin_dir, program);
+    let link = PinnedLink::from_pin(&pin)
+        .unwrap_or_else(|e| panic!("open the link pin {}: {e}", pin.display()));
+    FdLink::from(link)
+        .info()
+        .unwrap_or_else(|e| panic!("read the link info of {}: {e}", pin.display()))
+        .program_id()
+}
+
+fn run_client(
+    sandbox: &Sandbox,
+    vip: SocketAddrV4,
+    ids: [u32; 2],
+    connections: u32,
+) -> Measurement {
+    let backends: Vec<String> = real_backends().iter().map(ToString::to_string).collect();
+    let exe = std::env::current_exe().expect("find this executable to run the client");
+    let output = sandbox
+        .in_cgroup(exe)
+        .args([
+            "client".to_owned(),
+            vip.to_string(),
+            backends.join(","),
+            connections.to_string(),
+            ids[0].to_string(),
+            ids[1].to_string(),
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("run the client in the sandbox cgroup");
+    assert!(
+        output.status.success(),
+        "the client failed ({})",
+        output.status
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "client output {:?}: {e}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+fn since(after: Counters, before: Counters) -> Counters {
+    Counters {
+        translated: after.translated.wrapping_sub(before.translated),
+        no_backend: after.no_backend.wrapping_sub(before.no_backend),
+        affinity_hits: after.affinity_hits.wrapping_sub(before.affinity_hits),
+        reverse_translated: after
+            .reverse_translated
+            .wrapping_sub(before.reverse_translated),
+        errors: after.errors.wrapping_sub(before.errors),
+    }
+}
+
+/// Numbers are only worth reporting if every VIP connection was translated and nothing
+/// else was.
+fn check(measurement: &Measurement, counters: &Counters) {
+    assert_eq!(
+        counters.translated, measurement.vip_connects,
+        "translations vs VIP connections: {counters:?}"
+    );
+    assert_eq!(
+        counters.errors, 0,
+        "the programs counted errors: {counters:?}"
+    );
+    assert_eq!(counters.no_backend, 0, "{counters:?}");
+    for (what, timed, runs) in [
+        (
+            "VIP",
+            measurement.vip.samples,
+            measurement.connect4_vip.runs,
+        ),
+        (
+            "direct",
+            measurement.direct.samples,
+            measurement.connect4_direct.runs,
+        ),
+    ] {
+        if timed != runs {
+            eprintln!("warning: {timed} {what} connects but connect4 ran {runs} times");
+        }
+    }
+}
+
+fn print_report(machine: &str, options: &Options, rows: &[(u32, Measurement)]) {
+    let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1_000.0);
+    let per_call = |run_time: RunTime| {
+        run_time
+            .per_call_ns()
+            .map_or_else(|| "-".to_owned(), |ns| format!("{ns:.0}"))
+    };
+    println!("{machine}");
+    println!(
+        "{} connections per measurement (VIP and direct each), {ROUNDS} interleaved rounds; \
+         {BACKENDS_PER_SERVICE} backends per service\n",
+        options.connections
+    );
+    println!(
+        "| services | VIP p50 | direct p50 | VIP/direct (p50) | VIP p99 | direct p99 | VIP/direct \
+         (p99) | connect4 ns/call (VIP) | connect4 ns/call (direct) | getpeername4 ns/call |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (services, m) in rows {
+        let ratio = |vip: u64, direct: u64| vip as f64 / direct.max(1) as f64;
+        println!(
+            "| {services} | {} | {} | {:.3} | {} | {} | {:.3} | {} | {} | {} |",
+            us(m.vip.p50_ns),
+            us(m.direct.p50_ns),
+            ratio(m.vip.p50_ns, m.direct.p50_ns),
+            us(m.vip.p99_ns),
+            us(m.direct.p99_ns),
+            ratio(m.vip.p99_ns, m.direct.p99_ns),
+            per_call(m.connect4_vip),
+            per_call(m.connect4_direct),
+            per_call(m.getpeername4),
+        );
+    }
+}
+
+/// Kernel, CPUs and date: absolute times only mean something next to these.
+fn machine_context() -> String {
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|release| release.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("model name"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    format!("{}, kernel {kernel}, {cpus} CPUs ({model})", utc_now())
+}
+
+/// The current UTC date and time, without a date crate.
+fn utc_now() -> String {
+    let seconds = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let (days, of_day) = (seconds / 86_400, seconds % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil inverse).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let day_of_era = z % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
+        of_day / 3_600,
+        of_day % 3_600 / 60
+    )
+}
+
+/// Accept-and-close servers on the measured service's backends. They count what they
+/// accept, which shows that every connection reached a real backend.
+struct Servers {
+    listeners: Vec<TcpListener>,
+    threads: Vec<JoinHandle<()>>,
+    accepted: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Servers {
+    fn start(addrs: &[SocketAddrV4]) -> Self {
+        let accepted = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut servers = Self {
+            listeners: Vec::new(),
+            threads: Vec::new(),
+            accepted,
+            stop,
+        };
+        for addr in addrs {
+            let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+            // std listens with a backlog of 128; listening again only raises it.
+            // SAFETY: a listening socket we own.
+            let rc = unsafe { libc::listen(listener.as_raw_fd(), BACKLOG) };
+            assert_eq!(
+                rc,
+                0,
+                "listen({addr}, {BACKLOG}): {}",
+                io::Error::last_os_error()
+            );
+            let accepting = listener.try_clone().expect("clone the listener");
+            let (accepted, stop) = (servers.accepted.clone(), servers.stop.clone());
+            servers.threads.push(std::thread::spawn(move || {
+                loop {
+                    match accepting.accept() {
+                        // Dropping the stream closes it: all a client waits for is connect().
+                        Ok(_) => {
+                            accepted.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) if stop.load(Ordering::Relaxed) => return,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        // E.g. out of file descriptors: retry without spinning.
+                        Err(_) => std::thread::sleep(Duration::from_millis(1)),
+                    }
+                }
+            }));
+            servers.listeners.push(listener);
+        }
+        servers
+    }
+
+    fn accepted(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the servers have accepted `total` connections in all.
+    fn wait_for(&self, total: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.accepted() < total {
+            assert!(
+                Instant::now() < deadline,
+                "the backends accepted {} connections, expected {total}: some VIP connections \
+                 did not reach a backend",
+                self.accepted()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for listener in &self.listeners {
+            // Wakes the thread blocked in accept() (which then fails with EINVAL).
+            // SAFETY: a socket we own.
+            unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        for thread in self.threads.drain(..) {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn block_termination_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data and sigemptyset initializes it; pthread_sigmask only
+    // changes this thread's mask (inherited by the threads it starts).
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, ptr::null_mut());
+        set
+    }
+}
+
+/// Ctrl-C would otherwise end the process without running `Sandbox`'s Drop and leave the
+/// pins, the attached programs and the cgroup behind.
+fn cleanup_on_signal(signals: libc::sigset_t, pin_dir: PathBuf, cgroup: PathBuf) {
+    std::thread::spawn(move || {
+        let mut signal = 0;
+        // SAFETY: a valid signal set, blocked in every thread of this process.
+        if unsafe { libc::sigwait(&signals, &mut signal) } != 0 {
+            return;
+        }
+        eprintln!("signal {signal}: removing the benchmark's pins and cgroup");
+        let _ = fs::write(cgroup.join("cgroup.kill"), "1");
+        if let Err(e) = dataplane::cleanup(&pin_dir) {
+            eprintln!("cleanup of {}: {e}", pin_dir.display());
+        }
+        for _ in 0..100 {
+            match fs::remove_dir(&cgroup) {
+                Ok(()) => break,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        std::process::exit(128 + signal);
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Client: runs inside the sandbox cgroup.
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Vip,
+    Direct,
+}
+
+/// client VIP BACKEND,BACKEND,... CONNECTIONS CONNECT4_ID GETPEERNAME4_ID
+fn client(args: &[String]) {
+    let [vip, backends, connections, connect4, getpeername4] = args else {
+        usage()
+    };
+    let vip: SocketAddrV4 = parse(vip);
+    let backends: Vec<libc::sockaddr_in> = backends
+        .split(',')
+        .map(|backend| sockaddr(parse(backend)))
+        .collect();
+    let connections: u32 = parse(connections);
+    let ids: [u32; 2] = [parse(connect4), parse(getpeername4)];
+    let vip_addr = sockaddr(vip);
+    let batch = connections.div_ceil(ROUNDS);
+    let mut next_backend = 0usize;
+    let mut direct = || {
+        next_backend = (next_backend + 1) % backends.len();
+        &backends[next_backend]
+    };
+
+    // Untimed: the first connections pay for page faults, cold caches and route lookups.
+    for _ in 0..batch {
+        connect_close(&vip_addr);
+        connect_close(direct());
+    }
+
+    let samples = usize::try_from(batch * ROUNDS).unwrap_or(0);
+    let (mut vip_ns, mut direct_ns) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
+    let (mut connect4_vip, mut connect4_direct) = (RunTime::default(), RunTime::default());
+    for round in 0..ROUNDS {
+        let order = if round % 2 == 0 {
+            [Target::Vip, Target::Direct]
+        } else {
+            [Target::Direct, Target::Vip]
+        };
+        for target in order {
+            // Read outside the timed loop; the reads themselves do not run our programs.
+            let before = run_times(ids)[0];
+            for _ in 0..batch {
+                match target {
+                    Target::Vip => vip_ns.push(connect_close(&vip_addr)),
+                    Target::Direct => direct_ns.push(connect_close(direct())),
+                }
+            }
+            let spent = run_times(ids)[0].since(before);
+            match target {
+                Target::Vip => connect4_vip.add(spent),
+                Target::Direct => connect4_direct.add(spent),
+            }
+        }
+    }
+
+    let before = run_times(ids)[1];
+    for _ in 0..PEERNAME_CONNECTS {
+        let peer = connect_peer(vip);
+        if peer != SocketAddr::V4(vip) {
+            fail(&format!(
+                "getpeername() of a VIP connection says {peer}, not {vip}"
+            ));
+        }
+    }
+    let getpeername4 = run_times(ids)[1].since(before);
+
+    let measurement = Measurement {
+        vip: Latency::of(vip_ns),
+        direct: Latency::of(direct_ns),
+        connect4_vip,
+        connect4_direct,
+        getpeername4,
+        vip_connects: u64::from(batch * (ROUNDS + 1) + PEERNAME_CONNECTS),
+        direct_connects: u64::from(batch * (ROUNDS + 1)),
+    };
+    println!(
+        "{}",
+        serde_json::to_string(&measurement).expect("a plain struct serializes")
+    );
+}
+
+fn parse<T: std::str::FromStr>(text: &str) -> T {
+    text.parse()
+        .unwrap_or_else(|_| fail(&format!("client: cannot parse {text:?}")))
+}
+
+fn fail(message: &str) -> ! {
+    eprintln!("client: {message}");
+    std::process::exit(1);
+}
+
+fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: addr.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*addr.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// Nanoseconds spent in connect() and close() of a fresh TCP socket; socket() is not timed.
+/// Raw calls rather than `TcpStream`, so that nothing but those two syscalls is measured.
+fn connect_close(target: &libc::sockaddr_in) -> u64 {
+    // SAFETY: plain syscall; the fd is checked and closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        fail(&format!("socket(): {}", io::Error::last_os_error()));
+    }
+    let started = Instant::now();
+    // SAFETY: target is a sockaddr_in of the length passed; fd is our socket.
+    let rc = unsafe {
+        libc::connect(
+            fd,
+            ptr::from_ref(target).cast(),
+            size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    let error = (rc != 0).then(io::Error::last_os_error);
+    // SAFETY: fd is ours and closed once.
+    unsafe { libc::close(fd) };
+    let elapsed = started.elapsed();
+    if let Some(error) = error {
+        let port = u16::from_be(target.sin_port);
+        let address = Ipv4Addr::from(u32::from_be(target.sin_addr.s_addr));
+        fail(&format!("connect({address}:{port}): {error}"));
+    }
+    u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The peer address a VIP connection reports (getpeername4 shows the VIP again).
+fn connect_peer(vip: SocketAddrV4) -> SocketAddr {
+    let stream = TcpStream::connect(vip).unwrap_or_else(|e| fail(&format!("connect({vip}): {e}")));
+    stream
+        .peer_addr()
+        .unwrap_or_else(|e| fail(&format!("getpeername(): {e}")))
+}
+
+/// Accumulated run time of the programs `ids`, in that order.
+fn run_times(ids: [u32; 2]) -> [RunTime; 2] {
+    let mut found = [None; 2];
+    for info in loaded_programs().flatten() {
+        if let Some(slot) = ids.iter().position(|id| *id == info.id()) {
+            found[slot] = Some(RunTime {
+                run_ns: u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX),
+                runs: info.run_count(),
+            });
+        }
+    }
+    found.map(|run_time| {
+        run_time.unwrap_or_else(|| fail(&format!("programs {ids:?} are not loaded any more")))
+    })
+}
