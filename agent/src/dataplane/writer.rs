@@ -115,11 +115,11 @@ impl Programmed {
 
     fn master(&self) -> ServiceEntry {
         ServiceEntry {
-            backend_id: 0,
             count: u16::try_from(self.slots.len()).unwrap_or(u16::MAX),
             flags: self.flags,
             service_id: self.service_id,
             affinity_timeout_s: self.affinity_timeout_s,
+            ..ServiceEntry::default()
         }
     }
 }
@@ -174,6 +174,7 @@ impl<S: Store> Writer<S> {
         self.orphans.clear();
         self.next_backend_id = 1;
         self.next_service_id = 1;
+        let backend_entries: HashMap<u32, Backend> = contents.backends.iter().copied().collect();
         for (id, backend) in contents.backends {
             let Some(protocol) = Protocol::from_number(backend.protocol) else {
                 // Unknown protocol: not ours to interpret; dropped at the next apply.
@@ -195,10 +196,13 @@ impl<S: Store> Writer<S> {
                 (_, None) => self.orphans.push(key),
                 (0, Some(frontend)) => masters.push((frontend, master_key, entry)),
                 (slot, Some(_)) => {
-                    slots
-                        .entry(master_key)
-                        .or_default()
-                        .insert(slot, entry.backend_id);
+                    // A slot must agree with its backend; one that does not (edited by
+                    // hand) is a hole, rewritten at the next apply.
+                    let agrees = backend_entries.get(&entry.backend_id).is_some_and(|b| {
+                        b.address == entry.backend_address && b.port == entry.backend_port
+                    });
+                    let id = if agrees { entry.backend_id } else { 0 };
+                    slots.entry(master_key).or_default().insert(slot, id);
                 }
             }
         }
@@ -384,7 +388,24 @@ impl<S: Store> Writer<S> {
             .iter()
             .map(|(id, addr)| (*id, to_backend(addr, frontend.protocol)))
             .collect();
-        for op in frontend_ops(&frontend, old.as_ref(), &programmed, &new_entries) {
+        let backend_of = |id: u32| {
+            new_entries
+                .iter()
+                .find(|(new, _)| *new == id)
+                .map(|(_, backend)| *backend)
+                .or_else(|| {
+                    let (addr, protocol) = self.backends.get(&id)?;
+                    Some(to_backend(addr, *protocol))
+                })
+        };
+        let ops = frontend_ops(
+            &frontend,
+            old.as_ref(),
+            &programmed,
+            &new_entries,
+            backend_of,
+        );
+        for op in ops {
             self.write(report, op)?;
         }
         for (id, addr) in new_backends {
@@ -490,6 +511,7 @@ fn frontend_ops(
     old: Option<&Programmed>,
     new: &Programmed,
     new_backends: &[(u32, Backend)],
+    backend_of: impl Fn(u32) -> Option<Backend>,
 ) -> Vec<Op> {
     let mut ops: Vec<Op> = new_backends
         .iter()
@@ -502,12 +524,11 @@ fn frontend_ops(
     // Slots first: those beyond the old count are not yet visible to lookups.
     for (index, id) in new.slots.iter().enumerate() {
         if old_slots.get(index) != Some(id) {
+            // Every slot id comes from the mirror or the new backends.
+            let backend = backend_of(*id).unwrap_or_default();
             ops.push(Op::PutService {
                 key: service_key(frontend, slot_number(index)),
-                entry: ServiceEntry {
-                    backend_id: *id,
-                    ..ServiceEntry::default()
-                },
+                entry: slot_entry(*id, &backend),
             });
         }
     }
@@ -531,6 +552,16 @@ fn frontend_ops(
         });
     }
     ops
+}
+
+/// A backend slot: the id, and the address and port the programs rewrite to.
+pub fn slot_entry(id: u32, backend: &Backend) -> ServiceEntry {
+    ServiceEntry {
+        backend_id: id,
+        backend_address: backend.address,
+        backend_port: backend.port,
+        ..ServiceEntry::default()
+    }
 }
 
 fn to_backend(addr: &BackendAddr, protocol: Protocol) -> Backend {
@@ -581,11 +612,22 @@ mod tests {
     use super::*;
 
     /// Records operations and keeps the resulting map contents.
-    #[derive(Default)]
     struct Recorder {
         ops: Vec<Op>,
         services: BTreeMap<ServiceKey, ServiceEntry>,
         backends: BTreeMap<u32, Backend>,
+        check_every_write: bool,
+    }
+
+    impl Default for Recorder {
+        fn default() -> Self {
+            Self {
+                ops: Vec::new(),
+                services: BTreeMap::new(),
+                backends: BTreeMap::new(),
+                check_every_write: true,
+            }
+        }
     }
 
     impl Store for Recorder {
@@ -606,7 +648,9 @@ mod tests {
                 }
             }
             // After every single write, what a lookup sees must be consistent.
-            assert_consistent(&self.services, &self.backends);
+            if self.check_every_write {
+                assert_consistent(&self.services, &self.backends);
+            }
             Ok(())
         }
     }
@@ -622,10 +666,16 @@ mod tests {
                 let Some(slot_entry) = services.get(&slot_key) else {
                     panic!("slot {slot} of {key:?} is covered by count but missing");
                 };
-                assert!(
-                    backends.contains_key(&slot_entry.backend_id),
-                    "slot {slot} of {key:?} names missing backend {}",
-                    slot_entry.backend_id
+                let Some(backend) = backends.get(&slot_entry.backend_id) else {
+                    panic!(
+                        "slot {slot} of {key:?} names missing backend {}",
+                        slot_entry.backend_id
+                    );
+                };
+                assert_eq!(
+                    (slot_entry.backend_address, slot_entry.backend_port),
+                    (backend.address, backend.port),
+                    "slot {slot} of {key:?} disagrees with its backend"
                 );
             }
         }
@@ -817,74 +867,64 @@ mod tests {
     }
 
     #[test]
-    fn adopting_repairs_strays_orphans_and_holes() {
+    fn adopting_repairs_strays_orphans_holes_and_edited_slots() {
         let f = frontend(1);
-        let be = |id| {
-            (
-                id,
-                Backend {
-                    address: u32::from(Ipv4Addr::new(10, 0, 0, id as u8)).to_be(),
-                    port: 8080u16.to_be(),
-                    protocol: 6,
-                    flags: 0,
-                },
-            )
+        let backend = |id: u32| Backend {
+            address: u32::from(Ipv4Addr::new(10, 0, 0, id as u8)).to_be(),
+            port: 8080u16.to_be(),
+            protocol: 6,
+            flags: 0,
         };
-        let slot = |s, id| {
-            (
-                service_key(&f, s),
-                ServiceEntry {
-                    backend_id: id,
-                    ..ServiceEntry::default()
-                },
-            )
+        let master = ServiceEntry {
+            count: 3,
+            service_id: 7,
+            ..ServiceEntry::default()
+        };
+        let edited = ServiceEntry {
+            backend_port: 9999u16.to_be(),
+            ..slot_entry(3, &backend(3))
         };
         let contents = MapContents {
             services: vec![
-                (
-                    service_key(&f, 0),
-                    ServiceEntry {
-                        count: 2,
-                        service_id: 7,
-                        ..ServiceEntry::default()
-                    },
-                ),
-                slot(1, 1),
-                // slot 2 missing (a hole), slot 5 stray above the count
-                slot(5, 2),
+                (service_key(&f, 0), master),
+                (service_key(&f, 1), slot_entry(1, &backend(1))),
+                // slot 2 missing (a hole), slot 3 edited by hand (wrong port)
+                (service_key(&f, 3), edited),
+                // a stray above the count
+                (service_key(&f, 5), slot_entry(2, &backend(2))),
                 // an orphan slot of a frontend without master
                 (service_key(&frontend(9), 1), ServiceEntry::default()),
             ],
-            backends: vec![be(1), be(2), be(3)],
+            backends: (1..=3).map(|id| (id, backend(id))).collect(),
         };
+        // The adopted maps are inconsistent on purpose: check only the end state.
         let recorder = Recorder {
             services: contents.services.iter().copied().collect(),
             backends: contents.backends.iter().copied().collect(),
+            check_every_write: false,
             ..Recorder::default()
         };
-        // The adopted state is itself inconsistent (hole at slot 2), so only check the end.
         let mut w = Writer::adopt(recorder, CAPACITY, contents);
-        w.store.services.remove(&service_key(&f, 0));
-        w.store.services.insert(
-            service_key(&f, 0),
-            ServiceEntry {
-                count: 1,
-                service_id: 7,
-                ..ServiceEntry::default()
-            },
+        w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
+        assert_consistent(&w.store.services, &w.store.backends);
+        let slots: Vec<_> = w
+            .store
+            .services
+            .keys()
+            .map(|k| (k.address, k.slot))
+            .collect();
+        let address = service_key(&f, 0).address;
+        assert_eq!(
+            slots,
+            [(address, 0), (address, 1), (address, 2), (address, 3)]
         );
-        w.store.services.insert(
-            service_key(&f, 2),
-            ServiceEntry {
-                backend_id: 2,
-                ..ServiceEntry::default()
-            },
-        );
-        w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
-        let services: Vec<_> = w.store.services.keys().map(|k| k.slot).collect();
-        assert_eq!(services, [0, 1, 2], "{:?}", kinds(&w.store.ops));
         assert_eq!(w.store.services[&service_key(&f, 0)].service_id, 7);
-        assert_eq!(w.store.backends.keys().copied().collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(
+            w.store.services[&service_key(&f, 3)].backend_port,
+            8080u16.to_be()
+        );
+        assert_eq!(w.store.backends.len(), 3);
+        assert_eq!(w.service_entries() as usize, w.store.services.len());
     }
 
     #[test]

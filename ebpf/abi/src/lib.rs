@@ -86,19 +86,27 @@ pub struct ServiceKey {
     pub pad: u16,
 }
 
-/// Value of the service map. In the master entry (slot 0) `backend_id` is 0 and the other
-/// fields describe the frontend; in a backend slot only `backend_id` is used.
+/// Value of the service map. The master entry (slot 0) uses `count`, `flags`, `service_id`
+/// and `affinity_timeout_s`; a backend slot uses `backend_id` and carries the backend's
+/// address and port too, so that translating a connection needs no backend-map lookup.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ServiceEntry {
+    /// Slot: the backend's id (key of the backend map).
     pub backend_id: u32,
-    /// Number of backend slots; 0 means "known frontend, no usable backend" (reject).
+    /// Slot: the backend's IPv4 address, network byte order.
+    pub backend_address: u32,
+    /// Slot: the backend's port, network byte order.
+    pub backend_port: u16,
+    /// Master: number of backend slots; 0 means "known frontend, no usable backend".
     pub count: u16,
-    /// `SERVICE_FLAG_*` bits.
+    /// Master: `SERVICE_FLAG_*` bits.
     pub flags: u16,
-    /// Stable id of the frontend, for the reverse and affinity maps.
+    pub pad: u16,
+    /// Master: stable id of the frontend, for the reverse and affinity maps.
     pub service_id: u32,
-    /// sessionAffinityConfig.clientIP.timeoutSeconds, when [`SERVICE_FLAG_AFFINITY`] is set.
+    /// Master: sessionAffinityConfig.clientIP.timeoutSeconds, when
+    /// [`SERVICE_FLAG_AFFINITY`] is set.
     pub affinity_timeout_s: u32,
 }
 
@@ -194,7 +202,7 @@ impl Counters {
 }
 
 const _: () = assert!(size_of::<ServiceKey>() == 12);
-const _: () = assert!(size_of::<ServiceEntry>() == 16);
+const _: () = assert!(size_of::<ServiceEntry>() == 24);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<ReverseKey>() == 16);
 const _: () = assert!(size_of::<ReverseEntry>() == 12);

@@ -5,7 +5,7 @@ use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use crate::{
     PROCEED,
     context::SockAddr,
-    lb::{self, Forward, Pick},
+    lb::{self, Call, Forward},
 };
 
 #[cgroup_sock_addr(connect4)]
@@ -31,5 +31,5 @@ fn on_connect(sock: &SockAddr) -> i32 {
 
 #[inline(always)]
 fn try_connect(sock: &SockAddr, protocol: u8) -> Result<Forward, lb::Error> {
-    lb::translate(sock, protocol, Pick::for_protocol(protocol))
+    lb::translate(sock, protocol, Call::Connect)
 }

@@ -3,15 +3,15 @@
 //! recvmsg4/getpeername4 show the frontend again.
 use aya_ebpf::helpers;
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, PROTO_TCP, PROTO_UDP, ReverseEntry, ReverseKey,
-    SCOPE_INTERNAL, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey,
+    AffinityEntry, AffinityKey, PROTO_TCP, PROTO_UDP, ReverseEntry, ReverseKey, SCOPE_INTERNAL,
+    SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey,
 };
 
 use crate::{
     PROCEED, REJECT,
     context::SockAddr,
     counters::bump,
-    maps::{AFFINITY, BACKENDS, REVERSE, SERVICES},
+    maps::{AFFINITY, REVERSE, SERVICES},
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -30,24 +30,23 @@ pub enum Forward {
     },
 }
 
+/// The socket call being translated.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// connect(): once per socket.
+    Connect,
+    /// sendmsg() of an unconnected UDP socket: once per datagram.
+    SendMsg,
+}
+
 /// How a slot is chosen when session affinity does not decide.
 #[derive(Clone, Copy)]
-pub enum Pick {
+enum Pick {
     /// Every connection draws a new backend (TCP).
     Random,
     /// A socket keeps its backend for as long as the backend set is unchanged (UDP), so
     /// that replies and later datagrams of one socket stay with one server.
     PerSocket,
-}
-
-impl Pick {
-    pub fn for_protocol(protocol: u8) -> Self {
-        if protocol == PROTO_TCP {
-            Self::Random
-        } else {
-            Self::PerSocket
-        }
-    }
 }
 
 /// Turns a forward translation into the hook's verdict, counting what happened.
@@ -89,7 +88,12 @@ pub fn served_protocol(sock: &SockAddr) -> Option<u8> {
 
 /// Rewrites the socket's destination from a frontend to one of its backends.
 #[inline(always)]
-pub fn translate(sock: &SockAddr, protocol: u8, pick: Pick) -> Result<Forward, Error> {
+pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, Error> {
+    let pick = if protocol == PROTO_TCP {
+        Pick::Random
+    } else {
+        Pick::PerSocket
+    };
     let frontend_address = sock.address();
     let frontend_port = sock.port();
     let mut key = ServiceKey {
@@ -111,18 +115,14 @@ pub fn translate(sock: &SockAddr, protocol: u8, pick: Pick) -> Result<Forward, E
     }
 
     let cookie = sock.socket_cookie();
-    let (backend_id, affinity_hit) = choose_backend(sock, &master, &mut key, cookie, pick)?;
-    let Some(backend) = BACKENDS.get_ptr(&backend_id) else {
-        return Err(Error);
-    };
-    // SAFETY: as above.
-    let backend: Backend = unsafe { *backend };
+    let (backend, affinity_hit) = choose_backend(sock, &master, &mut key, cookie, pick)?;
 
     remember_frontend(
+        call,
         ReverseKey {
             cookie,
-            address: backend.address,
-            port: backend.port,
+            address: backend.backend_address,
+            port: backend.backend_port,
             pad: 0,
         },
         ReverseEntry {
@@ -132,12 +132,12 @@ pub fn translate(sock: &SockAddr, protocol: u8, pick: Pick) -> Result<Forward, E
             service_id: master.service_id,
         },
     )?;
-    sock.set_destination(backend.address, backend.port);
+    sock.set_destination(backend.backend_address, backend.backend_port);
     Ok(Forward::Translated { affinity_hit })
 }
 
-/// Chooses a backend id: the affinity entry if it is fresh and its backend still holds its
-/// slot, else a new draw (recorded for affinity when the service asks for it).
+/// Chooses a backend slot: the affinity entry's if it is fresh and its backend still holds
+/// that slot, else a new draw (recorded for affinity when the service asks for it).
 #[inline(always)]
 fn choose_backend(
     sock: &SockAddr,
@@ -145,7 +145,7 @@ fn choose_backend(
     key: &mut ServiceKey,
     cookie: u64,
     pick: Pick,
-) -> Result<(u32, bool), Error> {
+) -> Result<(ServiceEntry, bool), Error> {
     let count = master.count;
     if master.flags & SERVICE_FLAG_AFFINITY == 0 {
         return Ok((backend_in_slot(key, pick_slot(pick, count, cookie))?, false));
@@ -167,34 +167,36 @@ fn choose_backend(
             key.slot = entry.slot;
             if let Some(slot) = SERVICES.get_ptr(key) {
                 // SAFETY: as above.
-                if unsafe { (*slot).backend_id } == entry.backend_id {
+                let slot = unsafe { *slot };
+                if slot.backend_id == entry.backend_id {
                     entry.last_used_ns = now;
-                    return Ok((entry.backend_id, true));
+                    return Ok((slot, true));
                 }
             }
         }
     }
 
     let slot = pick_slot(pick, count, cookie);
-    let backend_id = backend_in_slot(key, slot)?;
+    let backend = backend_in_slot(key, slot)?;
     let entry = AffinityEntry {
         last_used_ns: now,
-        backend_id,
+        backend_id: backend.backend_id,
         slot,
         pad: 0,
     };
     AFFINITY
         .insert(&affinity_key, &entry, 0)
         .map_err(|_| Error)?;
-    Ok((backend_id, false))
+    Ok((backend, false))
 }
 
+/// The slot entry: backend id, address and port.
 #[inline(always)]
-fn backend_in_slot(key: &mut ServiceKey, slot: u16) -> Result<u32, Error> {
+fn backend_in_slot(key: &mut ServiceKey, slot: u16) -> Result<ServiceEntry, Error> {
     key.slot = slot;
     match SERVICES.get_ptr(key) {
-        // SAFETY: pointer from a successful lookup.
-        Some(entry) => Ok(unsafe { (*entry).backend_id }),
+        // SAFETY: pointer from a successful lookup; copied out at once.
+        Some(entry) => Ok(unsafe { *entry }),
         None => Err(Error),
     }
 }
@@ -226,15 +228,17 @@ fn mix(cookie: u64) -> u32 {
     x as u32
 }
 
-/// Records which frontend the socket asked for; skips the write when the entry is already
-/// there (every datagram of an unconnected UDP socket comes through here).
+/// Records which frontend the socket asked for. Every datagram of an unconnected UDP socket
+/// comes through here, so for those the write is skipped when the entry is already there; a
+/// connect() is a new entry (or a reconnect) and is written at once.
 #[inline(always)]
-fn remember_frontend(key: ReverseKey, frontend: ReverseEntry) -> Result<(), Error> {
-    if let Some(existing) = REVERSE.get_ptr(&key) {
+fn remember_frontend(call: Call, key: ReverseKey, frontend: ReverseEntry) -> Result<(), Error> {
+    if call == Call::SendMsg
+        && let Some(existing) = REVERSE.get_ptr(&key)
         // SAFETY: pointer from a successful lookup.
-        if unsafe { *existing } == frontend {
-            return Ok(());
-        }
+        && unsafe { *existing } == frontend
+    {
+        return Ok(());
     }
     REVERSE.insert(&key, &frontend, 0).map_err(|_| Error)
 }

@@ -6,7 +6,7 @@ use socklb_abi::PROTO_UDP;
 use crate::{
     PROCEED,
     context::SockAddr,
-    lb::{self, Forward, Pick},
+    lb::{self, Call, Forward},
 };
 
 #[cgroup_sock_addr(sendmsg4)]
@@ -32,5 +32,5 @@ fn on_sendmsg(sock: &SockAddr) -> i32 {
 
 #[inline(always)]
 fn try_sendmsg(sock: &SockAddr) -> Result<Forward, lb::Error> {
-    lb::translate(sock, PROTO_UDP, Pick::PerSocket)
+    lb::translate(sock, PROTO_UDP, Call::SendMsg)
 }
