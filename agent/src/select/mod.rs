@@ -1,0 +1,280 @@
+//! Endpoint selection: which backends this node uses for every frontend of a Service.
+//!
+//! A pure function of (service, its endpoint slices, this node, node labels): no I/O, no
+//! clock. The rules are kube-proxy's (`pkg/proxy/topology.go` CategorizeEndpoints and
+//! `endpointslicecache.go`), plus the topology-keys annotation; see DESIGN.md "Semantics".
+pub mod model;
+mod topology;
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use serde::Serialize;
+
+pub use self::model::*;
+use self::topology::{Topology, cluster_topology};
+use crate::dataplane::{BackendAddr, Frontend, FrontendSpec, Scope};
+
+/// Where a frontend's address comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FrontendKind {
+    ClusterIp,
+    NodePort,
+    ExternalIp,
+    LoadBalancer,
+}
+
+/// Which endpoint set a frontend uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Policy {
+    /// Ready endpoints anywhere, filtered by topology.
+    Cluster,
+    /// Endpoints on this node only.
+    Local,
+}
+
+/// Why a frontend has the backends it has.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Why {
+    pub policy: Policy,
+    /// Topology filter applied to the cluster selection.
+    pub topology: Topology,
+    /// No ready endpoint was usable, so serving-and-terminating ones are used instead.
+    pub terminating_fallback: bool,
+}
+
+/// One frontend of a Service with the backends this node uses for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FrontendChoice {
+    pub frontend: Frontend,
+    pub kind: FrontendKind,
+    pub port_name: String,
+    pub spec: FrontendSpec,
+    pub why: Why,
+}
+
+/// The outcome of selection for one Service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ServiceSelection {
+    pub service: ServiceName,
+    pub frontends: Vec<FrontendChoice>,
+    /// Parts of the Service not served (ports, addresses), with the reason.
+    pub skipped: Vec<(String, SkipReason)>,
+}
+
+/// Selects the backends of every frontend of `service` for `node`.
+pub fn select(
+    service: &ServiceInfo,
+    slices: &[SliceInfo],
+    node: &ThisNode,
+    node_labels: &NodeLabels,
+) -> ServiceSelection {
+    let mut frontends = Vec::new();
+    for port in &service.ports {
+        let endpoints = endpoints_for_port(slices, port);
+        let cluster = cluster_selection(service, &endpoints, node, node_labels);
+        let local = local_selection(service, &endpoints, node);
+        let choose = |policy: Policy| match policy {
+            Policy::Cluster => &cluster,
+            Policy::Local => &local,
+        };
+        let mut add = |address: Ipv4Addr, port_number: u16, kind, scope, policy| {
+            let selection = choose(policy);
+            frontends.push(FrontendChoice {
+                frontend: Frontend {
+                    address,
+                    port: port_number,
+                    protocol: port.protocol,
+                    scope,
+                },
+                kind,
+                port_name: port.name.clone(),
+                spec: FrontendSpec {
+                    backends: selection.backends.clone(),
+                    affinity_timeout_seconds: service.affinity_timeout_seconds,
+                },
+                why: Why {
+                    policy,
+                    topology: selection.topology.clone(),
+                    terminating_fallback: selection.terminating_fallback,
+                },
+            });
+        };
+
+        // ClusterIP: local sockets only; internalTrafficPolicy decides.
+        let internal = if service.internal_traffic_local {
+            Policy::Local
+        } else {
+            Policy::Cluster
+        };
+        for ip in &service.cluster_ips {
+            add(
+                *ip,
+                port.port,
+                FrontendKind::ClusterIp,
+                Scope::Internal,
+                internal,
+            );
+        }
+
+        // Externally reachable frontends: local sockets use the cluster selection (like
+        // kube-proxy, which sends pod and host traffic to them through the cluster chain);
+        // traffic from outside follows externalTrafficPolicy.
+        let external = if service.external_traffic_local {
+            Policy::Local
+        } else {
+            Policy::Cluster
+        };
+        let mut external_frontends: Vec<(Ipv4Addr, u16, FrontendKind)> = Vec::new();
+        if let Some(node_port) = port.node_port {
+            for ip in &node.addresses {
+                external_frontends.push((*ip, node_port, FrontendKind::NodePort));
+            }
+        }
+        for ip in &service.external_ips {
+            external_frontends.push((*ip, port.port, FrontendKind::ExternalIp));
+        }
+        for ip in &service.load_balancer_ips {
+            external_frontends.push((*ip, port.port, FrontendKind::LoadBalancer));
+        }
+        for (ip, port_number, kind) in external_frontends {
+            add(ip, port_number, kind, Scope::Internal, Policy::Cluster);
+            add(ip, port_number, kind, Scope::External, external);
+        }
+    }
+    ServiceSelection {
+        service: service.name.clone(),
+        frontends,
+        skipped: service.partial_skips.clone(),
+    }
+}
+
+/// An endpoint of one service port: its backend address and what decides its use.
+#[derive(Clone, Debug)]
+pub(crate) struct PortEndpoint<'a> {
+    pub(crate) backend: BackendAddr,
+    pub(crate) endpoint: &'a Endpoint,
+}
+
+impl PortEndpoint<'_> {
+    fn ready(&self, service: &ServiceInfo) -> bool {
+        self.endpoint.ready || service.publish_not_ready_addresses
+    }
+
+    fn serving_terminating(&self) -> bool {
+        self.endpoint.serving && self.endpoint.terminating
+    }
+
+    fn is_local(&self, node: &ThisNode) -> bool {
+        self.endpoint.node_name.as_deref() == Some(node.name.as_str())
+    }
+}
+
+/// The endpoints of `port`, merged across slices: the slice port of the same name and
+/// protocol gives the target port; an address:port in several slices counts once, the
+/// non-terminating copy winning (else the first, slices being in name order).
+fn endpoints_for_port<'a>(slices: &'a [SliceInfo], port: &ServicePort) -> Vec<PortEndpoint<'a>> {
+    let mut merged: BTreeMap<BackendAddr, &'a Endpoint> = BTreeMap::new();
+    for slice in slices {
+        let Some(slice_port) = slice
+            .ports
+            .iter()
+            .find(|p| p.name == port.name && p.protocol == port.protocol)
+        else {
+            continue;
+        };
+        for endpoint in &slice.endpoints {
+            let Some(address) = endpoint.address else {
+                continue;
+            };
+            let backend = BackendAddr {
+                address,
+                port: slice_port.port,
+            };
+            match merged.get(&backend) {
+                Some(existing) if !(existing.terminating && !endpoint.terminating) => {}
+                _ => {
+                    merged.insert(backend, endpoint);
+                }
+            }
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(backend, endpoint)| PortEndpoint { backend, endpoint })
+        .collect()
+}
+
+/// Backends chosen for one policy, and how.
+#[derive(Clone, Debug, Default)]
+struct Selection {
+    backends: Vec<BackendAddr>,
+    topology: Topology,
+    terminating_fallback: bool,
+}
+
+/// kube-proxy's cluster endpoints: ready endpoints filtered by topology; if there is none,
+/// serving-and-terminating endpoints, ignoring topology.
+fn cluster_selection(
+    service: &ServiceInfo,
+    endpoints: &[PortEndpoint],
+    node: &ThisNode,
+    node_labels: &NodeLabels,
+) -> Selection {
+    let ready: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.ready(service)).collect();
+    let (topology, chosen) = cluster_topology(service, &ready, node, node_labels);
+    if !chosen.is_empty() || !ready.is_empty() {
+        // Ready endpoints exist: the topology's choice stands, even when it is empty
+        // (topology keys that match nothing mean no endpoints, as they did in Kubernetes).
+        return Selection {
+            backends: chosen.iter().map(|e| e.backend).collect(),
+            topology,
+            terminating_fallback: false,
+        };
+    }
+    let terminating: Vec<BackendAddr> = endpoints
+        .iter()
+        .filter(|e| e.serving_terminating())
+        .map(|e| e.backend)
+        .collect();
+    Selection {
+        terminating_fallback: !terminating.is_empty(),
+        backends: terminating,
+        topology: Topology::None,
+    }
+}
+
+/// kube-proxy's local endpoints: ready endpoints on this node; if there is none, serving
+/// and terminating endpoints on this node.
+fn local_selection(
+    service: &ServiceInfo,
+    endpoints: &[PortEndpoint],
+    node: &ThisNode,
+) -> Selection {
+    let local: Vec<&PortEndpoint> = endpoints.iter().filter(|e| e.is_local(node)).collect();
+    let ready: Vec<BackendAddr> = local
+        .iter()
+        .filter(|e| e.ready(service))
+        .map(|e| e.backend)
+        .collect();
+    if !ready.is_empty() {
+        return Selection {
+            backends: ready,
+            ..Selection::default()
+        };
+    }
+    let terminating: Vec<BackendAddr> = local
+        .iter()
+        .filter(|e| e.serving_terminating())
+        .map(|e| e.backend)
+        .collect();
+    Selection {
+        terminating_fallback: !terminating.is_empty(),
+        backends: terminating,
+        topology: Topology::None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

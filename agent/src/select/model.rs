@@ -1,0 +1,147 @@
+//! What selection reads: Services, EndpointSlices and Nodes reduced to the fields that
+//! decide which backends a node uses. The state module builds these from the API objects,
+//! so selection never deals with optional-everything API types.
+use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+
+use serde::Serialize;
+
+use crate::dataplane::Protocol;
+
+/// namespace/name of a Service.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for ServiceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Why a whole Service, or one of its ports or addresses, is not served.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SkipReason {
+    /// type ExternalName: DNS only, nothing to proxy.
+    ExternalName,
+    /// clusterIP None: clients resolve the endpoints directly.
+    Headless,
+    /// Labelled service.kubernetes.io/service-proxy-name: another proxy owns it.
+    OtherProxy,
+    /// SCTP is not built into this kernel.
+    Sctp,
+    /// An IPv6 address: served once dual-stack lands.
+    Ipv6,
+    /// A field that does not parse; the text says which.
+    Invalid(String),
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ExternalName => write!(f, "type ExternalName (DNS only)"),
+            Self::Headless => write!(f, "headless (clusterIP None)"),
+            Self::OtherProxy => write!(f, "labelled service.kubernetes.io/service-proxy-name"),
+            Self::Sctp => write!(f, "SCTP is not supported by this kernel"),
+            Self::Ipv6 => write!(f, "IPv6 is not served yet"),
+            Self::Invalid(why) => write!(f, "invalid: {why}"),
+        }
+    }
+}
+
+impl SkipReason {
+    /// Stable label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::ExternalName => "external-name",
+            Self::Headless => "headless",
+            Self::OtherProxy => "other-proxy",
+            Self::Sctp => "sctp",
+            Self::Ipv6 => "ipv6",
+            Self::Invalid(_) => "invalid",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    /// Port name; matches the EndpointSlice port of the same name ("" when unnamed).
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+    pub node_port: Option<u16>,
+}
+
+/// A Service, as selection needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceInfo {
+    pub name: ServiceName,
+    pub cluster_ips: Vec<Ipv4Addr>,
+    pub external_ips: Vec<Ipv4Addr>,
+    pub load_balancer_ips: Vec<Ipv4Addr>,
+    pub ports: Vec<ServicePort>,
+    /// Ports or addresses not served, with the reason (the rest of the Service is).
+    pub partial_skips: Vec<(String, SkipReason)>,
+    pub internal_traffic_local: bool,
+    pub external_traffic_local: bool,
+    /// sessionAffinity ClientIP timeout in seconds.
+    pub affinity_timeout_seconds: Option<u32>,
+    /// Not-ready endpoints are used as if ready (kube-proxy's behaviour).
+    pub publish_not_ready_addresses: bool,
+    /// The topology-keys annotation: node label keys in order of preference, `*` = any.
+    pub topology_keys: Option<Vec<String>>,
+}
+
+/// A port of an EndpointSlice.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: String,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// One endpoint (its first address, as kube-proxy uses) with its conditions and topology.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Endpoint {
+    pub address: Option<Ipv4Addr>,
+    /// conditions.ready: nil counts as true.
+    pub ready: bool,
+    /// conditions.serving: nil counts as true.
+    pub serving: bool,
+    /// conditions.terminating: only an explicit true.
+    pub terminating: bool,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub hints_for_nodes: Vec<String>,
+    pub hints_for_zones: Vec<String>,
+}
+
+/// An IPv4 EndpointSlice of a Service.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct SliceInfo {
+    pub ports: Vec<SlicePort>,
+    pub endpoints: Vec<Endpoint>,
+}
+
+/// The node the agent runs on.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ThisNode {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// IPv4 addresses NodePorts are served on (the Node's InternalIP and ExternalIP).
+    pub addresses: Vec<Ipv4Addr>,
+}
+
+/// The zone label kube-proxy reads for zone hints.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+impl ThisNode {
+    pub fn zone(&self) -> Option<&str> {
+        self.labels.get(ZONE_LABEL).map(String::as_str)
+    }
+}
+
+/// Labels of every node, by name, for the topology-keys annotation.
+pub type NodeLabels = BTreeMap<String, BTreeMap<String, String>>;

@@ -1,0 +1,511 @@
+//! Selection rules, one table row per rule and per fallback.
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::dataplane::Protocol;
+
+const NODE: &str = "node-a";
+
+fn this_node() -> ThisNode {
+    ThisNode {
+        name: NODE.to_owned(),
+        labels: BTreeMap::from([
+            (ZONE_LABEL.to_owned(), "zone-a".to_owned()),
+            ("rack".to_owned(), "r1".to_owned()),
+        ]),
+        addresses: vec![Ipv4Addr::new(192, 168, 0, 1)],
+    }
+}
+
+fn node_labels() -> NodeLabels {
+    let node = |zone: &str, rack: &str| {
+        BTreeMap::from([
+            (ZONE_LABEL.to_owned(), zone.to_owned()),
+            ("rack".to_owned(), rack.to_owned()),
+        ])
+    };
+    BTreeMap::from([
+        ("node-a".to_owned(), node("zone-a", "r1")),
+        ("node-b".to_owned(), node("zone-a", "r2")),
+        ("node-c".to_owned(), node("zone-b", "r3")),
+    ])
+}
+
+fn service() -> ServiceInfo {
+    ServiceInfo {
+        name: ServiceName {
+            namespace: "default".to_owned(),
+            name: "web".to_owned(),
+        },
+        cluster_ips: vec![Ipv4Addr::new(10, 96, 0, 1)],
+        external_ips: Vec::new(),
+        load_balancer_ips: Vec::new(),
+        ports: vec![ServicePort {
+            name: "http".to_owned(),
+            protocol: Protocol::Tcp,
+            port: 80,
+            node_port: None,
+        }],
+        partial_skips: Vec::new(),
+        internal_traffic_local: false,
+        external_traffic_local: false,
+        affinity_timeout_seconds: None,
+        publish_not_ready_addresses: false,
+        topology_keys: None,
+    }
+}
+
+/// An endpoint 10.0.0.<last> on `node`, ready.
+fn ep(last: u8, node: &str) -> Endpoint {
+    Endpoint {
+        address: Some(Ipv4Addr::new(10, 0, 0, last)),
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: Some(node.to_owned()),
+        zone: None,
+        hints_for_nodes: Vec::new(),
+        hints_for_zones: Vec::new(),
+    }
+}
+
+fn not_ready(mut e: Endpoint) -> Endpoint {
+    e.ready = false;
+    e.serving = false;
+    e
+}
+
+/// Terminating but still serving (graceful shutdown).
+fn terminating(mut e: Endpoint) -> Endpoint {
+    e.ready = false;
+    e.serving = true;
+    e.terminating = true;
+    e
+}
+
+fn terminating_not_serving(mut e: Endpoint) -> Endpoint {
+    e.ready = false;
+    e.serving = false;
+    e.terminating = true;
+    e
+}
+
+fn zones(mut e: Endpoint, zones: &[&str]) -> Endpoint {
+    e.hints_for_zones = zones.iter().map(|z| (*z).to_owned()).collect();
+    e
+}
+
+fn nodes(mut e: Endpoint, nodes: &[&str]) -> Endpoint {
+    e.hints_for_nodes = nodes.iter().map(|n| (*n).to_owned()).collect();
+    e
+}
+
+fn slice(endpoints: Vec<Endpoint>) -> SliceInfo {
+    SliceInfo {
+        ports: vec![SlicePort {
+            name: "http".to_owned(),
+            protocol: Protocol::Tcp,
+            port: 8080,
+        }],
+        endpoints,
+    }
+}
+
+/// Last octets of the backends of the first frontend of `kind` and `scope`.
+fn backends_of(selection: &ServiceSelection, kind: FrontendKind, scope: Scope) -> Vec<u8> {
+    let choice = selection
+        .frontends
+        .iter()
+        .find(|f| f.kind == kind && f.frontend.scope == scope)
+        .unwrap_or_else(|| panic!("no {kind:?} {scope:?} frontend in {selection:#?}"));
+    let mut lasts: Vec<u8> = choice
+        .spec
+        .backends
+        .iter()
+        .map(|b| b.address.octets()[3])
+        .collect();
+    lasts.sort_unstable();
+    lasts
+}
+
+fn cluster_ip(selection: &ServiceSelection) -> &FrontendChoice {
+    selection
+        .frontends
+        .iter()
+        .find(|f| f.kind == FrontendKind::ClusterIp)
+        .expect("a ClusterIP frontend")
+}
+
+struct Row {
+    rule: &'static str,
+    service: fn(&mut ServiceInfo),
+    endpoints: Vec<Endpoint>,
+    /// Backends (last octets) of the ClusterIP frontend.
+    expected: &'static [u8],
+    topology: Topology,
+    terminating_fallback: bool,
+}
+
+fn unchanged(_: &mut ServiceInfo) {}
+
+#[test]
+fn cluster_ip_selection_table() {
+    let zone_a = || Topology::ZoneHints {
+        zone: "zone-a".to_owned(),
+    };
+    let rows = vec![
+        Row {
+            rule: "ready endpoints anywhere, no topology",
+            service: unchanged,
+            endpoints: vec![ep(1, "node-a"), ep(2, "node-b"), ep(3, "node-c")],
+            expected: &[1, 2, 3],
+            topology: Topology::None,
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "not-ready endpoints are not used",
+            service: unchanged,
+            endpoints: vec![ep(1, "node-a"), not_ready(ep(2, "node-b"))],
+            expected: &[1],
+            topology: Topology::None,
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "terminating endpoints are not used while a ready one exists",
+            service: unchanged,
+            endpoints: vec![ep(1, "node-c"), terminating(ep(2, "node-b"))],
+            expected: &[1],
+            topology: Topology::None,
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "no ready endpoint: serving and terminating ones are used",
+            service: unchanged,
+            endpoints: vec![
+                not_ready(ep(1, "node-a")),
+                terminating(ep(2, "node-b")),
+                terminating(ep(3, "node-c")),
+                terminating_not_serving(ep(4, "node-a")),
+            ],
+            expected: &[2, 3],
+            topology: Topology::None,
+            terminating_fallback: true,
+        },
+        Row {
+            rule: "nothing ready or serving: no backend (connections refused)",
+            service: unchanged,
+            endpoints: vec![
+                not_ready(ep(1, "node-a")),
+                terminating_not_serving(ep(2, "node-b")),
+            ],
+            expected: &[],
+            topology: Topology::None,
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "publishNotReadyAddresses: not-ready endpoints count as ready",
+            service: |s| s.publish_not_ready_addresses = true,
+            endpoints: vec![not_ready(ep(1, "node-a")), ep(2, "node-b")],
+            expected: &[1, 2],
+            topology: Topology::None,
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "zone hints: every ready endpoint hinted, one for this zone",
+            service: unchanged,
+            endpoints: vec![
+                zones(ep(1, "node-a"), &["zone-a"]),
+                zones(ep(2, "node-b"), &["zone-a"]),
+                zones(ep(3, "node-c"), &["zone-b"]),
+            ],
+            expected: &[1, 2],
+            topology: zone_a(),
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "zone hints ignored when one ready endpoint has none",
+            service: unchanged,
+            endpoints: vec![zones(ep(1, "node-a"), &["zone-a"]), ep(3, "node-c")],
+            expected: &[1, 3],
+            topology: Topology::HintsIgnored {
+                reason: "some ready endpoints have no zone hint".to_owned(),
+            },
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "zone hints ignored when none names this zone",
+            service: unchanged,
+            endpoints: vec![
+                zones(ep(3, "node-c"), &["zone-b"]),
+                zones(ep(4, "node-c"), &["zone-c"]),
+            ],
+            expected: &[3, 4],
+            topology: Topology::HintsIgnored {
+                reason: "no endpoint is hinted for zone zone-a".to_owned(),
+            },
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "zone hints: not-ready endpoints without hints do not disable them",
+            service: unchanged,
+            endpoints: vec![
+                zones(ep(1, "node-a"), &["zone-a"]),
+                zones(ep(3, "node-c"), &["zone-b"]),
+                not_ready(ep(4, "node-c")),
+            ],
+            expected: &[1],
+            topology: zone_a(),
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "node hints win over zone hints when every endpoint has them and one names this node",
+            service: unchanged,
+            endpoints: vec![
+                nodes(zones(ep(1, "node-a"), &["zone-a"]), &["node-a"]),
+                nodes(zones(ep(2, "node-b"), &["zone-a"]), &["node-b"]),
+            ],
+            expected: &[1],
+            topology: Topology::NodeHints,
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "node hints not naming this node fall back to zone hints",
+            service: unchanged,
+            endpoints: vec![
+                nodes(zones(ep(2, "node-b"), &["zone-a"]), &["node-b"]),
+                nodes(zones(ep(3, "node-c"), &["zone-b"]), &["node-c"]),
+            ],
+            expected: &[2],
+            topology: zone_a(),
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "no ready endpoint with hints: terminating fallback ignores topology",
+            service: unchanged,
+            endpoints: vec![
+                terminating(zones(ep(3, "node-c"), &["zone-b"])),
+                terminating(zones(ep(1, "node-a"), &["zone-a"])),
+            ],
+            expected: &[1, 3],
+            topology: Topology::None,
+            terminating_fallback: true,
+        },
+        Row {
+            rule: "topology keys: the first key shared with some endpoint's node wins",
+            service: |s| {
+                s.topology_keys = Some(vec![
+                    "kubernetes.io/hostname".into(),
+                    ZONE_LABEL.into(),
+                    "*".into(),
+                ])
+            },
+            endpoints: vec![ep(1, "node-b"), ep(2, "node-b"), ep(3, "node-c")],
+            expected: &[1, 2],
+            topology: Topology::Key {
+                key: ZONE_LABEL.to_owned(),
+            },
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "topology keys: * takes any endpoint",
+            service: |s| s.topology_keys = Some(vec!["rack".into(), "*".into()]),
+            endpoints: vec![ep(2, "node-b"), ep(3, "node-c")],
+            expected: &[2, 3],
+            topology: Topology::Key {
+                key: "*".to_owned(),
+            },
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "topology keys: no match and no * means no endpoints",
+            service: |s| s.topology_keys = Some(vec!["rack".into()]),
+            endpoints: vec![ep(2, "node-b"), ep(3, "node-c")],
+            expected: &[],
+            topology: Topology::KeysUnmatched,
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "topology keys take precedence over hints",
+            service: |s| s.topology_keys = Some(vec!["rack".into()]),
+            endpoints: vec![
+                zones(ep(1, "node-a"), &["zone-b"]),
+                zones(ep(3, "node-c"), &["zone-a"]),
+            ],
+            expected: &[1],
+            topology: Topology::Key {
+                key: "rack".to_owned(),
+            },
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "internalTrafficPolicy Local: local ready endpoints only",
+            service: |s| s.internal_traffic_local = true,
+            endpoints: vec![ep(1, "node-a"), ep(2, "node-b"), ep(5, "node-a")],
+            expected: &[1, 5],
+            topology: Topology::None,
+            terminating_fallback: false,
+        },
+        Row {
+            rule: "internalTrafficPolicy Local: local serving-terminating when no local ready one",
+            service: |s| s.internal_traffic_local = true,
+            endpoints: vec![terminating(ep(1, "node-a")), ep(2, "node-b")],
+            expected: &[1],
+            topology: Topology::None,
+            terminating_fallback: true,
+        },
+        Row {
+            rule: "internalTrafficPolicy Local: no local endpoint means no backend",
+            service: |s| s.internal_traffic_local = true,
+            endpoints: vec![ep(2, "node-b")],
+            expected: &[],
+            topology: Topology::None,
+            terminating_fallback: false,
+        },
+    ];
+    for row in rows {
+        let mut svc = service();
+        (row.service)(&mut svc);
+        let selection = select(&svc, &[slice(row.endpoints)], &this_node(), &node_labels());
+        assert_eq!(
+            backends_of(&selection, FrontendKind::ClusterIp, Scope::Internal),
+            row.expected,
+            "rule: {}",
+            row.rule
+        );
+        let why = &cluster_ip(&selection).why;
+        assert_eq!(why.topology, row.topology, "rule: {}", row.rule);
+        assert_eq!(
+            why.terminating_fallback, row.terminating_fallback,
+            "rule: {}",
+            row.rule
+        );
+    }
+}
+
+#[test]
+fn externally_reachable_frontends_use_cluster_inside_and_external_policy_outside() {
+    let mut svc = service();
+    svc.ports[0].node_port = Some(30080);
+    svc.external_ips = vec![Ipv4Addr::new(203, 0, 113, 5)];
+    svc.load_balancer_ips = vec![Ipv4Addr::new(198, 51, 100, 7)];
+    svc.external_traffic_local = true;
+    // internalTrafficPolicy applies to the ClusterIP only.
+    svc.internal_traffic_local = true;
+    let selection = select(
+        &svc,
+        &[slice(vec![ep(1, "node-a"), ep(2, "node-b")])],
+        &this_node(),
+        &node_labels(),
+    );
+    for kind in [
+        FrontendKind::NodePort,
+        FrontendKind::ExternalIp,
+        FrontendKind::LoadBalancer,
+    ] {
+        assert_eq!(
+            backends_of(&selection, kind, Scope::Internal),
+            [1, 2],
+            "{kind:?} inside"
+        );
+        assert_eq!(
+            backends_of(&selection, kind, Scope::External),
+            [1],
+            "{kind:?} outside"
+        );
+    }
+    assert_eq!(
+        backends_of(&selection, FrontendKind::ClusterIp, Scope::Internal),
+        [1]
+    );
+    let node_port = selection
+        .frontends
+        .iter()
+        .find(|f| f.kind == FrontendKind::NodePort)
+        .expect("node port");
+    assert_eq!(node_port.frontend.address, Ipv4Addr::new(192, 168, 0, 1));
+    assert_eq!(node_port.frontend.port, 30080);
+    assert!(
+        !selection
+            .frontends
+            .iter()
+            .any(|f| f.kind == FrontendKind::ClusterIp && f.frontend.scope == Scope::External),
+        "a ClusterIP is never an external frontend"
+    );
+}
+
+#[test]
+fn target_ports_come_from_the_slice_port_of_the_same_name_and_protocol() {
+    let mut svc = service();
+    svc.ports.push(ServicePort {
+        name: "dns".to_owned(),
+        protocol: Protocol::Udp,
+        port: 53,
+        node_port: None,
+    });
+    let mut s = slice(vec![ep(1, "node-a")]);
+    s.ports.push(SlicePort {
+        name: "dns".to_owned(),
+        protocol: Protocol::Udp,
+        port: 5353,
+    });
+    // Same name, other protocol: not a match for "http".
+    s.ports.push(SlicePort {
+        name: "http".to_owned(),
+        protocol: Protocol::Udp,
+        port: 9999,
+    });
+    let selection = select(&svc, &[s], &this_node(), &node_labels());
+    let ports: Vec<(u16, Protocol, u16)> = selection
+        .frontends
+        .iter()
+        .map(|f| {
+            (
+                f.frontend.port,
+                f.frontend.protocol,
+                f.spec.backends[0].port,
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [(80, Protocol::Tcp, 8080), (53, Protocol::Udp, 5353)]
+    );
+}
+
+#[test]
+fn a_duplicate_address_across_slices_counts_once_and_the_non_terminating_copy_wins() {
+    let svc = service();
+    let first = slice(vec![terminating(ep(1, "node-a"))]);
+    let second = slice(vec![ep(1, "node-a"), ep(2, "node-b")]);
+    let selection = select(&svc, &[first, second], &this_node(), &node_labels());
+    let choice = cluster_ip(&selection);
+    assert_eq!(choice.spec.backends.len(), 2);
+    assert!(!choice.why.terminating_fallback);
+}
+
+#[test]
+fn a_port_without_endpoints_refuses_and_affinity_is_carried() {
+    let mut svc = service();
+    svc.affinity_timeout_seconds = Some(10800);
+    let selection = select(&svc, &[], &this_node(), &node_labels());
+    let choice = cluster_ip(&selection);
+    assert!(choice.spec.backends.is_empty());
+    assert_eq!(choice.spec.affinity_timeout_seconds, Some(10800));
+}
+
+#[test]
+fn endpoints_without_an_address_are_ignored() {
+    let svc = service();
+    let mut missing = ep(9, "node-a");
+    missing.address = None;
+    let selection = select(
+        &svc,
+        &[slice(vec![missing, ep(1, "node-a")])],
+        &this_node(),
+        &node_labels(),
+    );
+    assert_eq!(
+        backends_of(&selection, FrontendKind::ClusterIp, Scope::Internal),
+        [1]
+    );
+}
