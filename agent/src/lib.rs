@@ -2,4 +2,6 @@
 pub mod cli;
 pub mod dataplane;
 pub mod select;
+pub mod source;
+pub mod state;
 pub mod static_frontends;

@@ -4,6 +4,7 @@
 //!
 //! A missing prerequisite (not root, no bpffs, no cgroup v2) fails the test with a message
 //! naming it; nothing is skipped.
+pub mod fake_apiserver;
 use std::{
     ffi::CString,
     fs,

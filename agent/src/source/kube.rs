@@ -1,0 +1,491 @@
+//! The Kubernetes API source: list then watch Services, EndpointSlices and Nodes, the way
+//! kube-proxy does, and turn what the watchers see into [`Event`]s.
+//!
+//! kube-rs's watcher does the protocol work (relist on 410 Gone, re-watch from the last
+//! resource version, bookmarks); this module only chooses what to request, applies backoff,
+//! logs what is retried and merges the two node feeds into one node stream.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt::Debug,
+    path::{Path, PathBuf},
+};
+
+use futures::{
+    StreamExt as _,
+    stream::{BoxStream, select_all},
+};
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Service},
+        discovery::v1::EndpointSlice,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use kube::{
+    Api, Client, Config, Resource,
+    config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError},
+    core::PartialObjectMeta,
+    runtime::{WatchStreamExt as _, watcher},
+};
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use super::{Event, Kind, Object};
+
+/// Skips what kube-proxy skips: services another proxy implements, and headless services
+/// (the endpoints controller labels their slices).
+const PROXIED: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+
+/// Why the source could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSourceError {
+    /// The kubeconfig the user named is unreadable or invalid.
+    #[error(
+        "cannot use the kubeconfig {path}: {source}: check the file, or run the agent in a pod \
+         with a service account and no kubeconfig"
+    )]
+    Kubeconfig {
+        path: PathBuf,
+        #[source]
+        source: KubeconfigError,
+    },
+    /// Neither a service account nor a default kubeconfig is there.
+    #[error(
+        "no Kubernetes API to connect to: not running in a pod ({in_cluster}) and no usable \
+         kubeconfig ({kubeconfig}): run the agent in a pod with a service account, or point \
+         KUBECONFIG or the agent's kubeconfig option at a kubeconfig file"
+    )]
+    NoConfig {
+        in_cluster: InClusterError,
+        #[source]
+        kubeconfig: KubeconfigError,
+    },
+    /// The configuration is unusable (e.g. a bad certificate).
+    #[error("cannot build a Kubernetes client from the configuration: {0}")]
+    Client(#[source] kube::Error),
+    /// kube-rs watchers never end; this guards that invariant rather than spinning.
+    #[error("the Kubernetes watch streams ended unexpectedly: restart the agent")]
+    WatchEnded,
+}
+
+/// A Kubernetes client from the given kubeconfig; without one, from the pod's service account
+/// (the agent normally runs as a DaemonSet pod), else from the default kubeconfig
+/// (`KUBECONFIG`, `~/.kube/config`).
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError> {
+    let options = KubeConfigOptions::default();
+    let config = match kubeconfig {
+        Some(path) => {
+            let error = |source| KubeSourceError::Kubeconfig {
+                path: path.to_owned(),
+                source,
+            };
+            let file = Kubeconfig::read_from(path).map_err(error)?;
+            Config::from_custom_kubeconfig(file, &options)
+                .await
+                .map_err(error)?
+        }
+        None => match Config::incluster() {
+            Ok(config) => config,
+            Err(in_cluster) => Config::from_kubeconfig(&options)
+                .await
+                .map_err(|kubeconfig| KubeSourceError::NoConfig {
+                    in_cluster,
+                    kubeconfig,
+                })?,
+        },
+    };
+    Client::try_from(config).map_err(KubeSourceError::Client)
+}
+
+/// Reads the cluster through the Kubernetes API, requesting only what socklb needs.
+pub struct KubeSource {
+    client: Client,
+    node_name: String,
+}
+
+impl KubeSource {
+    /// `node_name` is this node: its full object is read (addresses, labels), the other
+    /// nodes' metadata only (labels, for topology).
+    pub fn new(client: Client, node_name: String) -> Self {
+        Self { client, node_name }
+    }
+
+    /// Sends events until `events` is closed. Errors of the API (unreachable, restarted,
+    /// expired resource versions) are logged and retried with backoff; meanwhile nothing is
+    /// sent and the datapath keeps its state.
+    pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), KubeSourceError> {
+        let mut feeds = select_all(self.feeds());
+        let mut translator = Translator::default();
+        loop {
+            let (feed, result) = tokio::select! {
+                () = events.closed() => return Ok(()),
+                next = feeds.next() => next.ok_or(KubeSourceError::WatchEnded)?,
+            };
+            let change = match result {
+                Ok(change) => change,
+                Err(error) => {
+                    log_retry(feed, &error);
+                    continue;
+                }
+            };
+            if let Some(event) = translator.handle(feed, change)
+                && events.send(event).await.is_err()
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    fn feeds(&self) -> Vec<FeedStream> {
+        let proxied = watcher::Config::default().labels(PROXIED);
+        let this_node = format!("metadata.name={}", self.node_name);
+        let other_nodes = format!("metadata.name!={}", self.node_name);
+        let client = &self.client;
+        vec![
+            feed(
+                Feed::Services,
+                Api::<Service>::all(client.clone()),
+                proxied.clone(),
+                |s| Object::Service(Box::new(s)),
+            ),
+            feed(
+                Feed::EndpointSlices,
+                Api::<EndpointSlice>::all(client.clone()),
+                proxied,
+                |s| Object::EndpointSlice(Box::new(s)),
+            ),
+            feed(
+                Feed::ThisNode,
+                Api::<Node>::all(client.clone()),
+                watcher::Config::default().fields(&this_node),
+                |n| Object::Node(Box::new(n)),
+            ),
+            // `PartialObjectMeta` makes kube-rs request metadata only (what `metadata_watcher`
+            // did before kube-rs deprecated it for this).
+            feed(
+                Feed::OtherNodes,
+                Api::<PartialObjectMeta<Node>>::all(client.clone()),
+                watcher::Config::default().fields(&other_nodes),
+                |n| metadata_node(n.metadata),
+            ),
+        ]
+    }
+}
+
+/// One of the watches the source runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Feed {
+    Services,
+    EndpointSlices,
+    ThisNode,
+    OtherNodes,
+}
+
+impl Feed {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Services => "services",
+            Self::EndpointSlices => "endpointslices",
+            Self::ThisNode => "this node",
+            Self::OtherNodes => "other nodes (metadata)",
+        }
+    }
+}
+
+type FeedStream = BoxStream<'static, (Feed, Result<watcher::Event<Object>, watcher::Error>)>;
+
+/// A watcher with backoff after errors, its objects already wrapped in [`Object`].
+fn feed<K>(feed: Feed, api: Api<K>, config: watcher::Config, wrap: fn(K) -> Object) -> FeedStream
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher::watcher(api, config)
+        .default_backoff()
+        .map(move |result| (feed, result.map(|event| map_event(event, wrap))))
+        .boxed()
+}
+
+fn map_event<K>(event: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<Object> {
+    match event {
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(object) => watcher::Event::InitApply(wrap(object)),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+        watcher::Event::Apply(object) => watcher::Event::Apply(wrap(object)),
+        watcher::Event::Delete(object) => watcher::Event::Delete(wrap(object)),
+    }
+}
+
+/// Another node as consumers see it: labels and the rest of its metadata, nothing else.
+fn metadata_node(metadata: ObjectMeta) -> Object {
+    Object::Node(Box::new(Node {
+        metadata,
+        spec: None,
+        status: None,
+    }))
+}
+
+fn log_retry(feed: Feed, error: &watcher::Error) {
+    let feed = feed.describe();
+    match error {
+        watcher::Error::InitialListFailed(_) => {
+            warn!(feed, %error, "list failed; retrying the list with backoff");
+        }
+        watcher::Error::WatchStartFailed(_) => warn!(
+            feed,
+            %error,
+            "watch failed to start; retrying from the last resource version with backoff"
+        ),
+        watcher::Error::WatchError(status) if status.code == 410 => warn!(
+            feed,
+            %error,
+            "resource version expired (410 Gone); relisting with backoff"
+        ),
+        watcher::Error::WatchError(_) => {
+            warn!(feed, %error, "API server reported a watch error; watching on with backoff");
+        }
+        watcher::Error::WatchFailed(_) => warn!(
+            feed,
+            %error,
+            "watch stream failed; re-watching from the last resource version with backoff"
+        ),
+        watcher::Error::NoResourceVersion => {
+            warn!(feed, %error, "object without resource version; relisting with backoff");
+        }
+    }
+}
+
+/// Turns the feeds' watcher events into [`Event`]s. Pure: no I/O, so it is unit tested.
+#[derive(Default)]
+struct Translator {
+    /// Objects of each feed's list in progress, sent as one Reset when the list is done.
+    listing: HashMap<Feed, Vec<Object>>,
+    nodes: NodeCache,
+}
+
+impl Translator {
+    fn handle(&mut self, feed: Feed, change: watcher::Event<Object>) -> Option<Event> {
+        let kind = match feed {
+            Feed::Services => Kind::Service,
+            Feed::EndpointSlices => Kind::EndpointSlice,
+            Feed::ThisNode | Feed::OtherNodes => return self.handle_node(feed, change),
+        };
+        match change {
+            watcher::Event::Init => {
+                self.listing.remove(&feed);
+                None
+            }
+            watcher::Event::InitApply(object) => {
+                self.listing.entry(feed).or_default().push(object);
+                None
+            }
+            watcher::Event::InitDone => {
+                let objects = self.listing.remove(&feed).unwrap_or_default();
+                debug!(?kind, count = objects.len(), "listed");
+                Some(Event::Reset(kind, objects))
+            }
+            watcher::Event::Apply(object) => Some(Event::Applied(object)),
+            watcher::Event::Delete(object) => Some(Event::Deleted(object)),
+        }
+    }
+
+    fn handle_node(&mut self, feed: Feed, change: watcher::Event<Object>) -> Option<Event> {
+        let part = usize::from(feed == Feed::OtherNodes);
+        match change {
+            watcher::Event::Init => {
+                self.listing.remove(&feed);
+                None
+            }
+            watcher::Event::InitApply(object) => {
+                self.listing.entry(feed).or_default().push(object);
+                None
+            }
+            watcher::Event::InitDone => {
+                let objects = self.listing.remove(&feed).unwrap_or_default();
+                self.nodes.reset(part, objects)
+            }
+            watcher::Event::Apply(object) => self.nodes.apply(part, object),
+            watcher::Event::Delete(object) => self.nodes.delete(part, object),
+        }
+    }
+}
+
+/// The two node feeds (this node in full, the others' metadata), merged so that consumers
+/// see one node stream whose Reset is always the complete node set.
+#[derive(Default)]
+struct NodeCache {
+    /// By name; part 0 is this node's feed, part 1 the other nodes' feed.
+    parts: [BTreeMap<String, Object>; 2],
+    listed: [bool; 2],
+}
+
+impl NodeCache {
+    /// Nothing is sent until both feeds have listed: a Reset of half the nodes would tell
+    /// consumers that the other half is gone.
+    fn complete(&self) -> bool {
+        self.listed.iter().all(|listed| *listed)
+    }
+
+    fn reset(&mut self, part: usize, objects: Vec<Object>) -> Option<Event> {
+        self.parts[part] = objects
+            .into_iter()
+            .map(|object| (name(&object).to_owned(), object))
+            .collect();
+        self.listed[part] = true;
+        if !self.complete() {
+            return None;
+        }
+        let nodes: Vec<Object> = self
+            .parts
+            .iter()
+            .flat_map(|p| p.values())
+            .cloned()
+            .collect();
+        debug!(count = nodes.len(), "listed nodes");
+        Some(Event::Reset(Kind::Node, nodes))
+    }
+
+    fn apply(&mut self, part: usize, object: Object) -> Option<Event> {
+        self.parts[part].insert(name(&object).to_owned(), object.clone());
+        self.complete().then_some(Event::Applied(object))
+    }
+
+    fn delete(&mut self, part: usize, object: Object) -> Option<Event> {
+        self.parts[part].remove(name(&object));
+        self.complete().then_some(Event::Deleted(object))
+    }
+}
+
+fn name(object: &Object) -> &str {
+    let metadata = match object {
+        Object::Service(service) => &service.metadata,
+        Object::EndpointSlice(slice) => &slice.metadata,
+        Object::Node(node) => &node.metadata,
+    };
+    metadata.name.as_deref().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::NodeStatus;
+
+    use super::*;
+
+    fn node(name: &str, full: bool) -> Object {
+        Object::Node(Box::new(Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+            status: full.then(NodeStatus::default),
+        }))
+    }
+
+    fn service(name: &str) -> Object {
+        Object::Service(Box::new(Service {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..Service::default()
+        }))
+    }
+
+    fn list(t: &mut Translator, feed: Feed, objects: Vec<Object>) -> Option<Event> {
+        assert_eq!(t.handle(feed, watcher::Event::Init), None);
+        for object in objects {
+            assert_eq!(t.handle(feed, watcher::Event::InitApply(object)), None);
+        }
+        t.handle(feed, watcher::Event::InitDone)
+    }
+
+    #[tokio::test]
+    async fn a_client_comes_from_the_given_kubeconfig() {
+        let path = std::env::temp_dir().join(format!("socklb-kubeconfig-{}", std::process::id()));
+        let kubeconfig = "apiVersion: v1\nkind: Config\ncurrent-context: c\n\
+            clusters: [{name: k, cluster: {server: 'http://127.0.0.1:6443'}}]\n\
+            contexts: [{name: c, context: {cluster: k, user: u}}]\n\
+            users: [{name: u, user: {}}]\n";
+        std::fs::write(&path, kubeconfig).expect("write the kubeconfig");
+        let result = client(Some(&path)).await;
+        std::fs::remove_file(&path).expect("remove the kubeconfig");
+        result.expect("a client from the kubeconfig");
+    }
+
+    #[tokio::test]
+    async fn a_missing_kubeconfig_is_named_in_the_error() {
+        let path = Path::new("/nonexistent/socklb/kubeconfig");
+        let Err(error) = client(Some(path)).await else {
+            panic!("a client from a kubeconfig that does not exist");
+        };
+        assert!(
+            error.to_string().contains("/nonexistent/socklb/kubeconfig"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn a_list_is_one_reset_and_a_relist_replaces_it() {
+        let mut t = Translator::default();
+        let first = list(&mut t, Feed::Services, vec![service("a"), service("b")]);
+        assert_eq!(
+            first,
+            Some(Event::Reset(
+                Kind::Service,
+                vec![service("a"), service("b")]
+            ))
+        );
+        // A relist interrupted by another Init starts over.
+        t.handle(Feed::Services, watcher::Event::Init);
+        t.handle(Feed::Services, watcher::Event::InitApply(service("a")));
+        let second = list(&mut t, Feed::Services, vec![service("c")]);
+        assert_eq!(
+            second,
+            Some(Event::Reset(Kind::Service, vec![service("c")]))
+        );
+        let empty = list(&mut t, Feed::EndpointSlices, vec![]);
+        assert_eq!(empty, Some(Event::Reset(Kind::EndpointSlice, vec![])));
+    }
+
+    #[test]
+    fn applies_and_deletes_pass_through() {
+        let mut t = Translator::default();
+        let applied = t.handle(Feed::Services, watcher::Event::Apply(service("a")));
+        assert_eq!(applied, Some(Event::Applied(service("a"))));
+        let deleted = t.handle(Feed::Services, watcher::Event::Delete(service("a")));
+        assert_eq!(deleted, Some(Event::Deleted(service("a"))));
+    }
+
+    #[test]
+    fn nodes_wait_for_both_feeds_then_reset_with_all_nodes() {
+        let mut t = Translator::default();
+        assert_eq!(list(&mut t, Feed::OtherNodes, vec![node("b", false)]), None);
+        // Changes before the first complete Reset only update the cache.
+        let early = t.handle(Feed::OtherNodes, watcher::Event::Apply(node("c", false)));
+        assert_eq!(early, None);
+        let reset = list(&mut t, Feed::ThisNode, vec![node("a", true)]);
+        let all = vec![node("a", true), node("b", false), node("c", false)];
+        assert_eq!(reset, Some(Event::Reset(Kind::Node, all)));
+    }
+
+    #[test]
+    fn a_relist_of_one_node_feed_resets_with_the_other_feeds_nodes() {
+        let mut t = Translator::default();
+        list(&mut t, Feed::ThisNode, vec![node("a", true)]);
+        list(&mut t, Feed::OtherNodes, vec![node("b", false)]);
+        let applied = t.handle(Feed::OtherNodes, watcher::Event::Apply(node("c", false)));
+        assert_eq!(applied, Some(Event::Applied(node("c", false))));
+        let deleted = t.handle(Feed::OtherNodes, watcher::Event::Delete(node("b", false)));
+        assert_eq!(deleted, Some(Event::Deleted(node("b", false))));
+        let relisted = list(&mut t, Feed::ThisNode, vec![node("a", true)]);
+        let all = vec![node("a", true), node("c", false)];
+        assert_eq!(relisted, Some(Event::Reset(Kind::Node, all)));
+        let other_relist = list(&mut t, Feed::OtherNodes, vec![]);
+        assert_eq!(
+            other_relist,
+            Some(Event::Reset(Kind::Node, vec![node("a", true)]))
+        );
+    }
+}

@@ -1,0 +1,48 @@
+//! Where cluster state comes from. Every source produces the same [`Event`]s, whatever it
+//! reads: the Kubernetes API (`kube`) or a directory of manifests (`file`).
+pub mod file;
+pub mod kube;
+
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+
+/// The kinds of object socklb reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Node,
+}
+
+/// One object of a kind socklb reads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Object {
+    Service(Box<Service>),
+    EndpointSlice(Box<EndpointSlice>),
+    Node(Box<Node>),
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Self::Service(_) => Kind::Service,
+            Self::EndpointSlice(_) => Kind::EndpointSlice,
+            Self::Node(_) => Kind::Node,
+        }
+    }
+}
+
+/// A change in the cluster, as a source sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// The complete current set of objects of one kind: after the initial list, after a
+    /// relist (410 Gone, reconnect), or after a manifests directory was re-read. Objects of
+    /// that kind not in the set are gone.
+    Reset(Kind, Vec<Object>),
+    /// An object was created or changed.
+    Applied(Object),
+    /// An object was deleted (its last known state).
+    Deleted(Object),
+}

@@ -1,0 +1,264 @@
+//! API objects -> what selection reads. Malformed fields never fail a whole object: the
+//! part that cannot be read is skipped with a reason that names it, the rest is served.
+use std::{collections::BTreeMap, net::IpAddr};
+
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::EndpointSlice,
+};
+
+use crate::{
+    dataplane::Protocol,
+    select::{Endpoint, ServiceInfo, ServiceName, ServicePort, SkipReason, SliceInfo, SlicePort},
+};
+
+/// Label that hands a Service to another proxy (kube-proxy skips those too).
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// Label linking an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Annotation with the node label keys of the (removed) Service.spec.topologyKeys, as a
+/// JSON list, honoured for clusters that predate topology hints.
+pub const TOPOLOGY_KEYS_ANNOTATION: &str = "socklb.io/topology-keys";
+/// kube-proxy's default sessionAffinityConfig.clientIP.timeoutSeconds.
+const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
+
+pub fn service_name(namespace: Option<&String>, name: Option<&String>) -> Option<ServiceName> {
+    Some(ServiceName {
+        namespace: namespace.cloned().unwrap_or_else(|| "default".to_owned()),
+        name: name?.clone(),
+    })
+}
+
+/// A Service as selection reads it, or the reason it is not served at all.
+pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
+    let meta = &service.metadata;
+    let name = service_name(meta.namespace.as_ref(), meta.name.as_ref())
+        .ok_or_else(|| SkipReason::Invalid("metadata.name is missing".to_owned()))?;
+    if meta
+        .labels
+        .as_ref()
+        .is_some_and(|labels| labels.contains_key(SERVICE_PROXY_NAME_LABEL))
+    {
+        return Err(SkipReason::OtherProxy);
+    }
+    let spec = service.spec.clone().unwrap_or_default();
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Err(SkipReason::ExternalName);
+    }
+    if spec.cluster_ip.as_deref() == Some("None") {
+        return Err(SkipReason::Headless);
+    }
+
+    let mut partial_skips = Vec::new();
+    let cluster_ip_texts: Vec<String> = match (&spec.cluster_ips, &spec.cluster_ip) {
+        (Some(ips), _) if !ips.is_empty() => ips.clone(),
+        (_, Some(ip)) if !ip.is_empty() => vec![ip.clone()],
+        _ => Vec::new(),
+    };
+    let cluster_ips = ipv4s("clusterIPs", &cluster_ip_texts, &mut partial_skips);
+    if cluster_ips.is_empty() && !cluster_ip_texts.is_empty() {
+        // Single-stack IPv6 (or unreadable): nothing of it is served by an IPv4 proxy.
+        return Err(partial_skips
+            .into_iter()
+            .map(|(_, reason)| reason)
+            .next()
+            .unwrap_or(SkipReason::Ipv6));
+    }
+    let external_ips = ipv4s(
+        "externalIPs",
+        spec.external_ips.as_deref().unwrap_or_default(),
+        &mut partial_skips,
+    );
+    let ingress_ips: Vec<String> = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+        .unwrap_or_default();
+    let load_balancer_ips = ipv4s("loadBalancer.ingress", &ingress_ips, &mut partial_skips);
+
+    let mut ports = Vec::new();
+    for port in spec.ports.as_deref().unwrap_or_default() {
+        let port_name = port.name.clone().unwrap_or_default();
+        let label = || {
+            format!(
+                "port {}",
+                if port_name.is_empty() {
+                    port.port.to_string()
+                } else {
+                    port_name.clone()
+                }
+            )
+        };
+        let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
+            "TCP" => Protocol::Tcp,
+            "UDP" => Protocol::Udp,
+            "SCTP" => {
+                partial_skips.push((label(), SkipReason::Sctp));
+                continue;
+            }
+            other => {
+                partial_skips.push((label(), SkipReason::Invalid(format!("protocol {other}"))));
+                continue;
+            }
+        };
+        let Ok(number) = u16::try_from(port.port) else {
+            partial_skips.push((label(), SkipReason::Invalid(format!("port {}", port.port))));
+            continue;
+        };
+        let node_port = port
+            .node_port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0);
+        ports.push(ServicePort {
+            name: port_name,
+            protocol,
+            port: number,
+            node_port,
+        });
+    }
+
+    let affinity_timeout_seconds =
+        (spec.session_affinity.as_deref() == Some("ClientIP")).then(|| {
+            spec.session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .and_then(|t| u32::try_from(t).ok())
+                .unwrap_or(DEFAULT_AFFINITY_TIMEOUT_SECONDS)
+        });
+
+    let topology_keys = match meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TOPOLOGY_KEYS_ANNOTATION))
+    {
+        None => None,
+        Some(text) => match serde_json::from_str::<Vec<String>>(text) {
+            Ok(keys) => Some(keys),
+            Err(error) => {
+                partial_skips.push((
+                    format!("annotation {TOPOLOGY_KEYS_ANNOTATION}"),
+                    SkipReason::Invalid(format!(
+                        "not a JSON list of label keys ({error}); ignored"
+                    )),
+                ));
+                None
+            }
+        },
+    };
+
+    Ok(ServiceInfo {
+        name,
+        cluster_ips,
+        external_ips,
+        load_balancer_ips,
+        ports,
+        partial_skips,
+        internal_traffic_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+        external_traffic_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+        affinity_timeout_seconds,
+        publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
+        topology_keys,
+    })
+}
+
+/// The IPv4 addresses among `texts`; the others are recorded as skipped.
+fn ipv4s(
+    field: &str,
+    texts: &[String],
+    skips: &mut Vec<(String, SkipReason)>,
+) -> Vec<std::net::Ipv4Addr> {
+    let mut ips = Vec::new();
+    for text in texts {
+        match text.parse::<IpAddr>() {
+            Ok(IpAddr::V4(ip)) => ips.push(ip),
+            Ok(IpAddr::V6(_)) => skips.push((format!("{field} {text}"), SkipReason::Ipv6)),
+            Err(_) => skips.push((
+                format!("{field} {text}"),
+                SkipReason::Invalid("not an IP address".to_owned()),
+            )),
+        }
+    }
+    ips
+}
+
+/// The Service an EndpointSlice belongs to, from its label.
+pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceName> {
+    let service = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    service_name(slice.metadata.namespace.as_ref(), Some(service))
+}
+
+/// An IPv4 EndpointSlice as selection reads it; `None` for other address types.
+pub fn slice(slice: &EndpointSlice) -> Option<SliceInfo> {
+    if slice.address_type != "IPv4" {
+        return None;
+    }
+    let ports = slice
+        .ports
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|port| {
+            let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
+                "TCP" => Protocol::Tcp,
+                "UDP" => Protocol::Udp,
+                _ => return None,
+            };
+            Some(SlicePort {
+                name: port.name.clone().unwrap_or_default(),
+                protocol,
+                port: u16::try_from(port.port?).ok()?,
+            })
+        })
+        .collect();
+    let endpoints = slice
+        .endpoints
+        .iter()
+        .map(|endpoint| {
+            let conditions = endpoint.conditions.clone().unwrap_or_default();
+            let hints = endpoint.hints.clone().unwrap_or_default();
+            Endpoint {
+                // Consumers use the first address only (API contract).
+                address: endpoint.addresses.first().and_then(|a| a.parse().ok()),
+                ready: conditions.ready.unwrap_or(true),
+                serving: conditions.serving.unwrap_or(true),
+                terminating: conditions.terminating.unwrap_or(false),
+                node_name: endpoint.node_name.clone(),
+                zone: endpoint.zone.clone(),
+                hints_for_nodes: hints
+                    .for_nodes
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|n| n.name)
+                    .collect(),
+                hints_for_zones: hints
+                    .for_zones
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|z| z.name)
+                    .collect(),
+            }
+        })
+        .collect();
+    Some(SliceInfo { ports, endpoints })
+}
+
+/// A Node's labels and the IPv4 addresses NodePorts are served on.
+pub fn node(node: &Node) -> (BTreeMap<String, String>, Vec<std::net::Ipv4Addr>) {
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let addresses = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|addresses| {
+            addresses
+                .iter()
+                .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
+                .filter_map(|a| a.address.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    (labels, addresses)
+}

@@ -1,0 +1,301 @@
+//! Cluster state: Services, EndpointSlices grouped by Service, and Nodes, built from source
+//! events; and which Services changed since the last sync (like kube-proxy's change
+//! trackers), so that a sync recomputes only those.
+pub mod convert;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use tracing::warn;
+
+use crate::{
+    select::{
+        NodeLabels, ServiceInfo, ServiceName, ServiceSelection, SkipReason, SliceInfo, ThisNode,
+        select,
+    },
+    source::{Event, Kind, Object},
+};
+
+/// What a sync must recompute.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    pub services: BTreeSet<ServiceName>,
+    /// Objects applied or deleted since the last sync (for the pending-changes metrics).
+    pub service_events: u64,
+    pub endpoint_events: u64,
+}
+
+#[derive(Debug)]
+pub struct ClusterState {
+    node_name: String,
+    services: BTreeMap<ServiceName, Result<ServiceInfo, SkipReason>>,
+    /// Slices by owning Service, then by slice name (sorted: deterministic merging).
+    slices: BTreeMap<ServiceName, BTreeMap<String, SliceInfo>>,
+    /// Which Service each slice (namespace, name) belongs to, to follow relabels/deletes.
+    slice_owners: HashMap<(String, String), ServiceName>,
+    node_labels: NodeLabels,
+    this_node: ThisNode,
+    changes: Changes,
+}
+
+impl ClusterState {
+    pub fn new(node_name: &str) -> Self {
+        Self {
+            node_name: node_name.to_owned(),
+            services: BTreeMap::new(),
+            slices: BTreeMap::new(),
+            slice_owners: HashMap::new(),
+            node_labels: NodeLabels::new(),
+            this_node: ThisNode {
+                name: node_name.to_owned(),
+                ..ThisNode::default()
+            },
+            changes: Changes::default(),
+        }
+    }
+
+    pub fn this_node(&self) -> &ThisNode {
+        &self.this_node
+    }
+
+    /// True once nothing is pending.
+    pub fn has_changes(&self) -> bool {
+        !self.changes.services.is_empty()
+    }
+
+    /// Takes the set of Services changed since the last call.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    pub fn services(&self) -> impl Iterator<Item = &ServiceName> {
+        self.services.keys()
+    }
+
+    /// Skipped Services with their reason.
+    pub fn skipped(&self) -> impl Iterator<Item = (&ServiceName, &SkipReason)> {
+        self.services
+            .iter()
+            .filter_map(|(name, info)| info.as_ref().err().map(|reason| (name, reason)))
+    }
+
+    /// Selection for one Service; `None` if it does not exist or is skipped.
+    pub fn select(&self, name: &ServiceName) -> Option<ServiceSelection> {
+        let service = self.services.get(name)?.as_ref().ok()?;
+        let slices: Vec<SliceInfo> = self
+            .slices
+            .get(name)
+            .map(|s| s.values().cloned().collect())
+            .unwrap_or_default();
+        Some(select(service, &slices, &self.this_node, &self.node_labels))
+    }
+
+    pub fn apply(&mut self, event: Event) {
+        match event {
+            Event::Reset(kind, objects) => self.reset(kind, objects),
+            Event::Applied(object) => self.upsert(object),
+            Event::Deleted(object) => self.delete(&object),
+        }
+    }
+
+    fn reset(&mut self, kind: Kind, objects: Vec<Object>) {
+        match kind {
+            Kind::Service => {
+                let old: BTreeSet<ServiceName> = self.services.keys().cloned().collect();
+                let mut seen = BTreeSet::new();
+                for object in objects {
+                    if let Object::Service(service) = &object
+                        && let Some(name) = convert::service_name(
+                            service.metadata.namespace.as_ref(),
+                            service.metadata.name.as_ref(),
+                        )
+                    {
+                        seen.insert(name);
+                    }
+                    self.upsert(object);
+                }
+                for gone in old.difference(&seen) {
+                    self.services.remove(gone);
+                    self.mark(gone.clone());
+                }
+            }
+            Kind::EndpointSlice => {
+                let old: Vec<(String, String)> = self.slice_owners.keys().cloned().collect();
+                let mut seen = BTreeSet::new();
+                for object in objects {
+                    if let Object::EndpointSlice(slice) = &object {
+                        seen.insert(slice_key(slice));
+                    }
+                    self.upsert(object);
+                }
+                for key in old.into_iter().filter(|k| !seen.contains(k)) {
+                    self.remove_slice(&key);
+                }
+            }
+            Kind::Node => {
+                let old: Vec<String> = self.node_labels.keys().cloned().collect();
+                let mut seen = BTreeSet::new();
+                for object in objects {
+                    if let Object::Node(node) = &object
+                        && let Some(name) = &node.metadata.name
+                    {
+                        seen.insert(name.clone());
+                    }
+                    self.upsert(object);
+                }
+                for name in old.into_iter().filter(|n| !seen.contains(n)) {
+                    self.remove_node(&name);
+                }
+            }
+        }
+    }
+
+    fn upsert(&mut self, object: Object) {
+        match object {
+            Object::Service(service) => {
+                let Some(name) = convert::service_name(
+                    service.metadata.namespace.as_ref(),
+                    service.metadata.name.as_ref(),
+                ) else {
+                    warn!("ignoring a Service without metadata.name");
+                    return;
+                };
+                let info = convert::service(&service);
+                if self.services.get(&name) != Some(&info) {
+                    self.services.insert(name.clone(), info);
+                    self.mark(name);
+                }
+                self.changes.service_events += 1;
+            }
+            Object::EndpointSlice(slice) => {
+                self.changes.endpoint_events += 1;
+                let key = slice_key(&slice);
+                let owner = convert::slice_owner(&slice);
+                // A slice that moved to another Service (or lost its label) leaves the old.
+                if self.slice_owners.get(&key) != owner.as_ref() {
+                    self.remove_slice(&key);
+                }
+                let Some(owner) = owner else {
+                    warn!(
+                        slice = %format!("{}/{}", key.0, key.1),
+                        "ignoring an EndpointSlice without the {} label",
+                        convert::SERVICE_NAME_LABEL
+                    );
+                    return;
+                };
+                let Some(info) = convert::slice(&slice) else {
+                    // Not IPv4: not ours (yet), but make sure nothing stale stays.
+                    self.remove_slice(&key);
+                    return;
+                };
+                let slices = self.slices.entry(owner.clone()).or_default();
+                if slices.get(&key.1) != Some(&info) {
+                    slices.insert(key.1.clone(), info);
+                    self.mark(owner.clone());
+                }
+                self.slice_owners.insert(key, owner);
+            }
+            Object::Node(node) => {
+                let Some(name) = node.metadata.name.clone() else {
+                    return;
+                };
+                let (labels, addresses) = convert::node(&node);
+                let is_this_node = name == self.node_name;
+                let labels_changed = self.node_labels.get(&name) != Some(&labels);
+                let addresses_changed = is_this_node && self.this_node.addresses != addresses;
+                if is_this_node {
+                    self.this_node.labels = labels.clone();
+                    self.this_node.addresses = addresses;
+                }
+                self.node_labels.insert(name.clone(), labels);
+                if labels_changed || addresses_changed {
+                    self.node_changed(is_this_node);
+                }
+            }
+        }
+    }
+
+    fn delete(&mut self, object: &Object) {
+        match object {
+            Object::Service(service) => {
+                if let Some(name) = convert::service_name(
+                    service.metadata.namespace.as_ref(),
+                    service.metadata.name.as_ref(),
+                ) && self.services.remove(&name).is_some()
+                {
+                    self.changes.service_events += 1;
+                    self.mark(name);
+                }
+            }
+            Object::EndpointSlice(slice) => {
+                self.changes.endpoint_events += 1;
+                self.remove_slice(&slice_key(slice));
+            }
+            Object::Node(node) => {
+                if let Some(name) = &node.metadata.name {
+                    self.remove_node(name);
+                }
+            }
+        }
+    }
+
+    fn remove_slice(&mut self, key: &(String, String)) {
+        let Some(owner) = self.slice_owners.remove(key) else {
+            return;
+        };
+        if let Some(slices) = self.slices.get_mut(&owner) {
+            slices.remove(&key.1);
+            if slices.is_empty() {
+                self.slices.remove(&owner);
+            }
+        }
+        self.mark(owner);
+    }
+
+    fn remove_node(&mut self, name: &str) {
+        if self.node_labels.remove(name).is_some() {
+            let is_this_node = name == self.node_name;
+            if is_this_node {
+                self.this_node.labels.clear();
+                self.this_node.addresses.clear();
+            }
+            self.node_changed(is_this_node);
+        }
+    }
+
+    /// This node's labels and addresses shape every Service (zone hints, NodePorts);
+    /// another node's labels only those using topology keys.
+    fn node_changed(&mut self, is_this_node: bool) {
+        let affected: Vec<ServiceName> = self
+            .services
+            .iter()
+            .filter(|(_, info)| {
+                is_this_node
+                    || info
+                        .as_ref()
+                        .is_ok_and(|service| service.topology_keys.is_some())
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in affected {
+            self.mark(name);
+        }
+    }
+
+    fn mark(&mut self, name: ServiceName) {
+        self.changes.services.insert(name);
+    }
+}
+
+fn slice_key(slice: &k8s_openapi::api::discovery::v1::EndpointSlice) -> (String, String) {
+    (
+        slice
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        slice.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,233 @@
+//! State: conversion of API objects and change tracking.
+use std::path::Path;
+
+use super::*;
+use crate::{
+    dataplane::Protocol,
+    select::{FrontendKind, ServiceName, SkipReason},
+    source::file::parse,
+};
+
+fn objects(yaml: &str) -> Vec<Object> {
+    parse(Path::new("test.yaml"), yaml).expect("test manifests parse")
+}
+
+fn applied(yaml: &str) -> Vec<Event> {
+    objects(yaml).into_iter().map(Event::Applied).collect()
+}
+
+fn name(name: &str) -> ServiceName {
+    ServiceName {
+        namespace: "default".to_owned(),
+        name: name.to_owned(),
+    }
+}
+
+fn state_with(yaml: &str) -> ClusterState {
+    let mut state = ClusterState::new("node-a");
+    for event in applied(yaml) {
+        state.apply(event);
+    }
+    state
+}
+
+const WEB: &str = "
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10]
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.0.0.1]
+  nodeName: node-a
+- addresses: [10.0.0.2]
+  conditions: {ready: false}
+  nodeName: node-b
+";
+
+#[test]
+fn services_that_are_not_served_say_why() {
+    let rows = [
+        (
+            "kind: Service\nmetadata: {name: a}\nspec: {type: ExternalName, externalName: x.example}\n",
+            SkipReason::ExternalName,
+        ),
+        (
+            "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: None}\n",
+            SkipReason::Headless,
+        ),
+        (
+            "kind: Service\nmetadata: {name: a, labels: {service.kubernetes.io/service-proxy-name: other}}\nspec: {clusterIP: 10.96.0.1}\n",
+            SkipReason::OtherProxy,
+        ),
+        (
+            "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 'fd00::1', clusterIPs: ['fd00::1']}\n",
+            SkipReason::Ipv6,
+        ),
+    ];
+    for (yaml, reason) in rows {
+        let state = state_with(yaml);
+        let skipped: Vec<_> = state.skipped().map(|(_, r)| r.clone()).collect();
+        assert_eq!(skipped, [reason], "{yaml}");
+        assert!(state.select(&name("a")).is_none());
+    }
+}
+
+#[test]
+fn parts_that_are_not_served_are_skipped_and_the_rest_is_served() {
+    let state = state_with(
+        "
+kind: Service
+metadata: {name: mixed, annotations: {socklb.io/topology-keys: 'not json'}}
+spec:
+  clusterIPs: [10.96.0.20, 'fd00::20']
+  externalIPs: [203.0.113.9, not-an-ip]
+  ports:
+  - {name: sctp, port: 9, protocol: SCTP}
+  - {name: dns, port: 53, protocol: UDP}
+  sessionAffinity: ClientIP
+",
+    );
+    let selection = state.select(&name("mixed")).expect("served");
+    let reasons: Vec<String> = selection
+        .skipped
+        .iter()
+        .map(|(what, _)| what.clone())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "clusterIPs fd00::20",
+            "externalIPs not-an-ip",
+            "port sctp",
+            "annotation socklb.io/topology-keys",
+        ]
+    );
+    let frontends: Vec<(FrontendKind, Protocol, u16)> = selection
+        .frontends
+        .iter()
+        .map(|f| (f.kind, f.frontend.protocol, f.frontend.port))
+        .collect();
+    assert!(frontends.contains(&(FrontendKind::ClusterIp, Protocol::Udp, 53)));
+    assert!(frontends.contains(&(FrontendKind::ExternalIp, Protocol::Udp, 53)));
+    // sessionAffinity ClientIP without a config: kube-proxy's default of 3 hours.
+    assert_eq!(
+        selection.frontends[0].spec.affinity_timeout_seconds,
+        Some(10_800)
+    );
+}
+
+#[test]
+fn slices_are_grouped_by_service_and_follow_relabels_and_deletes() {
+    let mut state = state_with(WEB);
+    let backends = |state: &ClusterState| {
+        state.select(&name("web")).expect("web").frontends[0]
+            .spec
+            .backends
+            .len()
+    };
+    assert_eq!(backends(&state), 1, "the not-ready endpoint is not used");
+
+    // A second slice adds an endpoint.
+    for event in applied(
+        "kind: EndpointSlice
+metadata: {name: web-2, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080}]
+endpoints: [{addresses: [10.0.0.3]}]
+",
+    ) {
+        state.apply(event);
+    }
+    assert_eq!(backends(&state), 2);
+
+    // Relabelled to another service: leaves web.
+    for event in applied(
+        "kind: EndpointSlice
+metadata: {name: web-2, namespace: default, labels: {kubernetes.io/service-name: other}}
+addressType: IPv4
+endpoints: [{addresses: [10.0.0.3]}]
+",
+    ) {
+        state.apply(event);
+    }
+    assert_eq!(backends(&state), 1);
+
+    // Deleted.
+    let web1 = objects(WEB).into_iter().nth(1).expect("slice");
+    state.apply(Event::Deleted(web1));
+    assert_eq!(backends(&state), 0);
+}
+
+#[test]
+fn a_reset_removes_what_it_does_not_list() {
+    let mut state = state_with(WEB);
+    state.take_changes();
+    state.apply(Event::Reset(Kind::EndpointSlice, Vec::new()));
+    assert_eq!(state.take_changes().services, BTreeSet::from([name("web")]));
+    assert!(
+        state.select(&name("web")).expect("web").frontends[0]
+            .spec
+            .backends
+            .is_empty()
+    );
+    state.apply(Event::Reset(Kind::Service, Vec::new()));
+    assert!(state.select(&name("web")).is_none());
+}
+
+#[test]
+fn only_real_changes_are_tracked() {
+    let mut state = state_with(WEB);
+    assert_eq!(state.take_changes().services, BTreeSet::from([name("web")]));
+    // The same objects again (a relist): nothing to recompute.
+    for event in applied(WEB) {
+        state.apply(event);
+    }
+    assert!(state.take_changes().services.is_empty());
+}
+
+#[test]
+fn node_label_changes_mark_the_services_that_depend_on_them() {
+    let mut state = state_with(&format!(
+        "{WEB}---
+kind: Service
+metadata: {{name: keyed, namespace: default, annotations: {{socklb.io/topology-keys: '[\"rack\"]'}}}}
+spec: {{clusterIP: 10.96.0.11, ports: [{{name: http, port: 80}}]}}
+"
+    ));
+    state.take_changes();
+
+    // Another node's labels: only the Service using topology keys.
+    for event in applied("kind: Node\nmetadata: {name: node-b, labels: {rack: r1}}\n") {
+        state.apply(event);
+    }
+    assert_eq!(
+        state.take_changes().services,
+        BTreeSet::from([name("keyed")])
+    );
+
+    // This node's labels (zone) or addresses: every Service.
+    for event in applied(
+        "kind: Node
+metadata: {name: node-a, labels: {topology.kubernetes.io/zone: z1}}
+status: {addresses: [{type: InternalIP, address: 192.168.0.1}, {type: Hostname, address: node-a}]}
+",
+    ) {
+        state.apply(event);
+    }
+    assert_eq!(
+        state.take_changes().services,
+        BTreeSet::from([name("keyed"), name("web")])
+    );
+    assert_eq!(
+        state.this_node().addresses,
+        [std::net::Ipv4Addr::new(192, 168, 0, 1)]
+    );
+    assert_eq!(state.this_node().zone(), Some("z1"));
+}

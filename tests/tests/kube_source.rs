@@ -1,0 +1,532 @@
+//! The agent's `kube` source against the fake API server: what it requests, the events it
+//! makes of lists and watches, and how it rides out broken watches, expired resource versions
+//! and API server restarts. No root needed.
+//!
+//! Every wait has a timeout, so that a broken source fails a test rather than hanging it.
+//! Events of different kinds come from different watches, so their relative order is free;
+//! the tests compare sets where it is, and sequences only within one kind.
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::atomic::{AtomicU32, Ordering},
+    time::Duration,
+};
+
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, NodeAddress, NodeSpec, NodeStatus, Service, ServicePort, ServiceSpec},
+        discovery::v1::{Endpoint, EndpointSlice},
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use socklb_agent::source::{Event, Kind, Object, kube::KubeSource};
+use socklb_tests::fake_apiserver::FakeApiServer;
+use tokio::sync::mpsc;
+
+/// This node; node-b and node-c are the others.
+const NODE: &str = "node-a";
+const PROXIED: &str = "!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless";
+/// Long enough for the watcher's backoff after a few refused connections.
+const WAIT: Duration = Duration::from_secs(30);
+
+fn meta(namespace: Option<&str>, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
+    ObjectMeta {
+        namespace: namespace.map(str::to_owned),
+        name: Some(name.to_owned()),
+        labels: Some(
+            labels
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        ),
+        ..ObjectMeta::default()
+    }
+}
+
+fn service(name: &str, port: i32, labels: &[(&str, &str)]) -> Service {
+    Service {
+        metadata: meta(Some("default"), name, labels),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("10.96.0.10".to_owned()),
+            ports: Some(vec![ServicePort {
+                port,
+                protocol: Some("TCP".to_owned()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    }
+}
+
+fn slice(name: &str, service: &str, labels: &[(&str, &str)]) -> EndpointSlice {
+    let mut labels = labels.to_vec();
+    labels.push(("kubernetes.io/service-name", service));
+    EndpointSlice {
+        metadata: meta(Some("default"), name, &labels),
+        address_type: "IPv4".to_owned(),
+        endpoints: vec![Endpoint {
+            addresses: vec!["10.244.0.5".to_owned()],
+            node_name: Some(NODE.to_owned()),
+            ..Endpoint::default()
+        }],
+        ports: None,
+    }
+}
+
+fn node(name: &str, labels: &[(&str, &str)]) -> Node {
+    Node {
+        metadata: meta(None, name, labels),
+        spec: Some(NodeSpec {
+            pod_cidr: Some("10.244.0.0/24".to_owned()),
+            ..NodeSpec::default()
+        }),
+        status: Some(NodeStatus {
+            addresses: Some(vec![NodeAddress {
+                type_: "InternalIP".to_owned(),
+                address: "192.168.1.10".to_owned(),
+            }]),
+            ..NodeStatus::default()
+        }),
+    }
+}
+
+/// A small cluster: one proxied service with a slice, services and a slice that socklb must
+/// not see, and three nodes in two zones.
+fn populated() -> FakeApiServer {
+    let api = FakeApiServer::start();
+    api.apply(&service("web", 80, &[("app", "web")]));
+    api.apply(&service(
+        "other-proxy",
+        80,
+        &[("service.kubernetes.io/service-proxy-name", "other")],
+    ));
+    api.apply(&service(
+        "headless",
+        80,
+        &[("service.kubernetes.io/headless", "")],
+    ));
+    api.apply(&slice("web-1", "web", &[]));
+    api.apply(&slice(
+        "headless-1",
+        "headless",
+        &[("service.kubernetes.io/headless", "")],
+    ));
+    for (name, zone) in [(NODE, "z1"), ("node-b", "z1"), ("node-c", "z2")] {
+        api.apply(&node(name, &[("topology.kubernetes.io/zone", zone)]));
+    }
+    api
+}
+
+/// Starts the source against `api`; it runs until the receiver is dropped.
+fn start_source(api: &FakeApiServer) -> mpsc::Receiver<Event> {
+    let url = api.url().parse().expect("fake API server URL");
+    let client = kube::Client::try_from(kube::Config::new(url)).expect("kube client");
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        KubeSource::new(client, NODE.to_owned())
+            .run(tx)
+            .await
+            .expect("the kube source failed");
+    });
+    rx
+}
+
+async fn next(events: &mut mpsc::Receiver<Event>) -> Event {
+    tokio::time::timeout(WAIT, events.recv())
+        .await
+        .expect("no event from the source in time")
+        .expect("the source stopped")
+}
+
+/// The next `n` events, described and sorted (they come from different watches).
+async fn next_set(events: &mut mpsc::Receiver<Event>, n: usize) -> Vec<String> {
+    let mut set = Vec::new();
+    for _ in 0..n {
+        set.push(describe(&next(events).await));
+    }
+    set.sort();
+    set
+}
+
+/// The first events: exactly one Reset of each kind.
+async fn initial(events: &mut mpsc::Receiver<Event>) -> HashMap<Kind, Vec<Object>> {
+    let mut resets = HashMap::new();
+    while resets.len() < 3 {
+        match next(events).await {
+            Event::Reset(kind, objects) => {
+                let previous = resets.insert(kind, objects);
+                assert!(previous.is_none(), "two initial Resets of {kind:?}");
+            }
+            other => panic!("expected the initial Resets, got {}", describe(&other)),
+        }
+    }
+    resets
+}
+
+/// Waits until the source watches all four feeds, so that a test breaks established watches.
+async fn watching(api: &FakeApiServer) {
+    let wait = async {
+        while api.watch_count() < 4 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    tokio::time::timeout(WAIT, wait)
+        .await
+        .unwrap_or_else(|_| panic!("the source opened {} of 4 watches", api.watch_count()));
+}
+
+/// Changes one object of every feed and expects exactly those changes as the next events:
+/// anything else still pending (a stray Reset, an event for a bookmark) fails the test.
+async fn expect_only_sentinels(api: &FakeApiServer, events: &mut mpsc::Receiver<Event>) {
+    static ROUND: AtomicU32 = AtomicU32::new(0);
+    let round = ROUND.fetch_add(1, Ordering::Relaxed).to_string();
+    let mark = [("sentinel", round.as_str())];
+    api.apply(&service(&format!("sentinel-{round}"), 80, &[]));
+    api.apply(&slice(&format!("sentinel-{round}"), "web", &[]));
+    api.apply(&node(&format!("sentinel-{round}"), &[]));
+    api.apply(&node(NODE, &mark));
+    let expected = vec![
+        format!("Applied EndpointSlice default/sentinel-{round}"),
+        "Applied Node node-a".to_owned(),
+        format!("Applied Node sentinel-{round}"),
+        format!("Applied Service default/sentinel-{round}"),
+    ];
+    assert_eq!(next_set(events, 4).await, expected);
+}
+
+fn list_count(api: &FakeApiServer) -> usize {
+    api.served().iter().filter(|request| !request.watch).count()
+}
+
+fn metadata(object: &Object) -> &ObjectMeta {
+    match object {
+        Object::Service(service) => &service.metadata,
+        Object::EndpointSlice(slice) => &slice.metadata,
+        Object::Node(node) => &node.metadata,
+    }
+}
+
+fn name(object: &Object) -> String {
+    let metadata = metadata(object);
+    let name = metadata.name.clone().unwrap_or_default();
+    match &metadata.namespace {
+        Some(namespace) => format!("{namespace}/{name}"),
+        None => name,
+    }
+}
+
+fn names(objects: &[Object]) -> Vec<String> {
+    let mut names: Vec<String> = objects.iter().map(name).collect();
+    names.sort();
+    names
+}
+
+/// "Applied Service default/web", "Reset Node [node-a, node-b]": what assertions compare.
+fn describe(event: &Event) -> String {
+    match event {
+        Event::Reset(kind, objects) => format!("Reset {kind:?} [{}]", names(objects).join(", ")),
+        Event::Applied(object) => format!("Applied {:?} {}", object.kind(), name(object)),
+        Event::Deleted(object) => format!("Deleted {:?} {}", object.kind(), name(object)),
+    }
+}
+
+fn nodes_by_name(objects: &[Object]) -> BTreeMap<String, Node> {
+    objects
+        .iter()
+        .map(|object| match object {
+            Object::Node(node) => (name(object), (**node).clone()),
+            other => panic!("a {:?} in the node stream", other.kind()),
+        })
+        .collect()
+}
+
+fn zone(node: &Node) -> Option<&str> {
+    let labels = node.metadata.labels.as_ref()?;
+    labels
+        .get("topology.kubernetes.io/zone")
+        .map(String::as_str)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_lists_give_one_reset_per_kind_without_what_kube_proxy_skips() {
+    let api = populated();
+    let mut events = start_source(&api);
+    let resets = initial(&mut events).await;
+    assert_eq!(names(&resets[&Kind::Service]), ["default/web"]);
+    assert_eq!(names(&resets[&Kind::EndpointSlice]), ["default/web-1"]);
+    let nodes = nodes_by_name(&resets[&Kind::Node]);
+    assert_eq!(
+        nodes.keys().collect::<Vec<_>>(),
+        ["node-a", "node-b", "node-c"]
+    );
+    // This node in full: its addresses are needed.
+    let this = &nodes[NODE];
+    let addresses = this.status.as_ref().and_then(|s| s.addresses.as_ref());
+    assert_eq!(addresses.map(Vec::len), Some(1), "this node without status");
+    assert!(this.spec.is_some());
+    // The others as metadata only, labels kept for topology.
+    for other in ["node-b", "node-c"] {
+        let node = &nodes[other];
+        assert!(
+            node.spec.is_none() && node.status.is_none(),
+            "{other} in full"
+        );
+    }
+    assert_eq!(zone(&nodes["node-c"]), Some("z2"));
+
+    watching(&api).await;
+    let served = api.served();
+    for request in &served {
+        match request.path.as_str() {
+            "/api/v1/services" | "/apis/discovery.k8s.io/v1/endpointslices" => {
+                assert_eq!(
+                    request.label_selector.as_deref(),
+                    Some(PROXIED),
+                    "{request:?}"
+                );
+                assert!(!request.metadata_only, "{request:?}");
+            }
+            "/api/v1/nodes" => {
+                let fields = request.field_selector.as_deref();
+                let expected = if request.metadata_only {
+                    "metadata.name!=node-a"
+                } else {
+                    "metadata.name=node-a"
+                };
+                assert_eq!(fields, Some(expected), "{request:?}");
+            }
+            other => panic!("unexpected request for {other}"),
+        }
+    }
+    let lists = served.iter().filter(|r| !r.watch).count();
+    let watches = served.iter().filter(|r| r.watch).count();
+    assert_eq!((lists, watches), (4, 4), "{served:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_applied_and_deleted_in_order() {
+    let api = populated();
+    let mut events = start_source(&api);
+    initial(&mut events).await;
+
+    api.apply(&service("new", 80, &[]));
+    assert_eq!(
+        describe(&next(&mut events).await),
+        "Applied Service default/new"
+    );
+    api.apply(&service("new", 8080, &[]));
+    match next(&mut events).await {
+        Event::Applied(Object::Service(service)) => {
+            let ports = service.spec.and_then(|spec| spec.ports).unwrap_or_default();
+            assert_eq!(ports.first().map(|p| p.port), Some(8080));
+        }
+        other => panic!("expected the modified service, got {}", describe(&other)),
+    }
+    api.delete::<Service>(Some("default"), "new");
+    assert_eq!(
+        describe(&next(&mut events).await),
+        "Deleted Service default/new"
+    );
+
+    api.apply(&slice("web-2", "web", &[]));
+    assert_eq!(
+        describe(&next(&mut events).await),
+        "Applied EndpointSlice default/web-2"
+    );
+    api.delete::<EndpointSlice>(Some("default"), "web-1");
+    assert_eq!(
+        describe(&next(&mut events).await),
+        "Deleted EndpointSlice default/web-1"
+    );
+
+    // Another node changes zone: its metadata arrives, nothing else.
+    api.apply(&node("node-b", &[("topology.kubernetes.io/zone", "z2")]));
+    match next(&mut events).await {
+        Event::Applied(Object::Node(node)) => {
+            assert_eq!(node.metadata.name.as_deref(), Some("node-b"));
+            assert_eq!(zone(&node), Some("z2"));
+            assert!(node.spec.is_none() && node.status.is_none());
+        }
+        other => panic!("expected node-b, got {}", describe(&other)),
+    }
+    // This node changes: it arrives in full.
+    let mut this = node(NODE, &[("topology.kubernetes.io/zone", "z1")]);
+    if let Some(status) = this.status.as_mut() {
+        status.addresses = Some(vec![NodeAddress {
+            type_: "InternalIP".to_owned(),
+            address: "192.168.1.99".to_owned(),
+        }]);
+    }
+    api.apply(&this);
+    match next(&mut events).await {
+        Event::Applied(Object::Node(node)) => {
+            let addresses = node.status.and_then(|s| s.addresses).unwrap_or_default();
+            let address = addresses.first().map(|a| a.address.as_str());
+            assert_eq!(address, Some("192.168.1.99"));
+        }
+        other => panic!("expected this node, got {}", describe(&other)),
+    }
+    api.delete::<Node>(None, "node-c");
+    assert_eq!(describe(&next(&mut events).await), "Deleted Node node-c");
+    expect_only_sentinels(&api, &mut events).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_of_another_proxy_never_appear() {
+    let api = populated();
+    let mut events = start_source(&api);
+    initial(&mut events).await;
+    let other = [("service.kubernetes.io/service-proxy-name", "other")];
+    api.apply(&service("elsewhere", 80, &other));
+    api.apply(&service("elsewhere", 81, &other));
+    api.delete::<Service>(Some("default"), "elsewhere");
+    api.apply(&slice(
+        "headless-2",
+        "headless",
+        &[("service.kubernetes.io/headless", "")],
+    ));
+    // A service that becomes another proxy's leaves the watch: to socklb it is deleted.
+    api.apply(&service("web", 80, &other));
+    assert_eq!(
+        describe(&next(&mut events).await),
+        "Deleted Service default/web"
+    );
+    expect_only_sentinels(&api, &mut events).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_watches_resume_from_the_last_version_without_a_reset() {
+    let api = populated();
+    let mut events = start_source(&api);
+    initial(&mut events).await;
+    watching(&api).await;
+
+    api.drop_watches();
+    api.apply(&service("late", 80, &[]));
+    api.delete::<EndpointSlice>(Some("default"), "web-1");
+    let expected = [
+        "Applied Service default/late",
+        "Deleted EndpointSlice default/web-1",
+    ];
+    assert_eq!(next_set(&mut events, 2).await, expected);
+    watching(&api).await;
+    expect_only_sentinels(&api, &mut events).await;
+    assert_eq!(list_count(&api), 4, "a resumed watch must not relist");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_versions_relist_and_reset_with_the_current_state() {
+    let api = populated();
+    let mut events = start_source(&api);
+    initial(&mut events).await;
+    watching(&api).await;
+
+    // The slice watch sees this change; the others now watch from an older version.
+    api.apply(&slice("web-2", "web", &[]));
+    assert_eq!(
+        describe(&next(&mut events).await),
+        "Applied EndpointSlice default/web-2"
+    );
+    api.compact();
+    api.drop_watches();
+
+    // Services and both node feeds get 410 Gone and relist; each node relist resets the
+    // whole node set.
+    let expected = [
+        "Reset Node [node-a, node-b, node-c]",
+        "Reset Node [node-a, node-b, node-c]",
+        "Reset Service [default/web]",
+    ];
+    assert_eq!(next_set(&mut events, 3).await, expected);
+    assert_eq!(api.expired_count(), 3);
+    watching(&api).await;
+    expect_only_sentinels(&api, &mut events).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_api_server_replays_what_was_missed() {
+    let mut api = populated();
+    let mut events = start_source(&api);
+    initial(&mut events).await;
+    watching(&api).await;
+
+    api.stop();
+    api.apply(&service("late", 80, &[]));
+    api.delete::<Node>(None, "node-c");
+    // Long enough for the source to find the server down (it re-watches as soon as a stream
+    // breaks) and back off; meanwhile it sends nothing.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(events.is_empty(), "events while the API server was down");
+    api.restart();
+    let expected = ["Applied Service default/late", "Deleted Node node-c"];
+    assert_eq!(next_set(&mut events, 2).await, expected);
+    watching(&api).await;
+    expect_only_sentinels(&api, &mut events).await;
+    assert_eq!(list_count(&api), 4, "a resumed watch must not relist");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_api_server_with_compacted_history_relists() {
+    let mut api = populated();
+    let mut events = start_source(&api);
+    initial(&mut events).await;
+    watching(&api).await;
+
+    api.stop();
+    api.apply(&service("late", 80, &[]));
+    api.delete::<Service>(Some("default"), "web");
+    api.delete::<EndpointSlice>(Some("default"), "web-1");
+    api.delete::<Node>(None, "node-c");
+    api.compact();
+    api.restart();
+
+    // Four relists. The first node Reset may still hold node-c from the cache of the other
+    // node feed, which has not relisted yet; the last one is the current node set.
+    let mut resets: HashMap<Kind, Vec<Vec<String>>> = HashMap::new();
+    for _ in 0..4 {
+        match next(&mut events).await {
+            Event::Reset(kind, objects) => resets.entry(kind).or_default().push(names(&objects)),
+            other => panic!("expected a Reset, got {}", describe(&other)),
+        }
+    }
+    assert_eq!(resets[&Kind::Service], [["default/late"]]);
+    assert_eq!(resets[&Kind::EndpointSlice], [Vec::<String>::new()]);
+    let nodes = &resets[&Kind::Node];
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    assert_eq!(nodes[1], ["node-a", "node-b"]);
+    assert_eq!(api.expired_count(), 4);
+    watching(&api).await;
+    expect_only_sentinels(&api, &mut events).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookmarks_produce_no_events() {
+    let api = populated();
+    let mut events = start_source(&api);
+    initial(&mut events).await;
+    watching(&api).await;
+    assert_eq!(
+        api.bookmark(),
+        4,
+        "the source asks for bookmarks on every watch"
+    );
+    expect_only_sentinels(&api, &mut events).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_initial_lists_are_paged_into_one_reset() {
+    let api = populated();
+    // Past kube-rs's page size of 500.
+    for i in 0..520 {
+        api.apply(&service(&format!("svc-{i:03}"), 80, &[]));
+    }
+    let mut events = start_source(&api);
+    let resets = initial(&mut events).await;
+    assert_eq!(resets[&Kind::Service].len(), 521);
+    let service_lists = api
+        .served()
+        .iter()
+        .filter(|r| r.path == "/api/v1/services" && !r.watch)
+        .count();
+    assert_eq!(service_lists, 2, "one request per page");
+}
