@@ -1,13 +1,24 @@
 //! The `socklb` command line.
-use std::{path::PathBuf, process::ExitCode};
+use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
-use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand};
+use anyhow::{Context as _, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use tokio::sync::{mpsc, watch};
 use tracing::info;
 
 use crate::{
     dataplane::{self, Capacities, Config, Dataplane},
-    static_frontends,
+    explain,
+    metrics::Metrics,
+    runner::{Runner, SyncPeriods},
+    select::ServiceName,
+    server::{self, Health},
+    source::{
+        Event, Kind,
+        file::FileSource,
+        kube::{self, KubeSource},
+    },
+    state::ClusterState,
 };
 
 #[derive(Debug, Parser)]
@@ -23,12 +34,39 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Load and attach the datapath, program it, and keep it programmed until stopped.
-    Run(RunArgs),
+    /// Load and attach the datapath and keep it programmed from the cluster until stopped.
+    Run(Box<RunArgs>),
+    /// Show, for every Service frontend, the backends this node uses and why.
+    Explain(ExplainArgs),
     /// Detach the programs and remove every pin socklb created.
     Cleanup(PinArgs),
     /// Print the version and the map layout version.
     Version,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SourceKind {
+    /// The Kubernetes API (in-cluster config or --kubeconfig).
+    Kube,
+    /// A directory of manifests (--manifests), watched for changes.
+    File,
+}
+
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Where cluster state comes from.
+    #[arg(long, value_enum, default_value = "kube")]
+    pub source: SourceKind,
+    /// Directory of Service, EndpointSlice and Node manifests (with --source file).
+    #[arg(long, required_if_eq("source", "file"))]
+    pub manifests: Option<PathBuf>,
+    /// kubeconfig file (with --source kube) [default: in-cluster config, then
+    /// $KUBECONFIG or ~/.kube/config].
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name [default: $NODE_NAME, then the hostname].
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -41,14 +79,25 @@ pub struct PinArgs {
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
     pub pins: PinArgs,
     /// cgroup v2 directory to attach to [default: the cgroup v2 mount, found in
-    /// /proc/self/mountinfo].
+    /// /proc/self/mountinfo, so that every process on the node is served].
     #[arg(long)]
     pub cgroup_path: Option<PathBuf>,
-    /// Frontends and backends as a JSON list (temporary, until the cluster sources land).
-    #[arg(long = "static-frontends")]
-    pub static_frontends: PathBuf,
+    /// Least time between two syncs: changes arriving meanwhile are programmed together.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    pub min_sync_period: Duration,
+    /// Time between full resyncs, which re-read the maps and repair any drift.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub sync_period: Duration,
+    /// Address for /healthz, /livez and /readyz (kube-proxy's health port).
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: SocketAddr,
+    /// Address for /metrics (kube-proxy's metrics port).
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: SocketAddr,
     #[command(flatten)]
     pub capacities: CapacityArgs,
 }
@@ -61,7 +110,7 @@ pub struct CapacityArgs {
     /// Distinct backends (address, port, protocol).
     #[arg(long, default_value_t = Capacities::default().backends)]
     pub max_backends: u32,
-    /// Sockets remembered for reverse translation (LRU).
+    /// Unconnected UDP sockets' reverse entries (LRU).
     #[arg(long, default_value_t = Capacities::default().reverse)]
     pub max_reverse_entries: u32,
     /// Session-affinity entries (LRU).
@@ -80,11 +129,34 @@ impl From<&CapacityArgs> for Capacities {
     }
 }
 
-pub fn init_tracing() {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Only this Service (namespace/name).
+    #[arg(long)]
+    pub service: Option<String>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+/// Logs to stderr; `RUST_LOG` filters, else `info` for the agent and `warn` for the
+/// one-shot commands (whose output is on stdout).
+pub fn init_tracing(cli: &Cli) {
+    let default = match cli.command {
+        Command::Run(_) => "info",
+        _ => "warn",
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // aya logs through the `log` crate: the subscriber's log bridge carries it into tracing.
-    // Colours only on a terminal: container logs stay plain text.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Colours only on a terminal: container logs stay plain text. aya logs through the
+    // `log` crate; the subscriber's log bridge carries it into tracing.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -94,7 +166,8 @@ pub fn init_tracing() {
 
 pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
-        Command::Run(args) => run(args),
+        Command::Run(args) => run(&args),
+        Command::Explain(args) => explain_command(&args),
         Command::Cleanup(args) => cleanup(&args),
         Command::Version => {
             println!(
@@ -114,43 +187,177 @@ pub fn main(cli: Cli) -> ExitCode {
     }
 }
 
-fn run(args: RunArgs) -> anyhow::Result<()> {
-    let desired = static_frontends::read(&args.static_frontends)?;
-    let mut dataplane = Dataplane::load(Config {
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn node_name(args: &SourceArgs) -> anyhow::Result<String> {
+    if let Some(name) = &args.node_name {
+        return Ok(name.clone());
+    }
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("no --node-name or NODE_NAME, and the hostname cannot be read")?;
+    Ok(hostname.trim().to_owned())
+}
+
+/// Starts the configured source; its events arrive on the returned channel.
+async fn start_source(
+    args: &SourceArgs,
+    node_name: &str,
+) -> anyhow::Result<(
+    mpsc::Receiver<Event>,
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+)> {
+    let (events, receiver) = mpsc::channel(4096);
+    let task = match args.source {
+        SourceKind::File => {
+            let Some(dir) = args.manifests.clone() else {
+                bail!("--source file needs --manifests DIR");
+            };
+            if !dir.is_dir() {
+                bail!("--manifests {}: not a directory", dir.display());
+            }
+            tokio::spawn(async move { Ok(FileSource::new(dir).run(events).await?) })
+        }
+        SourceKind::Kube => {
+            let client = kube::client(args.kubeconfig.as_deref()).await?;
+            let source = KubeSource::new(client, node_name.to_owned());
+            tokio::spawn(async move { Ok(source.run(events).await?) })
+        }
+    };
+    Ok((receiver, task))
+}
+
+fn run(args: &RunArgs) -> anyhow::Result<()> {
+    let node_name = node_name(&args.source)?;
+    let dataplane = Dataplane::load(Config {
         pin_dir: args.pins.pin_dir.clone(),
         cgroup: args.cgroup_path.clone(),
         capacities: Capacities::from(&args.capacities),
     })?;
-    // Program the maps before the programs can see them.
-    let report = dataplane.apply(&desired)?;
-    info!(
-        frontends = desired.frontends.len(),
-        writes = report.writes,
-        rejected = report.rejected.len(),
-        "maps programmed"
-    );
-    dataplane.attach()?;
-    info!("ready");
+    info!(node = %node_name, source = ?args.source.source, "starting");
+    runtime()?.block_on(async {
+        let health = Arc::new(Health::new(args.sync_period));
+        let metrics = Arc::new(Metrics::new());
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = move || {
+            let mut stop = stop_rx.clone();
+            async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            }
+        };
+        let router = server::router(health.clone(), metrics.clone());
+        let mut servers = Vec::new();
+        for address in [args.healthz_bind_address, args.metrics_bind_address] {
+            let router = router.clone();
+            let shutdown = stopped();
+            servers.push(tokio::spawn(async move {
+                server::serve(address, router, shutdown).await
+            }));
+        }
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    runtime.block_on(wait_for_shutdown())?;
-    // The links stay pinned: the datapath keeps working while no agent runs.
-    info!("stopping; programs stay attached (`socklb cleanup` removes them)");
-    Ok(())
+        let (events, source) = start_source(&args.source, &node_name).await?;
+        let runner = Runner::new(
+            &node_name,
+            dataplane,
+            SyncPeriods {
+                min: args.min_sync_period,
+                full: args.sync_period,
+            },
+            health,
+            metrics,
+        );
+        let result = runner.run(events, shutdown_signal()).await;
+        let _ = stop_tx.send(true);
+        source.abort();
+        for server in servers {
+            if let Ok(Err(error)) = server.await {
+                return Err(error).context("the health/metrics server failed");
+            }
+        }
+        if let Ok(Err(error)) = source.await {
+            return Err(error).context("the cluster source stopped");
+        }
+        result?;
+        // The links stay pinned: the datapath keeps working while no agent runs.
+        info!("stopped; programs stay attached (`socklb cleanup` removes them)");
+        Ok(())
+    })
 }
 
-async fn wait_for_shutdown() -> anyhow::Result<()> {
+/// SIGTERM (how Kubernetes stops a pod) or SIGINT.
+async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // Without signal handlers the agent runs until killed.
+        return std::future::pending().await;
+    };
     tokio::select! {
         _ = terminate.recv() => {}
         _ = interrupt.recv() => {}
     }
+}
+
+fn explain_command(args: &ExplainArgs) -> anyhow::Result<()> {
+    let node_name = node_name(&args.source)?;
+    let only = args
+        .service
+        .as_deref()
+        .map(|text| match text.split_once('/') {
+            Some((namespace, name)) => Ok(ServiceName {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+            }),
+            None => bail!("--service takes namespace/name, not {text}"),
+        })
+        .transpose()?;
+    let state = runtime()?.block_on(initial_state(&args.source, &node_name))?;
+    let explanation = explain::explain(&state, only.as_ref());
+    match args.output {
+        Output::Table => print!("{}", explain::table(&explanation)),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
+    }
     Ok(())
+}
+
+/// The cluster as the source first lists it (every kind once).
+async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<ClusterState> {
+    let (mut events, source) = start_source(args, node_name).await?;
+    let mut state = ClusterState::new(node_name);
+    let mut listed = std::collections::HashSet::new();
+    let wait = async {
+        while listed.len() < 3 {
+            let Some(event) = events.recv().await else {
+                break;
+            };
+            if let Event::Reset(kind, _) = &event {
+                listed.insert(*kind);
+            }
+            state.apply(event);
+        }
+    };
+    let timed_out = tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .is_err();
+    source.abort();
+    if timed_out {
+        bail!("the cluster source did not list Services, EndpointSlices and Nodes within 30 s");
+    }
+    let missing: Vec<Kind> = [Kind::Service, Kind::EndpointSlice, Kind::Node]
+        .into_iter()
+        .filter(|kind| !listed.contains(kind))
+        .collect();
+    if !missing.is_empty() {
+        bail!("the cluster source stopped before listing {missing:?}");
+    }
+    Ok(state)
 }
 
 fn cleanup(args: &PinArgs) -> anyhow::Result<()> {

@@ -11,7 +11,7 @@ use std::{
     io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket},
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{
         Arc,
@@ -453,4 +453,197 @@ pub fn tally(attempts: &[Attempt]) -> std::collections::BTreeMap<String, usize> 
         *tally.entry(key).or_insert(0) += 1;
     }
     tally
+}
+
+/// A directory of manifests for the agent's file source; removed when dropped.
+pub struct ManifestDir {
+    pub path: PathBuf,
+}
+
+impl ManifestDir {
+    pub fn new(sandbox: &Sandbox) -> Self {
+        let path = std::env::temp_dir().join(format!("{}-manifests", sandbox.name));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).expect("create the manifests directory");
+        Self { path }
+    }
+
+    /// Writes (or replaces) one manifest file atomically, as an editor or a sync tool would.
+    pub fn write(&self, file: &str, yaml: &str) {
+        let tmp = self.path.join(format!(".{file}.tmp"));
+        fs::write(&tmp, yaml).expect("write a manifest");
+        fs::rename(&tmp, self.path.join(file)).expect("move a manifest into place");
+    }
+
+    pub fn remove(&self, file: &str) {
+        fs::remove_file(self.path.join(file)).expect("remove a manifest");
+    }
+}
+
+impl Drop for ManifestDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// A Node manifest: `name` in `zone`, with `address` as its InternalIP.
+pub fn node_yaml(name: &str, zone: &str, address: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  labels: {{topology.kubernetes.io/zone: {zone}, kubernetes.io/hostname: {name}}}
+status:
+  addresses: [{{type: InternalIP, address: {address}}}]
+"
+    )
+}
+
+/// A ClusterIP Service with one TCP port named http.
+pub fn service_yaml(name: &str, cluster_ip: &str, port: u16, extra_spec: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {cluster_ip}
+  clusterIPs: [{cluster_ip}]
+  ports: [{{name: http, port: {port}, protocol: TCP}}]
+{extra_spec}"
+    )
+}
+
+/// An EndpointSlice of `service` whose endpoints are `(address, node, zone, conditions)`;
+/// conditions is YAML like `{ready: false, serving: true, terminating: true}` or "".
+pub fn slice_yaml(
+    name: &str,
+    service: &str,
+    port: u16,
+    endpoints: &[(&str, &str, &str, &str)],
+    zone_hints: bool,
+) -> String {
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}
+  namespace: default
+  labels: {{kubernetes.io/service-name: {service}}}
+addressType: IPv4
+ports: [{{name: http, port: {port}, protocol: TCP}}]
+endpoints:
+"
+    );
+    for (address, node, zone, conditions) in endpoints {
+        yaml.push_str(&format!(
+            "- addresses: [{address}]\n  nodeName: {node}\n  zone: {zone}\n"
+        ));
+        if !conditions.is_empty() {
+            yaml.push_str(&format!("  conditions: {conditions}\n"));
+        }
+        if zone_hints {
+            yaml.push_str(&format!("  hints: {{forZones: [{{name: {zone}}}]}}\n"));
+        }
+    }
+    yaml
+}
+
+/// The real agent, `socklb run --source file`, in the sandbox; killed if still running
+/// when dropped.
+pub struct Agent {
+    child: Option<Child>,
+    log: Arc<std::sync::Mutex<String>>,
+}
+
+impl Agent {
+    /// Starts the agent on `manifests` as node `node` and waits until it is ready.
+    pub fn start(sandbox: &Sandbox, manifests: &Path, node: &str, extra: &[&str]) -> Self {
+        let mut child = Command::new(agent_bin())
+            .arg("run")
+            .args(["--source", "file", "--manifests"])
+            .arg(manifests)
+            .args(["--node-name", node, "--bpffs"])
+            .arg(&sandbox.pin_dir)
+            .arg("--cgroup-path")
+            .arg(&sandbox.cgroup)
+            .args(["--min-sync-period", "0s"])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start socklb");
+        // The log is read on a thread that keeps draining it after "ready".
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(std::sync::Mutex::new(String::new()));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut ready = Some(ready_tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(mut log) = sink.lock() {
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+                if line.contains("ready")
+                    && let Some(tx) = ready.take()
+                {
+                    let _ = tx.send(true);
+                }
+            }
+            if let Some(tx) = ready {
+                let _ = tx.send(false);
+            }
+        });
+        let agent = Self {
+            child: Some(child),
+            log,
+        };
+        let ready = ready_rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or(false);
+        assert!(ready, "the agent did not become ready:\n{}", agent.log());
+        agent
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().map(|log| log.clone()).unwrap_or_default()
+    }
+
+    /// Waits until the log has `count` lines containing `text`.
+    pub fn wait_for_log(&self, text: &str, count: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.log().matches(text).count() < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {count}x {text:?} in the agent log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, as Kubernetes stops a pod; the agent must exit cleanly.
+    pub fn stop(mut self) -> String {
+        let mut child = self.child.take().expect("agent child");
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id().cast_signed(), libc::SIGTERM) };
+        let status = child.wait().expect("wait for socklb");
+        assert!(
+            status.success(),
+            "socklb exited with {status}:\n{}",
+            self.log()
+        );
+        self.log()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }

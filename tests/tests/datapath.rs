@@ -3,15 +3,17 @@
 use std::{
     collections::BTreeSet,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
-    process::{Command, Stdio},
+    process::Command,
     time::{Duration, Instant},
 };
 
-use socklb_agent::{
-    dataplane::{Capacities, Config, Dataplane, DataplaneError, Desired, FrontendSpec, Protocol},
-    static_frontends,
+use socklb_agent::dataplane::{
+    Capacities, Config, Dataplane, DataplaneError, Desired, FrontendSpec, Protocol,
 };
-use socklb_tests::{Dnsmasq, NamedServer, Sandbox, addr, agent_bin, frontend, tally};
+use socklb_tests::{
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, frontend, node_yaml,
+    service_yaml, slice_yaml, tally,
+};
 
 fn tcp_backends(prefix: [u8; 3], count: u8, port: u16) -> Vec<NamedServer> {
     (1..=count)
@@ -361,64 +363,37 @@ fn churn_loses_no_connection_and_never_reaches_a_removed_backend() {
 #[test]
 fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
     let sandbox = Sandbox::new("restart");
-    let servers = tcp_backends([127, 0, 7], 2, 8080);
-    let vip = frontend([10, 96, 0, 60], 80, Protocol::Tcp);
-    let mut desired = Desired::default();
-    desired.insert(vip, spec(&servers));
-    let frontends_file = std::env::temp_dir().join(format!("{}.json", sandbox.name));
-    std::fs::write(&frontends_file, static_frontends::to_json(&desired)).expect("write frontends");
-    let _remove_file = RemoveOnDrop(frontends_file.clone());
+    let _servers = tcp_backends([127, 0, 7], 2, 8080);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
+    manifests.write("web.yaml", &service_yaml("web", "10.96.0.60", 80, ""));
+    manifests.write(
+        "web-slice.yaml",
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[
+                ("127.0.7.1", "node-a", "zone-a", ""),
+                ("127.0.7.2", "node-b", "zone-b", ""),
+            ],
+            false,
+        ),
+    );
+    let vip: SocketAddr = "10.96.0.60:80".parse().expect("address");
 
-    let start_agent = || {
-        let mut child = Command::new(agent_bin())
-            .arg("run")
-            .arg("--static-frontends")
-            .arg(&frontends_file)
-            .arg("--bpffs")
-            .arg(&sandbox.pin_dir)
-            .arg("--cgroup-path")
-            .arg(&sandbox.cgroup)
-            .env("RUST_LOG", "info")
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start socklb");
-        // Read the log on a thread that keeps draining it after "ready".
-        let stderr = child.stderr.take().expect("stderr");
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut log = String::new();
-            let mut ready = Some(ready_tx);
-            for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
-                let Ok(line) = line else { break };
-                log.push_str(&line);
-                log.push('\n');
-                if line.contains("ready")
-                    && let Some(tx) = ready.take()
-                {
-                    let _ = tx.send(log.clone());
-                }
-            }
-            if let Some(tx) = ready {
-                let _ = tx.send(format!("agent exited before ready:\n{log}"));
-            }
-        });
-        let log = ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("agent did not become ready within 30 s");
-        assert!(log.contains("ready"), "{log}");
-        (Agent(child), log)
-    };
-
-    let (first, _) = start_agent();
+    let first = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     let entries_before = service_entries(&sandbox);
-    let client = sandbox.spawn_probe("tcp", addr(&vip), 400, 5);
+    let client = sandbox.spawn_probe("tcp", vip, 400, 5);
     std::thread::sleep(Duration::from_millis(300));
     first.stop();
     // No agent at all for a while: the pinned links keep the programs attached.
     std::thread::sleep(Duration::from_millis(300));
-    let (second, log) = start_agent();
+    let second = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    second.wait_for_log("synced", 1);
+    let log = second.log();
     assert!(
-        log.contains("writes=0"),
+        log.contains("full=true services=1 writes=0"),
         "the new agent rewrote adopted state: {log}"
     );
     assert!(
@@ -661,16 +636,20 @@ fn a_cgroup_path_outside_cgroup_v2_is_a_clear_error() {
 #[test]
 fn missing_capabilities_are_named_with_the_fix() {
     let sandbox = Sandbox::new("caps");
-    let frontends_file = std::env::temp_dir().join(format!("{}.json", sandbox.name));
-    std::fs::write(&frontends_file, "[]").expect("write frontends");
-    let _remove_file = RemoveOnDrop(frontends_file.clone());
+    let manifests = ManifestDir::new(&sandbox);
     // setpriv (util-linux) drops the capabilities from the bounding set: root without them.
     let output = Command::new("setpriv")
         .arg("--bounding-set=-bpf,-net_admin")
         .arg(agent_bin())
-        .arg("run")
-        .arg("--static-frontends")
-        .arg(&frontends_file)
+        .args([
+            "run",
+            "--source",
+            "file",
+            "--node-name",
+            "node-a",
+            "--manifests",
+        ])
+        .arg(&manifests.path)
         .arg("--bpffs")
         .arg(&sandbox.pin_dir)
         .arg("--cgroup-path")
@@ -687,34 +666,6 @@ fn missing_capabilities_are_named_with_the_fix() {
         !sandbox.pin_dir.exists(),
         "nothing may be pinned without the capabilities"
     );
-}
-
-/// The running agent; killed (not left behind) if the test fails.
-struct Agent(std::process::Child);
-
-impl Agent {
-    /// SIGTERM, as Kubernetes stops a pod; the agent must exit cleanly.
-    fn stop(mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id().cast_signed(), libc::SIGTERM) };
-        let status = self.0.wait().expect("wait for socklb");
-        assert!(status.success(), "socklb exited with {status}");
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct RemoveOnDrop(std::path::PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 fn service_entries(sandbox: &Sandbox) -> usize {

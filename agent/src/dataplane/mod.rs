@@ -148,7 +148,24 @@ impl Dataplane {
     /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
     /// does not fit are left as they were and listed in the report.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
-        match self.writer.apply(desired) {
+        let result = self.writer.apply(desired);
+        self.report(result)
+    }
+
+    /// Applies only the given frontends (`None`: remove it), leaving all others alone.
+    pub fn apply_changes(
+        &mut self,
+        changes: &std::collections::BTreeMap<Frontend, Option<&FrontendSpec>>,
+    ) -> Result<ApplyReport, DataplaneError> {
+        let result = self.writer.apply_changes(changes);
+        self.report(result)
+    }
+
+    fn report(
+        &mut self,
+        result: Result<ApplyReport, StoreError>,
+    ) -> Result<ApplyReport, DataplaneError> {
+        match result {
             Ok(report) => {
                 for rejected in &report.rejected {
                     warn!(error = %rejected, "frontend not programmed");
@@ -160,6 +177,22 @@ impl Dataplane {
                 Err(DataplaneError::Write(error))
             }
         }
+    }
+
+    /// Entries in use and capacity of the maps the writer fills, for metrics.
+    pub fn usage(&self) -> [(&'static str, u32, u32); 2] {
+        [
+            (
+                map_names::SERVICES,
+                self.writer.service_entries(),
+                self.config.capacities.service_entries,
+            ),
+            (
+                map_names::BACKENDS,
+                self.writer.backend_entries(),
+                self.config.capacities.backends,
+            ),
+        ]
     }
 
     /// Forgets the writer's mirror and reads the maps again: repairs any drift (entries

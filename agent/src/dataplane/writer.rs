@@ -12,7 +12,7 @@
 //!
 //! A frontend whose change does not fit the maps' capacity is left exactly as it was and
 //! reported; the others are still applied.
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use socklb_abi::{Backend, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey};
 
@@ -135,6 +135,10 @@ pub struct Writer<S> {
     orphans: Vec<ServiceKey>,
     /// Service-map entries the mirror accounts for, kept up to date (not recounted).
     service_entries: usize,
+    /// How many slots name each backend.
+    refs: HashMap<u32, usize>,
+    /// Backends no slot names any more: deleted at the end of the next apply.
+    unreferenced: BTreeSet<u32>,
     service_ids: HashSet<u32>,
     next_backend_id: u32,
     next_service_id: u32,
@@ -158,6 +162,8 @@ impl<S: Store> Writer<S> {
             backend_ids: HashMap::new(),
             orphans: Vec::new(),
             service_entries: 0,
+            refs: HashMap::new(),
+            unreferenced: BTreeSet::new(),
             service_ids: HashSet::new(),
             next_backend_id: 1,
             next_service_id: 1,
@@ -233,6 +239,32 @@ impl<S: Store> Writer<S> {
             .sum::<usize>()
             + self.orphans.len();
         self.service_ids = self.frontends.values().map(|p| p.service_id).collect();
+        self.refs.clear();
+        for id in self.frontends.values().flat_map(|p| p.slots.iter()) {
+            *self.refs.entry(*id).or_default() += 1;
+        }
+        self.unreferenced = self
+            .backends
+            .keys()
+            .filter(|id| !self.refs.contains_key(id))
+            .copied()
+            .collect();
+    }
+
+    /// Counts the slots of a frontend as added (`+`) or removed (`-`) references.
+    fn reference(&mut self, slots: &[u32], added: bool) {
+        for id in slots {
+            if added {
+                *self.refs.entry(*id).or_default() += 1;
+                self.unreferenced.remove(id);
+            } else if let Some(count) = self.refs.get_mut(id) {
+                *count -= 1;
+                if *count == 0 {
+                    self.refs.remove(id);
+                    self.unreferenced.insert(*id);
+                }
+            }
+        }
     }
 
     pub fn store(&self) -> &S {
@@ -248,11 +280,27 @@ impl<S: Store> Writer<S> {
         u32::try_from(self.backends.len()).unwrap_or(u32::MAX)
     }
 
-    /// Makes the maps hold `desired`, writing only what differs.
+    /// Makes the maps hold `desired` (every frontend), writing only what differs.
     ///
     /// After an error the mirror may no longer match the maps: adopt them again (the
     /// [`super::Dataplane`] does) before the next apply.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, StoreError> {
+        let mut changes: BTreeMap<Frontend, Option<&FrontendSpec>> = self
+            .frontends
+            .keys()
+            .filter(|f| !desired.frontends.contains_key(f))
+            .map(|f| (*f, None))
+            .collect();
+        changes.extend(desired.frontends.iter().map(|(f, spec)| (*f, Some(spec))));
+        self.apply_changes(&changes)
+    }
+
+    /// Applies the given frontends only (`None`: remove it), leaving all others alone: a
+    /// sync after a few Service changes costs in proportion to those changes.
+    pub fn apply_changes(
+        &mut self,
+        changes: &BTreeMap<Frontend, Option<&FrontendSpec>>,
+    ) -> Result<ApplyReport, StoreError> {
         let mut report = ApplyReport::default();
 
         for key in std::mem::take(&mut self.orphans) {
@@ -260,18 +308,15 @@ impl<S: Store> Writer<S> {
             self.service_entries -= 1;
         }
 
-        let removed: Vec<Frontend> = self
-            .frontends
-            .keys()
-            .filter(|f| !desired.frontends.contains_key(f))
-            .copied()
-            .collect();
-        for frontend in removed {
-            self.remove_frontend(&mut report, frontend)?;
+        for (frontend, _) in changes.iter().filter(|(_, spec)| spec.is_none()) {
+            self.remove_frontend(&mut report, *frontend)?;
         }
 
         // Shrinking frontends first, so that growing ones find the room they free.
-        let mut changes: Vec<(&Frontend, &FrontendSpec)> = desired.frontends.iter().collect();
+        let mut changes: Vec<(&Frontend, &FrontendSpec)> = changes
+            .iter()
+            .filter_map(|(frontend, spec)| Some((frontend, (*spec)?)))
+            .collect();
         changes.sort_by_key(|(frontend, spec)| {
             let old = self
                 .frontends
@@ -317,6 +362,7 @@ impl<S: Store> Writer<S> {
             )?;
         }
         self.frontends.remove(&frontend);
+        self.reference(&programmed.slots, false);
         self.service_entries -= programmed.entries();
         self.service_ids.remove(&programmed.service_id);
         Ok(())
@@ -414,6 +460,10 @@ impl<S: Store> Writer<S> {
         }
         self.service_entries -= old.as_ref().map_or(0, Programmed::entries);
         self.service_entries += programmed.entries();
+        self.reference(&programmed.slots, true);
+        if let Some(old) = &old {
+            self.reference(&old.slots, false);
+        }
         self.service_ids.insert(programmed.service_id);
         self.frontends.insert(frontend, programmed);
         Ok(Ok(()))
@@ -458,19 +508,10 @@ impl<S: Store> Writer<S> {
 
     /// Deletes backends that no frontend's slot refers to any more.
     fn collect_backends(&mut self, report: &mut ApplyReport) -> Result<(), StoreError> {
-        let used: HashSet<u32> = self
-            .frontends
-            .values()
-            .flat_map(|p| p.slots.iter().copied())
-            .collect();
-        let mut unused: Vec<u32> = self
-            .backends
-            .keys()
-            .filter(|id| !used.contains(id))
-            .copied()
-            .collect();
-        unused.sort_unstable();
-        for id in unused {
+        for id in std::mem::take(&mut self.unreferenced) {
+            if !self.backends.contains_key(&id) {
+                continue;
+            }
             self.write(report, Op::DeleteBackend { id })?;
             if let Some(key) = self.backends.remove(&id)
                 && self.backend_ids.get(&key) == Some(&id)
@@ -925,6 +966,27 @@ mod tests {
         );
         assert_eq!(w.store.backends.len(), 3);
         assert_eq!(w.service_entries() as usize, w.store.services.len());
+    }
+
+    #[test]
+    fn partial_changes_touch_only_the_named_frontends() {
+        let mut w = writer();
+        w.apply(&desired(&[(1, &[1, 2]), (2, &[2, 3])]))
+            .expect("apply");
+        w.store.ops.clear();
+        let spec = FrontendSpec {
+            backends: backends(&[3]),
+            affinity_timeout_seconds: None,
+        };
+        // Frontend 1 now uses backend 3 only; frontend 3 is removed (never existed: no-op).
+        let changes = BTreeMap::from([(frontend(1), Some(&spec)), (frontend(3), None)]);
+        w.apply_changes(&changes).expect("apply");
+        // Backend 2 is still used by frontend 2; backend 1 is not used any more.
+        assert_eq!(
+            kinds(&w.store.ops),
+            ["+slot1=be3", "+master(count=1)", "-slot2", "-be1"]
+        );
+        assert_eq!(w.store.backends.len(), 2);
     }
 
     #[test]

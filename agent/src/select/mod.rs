@@ -10,8 +10,8 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use serde::Serialize;
 
-pub use self::model::*;
-use self::topology::{Topology, cluster_topology};
+use self::topology::cluster_topology;
+pub use self::{model::*, topology::Topology};
 use crate::dataplane::{BackendAddr, Frontend, FrontendSpec, Scope};
 
 /// Where a frontend's address comes from.

@@ -62,6 +62,19 @@ impl ClusterState {
         !self.changes.services.is_empty()
     }
 
+    /// Service and EndpointSlice events not yet taken by a sync.
+    pub fn pending_events(&self) -> (u64, u64) {
+        (self.changes.service_events, self.changes.endpoint_events)
+    }
+
+    /// Every Service's selection (skipped ones excluded), in name order.
+    pub fn select_all(&self) -> Vec<ServiceSelection> {
+        self.services
+            .keys()
+            .filter_map(|name| self.select(name))
+            .collect()
+    }
+
     /// Takes the set of Services changed since the last call.
     pub fn take_changes(&mut self) -> Changes {
         std::mem::take(&mut self.changes)

@@ -1,27 +1,49 @@
-//! `./x demo`: the socket datapath on this machine, end to end, in a private network
-//! namespace and cgroup so that nothing on the host is touched.
+//! `./x demo`: socklb as a kube-proxy replacement, end to end, on this machine, inside a
+//! private network namespace and cgroup so that nothing on the host is touched.
 //!
-//! It starts real backends (three HTTP servers, two dnsmasq DNS servers), runs the real
-//! `socklb` agent on the embedded frontends (examples/demo-frontends.json), and shows curl
-//! and dig reaching the backends through service VIPs, a VIP without endpoints refusing,
+//! It starts real backends (six HTTP servers "in three zones", two dnsmasq DNS servers),
+//! runs the real agent on the embedded example cluster (examples/cluster: this node is
+//! node-a in zone-a), and shows curl and dig going through Service VIPs, which backends
+//! answer and why (zone hints), how the answers follow edits of the manifests (this node
+//! moves to zone-b; a zone's endpoints terminate), a Service without endpoints refusing,
 //! and translation going on while the agent is stopped. Everything is removed at the end.
 use std::{
-    io::{BufRead as _, BufReader},
+    collections::BTreeMap,
     net::{Ipv4Addr, SocketAddrV4},
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
-use socklb_tests::{Dnsmasq, NamedServer, Sandbox, agent_bin};
+use socklb_tests::{Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, agent_bin};
 
-/// The demo's frontends, embedded so that the demo needs nothing but this binary.
-const FRONTENDS: &str = include_str!("../../../examples/demo-frontends.json");
+/// The example cluster, embedded so that the demo needs nothing but this binary.
+const CLUSTER: [(&str, &str); 4] = [
+    (
+        "nodes.yaml",
+        include_str!("../../../examples/cluster/nodes.yaml"),
+    ),
+    (
+        "web.yaml",
+        include_str!("../../../examples/cluster/web.yaml"),
+    ),
+    (
+        "dns.yaml",
+        include_str!("../../../examples/cluster/dns.yaml"),
+    ),
+    (
+        "others.yaml",
+        include_str!("../../../examples/cluster/others.yaml"),
+    ),
+];
+
+const ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
 
 fn main() {
     let sandbox = Sandbox::new("demo");
-    let web: Vec<NamedServer> = (1..=3)
+    let _web: Vec<NamedServer> = (1..=6u8)
         .map(|i| {
-            let body = format!("hello from web-{i} (127.0.1.{i}:8080)\n");
+            let zone = ZONES[usize::from((i - 1) / 2)];
+            let body = format!("web-{i} ({zone})\n");
             let reply = format!(
                 "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
@@ -33,81 +55,74 @@ fn main() {
             )
         })
         .collect();
-    let dns = [
+    let _dns = [
         Dnsmasq::start(Ipv4Addr::new(127, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 1)),
         Dnsmasq::start(Ipv4Addr::new(127, 0, 2, 2), Ipv4Addr::new(192, 0, 2, 2)),
     ];
-    section("Backends");
-    println!("  web-1..3   HTTP on 127.0.1.1-3:8080");
-    println!(
-        "  dns-1, -2  dnsmasq on 127.0.2.1-2:53, answering who.test with 192.0.2.1 / 192.0.2.2"
-    );
+    let manifests = ManifestDir::new(&sandbox);
+    for (file, yaml) in CLUSTER {
+        manifests.write(file, yaml);
+    }
 
-    let frontends = std::env::temp_dir().join(format!("{}.json", sandbox.name));
-    std::fs::write(&frontends, FRONTENDS).expect("write the demo frontends");
-    section("Frontends (examples/demo-frontends.json)");
-    println!("  10.96.0.10:80/TCP -> web-1, web-2, web-3");
-    println!("  10.96.0.53:53/UDP -> dns-1, dns-2");
-    println!("  10.96.0.11:80/TCP -> (no endpoints)");
+    section("The cluster (examples/cluster), as node-a sees it: socklb explain");
+    explain(&manifests);
 
-    section("Starting the agent");
-    let mut agent = Command::new(agent_bin())
-        .arg("run")
-        .arg("--static-frontends")
-        .arg(&frontends)
-        .arg("--bpffs")
-        .arg(&sandbox.pin_dir)
-        .arg("--cgroup-path")
-        .arg(&sandbox.cgroup)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start socklb");
-    let stderr = agent.stderr.take().expect("agent stderr");
-    let mut lines = BufReader::new(stderr).lines();
-    for line in lines.by_ref() {
-        let line = line.expect("agent log");
+    section("Starting the agent: socklb run --source file --node-name node-a");
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    for line in agent.log().lines() {
         println!("  {line}");
-        if line.contains("ready") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
-
-    section("curl http://10.96.0.10/ (9 times, from a process in the cgroup)");
-    for _ in 0..9 {
-        let out = sandbox
-            .in_cgroup("curl")
-            .args([
-                "-sS",
-                "-m",
-                "3",
-                "-w",
-                "  [curl saw peer %{remote_ip}:%{remote_port}]",
-                "http://10.96.0.10/",
-            ])
-            .output()
-            .expect("curl");
-        print!(
-            "  {}",
-            String::from_utf8_lossy(&out.stdout).replace('\n', "")
-        );
-        println!("{}", String::from_utf8_lossy(&out.stderr).trim());
     }
 
-    section("dig @10.96.0.53 who.test (4 times)");
+    section("curl http://10.96.0.10/ x12 from a process in the cgroup (zone hints: zone-a)");
+    curl_tally(&sandbox);
+
+    section("Edit: node-a moves to zone-b (nodes.yaml)");
+    manifests.write(
+        "nodes.yaml",
+        &CLUSTER[0].1.replacen(
+            "topology.kubernetes.io/zone: zone-a",
+            "topology.kubernetes.io/zone: zone-b",
+            1,
+        ),
+    );
+    agent.wait_for_log("synced", 2);
+    curl_tally(&sandbox);
+
+    section("Edit: zone-b's pods terminate (web.yaml); no ready endpoint for zone-b");
+    let terminating = CLUSTER[1]
+        .1
+        .lines()
+        .map(|line| {
+            if line.contains("zone: zone-b") {
+                line.replacen(
+                    "zone: zone-b,",
+                    "zone: zone-b, conditions: {ready: false, serving: true, terminating: true},",
+                    1,
+                )
+            } else {
+                line.to_owned()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    manifests.write("web.yaml", &terminating);
+    agent.wait_for_log("synced", 3);
+    println!(
+        "  (no ready endpoint is hinted for zone-b: hints are ignored, all ready ones are used)"
+    );
+    curl_tally(&sandbox);
+
+    section("dig @10.96.0.53 who.test x4 (UDP; replies come back from the VIP)");
     for _ in 0..4 {
         let out = sandbox
             .in_cgroup("dig")
             .args(["@10.96.0.53", "who.test", "+short", "+time=2", "+tries=1"])
             .output()
             .expect("dig");
-        println!(
-            "  answer {} (reply accepted by dig from 10.96.0.53)",
-            String::from_utf8_lossy(&out.stdout).trim()
-        );
+        println!("  answer {}", String::from_utf8_lossy(&out.stdout).trim());
     }
 
-    section("curl http://10.96.0.11/ (a service without endpoints)");
+    section("curl http://10.96.0.11/ (Service api has no endpoints)");
     let out = sandbox
         .in_cgroup("curl")
         .args(["-sS", "-m", "3", "http://10.96.0.11/"])
@@ -115,37 +130,55 @@ fn main() {
         .expect("curl");
     println!("  {}", String::from_utf8_lossy(&out.stderr).trim());
 
-    section("Stopping the agent: the pinned programs keep serving");
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(agent.id().cast_signed(), libc::SIGTERM) };
-    let _ = agent.wait();
-    std::thread::sleep(Duration::from_millis(200));
-    let out = sandbox
-        .in_cgroup("curl")
-        .args(["-sS", "-m", "3", "http://10.96.0.10/"])
-        .output()
-        .expect("curl");
-    print!(
-        "  agent stopped; curl http://10.96.0.10/ -> {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    section("Stopping the agent (SIGTERM): the pinned programs keep serving");
+    agent.stop();
+    curl_tally(&sandbox);
 
-    section("bpftool map dump pinned .../socklb_svc_v1 (first entry)");
-    let out = Command::new("bpftool")
-        .args(["map", "dump", "pinned"])
-        .arg(sandbox.pin_dir.join("socklb_svc_v1"))
-        .output()
-        .expect("bpftool");
-    for line in String::from_utf8_lossy(&out.stdout).lines().take(17) {
-        println!("  {line}");
-    }
-
-    section("Cleaning up (socklb cleanup, cgroup, network namespace)");
-    let _ = std::fs::remove_file(&frontends);
-    drop(dns);
-    drop(web);
+    section("Cleaning up (socklb cleanup, cgroup, network namespace, servers)");
+    drop(manifests);
     drop(sandbox);
     println!("  done");
+}
+
+fn explain(manifests: &ManifestDir) {
+    let out = Command::new(agent_bin())
+        .args([
+            "explain",
+            "--source",
+            "file",
+            "--node-name",
+            "node-a",
+            "--manifests",
+        ])
+        .arg(&manifests.path)
+        .output()
+        .expect("socklb explain");
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        println!("  {line}");
+    }
+}
+
+/// Which backends answer 12 connections to the web VIP.
+fn curl_tally(sandbox: &Sandbox) {
+    let mut tally: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..12 {
+        let out = sandbox
+            .in_cgroup("curl")
+            .args(["-sS", "-m", "3", "http://10.96.0.10/"])
+            .output()
+            .expect("curl");
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        let answer = if answer.is_empty() {
+            String::from_utf8_lossy(&out.stderr).trim().to_owned()
+        } else {
+            answer
+        };
+        *tally.entry(answer).or_default() += 1;
+    }
+    for (answer, count) in tally {
+        println!("  {count:2} x {answer}");
+    }
+    std::thread::sleep(Duration::from_millis(10));
 }
 
 fn section(title: &str) {

@@ -1,0 +1,195 @@
+//! `socklb explain`: for every Service frontend, the backends this node uses for internal
+//! and external traffic, and why. A table for people, JSON (`-o json`) for tools.
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::{
+    select::{FrontendKind, Policy, ServiceName, ServiceSelection, SkipReason, ThisNode, Topology},
+    state::ClusterState,
+};
+
+/// The JSON document of `socklb explain -o json` (documented in docs/explain.md).
+#[derive(Debug, Serialize)]
+pub struct Explanation {
+    pub node: NodeView,
+    pub services: Vec<ServiceSelection>,
+    pub skipped: Vec<SkippedService>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeView {
+    pub name: String,
+    pub zone: Option<String>,
+    pub addresses: Vec<std::net::Ipv4Addr>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SkippedService {
+    pub service: ServiceName,
+    pub reason: SkipReason,
+}
+
+pub fn explain(state: &ClusterState, only: Option<&ServiceName>) -> Explanation {
+    let node: &ThisNode = state.this_node();
+    let wanted = |name: &ServiceName| only.is_none_or(|only| only == name);
+    Explanation {
+        node: NodeView {
+            name: node.name.clone(),
+            zone: node.zone().map(str::to_owned),
+            addresses: node.addresses.clone(),
+        },
+        services: state
+            .select_all()
+            .into_iter()
+            .filter(|s| wanted(&s.service))
+            .collect(),
+        skipped: state
+            .skipped()
+            .filter(|(name, _)| wanted(name))
+            .map(|(service, reason)| SkippedService {
+                service: service.clone(),
+                reason: reason.clone(),
+            })
+            .collect(),
+    }
+}
+
+pub fn table(explanation: &Explanation) -> String {
+    let mut rows: Vec<[String; 7]> = vec![[
+        "SERVICE".into(),
+        "PORT".into(),
+        "FRONTEND".into(),
+        "KIND/SCOPE".into(),
+        "POLICY".into(),
+        "WHY".into(),
+        "BACKENDS".into(),
+    ]];
+    for service in &explanation.services {
+        for choice in &service.frontends {
+            let frontend = &choice.frontend;
+            let backends = if choice.spec.backends.is_empty() {
+                "none: connections refused".to_owned()
+            } else {
+                choice
+                    .spec
+                    .backends
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            };
+            rows.push([
+                service.service.to_string(),
+                if choice.port_name.is_empty() {
+                    "-".into()
+                } else {
+                    choice.port_name.clone()
+                },
+                format!(
+                    "{}:{}/{:?}",
+                    frontend.address, frontend.port, frontend.protocol
+                )
+                .to_uppercase(),
+                format!(
+                    "{}/{}",
+                    kind(choice.kind),
+                    format!("{:?}", frontend.scope).to_lowercase()
+                ),
+                match choice.why.policy {
+                    Policy::Cluster => "Cluster".into(),
+                    Policy::Local => "Local".into(),
+                },
+                why(
+                    choice.why.policy,
+                    &choice.why.topology,
+                    choice.why.terminating_fallback,
+                ),
+                backends,
+            ]);
+        }
+        for (what, reason) in &service.skipped {
+            rows.push([
+                service.service.to_string(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                format!("{what} not served: {reason}"),
+                "-".into(),
+            ]);
+        }
+    }
+    for skipped in &explanation.skipped {
+        rows.push([
+            skipped.service.to_string(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            format!("not served: {}", skipped.reason),
+            "-".into(),
+        ]);
+    }
+    let mut widths = [0usize; 7];
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = format!(
+        "node {} (zone {}, addresses {})\n",
+        explanation.node.name,
+        explanation.node.zone.as_deref().unwrap_or("unset"),
+        explanation
+            .node
+            .addresses
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    for row in &rows {
+        let mut line = String::new();
+        for (cell, width) in row.iter().zip(widths) {
+            let _ = write!(line, "{cell:width$}  ");
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+fn kind(kind: FrontendKind) -> &'static str {
+    match kind {
+        FrontendKind::ClusterIp => "ClusterIP",
+        FrontendKind::NodePort => "NodePort",
+        FrontendKind::ExternalIp => "externalIP",
+        FrontendKind::LoadBalancer => "LoadBalancer",
+    }
+}
+
+fn why(policy: Policy, topology: &Topology, terminating_fallback: bool) -> String {
+    if policy == Policy::Local {
+        return if terminating_fallback {
+            "no ready endpoint on this node: serving terminating ones here".to_owned()
+        } else {
+            "ready endpoints on this node".to_owned()
+        };
+    }
+    let topology = match topology {
+        Topology::None => "all ready endpoints".to_owned(),
+        Topology::HintsIgnored { reason } => {
+            format!("all ready endpoints (hints ignored: {reason})")
+        }
+        Topology::NodeHints => "node hints for this node".to_owned(),
+        Topology::ZoneHints { zone } => format!("zone hints for {zone}"),
+        Topology::Key { key } => format!("topology key {key}"),
+        Topology::KeysUnmatched => "no topology key matched".to_owned(),
+    };
+    if terminating_fallback {
+        "no ready endpoint: serving terminating ones".to_owned()
+    } else {
+        topology
+    }
+}

@@ -1,0 +1,173 @@
+//! The desired datapath, assembled from each Service's selection, and which frontends a
+//! change of one Service touches, so that a sync writes only those.
+use std::collections::{BTreeMap, BTreeSet};
+
+use tracing::warn;
+
+use crate::{
+    dataplane::{Desired, Frontend, FrontendSpec},
+    select::{FrontendChoice, ServiceName, ServiceSelection},
+};
+
+#[derive(Debug, Default)]
+pub struct FrontendTable {
+    selections: BTreeMap<ServiceName, ServiceSelection>,
+    /// Services claiming each frontend. Two Services may claim one address and port (an
+    /// externalIP listed twice); the first by namespace/name wins, deterministically.
+    owners: BTreeMap<Frontend, BTreeSet<ServiceName>>,
+}
+
+impl FrontendTable {
+    /// Replaces a Service's selection (`None`: gone or not served) and returns the
+    /// frontends whose programming may have changed.
+    pub fn update(
+        &mut self,
+        service: &ServiceName,
+        selection: Option<ServiceSelection>,
+    ) -> BTreeSet<Frontend> {
+        let mut touched = BTreeSet::new();
+        if let Some(old) = self.selections.remove(service) {
+            for choice in &old.frontends {
+                touched.insert(choice.frontend);
+                if let Some(owners) = self.owners.get_mut(&choice.frontend) {
+                    owners.remove(service);
+                    if owners.is_empty() {
+                        self.owners.remove(&choice.frontend);
+                    }
+                }
+            }
+        }
+        if let Some(selection) = selection {
+            for choice in &selection.frontends {
+                touched.insert(choice.frontend);
+                let owners = self.owners.entry(choice.frontend).or_default();
+                owners.insert(service.clone());
+                if owners.len() == 2 {
+                    warn!(
+                        frontend = %choice.frontend,
+                        services = ?owners,
+                        "several Services claim one frontend; the first by name is used"
+                    );
+                }
+            }
+            self.selections.insert(service.clone(), selection);
+        }
+        touched
+    }
+
+    /// The frontend's programming: its winning Service's choice, or `None` if no Service
+    /// claims it any more.
+    pub fn choice(&self, frontend: &Frontend) -> Option<&FrontendChoice> {
+        let owner = self.owners.get(frontend)?.first()?;
+        self.selections
+            .get(owner)?
+            .frontends
+            .iter()
+            .find(|choice| choice.frontend == *frontend)
+    }
+
+    pub fn spec(&self, frontend: &Frontend) -> Option<&FrontendSpec> {
+        self.choice(frontend).map(|choice| &choice.spec)
+    }
+
+    /// Every frontend: what a full resync programs.
+    pub fn desired(&self) -> Desired {
+        let mut desired = Desired::default();
+        for frontend in self.owners.keys() {
+            if let Some(spec) = self.spec(frontend) {
+                desired.insert(*frontend, spec.clone());
+            }
+        }
+        desired
+    }
+
+    pub fn selections(&self) -> impl Iterator<Item = &ServiceSelection> {
+        self.selections.values()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+    use crate::{
+        dataplane::{BackendAddr, Protocol, Scope},
+        select::{FrontendKind, Policy, Topology, Why},
+    };
+
+    fn service(name: &str) -> ServiceName {
+        ServiceName {
+            namespace: "default".to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    fn selection(name: &str, frontends: &[(u8, u8)]) -> ServiceSelection {
+        ServiceSelection {
+            service: service(name),
+            frontends: frontends
+                .iter()
+                .map(|(vip, backend)| FrontendChoice {
+                    frontend: frontend(*vip),
+                    kind: FrontendKind::ExternalIp,
+                    port_name: String::new(),
+                    spec: FrontendSpec {
+                        backends: vec![BackendAddr {
+                            address: Ipv4Addr::new(10, 0, 0, *backend),
+                            port: 80,
+                        }],
+                        affinity_timeout_seconds: None,
+                    },
+                    why: Why {
+                        policy: Policy::Cluster,
+                        topology: Topology::None,
+                        terminating_fallback: false,
+                    },
+                })
+                .collect(),
+            skipped: Vec::new(),
+        }
+    }
+
+    fn frontend(last: u8) -> Frontend {
+        Frontend {
+            address: Ipv4Addr::new(203, 0, 113, last),
+            port: 80,
+            protocol: Protocol::Tcp,
+            scope: Scope::Internal,
+        }
+    }
+
+    fn backend_of(table: &FrontendTable, vip: u8) -> Option<u8> {
+        table
+            .spec(&frontend(vip))
+            .map(|spec| spec.backends[0].address.octets()[3])
+    }
+
+    #[test]
+    fn touched_frontends_cover_old_and_new() {
+        let mut table = FrontendTable::default();
+        table.update(&service("a"), Some(selection("a", &[(1, 1), (2, 1)])));
+        let touched = table.update(&service("a"), Some(selection("a", &[(2, 2), (3, 2)])));
+        assert_eq!(
+            touched,
+            BTreeSet::from([frontend(1), frontend(2), frontend(3)])
+        );
+        assert_eq!(backend_of(&table, 1), None);
+        assert_eq!(backend_of(&table, 2), Some(2));
+        let touched = table.update(&service("a"), None);
+        assert_eq!(touched, BTreeSet::from([frontend(2), frontend(3)]));
+        assert!(table.desired().frontends.is_empty());
+    }
+
+    #[test]
+    fn a_frontend_claimed_twice_goes_to_the_first_service_by_name_until_it_leaves() {
+        let mut table = FrontendTable::default();
+        table.update(&service("b"), Some(selection("b", &[(1, 2)])));
+        table.update(&service("a"), Some(selection("a", &[(1, 1)])));
+        assert_eq!(backend_of(&table, 1), Some(1));
+        table.update(&service("a"), None);
+        assert_eq!(backend_of(&table, 1), Some(2));
+    }
+}

@@ -1,0 +1,274 @@
+//! The sync loop: source events -> cluster state -> selection -> the maps, at a bounded
+//! frequency.
+//!
+//! - Changes are coalesced: a sync runs at most every `min_sync_period`, and programs only
+//!   the frontends of the Services that changed.
+//! - Every `sync_period` a full resync re-reads the maps and rewrites whatever differs, which
+//!   repairs drift (an entry changed or deleted by hand).
+//! - Nothing is programmed before every kind (Services, EndpointSlices, Nodes) has been
+//!   listed once: a Service without its endpoints yet would refuse connections.
+//! - The programs are attached after that first full sync, so they never run on maps that
+//!   are not programmed (an agent restart keeps the old programs until then).
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use k8s_openapi::jiff::Timestamp;
+use tokio::{sync::mpsc, time::Instant};
+use tracing::{debug, info, info_span, warn};
+
+use crate::{
+    dataplane::{Dataplane, DataplaneError, Frontend, FrontendSpec},
+    frontends::FrontendTable,
+    metrics::{MapLabels, Metrics, ReasonLabels},
+    select::ServiceName,
+    server::Health,
+    source::{Event, Kind, Object},
+    state::{ClusterState, convert},
+};
+
+/// EndpointSlice annotation: when the change that produced this slice version happened.
+const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+#[derive(Clone, Copy, Debug)]
+pub struct SyncPeriods {
+    /// Least time between two syncs: bursts of changes are programmed together.
+    pub min: Duration,
+    /// Time between two full resyncs.
+    pub full: Duration,
+}
+
+pub struct Runner {
+    state: ClusterState,
+    table: FrontendTable,
+    dataplane: Dataplane,
+    periods: SyncPeriods,
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+    /// Kinds listed at least once.
+    listed: HashSet<Kind>,
+    /// Earliest trigger time of the EndpointSlice changes not yet programmed, per Service.
+    triggers: BTreeMap<ServiceName, SystemTime>,
+    attached: bool,
+}
+
+impl Runner {
+    pub fn new(
+        node_name: &str,
+        dataplane: Dataplane,
+        periods: SyncPeriods,
+        health: Arc<Health>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            state: ClusterState::new(node_name),
+            table: FrontendTable::default(),
+            dataplane,
+            periods,
+            health,
+            metrics,
+            listed: HashSet::new(),
+            triggers: BTreeMap::new(),
+            attached: false,
+        }
+    }
+
+    fn initial_lists_done(&self) -> bool {
+        [Kind::Service, Kind::EndpointSlice, Kind::Node]
+            .iter()
+            .all(|kind| self.listed.contains(kind))
+    }
+
+    /// Runs until `events` closes (the source stopped) or `shutdown` completes.
+    pub async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Event>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), DataplaneError> {
+        tokio::pin!(shutdown);
+        let mut last_sync: Option<Instant> = None;
+        let mut next_full = Instant::now();
+        loop {
+            let ready = self.initial_lists_done();
+            let deadline = if !ready {
+                Instant::now() + Duration::from_secs(3600)
+            } else if !self.attached || Instant::now() >= next_full {
+                Instant::now()
+            } else if self.state.has_changes() {
+                last_sync.map_or_else(Instant::now, |at| at + self.periods.min)
+            } else {
+                next_full
+            };
+            tokio::select! {
+                () = &mut shutdown => return Ok(()),
+                event = events.recv() => {
+                    let Some(event) = event else { return Ok(()) };
+                    self.receive(event);
+                    // Whatever else is already queued joins this sync.
+                    while let Ok(event) = events.try_recv() {
+                        self.receive(event);
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    let full = !self.attached || Instant::now() >= next_full;
+                    self.sync(full)?;
+                    last_sync = Some(Instant::now());
+                    if full {
+                        next_full = Instant::now() + self.periods.full;
+                    }
+                }
+            }
+        }
+    }
+
+    fn receive(&mut self, event: Event) {
+        match &event {
+            Event::Reset(kind, _) => {
+                self.listed.insert(*kind);
+            }
+            Event::Applied(Object::EndpointSlice(slice)) => self.note_trigger(slice),
+            Event::Applied(Object::Service(_)) | Event::Deleted(Object::Service(_)) => {
+                self.metrics.service_changes.inc();
+            }
+            Event::Deleted(Object::EndpointSlice(_)) => {
+                self.metrics.endpoint_changes.inc();
+            }
+            _ => {}
+        }
+        self.state.apply(event);
+        if self.state.has_changes() {
+            self.health.queued();
+        }
+        let (services, endpoints) = self.state.pending_events();
+        self.metrics
+            .service_changes_pending
+            .set(i64::try_from(services).unwrap_or(i64::MAX));
+        self.metrics
+            .endpoint_changes_pending
+            .set(i64::try_from(endpoints).unwrap_or(i64::MAX));
+    }
+
+    fn note_trigger(&mut self, slice: &k8s_openapi::api::discovery::v1::EndpointSlice) {
+        self.metrics.endpoint_changes.inc();
+        let Some(owner) = convert::slice_owner(slice) else {
+            return;
+        };
+        let trigger = slice
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
+            .and_then(|text| text.parse::<Timestamp>().ok())
+            .map(SystemTime::from);
+        if let Some(trigger) = trigger {
+            let earliest = self.triggers.entry(owner).or_insert(trigger);
+            *earliest = (*earliest).min(trigger);
+        }
+    }
+
+    /// Programs the changed Services (or, for `full`, everything after re-reading the maps).
+    fn sync(&mut self, full: bool) -> Result<(), DataplaneError> {
+        let started = std::time::Instant::now();
+        let changes = self.state.take_changes();
+        let mut touched: BTreeSet<Frontend> = BTreeSet::new();
+        for name in &changes.services {
+            let _span = info_span!("service", service = %name).entered();
+            let selection = self.state.select(name);
+            if let Some(selection) = &selection {
+                for (what, reason) in &selection.skipped {
+                    debug!(part = %what, %reason, "not served");
+                }
+            }
+            touched.extend(self.table.update(name, selection));
+        }
+
+        let report = if full {
+            self.dataplane.readopt()?;
+            self.dataplane.apply(&self.table.desired())
+        } else {
+            let specs: BTreeMap<Frontend, Option<&FrontendSpec>> = touched
+                .iter()
+                .map(|frontend| (*frontend, self.table.spec(frontend)))
+                .collect();
+            self.dataplane.apply_changes(&specs)
+        };
+        let report = match report {
+            Ok(report) => report,
+            Err(error) => {
+                // The maps were re-read; the next full sync retries everything.
+                warn!(%error, "sync failed");
+                return Ok(());
+            }
+        };
+        if !self.attached {
+            self.dataplane.attach()?;
+            self.attached = true;
+            self.health.set_ready();
+            info!("datapath attached; ready");
+        }
+        self.health.updated();
+
+        let elapsed = started.elapsed();
+        self.metrics.sync_duration.observe(elapsed.as_secs_f64());
+        self.metrics.last_sync_timestamp.set(
+            SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+        let now = SystemTime::now();
+        for name in &changes.services {
+            if let Some(trigger) = self.triggers.remove(name)
+                && let Ok(latency) = now.duration_since(trigger)
+            {
+                self.metrics
+                    .network_programming
+                    .observe(latency.as_secs_f64());
+            }
+        }
+        self.record(report.rejected.len());
+        if full || !changes.services.is_empty() {
+            info!(
+                full,
+                services = changes.services.len(),
+                writes = report.writes,
+                rejected = report.rejected.len(),
+                took = ?elapsed,
+                "synced"
+            );
+        }
+        Ok(())
+    }
+
+    fn record(&self, rejected: usize) {
+        let metrics = &self.metrics;
+        metrics.endpoint_changes_pending.set(0);
+        metrics.service_changes_pending.set(0);
+        metrics
+            .rejected_frontends
+            .set(i64::try_from(rejected).unwrap_or(i64::MAX));
+        for (map, used, capacity) in self.dataplane.usage() {
+            let labels = MapLabels {
+                map: map.to_owned(),
+            };
+            metrics.map_entries.get_or_create(&labels).set(used.into());
+            metrics
+                .map_capacity
+                .get_or_create(&labels)
+                .set(capacity.into());
+        }
+        if let Ok(counters) = self.dataplane.counters() {
+            metrics.set_counters(&counters);
+        }
+        metrics.skipped_services.clear();
+        for (_, reason) in self.state.skipped() {
+            metrics
+                .skipped_services
+                .get_or_create(&ReasonLabels {
+                    reason: reason.label().to_owned(),
+                })
+                .inc();
+        }
+    }
+}

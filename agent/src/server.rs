@@ -1,0 +1,169 @@
+//! HTTP endpoints: `/healthz` and `/livez` with kube-proxy's meaning (unhealthy when a
+//! queued change has waited longer than twice the sync period), `/readyz` (the first full
+//! sync is done) and `/metrics`.
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use tracing::info;
+
+use crate::metrics::Metrics;
+
+/// Sync progress as the health endpoints report it. Times are nanoseconds since `start`
+/// (0 = never), so that they fit atomics.
+pub struct Health {
+    start: Instant,
+    timeout: Duration,
+    last_queued: AtomicU64,
+    last_updated: AtomicU64,
+    ready: AtomicBool,
+}
+
+impl Health {
+    pub fn new(sync_period: Duration) -> Self {
+        Self {
+            start: Instant::now(),
+            timeout: sync_period * 2,
+            last_queued: AtomicU64::new(0),
+            last_updated: AtomicU64::new(0),
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// A change arrived that a sync has to program.
+    pub fn queued(&self) {
+        // Only the oldest unprogrammed change matters.
+        let _ =
+            self.last_queued
+                .compare_exchange(0, self.now(), Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// A sync programmed everything queued so far.
+    pub fn updated(&self) {
+        self.last_updated.store(self.now(), Ordering::Relaxed);
+        self.last_queued.store(0, Ordering::Relaxed);
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// kube-proxy's rule: healthy unless a queued change waits longer than the timeout.
+    pub fn is_healthy(&self) -> bool {
+        let queued = self.last_queued.load(Ordering::Relaxed);
+        queued == 0 || Duration::from_nanos(self.now() - queued) <= self.timeout
+    }
+
+    /// Unix time of the last sync, if any.
+    fn last_updated_unix(&self) -> Option<f64> {
+        let updated = self.last_updated.load(Ordering::Relaxed);
+        (updated != 0).then(|| {
+            let ago = Duration::from_nanos(self.now().saturating_sub(updated));
+            SystemTime::now()
+                .checked_sub(ago)
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0.0, |d| d.as_secs_f64())
+        })
+    }
+}
+
+#[derive(Clone)]
+struct Shared {
+    health: Arc<Health>,
+    metrics: Arc<Metrics>,
+}
+
+pub fn router(health: Arc<Health>, metrics: Arc<Metrics>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/livez", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(Shared { health, metrics })
+}
+
+/// Serves `router` on `address` until `shutdown` completes.
+pub async fn serve(
+    address: SocketAddr,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
+    info!(%address, "serving health and metrics");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
+    let health = &shared.health;
+    let body = serde_json::json!({
+        "lastUpdated": health.last_updated_unix(),
+        "currentTime": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
+    });
+    let status = if health.is_healthy() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, body.to_string())
+}
+
+async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
+    if shared.health.is_ready() {
+        (StatusCode::OK, "ok")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "waiting for the first full sync",
+        )
+    }
+}
+
+async fn metrics_text(State(shared): State<Shared>) -> impl IntoResponse {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        shared.metrics.encode(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unhealthy_only_when_a_queued_change_waits_too_long() {
+        let patient = Health::new(Duration::from_secs(3600));
+        assert!(patient.is_healthy(), "nothing queued");
+        patient.queued();
+        assert!(patient.is_healthy(), "queued well within the timeout");
+
+        let impatient = Health::new(Duration::ZERO);
+        impatient.queued();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(!impatient.is_healthy(), "queued longer than the timeout");
+        impatient.updated();
+        assert!(impatient.is_healthy(), "programmed");
+    }
+}
