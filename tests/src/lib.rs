@@ -559,10 +559,30 @@ pub struct Agent {
 impl Agent {
     /// Starts the agent on `manifests` as node `node` and waits until it is ready.
     pub fn start(sandbox: &Sandbox, manifests: &Path, node: &str, extra: &[&str]) -> Self {
+        let source = [
+            "--source".as_ref(),
+            "file".as_ref(),
+            "--manifests".as_ref(),
+            manifests.as_os_str(),
+        ];
+        Self::spawn(sandbox, &source, node, extra)
+    }
+
+    /// Starts the agent on the API server of `kubeconfig` and waits until it is ready.
+    pub fn start_kube(sandbox: &Sandbox, kubeconfig: &Path, node: &str, extra: &[&str]) -> Self {
+        let source = [
+            "--source".as_ref(),
+            "kube".as_ref(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+        ];
+        Self::spawn(sandbox, &source, node, extra)
+    }
+
+    fn spawn(sandbox: &Sandbox, source: &[&std::ffi::OsStr], node: &str, extra: &[&str]) -> Self {
         let mut child = Command::new(agent_bin())
             .arg("run")
-            .args(["--source", "file", "--manifests"])
-            .arg(manifests)
+            .args(source)
             .args(["--node-name", node, "--bpffs"])
             .arg(&sandbox.pin_dir)
             .arg("--cgroup-path")

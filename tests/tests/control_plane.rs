@@ -1,0 +1,384 @@
+//! The control plane end to end on the real kernel: `socklb run` fed by a manifests
+//! directory or by a (fake, real-HTTP) Kubernetes API server, real servers and clients in a
+//! private network namespace; edits of the cluster state and the connections that follow.
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use socklb_agent::source::{Object, file::parse};
+use socklb_tests::{
+    Agent, ManifestDir, NamedServer, Sandbox, fake_apiserver::FakeApiServer, node_yaml,
+    service_yaml, slice_yaml,
+};
+
+const VIP: &str = "10.96.1.10:80";
+
+/// Servers 127.0.<net>.1..=count on port 8080, each answering its own address.
+fn servers(net: u8, count: u8) -> Vec<NamedServer> {
+    (1..=count)
+        .map(|i| {
+            let addr = SocketAddrV4::new(Ipv4Addr::new(127, 0, net, i), 8080);
+            NamedServer::tcp(&addr.ip().to_string(), addr)
+        })
+        .collect()
+}
+
+/// The set of servers answering `count` connections to the VIP.
+fn answering(sandbox: &Sandbox, count: u32) -> BTreeSet<String> {
+    let vip: SocketAddr = VIP.parse().expect("address");
+    sandbox
+        .probe("tcp", vip, count)
+        .into_iter()
+        .map(|a| {
+            a.reply
+                .unwrap_or_else(|| format!("error: {}", a.error.unwrap_or_default()))
+        })
+        .collect()
+}
+
+/// Waits until the servers answering the VIP are exactly `expected` (the agent syncs
+/// asynchronously after an edit), failing with what answered instead.
+fn wait_for_answers(sandbox: &Sandbox, expected: &[&str]) {
+    let expected: BTreeSet<String> = expected.iter().map(|s| (*s).to_owned()).collect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = answering(sandbox, 40);
+        if got == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {expected:?} to answer, got {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn web_service() -> String {
+    service_yaml("web", "10.96.1.10", 80, "")
+}
+
+#[test]
+fn connections_follow_edits_of_the_manifests() {
+    let sandbox = Sandbox::new("cp-edits");
+    let _servers = servers(20, 4);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write(
+        "nodes.yaml",
+        &[
+            node_yaml("node-a", "zone-a", "192.168.20.1"),
+            node_yaml("node-b", "zone-b", "192.168.20.2"),
+            node_yaml("node-c", "zone-c", "192.168.20.3"),
+        ]
+        .join("---\n"),
+    );
+    manifests.write("web.yaml", &web_service());
+    let three = [
+        ("127.0.20.1", "node-a", "zone-a", ""),
+        ("127.0.20.2", "node-b", "zone-b", ""),
+        ("127.0.20.3", "node-c", "zone-c", ""),
+    ];
+    manifests.write(
+        "slice.yaml",
+        &slice_yaml("web-1", "web", 8080, &three, false),
+    );
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    wait_for_answers(&sandbox, &["127.0.20.1", "127.0.20.2", "127.0.20.3"]);
+
+    // Scale up: a fourth endpoint in a second slice.
+    manifests.write(
+        "slice-2.yaml",
+        &slice_yaml(
+            "web-2",
+            "web",
+            8080,
+            &[("127.0.20.4", "node-b", "zone-b", "")],
+            false,
+        ),
+    );
+    wait_for_answers(
+        &sandbox,
+        &["127.0.20.1", "127.0.20.2", "127.0.20.3", "127.0.20.4"],
+    );
+
+    // The first three terminate: only the ready one is used.
+    let terminating = "{ready: false, serving: true, terminating: true}";
+    let three_terminating: Vec<_> = three
+        .iter()
+        .map(|(a, n, z, _)| (*a, *n, *z, terminating))
+        .collect();
+    manifests.write(
+        "slice.yaml",
+        &slice_yaml("web-1", "web", 8080, &three_terminating, false),
+    );
+    wait_for_answers(&sandbox, &["127.0.20.4"]);
+
+    // The ready one goes away: the terminating ones still serve (graceful shutdown).
+    manifests.remove("slice-2.yaml");
+    wait_for_answers(&sandbox, &["127.0.20.1", "127.0.20.2", "127.0.20.3"]);
+
+    // Zone hints: this node (zone-a) uses its zone's endpoint...
+    manifests.write(
+        "slice.yaml",
+        &slice_yaml("web-1", "web", 8080, &three, true),
+    );
+    wait_for_answers(&sandbox, &["127.0.20.1"]);
+    // ...and follows its node's zone label.
+    manifests.write(
+        "nodes.yaml",
+        &[
+            node_yaml("node-a", "zone-c", "192.168.20.1"),
+            node_yaml("node-b", "zone-b", "192.168.20.2"),
+            node_yaml("node-c", "zone-c", "192.168.20.3"),
+        ]
+        .join("---\n"),
+    );
+    wait_for_answers(&sandbox, &["127.0.20.3"]);
+
+    // The Service is deleted: the VIP is no longer translated (nothing answers it here).
+    manifests.remove("web.yaml");
+    wait_for_answers(&sandbox, &["error: ENETUNREACH"]);
+    agent.stop();
+}
+
+#[test]
+fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
+    let sandbox = Sandbox::new("cp-broken");
+    let _servers = servers(21, 2);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.21.1"));
+    manifests.write("web.yaml", &web_service());
+    manifests.write(
+        "slice.yaml",
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[("127.0.21.1", "node-a", "zone-a", "")],
+            false,
+        ),
+    );
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    wait_for_answers(&sandbox, &["127.0.21.1"]);
+
+    // A syntax error: logged with file and line; the file's last good objects stay.
+    manifests.write(
+        "slice.yaml",
+        "kind: EndpointSlice\nmetadata: {name: [broken\n",
+    );
+    agent.wait_for_log("slice.yaml:", 1);
+    assert!(
+        agent.log().contains("last good state is kept"),
+        "{}",
+        agent.log()
+    );
+    // Another file changes meanwhile and is applied.
+    manifests.write(
+        "slice-2.yaml",
+        &slice_yaml(
+            "web-2",
+            "web",
+            8080,
+            &[("127.0.21.2", "node-a", "zone-a", "")],
+            false,
+        ),
+    );
+    wait_for_answers(&sandbox, &["127.0.21.1", "127.0.21.2"]);
+
+    // A Service with an unreadable field: that part is skipped, the rest served.
+    manifests.write(
+        "web.yaml",
+        &service_yaml("web", "10.96.1.10", 80, "  externalIPs: [not-an-ip]\n"),
+    );
+    agent.wait_for_log("synced", 3);
+    wait_for_answers(&sandbox, &["127.0.21.1", "127.0.21.2"]);
+    agent.stop();
+}
+
+#[test]
+fn the_full_resync_repairs_entries_changed_by_hand() {
+    let sandbox = Sandbox::new("cp-drift");
+    let _servers = servers(22, 1);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.22.1"));
+    manifests.write("web.yaml", &web_service());
+    manifests.write(
+        "slice.yaml",
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[("127.0.22.1", "node-a", "zone-a", "")],
+            false,
+        ),
+    );
+    let agent = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node-a",
+        &["--sync-period", "1s"],
+    );
+    wait_for_answers(&sandbox, &["127.0.22.1"]);
+
+    // Delete the frontend's master entry behind the agent's back (as `bpftool map delete`).
+    let map = aya::maps::Map::HashMap(
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v1"))
+            .expect("open the service map"),
+    );
+    let mut services: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
+        map.try_into().expect("service map");
+    let master = socklb_abi::ServiceKey {
+        address: u32::from(Ipv4Addr::new(10, 96, 1, 10)).to_be(),
+        port: 80u16.to_be(),
+        protocol: socklb_abi::PROTO_TCP,
+        ..Default::default()
+    };
+    let full_syncs = agent.log().matches("full=true").count();
+    services.remove(&master).expect("delete the master entry");
+    assert!(services.get(&master, 0).is_err(), "master entry deleted");
+    // A full resync that started after the deletion (at most 2 s away) restores it.
+    agent.wait_for_log("full=true", full_syncs + 2);
+    assert!(services.get(&master, 0).is_ok(), "master entry restored");
+    wait_for_answers(&sandbox, &["127.0.22.1"]);
+    agent.stop();
+}
+
+#[test]
+fn health_readiness_and_metrics_are_served() {
+    let sandbox = Sandbox::new("cp-http");
+    let _servers = servers(23, 1);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.23.1"));
+    manifests.write("web.yaml", &web_service());
+    manifests.write(
+        "slice.yaml",
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[("127.0.23.1", "node-a", "zone-a", "")],
+            false,
+        ),
+    );
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    wait_for_answers(&sandbox, &["127.0.23.1"]);
+    let get = |url: &str| {
+        let out = Command::new("curl")
+            .args(["-sS", "-m", "5", "-w", "\n%{http_code}", url])
+            .output()
+            .expect("prerequisite missing: curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let readyz = get("http://127.0.0.1:10256/readyz");
+    assert!(readyz.ends_with("200"), "{readyz}");
+    let healthz = get("http://127.0.0.1:10256/healthz");
+    assert!(
+        healthz.ends_with("200") && healthz.contains("lastUpdated"),
+        "{healthz}"
+    );
+    let metrics = get("http://127.0.0.1:10249/metrics");
+    for expected in [
+        "kubeproxy_sync_proxy_rules_duration_seconds_count",
+        "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "socklb_map_entries{map=\"socklb_svc_v1\"} 2",
+        "socklb_datapath_events{event=\"translated\"}",
+    ] {
+        assert!(
+            metrics.contains(expected),
+            "{expected} missing in:\n{metrics}"
+        );
+    }
+    agent.stop();
+}
+
+/// The objects of a YAML text, for the fake API server.
+fn objects(yaml: &str) -> Vec<Object> {
+    parse(Path::new("test.yaml"), yaml).expect("test manifests parse")
+}
+
+fn apply(fake: &FakeApiServer, yaml: &str) {
+    for object in objects(yaml) {
+        match object {
+            Object::Service(service) => fake.apply(&*service),
+            Object::EndpointSlice(slice) => fake.apply(&*slice),
+            Object::Node(node) => fake.apply(&*node),
+        };
+    }
+}
+
+#[test]
+fn the_kube_source_end_to_end_survives_an_api_server_outage() {
+    let sandbox = Sandbox::new("cp-kube");
+    let _servers = servers(24, 2);
+    // Started after the sandbox: it listens inside the sandbox's network namespace.
+    let mut fake = FakeApiServer::start();
+    apply(&fake, &node_yaml("node-a", "zone-a", "192.168.24.1"));
+    apply(&fake, &web_service());
+    apply(
+        &fake,
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[("127.0.24.1", "node-a", "zone-a", "")],
+            false,
+        ),
+    );
+    let manifests = ManifestDir::new(&sandbox);
+    let kubeconfig = manifests.path.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]
+users: [{{name: test, user: {{}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: test}}}}]
+current-context: fake
+",
+            fake.url()
+        ),
+    )
+    .expect("write kubeconfig");
+
+    let agent = Agent::start_kube(&sandbox, &kubeconfig, "node-a", &[]);
+    wait_for_answers(&sandbox, &["127.0.24.1"]);
+
+    apply(
+        &fake,
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[
+                ("127.0.24.1", "node-a", "zone-a", ""),
+                ("127.0.24.2", "node-a", "zone-a", ""),
+            ],
+            false,
+        ),
+    );
+    wait_for_answers(&sandbox, &["127.0.24.1", "127.0.24.2"]);
+
+    // The API server goes away: the datapath keeps its last state...
+    fake.stop();
+    std::thread::sleep(Duration::from_millis(500));
+    wait_for_answers(&sandbox, &["127.0.24.1", "127.0.24.2"]);
+    // ...and changes made while it was away arrive once it is back.
+    fake.restart();
+    apply(
+        &fake,
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[("127.0.24.2", "node-a", "zone-a", "")],
+            false,
+        ),
+    );
+    wait_for_answers(&sandbox, &["127.0.24.2"]);
+    agent.stop();
+}
