@@ -5,7 +5,10 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::{
-    select::{FrontendKind, Policy, ServiceName, ServiceSelection, SkipReason, ThisNode, Topology},
+    select::{
+        FrontendKind, Policy, ServiceName, ServiceSelection, SkipReason, SkippedPart, ThisNode,
+        Topology,
+    },
     state::ClusterState,
 };
 
@@ -27,6 +30,7 @@ pub struct NodeView {
 #[derive(Debug, Serialize)]
 pub struct SkippedService {
     pub service: ServiceName,
+    #[serde(flatten)]
     pub reason: SkipReason,
 }
 
@@ -108,7 +112,7 @@ pub fn table(explanation: &Explanation) -> String {
                 backends,
             ]);
         }
-        for (what, reason) in &service.skipped {
+        for SkippedPart { part: what, reason } in &service.skipped {
             rows.push([
                 service.service.to_string(),
                 "-".into(),

@@ -177,8 +177,8 @@ impl Runner {
             let _span = info_span!("service", service = %name).entered();
             let selection = self.state.select(name);
             if let Some(selection) = &selection {
-                for (what, reason) in &selection.skipped {
-                    debug!(part = %what, %reason, "not served");
+                for skipped in &selection.skipped {
+                    debug!(part = %skipped.part, reason = %skipped.reason, "not served");
                 }
             }
             touched.extend(self.table.update(name, selection));

@@ -60,7 +60,7 @@ pub struct ServiceSelection {
     pub service: ServiceName,
     pub frontends: Vec<FrontendChoice>,
     /// Parts of the Service not served (ports, addresses), with the reason.
-    pub skipped: Vec<(String, SkipReason)>,
+    pub skipped: Vec<SkippedPart>,
 }
 
 /// Selects the backends of every frontend of `service` for `node`.
@@ -146,7 +146,14 @@ pub fn select(
     ServiceSelection {
         service: service.name.clone(),
         frontends,
-        skipped: service.partial_skips.clone(),
+        skipped: service
+            .partial_skips
+            .iter()
+            .map(|(part, reason)| SkippedPart {
+                part: part.clone(),
+                reason: reason.clone(),
+            })
+            .collect(),
     }
 }
 

@@ -20,9 +20,9 @@ impl fmt::Display for ServiceName {
     }
 }
 
-/// Why a whole Service, or one of its ports or addresses, is not served.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// Why a whole Service, or one of its ports or addresses, is not served. In JSON:
+/// `{"reason": "<label>", "message": "<text>"}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SkipReason {
     /// type ExternalName: DNS only, nothing to proxy.
     ExternalName,
@@ -51,8 +51,26 @@ impl fmt::Display for SkipReason {
     }
 }
 
+impl Serialize for SkipReason {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct as _;
+        let mut reason = serializer.serialize_struct("SkipReason", 2)?;
+        reason.serialize_field("reason", self.label())?;
+        reason.serialize_field("message", &self.to_string())?;
+        reason.end()
+    }
+}
+
+/// A part of a Service (a port, an address, an annotation) that is not served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SkippedPart {
+    pub part: String,
+    #[serde(flatten)]
+    pub reason: SkipReason,
+}
+
 impl SkipReason {
-    /// Stable label for metrics.
+    /// Stable label for metrics and JSON.
     pub fn label(&self) -> &'static str {
         match self {
             Self::ExternalName => "external-name",

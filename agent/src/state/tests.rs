@@ -95,11 +95,7 @@ spec:
 ",
     );
     let selection = state.select(&name("mixed")).expect("served");
-    let reasons: Vec<String> = selection
-        .skipped
-        .iter()
-        .map(|(what, _)| what.clone())
-        .collect();
+    let reasons: Vec<String> = selection.skipped.iter().map(|s| s.part.clone()).collect();
     assert_eq!(
         reasons,
         [
