@@ -29,6 +29,9 @@ use crate::{
     state::{ClusterState, convert},
 };
 
+/// How soon a failed sync is retried (as a full sync).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// EndpointSlice annotation: when the change that produced this slice version happened.
 const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
@@ -94,7 +97,10 @@ impl Runner {
             let ready = self.initial_lists_done();
             let deadline = if !ready {
                 Instant::now() + Duration::from_secs(3600)
-            } else if !self.attached || Instant::now() >= next_full {
+            } else if !self.attached {
+                // The first full sync, or its retry.
+                next_full
+            } else if Instant::now() >= next_full {
                 Instant::now()
             } else if self.state.has_changes() {
                 last_sync.map_or_else(Instant::now, |at| at + self.periods.min)
@@ -113,9 +119,12 @@ impl Runner {
                 }
                 () = tokio::time::sleep_until(deadline) => {
                     let full = !self.attached || Instant::now() >= next_full;
-                    self.sync(full)?;
+                    let programmed = self.sync(full)?;
                     last_sync = Some(Instant::now());
-                    if full {
+                    if !programmed {
+                        // The maps were re-read; a full sync retries everything soon.
+                        next_full = Instant::now() + RETRY_AFTER.min(self.periods.full);
+                    } else if full {
                         next_full = Instant::now() + self.periods.full;
                     }
                 }
@@ -169,7 +178,8 @@ impl Runner {
     }
 
     /// Programs the changed Services (or, for `full`, everything after re-reading the maps).
-    fn sync(&mut self, full: bool) -> Result<(), DataplaneError> {
+    /// Returns whether the maps were written; errors are only those that stop the agent.
+    fn sync(&mut self, full: bool) -> Result<bool, DataplaneError> {
         let started = std::time::Instant::now();
         let changes = self.state.take_changes();
         let mut touched: BTreeSet<Frontend> = BTreeSet::new();
@@ -197,9 +207,8 @@ impl Runner {
         let report = match report {
             Ok(report) => report,
             Err(error) => {
-                // The maps were re-read; the next full sync retries everything.
-                warn!(%error, "sync failed");
-                return Ok(());
+                warn!(error = %chain(&error), "sync failed; retrying with a full sync");
+                return Ok(false);
             }
         };
         if !self.attached {
@@ -238,7 +247,7 @@ impl Runner {
                 "synced"
             );
         }
-        Ok(())
+        Ok(true)
     }
 
     fn record(&self, rejected: usize) {
@@ -271,4 +280,16 @@ impl Runner {
                 .inc();
         }
     }
+}
+
+/// An error with its causes, for one log line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
