@@ -8,7 +8,7 @@ use tracing::info;
 
 use crate::{
     dataplane::{self, Capacities, Config, Dataplane},
-    explain,
+    explain, inspect,
     metrics::Metrics,
     runner::{Runner, SyncPeriods},
     select::ServiceName,
@@ -38,6 +38,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Show, for every Service frontend, the backends this node uses and why.
     Explain(ExplainArgs),
+    /// Show what the pinned maps hold (works while the agent is down).
+    Inspect(InspectArgs),
     /// Detach the programs and remove every pin socklb created.
     Cleanup(PinArgs),
     /// Print the version and the map layout version.
@@ -136,6 +138,17 @@ pub enum Output {
 }
 
 #[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub pins: PinArgs,
+    /// Only the frontends on this address (a ClusterIP, node address, ...).
+    #[arg(long)]
+    pub address: Option<std::net::Ipv4Addr>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
 pub struct ExplainArgs {
     #[command(flatten)]
     pub source: SourceArgs,
@@ -168,6 +181,7 @@ pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(&args),
         Command::Explain(args) => explain_command(&args),
+        Command::Inspect(args) => inspect_command(&args),
         Command::Cleanup(args) => cleanup(&args),
         Command::Version => {
             println!(
@@ -358,6 +372,15 @@ async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<Clu
         bail!("the cluster source stopped before listing {missing:?}");
     }
     Ok(state)
+}
+
+fn inspect_command(args: &InspectArgs) -> anyhow::Result<()> {
+    let inspection = inspect::inspect(&args.pins.pin_dir, args.address)?;
+    match args.output {
+        Output::Table => print!("{}", inspect::table(&inspection)),
+        Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
+    }
+    Ok(())
 }
 
 fn cleanup(args: &PinArgs) -> anyhow::Result<()> {

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod dataplane;
 pub mod explain;
 pub mod frontends;
+pub mod inspect;
 pub mod metrics;
 pub mod runner;
 pub mod select;

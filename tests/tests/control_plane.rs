@@ -11,7 +11,7 @@ use std::{
 
 use socklb_agent::source::{Object, file::parse};
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox, fake_apiserver::FakeApiServer, node_yaml,
+    Agent, ManifestDir, NamedServer, Sandbox, agent_bin, fake_apiserver::FakeApiServer, node_yaml,
     service_yaml, slice_yaml,
 };
 
@@ -293,6 +293,32 @@ fn health_readiness_and_metrics_are_served() {
         );
     }
     agent.stop();
+
+    // `socklb inspect` reads the pinned maps while no agent runs.
+    let inspect = |format: &str| {
+        let out = Command::new(agent_bin())
+            .args(["inspect", "-o", format, "--bpffs"])
+            .arg(&sandbox.pin_dir)
+            .output()
+            .expect("run socklb inspect");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let table = inspect("table");
+    assert!(
+        table.contains("10.96.1.10:80/TCP") && table.contains("127.0.23.1:8080"),
+        "{table}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&inspect("json")).expect("inspect JSON");
+    assert_eq!(json["frontends"][0]["backends"][0]["port"], 8080, "{json}");
+    assert!(
+        json["counters"]["translated"].as_u64() >= Some(40),
+        "{json}"
+    );
 }
 
 /// The objects of a YAML text, for the fake API server.
