@@ -112,7 +112,7 @@ pub struct CapacityArgs {
     /// Distinct backends (address, port, protocol).
     #[arg(long, default_value_t = Capacities::default().backends)]
     pub max_backends: u32,
-    /// Unconnected UDP sockets' reverse entries (LRU).
+    /// Reverse entries of translated sockets, for getpeername() and recvmsg() (LRU).
     #[arg(long, default_value_t = Capacities::default().reverse)]
     pub max_reverse_entries: u32,
     /// Session-affinity entries (LRU).
