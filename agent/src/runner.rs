@@ -271,13 +271,13 @@ impl Runner {
             metrics.set_counters(&counters);
         }
         metrics.skipped_services.clear();
-        for (_, reason) in self.state.skipped() {
+        for (reason, count) in self.state.skipped_counts() {
             metrics
                 .skipped_services
                 .get_or_create(&ReasonLabels {
-                    reason: reason.label().to_owned(),
+                    reason: (*reason).to_owned(),
                 })
-                .inc();
+                .set(i64::try_from(*count).unwrap_or(i64::MAX));
         }
     }
 }

@@ -29,6 +29,7 @@ use axum::{
     extract::State,
     http::{HeaderMap, Method, StatusCode, Uri, header},
     response::Response,
+    serve::ListenerExt as _,
 };
 use futures::StreamExt as _;
 use k8s_openapi::{
@@ -217,8 +218,12 @@ impl Running {
                     .build()
                     .expect("tokio runtime of the fake API server");
                 runtime.block_on(async move {
+                    // Like the real API server: no Nagle delay on watch streams.
                     let listener = tokio::net::TcpListener::from_std(listener)
-                        .expect("tokio listener of the fake API server");
+                        .expect("tokio listener of the fake API server")
+                        .tap_io(|tcp| {
+                            let _ = tcp.set_nodelay(true);
+                        });
                     let app = Router::new().fallback(handle).with_state(store);
                     tokio::select! {
                         result = axum::serve(listener, app) => {

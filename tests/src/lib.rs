@@ -18,7 +18,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde::Deserialize;
@@ -549,11 +549,14 @@ endpoints:
     yaml
 }
 
-/// The real agent, `socklb run --source file`, in the sandbox; killed if still running
-/// when dropped.
+/// The real agent, `socklb run`, in the sandbox; killed if still running when dropped.
+/// It programs every change at once (`--min-sync-period 0s`) unless `extra` sets the flag.
 pub struct Agent {
     child: Option<Child>,
-    log: Arc<std::sync::Mutex<String>>,
+    pid: u32,
+    started: Instant,
+    /// Every log line, with when it was read.
+    log: Arc<std::sync::Mutex<Vec<(Instant, String)>>>,
 }
 
 impl Agent {
@@ -580,14 +583,32 @@ impl Agent {
     }
 
     fn spawn(sandbox: &Sandbox, source: &[&std::ffi::OsStr], node: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(agent_bin())
+        let min_sync_period: &[&str] = if extra.contains(&"--min-sync-period") {
+            &[]
+        } else {
+            &["--min-sync-period", "0s"]
+        };
+        let mut command = Command::new(agent_bin());
+        // Spawned processes inherit the signal mask: a caller that blocks SIGTERM (a
+        // benchmark does, to clean up on one thread of its own) must not block the agent's.
+        // SAFETY: only async-signal-safe calls (sigemptyset, pthread_sigmask) before exec.
+        unsafe {
+            command.pre_exec(|| {
+                let mut none: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut none);
+                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+                Ok(())
+            });
+        }
+        let started = Instant::now();
+        let mut child = command
             .arg("run")
             .args(source)
             .args(["--node-name", node, "--bpffs"])
             .arg(&sandbox.pin_dir)
             .arg("--cgroup-path")
             .arg(&sandbox.cgroup)
-            .args(["--min-sync-period", "0s"])
+            .args(min_sync_period)
             .args(extra)
             .env("RUST_LOG", "info")
             .stderr(Stdio::piped())
@@ -595,20 +616,18 @@ impl Agent {
             .expect("start socklb");
         // The log is read on a thread that keeps draining it after "ready".
         let stderr = child.stderr.take().expect("stderr");
-        let log = Arc::new(std::sync::Mutex::new(String::new()));
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let sink = log.clone();
         std::thread::spawn(move || {
             let mut ready = Some(ready_tx);
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
+                let is_ready = line.contains("ready");
                 if let Ok(mut log) = sink.lock() {
-                    log.push_str(&line);
-                    log.push('\n');
+                    log.push((Instant::now(), line));
                 }
-                if line.contains("ready")
-                    && let Some(tx) = ready.take()
-                {
+                if is_ready && let Some(tx) = ready.take() {
                     let _ = tx.send(true);
                 }
             }
@@ -617,7 +636,9 @@ impl Agent {
             }
         });
         let agent = Self {
+            pid: child.id(),
             child: Some(child),
+            started,
             log,
         };
         let ready = ready_rx
@@ -628,7 +649,26 @@ impl Agent {
     }
 
     pub fn log(&self) -> String {
+        self.lines()
+            .into_iter()
+            .map(|(_, line)| line + "\n")
+            .collect()
+    }
+
+    /// The log lines so far, each with when the harness read it (within microseconds of
+    /// when the agent wrote it): with [`started`](Self::started), for benchmarks.
+    pub fn lines(&self) -> Vec<(Instant, String)> {
         self.log.lock().map(|log| log.clone()).unwrap_or_default()
+    }
+
+    /// Just before the process was spawned.
+    pub fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// The agent's process id, e.g. to read its CPU time and memory from /proc.
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 
     /// Waits until the log has `count` lines containing `text`.

@@ -49,6 +49,22 @@ enum Bench {
         #[arg(long, value_delimiter = ',', default_value = "1,1000,10000")]
         services: Vec<u32>,
     },
+    /// The real agent: cold start (file and kube sources), EndpointSlice change to map
+    /// latency, and its CPU under a sustained rate of changes.
+    ControlPlane {
+        /// Services of 10 endpoints each.
+        #[arg(long, default_value_t = 10_000)]
+        services: u32,
+        /// Changes timed one at a time.
+        #[arg(long, default_value_t = 200)]
+        changes: u32,
+        /// Changes per second of the sustained load.
+        #[arg(long, default_value_t = 100)]
+        rate: u32,
+        /// Duration of the sustained load, in seconds.
+        #[arg(long, default_value_t = 10)]
+        seconds: u32,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -95,6 +111,27 @@ fn main() -> anyhow::Result<()> {
                         services.join(","),
                     ];
                     cargo_run_release("socklb-bench", &args)
+                }
+                Bench::ControlPlane {
+                    services,
+                    changes,
+                    rate,
+                    seconds,
+                } => {
+                    // The benchmark runs the agent binary next to it: the release build.
+                    step(
+                        "build the agent (release)",
+                        &["build", "--release", "--package", "socklb-agent", "--bins"],
+                    )?;
+                    let args = [
+                        ("--services", services),
+                        ("--changes", changes),
+                        ("--rate", rate),
+                        ("--seconds", seconds),
+                    ]
+                    .map(|(flag, value)| [flag.to_owned(), value.to_string()])
+                    .concat();
+                    cargo_run_release("socklb-bench-control-plane", &args)
                 }
             }
         }

@@ -199,13 +199,22 @@ impl FileSource {
     /// dropped.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), FileSourceError> {
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |event| {
-            let _ = changed_tx.send(event);
-        })
-        .map_err(|source| FileSourceError::Watch {
-            path: self.dir.clone(),
-            source,
-        })?;
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // Reading the files is an event too (inotify reports opens and closes): only
+                // changes of their content or of the directory's entries count.
+                if event
+                    .as_ref()
+                    .is_ok_and(|e| e.kind.is_access() || e.kind.is_other())
+                {
+                    return;
+                }
+                let _ = changed_tx.send(event);
+            })
+            .map_err(|source| FileSourceError::Watch {
+                path: self.dir.clone(),
+                source,
+            })?;
         watcher
             .watch(&self.dir, RecursiveMode::NonRecursive)
             .map_err(|source| FileSourceError::Watch {

@@ -35,6 +35,8 @@ pub struct ClusterState {
     node_labels: NodeLabels,
     this_node: ThisNode,
     changes: Changes,
+    /// Skipped Services per reason label, kept up to date for the metrics (not recounted).
+    skipped_counts: BTreeMap<&'static str, usize>,
 }
 
 impl ClusterState {
@@ -50,6 +52,41 @@ impl ClusterState {
                 ..ThisNode::default()
             },
             changes: Changes::default(),
+            skipped_counts: BTreeMap::new(),
+        }
+    }
+
+    /// Number of skipped Services per reason label.
+    pub fn skipped_counts(&self) -> &BTreeMap<&'static str, usize> {
+        &self.skipped_counts
+    }
+
+    fn set_service(&mut self, name: ServiceName, info: Result<ServiceInfo, SkipReason>) {
+        if let Err(reason) = &info {
+            *self.skipped_counts.entry(reason.label()).or_default() += 1;
+        }
+        if let Some(Err(old)) = self.services.insert(name, info) {
+            self.uncount_skipped(&old);
+        }
+    }
+
+    fn remove_service(&mut self, name: &ServiceName) -> bool {
+        match self.services.remove(name) {
+            Some(Err(reason)) => {
+                self.uncount_skipped(&reason);
+                true
+            }
+            Some(Ok(_)) => true,
+            None => false,
+        }
+    }
+
+    fn uncount_skipped(&mut self, reason: &SkipReason) {
+        if let Some(count) = self.skipped_counts.get_mut(reason.label()) {
+            *count -= 1;
+            if *count == 0 {
+                self.skipped_counts.remove(reason.label());
+            }
         }
     }
 
@@ -127,7 +164,7 @@ impl ClusterState {
                     self.upsert(object);
                 }
                 for gone in old.difference(&seen) {
-                    self.services.remove(gone);
+                    self.remove_service(gone);
                     self.mark(gone.clone());
                 }
             }
@@ -174,7 +211,7 @@ impl ClusterState {
                 };
                 let info = convert::service(&service);
                 if self.services.get(&name) != Some(&info) {
-                    self.services.insert(name.clone(), info);
+                    self.set_service(name.clone(), info);
                     self.mark(name);
                 }
                 self.changes.service_events += 1;
@@ -233,7 +270,7 @@ impl ClusterState {
                 if let Some(name) = convert::service_name(
                     service.metadata.namespace.as_ref(),
                     service.metadata.name.as_ref(),
-                ) && self.services.remove(&name).is_some()
+                ) && self.remove_service(&name)
                 {
                     self.changes.service_events += 1;
                     self.mark(name);

@@ -74,7 +74,15 @@ fn services_that_are_not_served_say_why() {
     for (yaml, reason) in rows {
         let state = state_with(yaml);
         let skipped: Vec<_> = state.skipped().map(|(_, r)| r.clone()).collect();
-        assert_eq!(skipped, [reason], "{yaml}");
+        assert_eq!(skipped, std::slice::from_ref(&reason), "{yaml}");
+        assert_eq!(
+            state.skipped_counts().iter().collect::<Vec<_>>(),
+            [(&reason.label(), &1)],
+            "{yaml}"
+        );
+        let mut state = state;
+        state.apply(Event::Reset(Kind::Service, Vec::new()));
+        assert!(state.skipped_counts().is_empty(), "{yaml}");
         assert!(state.select(&name("a")).is_none());
     }
 }
