@@ -102,17 +102,26 @@ fn collect(value: serde_norway::Value, objects: &mut Vec<Object>) -> Result<(), 
     Ok(())
 }
 
-/// The manifests of a directory, file by file, keeping a file's previous objects when it
-/// no longer parses.
+/// The manifests of a directory. Each file's last text that parsed is kept (text is a few
+/// times smaller than the parsed objects), so that a file that no longer parses contributes
+/// its last good objects.
 #[derive(Debug, Default)]
 pub struct Manifests {
-    files: BTreeMap<PathBuf, Vec<Object>>,
+    last_good: BTreeMap<PathBuf, String>,
+}
+
+/// One read of the directory.
+#[derive(Debug)]
+pub struct Reload {
+    /// One `Reset` per kind with every object of the directory.
+    pub events: Vec<Event>,
+    /// Files that did not parse (their last good objects are in `events`).
+    pub errors: Vec<ManifestError>,
 }
 
 impl Manifests {
-    /// Reads the directory again; returns the errors of files that did not parse (their
-    /// last good objects are kept).
-    pub fn reload(&mut self, dir: &Path) -> Result<Vec<ManifestError>, FileSourceError> {
+    /// Reads the directory again.
+    pub fn reload(&mut self, dir: &Path) -> Result<Reload, FileSourceError> {
         let entries = fs::read_dir(dir).map_err(|source| FileSourceError::ReadDir {
             path: dir.to_owned(),
             source,
@@ -132,51 +141,49 @@ impl Manifests {
 
         let mut errors = Vec::new();
         let mut next = BTreeMap::new();
+        let mut by_kind = [
+            (Kind::Node, Vec::new()),
+            (Kind::Service, Vec::new()),
+            (Kind::EndpointSlice, Vec::new()),
+        ];
         for file in files {
-            let parsed = fs::read_to_string(&file)
-                .map_err(|e| ManifestError {
-                    file: file.clone(),
-                    line: None,
-                    message: e.to_string(),
-                })
-                .and_then(|text| parse(&file, &text));
-            match parsed {
-                Ok(objects) => {
-                    next.insert(file, objects);
+            let read = fs::read_to_string(&file).map_err(|e| ManifestError {
+                file: file.clone(),
+                line: None,
+                message: e.to_string(),
+            });
+            let parsed = read.and_then(|text| Ok((parse(&file, &text)?, text)));
+            let objects = match parsed {
+                Ok((objects, text)) => {
+                    next.insert(file, text);
+                    objects
                 }
                 Err(error) => {
-                    if let Some(previous) = self.files.remove(&file) {
-                        next.insert(file, previous);
-                    }
                     errors.push(error);
+                    let Some(text) = self.last_good.remove(&file) else {
+                        continue;
+                    };
+                    // It parsed before, so it parses again.
+                    let objects = parse(&file, &text).unwrap_or_default();
+                    next.insert(file, text);
+                    objects
+                }
+            };
+            for object in objects {
+                let kind = object.kind();
+                if let Some((_, list)) = by_kind.iter_mut().find(|(k, _)| *k == kind) {
+                    list.push(object);
                 }
             }
         }
-        self.files = next;
-        Ok(errors)
-    }
-
-    /// One `Reset` per kind with every object of the directory.
-    pub fn events(&self) -> Vec<Event> {
-        let mut by_kind: BTreeMap<u8, (Kind, Vec<Object>)> = BTreeMap::from([
-            (0, (Kind::Node, Vec::new())),
-            (1, (Kind::Service, Vec::new())),
-            (2, (Kind::EndpointSlice, Vec::new())),
-        ]);
-        for object in self.files.values().flatten() {
-            let index = match object.kind() {
-                Kind::Node => 0,
-                Kind::Service => 1,
-                Kind::EndpointSlice => 2,
-            };
-            if let Some((_, objects)) = by_kind.get_mut(&index) {
-                objects.push(object.clone());
-            }
-        }
-        by_kind
-            .into_values()
-            .map(|(kind, objects)| Event::Reset(kind, objects))
-            .collect()
+        self.last_good = next;
+        Ok(Reload {
+            events: by_kind
+                .into_iter()
+                .map(|(kind, objects)| Event::Reset(kind, objects))
+                .collect(),
+            errors,
+        })
     }
 }
 
@@ -224,11 +231,12 @@ impl FileSource {
 
         let mut manifests = Manifests::default();
         loop {
-            for error in manifests.reload(&self.dir)? {
+            let reload = manifests.reload(&self.dir)?;
+            for error in reload.errors {
                 warn!(%error, "manifest not applied; its last good state is kept");
             }
             info!(dir = %self.dir.display(), "manifests read");
-            for event in manifests.events() {
+            for event in reload.events {
                 if events.send(event).await.is_err() {
                     return Ok(());
                 }
@@ -303,12 +311,12 @@ items:
         )
         .expect("write");
         let mut manifests = Manifests::default();
-        assert!(manifests.reload(&dir).expect("reload").is_empty());
+        assert!(manifests.reload(&dir).expect("reload").errors.is_empty());
         fs::write(&file, "kind: Service\nmetadata: {name: [\n").expect("write");
-        let errors = manifests.reload(&dir).expect("reload");
-        assert_eq!(errors.len(), 1);
-        let events = manifests.events();
-        let services = events
+        let reload = manifests.reload(&dir).expect("reload");
+        assert_eq!(reload.errors.len(), 1);
+        let services = reload
+            .events
             .iter()
             .find_map(|e| match e {
                 Event::Reset(Kind::Service, objects) => Some(objects.len()),
