@@ -220,15 +220,53 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         }
     }
     let status = child.wait().context("waiting for cargo test")?;
-    // One closing line for the whole run, across all test binaries.
+    // The Helm chart, with a real Helm engine (charts/check.sh), on full runs.
+    let chart_ok = match filter {
+        Some(_) => true,
+        None => {
+            let (chart_passed, chart_failed, ok) = chart_check()?;
+            passed += chart_passed;
+            failed += chart_failed;
+            ok
+        }
+    };
+    // One closing line for the whole run, across all test binaries and the chart check.
     println!("{passed} passed, {failed} failed");
     if !status.success() {
         bail!("tests failed ({status})");
+    }
+    if !chart_ok {
+        bail!("the chart check failed");
     }
     if passed == 0 {
         bail!("no test ran");
     }
     Ok(())
+}
+
+/// Runs charts/check.sh against the agent just built; returns its counts and success.
+fn chart_check() -> anyhow::Result<(u64, u64, bool)> {
+    eprintln!("==> chart: bash charts/check.sh");
+    let mut child = Command::new("bash")
+        .arg("charts/check.sh")
+        .env("SOCKLB_BIN", "target/debug/socklb")
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running charts/check.sh")?;
+    let stdout = child.stdout.take().context("charts/check.sh stdout")?;
+    let mut counts = (0, 0);
+    for line in BufReader::new(stdout).lines() {
+        let line = line.context("reading charts/check.sh output")?;
+        // Its own closing line is folded into the run's total, not repeated.
+        match line.split_once(" passed, ").and_then(|(p, rest)| {
+            Some((p.parse().ok()?, rest.strip_suffix(" failed")?.parse().ok()?))
+        }) {
+            Some(found) => counts = found,
+            None => println!("{line}"),
+        }
+    }
+    let status = child.wait().context("waiting for charts/check.sh")?;
+    Ok((counts.0, counts.1, status.success()))
 }
 
 /// Counts from libtest's `test result: ok. 12 passed; 0 failed; ...` line.
