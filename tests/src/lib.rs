@@ -707,3 +707,15 @@ impl Drop for Agent {
         }
     }
 }
+
+/// CLOCK_MONOTONIC in nanoseconds: comparable across processes (the probe's timestamps and
+/// the test's).
+pub fn monotonic_ns() -> u64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
+}

@@ -62,6 +62,26 @@ fn web_service() -> String {
     service_yaml("web", "10.96.1.10", 80, "")
 }
 
+/// Manifests of node-a and the web Service with one endpoint, 127.0.<net>.1:8080.
+fn one_endpoint_cluster(sandbox: &Sandbox, net: u8) -> ManifestDir {
+    let manifests = ManifestDir::new(sandbox);
+    let node_address = format!("192.168.{net}.1");
+    let endpoint = format!("127.0.{net}.1");
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", &node_address));
+    manifests.write("web.yaml", &web_service());
+    manifests.write(
+        "slice.yaml",
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[(&endpoint, "node-a", "zone-a", "")],
+            false,
+        ),
+    );
+    manifests
+}
+
 #[test]
 fn connections_follow_edits_of_the_manifests() {
     let sandbox = Sandbox::new("cp-edits");
@@ -149,19 +169,7 @@ fn connections_follow_edits_of_the_manifests() {
 fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
     let sandbox = Sandbox::new("cp-broken");
     let _servers = servers(21, 2);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.21.1"));
-    manifests.write("web.yaml", &web_service());
-    manifests.write(
-        "slice.yaml",
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[("127.0.21.1", "node-a", "zone-a", "")],
-            false,
-        ),
-    );
+    let manifests = one_endpoint_cluster(&sandbox, 21);
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.21.1"]);
 
@@ -203,19 +211,7 @@ fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
 fn the_full_resync_repairs_entries_changed_by_hand() {
     let sandbox = Sandbox::new("cp-drift");
     let _servers = servers(22, 1);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.22.1"));
-    manifests.write("web.yaml", &web_service());
-    manifests.write(
-        "slice.yaml",
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[("127.0.22.1", "node-a", "zone-a", "")],
-            false,
-        ),
-    );
+    let manifests = one_endpoint_cluster(&sandbox, 22);
     let agent = Agent::start(
         &sandbox,
         &manifests.path,
@@ -251,19 +247,7 @@ fn the_full_resync_repairs_entries_changed_by_hand() {
 fn health_readiness_and_metrics_are_served() {
     let sandbox = Sandbox::new("cp-http");
     let _servers = servers(23, 1);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.23.1"));
-    manifests.write("web.yaml", &web_service());
-    manifests.write(
-        "slice.yaml",
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[("127.0.23.1", "node-a", "zone-a", "")],
-            false,
-        ),
-    );
+    let manifests = one_endpoint_cluster(&sandbox, 23);
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.23.1"]);
     let get = |url: &str| {

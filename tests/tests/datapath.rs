@@ -11,8 +11,8 @@ use socklb_agent::dataplane::{
     Capacities, Config, Dataplane, DataplaneError, Desired, FrontendSpec, Protocol,
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, frontend, node_yaml,
-    service_yaml, slice_yaml, tally,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, frontend, monotonic_ns,
+    node_yaml, service_yaml, slice_yaml, tally,
 };
 
 fn tcp_backends(prefix: [u8; 3], count: u8, port: u16) -> Vec<NamedServer> {
@@ -676,14 +676,4 @@ fn service_entries(sandbox: &Sandbox) -> usize {
     let map: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
         map.try_into().expect("service map");
     map.keys().count()
-}
-
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }

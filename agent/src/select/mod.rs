@@ -240,8 +240,14 @@ fn cluster_selection(
             terminating_fallback: false,
         };
     }
+    terminating_fallback(endpoints.iter())
+}
+
+/// The fallback when no endpoint is ready: the serving-and-terminating ones, no topology.
+fn terminating_fallback<'e, 'a: 'e>(
+    endpoints: impl Iterator<Item = &'e PortEndpoint<'a>>,
+) -> Selection {
     let terminating: Vec<BackendAddr> = endpoints
-        .iter()
         .filter(|e| e.serving_terminating())
         .map(|e| e.backend)
         .collect();
@@ -271,16 +277,7 @@ fn local_selection(
             ..Selection::default()
         };
     }
-    let terminating: Vec<BackendAddr> = local
-        .iter()
-        .filter(|e| e.serving_terminating())
-        .map(|e| e.backend)
-        .collect();
-    Selection {
-        terminating_fallback: !terminating.is_empty(),
-        backends: terminating,
-        topology: Topology::None,
-    }
+    terminating_fallback(local.into_iter())
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::{
 };
 
 use serde::Serialize;
+use socklb_tests::monotonic_ns;
 
 #[derive(Serialize)]
 struct Attempt {
@@ -112,14 +113,4 @@ fn error_name(error: &std::io::Error) -> String {
         Some(libc::EPERM) => "EPERM".to_owned(),
         _ => error.to_string(),
     }
-}
-
-fn monotonic_ns() -> u64 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }
