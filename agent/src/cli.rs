@@ -264,7 +264,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
                 let _ = stop.wait_for(|stop| *stop).await;
             }
         };
-        let router = server::router(health.clone(), metrics.clone());
+        let router = server::router(health.clone(), metrics.clone(), &args.pins.pin_dir);
         let mut servers = Vec::new();
         for address in [args.healthz_bind_address, args.metrics_bind_address] {
             let router = router.clone();

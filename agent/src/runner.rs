@@ -138,19 +138,16 @@ impl Runner {
                 self.listed.insert(*kind);
             }
             Event::Applied(Object::EndpointSlice(slice)) => self.note_trigger(slice),
-            Event::Applied(Object::Service(_)) | Event::Deleted(Object::Service(_)) => {
-                self.metrics.service_changes.inc();
-            }
-            Event::Deleted(Object::EndpointSlice(_)) => {
-                self.metrics.endpoint_changes.inc();
-            }
             _ => {}
         }
+        let before = self.state.pending_events();
         self.state.apply(event);
         if self.state.has_changes() {
             self.health.queued();
         }
         let (services, endpoints) = self.state.pending_events();
+        self.metrics.service_changes.inc_by(services - before.0);
+        self.metrics.endpoint_changes.inc_by(endpoints - before.1);
         self.metrics
             .service_changes_pending
             .set(i64::try_from(services).unwrap_or(i64::MAX));
@@ -160,7 +157,6 @@ impl Runner {
     }
 
     fn note_trigger(&mut self, slice: &k8s_openapi::api::discovery::v1::EndpointSlice) {
-        self.metrics.endpoint_changes.inc();
         let Some(owner) = convert::slice_owner(slice) else {
             return;
         };
@@ -266,9 +262,6 @@ impl Runner {
                 .map_capacity
                 .get_or_create(&labels)
                 .set(capacity.into());
-        }
-        if let Ok(counters) = self.dataplane.counters() {
-            metrics.set_counters(&counters);
         }
         metrics.skipped_services.clear();
         for (reason, count) in self.state.skipped_counts() {

@@ -3,6 +3,7 @@
 //! sync is done) and `/metrics`.
 use std::{
     net::SocketAddr,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -11,6 +12,7 @@ use std::{
 };
 
 use axum::{Router, extract::State, http::StatusCode, response::IntoResponse, routing::get};
+use socklb_abi::Counters;
 use tracing::info;
 
 use crate::metrics::Metrics;
@@ -87,15 +89,29 @@ impl Health {
 struct Shared {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
+    /// The pinned counters map, read at every scrape so that the kernel counters are current.
+    counters_pin: PathBuf,
 }
 
-pub fn router(health: Arc<Health>, metrics: Arc<Metrics>) -> Router {
+pub fn router(health: Arc<Health>, metrics: Arc<Metrics>, pin_dir: &Path) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(Shared { health, metrics })
+        .with_state(Shared {
+            health,
+            metrics,
+            counters_pin: pin_dir.join(socklb_abi::map_names::COUNTERS),
+        })
+}
+
+/// The kernel programs' counters, summed over CPUs, from the pinned map.
+fn read_counters(pin: &Path) -> Option<Counters> {
+    let map = aya::maps::Map::PerCpuArray(aya::maps::MapData::from_pin(pin).ok()?);
+    let counters: aya::maps::PerCpuArray<_, Counters> = map.try_into().ok()?;
+    let per_cpu = counters.get(&0, 0).ok()?;
+    Some(Counters::sum(per_cpu.iter()))
 }
 
 /// Serves `router` on `address` until `shutdown` completes.
@@ -139,6 +155,9 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
 }
 
 async fn metrics_text(State(shared): State<Shared>) -> impl IntoResponse {
+    if let Some(counters) = read_counters(&shared.counters_pin) {
+        shared.metrics.set_counters(&counters);
+    }
     (
         [(
             axum::http::header::CONTENT_TYPE,

@@ -268,14 +268,22 @@ fn health_readiness_and_metrics_are_served() {
     for expected in [
         "kubeproxy_sync_proxy_rules_duration_seconds_count",
         "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+        "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
+        "kubeproxy_sync_proxy_rules_service_changes_total 1",
         "socklb_map_entries{map=\"socklb_svc_v1\"} 2",
-        "socklb_datapath_events{event=\"translated\"}",
     ] {
         assert!(
             metrics.contains(expected),
             "{expected} missing in:\n{metrics}"
         );
     }
+    // The kernel counters are read at scrape time: every probe connect so far is counted.
+    let translated: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("socklb_datapath_events{event=\"translated\"} "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no translated counter in:\n{metrics}"));
+    assert!(translated >= 40, "{metrics}");
     agent.stop();
 
     // `socklb inspect` reads the pinned maps while no agent runs.

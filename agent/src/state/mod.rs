@@ -19,7 +19,8 @@ use crate::{
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     pub services: BTreeSet<ServiceName>,
-    /// Objects applied or deleted since the last sync (for the pending-changes metrics).
+    /// Services and EndpointSlices that changed (added, modified, removed) since the last
+    /// sync, for the changes metrics; unchanged objects of a relist do not count.
     pub service_events: u64,
     pub endpoint_events: u64,
 }
@@ -165,6 +166,7 @@ impl ClusterState {
                 }
                 for gone in old.difference(&seen) {
                     self.remove_service(gone);
+                    self.changes.service_events += 1;
                     self.mark(gone.clone());
                 }
             }
@@ -212,12 +214,11 @@ impl ClusterState {
                 let info = convert::service(&service);
                 if self.services.get(&name) != Some(&info) {
                     self.set_service(name.clone(), info);
+                    self.changes.service_events += 1;
                     self.mark(name);
                 }
-                self.changes.service_events += 1;
             }
             Object::EndpointSlice(slice) => {
-                self.changes.endpoint_events += 1;
                 let key = slice_key(&slice);
                 let owner = convert::slice_owner(&slice);
                 // A slice that moved to another Service (or lost its label) leaves the old.
@@ -240,6 +241,7 @@ impl ClusterState {
                 let slices = self.slices.entry(owner.clone()).or_default();
                 if slices.get(&key.1) != Some(&info) {
                     slices.insert(key.1.clone(), info);
+                    self.changes.endpoint_events += 1;
                     self.mark(owner.clone());
                 }
                 self.slice_owners.insert(key, owner);
@@ -276,10 +278,7 @@ impl ClusterState {
                     self.mark(name);
                 }
             }
-            Object::EndpointSlice(slice) => {
-                self.changes.endpoint_events += 1;
-                self.remove_slice(&slice_key(slice));
-            }
+            Object::EndpointSlice(slice) => self.remove_slice(&slice_key(slice)),
             Object::Node(node) => {
                 if let Some(name) = &node.metadata.name {
                     self.remove_node(name);
@@ -293,7 +292,9 @@ impl ClusterState {
             return;
         };
         if let Some(slices) = self.slices.get_mut(&owner) {
-            slices.remove(&key.1);
+            if slices.remove(&key.1).is_some() {
+                self.changes.endpoint_events += 1;
+            }
             if slices.is_empty() {
                 self.slices.remove(&owner);
             }
