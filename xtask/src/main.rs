@@ -1,4 +1,5 @@
 //! Developer and CI tasks: `cargo xtask setup | build-ebpf | test | bench`.
+mod image;
 mod setup;
 
 use std::{
@@ -25,6 +26,12 @@ enum Task {
     BuildEbpf,
     /// Set up, build, and show the datapath at work on the embedded demo frontends.
     Demo,
+    /// Build the container image (static binary, FROM scratch) with podman, offline.
+    Image {
+        /// Image name and tag.
+        #[arg(long, default_value = "localhost/socklb:dev")]
+        name: String,
+    },
     /// Set up, then run every test: unit tests, clippy, and the privileged tests (as root).
     Test {
         /// Only the tests whose name contains this filter.
@@ -76,6 +83,13 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Task::Test { filter } => test(filter.as_deref()),
+        Task::Image { name } => {
+            require_root("building the image with podman")?;
+            setup::run()?;
+            let version = image::build(&name)?;
+            println!("{name}: {version}");
+            Ok(())
+        }
         Task::Demo => {
             require_root("the demo")?;
             setup::run()?;
@@ -230,6 +244,19 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
             ok
         }
     };
+    // The container image builds and its binary runs, on full runs.
+    let image_ok = match filter {
+        Some(_) => true,
+        None => {
+            let ok = image_check();
+            if ok {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+            ok
+        }
+    };
     // One closing line for the whole run, across all test binaries and the chart check.
     println!("{passed} passed, {failed} failed");
     if !status.success() {
@@ -238,10 +265,42 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     if !chart_ok {
         bail!("the chart check failed");
     }
+    if !image_ok {
+        bail!("the image check failed");
+    }
     if passed == 0 {
         bail!("no test ran");
     }
     Ok(())
+}
+
+/// Builds the image and checks that its binary is the agent just built.
+fn image_check() -> bool {
+    let name = "localhost/socklb:test";
+    let expected = Command::new("target/debug/socklb").arg("version").output();
+    let built = image::build(name);
+    if built.is_ok()
+        && let Err(error) = image::remove(name)
+    {
+        println!("FAIL image {name} not removed: {error:#}");
+        return false;
+    }
+    match (built, expected) {
+        (Ok(inside), Ok(expected))
+            if inside == String::from_utf8_lossy(&expected.stdout).trim() =>
+        {
+            println!("ok   image {name} runs: {inside}");
+            true
+        }
+        (Ok(inside), _) => {
+            println!("FAIL image {name}: its binary says {inside:?}");
+            false
+        }
+        (Err(error), _) => {
+            println!("FAIL image {name}: {error:#}");
+            false
+        }
+    }
 }
 
 /// Runs charts/check.sh against the agent just built; returns its counts and success.

@@ -25,10 +25,14 @@ const APT_PACKAGES: &[&str] = &[
     "dnsmasq-base",
     "bind9-dnsutils",
     "curl",
+    // The container image: podman builds it offline, musl-gcc compiles ring for the static build.
+    "podman",
+    "musl-tools",
 ];
 
 pub fn run() -> anyhow::Result<()> {
     apt_packages()?;
+    musl_target()?;
     ebpf_toolchain()?;
     bpf_linker()?;
     bpffs()?;
@@ -66,6 +70,25 @@ fn apt_installed(package: &str) -> bool {
         .output()
         .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("install ok installed"))
 }
+
+/// The static (musl) target of the host toolchain, for the container image.
+fn musl_target() -> anyhow::Result<()> {
+    let installed = Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains(MUSL_TARGET));
+    if installed {
+        eprintln!("==> setup: target {MUSL_TARGET} present");
+        return Ok(());
+    }
+    eprintln!("==> setup: adding target {MUSL_TARGET} (static builds for the image)");
+    run_quiet(
+        Command::new("rustup").args(["target", "add", MUSL_TARGET]),
+        "rustup target add",
+    )
+}
+
+const MUSL_TARGET: &str = "x86_64-unknown-linux-musl";
 
 fn ebpf_toolchain() -> anyhow::Result<()> {
     let installed = Command::new("rustup")

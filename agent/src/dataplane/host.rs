@@ -8,7 +8,7 @@ use std::{
 };
 
 /// `statfs.f_type` of a BPF filesystem.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -82,17 +82,18 @@ fn unescape_octal(field: &str) -> PathBuf {
     PathBuf::from(std::ffi::OsStr::from_bytes(&out))
 }
 
-fn statfs_type(path: &Path) -> Option<i64> {
+fn statfs_type(path: &Path) -> Option<u64> {
     let c_path = CString::new(path.as_os_str().as_bytes()).ok()?;
     let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid NUL-terminated path and a properly sized out-parameter.
     let rc = unsafe { libc::statfs(c_path.as_ptr(), &mut stat) };
-    (rc == 0).then_some(stat.f_type)
+    // f_type is signed in glibc and unsigned in musl; the magic numbers fit both.
+    (rc == 0).then(|| u64::try_from(stat.f_type).ok()).flatten()
 }
 
 /// Checks that `path` is a directory of the cgroup v2 hierarchy.
 pub fn check_cgroup2(path: &Path) -> Result<(), HostError> {
-    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    const CGROUP2_SUPER_MAGIC: u64 = 0x6367_7270;
     match statfs_type(path) {
         Some(CGROUP2_SUPER_MAGIC) => Ok(()),
         _ => Err(HostError::NotCgroup2 {
