@@ -719,3 +719,26 @@ pub fn monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(now.tv_nsec).unwrap_or(0)
 }
+
+/// Kernel, CPUs and date: absolute times only mean something next to these.
+pub fn machine_context() -> String {
+    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|release| release.trim().to_owned())
+        .unwrap_or_else(|_| "unknown".to_owned());
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    let model = fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("model name"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, model)| model.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let date = Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+        .unwrap_or_default();
+    format!("{date}, kernel {kernel}, {cpus} CPUs ({model})")
+}

@@ -21,7 +21,7 @@ use std::{
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant},
 };
 
 use aya::programs::{
@@ -190,7 +190,7 @@ fn datapath(args: &[String]) {
     // Before any thread exists, so that every thread inherits the mask and only the
     // cleanup thread sees these signals.
     let signals = block_termination_signals();
-    let machine = machine_context();
+    let machine = socklb_tests::machine_context();
     let sandbox = Sandbox::new("bench");
     cleanup_on_signal(signals, sandbox.pin_dir.clone(), sandbox.cgroup.clone());
 
@@ -430,52 +430,6 @@ fn print_report(machine: &str, options: &Options, rows: &[(u32, Measurement)]) {
             per_call(m.getpeername4),
         );
     }
-}
-
-/// Kernel, CPUs and date: absolute times only mean something next to these.
-fn machine_context() -> String {
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|release| release.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned());
-    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
-    let model = fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find_map(|line| line.strip_prefix("model name"))
-                .and_then(|rest| rest.split_once(':'))
-                .map(|(_, model)| model.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned());
-    format!("{}, kernel {kernel}, {cpus} CPUs ({model})", utc_now())
-}
-
-/// The current UTC date and time, without a date crate.
-fn utc_now() -> String {
-    let seconds = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs());
-    let (days, of_day) = (seconds / 86_400, seconds % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's days_from_civil inverse).
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let day_of_era = z % 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
-        of_day / 3_600,
-        of_day % 3_600 / 60
-    )
 }
 
 /// Accept-and-close servers on the measured service's backends. They count what they

@@ -73,7 +73,7 @@ fn main() {
     }
     // Before any thread exists, so that only the cleanup thread sees these signals.
     let signals = block_termination_signals();
-    let machine = machine_context();
+    let machine = socklb_tests::machine_context();
     let sandbox = Sandbox::new("bench-cp");
     let manifests = ManifestDir::new(&sandbox);
     cleanup_on_signal(
@@ -887,29 +887,6 @@ fn print_report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeR
             ms(row.caught_up),
         );
     }
-}
-
-/// Kernel, CPUs and date: absolute times only mean something next to these.
-fn machine_context() -> String {
-    let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|release| release.trim().to_owned())
-        .unwrap_or_else(|_| "unknown".to_owned());
-    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
-    let model = fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|info| {
-            info.lines()
-                .find_map(|line| line.strip_prefix("model name"))
-                .and_then(|rest| rest.split_once(':'))
-                .map(|(_, model)| model.trim().to_owned())
-        })
-        .unwrap_or_else(|| "unknown CPU".to_owned());
-    let date = Command::new("date")
-        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
-        .output()
-        .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
-        .unwrap_or_default();
-    format!("{date}, kernel {kernel}, {cpus} CPUs ({model})")
 }
 
 // ---------------------------------------------------------------------------------------
