@@ -742,3 +742,20 @@ pub fn machine_context() -> String {
         .unwrap_or_default();
     format!("{date}, kernel {kernel}, {cpus} CPUs ({model})")
 }
+
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and the threads it starts), so that a
+/// benchmark can wait for them on a thread of its own and clean up; returns the set. A
+/// spawned child inherits the mask: [`Agent`] clears it, so the agent still gets SIGTERM.
+pub fn block_termination_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data and sigemptyset initializes it; pthread_sigmask only
+    // changes this thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, signal);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}

@@ -264,34 +264,40 @@ struct Translator {
     nodes: NodeCache,
 }
 
+/// A watcher event once a list in progress is collected.
+enum Change {
+    Listed(Vec<Object>),
+    Applied(Object),
+    Deleted(Object),
+}
+
 impl Translator {
     fn handle(&mut self, feed: Feed, change: watcher::Event<Object>) -> Option<Event> {
+        let change = self.collect(feed, change)?;
         let kind = match feed {
             Feed::Services => Kind::Service,
             Feed::EndpointSlices => Kind::EndpointSlice,
-            Feed::ThisNode | Feed::OtherNodes => return self.handle_node(feed, change),
+            Feed::ThisNode | Feed::OtherNodes => {
+                let part = usize::from(feed == Feed::OtherNodes);
+                return match change {
+                    Change::Listed(objects) => self.nodes.reset(part, objects),
+                    Change::Applied(object) => self.nodes.apply(part, object),
+                    Change::Deleted(object) => self.nodes.delete(part, object),
+                };
+            }
         };
-        match change {
-            watcher::Event::Init => {
-                self.listing.remove(&feed);
-                None
-            }
-            watcher::Event::InitApply(object) => {
-                self.listing.entry(feed).or_default().push(object);
-                None
-            }
-            watcher::Event::InitDone => {
-                let objects = self.listing.remove(&feed).unwrap_or_default();
+        Some(match change {
+            Change::Listed(objects) => {
                 debug!(?kind, count = objects.len(), "listed");
-                Some(Event::Reset(kind, objects))
+                Event::Reset(kind, objects)
             }
-            watcher::Event::Apply(object) => Some(Event::Applied(object)),
-            watcher::Event::Delete(object) => Some(Event::Deleted(object)),
-        }
+            Change::Applied(object) => Event::Applied(object),
+            Change::Deleted(object) => Event::Deleted(object),
+        })
     }
 
-    fn handle_node(&mut self, feed: Feed, change: watcher::Event<Object>) -> Option<Event> {
-        let part = usize::from(feed == Feed::OtherNodes);
+    /// Gathers a (re)list's objects until it is done; passes other events through.
+    fn collect(&mut self, feed: Feed, change: watcher::Event<Object>) -> Option<Change> {
         match change {
             watcher::Event::Init => {
                 self.listing.remove(&feed);
@@ -301,12 +307,11 @@ impl Translator {
                 self.listing.entry(feed).or_default().push(object);
                 None
             }
-            watcher::Event::InitDone => {
-                let objects = self.listing.remove(&feed).unwrap_or_default();
-                self.nodes.reset(part, objects)
-            }
-            watcher::Event::Apply(object) => self.nodes.apply(part, object),
-            watcher::Event::Delete(object) => self.nodes.delete(part, object),
+            watcher::Event::InitDone => Some(Change::Listed(
+                self.listing.remove(&feed).unwrap_or_default(),
+            )),
+            watcher::Event::Apply(object) => Some(Change::Applied(object)),
+            watcher::Event::Delete(object) => Some(Change::Deleted(object)),
         }
     }
 }

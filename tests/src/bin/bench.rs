@@ -189,7 +189,7 @@ fn datapath(args: &[String]) {
     }
     // Before any thread exists, so that every thread inherits the mask and only the
     // cleanup thread sees these signals.
-    let signals = block_termination_signals();
+    let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let sandbox = Sandbox::new("bench");
     cleanup_on_signal(signals, sandbox.pin_dir.clone(), sandbox.cgroup.clone());
@@ -513,20 +513,6 @@ impl Drop for Servers {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
-    }
-}
-
-fn block_termination_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data and sigemptyset initializes it; pthread_sigmask only
-    // changes this thread's mask (inherited by the threads it starts).
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, signal);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, ptr::null_mut());
-        set
     }
 }
 

@@ -20,7 +20,6 @@ use std::{
     net::Ipv4Addr,
     path::{Path, PathBuf},
     process::Command,
-    ptr,
     time::{Duration, Instant},
 };
 
@@ -72,7 +71,7 @@ fn main() {
         std::process::exit(1);
     }
     // Before any thread exists, so that only the cleanup thread sees these signals.
-    let signals = block_termination_signals();
+    let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let sandbox = Sandbox::new("bench-cp");
     let manifests = ManifestDir::new(&sandbox);
@@ -891,21 +890,6 @@ fn print_report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeR
 
 // ---------------------------------------------------------------------------------------
 // Cleanup on Ctrl-C or SIGTERM (a panic unwinds through the Drops instead).
-
-fn block_termination_signals() -> libc::sigset_t {
-    // SAFETY: sigset_t is plain data and sigemptyset initializes it; pthread_sigmask only
-    // changes this thread's mask (inherited by the threads it starts; std resets it in
-    // the processes it spawns, so the agent still gets SIGTERM).
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-            libc::sigaddset(&mut set, signal);
-        }
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, ptr::null_mut());
-        set
-    }
-}
 
 /// A signal would otherwise end the process without the Drops: the agent would keep
 /// running and the pins, the cgroup and the manifests would stay behind.
