@@ -1,16 +1,19 @@
 //! The `socklb` command line.
-use std::{net::SocketAddr, path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
+use std::{
+    net::SocketAddr, ops::RangeInclusive, path::PathBuf, process::ExitCode, sync::Arc,
+    time::Duration,
+};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use tokio::sync::{mpsc, watch};
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
-    dataplane::{self, Capacities, Config, Dataplane},
+    dataplane::{self, Capacities, Config, Dataplane, TcMode},
     explain, inspect,
     metrics::Metrics,
-    runner::{Runner, SyncPeriods},
+    runner::{ExternalTraffic, Runner, SyncPeriods},
     select::ServiceName,
     server::{self, Health},
     source::{
@@ -102,6 +105,45 @@ pub struct RunArgs {
     pub metrics_bind_address: SocketAddr,
     #[command(flatten)]
     pub capacities: CapacityArgs,
+    #[command(flatten)]
+    pub external: ExternalArgs,
+}
+
+/// Traffic from outside the node: NodePorts, LoadBalancer IPs, externalIPs.
+#[derive(Debug, Args)]
+pub struct ExternalArgs {
+    /// Devices whose incoming traffic is translated, comma-separated [default: the devices
+    /// that hold the Node's addresses].
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<String>,
+    /// How the TC programs attach: tcx (kernel >= 6.6), netlink (clsact), or auto.
+    #[arg(long, value_enum, default_value_t = TcMode::Auto)]
+    pub tc_attach_mode: TcMode,
+    /// Source ports for flows SNATed to reach a backend on another node, as MIN-MAX. Keep
+    /// it outside net.ipv4.ip_local_port_range, so it never collides with the node's own
+    /// connections.
+    #[arg(long, default_value = "61000-65535", value_parser = parse_port_range)]
+    pub snat_port_range: RangeInclusive<u16>,
+}
+
+fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
+    let (min, max) = text
+        .split_once('-')
+        .ok_or_else(|| format!("{text:?} is not MIN-MAX, e.g. 61000-65535"))?;
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{p:?} is not a port between 1 and 65535"))
+    };
+    let (min, max) = (port(min)?, port(max)?);
+    if min > max {
+        return Err(format!(
+            "{min}-{max}: the first port must not exceed the second"
+        ));
+    }
+    Ok(min..=max)
 }
 
 #[derive(Debug, Args)]
@@ -118,6 +160,9 @@ pub struct CapacityArgs {
     /// Session-affinity entries (LRU).
     #[arg(long, default_value_t = Capacities::default().affinity)]
     pub max_affinity_entries: u32,
+    /// Conntrack entries for traffic from outside the node, two per flow (LRU).
+    #[arg(long, default_value_t = Capacities::default().conntrack)]
+    pub max_conntrack_entries: u32,
 }
 
 impl From<&CapacityArgs> for Capacities {
@@ -127,6 +172,7 @@ impl From<&CapacityArgs> for Capacities {
             backends: args.max_backends,
             reverse: args.max_reverse_entries,
             affinity: args.max_affinity_entries,
+            conntrack: args.max_conntrack_entries,
         }
     }
 }
@@ -284,7 +330,8 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             },
             health,
             metrics,
-        );
+        )
+        .with_external(external_traffic(&args.external));
         let result = runner.run(events, shutdown_signal()).await;
         let _ = stop_tx.send(true);
         source.abort();
@@ -301,6 +348,26 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         info!("stopped; programs stay attached (`socklb cleanup` removes them)");
         Ok(())
     })
+}
+
+fn external_traffic(args: &ExternalArgs) -> ExternalTraffic {
+    if let Some(ephemeral) = dataplane::ephemeral_ports()
+        && ephemeral.start() <= args.snat_port_range.end()
+        && args.snat_port_range.start() <= ephemeral.end()
+    {
+        warn!(
+            snat_port_range = ?args.snat_port_range,
+            ip_local_port_range = ?ephemeral,
+            "the SNAT port range overlaps the kernel's ephemeral ports: a node-local \
+             connection to a backend may collide with a SNATed flow; change \
+             --snat-port-range or net.ipv4.ip_local_port_range"
+        );
+    }
+    ExternalTraffic {
+        devices: args.devices.clone(),
+        mode: args.tc_attach_mode,
+        snat_ports: args.snat_port_range.clone(),
+    }
 }
 
 /// SIGTERM (how Kubernetes stops a pod) or SIGINT.

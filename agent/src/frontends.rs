@@ -113,10 +113,7 @@ mod tests {
                     kind: FrontendKind::ExternalIp,
                     port_name: String::new(),
                     spec: FrontendSpec {
-                        backends: vec![BackendAddr {
-                            address: Ipv4Addr::new(10, 0, 0, *backend),
-                            port: 80,
-                        }],
+                        backends: vec![BackendAddr::local(Ipv4Addr::new(10, 0, 0, *backend), 80)],
                         affinity_timeout_seconds: None,
                     },
                     why: Why {

@@ -1,13 +1,17 @@
 //! `socklb inspect`: what the pinned maps hold, read directly from bpffs, so it works while
-//! the agent is down: frontends with their backends per scope, session-affinity entries, and
-//! the kernel programs' counters.
-use std::{fmt::Write as _, net::Ipv4Addr, path::Path};
+//! the agent is down: frontends with their backends per scope, session-affinity entries,
+//! conntrack entries of traffic from outside, and the kernel programs' counters.
+use std::{
+    fmt::Write as _,
+    net::{Ipv4Addr, SocketAddrV4},
+    path::Path,
+};
 
 use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Counters, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey,
-    map_names,
+    AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SNAT, CT_FORWARD,
+    Counters, CtEntry, CtKey, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey, map_names,
 };
 
 use crate::dataplane::{BackendAddr, Frontend, Protocol, Scope};
@@ -48,10 +52,30 @@ pub struct AffinityState {
     pub slot: u16,
 }
 
+/// One direction of a flow from outside the node: the packet as it arrives and what it is
+/// rewritten to.
+#[derive(Debug, Serialize)]
+pub struct ConntrackState {
+    pub protocol: Option<Protocol>,
+    /// "forward" (client to frontend) or "reply" (backend to client).
+    pub direction: &'static str,
+    pub from: SocketAddrV4,
+    pub to: SocketAddrV4,
+    pub rewritten_from: SocketAddrV4,
+    pub rewritten_to: SocketAddrV4,
+    pub service_id: u32,
+    pub backend_id: u32,
+    pub snat: bool,
+    pub closing: bool,
+    /// Seconds since the last packet in this direction.
+    pub idle_seconds: u32,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Inspection {
     pub frontends: Vec<FrontendState>,
     pub affinity: Vec<AffinityState>,
+    pub conntrack: Vec<ConntrackState>,
     pub counters: CountersView,
 }
 
@@ -62,6 +86,9 @@ pub struct CountersView {
     pub affinity_hits: u64,
     pub reverse_translated: u64,
     pub errors: u64,
+    pub external_flows: u64,
+    pub external_no_backend: u64,
+    pub snat_exhausted: u64,
 }
 
 fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
@@ -103,6 +130,7 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
                     .map(|(_, entry)| BackendAddr {
                         address: Ipv4Addr::from(u32::from_be(entry.backend_address)),
                         port: u16::from_be(entry.backend_port),
+                        remote: entry.flags & u16::from(BACKEND_FLAG_REMOTE) != 0,
                     })
             })
             .collect();
@@ -131,6 +159,29 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         })
         .collect();
 
+    let conntrack_map: HashMap<MapData, CtKey, CtEntry> = open(pin_dir, map_names::CONNTRACK)?
+        .try_into()
+        .map_err(read(map_names::CONNTRACK))?;
+    let now = monotonic_seconds();
+    let mut conntrack: Vec<ConntrackState> = conntrack_map
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(key, entry)| conntrack_state(&key, &entry, now))
+        .filter(|state| {
+            only.is_none_or(|only| {
+                [
+                    state.from,
+                    state.to,
+                    state.rewritten_from,
+                    state.rewritten_to,
+                ]
+                .iter()
+                .any(|a| *a.ip() == only)
+            })
+        })
+        .collect();
+    conntrack.sort_by_key(|c| (c.from, c.to, c.direction));
+
     let counters_map: PerCpuArray<MapData, Counters> = open(pin_dir, map_names::COUNTERS)?
         .try_into()
         .map_err(read(map_names::COUNTERS))?;
@@ -139,14 +190,53 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
     Ok(Inspection {
         frontends,
         affinity,
+        conntrack,
         counters: CountersView {
             translated: sum.translated,
             no_backend: sum.no_backend,
             affinity_hits: sum.affinity_hits,
             reverse_translated: sum.reverse_translated,
             errors: sum.errors,
+            external_flows: sum.external_flows,
+            external_no_backend: sum.external_no_backend,
+            snat_exhausted: sum.snat_exhausted,
         },
     })
+}
+
+fn socket(address: u32, port: u16) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::from(u32::from_be(address)), u16::from_be(port))
+}
+
+fn conntrack_state(key: &CtKey, entry: &CtEntry, now: u32) -> ConntrackState {
+    ConntrackState {
+        protocol: Protocol::from_number(key.protocol),
+        direction: if key.direction == CT_FORWARD {
+            "forward"
+        } else {
+            "reply"
+        },
+        from: socket(key.source, key.source_port),
+        to: socket(key.destination, key.destination_port),
+        rewritten_from: socket(entry.source, entry.source_port),
+        rewritten_to: socket(entry.destination, entry.destination_port),
+        service_id: entry.service_id,
+        backend_id: entry.backend_id,
+        snat: entry.flags & CT_FLAG_SNAT != 0,
+        closing: entry.flags & CT_FLAG_CLOSING != 0,
+        idle_seconds: now.saturating_sub(entry.last_seen_s),
+    }
+}
+
+/// CLOCK_MONOTONIC in whole seconds: the clock of `bpf_ktime_get_ns`.
+fn monotonic_seconds() -> u32 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u32::try_from(now.tv_sec).unwrap_or(u32::MAX)
 }
 
 fn frontend_of(key: &ServiceKey) -> Option<Frontend> {
@@ -185,16 +275,42 @@ pub fn table(inspection: &Inspection) -> String {
             backends
         );
     }
+    if !inspection.conntrack.is_empty() {
+        out.push_str("\nCONNTRACK (traffic from outside)\n");
+        for c in &inspection.conntrack {
+            let protocol = c
+                .protocol
+                .map_or_else(|| "?".to_owned(), |p| format!("{p:?}"));
+            let _ = writeln!(
+                out,
+                "{:4} {:7} {} -> {}  =>  {} -> {}  service {} backend {}{}{} idle {}s",
+                protocol.to_uppercase(),
+                c.direction,
+                c.from,
+                c.to,
+                c.rewritten_from,
+                c.rewritten_to,
+                c.service_id,
+                c.backend_id,
+                if c.snat { " snat" } else { "" },
+                if c.closing { " closing" } else { "" },
+                c.idle_seconds
+            );
+        }
+    }
     let c = &inspection.counters;
     let _ = writeln!(
         out,
-        "\naffinity entries: {}\ncounters: translated {} no_backend {} affinity_hits {} reverse_translated {} errors {}",
+        "\naffinity entries: {}\ncounters: translated {} no_backend {} affinity_hits {} reverse_translated {} errors {} external_flows {} external_no_backend {} snat_exhausted {}",
         inspection.affinity.len(),
         c.translated,
         c.no_backend,
         c.affinity_hits,
         c.reverse_translated,
-        c.errors
+        c.errors,
+        c.external_flows,
+        c.external_no_backend,
+        c.snat_exhausted
     );
     out
 }

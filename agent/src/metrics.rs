@@ -146,6 +146,9 @@ impl Metrics {
             ("affinity_hit", counters.affinity_hits),
             ("reverse_translated", counters.reverse_translated),
             ("error", counters.errors),
+            ("external_flow", counters.external_flows),
+            ("external_no_backend", counters.external_no_backend),
+            ("snat_exhausted", counters.snat_exhausted),
         ];
         for (event, value) in events {
             self.datapath_events

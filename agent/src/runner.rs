@@ -11,6 +11,7 @@
 //!   are not programmed (an agent restart keeps the old programs until then).
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
+    ops::RangeInclusive,
     sync::Arc,
     time::{Duration, SystemTime},
 };
@@ -20,7 +21,10 @@ use tokio::{sync::mpsc, time::Instant};
 use tracing::{debug, info, info_span, warn};
 
 use crate::{
-    dataplane::{Dataplane, DataplaneError, Frontend, FrontendSpec},
+    dataplane::{
+        Dataplane, DataplaneError, Frontend, FrontendSpec, NodeSettings, TcMode,
+        devices_with_addresses,
+    },
     frontends::FrontendTable,
     metrics::{MapLabels, Metrics, ReasonLabels},
     select::ServiceName,
@@ -34,6 +38,26 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// EndpointSlice annotation: when the change that produced this slice version happened.
 const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+
+/// Settings for traffic from outside the node (the TC programs).
+#[derive(Clone, Debug)]
+pub struct ExternalTraffic {
+    /// Devices to attach to; empty means the devices that hold this Node's addresses.
+    pub devices: Vec<String>,
+    pub mode: TcMode,
+    pub snat_ports: RangeInclusive<u16>,
+}
+
+impl Default for ExternalTraffic {
+    fn default() -> Self {
+        Self {
+            devices: Vec::new(),
+            mode: TcMode::Auto,
+            // Above Linux's default ephemeral range (32768-60999).
+            snat_ports: 61000..=65535,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug)]
 pub struct SyncPeriods {
@@ -55,6 +79,9 @@ pub struct Runner {
     /// Earliest trigger time of the EndpointSlice changes not yet programmed, per Service.
     triggers: BTreeMap<ServiceName, SystemTime>,
     attached: bool,
+    external: ExternalTraffic,
+    /// Devices the TC programs are attached to.
+    external_devices: Option<Vec<String>>,
 }
 
 impl Runner {
@@ -75,7 +102,14 @@ impl Runner {
             listed: HashSet::new(),
             triggers: BTreeMap::new(),
             attached: false,
+            external: ExternalTraffic::default(),
+            external_devices: None,
         }
+    }
+
+    pub fn with_external(mut self, external: ExternalTraffic) -> Self {
+        self.external = external;
+        self
     }
 
     fn initial_lists_done(&self) -> bool {
@@ -207,6 +241,9 @@ impl Runner {
                 return Ok(false);
             }
         };
+        if full || !self.attached {
+            self.program_external()?;
+        }
         if !self.attached {
             self.dataplane.attach()?;
             self.attached = true;
@@ -244,6 +281,41 @@ impl Runner {
             );
         }
         Ok(true)
+    }
+
+    /// This node's SNAT settings, and the TC programs on its external devices (re-attached
+    /// when the devices found from the Node's addresses change).
+    fn program_external(&mut self) -> Result<(), DataplaneError> {
+        let node = self.state.this_node();
+        self.dataplane.set_node(&NodeSettings {
+            snat_address: node.addresses.first().copied(),
+            snat_ports: self.external.snat_ports.clone(),
+        })?;
+        let devices = if self.external.devices.is_empty() {
+            match devices_with_addresses(&node.addresses) {
+                Ok(devices) => devices,
+                Err(error) => {
+                    warn!(%error, "cannot list the network devices; keeping the TC programs as they are");
+                    return Ok(());
+                }
+            }
+        } else {
+            self.external.devices.clone()
+        };
+        if self.external_devices.as_ref() == Some(&devices) {
+            return Ok(());
+        }
+        if devices.is_empty() {
+            warn!(
+                addresses = ?node.addresses,
+                "no device holds this Node's addresses: traffic from outside the node is not \
+                 translated; pass --devices"
+            );
+        }
+        self.dataplane
+            .attach_external(&devices, self.external.mode)?;
+        self.external_devices = Some(devices);
+        Ok(())
     }
 
     fn record(&self, rejected: usize) {

@@ -5,6 +5,7 @@
 //! A missing prerequisite (not root, no bpffs, no cgroup v2) fails the test with a message
 //! naming it; nothing is skipped.
 pub mod fake_apiserver;
+pub mod netns;
 use std::{
     ffi::CString,
     fs,
@@ -274,6 +275,9 @@ pub fn run(command: &mut Command) {
 
 /// A real server thread that answers every TCP connection, or every UDP datagram, with its
 /// name; stops when dropped.
+/// Placeholder in a server's reply for the client address it saw.
+const PEER: &str = "{peer}";
+
 pub struct NamedServer {
     pub name: String,
     pub addr: SocketAddr,
@@ -296,8 +300,23 @@ impl NamedServer {
         Self::serve_tcp(name, SocketAddr::V4(addr), reply)
     }
 
+    /// A TCP server bound inside `netns` that answers `<name> <client address:port>`: which
+    /// backend answered, and the source address it saw.
+    pub fn tcp_in(netns: &netns::Netns, name: &str, addr: SocketAddrV4) -> Self {
+        let listener = netns.enter(|| {
+            TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", netns.name))
+        });
+        Self::serve_listener(name, listener, &format!("{name} {PEER}"))
+    }
+
     fn serve_tcp(name: &str, addr: SocketAddr, reply: &str) -> Self {
         let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        Self::serve_listener(name, listener, reply)
+    }
+
+    /// Serves `listener`; `{peer}` in `reply` becomes the client's address.
+    fn serve_listener(name: &str, listener: TcpListener, reply: &str) -> Self {
+        let addr = listener.local_addr().expect("listener address");
         listener.set_nonblocking(true).expect("nonblocking");
         let stop = Arc::new(AtomicBool::new(false));
         let reply = reply.to_owned();
@@ -305,14 +324,16 @@ impl NamedServer {
         let thread = std::thread::spawn(move || {
             while !stopping.load(Ordering::Relaxed) {
                 match listener.accept() {
-                    Ok((mut stream, _)) => {
+                    Ok((mut stream, peer)) => {
+                        let _ = stream.set_nonblocking(false);
                         // An HTTP client's request is read first: closing with unread
                         // data would reset the connection under the response.
                         if reply.starts_with("HTTP/") {
                             let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
                             let _ = stream.read(&mut [0u8; 2048]);
                         }
-                        let _ = stream.write_all(reply.as_bytes());
+                        let text = reply.replace(PEER, &peer.to_string());
+                        let _ = stream.write_all(text.as_bytes());
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(1)),
                 }
@@ -328,23 +349,37 @@ impl NamedServer {
 
     pub fn udp(name: &str, addr: SocketAddrV4) -> Self {
         let socket = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        Self::serve_udp(name, socket, name)
+    }
+
+    /// A UDP server bound inside `netns` answering `<name> <client address:port>`.
+    pub fn udp_in(netns: &netns::Netns, name: &str, addr: SocketAddrV4) -> Self {
+        let socket = netns.enter(|| {
+            UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", netns.name))
+        });
+        Self::serve_udp(name, socket, &format!("{name} {PEER}"))
+    }
+
+    fn serve_udp(name: &str, socket: UdpSocket, reply: &str) -> Self {
+        let addr = socket.local_addr().expect("socket address");
         socket
             .set_read_timeout(Some(Duration::from_millis(50)))
             .expect("timeout");
         let stop = Arc::new(AtomicBool::new(false));
-        let reply = name.to_owned();
+        let reply = reply.to_owned();
         let stopping = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut buffer = [0u8; 512];
             while !stopping.load(Ordering::Relaxed) {
                 if let Ok((_, from)) = socket.recv_from(&mut buffer) {
-                    let _ = socket.send_to(reply.as_bytes(), from);
+                    let text = reply.replace(PEER, &from.to_string());
+                    let _ = socket.send_to(text.as_bytes(), from);
                 }
             }
         });
         Self {
             name: name.to_owned(),
-            addr: SocketAddr::V4(addr),
+            addr,
             stop,
             thread: Some(thread),
         }
@@ -355,10 +390,7 @@ impl NamedServer {
         let SocketAddr::V4(addr) = self.addr else {
             panic!("{} is not an IPv4 server", self.name);
         };
-        BackendAddr {
-            address: *addr.ip(),
-            port: addr.port(),
-        }
+        BackendAddr::local(*addr.ip(), addr.port())
     }
 }
 

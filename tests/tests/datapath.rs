@@ -119,9 +119,8 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
         vip,
         FrontendSpec {
             backends: (1..=2)
-                .map(|i| socklb_agent::dataplane::BackendAddr {
-                    address: Ipv4Addr::new(127, 0, 2, i),
-                    port: 53,
+                .map(|i| {
+                    socklb_agent::dataplane::BackendAddr::local(Ipv4Addr::new(127, 0, 2, i), 53)
                 })
                 .collect(),
             affinity_timeout_seconds: None,
@@ -423,7 +422,7 @@ fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
         .output()
         .expect("prerequisite missing: bpftool (./x setup installs it)");
     let text = String::from_utf8_lossy(&output.stdout);
-    for program in socklb_abi::program_names::ALL {
+    for program in socklb_abi::program_names::SOCK_ADDR {
         let attached = text
             .lines()
             .filter(|l| l.split_whitespace().any(|w| w == program))
@@ -495,10 +494,10 @@ fn bpftool_map_dump_shows_named_fields() {
     desired.insert(
         vip,
         FrontendSpec {
-            backends: vec![socklb_agent::dataplane::BackendAddr {
-                address: Ipv4Addr::new(127, 0, 8, 1),
-                port: 8080,
-            }],
+            backends: vec![socklb_agent::dataplane::BackendAddr::local(
+                Ipv4Addr::new(127, 0, 8, 1),
+                8080,
+            )],
             affinity_timeout_seconds: Some(30),
         },
     );

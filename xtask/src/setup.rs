@@ -25,6 +25,8 @@ const APT_PACKAGES: &[&str] = &[
     "dnsmasq-base",
     "bind9-dnsutils",
     "curl",
+    // Real clients of the north-south tests.
+    "iperf3",
     // The container image: podman builds it offline, musl-gcc compiles ring for the static build.
     "podman",
     "musl-tools",

@@ -83,6 +83,21 @@ impl fmt::Display for Frontend {
 pub struct BackendAddr {
     pub address: Ipv4Addr,
     pub port: u16,
+    /// The endpoint runs on another node: traffic from outside reaching it through this
+    /// node is SNATed, so that its replies come back through this node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remote: bool,
+}
+
+impl BackendAddr {
+    /// A backend on this node (or one whose node does not matter, as for local sockets).
+    pub fn local(address: Ipv4Addr, port: u16) -> Self {
+        Self {
+            address,
+            port,
+            remote: false,
+        }
+    }
 }
 
 impl fmt::Display for BackendAddr {

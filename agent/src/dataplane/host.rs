@@ -1,8 +1,10 @@
 //! What the host must provide before anything is loaded: cgroup v2, bpffs, capabilities.
 //! Each check fails with a message that says how to fix it.
 use std::{
+    collections::BTreeSet,
     ffi::CString,
     fs,
+    net::Ipv4Addr,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
@@ -39,6 +41,31 @@ pub enum HostError {
          root or grant CAP_BPF and CAP_NET_ADMIN"
     )]
     Capabilities { missing: String },
+}
+
+/// The network devices that hold any of `addresses`, in name order: where traffic from
+/// outside the node to those addresses arrives.
+pub fn devices_with_addresses(addresses: &[Ipv4Addr]) -> std::io::Result<Vec<String>> {
+    let mut devices = BTreeSet::new();
+    for interface in nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)? {
+        let address = interface
+            .address
+            .as_ref()
+            .and_then(|a| a.as_sockaddr_in())
+            .map(|a| a.ip());
+        if address.is_some_and(|a| addresses.contains(&a)) {
+            devices.insert(interface.interface_name);
+        }
+    }
+    Ok(devices.into_iter().collect())
+}
+
+/// The kernel's ephemeral port range (`net.ipv4.ip_local_port_range`), which SNAT ports
+/// must avoid.
+pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
+    let text = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut bounds = text.split_whitespace().map(str::parse::<u16>);
+    Some(bounds.next()?.ok()?..=bounds.next()?.ok()?)
 }
 
 /// Mount point of the first cgroup v2 filesystem, from /proc/self/mountinfo.

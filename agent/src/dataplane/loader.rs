@@ -23,7 +23,7 @@ use aya::{
 use socklb_abi::{map_names, program_names};
 use tracing::{info, warn};
 
-use super::{Capacities, object::OBJECT};
+use super::{Capacities, object::OBJECT, tc};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -80,6 +80,16 @@ pub fn link_pin(pin_dir: &Path, program: &str) -> PathBuf {
 /// Loads the object, adopting compatible pinned maps, and loads every program into the
 /// kernel (verifier included); nothing is attached yet.
 pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> {
+    for name in map_names::RETIRED {
+        let path = pin_dir.join(name);
+        // A map of an older layout: programs still using it keep it until replaced.
+        if fs::remove_file(&path).is_ok() {
+            info!(
+                map = name,
+                "removed the pin of a map this agent no longer uses"
+            );
+        }
+    }
     // Each round replaces at most one incompatible map; there are only so many maps.
     for _ in 0..=map_names::ALL.len() {
         let mut loader = EbpfLoader::new();
@@ -88,7 +98,8 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> 
             .map_max_entries(map_names::SERVICES, capacities.service_entries)
             .map_max_entries(map_names::BACKENDS, capacities.backends)
             .map_max_entries(map_names::REVERSE, capacities.reverse)
-            .map_max_entries(map_names::AFFINITY, capacities.affinity);
+            .map_max_entries(map_names::AFFINITY, capacities.affinity)
+            .map_max_entries(map_names::CONNTRACK, capacities.conntrack);
         match loader.load(OBJECT) {
             Ok(mut ebpf) => {
                 load_programs(&mut ebpf)?;
@@ -116,9 +127,13 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> 
 }
 
 fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
-    for name in program_names::ALL {
-        let program = sock_addr_program(ebpf, name)?;
-        program
+    for name in program_names::SOCK_ADDR {
+        sock_addr_program(ebpf, name)?
+            .load()
+            .map_err(|source| LoadError::Program { name, source })?;
+    }
+    for name in program_names::TC {
+        tc::program(ebpf, name)?
             .load()
             .map_err(|source| LoadError::Program { name, source })?;
     }
@@ -162,7 +177,7 @@ pub fn attach(
     })?;
 
     let mut done = Vec::new();
-    for name in program_names::ALL {
+    for name in program_names::SOCK_ADDR {
         let program = sock_addr_program(ebpf, name)?;
         let pin = link_pin(pin_dir, name);
         let link_error = |action, source| LoadError::Link {
@@ -207,21 +222,32 @@ pub struct Cleanup {
     pub removed: Vec<PathBuf>,
 }
 
-/// Detaches the programs (by removing their link pins) and removes socklb's pinned maps and
-/// directories under `pin_dir`; nothing it did not create.
+/// Detaches the programs (by removing their link pins, and socklb's netlink TC filters on
+/// kernels without TCX) and removes socklb's pinned maps and directories under `pin_dir`;
+/// nothing it did not create.
 pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     let mut cleanup = Cleanup::default();
-    let links = program_names::ALL
+    let links = program_names::SOCK_ADDR
         .iter()
         .map(|name| link_pin(pin_dir, name));
-    let maps = map_names::ALL.iter().map(|name| pin_dir.join(name));
-    for path in links.chain(maps) {
+    let tc_links = tc::tc_pins(pin_dir)
+        .map_err(io::Error::other)?
+        .into_iter()
+        .map(|(path, _)| path);
+    let maps = map_names::ALL
+        .iter()
+        .chain(&map_names::RETIRED)
+        .map(|name| pin_dir.join(name));
+    for path in links.chain(tc_links).chain(maps) {
         match fs::remove_file(&path) {
             Ok(()) => cleanup.removed.push(path),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
         }
     }
+    cleanup
+        .removed
+        .extend(tc::detach_netlink_filters().into_iter().map(PathBuf::from));
     for dir in [pin_dir.join("links"), pin_dir.to_owned()] {
         // Only if empty: anything else in there is not ours.
         match fs::remove_dir(&dir) {

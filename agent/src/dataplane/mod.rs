@@ -6,18 +6,24 @@ mod layout;
 mod loader;
 mod maps;
 mod object;
+mod tc;
 mod writer;
 
-use std::path::{Path, PathBuf};
+use std::{
+    net::Ipv4Addr,
+    ops::RangeInclusive,
+    path::{Path, PathBuf},
+};
 
 use aya::{
     Ebpf,
-    maps::{MapData, MapError, PerCpuArray},
+    maps::{Array, MapData, MapError, PerCpuArray},
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
-pub use host::HostError;
+pub use host::{HostError, devices_with_addresses, ephemeral_ports};
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
-use socklb_abi::{Counters, map_names};
+use socklb_abi::{Counters, NodeConfig, map_names};
+pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
 pub use writer::{ApplyReport, Capacity, Rejected, StoreError};
 
@@ -37,6 +43,8 @@ pub struct Capacities {
     pub reverse: u32,
     /// Session-affinity entries (LRU).
     pub affinity: u32,
+    /// Conntrack entries for traffic from outside, two per flow (LRU).
+    pub conntrack: u32,
 }
 
 impl Default for Capacities {
@@ -46,6 +54,7 @@ impl Default for Capacities {
             backends: 65_536,
             reverse: 262_144,
             affinity: 65_536,
+            conntrack: 262_144,
         }
     }
 }
@@ -84,6 +93,18 @@ pub enum DataplaneError {
     },
     #[error("writing the maps failed; the agent re-read them and retries at the next sync")]
     Write(#[source] StoreError),
+    #[error(transparent)]
+    Tc(Box<TcAttachError>),
+}
+
+/// What the TC programs need to know about this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeSettings {
+    /// Flows to backends on other nodes are SNATed to this address; `None` drops them
+    /// (counted as errors) until the node has an address.
+    pub snat_address: Option<Ipv4Addr>,
+    /// Source ports for SNAT.
+    pub snat_ports: RangeInclusive<u16>,
 }
 
 /// The loaded datapath: programs verified by the kernel, maps pinned, and the writer that
@@ -92,6 +113,7 @@ pub struct Dataplane {
     ebpf: Ebpf,
     writer: Writer<KernelMaps>,
     counters: PerCpuArray<MapData, Counters>,
+    node: Array<MapData, NodeConfig>,
     /// The cgroup v2 directory the programs attach to.
     cgroup: PathBuf,
     config: Config,
@@ -125,6 +147,12 @@ impl Dataplane {
                 name: map_names::COUNTERS,
                 source,
             })?;
+        let node = take_map(&mut ebpf, map_names::NODE)?
+            .try_into()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::NODE,
+                source,
+            })?;
         let contents = kernel_maps.read().map_err(|source| DataplaneError::Map {
             name: map_names::SERVICES,
             source,
@@ -140,6 +168,7 @@ impl Dataplane {
             ebpf,
             writer,
             counters,
+            node,
             cgroup,
             config,
         })
@@ -217,6 +246,39 @@ impl Dataplane {
             &self.config.pin_dir,
             &self.cgroup,
         )?)
+    }
+
+    /// Attaches the TC programs to `devices` (or replaces those a previous agent left), and
+    /// detaches them from devices no longer listed.
+    pub fn attach_external(
+        &mut self,
+        devices: &[String],
+        mode: TcMode,
+    ) -> Result<Vec<(String, Attachment)>, DataplaneError> {
+        tc::attach(&mut self.ebpf, &self.config.pin_dir, devices, mode)
+            .map_err(|error| DataplaneError::Tc(Box::new(error)))
+    }
+
+    /// Tells the TC programs this node's SNAT address and ports; written only on change.
+    pub fn set_node(&mut self, settings: &NodeSettings) -> Result<(), DataplaneError> {
+        let wanted = NodeConfig {
+            snat_address: settings.snat_address.map_or(0, |a| u32::from(a).to_be()),
+            snat_port_min: *settings.snat_ports.start(),
+            snat_port_max: *settings.snat_ports.end(),
+        };
+        let map_error = |source| DataplaneError::Map {
+            name: map_names::NODE,
+            source,
+        };
+        if self.node.get(&0, 0).map_err(map_error)? != wanted {
+            self.node.set(0, &wanted, 0).map_err(map_error)?;
+            info!(
+                snat_address = ?settings.snat_address,
+                snat_ports = ?settings.snat_ports,
+                "node settings for traffic from outside written"
+            );
+        }
+        Ok(())
     }
 
     /// The kernel programs' counters, summed over CPUs.

@@ -14,7 +14,7 @@
 //! reported; the others are still applied.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use socklb_abi::{Backend, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey};
+use socklb_abi::{BACKEND_FLAG_REMOTE, Backend, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey};
 
 use super::{
     desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope},
@@ -595,12 +595,13 @@ fn frontend_ops(
     ops
 }
 
-/// A backend slot: the id, and the address and port the programs rewrite to.
+/// A backend slot: the id, and the address, port and flags the programs act on.
 pub fn slot_entry(id: u32, backend: &Backend) -> ServiceEntry {
     ServiceEntry {
         backend_id: id,
         backend_address: backend.address,
         backend_port: backend.port,
+        flags: u16::from(backend.flags),
         ..ServiceEntry::default()
     }
 }
@@ -610,7 +611,7 @@ fn to_backend(addr: &BackendAddr, protocol: Protocol) -> Backend {
         address: u32::from(addr.address).to_be(),
         port: addr.port.to_be(),
         protocol: protocol.number(),
-        flags: 0,
+        flags: if addr.remote { BACKEND_FLAG_REMOTE } else { 0 },
     }
 }
 
@@ -643,6 +644,7 @@ pub fn from_backend(backend: &Backend) -> BackendAddr {
     BackendAddr {
         address: u32::from_be(backend.address).into(),
         port: u16::from_be(backend.port),
+        remote: backend.flags & BACKEND_FLAG_REMOTE != 0,
     }
 }
 
@@ -739,10 +741,7 @@ mod tests {
     fn backends(lasts: &[u8]) -> Vec<BackendAddr> {
         lasts
             .iter()
-            .map(|last| BackendAddr {
-                address: Ipv4Addr::new(10, 0, 0, *last),
-                port: 8080,
-            })
+            .map(|last| BackendAddr::local(Ipv4Addr::new(10, 0, 0, *last), 8080))
             .collect()
     }
 
@@ -869,6 +868,31 @@ mod tests {
         w.store.ops.clear();
         w.apply(&desired(&[(2, &[1])])).expect("apply");
         assert_eq!(kinds(&w.store.ops), ["-master", "-slot1"]);
+    }
+
+    #[test]
+    fn a_remote_backend_is_flagged_in_its_slot_and_survives_adoption() {
+        let mut w = writer();
+        let mut d = desired(&[(1, &[1, 2])]);
+        for spec in d.frontends.values_mut() {
+            spec.backends[1].remote = true;
+        }
+        w.apply(&d).expect("apply");
+        let slot_flags: Vec<u16> = (1..=2)
+            .map(|slot| w.store.services[&service_key(&frontend(1), slot)].flags)
+            .collect();
+        assert_eq!(slot_flags, [0, u16::from(BACKEND_FLAG_REMOTE)]);
+        let contents = MapContents {
+            services: w.store.services.clone().into_iter().collect(),
+            backends: w.store.backends.clone().into_iter().collect(),
+        };
+        let recorder = Recorder {
+            services: w.store.services.clone(),
+            backends: w.store.backends.clone(),
+            ..Recorder::default()
+        };
+        let mut adopted = Writer::adopt(recorder, CAPACITY, contents);
+        assert_eq!(adopted.apply(&d).expect("apply").writes, 0);
     }
 
     #[test]

@@ -72,7 +72,7 @@ pub fn select(
 ) -> ServiceSelection {
     let mut frontends = Vec::new();
     for port in &service.ports {
-        let endpoints = endpoints_for_port(slices, port);
+        let endpoints = endpoints_for_port(slices, port, node);
         let cluster = cluster_selection(service, &endpoints, node, node_labels);
         let local = local_selection(service, &endpoints, node);
         let choose = |policy: Policy| match policy {
@@ -180,8 +180,13 @@ impl PortEndpoint<'_> {
 
 /// The endpoints of `port`, merged across slices: the slice port of the same name and
 /// protocol gives the target port; an address:port in several slices counts once, the
-/// non-terminating copy winning (else the first, slices being in name order).
-fn endpoints_for_port<'a>(slices: &'a [SliceInfo], port: &ServicePort) -> Vec<PortEndpoint<'a>> {
+/// non-terminating copy winning (else the first, slices being in name order). A backend
+/// not on `node` (or of no known node) is marked remote.
+fn endpoints_for_port<'a>(
+    slices: &'a [SliceInfo],
+    port: &ServicePort,
+    node: &ThisNode,
+) -> Vec<PortEndpoint<'a>> {
     let mut merged: BTreeMap<BackendAddr, &'a Endpoint> = BTreeMap::new();
     for slice in slices {
         let Some(slice_port) = slice
@@ -198,6 +203,7 @@ fn endpoints_for_port<'a>(slices: &'a [SliceInfo], port: &ServicePort) -> Vec<Po
             let backend = BackendAddr {
                 address,
                 port: slice_port.port,
+                remote: endpoint.node_name.as_deref() != Some(node.name.as_str()),
             };
             match merged.get(&backend) {
                 Some(existing) if !(existing.terminating && !endpoint.terminating) => {}

@@ -509,3 +509,23 @@ fn endpoints_without_an_address_are_ignored() {
         [1]
     );
 }
+
+#[test]
+fn backends_on_other_nodes_or_no_node_are_remote() {
+    let svc = service();
+    let mut nameless = ep(3, "node-a");
+    nameless.node_name = None;
+    let selection = select(
+        &svc,
+        &[slice(vec![ep(1, "node-a"), ep(2, "node-b"), nameless])],
+        &this_node(),
+        &node_labels(),
+    );
+    let remote: Vec<(u8, bool)> = cluster_ip(&selection)
+        .spec
+        .backends
+        .iter()
+        .map(|b| (b.address.octets()[3], b.remote))
+        .collect();
+    assert_eq!(remote, [(1, false), (2, true), (3, true)]);
+}

@@ -10,7 +10,9 @@
 
 use core::mem::size_of;
 
-/// Version of every map layout below; also the suffix of the map names.
+/// Version of the map layouts below when none changed since the first release; a map whose
+/// layout changed carries its own higher `_vN` suffix (and its old name is in
+/// [`map_names::RETIRED`]).
 pub const LAYOUT_VERSION: u32 = 1;
 
 /// Map names as the kernel and bpffs see them (at most 15 bytes).
@@ -24,10 +26,21 @@ pub mod map_names {
     /// [`super::AffinityKey`] -> [`super::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
-    pub const COUNTERS: &str = "socklb_cnt_v1";
+    pub const COUNTERS: &str = "socklb_cnt_v2";
+    /// [`super::CtKey`] -> [`super::CtEntry`]: flows from outside the node and their NAT.
+    pub const CONNTRACK: &str = "socklb_ct_v1";
+    /// [`super::NodeConfig`], a single entry at index 0: what the TC programs need to
+    /// know about this node.
+    pub const NODE: &str = "socklb_node_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 5] = [SERVICES, BACKENDS, REVERSE, AFFINITY, COUNTERS];
+    pub const ALL: [&str; 7] = [
+        SERVICES, BACKENDS, REVERSE, AFFINITY, COUNTERS, CONNTRACK, NODE,
+    ];
+
+    /// Names of maps an older agent pinned and this one no longer uses: removed at load and
+    /// by `socklb cleanup`.
+    pub const RETIRED: [&str; 1] = ["socklb_cnt_v1"];
 }
 
 /// Names of the kernel programs (the functions in socklb-ebpf), one per hook.
@@ -42,7 +55,15 @@ pub mod program_names {
     pub const RECVMSG6: &str = "socklb_recvmsg6";
     pub const GETPEERNAME6: &str = "socklb_getpeername6";
 
-    pub const ALL: [&str; 8] = [
+    /// TC ingress on the node's external devices: NodePort, LoadBalancer and externalIP
+    /// traffic from outside, and the replies of SNATed flows.
+    pub const TC_INGRESS: &str = "socklb_tc_in";
+    /// TC egress on the node's external devices: replies of local backends to outside
+    /// clients.
+    pub const TC_EGRESS: &str = "socklb_tc_out";
+
+    /// The cgroup sock_addr programs.
+    pub const SOCK_ADDR: [&str; 8] = [
         CONNECT4,
         SENDMSG4,
         RECVMSG4,
@@ -52,6 +73,9 @@ pub mod program_names {
         RECVMSG6,
         GETPEERNAME6,
     ];
+
+    /// The TC programs.
+    pub const TC: [&str; 2] = [TC_INGRESS, TC_EGRESS];
 }
 
 /// IP protocol numbers as found in `bpf_sock_addr.protocol`.
@@ -65,6 +89,11 @@ pub const SCOPE_EXTERNAL: u8 = 1;
 
 /// [`ServiceEntry::flags`]: sessionAffinity ClientIP is on for this frontend.
 pub const SERVICE_FLAG_AFFINITY: u16 = 1 << 0;
+
+/// [`ServiceEntry::flags`] of a backend slot, and [`Backend::flags`]: the backend runs on
+/// another node, so traffic from outside reaching it through this node is SNATed to this
+/// node's address (else the replies would bypass this node).
+pub const BACKEND_FLAG_REMOTE: u8 = 1 << 0;
 
 /// Highest backend slot a service may have (slots are `1..=count`).
 pub const MAX_BACKENDS_PER_SERVICE: u16 = u16::MAX;
@@ -100,7 +129,7 @@ pub struct ServiceEntry {
     pub backend_port: u16,
     /// Master: number of backend slots; 0 means "known frontend, no usable backend".
     pub count: u16,
-    /// Master: `SERVICE_FLAG_*` bits.
+    /// Master: `SERVICE_FLAG_*` bits. Slot: the backend's `BACKEND_FLAG_*` bits.
     pub flags: u16,
     pub pad: u16,
     /// Master: stable id of the frontend, for the reverse and affinity maps.
@@ -119,6 +148,7 @@ pub struct Backend {
     /// Backend port, network byte order.
     pub port: u16,
     pub protocol: u8,
+    /// `BACKEND_FLAG_*` bits.
     pub flags: u8,
 }
 
@@ -170,6 +200,84 @@ pub struct AffinityEntry {
     pub pad: u16,
 }
 
+/// [`CtKey::direction`]: a packet from the client towards the frontend.
+pub const CT_FORWARD: u8 = 0;
+/// [`CtKey::direction`]: a packet from the backend back towards the client.
+pub const CT_REPLY: u8 = 1;
+
+/// Key of the conntrack map: a packet's addresses and ports as they arrive (network byte
+/// order) and which way it goes. A flow has one entry per direction.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub source: u32,
+    pub destination: u32,
+    pub source_port: u16,
+    pub destination_port: u16,
+    pub protocol: u8,
+    /// [`CT_FORWARD`] or [`CT_REPLY`].
+    pub direction: u8,
+    pub pad: u16,
+}
+
+/// [`CtEntry::flags`]: the flow's source was rewritten to this node's address.
+pub const CT_FLAG_SNAT: u16 = 1 << 0;
+/// [`CtEntry::flags`]: a FIN or RST was seen in this direction; the entry expires soon.
+pub const CT_FLAG_CLOSING: u16 = 1 << 1;
+
+/// Idle time after which a flow's entries may be reused (its SNAT port given to a new
+/// flow, its backend chosen afresh), per state; the map itself is an LRU, so idle entries
+/// also go when room is needed. Values as in Cilium's defaults.
+pub const CT_TIMEOUT_TCP_S: u32 = 21_600;
+pub const CT_TIMEOUT_OTHER_S: u32 = 60;
+pub const CT_TIMEOUT_CLOSING_S: u32 = 10;
+
+/// Value of the conntrack map: what a packet of the flow is rewritten to (network byte
+/// order), and which service and backend the flow belongs to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtEntry {
+    pub source: u32,
+    pub destination: u32,
+    pub source_port: u16,
+    pub destination_port: u16,
+    pub backend_id: u32,
+    pub service_id: u32,
+    /// Seconds since boot (`bpf_ktime_get_ns`) of the last packet in this direction.
+    pub last_seen_s: u32,
+    /// `CT_FLAG_*` bits.
+    pub flags: u16,
+    pub pad: u16,
+}
+
+impl CtEntry {
+    /// Whether the flow has been idle long enough that its entries may be reused.
+    #[must_use]
+    pub fn expired(&self, protocol: u8, now_s: u32) -> bool {
+        let timeout = if self.flags & CT_FLAG_CLOSING != 0 {
+            CT_TIMEOUT_CLOSING_S
+        } else if protocol == PROTO_TCP {
+            CT_TIMEOUT_TCP_S
+        } else {
+            CT_TIMEOUT_OTHER_S
+        };
+        now_s.wrapping_sub(self.last_seen_s) > timeout
+    }
+}
+
+/// Value of the node map (index 0): written by the agent before the TC programs attach.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NodeConfig {
+    /// Address flows to remote backends are SNATed to, network byte order; 0 = none known,
+    /// such flows are dropped and counted as errors.
+    pub snat_address: u32,
+    /// Inclusive source-port range for SNAT, host byte order: outside the kernel's
+    /// ephemeral range, so that it never collides with the node's own connections.
+    pub snat_port_min: u16,
+    pub snat_port_max: u16,
+}
+
 /// Per-CPU event counters (one entry, index 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -185,6 +293,12 @@ pub struct Counters {
     /// Failures that let the operation proceed untranslated (e.g. a slot missing, a full
     /// reverse map).
     pub errors: u64,
+    /// Flows from outside the node given a backend (new conntrack entries).
+    pub external_flows: u64,
+    /// Packets from outside to a frontend without a usable backend here, dropped.
+    pub external_no_backend: u64,
+    /// Packets from outside dropped because no SNAT port was free.
+    pub snat_exhausted: u64,
 }
 
 impl Counters {
@@ -197,7 +311,29 @@ impl Counters {
             affinity_hits: acc.affinity_hits.wrapping_add(c.affinity_hits),
             reverse_translated: acc.reverse_translated.wrapping_add(c.reverse_translated),
             errors: acc.errors.wrapping_add(c.errors),
+            external_flows: acc.external_flows.wrapping_add(c.external_flows),
+            external_no_backend: acc.external_no_backend.wrapping_add(c.external_no_backend),
+            snat_exhausted: acc.snat_exhausted.wrapping_add(c.snat_exhausted),
         })
+    }
+
+    /// What happened between two readings (`self` the later one).
+    #[must_use]
+    pub fn since(&self, before: &Self) -> Self {
+        Self {
+            translated: self.translated.wrapping_sub(before.translated),
+            no_backend: self.no_backend.wrapping_sub(before.no_backend),
+            affinity_hits: self.affinity_hits.wrapping_sub(before.affinity_hits),
+            reverse_translated: self
+                .reverse_translated
+                .wrapping_sub(before.reverse_translated),
+            errors: self.errors.wrapping_sub(before.errors),
+            external_flows: self.external_flows.wrapping_sub(before.external_flows),
+            external_no_backend: self
+                .external_no_backend
+                .wrapping_sub(before.external_no_backend),
+            snat_exhausted: self.snat_exhausted.wrapping_sub(before.snat_exhausted),
+        }
     }
 }
 
@@ -208,7 +344,10 @@ const _: () = assert!(size_of::<ReverseKey>() == 16);
 const _: () = assert!(size_of::<ReverseEntry>() == 12);
 const _: () = assert!(size_of::<AffinityKey>() == 16);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
-const _: () = assert!(size_of::<Counters>() == 40);
+const _: () = assert!(size_of::<Counters>() == 64);
+const _: () = assert!(size_of::<CtKey>() == 16);
+const _: () = assert!(size_of::<CtEntry>() == 28);
+const _: () = assert!(size_of::<NodeConfig>() == 8);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -222,6 +361,9 @@ mod pod {
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::Counters {}
+    unsafe impl aya::Pod for super::CtKey {}
+    unsafe impl aya::Pod for super::CtEntry {}
+    unsafe impl aya::Pod for super::NodeConfig {}
 }
 
 #[cfg(test)]
@@ -232,7 +374,12 @@ mod tests {
     fn map_names_fit_the_kernel_limit_and_carry_the_version() {
         for name in map_names::ALL {
             assert!(name.len() <= 15, "{name} is longer than 15 bytes");
-            assert!(name.ends_with("_v1"), "{name} lacks the layout version");
+            let version = name.rsplit_once("_v").map(|(_, v)| v);
+            assert!(
+                version.is_some_and(|v| v.parse::<u32>().is_ok()),
+                "{name} lacks the layout version"
+            );
+            assert!(!map_names::RETIRED.contains(&name), "{name} is retired");
         }
     }
 
@@ -264,8 +411,12 @@ mod tests {
             affinity_hits: 3,
             reverse_translated: 4,
             errors: 5,
+            external_flows: 6,
+            external_no_backend: 7,
+            snat_exhausted: 8,
         };
         let total = Counters::sum([&one, &one]);
+        assert_eq!(total.since(&one), one);
         assert_eq!(
             total,
             Counters {
@@ -274,6 +425,9 @@ mod tests {
                 affinity_hits: 6,
                 reverse_translated: 8,
                 errors: 10,
+                external_flows: 12,
+                external_no_backend: 14,
+                snat_exhausted: 16,
             }
         );
     }

@@ -1,5 +1,6 @@
 //! socklb's kernel programs: socket-level service translation at the cgroup hooks, for
-//! IPv4 sockets and for IPv6 sockets talking to IPv4-mapped addresses.
+//! IPv4 sockets and for IPv6 sockets talking to IPv4-mapped addresses, and packet-level
+//! translation at TC for traffic from outside the node.
 //!
 //! Every hook is a thin entry that calls a `try_*` function; an error lets the operation
 //! proceed untranslated (the safe verdict for a socket hook) and is counted.
@@ -7,11 +8,14 @@
 #![no_main]
 
 mod connect;
+mod conntrack;
 mod context;
 mod counters;
+mod external;
 mod getpeername;
 mod lb;
 mod maps;
+mod packet;
 mod recvmsg;
 mod sendmsg;
 

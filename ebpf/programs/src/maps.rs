@@ -1,12 +1,12 @@
 //! The maps, as described in socklb-abi. Capacities here are placeholders: the agent sets
 //! the real ones at load time from its flags.
 use aya_ebpf::{
-    btf_maps::{HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, Counters, ReverseEntry, ReverseKey, ServiceEntry,
-    ServiceKey,
+    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, NodeConfig, ReverseEntry,
+    ReverseKey, ServiceEntry, ServiceKey,
 };
 
 #[btf_map(name = "socklb_svc_v1", pin_by_name)]
@@ -21,5 +21,11 @@ pub static REVERSE: LruHashMap<ReverseKey, ReverseEntry, 65536> = LruHashMap::ne
 #[btf_map(name = "socklb_aff_v1", pin_by_name)]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
 
-#[btf_map(name = "socklb_cnt_v1", pin_by_name)]
+#[btf_map(name = "socklb_cnt_v2", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
+
+#[btf_map(name = "socklb_ct_v1", pin_by_name)]
+pub static CONNTRACK: LruHashMap<CtKey, CtEntry, 262144> = LruHashMap::new();
+
+#[btf_map(name = "socklb_node_v1", pin_by_name)]
+pub static NODE: Array<NodeConfig, 1> = Array::new();

@@ -235,10 +235,10 @@ fn datapath(args: &[String]) {
         let counters_before = dataplane.counters().expect("read the counters");
         let accepted_before = servers.accepted();
         let measurement = run_client(&sandbox, vip(measured), ids, options.connections);
-        let counters = since(
-            dataplane.counters().expect("read the counters"),
-            counters_before,
-        );
+        let counters = dataplane
+            .counters()
+            .expect("read the counters")
+            .since(&counters_before);
         check(&measurement, &counters);
         servers.wait_for(accepted_before + measurement.vip_connects + measurement.direct_connects);
         rows.push((services, measurement));
@@ -276,10 +276,7 @@ fn desired(services: u32, measured: u32) -> Desired {
                 Some(addr) if service == measured => *addr,
                 _ => placeholder_backend(service, backend),
             })
-            .map(|addr| BackendAddr {
-                address: *addr.ip(),
-                port: addr.port(),
-            })
+            .map(|addr| BackendAddr::local(*addr.ip(), addr.port()))
             .collect();
         let address = vip(service);
         desired.insert(
@@ -353,18 +350,6 @@ fn run_client(
             String::from_utf8_lossy(&output.stdout)
         )
     })
-}
-
-fn since(after: Counters, before: Counters) -> Counters {
-    Counters {
-        translated: after.translated.wrapping_sub(before.translated),
-        no_backend: after.no_backend.wrapping_sub(before.no_backend),
-        affinity_hits: after.affinity_hits.wrapping_sub(before.affinity_hits),
-        reverse_translated: after
-            .reverse_translated
-            .wrapping_sub(before.reverse_translated),
-        errors: after.errors.wrapping_sub(before.errors),
-    }
 }
 
 /// Numbers are only worth reporting if every VIP connection was translated and nothing

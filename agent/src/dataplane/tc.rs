@@ -1,0 +1,324 @@
+//! Attaching the TC programs to the node's external devices, and removing them.
+//!
+//! TCX (kernel >= 6.6) attaches through bpf links, pinned like the cgroup links so that the
+//! programs stay attached while no agent runs and a new agent swaps its programs in
+//! atomically. Older kernels get a clsact qdisc and netlink filters, which outlive the
+//! agent by themselves; a new agent replaces them (remove, then add: a gap of a few
+//! milliseconds for traffic from outside).
+use std::{
+    ffi::CString,
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf,
+    programs::{
+        ProgramError, SchedClassifier, TcAttach, TcAttachType,
+        links::{FdLink, LinkError, PinnedLink},
+        tc::{self, NlOptions, SchedClassifierLink, TcError},
+    },
+    util::KernelVersion,
+};
+use serde::Serialize;
+use socklb_abi::program_names;
+use tracing::{info, warn};
+
+use super::loader::{Attachment, LoadError, link_pin};
+
+/// How TC programs are attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TcMode {
+    /// TCX where the kernel has it (>= 6.6), netlink otherwise.
+    #[default]
+    Auto,
+    Tcx,
+    Netlink,
+}
+
+impl TcMode {
+    /// The mode `Auto` stands for on this kernel.
+    pub fn resolve(self) -> Self {
+        match self {
+            Self::Auto => match KernelVersion::current() {
+                Ok(version) if version >= KernelVersion::new(6, 6, 0) => Self::Tcx,
+                _ => Self::Netlink,
+            },
+            mode => mode,
+        }
+    }
+}
+
+/// The two programs and their hooks.
+const HOOKS: [(&str, TcAttachType); 2] = [
+    (program_names::TC_INGRESS, TcAttachType::Ingress),
+    (program_names::TC_EGRESS, TcAttachType::Egress),
+];
+
+/// Prefix of the link pins of TC programs: `<program>@<device>`.
+const TC_PIN_PREFIX: &str = "socklb_tc_";
+
+fn tc_link_pin(pin_dir: &Path, program: &str, device: &str) -> PathBuf {
+    link_pin(pin_dir, &format!("{program}@{device}"))
+}
+
+pub fn program<'a>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut SchedClassifier, LoadError> {
+    ebpf.program_mut(name)
+        .ok_or(LoadError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TcAttachError {
+    #[error(
+        "device {device} does not exist in this network namespace: check --devices (`ip link` \
+         lists the devices)"
+    )]
+    NoDevice { device: String },
+    #[error("cannot attach {program} to device {device} ({mode:?})")]
+    Attach {
+        program: &'static str,
+        device: String,
+        mode: TcMode,
+        #[source]
+        source: ProgramError,
+    },
+    #[error("cannot add the clsact qdisc to device {device}")]
+    Qdisc {
+        device: String,
+        #[source]
+        source: TcError,
+    },
+    #[error("cannot {action} the pinned link {path}")]
+    Link {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: LinkError,
+    },
+    #[error("cannot pin the link {path}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+    #[error("cannot list or remove TC link pins in {path}")]
+    Pins {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Attaches both TC programs to every device, and detaches them from devices socklb
+/// served before but no longer should.
+pub fn attach(
+    ebpf: &mut Ebpf,
+    pin_dir: &Path,
+    devices: &[String],
+    mode: TcMode,
+) -> Result<Vec<(String, Attachment)>, TcAttachError> {
+    let mode = mode.resolve();
+    let links = pin_dir.join("links");
+    fs::create_dir_all(&links).map_err(|source| TcAttachError::Pins {
+        path: links.clone(),
+        source,
+    })?;
+    remove_stale_pins(pin_dir, devices)?;
+    let mut done = Vec::new();
+    for device in devices {
+        let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
+            device: device.clone(),
+        })?;
+        if !Path::new("/sys/class/net").join(device).exists() {
+            return Err(TcAttachError::NoDevice {
+                device: device.clone(),
+            });
+        }
+        for (program_name, hook) in HOOKS {
+            let program = program(ebpf, program_name).map_err(|_| TcAttachError::Attach {
+                program: program_name,
+                device: device.clone(),
+                mode,
+                source: ProgramError::NotLoaded,
+            })?;
+            let attachment = match mode {
+                TcMode::Netlink => attach_netlink(program, program_name, &name, device, hook)?,
+                _ => attach_tcx(program, program_name, pin_dir, &name, device, hook)?,
+            };
+            info!(
+                program = program_name,
+                device,
+                ?mode,
+                ?attachment,
+                "program attached"
+            );
+            done.push((format!("{program_name}@{device}"), attachment));
+        }
+    }
+    Ok(done)
+}
+
+fn attach_tcx(
+    program: &mut SchedClassifier,
+    program_name: &'static str,
+    pin_dir: &Path,
+    name: &CString,
+    device: &str,
+    hook: TcAttachType,
+) -> Result<Attachment, TcAttachError> {
+    let pin = tc_link_pin(pin_dir, program_name, device);
+    let link_error = |action, source| TcAttachError::Link {
+        action,
+        path: pin.clone(),
+        source,
+    };
+    let attach_error = |source| TcAttachError::Attach {
+        program: program_name,
+        device: device.to_owned(),
+        mode: TcMode::Tcx,
+        source,
+    };
+    if pin.exists() {
+        let pinned = PinnedLink::from_pin(&pin).map_err(|e| link_error("open", e))?;
+        let link = SchedClassifierLink::try_from(FdLink::from(pinned))
+            .map_err(|e| link_error("reuse (not a TCX link)", e))?;
+        let id = program.attach_to_link(link).map_err(attach_error)?;
+        // Dropping our handle closes the fd only; the pin keeps the link.
+        drop(program.take_link(id));
+        return Ok(Attachment::Replaced);
+    }
+    let id = program
+        .attach(
+            name.as_c_str(),
+            TcAttach::Tcx {
+                attach_type: hook,
+                order: aya::programs::LinkOrder::default(),
+            },
+        )
+        .map_err(attach_error)?;
+    let link = program.take_link(id).map_err(attach_error)?;
+    let fd_link = FdLink::try_from(link).map_err(|e| link_error("pin", e))?;
+    fd_link.pin(&pin).map_err(|source| TcAttachError::Pin {
+        path: pin.clone(),
+        source,
+    })?;
+    Ok(Attachment::Attached)
+}
+
+fn attach_netlink(
+    program: &mut SchedClassifier,
+    program_name: &'static str,
+    name: &CString,
+    device: &str,
+    hook: TcAttachType,
+) -> Result<Attachment, TcAttachError> {
+    match tc::qdisc_add_clsact(name.as_c_str()) {
+        Ok(()) | Err(TcError::AlreadyAttached) => {}
+        // The netlink error for an existing qdisc is EEXIST.
+        Err(TcError::NetlinkError(e)) if e.to_string().contains("exists") => {}
+        Err(source) => {
+            return Err(TcAttachError::Qdisc {
+                device: device.to_owned(),
+                source,
+            });
+        }
+    }
+    let replaced = tc::qdisc_detach_program(name.as_c_str(), hook.into(), program_name).is_ok();
+    let id = program
+        .attach(
+            name.as_c_str(),
+            TcAttach::Netlink {
+                parent: hook.into(),
+                options: NlOptions::default(),
+            },
+        )
+        .map_err(|source| TcAttachError::Attach {
+            program: program_name,
+            device: device.to_owned(),
+            mode: TcMode::Netlink,
+            source,
+        })?;
+    // Netlink filters stay when the agent exits; forget the handle without detaching.
+    let link = program.take_link(id);
+    std::mem::forget(link);
+    Ok(if replaced {
+        Attachment::Replaced
+    } else {
+        Attachment::Attached
+    })
+}
+
+/// Removes TCX link pins of devices not in `devices` (which detaches those programs).
+fn remove_stale_pins(pin_dir: &Path, devices: &[String]) -> Result<(), TcAttachError> {
+    for (path, device) in tc_pins(pin_dir)? {
+        if !devices.contains(&device) {
+            warn!(device, "device no longer served: detaching the TC programs");
+            fs::remove_file(&path).map_err(|source| TcAttachError::Pins {
+                path: path.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(())
+}
+
+/// The TCX link pins and their device names.
+pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> {
+    let links = pin_dir.join("links");
+    let entries = match fs::read_dir(&links) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(TcAttachError::Pins {
+                path: links,
+                source,
+            });
+        }
+    };
+    let mut pins = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| TcAttachError::Pins {
+            path: links.clone(),
+            source,
+        })?;
+        let file_name = entry.file_name();
+        let Some(name) = file_name.to_str() else {
+            continue;
+        };
+        if let Some((program, device)) = name.split_once('@')
+            && program.starts_with(TC_PIN_PREFIX)
+        {
+            pins.push((entry.path(), device.to_owned()));
+        }
+    }
+    Ok(pins)
+}
+
+/// Removes socklb's netlink filters from every device (kernels without TCX); TCX links go
+/// with their pins.
+pub fn detach_netlink_filters() -> Vec<String> {
+    let mut removed = Vec::new();
+    let Ok(devices) = fs::read_dir("/sys/class/net") else {
+        return removed;
+    };
+    for device in devices.flatten() {
+        let Some(device) = device.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let Ok(name) = CString::new(device.as_str()) else {
+            continue;
+        };
+        for (program_name, hook) in HOOKS {
+            if tc::qdisc_detach_program(name.as_c_str(), hook.into(), program_name).is_ok() {
+                removed.push(format!("{program_name}@{device} (netlink filter)"));
+            }
+        }
+    }
+    removed
+}

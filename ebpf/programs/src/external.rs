@@ -1,0 +1,283 @@
+//! Traffic from outside the node (TC on the external devices): packets to a NodePort, a
+//! LoadBalancer IP or an externalIP get a backend from the frontend's external selection,
+//! and every packet of the flow follows its conntrack entries both ways.
+//!
+//! - Ingress: a new flow draws a backend; a flow to a backend on another node is SNATed
+//!   to this node's address so that its replies come back here. Translated packets are
+//!   forwarded by redirect (FIB lookup), which also keeps the kernel from dropping a
+//!   packet whose new source is one of its own addresses.
+//! - Ingress also takes the replies of SNATed flows; egress takes the replies of local
+//!   backends on their way out. Both are rewritten to come from the frontend.
+//! - A frontend without a usable backend here drops the packet (externalTrafficPolicy
+//!   Local without a local endpoint, or no endpoint at all).
+use core::mem::{size_of, zeroed};
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{__sk_buff, bpf_fib_lookup},
+    helpers,
+    macros::classifier,
+    programs::TcContext,
+};
+use socklb_abi::{
+    BACKEND_FLAG_REMOTE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY, CtEntry, PROTO_TCP, SCOPE_EXTERNAL,
+    ServiceEntry, ServiceKey,
+};
+
+use crate::{
+    conntrack,
+    counters::bump,
+    maps::{BACKENDS, NODE, SERVICES},
+    packet::{Packet, PacketError},
+};
+
+const AF_INET: u8 = 2;
+const ETH_ALEN: usize = 6;
+/// TC verdicts.
+const TC_ACT_OK: i32 = 0;
+const TC_ACT_SHOT: i32 = 2;
+/// `bpf_fib_lookup` results.
+const FIB_SUCCESS: i64 = 0;
+const FIB_NO_NEIGHBOUR: i64 = 7;
+
+/// A map or packet operation that should have worked did not: pass untranslated, count it.
+struct Error;
+
+impl From<PacketError> for Error {
+    fn from(_: PacketError) -> Self {
+        Self
+    }
+}
+
+enum Flow {
+    /// Not addressed to an external frontend: untouched.
+    NotOurs,
+    /// A frontend without a usable backend on this node's external selection.
+    NoBackend,
+    /// A remote backend, but every SNAT port tried belongs to a live flow.
+    SnatExhausted,
+    /// Rewrite the packet to this.
+    To(CtEntry),
+}
+
+#[classifier]
+pub fn socklb_tc_in(ctx: TcContext) -> i32 {
+    verdict(try_ingress(&ctx))
+}
+
+#[classifier]
+pub fn socklb_tc_out(ctx: TcContext) -> i32 {
+    verdict(try_egress(&ctx))
+}
+
+#[inline(always)]
+fn verdict(result: Result<i32, Error>) -> i32 {
+    match result {
+        Ok(verdict) => verdict,
+        Err(Error) => {
+            bump(|c| &mut c.errors);
+            TC_ACT_OK
+        }
+    }
+}
+
+#[inline(always)]
+fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
+    let Some(mut packet) = Packet::parse(ctx) else {
+        return Ok(TC_ACT_OK);
+    };
+    let now = conntrack::now_s();
+    let closes = packet.closes_connection();
+    // A remote backend answering a SNATed flow, addressed to this node.
+    if let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, closes, now) {
+        packet.rewrite(
+            reply.source,
+            reply.source_port,
+            reply.destination,
+            reply.destination_port,
+        )?;
+        return forward(ctx, &mut packet);
+    }
+    let entry = match flow(&packet, closes, now)? {
+        Flow::NotOurs => return Ok(TC_ACT_OK),
+        Flow::NoBackend => {
+            bump(|c| &mut c.external_no_backend);
+            return Ok(TC_ACT_SHOT);
+        }
+        Flow::SnatExhausted => {
+            bump(|c| &mut c.snat_exhausted);
+            return Ok(TC_ACT_SHOT);
+        }
+        Flow::To(entry) => entry,
+    };
+    packet.rewrite(
+        entry.source,
+        entry.source_port,
+        entry.destination,
+        entry.destination_port,
+    )?;
+    forward(ctx, &mut packet)
+}
+
+/// Replies of local backends leaving the node: shown as coming from the frontend.
+#[inline(always)]
+fn try_egress(ctx: &TcContext) -> Result<i32, Error> {
+    let Some(mut packet) = Packet::parse(ctx) else {
+        return Ok(TC_ACT_OK);
+    };
+    let now = conntrack::now_s();
+    if let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, packet.closes_connection(), now)
+    {
+        packet.rewrite(
+            reply.source,
+            reply.source_port,
+            reply.destination,
+            reply.destination_port,
+        )?;
+    }
+    Ok(TC_ACT_OK)
+}
+
+/// The packet's flow: the one conntrack holds, or a new one.
+#[inline(always)]
+fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
+    if let Some(entry) = conntrack::lookup(&packet.tuple, CT_FORWARD, closes, now)
+        && keeps_backend(&entry, packet, now)
+    {
+        return Ok(Flow::To(entry));
+    }
+    new_flow(packet, now)
+}
+
+/// Whether a known flow stays with its backend. An idle-expired flow starts afresh. An
+/// open TCP connection stays even when its backend left the service, as with kube-proxy's
+/// conntrack: a terminating pod drains its connections. A new connection or a UDP
+/// datagram whose backend is gone chooses again, so new flows never reach a removed
+/// backend.
+#[inline(always)]
+fn keeps_backend(entry: &CtEntry, packet: &Packet, now: u32) -> bool {
+    let protocol = packet.tuple.protocol;
+    if entry.expired(protocol, now) {
+        return false;
+    }
+    if protocol == PROTO_TCP && !packet.opens_connection() {
+        return true;
+    }
+    match BACKENDS.get_ptr(&entry.backend_id) {
+        Some(backend) => {
+            // SAFETY: pointer from a successful lookup; copied out at once.
+            let backend = unsafe { *backend };
+            backend.address == entry.destination && backend.port == entry.destination_port
+        }
+        None => false,
+    }
+}
+
+#[inline(always)]
+fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
+    let tuple = &packet.tuple;
+    let mut key = ServiceKey {
+        address: tuple.destination,
+        port: tuple.destination_port,
+        protocol: tuple.protocol,
+        scope: SCOPE_EXTERNAL,
+        slot: 0,
+        pad: 0,
+    };
+    let Some(master) = SERVICES.get_ptr(&key) else {
+        return Ok(Flow::NotOurs);
+    };
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    let master: ServiceEntry = unsafe { *master };
+    let count = u32::from(master.count);
+    if count == 0 {
+        return Ok(Flow::NoBackend);
+    }
+    // SAFETY: helper without arguments.
+    let draw = unsafe { helpers::bpf_get_prandom_u32() };
+    // count is at most u16::MAX, so the slot fits.
+    key.slot = (draw % count + 1) as u16;
+    let Some(backend) = SERVICES.get_ptr(&key) else {
+        return Err(Error);
+    };
+    // SAFETY: as above.
+    let backend: ServiceEntry = unsafe { *backend };
+
+    let mut entry = CtEntry {
+        source: tuple.source,
+        destination: backend.backend_address,
+        source_port: tuple.source_port,
+        destination_port: backend.backend_port,
+        backend_id: backend.backend_id,
+        service_id: master.service_id,
+        last_seen_s: now,
+        flags: 0,
+        pad: 0,
+    };
+    if backend.flags & u16::from(BACKEND_FLAG_REMOTE) != 0 {
+        let node = NODE.get(0).ok_or(Error)?;
+        if node.snat_address == 0 {
+            return Err(Error);
+        }
+        entry.flags |= CT_FLAG_SNAT;
+        match conntrack::insert_snat(tuple, &mut entry, node, now) {
+            Ok(Some(_)) => {}
+            Ok(None) => return Ok(Flow::SnatExhausted),
+            Err(_) => return Err(Error),
+        }
+    } else {
+        conntrack::insert(tuple, &entry).map_err(|_| Error)?;
+    }
+    bump(|c| &mut c.external_flows);
+    Ok(Flow::To(entry))
+}
+
+/// Sends a translated packet on towards its new destination: straight to the egress
+/// device the FIB names, or to the kernel's own path when the destination is local or
+/// unroutable (its usual errors then apply).
+#[inline(always)]
+fn forward(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
+    if packet.ttl <= 1 {
+        // The kernel answers with ICMP time exceeded.
+        return Ok(TC_ACT_OK);
+    }
+    // SAFETY: a plain C struct for which all zeroes is valid.
+    let mut fib: bpf_fib_lookup = unsafe { zeroed() };
+    fib.family = AF_INET;
+    fib.l4_protocol = packet.tuple.protocol;
+    fib.sport = packet.tuple.source_port;
+    fib.dport = packet.tuple.destination_port;
+    fib.__bindgen_anon_3.ipv4_src = packet.tuple.source;
+    fib.__bindgen_anon_4.ipv4_dst = packet.tuple.destination;
+    // SAFETY: the context is the valid __sk_buff of this run.
+    fib.ifindex = unsafe { (*ctx.as_ptr().cast::<__sk_buff>()).ingress_ifindex };
+    // SAFETY: fib is a valid, writable bpf_fib_lookup of the size passed.
+    let rc = unsafe {
+        helpers::bpf_fib_lookup(
+            ctx.as_ptr(),
+            &mut fib,
+            size_of::<bpf_fib_lookup>() as i32,
+            0,
+        )
+    };
+    match rc {
+        FIB_SUCCESS => {
+            packet.decrement_ttl()?;
+            // SAFETY: reading the MAC pair the successful lookup filled in.
+            let macs = unsafe { fib.__bindgen_anon_6.__bindgen_anon_2 };
+            ctx.store(0, &macs.dmac, 0).map_err(|_| Error)?;
+            ctx.store(ETH_ALEN, &macs.smac, 0).map_err(|_| Error)?;
+            // SAFETY: plain helper call without pointers.
+            Ok(unsafe { helpers::bpf_redirect(fib.ifindex, 0) } as i32)
+        }
+        FIB_NO_NEIGHBOUR => {
+            packet.decrement_ttl()?;
+            // SAFETY: a null neighbour lets the kernel resolve the next hop itself.
+            Ok(
+                unsafe { helpers::bpf_redirect_neigh(fib.ifindex, core::ptr::null_mut(), 0, 0) }
+                    as i32,
+            )
+        }
+        _ => Ok(TC_ACT_OK),
+    }
+}

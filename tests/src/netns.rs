@@ -1,0 +1,108 @@
+//! Named network namespaces for tests that need several hosts (a client, nodes, pods):
+//! created with `ip netns add`, removed in `Drop` with every process still inside killed.
+use std::{
+    fs,
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+    process::{Command, Output},
+    time::Duration,
+};
+
+use crate::{Attempt, parse_attempts, probe_bin, run};
+
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    /// A new namespace with loopback up; `name` must be unique on the machine (prefix it
+    /// with the test's name and process id).
+    pub fn new(name: &str) -> Self {
+        run(Command::new("ip").args(["netns", "add", name]));
+        let netns = Self {
+            name: name.to_owned(),
+        };
+        netns.ip(&["link", "set", "lo", "up"]);
+        netns
+    }
+
+    /// Runs `ip -n <name> <args>`, panicking with its output if it fails.
+    pub fn ip(&self, args: &[&str]) {
+        run(Command::new("ip").args(["-n", &self.name]).args(args));
+    }
+
+    /// Sets a sysctl inside the namespace, e.g. `net.ipv4.ip_forward=1`.
+    pub fn sysctl(&self, setting: &str) {
+        run(self.command("sysctl").args(["-qw", setting]));
+    }
+
+    /// A command that runs inside the namespace.
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", &self.name]).arg(program);
+        command
+    }
+
+    /// Runs `program args` inside the namespace and returns its output, whatever its status.
+    pub fn output(&self, program: &str, args: &[&str]) -> Output {
+        self.command(program)
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("run {program} in {}: {e}", self.name))
+    }
+
+    /// Runs the probe client inside the namespace: `count` attempts of `mode` to `target`.
+    pub fn probe(&self, mode: &str, target: &str, count: u32) -> Vec<Attempt> {
+        let output = self
+            .command(probe_bin())
+            .args([mode, target, &count.to_string()])
+            .output()
+            .expect("run socklb-probe");
+        parse_attempts(&output.stdout, &output.stderr)
+    }
+
+    /// Runs `f` on a thread inside the namespace: sockets it creates live there (and keep
+    /// living there when handed back).
+    pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = self.path();
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let file = fs::File::open(&path)
+                        .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+                    // SAFETY: setns with a namespace fd we opened; affects only this thread,
+                    // which ends when `f` returns.
+                    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                    assert_eq!(rc, 0, "setns {}", path.display());
+                    f()
+                })
+                .join()
+                .expect("thread inside the namespace panicked")
+        })
+    }
+
+    fn path(&self) -> PathBuf {
+        PathBuf::from("/run/netns").join(&self.name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Processes left inside (servers of a failed test) would keep the namespace alive.
+        if let Ok(output) = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+        {
+            for pid in String::from_utf8_lossy(&output.stdout).split_whitespace() {
+                if let Ok(pid) = pid.parse::<i32>() {
+                    // SAFETY: plain kill of a process inside our own namespace.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}

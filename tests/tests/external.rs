@@ -1,0 +1,545 @@
+//! Traffic from outside the node (TC programs), end to end through the real agent.
+//!
+//! Topology, all made by the test: a switch namespace with a bridge joins an external client
+//! (10.77.0.10), node1 (10.77.0.1: the sandbox namespace, where the agent runs) and node2
+//! (10.77.0.2). pod1 (10.244.1.10) hangs off node1, pod2 (10.244.2.10) off node2; node1
+//! routes pod2's subnet via node2. The client reaches LoadBalancer IPs and externalIPs
+//! through node1.
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use socklb_agent::inspect;
+use socklb_tests::{
+    Agent, Attempt, ManifestDir, NamedServer, Sandbox, netns::Netns, node_yaml, run,
+};
+
+const NODE1: &str = "10.77.0.1";
+const NODE2: &str = "10.77.0.2";
+const CLIENT: &str = "10.77.0.10";
+const POD1: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 10);
+const POD2: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 10);
+const LB_IP: &str = "192.0.2.100";
+const EXTERNAL_IP: &str = "198.51.100.7";
+
+/// The namespaces around node1; dropped (and with them every veth) after the agent.
+struct Lan {
+    client: Netns,
+    pod1: Netns,
+    pod2: Netns,
+    _node2: Netns,
+    _switch: Netns,
+}
+
+fn lan(test: &str) -> Lan {
+    let prefix = format!("slb{}{test}", std::process::id());
+    let switch = Netns::new(&format!("{prefix}-sw"));
+    switch.ip(&["link", "add", "br0", "type", "bridge"]);
+    switch.ip(&["link", "set", "br0", "up"]);
+    let plug = |port: &str, netns: Option<&Netns>| {
+        match netns {
+            Some(host) => switch.ip(&[
+                "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &host.name,
+            ]),
+            // node1: the sandbox namespace this thread is in.
+            None => run(Command::new("ip").args([
+                "link",
+                "add",
+                "eth0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,
+                "netns",
+                &switch.name,
+            ])),
+        }
+        switch.ip(&["link", "set", port, "master", "br0", "up"]);
+    };
+
+    plug("p-node1", None);
+    here(&["addr", "add", &format!("{NODE1}/24"), "dev", "eth0"]);
+    here(&["link", "set", "eth0", "up"]);
+    run(Command::new("sysctl").args(["-qw", "net.ipv4.ip_forward=1"]));
+
+    let client = Netns::new(&format!("{prefix}-client"));
+    plug("p-client", Some(&client));
+    client.ip(&["addr", "add", &format!("{CLIENT}/24"), "dev", "eth0"]);
+    client.ip(&["link", "set", "eth0", "up"]);
+    for address in [LB_IP, EXTERNAL_IP] {
+        client.ip(&["route", "add", address, "via", NODE1]);
+    }
+
+    let node2 = Netns::new(&format!("{prefix}-node2"));
+    plug("p-node2", Some(&node2));
+    node2.ip(&["addr", "add", &format!("{NODE2}/24"), "dev", "eth0"]);
+    node2.ip(&["link", "set", "eth0", "up"]);
+    node2.sysctl("net.ipv4.ip_forward=1");
+
+    let pod1 = Netns::new(&format!("{prefix}-pod1"));
+    run(Command::new("ip").args([
+        "link", "add", "pod1", "type", "veth", "peer", "name", "eth0", "netns", &pod1.name,
+    ]));
+    here(&["addr", "add", "10.244.1.1/24", "dev", "pod1"]);
+    here(&["link", "set", "pod1", "up"]);
+    pod_addresses(&pod1, POD1, "10.244.1.1");
+
+    let pod2 = Netns::new(&format!("{prefix}-pod2"));
+    node2.ip(&[
+        "link", "add", "pod2", "type", "veth", "peer", "name", "eth0", "netns", &pod2.name,
+    ]);
+    node2.ip(&["addr", "add", "10.244.2.1/24", "dev", "pod2"]);
+    node2.ip(&["link", "set", "pod2", "up"]);
+    pod_addresses(&pod2, POD2, "10.244.2.1");
+    here(&["route", "add", "10.244.2.0/24", "via", NODE2]);
+    node2.ip(&["route", "add", "10.244.1.0/24", "via", NODE1]);
+
+    Lan {
+        client,
+        pod1,
+        pod2,
+        _node2: node2,
+        _switch: switch,
+    }
+}
+
+/// `ip <args>` in node1, the namespace of this thread.
+fn here(args: &[&str]) {
+    run(Command::new("ip").args(args));
+}
+
+fn pod_addresses(pod: &Netns, address: Ipv4Addr, gateway: &str) {
+    pod.ip(&["addr", "add", &format!("{address}/24"), "dev", "eth0"]);
+    pod.ip(&["link", "set", "eth0", "up"]);
+    pod.ip(&["route", "add", "default", "via", gateway]);
+}
+
+/// A Service; `kind_spec` adds to its spec (type, nodePorts, externalIPs, policies).
+fn service(
+    name: &str,
+    cluster_ip: &str,
+    ports: &str,
+    kind_spec: &str,
+    lb_ip: Option<&str>,
+) -> String {
+    let status = lb_ip.map_or_else(String::new, |ip| {
+        format!("status: {{loadBalancer: {{ingress: [{{ip: {ip}}}]}}}}\n")
+    });
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {cluster_ip}
+  clusterIPs: [{cluster_ip}]
+  ports: {ports}
+{kind_spec}
+{status}"
+    )
+}
+
+fn nodes(manifests: &ManifestDir) {
+    manifests.write(
+        "nodes.yaml",
+        &format!(
+            "{}---\n{}",
+            node_yaml("node1", "z1", NODE1),
+            node_yaml("node2", "z1", NODE2)
+        ),
+    );
+}
+
+/// (address, node) of an endpoint.
+const POD1_ENDPOINT: (&str, &str) = ("10.244.1.10", "node1");
+const POD2_ENDPOINT: (&str, &str) = ("10.244.2.10", "node2");
+
+/// An EndpointSlice of `service` for one port (`name`, `port`, `protocol`).
+fn slice(name: &str, service: &str, port: (&str, u16, &str), endpoints: &[(&str, &str)]) -> String {
+    let (port_name, port, protocol) = port;
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}
+addressType: IPv4
+ports: [{{name: {port_name}, port: {port}, protocol: {protocol}}}]
+endpoints:
+"
+    );
+    for (address, node) in endpoints {
+        yaml.push_str(&format!("- addresses: [{address}]\n  nodeName: {node}\n"));
+    }
+    yaml
+}
+
+/// Splits probe replies `<server> <address:port it saw>` into (server, address seen).
+fn answers(attempts: &[Attempt]) -> Vec<(String, SocketAddrV4)> {
+    attempts
+        .iter()
+        .map(|attempt| {
+            let reply = attempt
+                .reply
+                .as_deref()
+                .unwrap_or_else(|| panic!("attempt failed: {attempt:?}"));
+            let (server, seen) = reply
+                .split_once(' ')
+                .unwrap_or_else(|| panic!("unexpected reply {reply:?}"));
+            (
+                server.to_owned(),
+                seen.parse()
+                    .unwrap_or_else(|e| panic!("address in {reply:?}: {e}")),
+            )
+        })
+        .collect()
+}
+
+/// Every reply came from a backend that saw the client's own address (pod1) or this node's
+/// address with a SNAT port (pod2), and the client saw the frontend as its peer.
+fn assert_translated(attempts: &[Attempt], frontend: &str) {
+    for attempt in attempts {
+        assert_eq!(
+            attempt.peer.as_deref(),
+            Some(frontend),
+            "the client must see the frontend: {attempt:?}"
+        );
+    }
+    for (server, seen) in answers(attempts) {
+        match server.as_str() {
+            "pod1" => assert_eq!(seen.ip().to_string(), CLIENT, "local backend: source kept"),
+            "pod2" => {
+                assert_eq!(
+                    seen.ip().to_string(),
+                    NODE1,
+                    "remote backend: SNAT to node1"
+                );
+                assert!(
+                    (61000..=65535).contains(&seen.port()),
+                    "SNAT port {} outside the default range",
+                    seen.port()
+                );
+            }
+            other => panic!("unexpected server {other}"),
+        }
+    }
+}
+
+fn servers_of(attempts: &[Attempt]) -> Vec<String> {
+    let mut servers: Vec<String> = answers(attempts).into_iter().map(|(s, _)| s).collect();
+    servers.sort();
+    servers.dedup();
+    servers
+}
+
+fn counters(sandbox: &Sandbox) -> socklb_agent::inspect::CountersView {
+    inspect::inspect(&sandbox.pin_dir, None)
+        .expect("inspect the maps")
+        .counters
+}
+
+#[test]
+fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends() {
+    let sandbox = Sandbox::new("ext-cluster");
+    let lan = lan("c");
+    let _servers = [
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    manifests.write(
+        "web.yaml",
+        &service(
+            "web",
+            "10.96.0.50",
+            "[{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}, \
+             {name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
+            &format!("  type: LoadBalancer\n  externalIPs: [{EXTERNAL_IP}]"),
+            Some(LB_IP),
+        ),
+    );
+    manifests.write(
+        "web-slice.yaml",
+        &format!(
+            "{}---\n{}",
+            slice(
+                "web-http",
+                "web",
+                ("http", 8080, "TCP"),
+                &[POD1_ENDPOINT, POD2_ENDPOINT]
+            ),
+            slice(
+                "web-dns",
+                "web",
+                ("dns", 5353, "UDP"),
+                &[POD1_ENDPOINT, POD2_ENDPOINT]
+            ),
+        ),
+    );
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    assert!(
+        agent
+            .log()
+            .contains(r#"program="socklb_tc_in" device="eth0" mode=Tcx"#),
+        "the TC programs attach to the device holding the node's address:\n{}",
+        agent.log()
+    );
+
+    let nodeport = format!("{NODE1}:30080");
+    let attempts = lan.client.probe("tcp", &nodeport, 40);
+    assert_translated(&attempts, &nodeport);
+    assert_eq!(
+        servers_of(&attempts),
+        ["pod1", "pod2"],
+        "both backends serve"
+    );
+
+    for frontend in [format!("{LB_IP}:80"), format!("{EXTERNAL_IP}:80")] {
+        let attempts = lan.client.probe("tcp", &frontend, 20);
+        assert_translated(&attempts, &frontend);
+    }
+
+    // A real HTTP client; the servers answer without HTTP headers.
+    let output = lan.client.output(
+        "curl",
+        &[
+            "--silent",
+            "--show-error",
+            "--http0.9",
+            "--max-time",
+            "5",
+            &format!("http://{nodeport}/"),
+        ],
+    );
+    let body = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        body.starts_with("pod1 ") || body.starts_with("pod2 "),
+        "curl through the NodePort: {body:?} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // UDP: every datagram's answer comes back from the frontend.
+    let udp = format!("{NODE1}:30053");
+    let attempts = lan.client.probe("udp", &udp, 30);
+    assert_translated(&attempts, &udp);
+    assert_eq!(servers_of(&attempts), ["pod1", "pod2"]);
+
+    let seen = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
+    // Shown with --nocapture: the samples of docs/operations.md.
+    println!("{}", inspect::table(&seen));
+    let dump = Command::new("bpftool")
+        .args(["map", "dump", "pinned"])
+        .arg(sandbox.pin_dir.join(socklb_abi::map_names::CONNTRACK))
+        .output()
+        .expect("prerequisite missing: bpftool (./x setup installs it)");
+    println!("{}", String::from_utf8_lossy(&dump.stdout));
+    assert!(
+        seen.conntrack
+            .iter()
+            .any(|c| c.snat && c.direction == "forward"),
+        "inspect lists SNATed flows"
+    );
+    assert!(seen.counters.external_flows >= 110, "{:?}", seen.counters);
+    assert_eq!(seen.counters.errors, 0, "{:?}", seen.counters);
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint() {
+    let sandbox = Sandbox::new("ext-local");
+    let lan = lan("l");
+    let _servers = [
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    let local_spec = "  type: NodePort\n  externalTrafficPolicy: Local";
+    manifests.write(
+        "local.yaml",
+        &format!(
+            "{}---\n{}",
+            service(
+                "local",
+                "10.96.0.60",
+                "[{name: http, port: 80, targetPort: 8080, nodePort: 30081, protocol: TCP}]",
+                local_spec,
+                None
+            ),
+            slice(
+                "local-1",
+                "local",
+                ("http", 8080, "TCP"),
+                &[POD1_ENDPOINT, POD2_ENDPOINT]
+            )
+        ),
+    );
+    manifests.write(
+        "elsewhere.yaml",
+        &format!(
+            "{}---\n{}",
+            service(
+                "elsewhere",
+                "10.96.0.61",
+                "[{name: http, port: 80, targetPort: 8080, nodePort: 30082, protocol: TCP}]",
+                local_spec,
+                None
+            ),
+            slice(
+                "elsewhere-1",
+                "elsewhere",
+                ("http", 8080, "TCP"),
+                &[POD2_ENDPOINT]
+            )
+        ),
+    );
+    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+
+    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30081"), 20);
+    for (server, seen) in answers(&attempts) {
+        assert_eq!(server, "pod1", "only the local endpoint serves");
+        assert_eq!(
+            seen.ip().to_string(),
+            CLIENT,
+            "the client's address reaches the pod"
+        );
+    }
+
+    let before = counters(&sandbox);
+    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30082"), 1);
+    assert!(
+        attempts[0].reply.is_none(),
+        "no local endpoint: {attempts:?}"
+    );
+    let after = counters(&sandbox);
+    assert!(
+        after.external_no_backend > before.external_no_backend,
+        "the SYNs were dropped by socklb: {before:?} -> {after:?}"
+    );
+}
+
+#[test]
+fn a_long_flow_survives_backend_changes_and_new_flows_follow_the_new_set() {
+    let sandbox = Sandbox::new("ext-long");
+    let lan = lan("f");
+    let _servers = [
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+    ];
+    let iperf_server = lan
+        .pod1
+        .command("iperf3")
+        .args(["--server", "--one-off", "--port", "5201"])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("prerequisite missing: iperf3 (./x setup installs it)");
+    let _iperf_server = KillOnDrop(iperf_server);
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    let ports = "[{name: http, port: 80, targetPort: 8080, nodePort: 30090, protocol: TCP}, \
+                 {name: bulk, port: 5201, targetPort: 5201, nodePort: 30091, protocol: TCP}]";
+    manifests.write(
+        "svc.yaml",
+        &service("bulk", "10.96.0.70", ports, "  type: NodePort", None),
+    );
+    let slices = |endpoints: &[(&str, &str)]| {
+        format!(
+            "{}---\n{}",
+            slice("bulk-http", "bulk", ("http", 8080, "TCP"), endpoints),
+            slice("bulk-data", "bulk", ("bulk", 5201, "TCP"), endpoints),
+        )
+    };
+    manifests.write("slices.yaml", &slices(&[POD1_ENDPOINT]));
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+
+    // iperf3 (control and data connections) to pod1 for 4 s, while pod2 joins and then
+    // pod1 leaves the service.
+    let client = lan
+        .client
+        .command("iperf3")
+        .args([
+            "--client", NODE1, "--port", "30091", "--time", "4", "--json",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start iperf3");
+    std::thread::sleep(Duration::from_millis(1200));
+    manifests.write("slices.yaml", &slices(&[POD1_ENDPOINT, POD2_ENDPOINT]));
+    agent.wait_for_log("synced", 2);
+    std::thread::sleep(Duration::from_millis(800));
+    manifests.write("slices.yaml", &slices(&[POD2_ENDPOINT]));
+    agent.wait_for_log("synced", 3);
+
+    // New connections reach only the remaining backend.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let attempts = loop {
+        let attempts = lan.client.probe("tcp", &format!("{NODE1}:30090"), 10);
+        if servers_of(&attempts) == ["pod2"] || Instant::now() > deadline {
+            break attempts;
+        }
+    };
+    assert_eq!(
+        servers_of(&attempts),
+        ["pod2"],
+        "new flows follow the new set"
+    );
+
+    let output = client.wait_with_output().expect("iperf3 client");
+    let report = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the long flow to pod1 was cut when pod1 left the service:\n{report}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&report).expect("iperf3 --json");
+    let received = json["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+    assert!(received > 0, "iperf3 moved no data: {report}");
+}
+
+#[test]
+fn tc_programs_stay_attached_across_an_agent_restart() {
+    let sandbox = Sandbox::new("ext-restart");
+    let lan = lan("r");
+    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080));
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    manifests.write(
+        "svc.yaml",
+        &format!(
+            "{}---\n{}",
+            service(
+                "web",
+                "10.96.0.80",
+                "[{name: http, port: 80, targetPort: 8080, nodePort: 30100, protocol: TCP}]",
+                "  type: NodePort",
+                None
+            ),
+            slice("web-1", "web", ("http", 8080, "TCP"), &[POD1_ENDPOINT])
+        ),
+    );
+    let nodeport = format!("{NODE1}:30100");
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &["--devices", "eth0"]);
+    agent.stop();
+    let attempts = lan.client.probe("tcp", &nodeport, 5);
+    assert_translated(&attempts, &nodeport);
+
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &["--devices", "eth0"]);
+    assert!(
+        agent.log().contains("Replaced"),
+        "the new agent swaps its programs into the pinned links:\n{}",
+        agent.log()
+    );
+    let attempts = lan.client.probe("tcp", &nodeport, 5);
+    assert_translated(&attempts, &nodeport);
+    drop(agent);
+}
+
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
