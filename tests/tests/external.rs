@@ -498,9 +498,20 @@ fn a_long_flow_survives_backend_changes_and_new_flows_follow_the_new_set() {
 }
 
 #[test]
-fn tc_programs_stay_attached_across_an_agent_restart() {
-    let sandbox = Sandbox::new("ext-restart");
-    let lan = lan("r");
+fn tcx_programs_stay_attached_across_an_agent_restart() {
+    restart_keeps_translating("tcx", "x");
+}
+
+#[test]
+fn netlink_filters_stay_attached_across_an_agent_restart_and_are_replaced_not_added() {
+    restart_keeps_translating("netlink", "n");
+}
+
+/// An agent stops (its TC programs stay), traffic from outside is still translated, a new
+/// agent takes the programs over without duplicating them, and cleanup removes them.
+fn restart_keeps_translating(mode: &str, tag: &str) {
+    let sandbox = Sandbox::new(&format!("ext-restart-{mode}"));
+    let lan = lan(tag);
     let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080));
     let manifests = ManifestDir::new(&sandbox);
     nodes(&manifests);
@@ -519,20 +530,61 @@ fn tc_programs_stay_attached_across_an_agent_restart() {
         ),
     );
     let nodeport = format!("{NODE1}:30100");
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &["--devices", "eth0"]);
+    let flags = ["--devices", "eth0", "--tc-attach-mode", mode];
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &flags);
     agent.stop();
     let attempts = lan.client.probe("tcp", &nodeport, 5);
     assert_translated(&attempts, &nodeport);
 
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &["--devices", "eth0"]);
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &flags);
     assert!(
         agent.log().contains("Replaced"),
-        "the new agent swaps its programs into the pinned links:\n{}",
+        "the new agent takes over the programs:\n{}",
         agent.log()
     );
     let attempts = lan.client.probe("tcp", &nodeport, 5);
     assert_translated(&attempts, &nodeport);
+    assert_eq!(
+        attached(mode, &sandbox),
+        2,
+        "one ingress and one egress program"
+    );
     drop(agent);
+
+    socklb_agent::dataplane::cleanup(&sandbox.pin_dir).expect("cleanup");
+    assert_eq!(
+        attached(mode, &sandbox),
+        0,
+        "cleanup detaches the TC programs"
+    );
+}
+
+/// socklb's TC programs on eth0: netlink filters as `tc` lists them, or TCX link pins.
+fn attached(mode: &str, sandbox: &Sandbox) -> usize {
+    if mode == "netlink" {
+        ["ingress", "egress"]
+            .iter()
+            .map(|hook| {
+                let output = Command::new("tc")
+                    .args(["filter", "show", "dev", "eth0", hook])
+                    .output()
+                    .expect("tc (iproute2)");
+                String::from_utf8_lossy(&output.stdout)
+                    .lines()
+                    .filter(|line| line.contains("socklb_tc_"))
+                    .count()
+            })
+            .sum()
+    } else {
+        std::fs::read_dir(sandbox.pin_dir.join("links"))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().contains("@eth0"))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
 }
 
 struct KillOnDrop(std::process::Child);

@@ -220,8 +220,8 @@ fn attach_netlink(
 ) -> Result<Attachment, TcAttachError> {
     match tc::qdisc_add_clsact(name.as_c_str()) {
         Ok(()) | Err(TcError::AlreadyAttached) => {}
-        // The netlink error for an existing qdisc is EEXIST.
-        Err(TcError::NetlinkError(e)) if e.to_string().contains("exists") => {}
+        // A clsact qdisc that is already there (ours from before, or another tool's).
+        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
         Err(source) => {
             return Err(TcAttachError::Qdisc {
                 device: device.to_owned(),
