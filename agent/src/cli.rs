@@ -163,6 +163,9 @@ pub struct CapacityArgs {
     /// Conntrack entries for traffic from outside the node, two per flow (LRU).
     #[arg(long, default_value_t = Capacities::default().conntrack)]
     pub max_conntrack_entries: u32,
+    /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
+    #[arg(long, default_value_t = Capacities::default().source_ranges)]
+    pub max_source_ranges: u32,
 }
 
 impl From<&CapacityArgs> for Capacities {
@@ -173,6 +176,7 @@ impl From<&CapacityArgs> for Capacities {
             reverse: args.max_reverse_entries,
             affinity: args.max_affinity_entries,
             conntrack: args.max_conntrack_entries,
+            source_ranges: args.max_source_ranges,
         }
     }
 }

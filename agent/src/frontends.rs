@@ -115,6 +115,7 @@ mod tests {
                     spec: FrontendSpec {
                         backends: vec![BackendAddr::local(Ipv4Addr::new(10, 0, 0, *backend), 80)],
                         affinity_timeout_seconds: None,
+                        source_ranges: None,
                     },
                     why: Why {
                         policy: Policy::Cluster,
@@ -124,6 +125,7 @@ mod tests {
                 })
                 .collect(),
             skipped: Vec::new(),
+            health_check: None,
         }
     }
 

@@ -2,16 +2,18 @@
 //! the agent is down: frontends with their backends per scope, session-affinity entries,
 //! conntrack entries of traffic from outside, and the kernel programs' counters.
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     net::{Ipv4Addr, SocketAddrV4},
     path::Path,
 };
 
-use aya::maps::{HashMap, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
     AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SNAT, CT_FORWARD,
-    Counters, CtEntry, CtKey, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey, map_names,
+    Counters, CtEntry, CtKey, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SOURCE_RANGE_FRONTEND_BITS,
+    ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
 };
 
 use crate::dataplane::{BackendAddr, Frontend, Protocol, Scope};
@@ -42,6 +44,10 @@ pub struct FrontendState {
     pub affinity_timeout_seconds: Option<u32>,
     /// Backends by slot (1..=count); a missing slot would show as `null`.
     pub backends: Vec<Option<BackendAddr>>,
+    /// loadBalancerSourceRanges of an external frontend: the client CIDRs allowed in
+    /// (empty: nobody); absent when unrestricted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize)]
@@ -89,6 +95,7 @@ pub struct CountersView {
     pub external_flows: u64,
     pub external_no_backend: u64,
     pub snat_exhausted: u64,
+    pub external_denied: u64,
 }
 
 fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
@@ -99,6 +106,7 @@ fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
     })?;
     Ok(match name {
         n if n == map_names::COUNTERS => Map::PerCpuArray(data),
+        n if n == map_names::SOURCE_RANGES => Map::LpmTrie(data),
         _ => Map::HashMap(data),
     })
 }
@@ -113,6 +121,25 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         .iter()
         .collect::<Result<Vec<_>, _>>()
         .map_err(read(map_names::SERVICES))?;
+
+    let trie: LpmTrie<MapData, SourceRange, SourceVerdict> =
+        open(pin_dir, map_names::SOURCE_RANGES)?
+            .try_into()
+            .map_err(read(map_names::SOURCE_RANGES))?;
+    let mut ranges: BTreeMap<(u32, u16, u8), Vec<String>> = BTreeMap::new();
+    for key in trie.keys().filter_map(Result::ok) {
+        let data = key.data();
+        let held = ranges
+            .entry((data.frontend, data.port, data.protocol))
+            .or_default();
+        if key.prefix_len() > SOURCE_RANGE_FRONTEND_BITS {
+            let client = Ipv4Addr::from(u32::from_be(data.client));
+            held.push(format!(
+                "{client}/{}",
+                key.prefix_len() - SOURCE_RANGE_FRONTEND_BITS
+            ));
+        }
+    }
 
     let mut frontends = Vec::new();
     for (key, master) in entries.iter().filter(|(key, _)| key.slot == 0) {
@@ -140,6 +167,9 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
             affinity_timeout_seconds: (master.flags & SERVICE_FLAG_AFFINITY != 0)
                 .then_some(master.affinity_timeout_s),
             backends,
+            source_ranges: (key.scope == SCOPE_EXTERNAL)
+                .then(|| ranges.get(&(key.address, key.port, key.protocol)).cloned())
+                .flatten(),
         });
     }
     frontends.sort_by_key(|f| f.frontend);
@@ -200,6 +230,7 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
             external_flows: sum.external_flows,
             external_no_backend: sum.external_no_backend,
             snat_exhausted: sum.snat_exhausted,
+            external_denied: sum.external_denied,
         },
     })
 }
@@ -265,6 +296,11 @@ pub fn table(inspection: &Inspection) -> String {
         let affinity = state
             .affinity_timeout_seconds
             .map_or_else(|| "-".to_owned(), |t| format!("{t}s"));
+        let backends = match &state.source_ranges {
+            Some(ranges) if ranges.is_empty() => format!("{backends}  (no client allowed)"),
+            Some(ranges) => format!("{backends}  (clients: {})", ranges.join(" ")),
+            None => backends,
+        };
         let _ = writeln!(
             out,
             "{:24} {:9} {:<7} {:9} {}",
@@ -301,7 +337,7 @@ pub fn table(inspection: &Inspection) -> String {
     let c = &inspection.counters;
     let _ = writeln!(
         out,
-        "\naffinity entries: {}\ncounters: translated {} no_backend {} affinity_hits {} reverse_translated {} errors {} external_flows {} external_no_backend {} snat_exhausted {}",
+        "\naffinity entries: {}\ncounters: translated {} no_backend {} affinity_hits {} reverse_translated {} errors {} external_flows {} external_no_backend {} snat_exhausted {} external_denied {}",
         inspection.affinity.len(),
         c.translated,
         c.no_backend,
@@ -310,7 +346,8 @@ pub fn table(inspection: &Inspection) -> String {
         c.errors,
         c.external_flows,
         c.external_no_backend,
-        c.snat_exhausted
+        c.snat_exhausted,
+        c.external_denied
     );
     out
 }

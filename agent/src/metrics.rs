@@ -149,6 +149,7 @@ impl Metrics {
             ("external_flow", counters.external_flows),
             ("external_no_backend", counters.external_no_backend),
             ("snat_exhausted", counters.snat_exhausted),
+            ("external_denied", counters.external_denied),
         ];
         for (event, value) in events {
             self.datapath_events

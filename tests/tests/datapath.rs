@@ -28,6 +28,7 @@ fn spec(servers: &[NamedServer]) -> FrontendSpec {
     FrontendSpec {
         backends: servers.iter().map(NamedServer::backend).collect(),
         affinity_timeout_seconds: None,
+        source_ranges: None,
     }
 }
 
@@ -124,6 +125,7 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
                 })
                 .collect(),
             affinity_timeout_seconds: None,
+            source_ranges: None,
         },
     );
     let _dataplane = programmed(&sandbox, &desired);
@@ -266,6 +268,7 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after() {
         vip,
         FrontendSpec {
             affinity_timeout_seconds: Some(1),
+            source_ranges: None,
             ..spec(&servers)
         },
     );
@@ -499,6 +502,7 @@ fn bpftool_map_dump_shows_named_fields() {
                 8080,
             )],
             affinity_timeout_seconds: Some(30),
+            source_ranges: None,
         },
     );
     let _dataplane = programmed(&sandbox, &desired);

@@ -498,6 +498,86 @@ fn a_long_flow_survives_backend_changes_and_new_flows_follow_the_new_set() {
 }
 
 #[test]
+fn load_balancer_source_ranges_admit_listed_clients_only() {
+    let sandbox = Sandbox::new("ext-ranges");
+    let lan = lan("s");
+    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080));
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    let guarded = |name: &str, port: u16, node_port: u16, ranges: &str| {
+        format!(
+            "{}---\n{}",
+            service(
+                name,
+                &format!("10.96.1.{}", port - 70),
+                &format!(
+                    "[{{name: http, port: {port}, targetPort: 8080, nodePort: {node_port}, protocol: TCP}}]"
+                ),
+                &format!("  type: LoadBalancer\n  loadBalancerSourceRanges: {ranges}"),
+                Some(LB_IP)
+            ),
+            slice(
+                &format!("{name}-1"),
+                name,
+                ("http", 8080, "TCP"),
+                &[POD1_ENDPOINT]
+            )
+        )
+    };
+    manifests.write("open.yaml", &guarded("open", 80, 30110, "[10.77.0.0/28]"));
+    manifests.write(
+        "closed.yaml",
+        &guarded("closed", 81, 30111, "[203.0.113.0/24]"),
+    );
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+
+    let open = format!("{LB_IP}:80");
+    assert_translated(&lan.client.probe("tcp", &open, 5), &open);
+
+    let before = counters(&sandbox);
+    let closed = format!("{LB_IP}:81");
+    let attempts = lan.client.probe("tcp", &closed, 1);
+    assert!(
+        attempts[0].reply.is_none(),
+        "outside the ranges: {attempts:?}"
+    );
+    let after = counters(&sandbox);
+    assert!(
+        after.external_denied > before.external_denied,
+        "denied by socklb: {before:?} -> {after:?}"
+    );
+    let shown =
+        inspect::inspect(&sandbox.pin_dir, Some(LB_IP.parse().expect("address"))).expect("inspect");
+    assert!(
+        shown
+            .frontends
+            .iter()
+            .any(|f| f.source_ranges.as_deref() == Some(&["203.0.113.0/24".to_owned()][..])),
+        "inspect shows the ranges"
+    );
+
+    // The ranges guard the LoadBalancer IP only, as in kube-proxy: the NodePort is open.
+    let node_port = format!("{NODE1}:30111");
+    assert_translated(&lan.client.probe("tcp", &node_port, 3), &node_port);
+
+    // Widening the ranges lets the client in.
+    manifests.write(
+        "closed.yaml",
+        &guarded("closed", 81, 30111, "[203.0.113.0/24, 10.77.0.10/32]"),
+    );
+    agent.wait_for_log("synced", 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let attempts = lan.client.probe("tcp", &closed, 1);
+        if attempts[0].reply.is_some() {
+            assert_translated(&attempts, &closed);
+            break;
+        }
+        assert!(Instant::now() < deadline, "still denied after the change");
+    }
+}
+
+#[test]
 fn tcx_programs_stay_attached_across_an_agent_restart() {
     restart_keeps_translating("tcx", "x");
 }

@@ -114,6 +114,10 @@ pub struct FrontendSpec {
     /// sessionAffinity ClientIP timeout in seconds; `None` when affinity is off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity_timeout_seconds: Option<u32>,
+    /// loadBalancerSourceRanges of a LoadBalancer IP for traffic from outside: only these
+    /// clients may open flows (an empty list: none may). `None`: unrestricted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_ranges: Option<Vec<ipnet::Ipv4Net>>,
 }
 
 /// The whole desired datapath.

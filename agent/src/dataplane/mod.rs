@@ -6,6 +6,7 @@ mod layout;
 mod loader;
 mod maps;
 mod object;
+mod source_ranges;
 mod tc;
 mod writer;
 
@@ -27,7 +28,11 @@ pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
 pub use writer::{ApplyReport, Capacity, Rejected, StoreError};
 
-use self::{maps::KernelMaps, writer::Writer};
+use self::{
+    maps::KernelMaps,
+    source_ranges::{SourceRangeError, SourceRangeWriter},
+    writer::Writer,
+};
 
 /// Default directory of socklb's pins on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/socklb";
@@ -45,6 +50,8 @@ pub struct Capacities {
     pub affinity: u32,
     /// Conntrack entries for traffic from outside, two per flow (LRU).
     pub conntrack: u32,
+    /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
+    pub source_ranges: u32,
 }
 
 impl Default for Capacities {
@@ -55,6 +62,7 @@ impl Default for Capacities {
             reverse: 262_144,
             affinity: 65_536,
             conntrack: 262_144,
+            source_ranges: 16_384,
         }
     }
 }
@@ -95,6 +103,10 @@ pub enum DataplaneError {
     Write(#[source] StoreError),
     #[error(transparent)]
     Tc(Box<TcAttachError>),
+    #[error(
+        "writing the source ranges failed; the agent re-read them and retries at the next sync"
+    )]
+    SourceRanges(#[source] SourceRangeError),
 }
 
 /// What the TC programs need to know about this node.
@@ -112,6 +124,7 @@ pub struct NodeSettings {
 pub struct Dataplane {
     ebpf: Ebpf,
     writer: Writer<KernelMaps>,
+    source_ranges: SourceRangeWriter,
     counters: PerCpuArray<MapData, Counters>,
     node: Array<MapData, NodeConfig>,
     /// The cgroup v2 directory the programs attach to.
@@ -147,6 +160,13 @@ impl Dataplane {
                 name: map_names::COUNTERS,
                 source,
             })?;
+        let source_ranges = take_map(&mut ebpf, map_names::SOURCE_RANGES)?
+            .try_into()
+            .and_then(|trie| SourceRangeWriter::adopt(trie, config.capacities.source_ranges))
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::SOURCE_RANGES,
+                source,
+            })?;
         let node = take_map(&mut ebpf, map_names::NODE)?
             .try_into()
             .map_err(|source| DataplaneError::Map {
@@ -167,6 +187,7 @@ impl Dataplane {
         Ok(Self {
             ebpf,
             writer,
+            source_ranges,
             counters,
             node,
             cgroup,
@@ -178,7 +199,10 @@ impl Dataplane {
     /// does not fit are left as they were and listed in the report.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
         let result = self.writer.apply(desired);
-        self.report(result)
+        let report = self.report(result)?;
+        let ranges = self.source_ranges.apply_all(&desired.frontends);
+        self.report_ranges(ranges)?;
+        Ok(report)
     }
 
     /// Applies only the given frontends (`None`: remove it), leaving all others alone.
@@ -187,7 +211,28 @@ impl Dataplane {
         changes: &std::collections::BTreeMap<Frontend, Option<&FrontendSpec>>,
     ) -> Result<ApplyReport, DataplaneError> {
         let result = self.writer.apply_changes(changes);
-        self.report(result)
+        let report = self.report(result)?;
+        let ranges = self.source_ranges.apply(changes);
+        self.report_ranges(ranges)?;
+        Ok(report)
+    }
+
+    fn report_ranges(
+        &mut self,
+        result: Result<Vec<SourceRangeError>, SourceRangeError>,
+    ) -> Result<(), DataplaneError> {
+        match result {
+            Ok(rejected) => {
+                for error in rejected {
+                    warn!(%error, "source ranges not programmed");
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.readopt()?;
+                Err(DataplaneError::SourceRanges(error))
+            }
+        }
     }
 
     fn report(
@@ -208,8 +253,8 @@ impl Dataplane {
         }
     }
 
-    /// Entries in use and capacity of the maps the writer fills, for metrics.
-    pub fn usage(&self) -> [(&'static str, u32, u32); 2] {
+    /// Entries in use and capacity of the maps the agent fills, for metrics.
+    pub fn usage(&self) -> [(&'static str, u32, u32); 3] {
         [
             (
                 map_names::SERVICES,
@@ -220,6 +265,11 @@ impl Dataplane {
                 map_names::BACKENDS,
                 self.writer.backend_entries(),
                 self.config.capacities.backends,
+            ),
+            (
+                map_names::SOURCE_RANGES,
+                self.source_ranges.entries(),
+                self.config.capacities.source_ranges,
             ),
         ]
     }
@@ -236,6 +286,12 @@ impl Dataplane {
                 source,
             })?;
         self.writer.readopt(contents);
+        self.source_ranges
+            .readopt()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::SOURCE_RANGES,
+                source,
+            })?;
         Ok(())
     }
 

@@ -753,6 +753,7 @@ mod tests {
                 FrontendSpec {
                     backends: backends(b),
                     affinity_timeout_seconds: None,
+                    source_ranges: None,
                 },
             );
         }
@@ -1001,6 +1002,7 @@ mod tests {
         let spec = FrontendSpec {
             backends: backends(&[3]),
             affinity_timeout_seconds: None,
+            source_ranges: None,
         };
         // Frontend 1 now uses backend 3 only; frontend 3 is removed (never existed: no-op).
         let changes = BTreeMap::from([(frontend(1), Some(&spec)), (frontend(3), None)]);

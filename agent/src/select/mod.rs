@@ -6,13 +6,16 @@
 pub mod model;
 mod topology;
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::Ipv4Addr,
+};
 
 use serde::Serialize;
 
 use self::topology::cluster_topology;
 pub use self::{model::*, topology::Topology};
-use crate::dataplane::{BackendAddr, Frontend, FrontendSpec, Scope};
+use crate::dataplane::{BackendAddr, Frontend, FrontendSpec, Protocol, Scope};
 
 /// Where a frontend's address comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -61,6 +64,18 @@ pub struct ServiceSelection {
     pub frontends: Vec<FrontendChoice>,
     /// Parts of the Service not served (ports, addresses), with the reason.
     pub skipped: Vec<SkippedPart>,
+    /// The health check this node serves for the Service's load balancer, if it needs one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+}
+
+/// kube-proxy's healthCheckNodePort for a LoadBalancer with externalTrafficPolicy Local:
+/// the load balancer sends traffic to this node only while it has local ready endpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HealthCheck {
+    pub node_port: u16,
+    /// Ready endpoints on this node, as kube-proxy counts them (distinct addresses).
+    pub local_endpoints: usize,
 }
 
 /// Selects the backends of every frontend of `service` for `node`.
@@ -72,7 +87,7 @@ pub fn select(
 ) -> ServiceSelection {
     let mut frontends = Vec::new();
     for port in &service.ports {
-        let endpoints = endpoints_for_port(slices, port, node);
+        let endpoints = endpoints_for_port(slices, &port.name, port.protocol, node);
         let cluster = cluster_selection(service, &endpoints, node, node_labels);
         let local = local_selection(service, &endpoints, node);
         let choose = |policy: Policy| match policy {
@@ -81,6 +96,10 @@ pub fn select(
         };
         let mut add = |address: Ipv4Addr, port_number: u16, kind, scope, policy| {
             let selection = choose(policy);
+            // Source ranges guard LoadBalancer IPs against traffic from outside.
+            let source_ranges = (kind == FrontendKind::LoadBalancer && scope == Scope::External)
+                .then(|| service.load_balancer_source_ranges.clone())
+                .flatten();
             frontends.push(FrontendChoice {
                 frontend: Frontend {
                     address,
@@ -93,6 +112,7 @@ pub fn select(
                 spec: FrontendSpec {
                     backends: selection.backends.clone(),
                     affinity_timeout_seconds: service.affinity_timeout_seconds,
+                    source_ranges,
                 },
                 why: Why {
                     policy,
@@ -154,7 +174,30 @@ pub fn select(
                 reason: reason.clone(),
             })
             .collect(),
+        health_check: service.health_check_node_port.map(|node_port| HealthCheck {
+            node_port,
+            local_endpoints: local_ready_endpoints(service, slices, node),
+        }),
     }
+}
+
+/// kube-proxy's count for health checks (`LocalReadyEndpoints`): the distinct addresses of
+/// this node's ready endpoints over every port of the slices (an endpoint serving two ports
+/// counts once). Serving-and-terminating endpoints do not count: a node left with only
+/// those must fail its health check so that load balancers drain it.
+pub fn local_ready_endpoints(service: &ServiceInfo, slices: &[SliceInfo], node: &ThisNode) -> usize {
+    let ports: BTreeSet<(&str, Protocol)> = slices
+        .iter()
+        .flat_map(|slice| slice.ports.iter())
+        .map(|port| (port.name.as_str(), port.protocol))
+        .collect();
+    let addresses: BTreeSet<Ipv4Addr> = ports
+        .into_iter()
+        .flat_map(|(name, protocol)| endpoints_for_port(slices, name, protocol, node))
+        .filter(|e| e.is_local(node) && e.ready(service))
+        .map(|e| e.backend.address)
+        .collect();
+    addresses.len()
 }
 
 /// An endpoint of one service port: its backend address and what decides its use.
@@ -178,13 +221,14 @@ impl PortEndpoint<'_> {
     }
 }
 
-/// The endpoints of `port`, merged across slices: the slice port of the same name and
-/// protocol gives the target port; an address:port in several slices counts once, the
+/// The endpoints of the service port `name`/`protocol`, merged across slices: the slice
+/// port of the same name and protocol gives the target port; an address:port in several slices counts once, the
 /// non-terminating copy winning (else the first, slices being in name order). A backend
 /// not on `node` (or of no known node) is marked remote.
 fn endpoints_for_port<'a>(
     slices: &'a [SliceInfo],
-    port: &ServicePort,
+    name: &str,
+    protocol: Protocol,
     node: &ThisNode,
 ) -> Vec<PortEndpoint<'a>> {
     let mut merged: BTreeMap<BackendAddr, &'a Endpoint> = BTreeMap::new();
@@ -192,7 +236,7 @@ fn endpoints_for_port<'a>(
         let Some(slice_port) = slice
             .ports
             .iter()
-            .find(|p| p.name == port.name && p.protocol == port.protocol)
+            .find(|p| p.name == name && p.protocol == protocol)
         else {
             continue;
         };

@@ -110,6 +110,12 @@ pub struct ServiceInfo {
     pub publish_not_ready_addresses: bool,
     /// The topology-keys annotation: node label keys in order of preference, `*` = any.
     pub topology_keys: Option<Vec<String>>,
+    /// loadBalancerSourceRanges (or the older annotation): the IPv4 clients allowed to
+    /// reach the LoadBalancer IPs from outside. `None`: no restriction.
+    pub load_balancer_source_ranges: Option<Vec<ipnet::Ipv4Net>>,
+    /// spec.healthCheckNodePort of a LoadBalancer with externalTrafficPolicy Local: the port
+    /// on which this node tells load balancers whether it has local endpoints.
+    pub health_check_node_port: Option<u16>,
 }
 
 /// A port of an EndpointSlice.

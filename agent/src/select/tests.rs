@@ -50,6 +50,8 @@ fn service() -> ServiceInfo {
         internal_traffic_local: false,
         external_traffic_local: false,
         affinity_timeout_seconds: None,
+        load_balancer_source_ranges: None,
+        health_check_node_port: None,
         publish_not_ready_addresses: false,
         topology_keys: None,
     }
@@ -528,4 +530,140 @@ fn backends_on_other_nodes_or_no_node_are_remote() {
         .map(|b| (b.address.octets()[3], b.remote))
         .collect();
     assert_eq!(remote, [(1, false), (2, true), (3, true)]);
+}
+
+/// A slice whose ports are `names` (TCP, 8080 and up).
+fn slice_with_ports(names: &[&str], endpoints: Vec<Endpoint>) -> SliceInfo {
+    SliceInfo {
+        ports: names
+            .iter()
+            .zip(8080..)
+            .map(|(name, port)| SlicePort {
+                name: (*name).to_owned(),
+                protocol: Protocol::Tcp,
+                port,
+            })
+            .collect(),
+        endpoints,
+    }
+}
+
+#[test]
+fn local_ready_endpoints_table() {
+    struct CountRow {
+        rule: &'static str,
+        service: fn(&mut ServiceInfo),
+        slices: Vec<SliceInfo>,
+        expected: usize,
+    }
+    fn publish_not_ready(s: &mut ServiceInfo) {
+        s.publish_not_ready_addresses = true;
+    }
+    let nameless = {
+        let mut e = ep(3, "node-a");
+        e.node_name = None;
+        e
+    };
+    let rows = [
+        CountRow {
+            rule: "a ready endpoint on this node counts",
+            service: unchanged,
+            slices: vec![slice(vec![ep(1, "node-a"), ep(2, "node-b")])],
+            expected: 1,
+        },
+        CountRow {
+            rule: "every ready endpoint on this node counts",
+            service: unchanged,
+            slices: vec![slice(vec![ep(1, "node-a"), ep(2, "node-a")])],
+            expected: 2,
+        },
+        CountRow {
+            rule: "endpoints on other nodes or on no node do not count",
+            service: unchanged,
+            slices: vec![slice(vec![ep(2, "node-b"), nameless])],
+            expected: 0,
+        },
+        CountRow {
+            rule: "a not-ready endpoint on this node does not count",
+            service: unchanged,
+            slices: vec![slice(vec![not_ready(ep(1, "node-a"))])],
+            expected: 0,
+        },
+        CountRow {
+            rule: "serving-and-terminating endpoints do not count (no fallback)",
+            service: unchanged,
+            slices: vec![slice(vec![terminating(ep(1, "node-a"))])],
+            expected: 0,
+        },
+        CountRow {
+            rule: "publishNotReadyAddresses counts not-ready endpoints as ready",
+            service: publish_not_ready,
+            slices: vec![slice(vec![not_ready(ep(1, "node-a"))])],
+            expected: 1,
+        },
+        CountRow {
+            rule: "an address serving two ports counts once",
+            service: unchanged,
+            slices: vec![slice_with_ports(&["http", "https"], vec![ep(1, "node-a")])],
+            expected: 1,
+        },
+        CountRow {
+            rule: "a slice port the Service does not have still counts (kube-proxy counts slice ports)",
+            service: unchanged,
+            slices: vec![slice_with_ports(&["metrics"], vec![ep(1, "node-a")])],
+            expected: 1,
+        },
+        CountRow {
+            rule: "a slice without ports gives no endpoints",
+            service: unchanged,
+            slices: vec![slice_with_ports(&[], vec![ep(1, "node-a")])],
+            expected: 0,
+        },
+        CountRow {
+            rule: "an address in two slices counts once, the non-terminating copy winning",
+            service: unchanged,
+            slices: vec![
+                slice(vec![terminating(ep(1, "node-a"))]),
+                slice(vec![ep(1, "node-a")]),
+            ],
+            expected: 1,
+        },
+        CountRow {
+            rule: "an endpoint without an address does not count",
+            service: unchanged,
+            slices: vec![slice(vec![Endpoint {
+                address: None,
+                ..ep(1, "node-a")
+            }])],
+            expected: 0,
+        },
+    ];
+    for row in rows {
+        let mut svc = service();
+        (row.service)(&mut svc);
+        assert_eq!(
+            local_ready_endpoints(&svc, &row.slices, &this_node()),
+            row.expected,
+            "rule: {}",
+            row.rule
+        );
+    }
+}
+
+#[test]
+fn the_health_check_carries_its_port_and_the_local_count() {
+    let mut svc = service();
+    let slices = [slice(vec![ep(1, "node-a"), ep(2, "node-b")])];
+    let selection = select(&svc, &slices, &this_node(), &node_labels());
+    assert_eq!(selection.health_check, None, "no healthCheckNodePort");
+
+    svc.health_check_node_port = Some(32000);
+    let selection = select(&svc, &slices, &this_node(), &node_labels());
+    assert_eq!(
+        selection.health_check,
+        Some(HealthCheck {
+            node_port: 32000,
+            local_endpoints: 1
+        })
+    );
 }

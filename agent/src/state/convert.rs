@@ -149,6 +149,10 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
         },
     };
 
+    let load_balancer_source_ranges =
+        source_ranges(&spec, meta.annotations.as_ref(), &mut partial_skips);
+    let health_check_node_port = health_check_node_port(&spec, &mut partial_skips);
+
     Ok(ServiceInfo {
         name,
         cluster_ips,
@@ -161,7 +165,82 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
         affinity_timeout_seconds,
         publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
         topology_keys,
+        load_balancer_source_ranges,
+        health_check_node_port,
     })
+}
+
+/// kube-proxy serves a health check for a Service of type LoadBalancer with
+/// externalTrafficPolicy Local (`NeedsHealthCheck`), on spec.healthCheckNodePort. Such a
+/// Service without a usable port (the API server always allocates one; a hand-written
+/// manifest may lack it) is served without a health check, with a reason.
+fn health_check_node_port(
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+    skips: &mut Vec<(String, SkipReason)>,
+) -> Option<u16> {
+    if spec.type_.as_deref() != Some("LoadBalancer")
+        || spec.external_traffic_policy.as_deref() != Some("Local")
+    {
+        return None;
+    }
+    let port = spec
+        .health_check_node_port
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|p| *p != 0);
+    if port.is_none() {
+        skips.push((
+            "healthCheckNodePort".to_owned(),
+            SkipReason::Invalid(format!(
+                "{} for a LoadBalancer with externalTrafficPolicy Local: no health check is \
+                 served; set spec.healthCheckNodePort",
+                spec.health_check_node_port
+                    .map_or_else(|| "missing".to_owned(), |p| format!("{p} is not a port"))
+            )),
+        ));
+    }
+    port
+}
+
+/// The annotation kube-proxy reads when `spec.loadBalancerSourceRanges` is empty.
+const SOURCE_RANGES_ANNOTATION: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
+
+/// loadBalancerSourceRanges as IPv4 CIDRs. A range that does not parse is skipped with a
+/// reason, and so is an IPv6 one; if ranges were given but none is usable, the result is an
+/// empty list, which admits nobody (failing closed) rather than everybody.
+fn source_ranges(
+    spec: &k8s_openapi::api::core::v1::ServiceSpec,
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    skips: &mut Vec<(String, SkipReason)>,
+) -> Option<Vec<ipnet::Ipv4Net>> {
+    let texts: Vec<String> = match spec.load_balancer_source_ranges.as_deref() {
+        Some(ranges) if !ranges.is_empty() => ranges.to_vec(),
+        _ => annotations
+            .and_then(|a| a.get(SOURCE_RANGES_ANNOTATION))
+            .map(|text| {
+                text.split(',')
+                    .map(|r| r.trim().to_owned())
+                    .filter(|r| !r.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    if texts.is_empty() {
+        return None;
+    }
+    let mut ranges = Vec::new();
+    for text in texts {
+        match text.parse::<ipnet::IpNet>() {
+            Ok(ipnet::IpNet::V4(range)) => ranges.push(range),
+            Ok(ipnet::IpNet::V6(_)) => {
+                skips.push((format!("loadBalancerSourceRanges {text}"), SkipReason::Ipv6));
+            }
+            Err(_) => skips.push((
+                format!("loadBalancerSourceRanges {text}"),
+                SkipReason::Invalid("not a CIDR".to_owned()),
+            )),
+        }
+    }
+    Some(ranges)
 }
 
 /// The IPv4 addresses among `texts`; the others are recorded as skipped.

@@ -3,7 +3,7 @@ use std::path::Path;
 
 use super::*;
 use crate::{
-    dataplane::Protocol,
+    dataplane::{Protocol, Scope},
     select::{FrontendKind, ServiceName, SkipReason},
     source::file::parse,
 };
@@ -234,4 +234,142 @@ status: {addresses: [{type: InternalIP, address: 192.168.0.1}, {type: Hostname, 
         [std::net::Ipv4Addr::new(192, 168, 0, 1)]
     );
     assert_eq!(state.this_node().zone(), Some("z1"));
+}
+
+#[test]
+fn source_ranges_guard_only_load_balancer_ips_from_outside_and_fail_closed() {
+    let lb = |ranges: &str| {
+        format!(
+            "
+kind: Service
+metadata: {{name: lb, namespace: default{ranges}}}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.30
+  clusterIPs: [10.96.0.30]
+  ports: [{{name: http, port: 80, nodePort: 30080, protocol: TCP}}]
+status: {{loadBalancer: {{ingress: [{{ip: 192.0.2.1}}]}}}}
+"
+        )
+    };
+    let ranges_of = |yaml: &str| -> Vec<(FrontendKind, Scope, Option<Vec<String>>)> {
+        let selection = state_with(yaml).select(&name("lb")).expect("served");
+        selection
+            .frontends
+            .iter()
+            .filter(|f| f.kind != FrontendKind::NodePort)
+            .map(|f| {
+                let ranges = f
+                    .spec
+                    .source_ranges
+                    .as_ref()
+                    .map(|r| r.iter().map(ToString::to_string).collect());
+                (f.kind, f.frontend.scope, ranges)
+            })
+            .collect()
+    };
+    let spec_field = lb("").replace(
+        "  type: LoadBalancer",
+        "  type: LoadBalancer\n  loadBalancerSourceRanges: [10.0.0.0/8, 'fd00::/8', bogus]",
+    );
+    assert_eq!(
+        ranges_of(&spec_field),
+        [
+            (FrontendKind::ClusterIp, Scope::Internal, None),
+            (FrontendKind::LoadBalancer, Scope::Internal, None),
+            (
+                FrontendKind::LoadBalancer,
+                Scope::External,
+                Some(vec!["10.0.0.0/8".to_owned()])
+            ),
+        ]
+    );
+    // The annotation kube-proxy falls back to.
+    let annotated = lb(
+        ", annotations: {service.beta.kubernetes.io/load-balancer-source-ranges: '203.0.113.0/24, 198.51.100.7/32'}",
+    );
+    assert_eq!(
+        ranges_of(&annotated)[2].2,
+        Some(vec![
+            "203.0.113.0/24".to_owned(),
+            "198.51.100.7/32".to_owned()
+        ])
+    );
+    // Ranges given, none usable: nobody is let in rather than everybody.
+    let unusable = lb("").replace(
+        "  type: LoadBalancer",
+        "  type: LoadBalancer\n  loadBalancerSourceRanges: [bogus]",
+    );
+    assert_eq!(ranges_of(&unusable)[2].2, Some(Vec::new()));
+    assert_eq!(ranges_of(&lb(""))[2].2, None);
+}
+
+#[test]
+fn a_health_check_node_port_is_read_only_where_kube_proxy_serves_one() {
+    // (rule, spec lines, health check port, whether the missing port is reported)
+    let rows: [(&str, &str, Option<u16>, bool); 6] = [
+        (
+            "LoadBalancer with externalTrafficPolicy Local",
+            "type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32000",
+            Some(32000),
+            false,
+        ),
+        (
+            "externalTrafficPolicy Cluster: no health check",
+            "type: LoadBalancer\n  externalTrafficPolicy: Cluster\n  healthCheckNodePort: 32000",
+            None,
+            false,
+        ),
+        (
+            "NodePort with externalTrafficPolicy Local: no health check",
+            "type: NodePort\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32000",
+            None,
+            false,
+        ),
+        (
+            "ClusterIP: no health check",
+            "healthCheckNodePort: 32000",
+            None,
+            false,
+        ),
+        (
+            "a missing port is reported",
+            "type: LoadBalancer\n  externalTrafficPolicy: Local",
+            None,
+            true,
+        ),
+        (
+            "a port out of range is reported",
+            "type: LoadBalancer\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 70000",
+            None,
+            true,
+        ),
+    ];
+    for (rule, spec, port, reported) in rows {
+        let state = state_with(&format!(
+            "
+kind: Service
+metadata: {{name: lb, namespace: default}}
+spec:
+  clusterIP: 10.96.0.40
+  ports: [{{name: http, port: 80, nodePort: 30080}}]
+  {spec}
+"
+        ));
+        let selection = state.select(&name("lb")).expect("served");
+        assert_eq!(
+            selection.health_check.map(|h| h.node_port),
+            port,
+            "rule: {rule}"
+        );
+        assert_eq!(
+            selection
+                .skipped
+                .iter()
+                .any(|s| s.part == "healthCheckNodePort"),
+            reported,
+            "rule: {rule}: {:?}",
+            selection.skipped
+        );
+    }
 }

@@ -32,10 +32,20 @@ pub mod map_names {
     /// [`super::NodeConfig`], a single entry at index 0: what the TC programs need to
     /// know about this node.
     pub const NODE: &str = "socklb_node_v1";
+    /// LPM trie of [`super::SourceRange`] -> [`super::SourceVerdict`]:
+    /// loadBalancerSourceRanges.
+    pub const SOURCE_RANGES: &str = "socklb_lbsrc_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 7] = [
-        SERVICES, BACKENDS, REVERSE, AFFINITY, COUNTERS, CONNTRACK, NODE,
+    pub const ALL: [&str; 8] = [
+        SERVICES,
+        BACKENDS,
+        REVERSE,
+        AFFINITY,
+        COUNTERS,
+        CONNTRACK,
+        NODE,
+        SOURCE_RANGES,
     ];
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
@@ -265,6 +275,33 @@ impl CtEntry {
     }
 }
 
+/// Data of a source-range key (the LPM trie's prefix length comes first, in
+/// `Key<SourceRange>`): a LoadBalancer frontend and a client address. A frontend with
+/// loadBalancerSourceRanges has one entry of prefix [`SOURCE_RANGE_FRONTEND_BITS`] (the
+/// frontend alone, [`SOURCE_DENY`]) and one per allowed CIDR (prefix
+/// `SOURCE_RANGE_FRONTEND_BITS + cidr length`, [`SOURCE_ALLOW`]); the longest match for
+/// `(frontend, client)` decides. No match at all: the frontend is not restricted.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceRange {
+    /// Frontend address, network byte order.
+    pub frontend: u32,
+    /// Frontend port, network byte order.
+    pub port: u16,
+    pub protocol: u8,
+    pub pad: u8,
+    /// Client address, network byte order.
+    pub client: u32,
+}
+
+/// Bits of [`SourceRange`] that name the frontend (address, port, protocol, pad).
+pub const SOURCE_RANGE_FRONTEND_BITS: u32 = 64;
+
+/// Value of the source-range trie.
+pub type SourceVerdict = u32;
+pub const SOURCE_DENY: SourceVerdict = 0;
+pub const SOURCE_ALLOW: SourceVerdict = 1;
+
 /// Value of the node map (index 0): written by the agent before the TC programs attach.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -299,6 +336,8 @@ pub struct Counters {
     pub external_no_backend: u64,
     /// Packets from outside dropped because no SNAT port was free.
     pub snat_exhausted: u64,
+    /// New flows to a LoadBalancer IP dropped by its loadBalancerSourceRanges.
+    pub external_denied: u64,
 }
 
 impl Counters {
@@ -314,6 +353,7 @@ impl Counters {
             external_flows: acc.external_flows.wrapping_add(c.external_flows),
             external_no_backend: acc.external_no_backend.wrapping_add(c.external_no_backend),
             snat_exhausted: acc.snat_exhausted.wrapping_add(c.snat_exhausted),
+            external_denied: acc.external_denied.wrapping_add(c.external_denied),
         })
     }
 
@@ -333,6 +373,7 @@ impl Counters {
                 .external_no_backend
                 .wrapping_sub(before.external_no_backend),
             snat_exhausted: self.snat_exhausted.wrapping_sub(before.snat_exhausted),
+            external_denied: self.external_denied.wrapping_sub(before.external_denied),
         }
     }
 }
@@ -344,7 +385,8 @@ const _: () = assert!(size_of::<ReverseKey>() == 16);
 const _: () = assert!(size_of::<ReverseEntry>() == 12);
 const _: () = assert!(size_of::<AffinityKey>() == 16);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
-const _: () = assert!(size_of::<Counters>() == 64);
+const _: () = assert!(size_of::<Counters>() == 72);
+const _: () = assert!(size_of::<SourceRange>() == 12);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
 const _: () = assert!(size_of::<NodeConfig>() == 8);
@@ -364,6 +406,7 @@ mod pod {
     unsafe impl aya::Pod for super::CtKey {}
     unsafe impl aya::Pod for super::CtEntry {}
     unsafe impl aya::Pod for super::NodeConfig {}
+    unsafe impl aya::Pod for super::SourceRange {}
 }
 
 #[cfg(test)]
@@ -414,6 +457,7 @@ mod tests {
             external_flows: 6,
             external_no_backend: 7,
             snat_exhausted: 8,
+            external_denied: 9,
         };
         let total = Counters::sum([&one, &one]);
         assert_eq!(total.since(&one), one);
@@ -428,6 +472,7 @@ mod tests {
                 external_flows: 12,
                 external_no_backend: 14,
                 snat_exhausted: 16,
+                external_denied: 18,
             }
         );
     }

@@ -15,20 +15,21 @@ use core::mem::{size_of, zeroed};
 use aya_ebpf::{
     EbpfContext,
     bindings::{__sk_buff, bpf_fib_lookup},
+    btf_maps::lpm_trie::Key,
     helpers,
     macros::classifier,
     programs::TcContext,
 };
 use socklb_abi::{
     BACKEND_FLAG_REMOTE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY, CtEntry, PROTO_TCP, SCOPE_EXTERNAL,
-    ServiceEntry, ServiceKey,
+    SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange,
 };
 
 use crate::{
     conntrack,
     counters::bump,
-    maps::{BACKENDS, NODE, SERVICES},
-    packet::{Packet, PacketError},
+    maps::{BACKENDS, NODE, SERVICES, SOURCE_RANGES},
+    packet::{Packet, PacketError, Tuple},
 };
 
 const AF_INET: u8 = 2;
@@ -56,6 +57,8 @@ enum Flow {
     NoBackend,
     /// A remote backend, but every SNAT port tried belongs to a live flow.
     SnatExhausted,
+    /// The client is outside the LoadBalancer frontend's loadBalancerSourceRanges.
+    Denied,
     /// Rewrite the packet to this.
     To(CtEntry),
 }
@@ -106,6 +109,10 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
         }
         Flow::SnatExhausted => {
             bump(|c| &mut c.snat_exhausted);
+            return Ok(TC_ACT_SHOT);
+        }
+        Flow::Denied => {
+            bump(|c| &mut c.external_denied);
             return Ok(TC_ACT_SHOT);
         }
         Flow::To(entry) => entry,
@@ -189,6 +196,9 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     };
     // SAFETY: pointer from a successful lookup; copied out at once.
     let master: ServiceEntry = unsafe { *master };
+    if !source_allowed(tuple) {
+        return Ok(Flow::Denied);
+    }
     let count = u32::from(master.count);
     if count == 0 {
         return Ok(Flow::NoBackend);
@@ -230,6 +240,25 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     }
     bump(|c| &mut c.external_flows);
     Ok(Flow::To(entry))
+}
+
+/// loadBalancerSourceRanges: the longest match of (frontend, client) decides; a frontend
+/// without ranges has no entry and lets everyone in.
+#[inline(always)]
+fn source_allowed(tuple: &Tuple) -> bool {
+    let key = Key::new(
+        SOURCE_RANGE_FRONTEND_BITS + 32,
+        SourceRange {
+            frontend: tuple.destination,
+            port: tuple.destination_port,
+            protocol: tuple.protocol,
+            pad: 0,
+            client: tuple.source,
+        },
+    );
+    SOURCE_RANGES
+        .get(&key)
+        .is_none_or(|verdict| *verdict == SOURCE_ALLOW)
 }
 
 /// Sends a translated packet on towards its new destination: straight to the egress

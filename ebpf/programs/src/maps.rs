@@ -1,12 +1,12 @@
 //! The maps, as described in socklb-abi. Capacities here are placeholders: the agent sets
 //! the real ones at load time from its flags.
 use aya_ebpf::{
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, NodeConfig, ReverseEntry,
-    ReverseKey, ServiceEntry, ServiceKey,
+    ReverseKey, ServiceEntry, ServiceKey, SourceRange, SourceVerdict,
 };
 
 #[btf_map(name = "socklb_svc_v1", pin_by_name)]
@@ -29,3 +29,6 @@ pub static CONNTRACK: LruHashMap<CtKey, CtEntry, 262144> = LruHashMap::new();
 
 #[btf_map(name = "socklb_node_v1", pin_by_name)]
 pub static NODE: Array<NodeConfig, 1> = Array::new();
+
+#[btf_map(name = "socklb_lbsrc_v1", pin_by_name)]
+pub static SOURCE_RANGES: LpmTrie<SourceRange, SourceVerdict, 65536> = LpmTrie::new();

@@ -289,6 +289,7 @@ fn desired(services: u32, measured: u32) -> Desired {
             FrontendSpec {
                 backends,
                 affinity_timeout_seconds: None,
+                source_ranges: None,
             },
         );
     }
