@@ -124,6 +124,19 @@ pub struct ExternalArgs {
     /// connections.
     #[arg(long, default_value = "61000-65535", value_parser = parse_port_range)]
     pub snat_port_range: RangeInclusive<u16>,
+    /// Positions of each Maglev table (Services annotated socklb.io/lb-algorithm: maglev):
+    /// a prime from the list; more positions spread flows more evenly over many backends,
+    /// at 4 bytes of value (about 64 bytes of kernel memory) per position and Service.
+    #[arg(long, default_value_t = dataplane::DEFAULT_MAGLEV_TABLE_SIZE, value_parser = parse_maglev_size)]
+    pub maglev_table_size: u32,
+}
+
+fn parse_maglev_size(text: &str) -> Result<u32, String> {
+    let sizes = dataplane::MAGLEV_TABLE_SIZES;
+    text.parse::<u32>()
+        .ok()
+        .filter(|size| sizes.contains(size))
+        .ok_or_else(|| format!("{text:?} is not one of the prime table sizes {sizes:?}"))
 }
 
 fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
@@ -166,6 +179,9 @@ pub struct CapacityArgs {
     /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
     #[arg(long, default_value_t = Capacities::default().source_ranges)]
     pub max_source_ranges: u32,
+    /// Maglev table entries: --maglev-table-size for each Service using Maglev.
+    #[arg(long, default_value_t = Capacities::default().maglev_entries)]
+    pub max_maglev_entries: u32,
 }
 
 impl From<&CapacityArgs> for Capacities {
@@ -177,6 +193,7 @@ impl From<&CapacityArgs> for Capacities {
             affinity: args.max_affinity_entries,
             conntrack: args.max_conntrack_entries,
             source_ranges: args.max_source_ranges,
+            maglev_entries: args.max_maglev_entries,
         }
     }
 }
@@ -302,6 +319,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         pin_dir: args.pins.pin_dir.clone(),
         cgroup: args.cgroup_path.clone(),
         capacities: Capacities::from(&args.capacities),
+        maglev_table_size: args.external.maglev_table_size,
     })?;
     info!(node = %node_name, source = ?args.source.source, "starting");
     runtime()?.block_on(async {

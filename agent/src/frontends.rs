@@ -116,6 +116,7 @@ mod tests {
                         backends: vec![BackendAddr::local(Ipv4Addr::new(10, 0, 0, *backend), 80)],
                         affinity_timeout_seconds: None,
                         source_ranges: None,
+                        maglev: false,
                     },
                     why: Why {
                         policy: Policy::Cluster,

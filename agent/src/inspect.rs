@@ -12,8 +12,8 @@ use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
     AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SNAT, CT_FORWARD,
-    Counters, CtEntry, CtKey, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SOURCE_RANGE_FRONTEND_BITS,
-    ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
+    Counters, CtEntry, CtKey, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV,
+    SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
 };
 
 use crate::dataplane::{BackendAddr, Frontend, Protocol, Scope};
@@ -48,6 +48,9 @@ pub struct FrontendState {
     /// (empty: nobody); absent when unrestricted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source_ranges: Option<Vec<String>>,
+    /// New flows from outside choose by Maglev hashing.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub maglev: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -167,6 +170,7 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
             affinity_timeout_seconds: (master.flags & SERVICE_FLAG_AFFINITY != 0)
                 .then_some(master.affinity_timeout_s),
             backends,
+            maglev: master.flags & SERVICE_FLAG_MAGLEV != 0,
             source_ranges: (key.scope == SCOPE_EXTERNAL)
                 .then(|| ranges.get(&(key.address, key.port, key.protocol)).cloned())
                 .flatten(),
@@ -300,6 +304,11 @@ pub fn table(inspection: &Inspection) -> String {
             Some(ranges) if ranges.is_empty() => format!("{backends}  (no client allowed)"),
             Some(ranges) => format!("{backends}  (clients: {})", ranges.join(" ")),
             None => backends,
+        };
+        let backends = if state.maglev {
+            format!("{backends}  (maglev)")
+        } else {
+            backends
         };
         let _ = writeln!(
             out,

@@ -2,11 +2,13 @@
 //!
 //! Data flows one way: `source` (events) -> `state` (caches, change tracking) -> `select`
 //! (pure, per node) -> `frontends` (the desired datapath) -> `dataplane` (the maps), driven
-//! by `runner`; `server` and `metrics` report on it, `explain` shows it.
+//! by `runner`; `server` and `metrics` report on it, `health_check` answers load balancers'
+//! healthCheckNodePorts, `explain` shows it.
 pub mod cli;
 pub mod dataplane;
 pub mod explain;
 pub mod frontends;
+pub mod health_check;
 pub mod inspect;
 pub mod metrics;
 pub mod runner;

@@ -29,6 +29,11 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sync_duration: Histogram,
@@ -44,6 +49,8 @@ pub struct Metrics {
     pub datapath_events: Family<EventLabels, Gauge>,
     pub skipped_services: Family<ReasonLabels, Gauge>,
     pub rejected_frontends: Gauge,
+    /// healthCheckNodePorts by state: `serving`, or `failed` (could not be bound).
+    pub health_check_ports: Family<StateLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -71,6 +78,7 @@ impl Metrics {
             datapath_events: Family::default(),
             skipped_services: Family::default(),
             rejected_frontends: Gauge::default(),
+            health_check_ports: Family::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -132,6 +140,12 @@ impl Metrics {
             "socklb_rejected_frontends",
             "Frontends left unchanged at the last sync because a map was full",
             metrics.rejected_frontends.clone(),
+        );
+        registry.register(
+            "socklb_health_check_ports",
+            "healthCheckNodePorts of LoadBalancer Services with externalTrafficPolicy Local: \
+             serving, or failed (the port could not be bound; retried at every sync)",
+            metrics.health_check_ports.clone(),
         );
         Self {
             registry,

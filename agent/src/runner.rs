@@ -26,6 +26,7 @@ use crate::{
         devices_with_addresses,
     },
     frontends::FrontendTable,
+    health_check::{self, HealthChecks},
     metrics::{MapLabels, Metrics, ReasonLabels},
     select::ServiceName,
     server::Health,
@@ -82,6 +83,8 @@ pub struct Runner {
     external: ExternalTraffic,
     /// Devices the TC programs are attached to.
     external_devices: Option<Vec<String>>,
+    /// The healthCheckNodePorts, brought in line with the selections after every sync.
+    health_checks: HealthChecks,
 }
 
 impl Runner {
@@ -97,13 +100,18 @@ impl Runner {
             table: FrontendTable::default(),
             dataplane,
             periods,
-            health,
-            metrics,
             listed: HashSet::new(),
             triggers: BTreeMap::new(),
             attached: false,
             external: ExternalTraffic::default(),
             external_devices: None,
+            health_checks: HealthChecks::new(
+                std::net::Ipv4Addr::UNSPECIFIED.into(),
+                health.clone(),
+                metrics.clone(),
+            ),
+            health,
+            metrics,
         }
     }
 
@@ -251,6 +259,11 @@ impl Runner {
             info!("datapath attached; ready");
         }
         self.health.updated();
+        if full || !changes.services.is_empty() {
+            // Also retries the ports that could not be bound before.
+            let (wanted, conflicts) = health_check::desired(self.table.selections());
+            self.health_checks.sync(&wanted, &conflicts);
+        }
 
         let elapsed = started.elapsed();
         self.metrics.sync_duration.observe(elapsed.as_secs_f64());

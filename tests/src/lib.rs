@@ -74,6 +74,7 @@ impl Sandbox {
             pin_dir: self.pin_dir.clone(),
             cgroup: Some(self.cgroup.clone()),
             capacities: Capacities::default(),
+            ..Config::default()
         }
     }
 
@@ -614,7 +615,35 @@ impl Agent {
         Self::spawn(sandbox, &source, node, extra)
     }
 
+    /// Starts the agent on `manifests` with its own pins and cgroup (a second node of a
+    /// test); it runs in the network namespace of the calling thread.
+    pub fn start_at(
+        pin_dir: &Path,
+        cgroup: &Path,
+        manifests: &Path,
+        node: &str,
+        extra: &[&str],
+    ) -> Self {
+        let source = [
+            "--source".as_ref(),
+            "file".as_ref(),
+            "--manifests".as_ref(),
+            manifests.as_os_str(),
+        ];
+        Self::spawn_at(pin_dir, cgroup, &source, node, extra)
+    }
+
     fn spawn(sandbox: &Sandbox, source: &[&std::ffi::OsStr], node: &str, extra: &[&str]) -> Self {
+        Self::spawn_at(&sandbox.pin_dir, &sandbox.cgroup, source, node, extra)
+    }
+
+    fn spawn_at(
+        pin_dir: &Path,
+        cgroup: &Path,
+        source: &[&std::ffi::OsStr],
+        node: &str,
+        extra: &[&str],
+    ) -> Self {
         let min_sync_period: &[&str] = if extra.contains(&"--min-sync-period") {
             &[]
         } else {
@@ -637,9 +666,9 @@ impl Agent {
             .arg("run")
             .args(source)
             .args(["--node-name", node, "--bpffs"])
-            .arg(&sandbox.pin_dir)
+            .arg(pin_dir)
             .arg("--cgroup-path")
-            .arg(&sandbox.cgroup)
+            .arg(cgroup)
             .args(min_sync_period)
             .args(extra)
             .env("RUST_LOG", "info")

@@ -29,6 +29,7 @@ fn spec(servers: &[NamedServer]) -> FrontendSpec {
         backends: servers.iter().map(NamedServer::backend).collect(),
         affinity_timeout_seconds: None,
         source_ranges: None,
+        maglev: false,
     }
 }
 
@@ -126,6 +127,7 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
                 .collect(),
             affinity_timeout_seconds: None,
             source_ranges: None,
+            maglev: false,
         },
     );
     let _dataplane = programmed(&sandbox, &desired);
@@ -269,6 +271,7 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after() {
         FrontendSpec {
             affinity_timeout_seconds: Some(1),
             source_ranges: None,
+            maglev: false,
             ..spec(&servers)
         },
     );
@@ -503,6 +506,7 @@ fn bpftool_map_dump_shows_named_fields() {
             )],
             affinity_timeout_seconds: Some(30),
             source_ranges: None,
+            maglev: false,
         },
     );
     let _dataplane = programmed(&sandbox, &desired);

@@ -29,7 +29,7 @@ struct Lan {
     client: Netns,
     pod1: Netns,
     pod2: Netns,
-    _node2: Netns,
+    node2: Netns,
     _switch: Netns,
 }
 
@@ -101,7 +101,7 @@ fn lan(test: &str) -> Lan {
         client,
         pod1,
         pod2,
-        _node2: node2,
+        node2,
         _switch: switch,
     }
 }
@@ -575,6 +575,128 @@ fn load_balancer_source_ranges_admit_listed_clients_only() {
         }
         assert!(Instant::now() < deadline, "still denied after the change");
     }
+}
+
+/// node2's agent: its pins and a cgroup nested in the sandbox's, removed before the
+/// sandbox goes.
+struct SecondNode {
+    pin_dir: std::path::PathBuf,
+    cgroup: std::path::PathBuf,
+}
+
+impl SecondNode {
+    fn new(sandbox: &Sandbox) -> Self {
+        let node = Self {
+            pin_dir: sandbox
+                .pin_dir
+                .with_file_name(format!("{}-node2", sandbox.name)),
+            cgroup: sandbox.cgroup.join("node2"),
+        };
+        std::fs::create_dir(&node.cgroup).expect("create node2's cgroup");
+        node
+    }
+}
+
+impl Drop for SecondNode {
+    fn drop(&mut self) {
+        if let Err(e) = socklb_agent::dataplane::cleanup(&self.pin_dir) {
+            eprintln!("cleanup of {}: {e}", self.pin_dir.display());
+        }
+        let _ = std::fs::remove_dir(&self.cgroup);
+    }
+}
+
+#[test]
+fn with_maglev_every_node_sends_a_flow_to_the_same_backend() {
+    let sandbox = Sandbox::new("ext-maglev");
+    let lan = lan("m");
+    let second = SecondNode::new(&sandbox);
+    let _servers = [
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    manifests.write(
+        "dns.yaml",
+        &format!(
+            "{}---\n{}",
+            service(
+                "dns",
+                "10.96.0.90",
+                "[{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
+                "  type: NodePort",
+                None
+            )
+            .replace(
+                "namespace: default}",
+                "namespace: default, annotations: {socklb.io/lb-algorithm: maglev}}"
+            ),
+            slice(
+                "dns-1",
+                "dns",
+                ("dns", 5353, "UDP"),
+                &[POD1_ENDPOINT, POD2_ENDPOINT]
+            )
+        ),
+    );
+    let _node1 = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let _node2 = lan.node2.enter(|| {
+        Agent::start_at(
+            &second.pin_dir,
+            &second.cgroup,
+            &manifests.path,
+            "node2",
+            &[
+                "--healthz-bind-address",
+                "127.0.0.1:0",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+            ],
+        )
+    });
+
+    // The same flows (client address and port) through either node.
+    let chosen: Vec<(u16, String, String)> = lan.client.enter(|| {
+        (40000..40020)
+            .map(|port| {
+                let socket = std::net::UdpSocket::bind((CLIENT, port)).expect("bind the client");
+                socket
+                    .set_read_timeout(Some(Duration::from_secs(3)))
+                    .expect("timeout");
+                let ask = |node: &str| {
+                    socket.send_to(b"ping", (node, 30053)).expect("send");
+                    let mut buffer = [0u8; 128];
+                    let (len, from) = socket.recv_from(&mut buffer).unwrap_or_else(|e| {
+                        panic!("no answer through {node} from port {port}: {e}")
+                    });
+                    assert_eq!(from.to_string(), format!("{node}:30053"));
+                    let reply = String::from_utf8_lossy(&buffer[..len]).into_owned();
+                    reply.split(' ').next().unwrap_or_default().to_owned()
+                };
+                (port, ask(NODE1), ask(NODE2))
+            })
+            .collect()
+    });
+    for (port, through_node1, through_node2) in &chosen {
+        assert_eq!(
+            through_node1, through_node2,
+            "the flow from port {port} reached different backends: {chosen:?}"
+        );
+    }
+    let mut backends: Vec<&String> = chosen.iter().map(|(_, b, _)| b).collect();
+    backends.sort();
+    backends.dedup();
+    assert_eq!(
+        backends,
+        ["pod1", "pod2"],
+        "flows spread over both backends"
+    );
+    let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
+    assert!(
+        shown.frontends.iter().any(|f| f.maglev),
+        "inspect shows Maglev"
+    );
 }
 
 #[test]

@@ -118,6 +118,10 @@ pub struct FrontendSpec {
     /// clients may open flows (an empty list: none may). `None`: unrestricted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_ranges: Option<Vec<ipnet::Ipv4Net>>,
+    /// Traffic from outside chooses by Maglev hashing (the same backend on every node)
+    /// instead of at random.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub maglev: bool,
 }
 
 /// The whole desired datapath.

@@ -100,7 +100,8 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> 
             .map_max_entries(map_names::REVERSE, capacities.reverse)
             .map_max_entries(map_names::AFFINITY, capacities.affinity)
             .map_max_entries(map_names::CONNTRACK, capacities.conntrack)
-            .map_max_entries(map_names::SOURCE_RANGES, capacities.source_ranges);
+            .map_max_entries(map_names::SOURCE_RANGES, capacities.source_ranges)
+            .map_max_entries(map_names::MAGLEV, capacities.maglev_entries);
         match loader.load(OBJECT) {
             Ok(mut ebpf) => {
                 load_programs(&mut ebpf)?;

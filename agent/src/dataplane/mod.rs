@@ -4,6 +4,7 @@ mod desired;
 mod host;
 mod layout;
 mod loader;
+mod maglev;
 mod maps;
 mod object;
 mod source_ranges;
@@ -28,7 +29,9 @@ pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
 pub use writer::{ApplyReport, Capacity, Rejected, StoreError};
 
+pub use self::maglev::TABLE_SIZES as MAGLEV_TABLE_SIZES;
 use self::{
+    maglev::{MaglevError, MaglevWriter},
     maps::KernelMaps,
     source_ranges::{SourceRangeError, SourceRangeWriter},
     writer::Writer,
@@ -52,6 +55,8 @@ pub struct Capacities {
     pub conntrack: u32,
     /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
     pub source_ranges: u32,
+    /// Maglev table entries: the table size for each Maglev frontend.
+    pub maglev_entries: u32,
 }
 
 impl Default for Capacities {
@@ -63,6 +68,7 @@ impl Default for Capacities {
             affinity: 65_536,
             conntrack: 262_144,
             source_ranges: 16_384,
+            maglev_entries: 262_144,
         }
     }
 }
@@ -75,7 +81,12 @@ pub struct Config {
     /// that every process on the node is served.
     pub cgroup: Option<PathBuf>,
     pub capacities: Capacities,
+    /// Positions of every Maglev table: one of [`MAGLEV_TABLE_SIZES`].
+    pub maglev_table_size: u32,
 }
+
+/// Cilium's default: about 1% imbalance with 100 backends, 64 KiB per frontend of value.
+pub const DEFAULT_MAGLEV_TABLE_SIZE: u32 = 16_381;
 
 impl Default for Config {
     fn default() -> Self {
@@ -83,6 +94,7 @@ impl Default for Config {
             pin_dir: PathBuf::from(DEFAULT_PIN_DIR),
             cgroup: None,
             capacities: Capacities::default(),
+            maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
         }
     }
 }
@@ -107,6 +119,8 @@ pub enum DataplaneError {
         "writing the source ranges failed; the agent re-read them and retries at the next sync"
     )]
     SourceRanges(#[source] SourceRangeError),
+    #[error("writing a Maglev table failed; the agent re-read them and retries at the next sync")]
+    Maglev(#[source] MaglevError),
 }
 
 /// What the TC programs need to know about this node.
@@ -125,6 +139,7 @@ pub struct Dataplane {
     ebpf: Ebpf,
     writer: Writer<KernelMaps>,
     source_ranges: SourceRangeWriter,
+    maglev: MaglevWriter,
     counters: PerCpuArray<MapData, Counters>,
     node: Array<MapData, NodeConfig>,
     /// The cgroup v2 directory the programs attach to.
@@ -167,6 +182,13 @@ impl Dataplane {
                 name: map_names::SOURCE_RANGES,
                 source,
             })?;
+        let maglev = take_map(&mut ebpf, map_names::MAGLEV)?
+            .try_into()
+            .and_then(|map| MaglevWriter::adopt(map, config.maglev_table_size))
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::MAGLEV,
+                source,
+            })?;
         let node = take_map(&mut ebpf, map_names::NODE)?
             .try_into()
             .map_err(|source| DataplaneError::Map {
@@ -188,6 +210,7 @@ impl Dataplane {
             ebpf,
             writer,
             source_ranges,
+            maglev,
             counters,
             node,
             cgroup,
@@ -202,6 +225,13 @@ impl Dataplane {
         let report = self.report(result)?;
         let ranges = self.source_ranges.apply_all(&desired.frontends);
         self.report_ranges(ranges)?;
+        let writer = &self.writer;
+        let tables = self.maglev.apply(
+            desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
+            |f| writer.programmed(f),
+            true,
+        );
+        self.report_maglev(tables)?;
         Ok(report)
     }
 
@@ -214,7 +244,22 @@ impl Dataplane {
         let report = self.report(result)?;
         let ranges = self.source_ranges.apply(changes);
         self.report_ranges(ranges)?;
+        let writer = &self.writer;
+        let tables = self.maglev.apply(
+            changes.iter().map(|(f, spec)| (f, *spec)),
+            |f| writer.programmed(f),
+            false,
+        );
+        self.report_maglev(tables)?;
         Ok(report)
+    }
+
+    fn report_maglev(&mut self, result: Result<(), MaglevError>) -> Result<(), DataplaneError> {
+        if let Err(error) = result {
+            self.readopt()?;
+            return Err(DataplaneError::Maglev(error));
+        }
+        Ok(())
     }
 
     fn report_ranges(
@@ -254,7 +299,7 @@ impl Dataplane {
     }
 
     /// Entries in use and capacity of the maps the agent fills, for metrics.
-    pub fn usage(&self) -> [(&'static str, u32, u32); 3] {
+    pub fn usage(&self) -> [(&'static str, u32, u32); 4] {
         [
             (
                 map_names::SERVICES,
@@ -270,6 +315,11 @@ impl Dataplane {
                 map_names::SOURCE_RANGES,
                 self.source_ranges.entries(),
                 self.config.capacities.source_ranges,
+            ),
+            (
+                map_names::MAGLEV,
+                self.maglev.entries(),
+                self.config.capacities.maglev_entries,
             ),
         ]
     }
@@ -290,6 +340,12 @@ impl Dataplane {
             .readopt()
             .map_err(|source| DataplaneError::Map {
                 name: map_names::SOURCE_RANGES,
+                source,
+            })?;
+        self.maglev
+            .readopt()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::MAGLEV,
                 source,
             })?;
         Ok(())
@@ -321,6 +377,7 @@ impl Dataplane {
             snat_address: settings.snat_address.map_or(0, |a| u32::from(a).to_be()),
             snat_port_min: *settings.snat_ports.start(),
             snat_port_max: *settings.snat_ports.end(),
+            maglev_table_size: self.config.maglev_table_size,
         };
         let map_error = |source| DataplaneError::Map {
             name: map_names::NODE,

@@ -14,7 +14,10 @@
 //! reported; the others are still applied.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
-use socklb_abi::{BACKEND_FLAG_REMOTE, Backend, SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey};
+use socklb_abi::{
+    BACKEND_FLAG_REMOTE, Backend, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, ServiceEntry,
+    ServiceKey,
+};
 
 use super::{
     desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope},
@@ -276,6 +279,23 @@ impl<S: Store> Writer<S> {
         u32::try_from(self.service_entries).unwrap_or(u32::MAX)
     }
 
+    /// A programmed frontend's service id and its backends by slot (index 0 is slot 1);
+    /// a slot that could not be read shows as the unspecified address.
+    pub fn programmed(&self, frontend: &Frontend) -> Option<(u32, Vec<BackendAddr>)> {
+        let programmed = self.frontends.get(frontend)?;
+        let backends = programmed
+            .slots
+            .iter()
+            .map(|id| {
+                self.backends.get(id).map_or(
+                    BackendAddr::local(std::net::Ipv4Addr::UNSPECIFIED, 0),
+                    |(addr, _)| *addr,
+                )
+            })
+            .collect();
+        Some((programmed.service_id, backends))
+    }
+
     pub fn backend_entries(&self) -> u32 {
         u32::try_from(self.backends.len()).unwrap_or(u32::MAX)
     }
@@ -376,10 +396,13 @@ impl<S: Store> Writer<S> {
         spec: &FrontendSpec,
     ) -> Result<Result<(), Rejected>, StoreError> {
         let old = self.frontends.get(&frontend).cloned();
-        let (flags, affinity_timeout_s) = match spec.affinity_timeout_seconds {
+        let (mut flags, affinity_timeout_s) = match spec.affinity_timeout_seconds {
             Some(timeout) => (SERVICE_FLAG_AFFINITY, timeout),
             None => (0, 0),
         };
+        if spec.maglev {
+            flags |= SERVICE_FLAG_MAGLEV;
+        }
 
         // Backend ids: existing ones reused, new ones reserved (written only if accepted).
         let mut new_backends = Vec::new();
@@ -754,6 +777,7 @@ mod tests {
                     backends: backends(b),
                     affinity_timeout_seconds: None,
                     source_ranges: None,
+                    maglev: false,
                 },
             );
         }
@@ -1003,6 +1027,7 @@ mod tests {
             backends: backends(&[3]),
             affinity_timeout_seconds: None,
             source_ranges: None,
+            maglev: false,
         };
         // Frontend 1 now uses backend 3 only; frontend 3 is removed (never existed: no-op).
         let changes = BTreeMap::from([(frontend(1), Some(&spec)), (frontend(3), None)]);

@@ -113,6 +113,7 @@ pub fn select(
                     backends: selection.backends.clone(),
                     affinity_timeout_seconds: service.affinity_timeout_seconds,
                     source_ranges,
+                    maglev: service.maglev && scope == Scope::External,
                 },
                 why: Why {
                     policy,
@@ -185,7 +186,11 @@ pub fn select(
 /// this node's ready endpoints over every port of the slices (an endpoint serving two ports
 /// counts once). Serving-and-terminating endpoints do not count: a node left with only
 /// those must fail its health check so that load balancers drain it.
-pub fn local_ready_endpoints(service: &ServiceInfo, slices: &[SliceInfo], node: &ThisNode) -> usize {
+pub fn local_ready_endpoints(
+    service: &ServiceInfo,
+    slices: &[SliceInfo],
+    node: &ThisNode,
+) -> usize {
     let ports: BTreeSet<(&str, Protocol)> = slices
         .iter()
         .flat_map(|slice| slice.ports.iter())

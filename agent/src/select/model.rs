@@ -113,6 +113,9 @@ pub struct ServiceInfo {
     /// loadBalancerSourceRanges (or the older annotation): the IPv4 clients allowed to
     /// reach the LoadBalancer IPs from outside. `None`: no restriction.
     pub load_balancer_source_ranges: Option<Vec<ipnet::Ipv4Net>>,
+    /// The `socklb.io/lb-algorithm: maglev` annotation: traffic from outside is spread by
+    /// Maglev hashing, consistently across nodes.
+    pub maglev: bool,
     /// spec.healthCheckNodePort of a LoadBalancer with externalTrafficPolicy Local: the port
     /// on which this node tells load balancers whether it has local endpoints.
     pub health_check_node_port: Option<u16>,

@@ -51,6 +51,7 @@ fn service() -> ServiceInfo {
         external_traffic_local: false,
         affinity_timeout_seconds: None,
         load_balancer_source_ranges: None,
+        maglev: false,
         health_check_node_port: None,
         publish_not_ready_addresses: false,
         topology_keys: None,

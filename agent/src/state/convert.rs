@@ -151,6 +151,22 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
 
     let load_balancer_source_ranges =
         source_ranges(&spec, meta.annotations.as_ref(), &mut partial_skips);
+    let maglev = match meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LB_ALGORITHM_ANNOTATION))
+        .map(String::as_str)
+    {
+        None | Some("random") => false,
+        Some("maglev") => true,
+        Some(other) => {
+            partial_skips.push((
+                format!("annotation {LB_ALGORITHM_ANNOTATION}"),
+                SkipReason::Invalid(format!("{other:?} is not random or maglev; random is used")),
+            ));
+            false
+        }
+    };
     let health_check_node_port = health_check_node_port(&spec, &mut partial_skips);
 
     Ok(ServiceInfo {
@@ -166,6 +182,7 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
         publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
         topology_keys,
         load_balancer_source_ranges,
+        maglev,
         health_check_node_port,
     })
 }
@@ -341,3 +358,6 @@ pub fn node(node: &Node) -> (BTreeMap<String, String>, Vec<std::net::Ipv4Addr>) 
         .unwrap_or_default();
     (labels, addresses)
 }
+
+/// How traffic from outside picks a backend: `random` (the default) or `maglev`.
+pub const LB_ALGORITHM_ANNOTATION: &str = "socklb.io/lb-algorithm";

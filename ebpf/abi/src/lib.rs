@@ -35,9 +35,11 @@ pub mod map_names {
     /// LPM trie of [`super::SourceRange`] -> [`super::SourceVerdict`]:
     /// loadBalancerSourceRanges.
     pub const SOURCE_RANGES: &str = "socklb_lbsrc_v1";
+    /// [`super::MaglevKey`] -> slot (`u32`): Maglev tables of external frontends.
+    pub const MAGLEV: &str = "socklb_mglv_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         SERVICES,
         BACKENDS,
         REVERSE,
@@ -46,6 +48,7 @@ pub mod map_names {
         CONNTRACK,
         NODE,
         SOURCE_RANGES,
+        MAGLEV,
     ];
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
@@ -99,6 +102,17 @@ pub const SCOPE_EXTERNAL: u8 = 1;
 
 /// [`ServiceEntry::flags`]: sessionAffinity ClientIP is on for this frontend.
 pub const SERVICE_FLAG_AFFINITY: u16 = 1 << 0;
+/// [`ServiceEntry::flags`] of an external frontend: new flows take the backend of their
+/// Maglev table position instead of a random one.
+pub const SERVICE_FLAG_MAGLEV: u16 = 1 << 1;
+
+/// Key of the Maglev map: a frontend (by service id) and a table position.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MaglevKey {
+    pub service_id: u32,
+    pub index: u32,
+}
 
 /// [`ServiceEntry::flags`] of a backend slot, and [`Backend::flags`]: the backend runs on
 /// another node, so traffic from outside reaching it through this node is SNATed to this
@@ -313,6 +327,8 @@ pub struct NodeConfig {
     /// ephemeral range, so that it never collides with the node's own connections.
     pub snat_port_min: u16,
     pub snat_port_max: u16,
+    /// Positions of every Maglev table (a prime); 0: Maglev off, random choice.
+    pub maglev_table_size: u32,
 }
 
 /// Per-CPU event counters (one entry, index 0).
@@ -389,7 +405,8 @@ const _: () = assert!(size_of::<Counters>() == 72);
 const _: () = assert!(size_of::<SourceRange>() == 12);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
-const _: () = assert!(size_of::<NodeConfig>() == 8);
+const _: () = assert!(size_of::<NodeConfig>() == 12);
+const _: () = assert!(size_of::<MaglevKey>() == 8);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -407,6 +424,7 @@ mod pod {
     unsafe impl aya::Pod for super::CtEntry {}
     unsafe impl aya::Pod for super::NodeConfig {}
     unsafe impl aya::Pod for super::SourceRange {}
+    unsafe impl aya::Pod for super::MaglevKey {}
 }
 
 #[cfg(test)]

@@ -21,14 +21,16 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use socklb_abi::{
-    BACKEND_FLAG_REMOTE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY, CtEntry, PROTO_TCP, SCOPE_EXTERNAL,
-    SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange,
+    BACKEND_FLAG_REMOTE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY, CtEntry, MaglevKey, PROTO_TCP,
+    SCOPE_EXTERNAL, SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry,
+    ServiceKey, SourceRange,
 };
 
 use crate::{
     conntrack,
     counters::bump,
-    maps::{BACKENDS, NODE, SERVICES, SOURCE_RANGES},
+    lb,
+    maps::{BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
     packet::{Packet, PacketError, Tuple},
 };
 
@@ -203,10 +205,15 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     if count == 0 {
         return Ok(Flow::NoBackend);
     }
-    // SAFETY: helper without arguments.
-    let draw = unsafe { helpers::bpf_get_prandom_u32() };
-    // count is at most u16::MAX, so the slot fits.
-    key.slot = (draw % count + 1) as u16;
+    key.slot = match maglev_slot(&master, tuple, count) {
+        Some(slot) => slot,
+        None => {
+            // SAFETY: helper without arguments.
+            let draw = unsafe { helpers::bpf_get_prandom_u32() };
+            // count is at most u16::MAX, so the slot fits.
+            (draw % count + 1) as u16
+        }
+    };
     let Some(backend) = SERVICES.get_ptr(&key) else {
         return Err(Error);
     };
@@ -240,6 +247,32 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     }
     bump(|c| &mut c.external_flows);
     Ok(Flow::To(entry))
+}
+
+/// The slot at the flow's position in the frontend's Maglev table, if it has one. The hash
+/// covers only what every node sees alike (not the node address a NodePort flow arrives
+/// at), so that every node picks the same backend. A missing entry or a slot beyond the
+/// current count (a table being rewritten) falls back to a random slot.
+#[inline(always)]
+fn maglev_slot(master: &ServiceEntry, tuple: &Tuple, count: u32) -> Option<u16> {
+    if master.flags & SERVICE_FLAG_MAGLEV == 0 {
+        return None;
+    }
+    let size = NODE.get(0)?.maglev_table_size;
+    if size == 0 {
+        return None;
+    }
+    let flow = (u64::from(tuple.source) << 32)
+        | (u64::from(tuple.source_port) << 16)
+        | u64::from(tuple.destination_port);
+    let hash = lb::mix(flow ^ u64::from(tuple.protocol).rotate_left(40));
+    let key = MaglevKey {
+        service_id: master.service_id,
+        index: hash % size,
+    };
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    let slot = unsafe { *MAGLEV.get_ptr(&key)? };
+    (slot >= 1 && slot <= count).then_some(slot as u16)
 }
 
 /// loadBalancerSourceRanges: the longest match of (frontend, client) decides; a frontend

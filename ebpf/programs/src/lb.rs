@@ -220,7 +220,7 @@ fn pick_slot(pick: Pick, count: u16, cookie: u64) -> u16 {
 
 /// Spreads consecutive socket cookies over the slots (splitmix64's finaliser).
 #[inline(always)]
-fn mix(cookie: u64) -> u32 {
+pub fn mix(cookie: u64) -> u32 {
     let mut x = cookie;
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

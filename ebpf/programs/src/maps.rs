@@ -1,12 +1,13 @@
 //! The maps, as described in socklb-abi. Capacities here are placeholders: the agent sets
 //! the real ones at load time from its flags.
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
     macros::btf_map,
 };
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, NodeConfig, ReverseEntry,
-    ReverseKey, ServiceEntry, ServiceKey, SourceRange, SourceVerdict,
+    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, MaglevKey, NodeConfig,
+    ReverseEntry, ReverseKey, ServiceEntry, ServiceKey, SourceRange, SourceVerdict,
 };
 
 #[btf_map(name = "socklb_svc_v1", pin_by_name)]
@@ -32,3 +33,7 @@ pub static NODE: Array<NodeConfig, 1> = Array::new();
 
 #[btf_map(name = "socklb_lbsrc_v1", pin_by_name)]
 pub static SOURCE_RANGES: LpmTrie<SourceRange, SourceVerdict, 65536> = LpmTrie::new();
+
+/// Not preallocated: only nodes with Maglev Services pay for tables.
+#[btf_map(name = "socklb_mglv_v1", pin_by_name)]
+pub static MAGLEV: HashMap<MaglevKey, u32, 262144, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();

@@ -290,6 +290,7 @@ fn desired(services: u32, measured: u32) -> Desired {
                 backends,
                 affinity_timeout_seconds: None,
                 source_ranges: None,
+                maglev: false,
             },
         );
     }
