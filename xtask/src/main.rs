@@ -72,6 +72,40 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         seconds: u32,
     },
+    /// Traffic from outside through a NodePort: socklb's TC programs vs kube-proxy's
+    /// iptables and nftables rules vs the direct path (connection setup, iperf3).
+    Nodeport {
+        /// Connections per peer and round.
+        #[arg(long, default_value_t = 2000)]
+        connections: u32,
+        /// Rounds, the peers interleaved in each.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// ClusterIP services ahead of the NodePort in kube-proxy's rules.
+        #[arg(long, default_value_t = 1000)]
+        services: u32,
+        /// Seconds of each iperf3 run.
+        #[arg(long, default_value_t = 3)]
+        seconds: u32,
+    },
+    /// socklb side by side with kube-proxy's iptables and nftables modes (connection setup,
+    /// throughput, programming time, memory) at each service count; writes the results into
+    /// docs/benchmarks.md and docs/plots/.
+    Compare {
+        /// Service counts (10 endpoints each) to measure at.
+        #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,30000")]
+        services: Vec<u32>,
+        /// Connections per peer and service position.
+        #[arg(long, default_value_t = 10_000)]
+        connections: u32,
+        /// iptables backend of the iptables peer: legacy or nft.
+        #[arg(long, default_value = "legacy")]
+        iptables: String,
+        /// Seconds long, 100 services, nothing written to docs/: keeps the benchmark working
+        /// in CI (debug build).
+        #[arg(long)]
+        smoke: bool,
+    },
 }
 
 fn main() -> anyhow::Result<()> {
@@ -147,9 +181,81 @@ fn main() -> anyhow::Result<()> {
                     .concat();
                     cargo_run_release("socklb-bench-control-plane", &args)
                 }
+                Bench::Nodeport {
+                    connections,
+                    rounds,
+                    services,
+                    seconds,
+                } => {
+                    // The benchmark runs the agent binary next to it: the release build.
+                    step(
+                        "build the agent (release)",
+                        &["build", "--release", "--package", "socklb-agent", "--bins"],
+                    )?;
+                    let args = [
+                        ("--connections", connections),
+                        ("--rounds", rounds),
+                        ("--services", services),
+                        ("--seconds", seconds),
+                    ]
+                    .map(|(flag, value)| [flag.to_owned(), value.to_string()])
+                    .concat();
+                    cargo_run_release("socklb-bench-nodeport", &args)
+                }
+                Bench::Compare {
+                    services,
+                    connections,
+                    iptables,
+                    smoke,
+                } => compare(&services, connections, &iptables, smoke),
             }
         }
     }
+}
+
+/// `bench compare`: the benchmark runs the agent binary next to it, so both are built in the
+/// same profile: release for measurements, debug for the smoke run (which `test` has built).
+fn compare(services: &[u32], connections: u32, iptables: &str, smoke: bool) -> anyhow::Result<()> {
+    require_root("the comparison benchmark")?;
+    let services: Vec<String> = services.iter().map(u32::to_string).collect();
+    let mut args = vec![
+        "--services".to_owned(),
+        services.join(","),
+        "--connections".to_owned(),
+        connections.to_string(),
+        "--iptables".to_owned(),
+        iptables.to_owned(),
+    ];
+    if smoke {
+        args.push("--smoke".to_owned());
+        step(
+            "build the agent",
+            &["build", "--package", "socklb-agent", "--bins"],
+        )?;
+        let mut full = vec![
+            "run",
+            "--quiet",
+            "--package",
+            "socklb-tests",
+            "--bin",
+            "socklb-bench-compare",
+            "--",
+        ];
+        // Only the explicitly given service counts; the smoke run defaults to 100.
+        full.extend(args.iter().skip(2).map(String::as_str));
+        return step("benchmark socklb-bench-compare (smoke)", &full);
+    }
+    step(
+        "build the agent (release)",
+        &["build", "--release", "--package", "socklb-agent", "--bins"],
+    )?;
+    let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the workspace directory")?
+        .join("docs");
+    args.push("--docs".to_owned());
+    args.push(docs.display().to_string());
+    cargo_run_release("socklb-bench-compare", &args)
 }
 
 /// Builds the agent (whose build script builds the eBPF crate) and returns the object it

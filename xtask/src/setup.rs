@@ -27,6 +27,11 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     // Real clients of the north-south tests.
     "iperf3",
+    // kube-proxy's rules, for the side-by-side benchmarks only.
+    "iptables",
+    "nftables",
+    // Text in the benchmark plots (docs/plots).
+    "fonts-dejavu-core",
     // The container image: podman builds it offline, musl-gcc compiles ring for the static build.
     "podman",
     "musl-tools",
