@@ -91,7 +91,10 @@ cat >"$WORK/value-sets.json" <<'EOF'
   "custom": {
     "image": {"repository": "registry.example/socklb", "tag": "v0.1.0-rc.1", "pullPolicy": "Always"},
     "capacities": {"maxServiceEntries": 1000000, "maxBackends": 2000000,
-                   "maxReverseEntries": 4194304, "maxAffinityEntries": 131072},
+                   "maxReverseEntries": 4194304, "maxAffinityEntries": 131072,
+                   "maxConntrackEntries": 524288, "maxSourceRanges": 1024, "maxMaglevEntries": 65536},
+    "external": {"devices": ["eth0", "bond0"], "tcAttachMode": "netlink",
+                 "snatPortRange": "62000-64999", "maglevTableSize": 4093},
     "minSyncPeriod": "100ms", "syncPeriod": "1m30s",
     "logLevel": "debug,kube=info",
     "healthz": {"bindAddress": "[::]:10266"},
@@ -113,6 +116,8 @@ cat >"$WORK/bad-value-sets.json" <<'EOF'
   "negative capacity": [{"capacities": {"maxBackends": -1}}, "maxBackends"],
   "misspelt key": [{"capacites": {"maxBackends": 10}}, "capacites"],
   "duration without a unit": [{"syncPeriod": 30}, "syncPeriod"],
+  "Maglev table size that is not one of the primes": [{"external": {"maglevTableSize": 1000}}, "maglevTableSize"],
+  "unknown TC attach mode": [{"external": {"tcAttachMode": "xdp"}}, "tcAttachMode"],
   "bind address that is not IP:PORT": [{"healthz": {"bindAddress": "localhost:10256"}}, "bindAddress"],
   "privileged as a string": [{"privileged": "yes"}, "privileged"],
   "agent and cleanup together": [{"cleanup": {"enabled": true}}, "agent.enabled=false"],
@@ -395,6 +400,13 @@ def check_agent(name, values, docs):
         "max-backends": str(values["capacities"]["maxBackends"]),
         "max-reverse-entries": str(values["capacities"]["maxReverseEntries"]),
         "max-affinity-entries": str(values["capacities"]["maxAffinityEntries"]),
+        "max-conntrack-entries": str(values["capacities"]["maxConntrackEntries"]),
+        "max-source-ranges": str(values["capacities"]["maxSourceRanges"]),
+        "max-maglev-entries": str(values["capacities"]["maxMaglevEntries"]),
+        "devices": ",".join(values["external"]["devices"]) or None,
+        "tc-attach-mode": values["external"]["tcAttachMode"],
+        "snat-port-range": values["external"]["snatPortRange"],
+        "maglev-table-size": str(values["external"]["maglevTableSize"]),
     }
     wrong = {f: (arg_value(args, f), v) for f, v in expected_args.items() if arg_value(args, f) != v}
     extra = values["extraArgs"]

@@ -112,8 +112,8 @@ pub struct RunArgs {
 /// Traffic from outside the node: NodePorts, LoadBalancer IPs, externalIPs.
 #[derive(Debug, Args)]
 pub struct ExternalArgs {
-    /// Devices whose incoming traffic is translated, comma-separated [default: the devices
-    /// that hold the Node's addresses].
+    /// Devices whose incoming traffic is translated, comma-separated (none given: the
+    /// devices that hold the Node's addresses).
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
     /// How the TC programs attach: tcx (kernel >= 6.6), netlink (clsact), or auto.
