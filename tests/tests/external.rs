@@ -498,6 +498,86 @@ fn a_long_flow_survives_backend_changes_and_new_flows_follow_the_new_set() {
 }
 
 #[test]
+fn udp_without_checksum_passes_and_a_udp_flow_moves_when_its_backend_goes() {
+    let sandbox = Sandbox::new("ext-udp");
+    let lan = lan("u");
+    let _servers = [
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    let dns = |endpoints: &[(&str, &str)]| {
+        format!(
+            "{}---\n{}",
+            service(
+                "dns",
+                "10.96.0.95",
+                "[{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
+                "  type: NodePort",
+                None
+            ),
+            slice("dns-1", "dns", ("dns", 5353, "UDP"), endpoints)
+        )
+    };
+    manifests.write("dns.yaml", &dns(&[POD1_ENDPOINT, POD2_ENDPOINT]));
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+
+    // One client socket, one flow, sending datagrams without a UDP checksum (SO_NO_CHECK):
+    // the checksum must stay 0 through the rewrite, or the pod's kernel drops them.
+    let socket = lan.client.enter(|| {
+        let socket = std::net::UdpSocket::bind((CLIENT, 40100)).expect("bind the client");
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt on our socket with an int option of the size passed.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::fd::AsRawFd::as_raw_fd(&socket),
+                libc::SOL_SOCKET,
+                libc::SO_NO_CHECK,
+                std::ptr::from_ref(&on).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0, "SO_NO_CHECK: {}", std::io::Error::last_os_error());
+        socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .expect("timeout");
+        socket
+    });
+    let ask = || {
+        socket.send_to(b"ping", (NODE1, 30053)).expect("send");
+        let mut buffer = [0u8; 128];
+        let (len, from) = socket
+            .recv_from(&mut buffer)
+            .expect("an answer to a datagram without checksum");
+        assert_eq!(from.to_string(), format!("{NODE1}:30053"));
+        let reply = String::from_utf8_lossy(&buffer[..len]).into_owned();
+        reply.split(' ').next().unwrap_or_default().to_owned()
+    };
+    let first = ask();
+    for _ in 0..5 {
+        assert_eq!(ask(), first, "a UDP flow keeps its backend");
+    }
+
+    // Its backend leaves the Service: the flow's next datagram goes to the other one.
+    let (remaining, other) = if first == "pod1" {
+        (POD2_ENDPOINT, "pod2")
+    } else {
+        (POD1_ENDPOINT, "pod1")
+    };
+    manifests.write("dns.yaml", &dns(&[remaining]));
+    agent.wait_for_log("synced", 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ask() != other {
+        assert!(
+            Instant::now() < deadline,
+            "the UDP flow still goes to the removed backend"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
 fn load_balancer_source_ranges_admit_listed_clients_only() {
     let sandbox = Sandbox::new("ext-ranges");
     let lan = lan("s");
