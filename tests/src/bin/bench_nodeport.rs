@@ -192,11 +192,9 @@ fn byte_server(pod: &Netns, address: SocketAddrV4) -> std::thread::JoinHandle<()
             .unwrap_or_else(|e| fail(&format!("bind {address}: {e}")))
     });
     std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            if let Ok(mut stream) = stream {
-                use std::io::Write as _;
-                let _ = stream.write_all(b"x");
-            }
+        for mut stream in listener.incoming().flatten() {
+            use std::io::Write as _;
+            let _ = stream.write_all(b"x");
         }
     })
 }
@@ -281,7 +279,7 @@ fn iptables_rules(fillers: u32) -> String {
 
 /// kube-proxy's nftables-mode table for the same services (`pkg/proxy/nftables/proxier.go`).
 fn nftables_rules(fillers: u32) -> String {
-    let mut service_ips = vec![format!("10.96.0.10 . tcp . 80 : goto service-web")];
+    let mut service_ips = vec!["10.96.0.10 . tcp . 80 : goto service-web".to_owned()];
     let mut chains = String::new();
     for i in 0..fillers {
         service_ips.push(format!("{} . tcp . 80 : goto service-f{i}", cluster_ip(i)));
