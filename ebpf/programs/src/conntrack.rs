@@ -9,11 +9,21 @@ use crate::{maps::CONNTRACK, packet::Tuple};
 const SNAT_ATTEMPTS: u32 = 16;
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
-/// Seconds since boot, as [`CtEntry::last_seen_s`] counts.
+/// Seconds since boot, as [`CtEntry::last_seen_s`] counts. The coarse clock (a tick's
+/// resolution) is plenty for second-granular timeouts and cheaper than reading the
+/// clocksource on every packet.
 #[inline(always)]
 pub fn now_s() -> u32 {
     // SAFETY: helper without arguments.
-    (unsafe { helpers::bpf_ktime_get_ns() } / NANOS_PER_SECOND) as u32
+    (unsafe { helpers::bpf_ktime_get_coarse_ns() } / NANOS_PER_SECOND) as u32
+}
+
+/// Whether a packet may be the reply of a SNATed flow: only those are addressed to a port
+/// of the SNAT range, so every other packet skips the reply lookup.
+#[inline(always)]
+pub fn may_be_snat_reply(tuple: &Tuple, node: Option<&NodeConfig>) -> bool {
+    let port = u16::from_be(tuple.destination_port);
+    node.is_some_and(|node| port >= node.snat_port_min && port <= node.snat_port_max)
 }
 
 #[inline(always)]

@@ -94,7 +94,9 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let closes = packet.closes_connection();
     // A remote backend answering a SNATed flow, addressed to this node.
-    if let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, closes, now) {
+    if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
+        && let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, closes, now)
+    {
         packet.rewrite(
             reply.source,
             reply.source_port,
