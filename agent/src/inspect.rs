@@ -11,9 +11,10 @@ use std::{
 use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
-    AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SNAT, CT_FORWARD,
-    Counters, CtEntry, CtKey, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV,
-    SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
+    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
+    CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY,
+    SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange,
+    SourceVerdict, map_names,
 };
 
 use crate::dataplane::{BackendAddr, Frontend, Protocol, Scope};
@@ -55,7 +56,12 @@ pub struct FrontendState {
 
 #[derive(Debug, Serialize)]
 pub struct AffinityState {
-    pub netns_cookie: u64,
+    /// The client: its network namespace (local sockets), or `client` below.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub netns_cookie: Option<u64>,
+    /// A client outside the node, by address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Ipv4Addr>,
     pub service_id: u32,
     pub backend_id: u32,
     pub slot: u16,
@@ -186,7 +192,13 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         .iter()
         .filter_map(Result::ok)
         .map(|(key, entry)| AffinityState {
-            netns_cookie: key.netns_cookie,
+            netns_cookie: (key.netns_cookie & AFFINITY_EXTERNAL_CLIENT == 0)
+                .then_some(key.netns_cookie),
+            client: (key.netns_cookie & AFFINITY_EXTERNAL_CLIENT != 0).then(|| {
+                Ipv4Addr::from(u32::from_be(
+                    (key.netns_cookie & u64::from(u32::MAX)) as u32,
+                ))
+            }),
             service_id: key.service_id,
             backend_id: entry.backend_id,
             slot: entry.slot,

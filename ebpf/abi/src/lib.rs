@@ -206,10 +206,15 @@ pub struct ReverseEntry {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct AffinityKey {
+    /// The client's network namespace cookie; for traffic from outside the node (TC), the
+    /// client's IPv4 address (network byte order) with [`AFFINITY_EXTERNAL_CLIENT`] set.
     pub netns_cookie: u64,
     pub service_id: u32,
     pub pad: u32,
 }
+
+/// Marks an [`AffinityKey`] of a client outside the node: netns cookies never reach bit 63.
+pub const AFFINITY_EXTERNAL_CLIENT: u64 = 1 << 63;
 
 /// Value of the affinity map: the backend last chosen and when.
 #[repr(C)]

@@ -21,16 +21,17 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use socklb_abi::{
-    BACKEND_FLAG_REMOTE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY, CtEntry, MaglevKey, PROTO_TCP,
-    SCOPE_EXTERNAL, SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry,
-    ServiceKey, SourceRange,
+    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_SNAT,
+    CT_FORWARD, CT_REPLY, CtEntry, MaglevKey, PROTO_TCP, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY,
+    SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey,
+    SourceRange,
 };
 
 use crate::{
     conntrack,
     counters::bump,
     lb,
-    maps::{BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
+    maps::{AFFINITY, BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
     packet::{Packet, PacketError, Tuple},
 };
 
@@ -207,7 +208,17 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     if count == 0 {
         return Ok(Flow::NoBackend);
     }
-    key.slot = match maglev_slot(&master, tuple, count) {
+    let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0).then(|| AffinityKey {
+        netns_cookie: AFFINITY_EXTERNAL_CLIENT | u64::from(tuple.source),
+        service_id: master.service_id,
+        pad: 0,
+    });
+    // SAFETY: helper without arguments.
+    let now_ns = unsafe { helpers::bpf_ktime_get_ns() };
+    let remembered = affinity
+        .as_ref()
+        .and_then(|affinity| affinity_slot(affinity, &master, &mut key, now_ns));
+    key.slot = match remembered.or_else(|| maglev_slot(&master, tuple, count)) {
         Some(slot) => slot,
         None => {
             // SAFETY: helper without arguments.
@@ -221,6 +232,19 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     };
     // SAFETY: as above.
     let backend: ServiceEntry = unsafe { *backend };
+    match (&affinity, remembered) {
+        (Some(_), Some(_)) => bump(|c| &mut c.affinity_hits),
+        (Some(affinity), None) => {
+            let entry = AffinityEntry {
+                last_used_ns: now_ns,
+                backend_id: backend.backend_id,
+                slot: key.slot,
+                pad: 0,
+            };
+            AFFINITY.insert(affinity, &entry, 0).map_err(|_| Error)?;
+        }
+        _ => {}
+    }
 
     let mut entry = CtEntry {
         source: tuple.source,
@@ -249,6 +273,35 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     }
     bump(|c| &mut c.external_flows);
     Ok(Flow::To(entry))
+}
+
+/// sessionAffinity ClientIP for a client outside the node: the slot it used last, if that
+/// was within the timeout and the slot still holds the same backend (refreshing the entry).
+#[inline(always)]
+fn affinity_slot(
+    affinity: &AffinityKey,
+    master: &ServiceEntry,
+    key: &mut ServiceKey,
+    now_ns: u64,
+) -> Option<u16> {
+    let entry = AFFINITY.get_ptr_mut(affinity)?;
+    // SAFETY: pointer from a successful lookup, valid for this run.
+    let entry = unsafe { &mut *entry };
+    let timeout_ns = u64::from(master.affinity_timeout_s) * 1_000_000_000;
+    if now_ns.wrapping_sub(entry.last_used_ns) > timeout_ns
+        || entry.slot == 0
+        || entry.slot > master.count
+    {
+        return None;
+    }
+    key.slot = entry.slot;
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    let slot = unsafe { *SERVICES.get_ptr(key)? };
+    if slot.backend_id != entry.backend_id {
+        return None;
+    }
+    entry.last_used_ns = now_ns;
+    Some(entry.slot)
 }
 
 /// The slot at the flow's position in the frontend's Maglev table, if it has one. The hash
