@@ -211,6 +211,10 @@ pub struct InspectArgs {
     /// Only the frontends on this address (a ClusterIP, node address, ...).
     #[arg(long)]
     pub address: Option<std::net::Ipv4Addr>,
+    /// Only the frontends of this Service, NAMESPACE/NAME (and their affinity and
+    /// conntrack entries).
+    #[arg(long)]
+    pub service: Option<String>,
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: Output,
 }
@@ -464,7 +468,10 @@ async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<Clu
 }
 
 fn inspect_command(args: &InspectArgs) -> anyhow::Result<()> {
-    let inspection = inspect::inspect(&args.pins.pin_dir, args.address)?;
+    let mut inspection = inspect::inspect(&args.pins.pin_dir, args.address)?;
+    if let Some(service) = &args.service {
+        inspection = inspect::only_service(inspection, service);
+    }
     match args.output {
         Output::Table => print!("{}", inspect::table(&inspection)),
         Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),

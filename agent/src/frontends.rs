@@ -66,6 +66,16 @@ impl FrontendTable {
             .find(|choice| choice.frontend == *frontend)
     }
 
+    /// The Service whose choice programs the frontend.
+    pub fn owner(&self, frontend: &Frontend) -> Option<&ServiceName> {
+        self.owners.get(frontend)?.first()
+    }
+
+    /// Every frontend some Service claims.
+    pub fn frontends(&self) -> impl Iterator<Item = &Frontend> {
+        self.owners.keys()
+    }
+
     pub fn spec(&self, frontend: &Frontend) -> Option<&FrontendSpec> {
         self.choice(frontend).map(|choice| &choice.spec)
     }

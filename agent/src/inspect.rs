@@ -12,12 +12,12 @@ use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
     AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
-    CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY,
-    SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange,
-    SourceVerdict, map_names,
+    CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, FrontendName, SCOPE_EXTERNAL,
+    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry,
+    ServiceKey, SourceRange, SourceVerdict, map_names,
 };
 
-use crate::dataplane::{BackendAddr, Frontend, Protocol, Scope};
+use crate::dataplane::{BackendAddr, Frontend, FrontendLabel, Protocol, Scope};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
@@ -42,6 +42,11 @@ pub enum InspectError {
 pub struct FrontendState {
     pub frontend: Frontend,
     pub service_id: u32,
+    /// The Service (namespace, name, port, kind) the frontend belongs to, from the names
+    /// map the agent keeps; absent for a frontend programmed by hand or before the agent
+    /// wrote names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceLabel>,
     pub affinity_timeout_seconds: Option<u32>,
     /// Backends by slot (1..=count); a missing slot would show as `null`.
     pub backends: Vec<Option<BackendAddr>>,
@@ -52,6 +57,25 @@ pub struct FrontendState {
     /// New flows from outside choose by Maglev hashing.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub maglev: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ServiceLabel {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+    pub kind: &'static str,
+}
+
+impl From<FrontendLabel> for ServiceLabel {
+    fn from(label: FrontendLabel) -> Self {
+        Self {
+            namespace: label.namespace,
+            name: label.name,
+            port: label.port,
+            kind: label.kind,
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -150,6 +174,12 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         }
     }
 
+    let names_map: HashMap<MapData, u32, FrontendName> = open(pin_dir, map_names::NAMES)?
+        .try_into()
+        .map_err(read(map_names::NAMES))?;
+    let names: std::collections::HashMap<u32, FrontendName> =
+        names_map.iter().filter_map(Result::ok).collect();
+
     let mut frontends = Vec::new();
     for (key, master) in entries.iter().filter(|(key, _)| key.slot == 0) {
         let Some(frontend) = frontend_of(key) else {
@@ -173,6 +203,10 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         frontends.push(FrontendState {
             frontend,
             service_id: master.service_id,
+            service: names
+                .get(&master.service_id)
+                .and_then(FrontendLabel::decode)
+                .map(ServiceLabel::from),
             affinity_timeout_seconds: (master.flags & SERVICE_FLAG_AFFINITY != 0)
                 .then_some(master.affinity_timeout_s),
             backends,
@@ -295,8 +329,24 @@ fn frontend_of(key: &ServiceKey) -> Option<Frontend> {
     })
 }
 
+/// Keeps what belongs to the Service `namespace/name`: its frontends, and the affinity and
+/// conntrack entries of those frontends.
+pub fn only_service(mut inspection: Inspection, service: &str) -> Inspection {
+    let matches = |label: &ServiceLabel| format!("{}/{}", label.namespace, label.name) == service;
+    inspection
+        .frontends
+        .retain(|f| f.service.as_ref().is_some_and(matches));
+    let ids: std::collections::HashSet<u32> =
+        inspection.frontends.iter().map(|f| f.service_id).collect();
+    inspection.affinity.retain(|a| ids.contains(&a.service_id));
+    inspection.conntrack.retain(|c| ids.contains(&c.service_id));
+    inspection
+}
+
 pub fn table(inspection: &Inspection) -> String {
-    let mut out = String::from("FRONTEND                 SCOPE     ID      AFFINITY  BACKENDS\n");
+    let mut out = String::from(
+        "FRONTEND                 SCOPE     ID      SERVICE                        AFFINITY  BACKENDS\n",
+    );
     for state in &inspection.frontends {
         let f = &state.frontend;
         let backends = if state.backends.is_empty() {
@@ -324,10 +374,18 @@ pub fn table(inspection: &Inspection) -> String {
         };
         let _ = writeln!(
             out,
-            "{:24} {:9} {:<7} {:9} {}",
+            "{:24} {:9} {:<7} {:30} {:9} {}",
             format!("{}:{}/{:?}", f.address, f.port, f.protocol).to_uppercase(),
             format!("{:?}", f.scope).to_lowercase(),
             state.service_id,
+            state.service.as_ref().map_or_else(
+                || "-".to_owned(),
+                |s| if s.port.is_empty() {
+                    format!("{}/{}", s.namespace, s.name)
+                } else {
+                    format!("{}/{}:{}", s.namespace, s.name, s.port)
+                }
+            ),
             affinity,
             backends
         );

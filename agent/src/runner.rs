@@ -22,13 +22,13 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::{
     dataplane::{
-        Dataplane, DataplaneError, Frontend, FrontendSpec, NodeSettings, TcMode,
+        Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, NodeSettings, TcMode,
         devices_with_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
     metrics::{MapLabels, Metrics, ReasonLabels},
-    select::ServiceName,
+    select::{FrontendKind, ServiceName},
     server::Health,
     source::{Event, Kind, Object},
     state::{ClusterState, convert},
@@ -252,6 +252,7 @@ impl Runner {
         if full || !self.attached {
             self.program_external()?;
         }
+        self.name_frontends(if full { None } else { Some(&touched) });
         if !self.attached {
             self.dataplane.attach()?;
             self.attached = true;
@@ -294,6 +295,33 @@ impl Runner {
             );
         }
         Ok(true)
+    }
+
+    /// Records which Service each frontend belongs to, for `socklb inspect`: the `touched`
+    /// ones, or (`None`) all of them. Display only: a failure is logged, never fatal.
+    fn name_frontends(&mut self, touched: Option<&BTreeSet<Frontend>>) {
+        let label = |frontend: &Frontend| {
+            let choice = self.table.choice(frontend)?;
+            let owner = self.table.owner(frontend)?;
+            Some(FrontendLabel {
+                namespace: owner.namespace.clone(),
+                name: owner.name.clone(),
+                port: choice.port_name.clone(),
+                kind: match choice.kind {
+                    FrontendKind::ClusterIp => "cluster-ip",
+                    FrontendKind::NodePort => "node-port",
+                    FrontendKind::ExternalIp => "external-ip",
+                    FrontendKind::LoadBalancer => "load-balancer",
+                },
+            })
+        };
+        let labels: BTreeMap<Frontend, Option<FrontendLabel>> = match touched {
+            Some(touched) => touched.iter().map(|f| (*f, label(f))).collect(),
+            None => self.table.frontends().map(|f| (*f, label(f))).collect(),
+        };
+        if let Err(error) = self.dataplane.apply_labels(&labels, touched.is_none()) {
+            warn!(error = %chain(&error), "frontend names not written (display only)");
+        }
     }
 
     /// This node's SNAT settings, and the TC programs on its external devices (re-attached

@@ -287,9 +287,11 @@ fn health_readiness_and_metrics_are_served() {
     agent.stop();
 
     // `socklb inspect` reads the pinned maps while no agent runs.
-    let inspect = |format: &str| {
+    let inspect = |format: &str, filter: &[&str]| {
         let out = Command::new(agent_bin())
-            .args(["inspect", "-o", format, "--bpffs"])
+            .args(["inspect", "-o", format])
+            .args(filter)
+            .arg("--bpffs")
             .arg(&sandbox.pin_dir)
             .output()
             .expect("run socklb inspect");
@@ -300,13 +302,34 @@ fn health_readiness_and_metrics_are_served() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let table = inspect("table");
+    let table = inspect("table", &[]);
     assert!(
-        table.contains("10.96.1.10:80/TCP") && table.contains("127.0.23.1:8080"),
-        "{table}"
+        table.contains("10.96.1.10:80/TCP")
+            && table.contains("default/web:http")
+            && table.contains("127.0.23.1:8080"),
+        "the frontend with its Service's name: {table}"
     );
-    let json: serde_json::Value = serde_json::from_str(&inspect("json")).expect("inspect JSON");
+    let json: serde_json::Value =
+        serde_json::from_str(&inspect("json", &[])).expect("inspect JSON");
     assert_eq!(json["frontends"][0]["backends"][0]["port"], 8080, "{json}");
+    assert_eq!(json["frontends"][0]["service"]["name"], "web", "{json}");
+    assert_eq!(
+        json["frontends"][0]["service"]["kind"], "cluster-ip",
+        "{json}"
+    );
+    let only = |service: &str| -> serde_json::Value {
+        serde_json::from_str(&inspect("json", &["--service", service])).expect("inspect JSON")
+    };
+    assert!(
+        !only("default/web")["frontends"]
+            .as_array()
+            .is_none_or(Vec::is_empty)
+    );
+    assert!(
+        only("default/other")["frontends"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+    );
     assert!(
         json["counters"]["translated"].as_u64() >= Some(40),
         "{json}"

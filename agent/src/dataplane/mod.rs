@@ -6,6 +6,7 @@ mod layout;
 mod loader;
 mod maglev;
 mod maps;
+mod names;
 mod object;
 mod source_ranges;
 mod tc;
@@ -29,10 +30,11 @@ pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
 pub use writer::{ApplyReport, Capacity, Rejected, StoreError};
 
-pub use self::maglev::TABLE_SIZES as MAGLEV_TABLE_SIZES;
+pub use self::{maglev::TABLE_SIZES as MAGLEV_TABLE_SIZES, names::FrontendLabel};
 use self::{
     maglev::{MaglevError, MaglevWriter},
     maps::KernelMaps,
+    names::{NamesError, NamesWriter},
     source_ranges::{SourceRangeError, SourceRangeWriter},
     writer::Writer,
 };
@@ -121,6 +123,8 @@ pub enum DataplaneError {
     SourceRanges(#[source] SourceRangeError),
     #[error("writing a Maglev table failed; the agent re-read them and retries at the next sync")]
     Maglev(#[source] MaglevError),
+    #[error("writing a frontend's name failed; the agent re-reads them at the next full sync")]
+    Names(#[source] NamesError),
 }
 
 /// What the TC programs need to know about this node.
@@ -140,6 +144,7 @@ pub struct Dataplane {
     writer: Writer<KernelMaps>,
     source_ranges: SourceRangeWriter,
     maglev: MaglevWriter,
+    names: NamesWriter,
     counters: PerCpuArray<MapData, Counters>,
     node: Array<MapData, NodeConfig>,
     /// The cgroup v2 directory the programs attach to.
@@ -189,6 +194,13 @@ impl Dataplane {
                 name: map_names::MAGLEV,
                 source,
             })?;
+        let names = take_map(&mut ebpf, map_names::NAMES)?
+            .try_into()
+            .and_then(NamesWriter::adopt)
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::NAMES,
+                source,
+            })?;
         let node = take_map(&mut ebpf, map_names::NODE)?
             .try_into()
             .map_err(|source| DataplaneError::Map {
@@ -211,6 +223,7 @@ impl Dataplane {
             writer,
             source_ranges,
             maglev,
+            names,
             counters,
             node,
             cgroup,
@@ -252,6 +265,27 @@ impl Dataplane {
         );
         self.report_maglev(tables)?;
         Ok(report)
+    }
+
+    /// Records which Service each given frontend belongs to (`None`: gone), for `socklb
+    /// inspect`; with `full`, the names of frontends not given are removed.
+    pub fn apply_labels(
+        &mut self,
+        labels: &std::collections::BTreeMap<Frontend, Option<FrontendLabel>>,
+        full: bool,
+    ) -> Result<(), DataplaneError> {
+        let writer = &self.writer;
+        let result = self
+            .names
+            .apply(labels, |f| writer.programmed(f).map(|(id, _)| id), full);
+        if let Err(error) = result {
+            self.names.readopt().map_err(|source| DataplaneError::Map {
+                name: map_names::NAMES,
+                source,
+            })?;
+            return Err(DataplaneError::Names(error));
+        }
+        Ok(())
     }
 
     fn report_maglev(&mut self, result: Result<(), MaglevError>) -> Result<(), DataplaneError> {
@@ -348,6 +382,10 @@ impl Dataplane {
                 name: map_names::MAGLEV,
                 source,
             })?;
+        self.names.readopt().map_err(|source| DataplaneError::Map {
+            name: map_names::NAMES,
+            source,
+        })?;
         Ok(())
     }
 

@@ -37,9 +37,12 @@ pub mod map_names {
     pub const SOURCE_RANGES: &str = "socklb_lbsrc_v1";
     /// [`super::MaglevKey`] -> slot (`u32`): Maglev tables of external frontends.
     pub const MAGLEV: &str = "socklb_mglv_v1";
+    /// service id (`u32`) -> [`super::FrontendName`]: which Service a frontend belongs to,
+    /// for `socklb inspect` and bpftool. The programs never read it.
+    pub const NAMES: &str = "socklb_names_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         SERVICES,
         BACKENDS,
         REVERSE,
@@ -49,6 +52,7 @@ pub mod map_names {
         NODE,
         SOURCE_RANGES,
         MAGLEV,
+        NAMES,
     ];
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
@@ -336,6 +340,36 @@ pub struct NodeConfig {
     pub maglev_table_size: u32,
 }
 
+/// Value of the names map: the Service a frontend belongs to, NUL-padded UTF-8.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FrontendName {
+    pub namespace: [u8; 64],
+    pub name: [u8; 64],
+    /// The Service port's name ("" when unnamed).
+    pub port: [u8; 16],
+    /// `FRONTEND_KIND_*`.
+    pub kind: u8,
+    pub pad: [u8; 7],
+}
+
+impl Default for FrontendName {
+    fn default() -> Self {
+        Self {
+            namespace: [0; 64],
+            name: [0; 64],
+            port: [0; 16],
+            kind: 0,
+            pad: [0; 7],
+        }
+    }
+}
+
+pub const FRONTEND_KIND_CLUSTER_IP: u8 = 1;
+pub const FRONTEND_KIND_NODE_PORT: u8 = 2;
+pub const FRONTEND_KIND_EXTERNAL_IP: u8 = 3;
+pub const FRONTEND_KIND_LOAD_BALANCER: u8 = 4;
+
 /// Per-CPU event counters (one entry, index 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -412,6 +446,7 @@ const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
 const _: () = assert!(size_of::<NodeConfig>() == 12);
 const _: () = assert!(size_of::<MaglevKey>() == 8);
+const _: () = assert!(size_of::<FrontendName>() == 152);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -430,6 +465,7 @@ mod pod {
     unsafe impl aya::Pod for super::NodeConfig {}
     unsafe impl aya::Pod for super::SourceRange {}
     unsafe impl aya::Pod for super::MaglevKey {}
+    unsafe impl aya::Pod for super::FrontendName {}
 }
 
 #[cfg(test)]

@@ -6,8 +6,8 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, MaglevKey, NodeConfig,
-    ReverseEntry, ReverseKey, ServiceEntry, ServiceKey, SourceRange, SourceVerdict,
+    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FrontendName, MaglevKey,
+    NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey, SourceRange, SourceVerdict,
 };
 
 #[btf_map(name = "socklb_svc_v1", pin_by_name)]
@@ -37,3 +37,8 @@ pub static SOURCE_RANGES: LpmTrie<SourceRange, SourceVerdict, 65536> = LpmTrie::
 /// Not preallocated: only nodes with Maglev Services pay for tables.
 #[btf_map(name = "socklb_mglv_v1", pin_by_name)]
 pub static MAGLEV: HashMap<MaglevKey, u32, 262144, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
+
+/// Written by the agent for `socklb inspect` and bpftool; no program reads it.
+#[btf_map(name = "socklb_names_v1", pin_by_name)]
+pub static NAMES: HashMap<u32, FrontendName, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();

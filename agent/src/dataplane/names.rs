@@ -1,0 +1,187 @@
+//! The names map: which Service (namespace, name, port, kind) each programmed frontend
+//! belongs to, by service id, so that `socklb inspect` and bpftool can say it while the
+//! agent is down. The programs never read it; a stale or missing name only affects display.
+use std::collections::{BTreeMap, HashMap};
+
+use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
+use socklb_abi::{
+    FRONTEND_KIND_CLUSTER_IP, FRONTEND_KIND_EXTERNAL_IP, FRONTEND_KIND_LOAD_BALANCER,
+    FRONTEND_KIND_NODE_PORT, FrontendName,
+};
+
+use super::desired::Frontend;
+
+/// Which Service a frontend belongs to, as the control plane knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FrontendLabel {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+    /// "cluster-ip", "node-port", "external-ip" or "load-balancer".
+    pub kind: &'static str,
+}
+
+impl FrontendLabel {
+    fn encode(&self) -> FrontendName {
+        let mut encoded = FrontendName {
+            kind: match self.kind {
+                "cluster-ip" => FRONTEND_KIND_CLUSTER_IP,
+                "node-port" => FRONTEND_KIND_NODE_PORT,
+                "external-ip" => FRONTEND_KIND_EXTERNAL_IP,
+                "load-balancer" => FRONTEND_KIND_LOAD_BALANCER,
+                _ => 0,
+            },
+            ..FrontendName::default()
+        };
+        copy(&mut encoded.namespace, &self.namespace);
+        copy(&mut encoded.name, &self.name);
+        copy(&mut encoded.port, &self.port);
+        encoded
+    }
+
+    /// The label a names-map value holds; `None` if it is not one the agent wrote.
+    pub fn decode(value: &FrontendName) -> Option<Self> {
+        Some(Self {
+            namespace: text(&value.namespace)?,
+            name: text(&value.name)?,
+            port: text(&value.port)?,
+            kind: match value.kind {
+                FRONTEND_KIND_CLUSTER_IP => "cluster-ip",
+                FRONTEND_KIND_NODE_PORT => "node-port",
+                FRONTEND_KIND_EXTERNAL_IP => "external-ip",
+                FRONTEND_KIND_LOAD_BALANCER => "load-balancer",
+                _ => return None,
+            },
+        })
+    }
+}
+
+/// Kubernetes names fit (namespace and Service names are at most 63 bytes, port names 15),
+/// so truncation never happens for valid objects; it is only a guard.
+fn copy(field: &mut [u8], text: &str) {
+    let bytes = text.as_bytes();
+    let len = bytes.len().min(field.len());
+    field[..len].copy_from_slice(&bytes[..len]);
+}
+
+fn text(field: &[u8]) -> Option<String> {
+    let end = field.iter().position(|b| *b == 0).unwrap_or(field.len());
+    String::from_utf8(field[..end].to_vec()).ok()
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("writing the name of service id {service_id} to socklb_names_v1 failed")]
+pub struct NamesError {
+    service_id: u32,
+    #[source]
+    source: MapError,
+}
+
+/// Owns the names map.
+pub struct NamesWriter {
+    map: BpfHashMap<MapData, u32, FrontendName>,
+    /// What the map holds for each frontend this writer named.
+    held: BTreeMap<Frontend, (u32, FrontendName)>,
+    /// Entries read from the map, not yet matched to a frontend.
+    adopted: HashMap<u32, FrontendName>,
+}
+
+impl NamesWriter {
+    pub fn adopt(map: BpfHashMap<MapData, u32, FrontendName>) -> Result<Self, MapError> {
+        let mut writer = Self {
+            map,
+            held: BTreeMap::new(),
+            adopted: HashMap::new(),
+        };
+        writer.readopt()?;
+        Ok(writer)
+    }
+
+    pub fn readopt(&mut self) -> Result<(), MapError> {
+        self.held.clear();
+        self.adopted = self.map.iter().collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
+    /// Names the given frontends (`None`: gone); `id_of` gives a frontend's service id as
+    /// programmed now. With `full`, names of frontends not given are removed.
+    pub fn apply(
+        &mut self,
+        labels: &BTreeMap<Frontend, Option<FrontendLabel>>,
+        id_of: impl Fn(&Frontend) -> Option<u32>,
+        full: bool,
+    ) -> Result<(), NamesError> {
+        for (frontend, label) in labels {
+            let wanted = label
+                .as_ref()
+                .and_then(|label| Some((id_of(frontend)?, label.encode())));
+            let old = self.held.remove(frontend).or_else(|| {
+                let (id, _) = wanted.as_ref()?;
+                self.adopted.remove(id).map(|value| (*id, value))
+            });
+            if let Some((old_id, _)) = old
+                && wanted.as_ref().is_none_or(|(id, _)| *id != old_id)
+            {
+                self.remove(old_id)?;
+            }
+            if let Some((id, value)) = wanted {
+                if old.as_ref() != Some(&(id, value)) {
+                    self.map
+                        .insert(&id, &value, 0)
+                        .map_err(|source| NamesError {
+                            service_id: id,
+                            source,
+                        })?;
+                }
+                self.held.insert(*frontend, (id, value));
+            }
+        }
+        if full {
+            let stale: Vec<Frontend> = self
+                .held
+                .keys()
+                .filter(|f| !labels.contains_key(f))
+                .copied()
+                .collect();
+            for frontend in stale {
+                if let Some((id, _)) = self.held.remove(&frontend) {
+                    self.remove(id)?;
+                }
+            }
+            let named: Vec<u32> = self.held.values().map(|(id, _)| *id).collect();
+            for (id, _) in std::mem::take(&mut self.adopted) {
+                if !named.contains(&id) {
+                    self.remove(id)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn remove(&mut self, service_id: u32) -> Result<(), NamesError> {
+        match self.map.remove(&service_id) {
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
+            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
+                Ok(())
+            }
+            Err(source) => Err(NamesError { service_id, source }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_survive_the_round_trip_through_the_map_value() {
+        let label = FrontendLabel {
+            namespace: "kube-system".to_owned(),
+            name: "kube-dns".to_owned(),
+            port: "dns-tcp".to_owned(),
+            kind: "cluster-ip",
+        };
+        assert_eq!(FrontendLabel::decode(&label.encode()), Some(label));
+        assert_eq!(FrontendLabel::decode(&FrontendName::default()), None);
+    }
+}
