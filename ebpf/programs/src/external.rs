@@ -208,44 +208,7 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     if count == 0 {
         return Ok(Flow::NoBackend);
     }
-    let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0).then(|| AffinityKey {
-        netns_cookie: AFFINITY_EXTERNAL_CLIENT | u64::from(tuple.source),
-        service_id: master.service_id,
-        pad: 0,
-    });
-    // SAFETY: helper without arguments.
-    let now_ns = unsafe { helpers::bpf_ktime_get_ns() };
-    let remembered = affinity
-        .as_ref()
-        .and_then(|affinity| affinity_slot(affinity, &master, &mut key, now_ns));
-    key.slot = match remembered.or_else(|| maglev_slot(&master, tuple, count)) {
-        Some(slot) => slot,
-        None => {
-            // SAFETY: helper without arguments.
-            let draw = unsafe { helpers::bpf_get_prandom_u32() };
-            // count is at most u16::MAX, so the slot fits.
-            (draw % count + 1) as u16
-        }
-    };
-    let Some(backend) = SERVICES.get_ptr(&key) else {
-        return Err(Error);
-    };
-    // SAFETY: as above.
-    let backend: ServiceEntry = unsafe { *backend };
-    match (&affinity, remembered) {
-        (Some(_), Some(_)) => bump(|c| &mut c.affinity_hits),
-        (Some(affinity), None) => {
-            let entry = AffinityEntry {
-                last_used_ns: now_ns,
-                backend_id: backend.backend_id,
-                slot: key.slot,
-                pad: 0,
-            };
-            AFFINITY.insert(affinity, &entry, 0).map_err(|_| Error)?;
-        }
-        _ => {}
-    }
-
+    let backend = choose_backend(&master, &mut key, tuple, count)?;
     let mut entry = CtEntry {
         source: tuple.source,
         destination: backend.backend_address,
@@ -273,6 +236,55 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     }
     bump(|c| &mut c.external_flows);
     Ok(Flow::To(entry))
+}
+
+/// The backend slot of a new flow: the client's session-affinity choice if fresh, else its
+/// Maglev position, else a random slot; a new affinity choice is recorded.
+#[inline(always)]
+fn choose_backend(
+    master: &ServiceEntry,
+    key: &mut ServiceKey,
+    tuple: &Tuple,
+    count: u32,
+) -> Result<ServiceEntry, Error> {
+    let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0).then(|| AffinityKey {
+        netns_cookie: AFFINITY_EXTERNAL_CLIENT | u64::from(tuple.source),
+        service_id: master.service_id,
+        pad: 0,
+    });
+    // SAFETY: helper without arguments.
+    let now_ns = unsafe { helpers::bpf_ktime_get_ns() };
+    let remembered = affinity
+        .as_ref()
+        .and_then(|affinity| affinity_slot(affinity, master, key, now_ns));
+    key.slot = match remembered.or_else(|| maglev_slot(master, tuple, count)) {
+        Some(slot) => slot,
+        None => {
+            // SAFETY: helper without arguments.
+            let draw = unsafe { helpers::bpf_get_prandom_u32() };
+            // count is at most u16::MAX, so the slot fits.
+            (draw % count + 1) as u16
+        }
+    };
+    let Some(backend) = SERVICES.get_ptr(key) else {
+        return Err(Error);
+    };
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    let backend: ServiceEntry = unsafe { *backend };
+    match (&affinity, remembered) {
+        (Some(_), Some(_)) => bump(|c| &mut c.affinity_hits),
+        (Some(affinity), None) => {
+            let entry = AffinityEntry {
+                last_used_ns: now_ns,
+                backend_id: backend.backend_id,
+                slot: key.slot,
+                pad: 0,
+            };
+            AFFINITY.insert(affinity, &entry, 0).map_err(|_| Error)?;
+        }
+        _ => {}
+    }
+    Ok(backend)
 }
 
 /// sessionAffinity ClientIP for a client outside the node: the slot it used last, if that
