@@ -250,7 +250,15 @@ impl Runner {
             }
         };
         if full || !self.attached {
-            self.program_external()?;
+            match self.program_external() {
+                // At start, a device that cannot be served is a configuration error.
+                Err(error) if !self.attached => return Err(error),
+                Err(error) => warn!(
+                    error = %chain(&error),
+                    "traffic from outside: the TC programs stay as they were"
+                ),
+                Ok(()) => {}
+            }
         }
         self.name_frontends(if full { None } else { Some(&touched) });
         if !self.attached {
