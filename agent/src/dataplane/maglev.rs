@@ -13,7 +13,10 @@ use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
 use socklb_abi::MaglevKey;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::desired::{BackendAddr, Frontend, FrontendSpec, Scope};
+use super::{
+    desired::{BackendAddr, Frontend, FrontendSpec, Scope},
+    maps::ignore_missing,
+};
 
 /// Table sizes offered: primes, so that every skip visits every position.
 pub const TABLE_SIZES: [u32; 8] = [251, 509, 1021, 2039, 4093, 8191, 16381, 32749];
@@ -228,12 +231,8 @@ impl MaglevWriter {
                 service_id,
                 index: index as u32,
             };
-            match self.map.remove(&key) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(MapError::SyscallError(e))
-                    if e.io_error.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(source) => return Err(MaglevError { service_id, source }),
-            }
+            ignore_missing(self.map.remove(&key))
+                .map_err(|source| MaglevError { service_id, source })?;
         }
         Ok(())
     }

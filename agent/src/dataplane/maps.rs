@@ -45,7 +45,7 @@ impl Store for KernelMaps {
 }
 
 /// Deleting what is already gone (e.g. removed by hand with bpftool) is not an error.
-fn ignore_missing(result: Result<(), MapError>) -> Result<(), MapError> {
+pub(super) fn ignore_missing(result: Result<(), MapError>) -> Result<(), MapError> {
     match result {
         Err(MapError::KeyNotFound) => Ok(()),
         Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),

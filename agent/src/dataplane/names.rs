@@ -9,7 +9,7 @@ use socklb_abi::{
     FRONTEND_KIND_NODE_PORT, FrontendName,
 };
 
-use super::desired::Frontend;
+use super::{desired::Frontend, maps::ignore_missing};
 
 /// Which Service a frontend belongs to, as the control plane knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,13 +159,8 @@ impl NamesWriter {
     }
 
     fn remove(&mut self, service_id: u32) -> Result<(), NamesError> {
-        match self.map.remove(&service_id) {
-            Ok(()) | Err(MapError::KeyNotFound) => Ok(()),
-            Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => {
-                Ok(())
-            }
-            Err(source) => Err(NamesError { service_id, source }),
-        }
+        ignore_missing(self.map.remove(&service_id))
+            .map_err(|source| NamesError { service_id, source })
     }
 }
 

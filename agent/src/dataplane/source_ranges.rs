@@ -16,7 +16,10 @@ use socklb_abi::{
     SOURCE_ALLOW, SOURCE_DENY, SOURCE_RANGE_FRONTEND_BITS, SourceRange, SourceVerdict,
 };
 
-use super::desired::{Frontend, FrontendSpec, Protocol, Scope};
+use super::{
+    desired::{Frontend, FrontendSpec, Protocol, Scope},
+    maps::ignore_missing,
+};
 
 /// One trie entry: prefix length over [`SourceRange`] and its data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -222,16 +225,7 @@ impl SourceRangeWriter {
                     .insert(&Key::new(key.prefix_len, key.data), &key.verdict(), 0)
             }
             RangeOp::Delete(key) => {
-                match self.trie.remove(&Key::new(key.prefix_len, key.data)) {
-                    // Already gone (removed by hand): fine.
-                    Err(MapError::KeyNotFound) => Ok(()),
-                    Err(MapError::SyscallError(e))
-                        if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
-                    {
-                        Ok(())
-                    }
-                    other => other,
-                }
+                ignore_missing(self.trie.remove(&Key::new(key.prefix_len, key.data)))
             }
         };
         result.map_err(|source| SourceRangeError::Write { op, source })

@@ -98,12 +98,7 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
     if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
         && let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, closes, now)
     {
-        packet.rewrite(
-            reply.source,
-            reply.source_port,
-            reply.destination,
-            reply.destination_port,
-        )?;
+        rewrite(&mut packet, &reply)?;
         return forward(ctx, &mut packet);
     }
     let entry = match flow(&packet, closes, now)? {
@@ -122,12 +117,7 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
         }
         Flow::To(entry) => entry,
     };
-    packet.rewrite(
-        entry.source,
-        entry.source_port,
-        entry.destination,
-        entry.destination_port,
-    )?;
+    rewrite(&mut packet, &entry)?;
     forward(ctx, &mut packet)
 }
 
@@ -140,14 +130,20 @@ fn try_egress(ctx: &TcContext) -> Result<i32, Error> {
     let now = conntrack::now_s();
     if let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, packet.closes_connection(), now)
     {
-        packet.rewrite(
-            reply.source,
-            reply.source_port,
-            reply.destination,
-            reply.destination_port,
-        )?;
+        rewrite(&mut packet, &reply)?;
     }
     Ok(TC_ACT_OK)
+}
+
+/// Rewrites the packet to what its flow's conntrack entry says.
+#[inline(always)]
+fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
+    Ok(packet.rewrite(
+        entry.source,
+        entry.source_port,
+        entry.destination,
+        entry.destination_port,
+    )?)
 }
 
 /// The packet's flow: the one conntrack holds, or a new one.
