@@ -820,3 +820,97 @@ pub fn block_termination_signals() -> libc::sigset_t {
         set
     }
 }
+
+/// One "synced" line of the agent's log: what a sync did and how long it took, as the agent
+/// timed it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SyncLine {
+    pub full: bool,
+    pub services: u64,
+    pub writes: u64,
+    pub took: Duration,
+}
+
+impl Agent {
+    /// The syncs the agent logged between `from` and `to` (when the harness read the lines).
+    pub fn syncs(&self, from: Instant, to: Instant) -> Vec<SyncLine> {
+        self.lines()
+            .iter()
+            .filter(|(at, line)| (from..=to).contains(at) && line.contains(" synced "))
+            .map(|(_, line)| {
+                let field = |name: &str| {
+                    line.split_whitespace()
+                        .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+                        .unwrap_or_else(|| panic!("no {name}= in the sync line {line:?}"))
+                };
+                let number = |name: &str| {
+                    field(name)
+                        .parse()
+                        .unwrap_or_else(|_| panic!("{name}= in {line:?}"))
+                };
+                SyncLine {
+                    full: field("full") == "true",
+                    services: number("services"),
+                    writes: number("writes"),
+                    took: parse_debug_duration(field("took"))
+                        .unwrap_or_else(|| panic!("took= in {line:?}")),
+                }
+            })
+            .collect()
+    }
+}
+
+/// A `Duration`'s Debug text (`1.5ms`, `830.2µs`, `2.1s`, `950ns`).
+pub fn parse_debug_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let seconds = match unit {
+        "s" => number,
+        "ms" => number / 1e3,
+        "µs" | "us" => number / 1e6,
+        "ns" => number / 1e9,
+        _ => return None,
+    };
+    Some(Duration::from_secs_f64(seconds))
+}
+
+/// VmHWM (peak resident set) and VmRSS of a process, in KiB.
+pub fn process_memory_kib(pid: u32) -> (u64, u64) {
+    let path = format!("/proc/{pid}/status");
+    let status = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {field} in {path}"))
+    };
+    (kib("VmHWM:"), kib("VmRSS:"))
+}
+
+/// SIGKILLs this process's children (an agent, clients, servers), found by their parent pid
+/// in /proc: also one still starting, before the harness has handed out its pid. For the
+/// signal-cleanup threads of benchmarks.
+pub fn kill_children() {
+    let me = std::process::id().to_string();
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Field 4, the parent pid, is the second after the parenthesized command name.
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+        if parent == Some(me.as_str()) {
+            // SAFETY: signalling a child of ours.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}

@@ -363,6 +363,25 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
             ok
         }
     };
+    // The comparison benchmark stays working: a seconds-long smoke run, on full runs.
+    let compare_ok = match filter {
+        Some(_) => true,
+        None => {
+            let ok = compare(&[], 500, "legacy", true).map_or_else(
+                |error| {
+                    eprintln!("==> bench compare --smoke failed: {error:#}");
+                    false
+                },
+                |()| true,
+            );
+            if ok {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+            ok
+        }
+    };
     // One closing line for the whole run, across all test binaries and the chart check.
     println!("{passed} passed, {failed} failed");
     if !status.success() {
@@ -373,6 +392,9 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     }
     if !image_ok {
         bail!("the image check failed");
+    }
+    if !compare_ok {
+        bail!("the comparison benchmark's smoke run failed");
     }
     if passed == 0 {
         bail!("no test ran");

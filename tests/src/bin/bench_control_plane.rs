@@ -30,7 +30,8 @@ use socklb_agent::{
     source::{Object, file::parse},
 };
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox, fake_apiserver::FakeApiServer, node_yaml, service_yaml, slice_yaml,
+    Agent, ManifestDir, Sandbox, SyncLine, fake_apiserver::FakeApiServer, node_yaml,
+    process_memory_kib, service_yaml, slice_yaml,
 };
 
 const USAGE: &str =
@@ -387,7 +388,7 @@ struct ColdStart {
 
 fn cold_start(agent: &Agent) -> ColdStart {
     // Read at once: the peak so far is the cold start's.
-    let (peak_rss_kib, rss_kib) = memory(agent.pid());
+    let (peak_rss_kib, rss_kib) = process_memory_kib(agent.pid());
     let since_start = |text: &str| {
         agent
             .lines()
@@ -404,7 +405,8 @@ fn cold_start(agent: &Agent) -> ColdStart {
         })
         .count();
     agent.wait_for_log("synced", 1);
-    let sync = syncs(agent, agent.started(), Instant::now())
+    let sync = agent
+        .syncs(agent.started(), Instant::now())
         .into_iter()
         .find(|sync| sync.full)
         .expect("the first sync is a full one");
@@ -566,7 +568,7 @@ fn change_latency(
         samples.push(applied.elapsed());
         std::thread::sleep(CHANGE_SPACING.saturating_sub(applied.elapsed()));
     }
-    let syncs = incremental(syncs(agent, began, Instant::now()));
+    let syncs = incremental(agent.syncs(began, Instant::now()));
     samples.sort_unstable();
     let mut took: Vec<Duration> = syncs.iter().map(|sync| sync.took).collect();
     took.sort_unstable();
@@ -618,7 +620,7 @@ fn idle(agent: &Agent, source: &str) -> Sustained {
         changes: 0,
         window,
         cpu,
-        syncs: incremental(syncs(agent, began, Instant::now())),
+        syncs: incremental(agent.syncs(began, Instant::now())),
         caught_up: Duration::ZERO,
     }
 }
@@ -667,7 +669,7 @@ fn sustained(
         changes: total,
         window,
         cpu,
-        syncs: incremental(syncs(agent, began, ended)),
+        syncs: incremental(agent.syncs(began, ended)),
         caught_up: ended.duration_since(applied),
     };
     eprintln!(
@@ -684,62 +686,10 @@ impl Sustained {
     }
 }
 
-/// One "synced" line of the agent's log.
-#[derive(Clone, Copy, Debug, Default)]
-struct SyncLine {
-    full: bool,
-    services: u64,
-    writes: u64,
-    took: Duration,
-}
-
-/// The agent's syncs logged between `from` and `to`.
-fn syncs(agent: &Agent, from: Instant, to: Instant) -> Vec<SyncLine> {
-    agent
-        .lines()
-        .iter()
-        .filter(|(at, line)| (from..=to).contains(at) && line.contains(" synced "))
-        .map(|(_, line)| {
-            let field = |name: &str| {
-                line.split_whitespace()
-                    .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
-                    .unwrap_or_else(|| panic!("no {name}= in the sync line {line:?}"))
-            };
-            let number = |name: &str| {
-                field(name)
-                    .parse()
-                    .unwrap_or_else(|_| panic!("{name}= in {line:?}"))
-            };
-            SyncLine {
-                full: field("full") == "true",
-                services: number("services"),
-                writes: number("writes"),
-                took: parse_debug_duration(field("took"))
-                    .unwrap_or_else(|| panic!("took= in {line:?}")),
-            }
-        })
-        .collect()
-}
-
 /// Without the full syncs: a restarted agent's first one is logged just after it is
 /// ready, and periodic ones (every 30 s) do not fall into a window this short.
 fn incremental(syncs: Vec<SyncLine>) -> Vec<SyncLine> {
     syncs.into_iter().filter(|sync| !sync.full).collect()
-}
-
-/// A `Duration`'s Debug text (`1.5ms`, `830.2µs`, `2.1s`, `950ns`).
-fn parse_debug_duration(text: &str) -> Option<Duration> {
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().ok()?;
-    let seconds = match unit {
-        "s" => number,
-        "ms" => number / 1e3,
-        "µs" | "us" => number / 1e6,
-        "ns" => number / 1e9,
-        _ => return None,
-    };
-    Some(Duration::from_secs_f64(seconds))
 }
 
 fn per_sync(syncs: &[SyncLine], value: impl Fn(&SyncLine) -> u64) -> f64 {
@@ -770,20 +720,6 @@ fn cpu_seconds(pid: u32) -> f64 {
     // SAFETY: sysconf has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1);
     (ticks(14) + ticks(15)) as f64 / per_second as f64
-}
-
-/// VmHWM (peak resident set) and VmRSS of a process, in KiB.
-fn memory(pid: u32) -> (u64, u64) {
-    let path = format!("/proc/{pid}/status");
-    let status = fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-    let kib = |field: &str| {
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix(field))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {field} in {path}"))
-    };
-    (kib("VmHWM:"), kib("VmRSS:"))
 }
 
 fn tail(log: &str, lines: usize) -> String {
@@ -901,7 +837,7 @@ fn cleanup_on_signal(signals: libc::sigset_t, pin_dir: PathBuf, cgroup: PathBuf,
             return;
         }
         eprintln!("signal {signal}: stopping the agent, removing the pins, cgroup and manifests");
-        kill_children();
+        socklb_tests::kill_children();
         if let Err(e) = dataplane::cleanup(&pin_dir) {
             eprintln!("cleanup of {}: {e}", pin_dir.display());
         }
@@ -916,29 +852,4 @@ fn cleanup_on_signal(signals: libc::sigset_t, pin_dir: PathBuf, cgroup: PathBuf,
         let _ = fs::remove_dir_all(&dir);
         std::process::exit(128 + signal);
     });
-}
-
-/// SIGKILLs this process's children (the agent), found by their parent pid in /proc: also
-/// one still starting, before the harness has handed out its pid.
-fn kill_children() {
-    let me = std::process::id().to_string();
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        // Field 4, the parent pid, is the second after the parenthesized command name.
-        let parent = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1));
-        if parent == Some(me.as_str()) {
-            // SAFETY: signalling a child of ours.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
-    }
 }
