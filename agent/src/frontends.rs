@@ -15,6 +15,8 @@ pub struct FrontendTable {
     /// Services claiming each frontend. Two Services may claim one address and port (an
     /// externalIP listed twice); the first by namespace/name wins, deterministically.
     owners: BTreeMap<Frontend, BTreeSet<ServiceName>>,
+    /// Services with a healthCheckNodePort, so that a sync need not walk every selection.
+    health_checked: BTreeSet<ServiceName>,
 }
 
 impl FrontendTable {
@@ -37,7 +39,11 @@ impl FrontendTable {
                 }
             }
         }
+        self.health_checked.remove(service);
         if let Some(selection) = selection {
+            if selection.health_check.is_some() {
+                self.health_checked.insert(service.clone());
+            }
             for choice in &selection.frontends {
                 touched.insert(choice.frontend);
                 let owners = self.owners.entry(choice.frontend).or_default();
@@ -91,8 +97,11 @@ impl FrontendTable {
         desired
     }
 
-    pub fn selections(&self) -> impl Iterator<Item = &ServiceSelection> {
-        self.selections.values()
+    /// The selections of the Services with a healthCheckNodePort.
+    pub fn health_checked(&self) -> impl Iterator<Item = &ServiceSelection> {
+        self.health_checked
+            .iter()
+            .filter_map(|name| self.selections.get(name))
     }
 }
 

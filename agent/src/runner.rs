@@ -270,7 +270,7 @@ impl Runner {
         self.health.updated();
         if full || !changes.services.is_empty() {
             // Also retries the ports that could not be bound before.
-            let (wanted, conflicts) = health_check::desired(self.table.selections());
+            let (wanted, conflicts) = health_check::desired(self.table.health_checked());
             self.health_checks.sync(&wanted, &conflicts);
         }
 
