@@ -160,14 +160,7 @@ impl Drop for Sandbox {
             eprintln!("cleanup of {}: {e}", self.pin_dir.display());
         }
         // Anything still in the cgroup (a probe of a failed test) is killed first.
-        let _ = fs::write(self.cgroup.join("cgroup.kill"), "1");
-        for _ in 0..100 {
-            match fs::remove_dir(&self.cgroup) {
-                Ok(()) => break,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
+        remove_cgroup(&self.cgroup);
         // SAFETY: setns with a namespace fd we opened; affects only this thread.
         unsafe { libc::setns(self.original_netns.as_raw_fd(), libc::CLONE_NEWNET) };
     }
@@ -913,4 +906,53 @@ pub fn kill_children() {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
+}
+
+/// Removes a cgroup the harness made, after killing anything left in it; the kernel frees
+/// a cgroup shortly after its last process exits, so removal is retried for a while.
+pub fn remove_cgroup(cgroup: &Path) {
+    let _ = fs::write(cgroup.join("cgroup.kill"), "1");
+    for _ in 0..100 {
+        match fs::remove_dir(cgroup) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+/// What a benchmark made and must remove if a signal ends it.
+pub struct Leftovers {
+    pub pin_dir: PathBuf,
+    pub cgroup: PathBuf,
+    /// Directories (manifests, scratch files) removed with everything in them.
+    pub dirs: Vec<PathBuf>,
+    /// Anything else, run after the child processes are killed (e.g. named namespaces).
+    pub also: Option<Box<dyn FnOnce() + Send>>,
+}
+
+/// A signal would otherwise end a benchmark without its Drops: on SIGINT, SIGTERM or
+/// SIGHUP (blocked in every thread by [`block_termination_signals`]) this kills the
+/// process's children, removes `leftovers` and exits with 128 + the signal.
+pub fn cleanup_on_signal(signals: libc::sigset_t, leftovers: Leftovers) {
+    std::thread::spawn(move || {
+        let mut signal = 0;
+        // SAFETY: a valid signal set, blocked in every thread of this process.
+        if unsafe { libc::sigwait(&signals, &mut signal) } != 0 {
+            return;
+        }
+        eprintln!("signal {signal}: stopping child processes, removing pins, cgroup and files");
+        kill_children();
+        if let Some(also) = leftovers.also {
+            also();
+        }
+        if let Err(e) = dataplane::cleanup(&leftovers.pin_dir) {
+            eprintln!("cleanup of {}: {e}", leftovers.pin_dir.display());
+        }
+        remove_cgroup(&leftovers.cgroup);
+        for dir in &leftovers.dirs {
+            let _ = fs::remove_dir_all(dir);
+        }
+        std::process::exit(128 + signal);
+    });
 }

@@ -165,43 +165,29 @@ fn main() -> anyhow::Result<()> {
                     changes,
                     rate,
                     seconds,
-                } => {
-                    // The benchmark runs the agent binary next to it: the release build.
-                    step(
-                        "build the agent (release)",
-                        &["build", "--release", "--package", "socklb-agent", "--bins"],
-                    )?;
-                    let args = [
+                } => run_with_agent(
+                    "socklb-bench-control-plane",
+                    &[
                         ("--services", services),
                         ("--changes", changes),
                         ("--rate", rate),
                         ("--seconds", seconds),
-                    ]
-                    .map(|(flag, value)| [flag.to_owned(), value.to_string()])
-                    .concat();
-                    cargo_run_release("socklb-bench-control-plane", &args)
-                }
+                    ],
+                ),
                 Bench::Nodeport {
                     connections,
                     rounds,
                     services,
                     seconds,
-                } => {
-                    // The benchmark runs the agent binary next to it: the release build.
-                    step(
-                        "build the agent (release)",
-                        &["build", "--release", "--package", "socklb-agent", "--bins"],
-                    )?;
-                    let args = [
+                } => run_with_agent(
+                    "socklb-bench-nodeport",
+                    &[
                         ("--connections", connections),
                         ("--rounds", rounds),
                         ("--services", services),
                         ("--seconds", seconds),
-                    ]
-                    .map(|(flag, value)| [flag.to_owned(), value.to_string()])
-                    .concat();
-                    cargo_run_release("socklb-bench-nodeport", &args)
-                }
+                    ],
+                ),
                 Bench::Compare {
                     services,
                     connections,
@@ -211,6 +197,19 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// A benchmark that runs the agent binary next to it: both in the release build.
+fn run_with_agent(bench: &str, flags: &[(&str, u32)]) -> anyhow::Result<()> {
+    step(
+        "build the agent (release)",
+        &["build", "--release", "--package", "socklb-agent", "--bins"],
+    )?;
+    let args: Vec<String> = flags
+        .iter()
+        .flat_map(|(flag, value)| [(*flag).to_owned(), value.to_string()])
+        .collect();
+    cargo_run_release(bench, &args)
 }
 
 /// `bench compare`: the benchmark runs the agent binary next to it, so both are built in the

@@ -9,11 +9,11 @@
 //! again, started inside the cgroup with the hidden `client` subcommand; it prints one JSON
 //! line that the parent turns into a markdown table.
 use std::{
-    fs, io,
+    io,
     mem::size_of,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
     os::fd::AsRawFd as _,
-    path::{Path, PathBuf},
+    path::Path,
     process::Stdio,
     ptr,
     sync::{
@@ -192,7 +192,15 @@ fn datapath(args: &[String]) {
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let sandbox = Sandbox::new("bench");
-    cleanup_on_signal(signals, sandbox.pin_dir.clone(), sandbox.cgroup.clone());
+    socklb_tests::cleanup_on_signal(
+        signals,
+        socklb_tests::Leftovers {
+            pin_dir: sandbox.pin_dir.clone(),
+            cgroup: sandbox.cgroup.clone(),
+            dirs: Vec::new(),
+            also: None,
+        },
+    );
 
     let servers = Servers::start(&real_backends());
     let max_services = options.services.iter().copied().max().unwrap_or(1);
@@ -501,31 +509,6 @@ impl Drop for Servers {
             let _ = thread.join();
         }
     }
-}
-
-/// Ctrl-C would otherwise end the process without running `Sandbox`'s Drop and leave the
-/// pins, the attached programs and the cgroup behind.
-fn cleanup_on_signal(signals: libc::sigset_t, pin_dir: PathBuf, cgroup: PathBuf) {
-    std::thread::spawn(move || {
-        let mut signal = 0;
-        // SAFETY: a valid signal set, blocked in every thread of this process.
-        if unsafe { libc::sigwait(&signals, &mut signal) } != 0 {
-            return;
-        }
-        eprintln!("signal {signal}: removing the benchmark's pins and cgroup");
-        let _ = fs::write(cgroup.join("cgroup.kill"), "1");
-        if let Err(e) = dataplane::cleanup(&pin_dir) {
-            eprintln!("cleanup of {}: {e}", pin_dir.display());
-        }
-        for _ in 0..100 {
-            match fs::remove_dir(&cgroup) {
-                Ok(()) => break,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-        std::process::exit(128 + signal);
-    });
 }
 
 // ---------------------------------------------------------------------------------------

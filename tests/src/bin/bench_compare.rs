@@ -1913,11 +1913,14 @@ fn compare(args: &[String]) -> anyhow::Result<()> {
     let sandbox = Sandbox::new("bench-compare");
     let manifests = ManifestDir::new(&sandbox);
     let scratch = Scratch::new(&sandbox)?;
-    cleanup_on_signal(
+    socklb_tests::cleanup_on_signal(
         signals,
-        sandbox.pin_dir.clone(),
-        sandbox.cgroup.clone(),
-        vec![manifests.path.clone(), scratch.path.clone()],
+        socklb_tests::Leftovers {
+            pin_dir: sandbox.pin_dir.clone(),
+            cgroup: sandbox.cgroup.clone(),
+            dirs: vec![manifests.path.clone(), scratch.path.clone()],
+            also: None,
+        },
     );
     let mut server = ServerSide::start()?;
     let mut run = Run {
@@ -1967,41 +1970,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.path);
     }
-}
-
-/// A signal would end the process without the Drops: the agent would keep running and the
-/// pins, the cgroup and the files would stay behind (the namespaces, and the rules in them,
-/// go with the process anyway).
-fn cleanup_on_signal(
-    signals: libc::sigset_t,
-    pin_dir: PathBuf,
-    cgroup: PathBuf,
-    dirs: Vec<PathBuf>,
-) {
-    std::thread::spawn(move || {
-        let mut signal = 0;
-        // SAFETY: a valid signal set, blocked in every thread of this process.
-        if unsafe { libc::sigwait(&signals, &mut signal) } != 0 {
-            return;
-        }
-        eprintln!("signal {signal}: stopping the agent and clients, removing pins, cgroup, files");
-        socklb_tests::kill_children();
-        if let Err(e) = dataplane::cleanup(&pin_dir) {
-            eprintln!("cleanup of {}: {e}", pin_dir.display());
-        }
-        let _ = fs::write(cgroup.join("cgroup.kill"), "1");
-        for _ in 0..100 {
-            match fs::remove_dir(&cgroup) {
-                Ok(()) => break,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-        for dir in dirs {
-            let _ = fs::remove_dir_all(dir);
-        }
-        std::process::exit(128 + signal);
-    });
 }
 
 // ---------------------------------------------------------------------------------------

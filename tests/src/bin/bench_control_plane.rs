@@ -16,9 +16,9 @@
 //! removed between the file and the kube cold start so that both program empty maps.
 use std::{
     collections::BTreeMap,
-    fs, io,
+    fs,
     net::Ipv4Addr,
-    path::{Path, PathBuf},
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -76,11 +76,14 @@ fn main() {
     let machine = socklb_tests::machine_context();
     let sandbox = Sandbox::new("bench-cp");
     let manifests = ManifestDir::new(&sandbox);
-    cleanup_on_signal(
+    socklb_tests::cleanup_on_signal(
         signals,
-        sandbox.pin_dir.clone(),
-        sandbox.cgroup.clone(),
-        manifests.path.clone(),
+        socklb_tests::Leftovers {
+            pin_dir: sandbox.pin_dir.clone(),
+            cgroup: sandbox.cgroup.clone(),
+            dirs: vec![manifests.path.clone()],
+            also: None,
+        },
     );
     let mut cluster = Cluster::new(options.services);
 
@@ -826,30 +829,3 @@ fn print_report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeR
 
 // ---------------------------------------------------------------------------------------
 // Cleanup on Ctrl-C or SIGTERM (a panic unwinds through the Drops instead).
-
-/// A signal would otherwise end the process without the Drops: the agent would keep
-/// running and the pins, the cgroup and the manifests would stay behind.
-fn cleanup_on_signal(signals: libc::sigset_t, pin_dir: PathBuf, cgroup: PathBuf, dir: PathBuf) {
-    std::thread::spawn(move || {
-        let mut signal = 0;
-        // SAFETY: a valid signal set, blocked in every thread of this process.
-        if unsafe { libc::sigwait(&signals, &mut signal) } != 0 {
-            return;
-        }
-        eprintln!("signal {signal}: stopping the agent, removing the pins, cgroup and manifests");
-        socklb_tests::kill_children();
-        if let Err(e) = dataplane::cleanup(&pin_dir) {
-            eprintln!("cleanup of {}: {e}", pin_dir.display());
-        }
-        let _ = fs::write(cgroup.join("cgroup.kill"), "1");
-        for _ in 0..100 {
-            match fs::remove_dir(&cgroup) {
-                Ok(()) => break,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-                Err(_) => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-        let _ = fs::remove_dir_all(&dir);
-        std::process::exit(128 + signal);
-    });
-}

@@ -424,14 +424,27 @@ fn remove_pins(pin_dir: &Path, cgroup: &Path, manifests: &Path) {
     if let Err(e) = socklb_agent::dataplane::cleanup(pin_dir) {
         eprintln!("cleanup of {}: {e}", pin_dir.display());
     }
-    let _ = std::fs::write(cgroup.join("cgroup.kill"), "1");
-    for _ in 0..100 {
-        if std::fs::remove_dir(cgroup).is_ok() || !cgroup.exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    socklb_tests::remove_cgroup(cgroup);
     let _ = std::fs::remove_dir_all(manifests);
+}
+
+/// The named namespaces of this run (a signal skips their Drops), with what runs in them.
+fn remove_namespaces() {
+    let prefix = format!("slbnp{}", std::process::id());
+    let Ok(output) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let name = line.split_whitespace().next().unwrap_or_default();
+        if name.starts_with(&prefix) {
+            if let Ok(pids) = Command::new("ip").args(["netns", "pids", name]).output() {
+                for pid in String::from_utf8_lossy(&pids.stdout).split_whitespace() {
+                    let _ = Command::new("kill").args(["-9", pid]).status();
+                }
+            }
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
+        }
+    }
 }
 
 struct KillOnDrop(Child);
@@ -441,37 +454,6 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// On SIGINT/SIGTERM/SIGHUP: remove every namespace and pin this run made, then exit.
-fn cleanup_on_signal(signals: libc::sigset_t, pins: (PathBuf, PathBuf, PathBuf)) {
-    std::thread::spawn(move || {
-        let mut signal = 0;
-        // SAFETY: a valid signal set, blocked in every thread of this process.
-        if unsafe { libc::sigwait(&signals, &mut signal) } != 0 {
-            return;
-        }
-        eprintln!("signal {signal}: removing the benchmark's namespaces and pins");
-        let prefix = format!("slbnp{}", std::process::id());
-        if let Ok(output) = Command::new("ip").args(["netns", "list"]).output() {
-            for line in String::from_utf8_lossy(&output.stdout).lines() {
-                let name = line.split_whitespace().next().unwrap_or_default();
-                if name.starts_with(&prefix) {
-                    let _ = Command::new("ip")
-                        .args(["netns", "pids", name])
-                        .output()
-                        .map(|o| {
-                            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
-                                let _ = Command::new("kill").args(["-9", pid]).status();
-                            }
-                        });
-                    let _ = Command::new("ip").args(["netns", "del", name]).status();
-                }
-            }
-        }
-        remove_pins(&pins.0, &pins.1, &pins.2);
-        std::process::exit(128 + signal);
-    });
 }
 
 /// connect, first byte, close, `count` times; nanoseconds each.
@@ -567,13 +549,14 @@ fn main() {
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let pins = Pins::new(options.services);
-    cleanup_on_signal(
+    socklb_tests::cleanup_on_signal(
         signals,
-        (
-            pins.pin_dir.clone(),
-            pins.cgroup.clone(),
-            pins.manifests.clone(),
-        ),
+        socklb_tests::Leftovers {
+            pin_dir: pins.pin_dir.clone(),
+            cgroup: pins.cgroup.clone(),
+            dirs: vec![pins.manifests.clone()],
+            also: Some(Box::new(remove_namespaces)),
+        },
     );
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .unwrap_or_else(|e| fail(&format!("enable BPF run-time stats: {e}")));
