@@ -929,6 +929,34 @@ impl Peer {
     }
 }
 
+/// The CPUs the timed clients and the servers run on. On two CPUs the scheduler otherwise
+/// moves clients and server threads between "same CPU" and "other CPU" from one batch to
+/// the next, which shifts a batch's latency by up to 25 us whatever the peer: pinned, every
+/// peer's connections take the same path (client on one CPU, server on the other).
+const CLIENT_CPU: usize = 0;
+const SERVER_CPU: usize = 1;
+
+/// Pins the calling thread (or, before exec, the process) to `cpu`, if the machine has it.
+/// Only a system call, so it is safe between fork and exec.
+fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_SET stays in bounds (cpu < CPU_SETSIZE checked).
+    unsafe {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return Ok(());
+        }
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set) != 0 {
+            let error = io::Error::last_os_error();
+            // EINVAL: no such CPU here; one CPU serves everything then.
+            if error.raw_os_error() != Some(libc::EINVAL) {
+                return Err(error);
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The server namespace: accept-and-answer servers on every endpoint address, counting
 /// what they accept.
 struct ServerSide {
@@ -975,6 +1003,7 @@ impl ServerSide {
             let accepting = listener.try_clone().context("clone the listener")?;
             let (accepted, stop) = (server.accepted.clone(), server.stop.clone());
             server.threads.push(std::thread::spawn(move || {
+                let _ = pin_to_cpu(SERVER_CPU);
                 loop {
                     match accepting.accept() {
                         Ok((mut stream, _)) => {
@@ -1121,6 +1150,8 @@ impl Client {
     fn spawn(netns: &File, cgroup: Option<&Path>) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("find this executable to run the client")?;
         let mut command = in_netns(netns, exe);
+        // SAFETY: sched_setaffinity is a plain system call, safe between fork and exec.
+        unsafe { command.pre_exec(|| pin_to_cpu(CLIENT_CPU)) };
         if let Some(cgroup) = cgroup {
             let procs = CString::new(cgroup.join("cgroup.procs").as_os_str().as_encoded_bytes())
                 .context("a cgroup path without NUL")?;
@@ -1620,23 +1651,20 @@ impl Run<'_> {
         measured: &[Peer],
         clients: &mut BTreeMap<Peer, Client>,
     ) -> anyhow::Result<BTreeMap<(Peer, Position), Cell>> {
-        let middle = &cluster[Position::Middle.index(services) as usize];
-        let direct: Vec<SocketAddrV4> = (0..middle.endpoints.len())
-            .map(|endpoint| middle.endpoint(endpoint))
-            .collect();
-        let mut cells: Vec<(Peer, Position, Vec<SocketAddrV4>)> =
-            vec![(Peer::Direct, Position::Middle, direct)];
-        for peer in [Peer::Socklb, Peer::Iptables, Peer::Nftables] {
-            if !measured.contains(&peer) {
-                continue;
-            }
+        // Direct connections to each measured service's endpoints are the floor for that
+        // service, measured like a peer: same number of cells, same interleaving.
+        let mut cells: Vec<(Peer, Position, Vec<SocketAddrV4>)> = Vec::new();
+        for &peer in measured {
             for position in POSITIONS {
                 let service = &cluster[position.index(services) as usize];
-                cells.push((
-                    peer,
-                    position,
-                    vec![SocketAddrV4::new(service.vip, service.port)],
-                ));
+                let targets = if peer == Peer::Direct {
+                    (0..service.endpoints.len())
+                        .map(|endpoint| service.endpoint(endpoint))
+                        .collect()
+                } else {
+                    vec![SocketAddrV4::new(service.vip, service.port)]
+                };
+                cells.push((peer, position, targets));
             }
         }
         let batch = self.options.connections / ROUNDS;
@@ -2015,9 +2043,9 @@ fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
     );
     let _ = writeln!(out, "|---:|---|---:|---:|---:|---:|---:|---:|---:|");
     for step in steps {
-        let direct = step.latency.get(&(Peer::Direct, Position::Middle));
         for position in POSITIONS {
             let cell = |peer| step.latency.get(&(peer, position));
+            let direct = cell(Peer::Direct);
             let both = |cell: Option<&Cell>| {
                 cell.map_or_else(
                     || "not loaded".to_owned(),
@@ -2070,7 +2098,7 @@ fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
                 "| {} | {} | {} | {} | {} | {} |",
                 step.services,
                 position.name(),
-                cpu(Peer::Direct, Position::Middle),
+                cpu(Peer::Direct, position),
                 cpu(Peer::Socklb, position),
                 cpu(Peer::Iptables, position),
                 cpu(Peer::Nftables, position),
