@@ -167,7 +167,10 @@ pub struct CapacityArgs {
     /// Distinct backends (address, port, protocol).
     #[arg(long, default_value_t = Capacities::default().backends)]
     pub max_backends: u32,
-    /// Reverse entries of translated sockets, for getpeername() and recvmsg() (LRU).
+    /// Translated sockets whose peer getpeername() and recvmsg() show as the frontend:
+    /// slots of the connected-socket ring (rounded up to a power of two; a socket's slot is
+    /// reused once this many newer sockets were translated) and LRU entries for the
+    /// datagrams of unconnected UDP sockets.
     #[arg(long, default_value_t = Capacities::default().reverse)]
     pub max_reverse_entries: u32,
     /// Session-affinity entries (LRU).

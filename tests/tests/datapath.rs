@@ -109,6 +109,58 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
 }
 
 #[test]
+fn a_reused_socket_slot_never_shows_another_sockets_vip() {
+    let sandbox = Sandbox::new("ring");
+    let server = NamedServer::tcp("b1", "127.0.1.41:8080".parse().expect("address"));
+    // Two VIPs on the same backend, and a socket ring of one slot: every connect() takes
+    // the slot of the one before, so only the cookie tells the sockets apart.
+    let vips = [
+        frontend([10, 96, 0, 41], 80, Protocol::Tcp),
+        frontend([10, 96, 0, 42], 80, Protocol::Tcp),
+    ];
+    let mut dataplane = Dataplane::load(Config {
+        capacities: Capacities {
+            reverse: 1,
+            ..Capacities::default()
+        },
+        ..sandbox.config()
+    })
+    .expect("load");
+    let mut desired = Desired::default();
+    for vip in vips {
+        desired.insert(vip, spec(std::slice::from_ref(&server)));
+    }
+    dataplane.apply(&desired).expect("apply");
+    dataplane.attach().expect("attach");
+
+    let runs: Vec<_> = [addr(&vips[0]), addr(&vips[1]), server.addr]
+        .into_iter()
+        .map(|target| (target, sandbox.spawn_probe("tcp", target, 300, 0)))
+        .collect();
+    for (target, run) in runs {
+        let attempts = run.wait();
+        assert_eq!(attempts.len(), 300, "{target}");
+        let peers: BTreeSet<String> = attempts
+            .iter()
+            .map(|attempt| {
+                attempt
+                    .peer
+                    .clone()
+                    .unwrap_or_else(|| format!("{attempt:?}"))
+            })
+            .collect();
+        // Its own VIP, or (once another socket took the slot) the backend; never the other
+        // VIP, and a direct connection never a VIP at all.
+        let allowed = BTreeSet::from([target.to_string(), "127.0.1.41:8080".to_owned()]);
+        assert!(peers.is_subset(&allowed), "{target}: {peers:?}");
+    }
+    let counters = dataplane.counters().expect("counters");
+    assert_eq!(counters.translated, 600, "{counters:?}");
+    assert!(counters.reverse_translated > 0, "{counters:?}");
+    assert_eq!(counters.errors, 0, "{counters:?}");
+}
+
+#[test]
 fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip() {
     let sandbox = Sandbox::new("dns");
     let servers = [

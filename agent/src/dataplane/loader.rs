@@ -20,7 +20,7 @@ use aya::{
         links::{FdLink, LinkError, PinnedLink},
     },
 };
-use socklb_abi::{map_names, program_names};
+use socklb_abi::{globals, map_names, program_names};
 use tracing::{info, warn};
 
 use super::{Capacities, object::OBJECT, tc};
@@ -90,11 +90,15 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> 
             );
         }
     }
+    let socket_slots = capacities.socket_slots();
+    let socket_slot_mask = socket_slots - 1;
     // Each round replaces at most one incompatible map; there are only so many maps.
     for _ in 0..=map_names::ALL.len() {
         let mut loader = EbpfLoader::new();
         loader
             .default_map_pin_directory(pin_dir)
+            .override_global(globals::SOCKET_SLOT_MASK, &socket_slot_mask, true)
+            .map_max_entries(map_names::SOCKETS, socket_slots)
             .map_max_entries(map_names::SERVICES, capacities.service_entries)
             .map_max_entries(map_names::BACKENDS, capacities.backends)
             .map_max_entries(map_names::REVERSE, capacities.reverse)

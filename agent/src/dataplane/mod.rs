@@ -49,7 +49,9 @@ pub struct Capacities {
     pub service_entries: u32,
     /// Distinct backends (address, port, protocol).
     pub backends: u32,
-    /// Sockets whose peer is shown as the frontend (LRU).
+    /// Sockets whose peer is shown as the frontend: connect()ed sockets (a ring of this
+    /// size rounded up to a power of two) and unconnected UDP sockets' (socket, backend)
+    /// pairs (LRU).
     pub reverse: u32,
     /// Session-affinity entries (LRU).
     pub affinity: u32,
@@ -59,6 +61,17 @@ pub struct Capacities {
     pub source_ranges: u32,
     /// Maglev table entries: the table size for each Maglev frontend.
     pub maglev_entries: u32,
+}
+
+impl Capacities {
+    /// Slots of the socket ring: `reverse` rounded up to a power of two, so that the
+    /// programs index it with a mask.
+    pub fn socket_slots(&self) -> u32 {
+        self.reverse
+            .max(1)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 31)
+    }
 }
 
 impl Default for Capacities {
@@ -458,4 +471,29 @@ fn capacity(capacities: &Capacities) -> Capacity {
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, LoadError> {
     ebpf.take_map(name).ok_or(LoadError::MissingMap(name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Capacities;
+
+    #[test]
+    fn the_socket_ring_is_the_reverse_capacity_rounded_up_to_a_power_of_two() {
+        // (--max-reverse-entries, ring slots)
+        let rows = [
+            (0, 1),
+            (1, 1),
+            (3, 4),
+            (262_144, 262_144),
+            (262_145, 524_288),
+            (u32::MAX, 1 << 31),
+        ];
+        for (reverse, slots) in rows {
+            let capacities = Capacities {
+                reverse,
+                ..Capacities::default()
+            };
+            assert_eq!(capacities.socket_slots(), slots, "reverse = {reverse}");
+        }
+    }
 }

@@ -21,8 +21,12 @@ pub mod map_names {
     pub const SERVICES: &str = "socklb_svc_v1";
     /// backend id (`u32`) -> [`super::Backend`].
     pub const BACKENDS: &str = "socklb_be_v1";
-    /// [`super::ReverseKey`] -> [`super::ReverseEntry`]: which VIP a socket really talks to.
+    /// [`super::ReverseKey`] -> [`super::ReverseEntry`] (LRU): which VIP an unconnected UDP
+    /// socket sent each datagram to, so that the replies come from it.
     pub const REVERSE: &str = "socklb_rev_v1";
+    /// Array of [`super::SocketFrontend`] indexed by socket cookie modulo its (power of two)
+    /// size: which VIP a connect()ed socket asked for.
+    pub const SOCKETS: &str = "socklb_sock_v1";
     /// [`super::AffinityKey`] -> [`super::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
@@ -42,10 +46,11 @@ pub mod map_names {
     pub const NAMES: &str = "socklb_names_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         SERVICES,
         BACKENDS,
         REVERSE,
+        SOCKETS,
         AFFINITY,
         COUNTERS,
         CONNTRACK,
@@ -203,6 +208,37 @@ pub struct ReverseEntry {
     pub port: u16,
     pub pad: u16,
     pub service_id: u32,
+}
+
+/// An entry of the socket map: the frontend a connect()ed socket asked for and the backend
+/// it got. The map is a ring indexed by the socket's cookie (cookies only grow), so writing
+/// one costs a single store, with neither lock nor allocation on connect(); a socket's entry
+/// is overwritten once a socket whose cookie is larger by the map's size is translated.
+/// The cookie and the backend are checked on every read, so a socket never sees another
+/// socket's frontend, and a direct connection to a backend is never shown the VIP.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SocketFrontend {
+    /// The socket's cookie; 0 in a slot never written.
+    pub cookie: u64,
+    /// Backend address, network byte order.
+    pub backend_address: u32,
+    /// Backend port, network byte order.
+    pub backend_port: u16,
+    pub pad: u16,
+    /// Frontend address, network byte order.
+    pub frontend_address: u32,
+    /// Frontend port, network byte order.
+    pub frontend_port: u16,
+    pub pad2: u16,
+    pub service_id: u32,
+    pub pad3: u32,
+}
+
+/// Names of the programs' read-only globals that the agent sets at load time.
+pub mod globals {
+    /// `u32`: the socket map's size minus one (the size is a power of two).
+    pub const SOCKET_SLOT_MASK: &str = "SOCKET_SLOT_MASK";
 }
 
 /// Key of the affinity map: a client (its network namespace, i.e. its pod or the host)
@@ -438,6 +474,7 @@ const _: () = assert!(size_of::<ServiceEntry>() == 24);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<ReverseKey>() == 16);
 const _: () = assert!(size_of::<ReverseEntry>() == 12);
+const _: () = assert!(size_of::<SocketFrontend>() == 32);
 const _: () = assert!(size_of::<AffinityKey>() == 16);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
 const _: () = assert!(size_of::<Counters>() == 72);
@@ -457,6 +494,7 @@ mod pod {
     unsafe impl aya::Pod for super::Backend {}
     unsafe impl aya::Pod for super::ReverseKey {}
     unsafe impl aya::Pod for super::ReverseEntry {}
+    unsafe impl aya::Pod for super::SocketFrontend {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::Counters {}

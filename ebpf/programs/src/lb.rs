@@ -4,14 +4,14 @@
 use aya_ebpf::helpers;
 use socklb_abi::{
     AffinityEntry, AffinityKey, PROTO_TCP, PROTO_UDP, ReverseEntry, ReverseKey, SCOPE_INTERNAL,
-    SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey,
+    SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey, SocketFrontend,
 };
 
 use crate::{
     PROCEED, REJECT,
     context::SockAddr,
     counters::bump,
-    maps::{AFFINITY, REVERSE, SERVICES},
+    maps::{AFFINITY, REVERSE, SERVICES, SOCKETS, socket_slot},
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -228,13 +228,33 @@ pub fn mix(cookie: u64) -> u32 {
     x as u32
 }
 
-/// Records which frontend the socket asked for. Every datagram of an unconnected UDP socket
-/// comes through here, so for those the write is skipped when the entry is already there; a
-/// connect() is a new entry (or a reconnect) and is written at once.
+/// Records which frontend the socket asked for. A connect()ed socket has one peer: its slot
+/// in the socket ring is overwritten with one store. An unconnected UDP socket may send to
+/// several frontends, so each (socket, backend) gets an LRU entry; every datagram comes
+/// through here, so the write is skipped when the entry is already there.
 #[inline(always)]
 fn remember_frontend(call: Call, key: ReverseKey, frontend: ReverseEntry) -> Result<(), Error> {
-    if call == Call::SendMsg
-        && let Some(existing) = REVERSE.get_ptr(&key)
+    if call == Call::Connect {
+        let slot = SOCKETS.get_ptr_mut(socket_slot(key.cookie)).ok_or(Error)?;
+        // SAFETY: pointer from a successful lookup, valid for this run; other CPUs writing
+        // the same slot at once would need cookies a whole ring apart, and every read
+        // checks the cookie and the backend.
+        unsafe {
+            *slot = SocketFrontend {
+                cookie: key.cookie,
+                backend_address: key.address,
+                backend_port: key.port,
+                pad: 0,
+                frontend_address: frontend.address,
+                frontend_port: frontend.port,
+                pad2: 0,
+                service_id: frontend.service_id,
+                pad3: 0,
+            };
+        }
+        return Ok(());
+    }
+    if let Some(existing) = REVERSE.get_ptr(&key)
         // SAFETY: pointer from a successful lookup.
         && unsafe { *existing } == frontend
     {
@@ -252,8 +272,9 @@ pub fn reverse_verdict(sock: &SockAddr) -> i32 {
     PROCEED
 }
 
-/// If this socket reached the peer through a frontend, shows the frontend instead. Returns
-/// whether it rewrote.
+/// If this socket reached the peer through a frontend, shows the frontend instead: the
+/// socket ring for a connect()ed socket, else the LRU entries of unconnected UDP (and of
+/// sockets connected under an agent older than the ring). Returns whether it rewrote.
 #[inline(always)]
 fn reverse(sock: &SockAddr) -> bool {
     let key = ReverseKey {
@@ -262,6 +283,17 @@ fn reverse(sock: &SockAddr) -> bool {
         port: sock.port(),
         pad: 0,
     };
+    if let Some(slot) = SOCKETS.get_ptr(socket_slot(key.cookie)) {
+        // SAFETY: pointer from a successful lookup; copied out at once.
+        let slot: SocketFrontend = unsafe { *slot };
+        if slot.cookie == key.cookie
+            && slot.backend_address == key.address
+            && slot.backend_port == key.port
+        {
+            sock.set_destination(slot.frontend_address, slot.frontend_port);
+            return true;
+        }
+    }
     let Some(frontend) = REVERSE.get_ptr(&key) else {
         return false;
     };

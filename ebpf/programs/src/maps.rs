@@ -7,7 +7,8 @@ use aya_ebpf::{
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FrontendName, MaglevKey,
-    NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey, SourceRange, SourceVerdict,
+    NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey, SocketFrontend, SourceRange,
+    SourceVerdict,
 };
 
 #[btf_map(name = "socklb_svc_v1", pin_by_name)]
@@ -18,6 +19,26 @@ pub static BACKENDS: HashMap<u32, Backend, 65536> = HashMap::new();
 
 #[btf_map(name = "socklb_rev_v1", pin_by_name)]
 pub static REVERSE: LruHashMap<ReverseKey, ReverseEntry, 65536> = LruHashMap::new();
+
+/// A ring indexed by socket cookie (see [`socket_slot`]): connect() writes its slot with
+/// one store, where an insert into a hash or LRU map would take a lock and cold memory.
+#[btf_map(name = "socklb_sock_v1", pin_by_name)]
+pub static SOCKETS: Array<SocketFrontend, 262144> = Array::new();
+
+/// The socket map's size minus one, set by the agent at load time (socklb-abi `globals`).
+/// A read-only global: the verifier sees it as a constant.
+#[unsafe(no_mangle)]
+static SOCKET_SLOT_MASK: u32 = 262_143;
+
+/// The socket map slot of the socket with `cookie`.
+#[inline(always)]
+pub fn socket_slot(cookie: u64) -> u32 {
+    // SAFETY: a read of an initialised static; volatile so the agent's value is used, not
+    // the compiled-in default.
+    let mask = unsafe { core::ptr::read_volatile(&SOCKET_SLOT_MASK) };
+    // Truncating is the point: the low bits of the cookie pick the slot.
+    (cookie as u32) & mask
+}
 
 #[btf_map(name = "socklb_aff_v1", pin_by_name)]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
