@@ -35,6 +35,8 @@ const APT_PACKAGES: &[&str] = &[
     // The container image: podman builds it offline, musl-gcc compiles ring for the static build.
     "podman",
     "musl-tools",
+    // jemalloc, the agent's allocator, is built from source by its crate (configure, make).
+    "make",
 ];
 
 pub fn run() -> anyhow::Result<()> {
