@@ -96,7 +96,7 @@ enum Bench {
         #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,30000")]
         services: Vec<u32>,
         /// Connections per peer and service position.
-        #[arg(long, default_value_t = 10_000)]
+        #[arg(long, default_value_t = 30_000)]
         connections: u32,
         /// iptables backend of the iptables peer: legacy or nft.
         #[arg(long, default_value = "legacy")]

@@ -22,9 +22,9 @@
 //! agent's pins and cgroup (the harness's `Sandbox`), the manifests and the scratch files are
 //! removed by guards, and on SIGINT/SIGTERM/SIGHUP by a cleanup thread.
 //!
-//! The timed clients are this binary again (`client`), one long-lived process per peer in
-//! that peer's namespace, driven batch by batch over a pipe so that the peers alternate in
-//! every round.
+//! The timed client is this binary again (`client`): one long-lived process, driven batch by
+//! batch over a pipe, that moves into the peer's namespace (and cgroup) before each batch, so
+//! that the peers alternate in every round and differ in nothing but the path they measure.
 use std::{
     collections::BTreeMap,
     ffi::CString,
@@ -70,9 +70,9 @@ const ZONE: &str = "zone-a";
 const NODE_IP: &str = "192.168.0.1";
 const MASQ_MARK: &str = "0x4000";
 const NAMESPACE: &str = "default";
-/// Timed batches per cell; the cells (peer x service position) alternate in every round,
-/// the order rotating from round to round, so that drift hits every peer alike.
-const ROUNDS: u32 = 50;
+/// Timed batches per cell; the cells (peer x service position) alternate in every round, in
+/// a new order each round, so that drift hits every peer alike.
+const ROUNDS: u32 = 150;
 /// Manifests per file for the agent's file source.
 const SERVICES_PER_FILE: u32 = 1_000;
 /// Repeated change measurements of one peer stop once they have taken this long in all
@@ -172,7 +172,7 @@ struct Options {
 fn parse_options(args: &[String]) -> anyhow::Result<Options> {
     let mut options = Options {
         services: vec![100, 1_000, 10_000, 30_000],
-        connections: 10_000,
+        connections: 30_000,
         changes: 3,
         iperf_seconds: 3,
         iperf_rounds: 2,
@@ -1129,11 +1129,40 @@ fn flush_rules(netns: &File, backend: IptablesBackend) {
 // ---------------------------------------------------------------------------------------
 // The timed clients.
 
-/// A client process in one peer's namespace (and, for socklb, the agent's cgroup).
+/// The timed client process. One process for every peer: separate processes differed from
+/// one another by up to 3% in connection setup whatever they measured (their memory and cache
+/// placement), as much as the difference this benchmark is after.
 struct Client {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+}
+
+/// Where a peer's connections are made from: its network namespace and cgroup.
+struct Place {
+    /// A path that opens the namespace (`/proc/PID/fd/N` of a descriptor this process holds).
+    netns: String,
+    cgroup: PathBuf,
+}
+
+impl Place {
+    fn new(netns: &File, cgroup: &Path) -> Self {
+        Self {
+            netns: format!("/proc/{}/fd/{}", std::process::id(), netns.as_raw_fd()),
+            cgroup: cgroup.to_owned(),
+        }
+    }
+}
+
+/// The cgroup v2 directory this process runs in: where the peers other than socklb connect
+/// from.
+fn own_cgroup() -> anyhow::Result<PathBuf> {
+    let cgroups = fs::read_to_string("/proc/self/cgroup").context("read /proc/self/cgroup")?;
+    let path = cgroups
+        .lines()
+        .find_map(|line| line.strip_prefix("0::"))
+        .context("this process has no cgroup v2 entry in /proc/self/cgroup")?;
+    Ok(socklb_tests::cgroup2_root().join(path.trim_start_matches('/')))
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -1147,30 +1176,11 @@ struct BatchResult {
 }
 
 impl Client {
-    fn spawn(netns: &File, cgroup: Option<&Path>) -> anyhow::Result<Self> {
+    fn spawn(netns: &File) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("find this executable to run the client")?;
         let mut command = in_netns(netns, exe);
         // SAFETY: sched_setaffinity is a plain system call, safe between fork and exec.
         unsafe { command.pre_exec(|| pin_to_cpu(CLIENT_CPU)) };
-        if let Some(cgroup) = cgroup {
-            let procs = CString::new(cgroup.join("cgroup.procs").as_os_str().as_encoded_bytes())
-                .context("a cgroup path without NUL")?;
-            // SAFETY: only async-signal-safe calls (open, write, close) before exec.
-            unsafe {
-                command.pre_exec(move || {
-                    let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                    if fd < 0 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                    libc::close(fd);
-                    if written != 1 {
-                        return Err(io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-        }
         let mut child = command
             .arg("client")
             .stdin(Stdio::piped())
@@ -1187,11 +1197,22 @@ impl Client {
         })
     }
 
-    fn batch(&mut self, count: u32, targets: &[SocketAddrV4]) -> anyhow::Result<BatchResult> {
+    fn batch(
+        &mut self,
+        count: u32,
+        place: &Place,
+        targets: &[SocketAddrV4],
+    ) -> anyhow::Result<BatchResult> {
         let targets: Vec<String> = targets.iter().map(ToString::to_string).collect();
-        writeln!(self.stdin, "{count} {}", targets.join(","))
-            .and_then(|()| self.stdin.flush())
-            .context("send a batch to the client")?;
+        writeln!(
+            self.stdin,
+            "{count} {} {} {}",
+            place.netns,
+            place.cgroup.display(),
+            targets.join(",")
+        )
+        .and_then(|()| self.stdin.flush())
+        .context("send a batch to the client")?;
         let mut line = String::new();
         self.stdout
             .read_line(&mut line)
@@ -1208,17 +1229,36 @@ impl Drop for Client {
     }
 }
 
-/// `client`: reads "COUNT ADDR,ADDR,..." lines, makes COUNT connections round-robin over
-/// the addresses, answers with one JSON line.
+/// `client`: reads "COUNT NETNS CGROUP ADDR,ADDR,..." lines, moves into the namespace and
+/// cgroup, makes COUNT connections round-robin over the addresses, answers with one JSON
+/// line.
 fn client(_args: &[String]) -> anyhow::Result<()> {
     let stdin = io::stdin();
     let mut stdout = io::stdout();
     // Round-robin over the targets across batches, so that short batches reach them all.
     let mut next = 0usize;
+    let mut here = (String::new(), String::new());
     for line in stdin.lock().lines() {
         let line = line.context("read a command")?;
-        let (count, targets) = line.split_once(' ').context("COUNT ADDR,...")?;
+        let mut fields = line.split(' ');
+        let (Some(count), Some(netns), Some(cgroup), Some(targets), None) = (
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+            fields.next(),
+        ) else {
+            bail!("expected COUNT NETNS CGROUP ADDR,..., got {line:?}");
+        };
         let count: u32 = count.parse().context("COUNT")?;
+        if (netns, cgroup) != (here.0.as_str(), here.1.as_str()) {
+            // The client is single-threaded, so setns moves the whole process; sockets
+            // take the cgroup they are created in, so every later socket is the peer's.
+            enter(&File::open(netns).with_context(|| format!("open {netns}"))?)?;
+            fs::write(Path::new(cgroup).join("cgroup.procs"), "0")
+                .with_context(|| format!("move into the cgroup {cgroup}"))?;
+            here = (netns.to_owned(), cgroup.to_owned());
+        }
         let targets: Vec<libc::sockaddr_in> = targets
             .split(',')
             .map(|target| target.parse::<SocketAddrV4>().map(sockaddr))
@@ -1542,19 +1582,27 @@ impl Run<'_> {
         step.control.insert(Peer::Socklb, control);
 
         // Connection setup, every peer interleaved.
-        let mut clients = BTreeMap::new();
-        for &peer in &measured {
-            let cgroup = (peer == Peer::Socklb).then_some(self.sandbox.cgroup.as_path());
-            clients.insert(peer, Client::spawn(&netns[&peer], cgroup)?);
-        }
+        let home = own_cgroup()?;
+        let places: BTreeMap<Peer, Place> = measured
+            .iter()
+            .map(|&peer| {
+                let cgroup = if peer == Peer::Socklb {
+                    &self.sandbox.cgroup
+                } else {
+                    &home
+                };
+                (peer, Place::new(&netns[&peer], cgroup))
+            })
+            .collect();
+        let mut client = Client::spawn(&netns[&Peer::Direct])?;
         let agent_cpu = process_cpu(agent.pid());
         let began = Instant::now();
-        step.latency = self.latency(&cluster, services, &measured, &mut clients)?;
+        step.latency = self.latency(&cluster, services, &places, &mut client)?;
         eprintln!(
             "socklb: the agent used {:.1}% of a core while the connections were timed",
             100.0 * (process_cpu(agent.pid()) - agent_cpu) / began.elapsed().as_secs_f64()
         );
-        drop(clients);
+        drop(client);
 
         // Throughput: one iperf3 stream per peer, interleaved.
         let iperf = &cluster[total - 1];
@@ -1648,13 +1696,13 @@ impl Run<'_> {
         &self,
         cluster: &[Service],
         services: u32,
-        measured: &[Peer],
-        clients: &mut BTreeMap<Peer, Client>,
+        places: &BTreeMap<Peer, Place>,
+        client: &mut Client,
     ) -> anyhow::Result<BTreeMap<(Peer, Position), Cell>> {
         // Direct connections to each measured service's endpoints are the floor for that
         // service, measured like a peer: same number of cells, same interleaving.
         let mut cells: Vec<(Peer, Position, Vec<SocketAddrV4>)> = Vec::new();
-        for &peer in measured {
+        for &peer in places.keys() {
             for position in POSITIONS {
                 let service = &cluster[position.index(services) as usize];
                 let targets = if peer == Peer::Direct {
@@ -1672,16 +1720,20 @@ impl Run<'_> {
         let mut made = 0u64;
         // Untimed warm-up: page faults, cold caches, neighbour and route lookups.
         for (peer, _, targets) in &cells {
-            let client = clients.get_mut(peer).context("a client per peer")?;
-            client.batch(batch, targets)?;
+            client.batch(batch, &places[peer], targets)?;
             made += u64::from(batch);
         }
         let mut results: BTreeMap<(Peer, Position), Cell> = BTreeMap::new();
-        for round in 0..ROUNDS as usize {
-            for offset in 0..cells.len() {
-                let (peer, position, targets) = &cells[(offset + round) % cells.len()];
-                let client = clients.get_mut(peer).context("a client per peer")?;
-                let result = client.batch(batch, targets)?;
+        // A new order every round (seeded: every run draws the same orders), so that no cell
+        // always follows the same other cell: a batch pays for what the one before it left
+        // in the caches, by up to 3%.
+        let mut rng = fastrand::Rng::with_seed(0x50c1b);
+        let mut order: Vec<usize> = (0..cells.len()).collect();
+        for _ in 0..ROUNDS {
+            rng.shuffle(&mut order);
+            for &index in &order {
+                let (peer, position, targets) = &cells[index];
+                let result = client.batch(batch, &places[peer], targets)?;
                 made += u64::from(batch);
                 let cell = results.entry((*peer, *position)).or_default();
                 cell.samples.extend(result.ns);
