@@ -3,19 +3,25 @@
 //!
 //! Every `*.yaml`, `*.yml` and `*.json` file directly in the directory is read; a file may
 //! hold several documents (`---`) and `kind: List` documents. Other kinds are ignored. The
-//! directory is watched: after a change (debounced) it is read again and a `Reset` of each
-//! kind is sent, which the state turns into per-Service changes. A file that does not
-//! parse keeps its last good objects and the error is logged with the file and line.
+//! directory is watched: after a change (debounced) it is read again, and only the files
+//! whose text changed are parsed: the objects they lost are sent as deleted and the ones
+//! they hold as applied, which the state compares with what it has (the first read, and a
+//! read after which an object is defined in two places, send a `Reset` of each kind
+//! instead). A change therefore costs the changed file, not the directory. A file that does not parse
+//! keeps its last good objects and the error is logged with the file and line.
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
     path::{Path, PathBuf},
     time::Duration,
 };
 
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
+use k8s_openapi::{
+    api::{
+        core::v1::{Node, Service},
+        discovery::v1::EndpointSlice,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use notify::{RecursiveMode, Watcher as _};
 use serde::Deserialize as _;
@@ -104,19 +110,62 @@ fn collect(value: serde_norway::Value, objects: &mut Vec<Object>) -> Result<(), 
 
 /// The manifests of a directory. Each file's last text that parsed is kept (text is a few
 /// times smaller than the parsed objects), so that a file that no longer parses contributes
-/// its last good objects.
+/// its last good objects, and so that a re-read parses only the files whose text changed.
 #[derive(Debug, Default)]
 pub struct Manifests {
-    last_good: BTreeMap<PathBuf, String>,
+    files: BTreeMap<PathBuf, ManifestFile>,
+    /// The directory was read before: later reads send only what changed.
+    read_before: bool,
+}
+
+/// A file's last text that parsed and which objects it holds.
+#[derive(Debug)]
+struct ManifestFile {
+    text: String,
+    ids: HashSet<ObjectId>,
+}
+
+/// An object's identity: its kind, namespace and name.
+type ObjectId = (Kind, Option<String>, Option<String>);
+
+fn object_id(object: &Object) -> ObjectId {
+    let metadata = match object {
+        Object::Service(service) => &service.metadata,
+        Object::EndpointSlice(slice) => &slice.metadata,
+        Object::Node(node) => &node.metadata,
+    };
+    (
+        object.kind(),
+        metadata.namespace.clone(),
+        metadata.name.clone(),
+    )
+}
+
+/// The identities of `objects`, or `None` if one appears twice.
+fn unique_ids(objects: &[Object]) -> Option<HashSet<ObjectId>> {
+    let mut ids = HashSet::with_capacity(objects.len());
+    objects
+        .iter()
+        .all(|object| ids.insert(object_id(object)))
+        .then_some(ids)
 }
 
 /// One read of the directory.
 #[derive(Debug)]
 pub struct Reload {
-    /// One `Reset` per kind with every object of the directory.
+    /// The first read, or a read after which an object is defined in two places: one
+    /// `Reset` per kind with every object of the directory. Otherwise the objects of the
+    /// changed files that were deleted, then those that are new or changed.
     pub events: Vec<Event>,
-    /// Files that did not parse (their last good objects are in `events`).
+    /// Files that did not parse (their last good objects are kept).
     pub errors: Vec<ManifestError>,
+}
+
+/// A file whose text changed in this read: the objects it held and those it holds now.
+struct Changed {
+    file: PathBuf,
+    old: HashSet<ObjectId>,
+    new: Vec<Object>,
 }
 
 impl Manifests {
@@ -126,7 +175,7 @@ impl Manifests {
             path: dir.to_owned(),
             source,
         })?;
-        let mut files: Vec<PathBuf> = entries
+        let listed: BTreeSet<PathBuf> = entries
             .filter_map(Result::ok)
             .map(|entry| entry.path())
             .filter(|path| {
@@ -137,38 +186,99 @@ impl Manifests {
                     )
             })
             .collect();
-        files.sort();
 
         let mut errors = Vec::new();
-        let mut next = BTreeMap::new();
+        let mut changed = Vec::new();
+        let gone: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|file| !listed.contains(*file))
+            .cloned()
+            .collect();
+        for file in gone {
+            if let Some(old) = self.files.remove(&file) {
+                changed.push(Changed {
+                    old: old.ids,
+                    new: Vec::new(),
+                    file,
+                });
+            }
+        }
+        for file in listed {
+            let text = match fs::read_to_string(&file) {
+                Ok(text) => text,
+                Err(e) => {
+                    errors.push(ManifestError {
+                        file,
+                        line: None,
+                        message: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            if self.files.get(&file).is_some_and(|old| old.text == text) {
+                continue;
+            }
+            let new = match parse(&file, &text) {
+                Ok(objects) => objects,
+                Err(error) => {
+                    errors.push(error);
+                    continue;
+                }
+            };
+            let ids = new.iter().map(object_id).collect();
+            let old = self
+                .files
+                .insert(file.clone(), ManifestFile { text, ids })
+                .map(|old| old.ids)
+                .unwrap_or_default();
+            changed.push(Changed { file, old, new });
+        }
+
+        let events = if self.read_before && self.each_object_in_one_place(&changed) {
+            differences(changed)
+        } else {
+            self.read_before = true;
+            self.everything(changed)
+        };
+        Ok(Reload { events, errors })
+    }
+
+    /// Whether no object of a changed file is defined twice (in that file or in another):
+    /// then the changed files' differences are the directory's. Otherwise which copy wins
+    /// depends on every file, and only a `Reset` of everything says it.
+    fn each_object_in_one_place(&self, changed: &[Changed]) -> bool {
+        changed.iter().all(|change| {
+            unique_ids(&change.new).is_some()
+                && change
+                    .old
+                    .iter()
+                    .cloned()
+                    .chain(change.new.iter().map(object_id))
+                    .all(|id| {
+                        self.files
+                            .iter()
+                            .all(|(file, held)| *file == change.file || !held.ids.contains(&id))
+                    })
+        })
+    }
+
+    /// One `Reset` per kind with every file's objects, in file order (the changed files'
+    /// are parsed already).
+    fn everything(&self, changed: Vec<Changed>) -> Vec<Event> {
+        let mut parsed: HashMap<PathBuf, Vec<Object>> = changed
+            .into_iter()
+            .map(|change| (change.file, change.new))
+            .collect();
         let mut by_kind = [
             (Kind::Node, Vec::new()),
             (Kind::Service, Vec::new()),
             (Kind::EndpointSlice, Vec::new()),
         ];
-        for file in files {
-            let read = fs::read_to_string(&file).map_err(|e| ManifestError {
-                file: file.clone(),
-                line: None,
-                message: e.to_string(),
-            });
-            let parsed = read.and_then(|text| Ok((parse(&file, &text)?, text)));
-            let objects = match parsed {
-                Ok((objects, text)) => {
-                    next.insert(file, text);
-                    objects
-                }
-                Err(error) => {
-                    errors.push(error);
-                    let Some(text) = self.last_good.remove(&file) else {
-                        continue;
-                    };
-                    // It parsed before, so it parses again.
-                    let objects = parse(&file, &text).unwrap_or_default();
-                    next.insert(file, text);
-                    objects
-                }
-            };
+        for (file, held) in &self.files {
+            let objects = parsed
+                .remove(file)
+                .unwrap_or_else(|| parse_last_good(file, &held.text));
             for object in objects {
                 let kind = object.kind();
                 if let Some((_, list)) = by_kind.iter_mut().find(|(k, _)| *k == kind) {
@@ -176,14 +286,57 @@ impl Manifests {
                 }
             }
         }
-        self.last_good = next;
-        Ok(Reload {
-            events: by_kind
-                .into_iter()
-                .map(|(kind, objects)| Event::Reset(kind, objects))
-                .collect(),
-            errors,
-        })
+        by_kind
+            .into_iter()
+            .map(|(kind, objects)| Event::Reset(kind, objects))
+            .collect()
+    }
+}
+
+/// Objects of a text that parsed before, so parses again.
+fn parse_last_good(file: &Path, text: &str) -> Vec<Object> {
+    parse(file, text).unwrap_or_default()
+}
+
+/// The changed files' objects that are gone, then every object they hold: the state
+/// compares each with what it has, so the unchanged ones cost a comparison, and the old text
+/// need not be parsed again.
+fn differences(changed: Vec<Changed>) -> Vec<Event> {
+    let mut deleted = Vec::new();
+    let mut applied = Vec::new();
+    for Changed { old, new, .. } in changed {
+        let held: HashSet<ObjectId> = new.iter().map(object_id).collect();
+        deleted.extend(
+            old.into_iter()
+                .filter(|id| !held.contains(id))
+                .map(|id| Event::Deleted(identity_only(id))),
+        );
+        applied.extend(new.into_iter().map(Event::Applied));
+    }
+    deleted.extend(applied);
+    deleted
+}
+
+/// A deleted object as the file source knows it: only its kind, namespace and name.
+fn identity_only((kind, namespace, name): ObjectId) -> Object {
+    let metadata = ObjectMeta {
+        namespace,
+        name,
+        ..ObjectMeta::default()
+    };
+    match kind {
+        Kind::Service => Object::Service(Box::new(Service {
+            metadata,
+            ..Service::default()
+        })),
+        Kind::EndpointSlice => Object::EndpointSlice(Box::new(EndpointSlice {
+            metadata,
+            ..EndpointSlice::default()
+        })),
+        Kind::Node => Object::Node(Box::new(Node {
+            metadata,
+            ..Node::default()
+        })),
     }
 }
 
@@ -300,30 +453,157 @@ items:
         assert!(error.message.contains("Service web"), "{error}");
     }
 
-    #[test]
-    fn a_broken_file_keeps_its_last_good_objects() {
-        let dir = std::env::temp_dir().join(format!("socklb-manifests-{}", std::process::id()));
-        fs::create_dir_all(&dir).expect("dir");
-        let file = dir.join("svc.yaml");
-        fs::write(
-            &file,
-            "kind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.1}\n",
+    /// A scratch manifests directory, removed when dropped.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(test: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("socklb-manifests-{test}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(&dir).expect("create the manifests dir");
+            Self(dir)
+        }
+
+        fn write(&self, file: &str, text: &str) {
+            fs::write(self.0.join(file), text).expect("write a manifest");
+        }
+
+        fn remove(&self, file: &str) {
+            fs::remove_file(self.0.join(file)).expect("remove a manifest");
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn service(name: &str, ip: &str) -> String {
+        format!(
+            "kind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}}}\n---\n"
         )
-        .expect("write");
-        let mut manifests = Manifests::default();
-        assert!(manifests.reload(&dir).expect("reload").errors.is_empty());
-        fs::write(&file, "kind: Service\nmetadata: {name: [\n").expect("write");
-        let reload = manifests.reload(&dir).expect("reload");
-        assert_eq!(reload.errors.len(), 1);
-        let services = reload
+    }
+
+    /// The events of a reload, one line each: "reset Service 2", "applied Service web".
+    fn read(manifests: &mut Manifests, dir: &Dir) -> Vec<String> {
+        let reload = manifests.reload(&dir.0).expect("reload");
+        reload
             .events
             .iter()
-            .find_map(|e| match e {
-                Event::Reset(Kind::Service, objects) => Some(objects.len()),
-                _ => None,
+            .map(|event| match event {
+                Event::Reset(kind, objects) => format!("reset {kind:?} {}", objects.len()),
+                Event::Applied(object) => format!("applied {:?} {}", object.kind(), name(object)),
+                Event::Deleted(object) => format!("deleted {:?} {}", object.kind(), name(object)),
             })
-            .expect("a Service reset");
-        assert_eq!(services, 1, "the last good Service is kept");
-        fs::remove_dir_all(&dir).expect("cleanup");
+            .collect()
+    }
+
+    fn name(object: &Object) -> String {
+        object_id(object).2.unwrap_or_default()
+    }
+
+    #[test]
+    fn the_first_read_resets_every_kind() {
+        let dir = Dir::new("first");
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.1") + &service("db", "10.96.0.2")),
+        );
+        let mut manifests = Manifests::default();
+        assert_eq!(
+            read(&mut manifests, &dir),
+            ["reset Node 0", "reset Service 2", "reset EndpointSlice 0"]
+        );
+    }
+
+    #[test]
+    fn a_re_read_sends_the_changed_files_objects_and_what_they_lost() {
+        let dir = Dir::new("changes");
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.1") + &service("db", "10.96.0.2")),
+        );
+        dir.write("b.yaml", &service("cache", "10.96.0.3"));
+        let mut manifests = Manifests::default();
+        read(&mut manifests, &dir);
+
+        // (what the directory becomes, what is sent: nothing of the files that did not
+        // change; every object of a changed file, after those it lost)
+        let steps: [(&dyn Fn(), &[&str]); 5] = [
+            (&|| {}, &[]),
+            (
+                &|| {
+                    dir.write(
+                        "a.yaml",
+                        &(service("web", "10.96.0.9") + &service("db", "10.96.0.2")),
+                    )
+                },
+                &["applied Service web", "applied Service db"],
+            ),
+            (
+                &|| dir.write("a.yaml", &service("web", "10.96.0.9")),
+                &["deleted Service db", "applied Service web"],
+            ),
+            (
+                &|| dir.write("c.yaml", &service("api", "10.96.0.4")),
+                &["applied Service api"],
+            ),
+            (&|| dir.remove("b.yaml"), &["deleted Service cache"]),
+        ];
+        for (step, (change, expected)) in steps.into_iter().enumerate() {
+            change();
+            assert_eq!(read(&mut manifests, &dir), expected, "step {step}");
+        }
+    }
+
+    #[test]
+    fn an_object_defined_in_two_places_resets_everything() {
+        let dir = Dir::new("duplicates");
+        dir.write("a.yaml", &service("web", "10.96.0.1"));
+        let mut manifests = Manifests::default();
+        read(&mut manifests, &dir);
+        // Which copy wins depends on every file: only a reset says it.
+        dir.write("b.yaml", &service("web", "10.96.0.2"));
+        assert_eq!(
+            read(&mut manifests, &dir),
+            ["reset Node 0", "reset Service 2", "reset EndpointSlice 0"]
+        );
+        // Moving it back to one place: a reset again, then changes only.
+        dir.remove("b.yaml");
+        assert_eq!(
+            read(&mut manifests, &dir),
+            ["reset Node 0", "reset Service 1", "reset EndpointSlice 0"]
+        );
+        dir.write("a.yaml", &service("web", "10.96.0.3"));
+        assert_eq!(read(&mut manifests, &dir), ["applied Service web"]);
+    }
+
+    #[test]
+    fn a_broken_file_keeps_its_last_good_objects() {
+        let dir = Dir::new("broken");
+        dir.write(
+            "svc.yaml",
+            &(service("web", "10.96.0.1") + &service("db", "10.96.0.2")),
+        );
+        let mut manifests = Manifests::default();
+        read(&mut manifests, &dir);
+
+        dir.write("svc.yaml", "kind: Service\nmetadata: {name: [\n");
+        let reload = manifests.reload(&dir.0).expect("reload");
+        assert_eq!(reload.errors.len(), 1);
+        assert!(
+            reload.events.is_empty(),
+            "nothing is deleted: {:?}",
+            reload.events
+        );
+
+        // The next good text is compared with the last good one.
+        dir.write("svc.yaml", &service("web", "10.96.0.1"));
+        assert_eq!(
+            read(&mut manifests, &dir),
+            ["deleted Service db", "applied Service web"]
+        );
     }
 }

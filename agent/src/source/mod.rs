@@ -43,6 +43,7 @@ pub enum Event {
     Reset(Kind, Vec<Object>),
     /// An object was created or changed.
     Applied(Object),
-    /// An object was deleted (its last known state).
+    /// An object was deleted: its last known state (the file source, which keeps no parsed
+    /// objects, gives only the kind, namespace and name).
     Deleted(Object),
 }
