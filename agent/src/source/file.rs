@@ -125,37 +125,37 @@ struct ManifestFile {
     ids: HashSet<ObjectId>,
 }
 
-/// An object's identity: its kind, namespace and name.
-type ObjectId = (Kind, Option<String>, Option<String>);
+/// An object's identity as the state keys it: its kind, namespace (`default` when a
+/// namespaced object names none; empty for Nodes) and name.
+type ObjectId = (Kind, String, String);
 
 fn object_id(object: &Object) -> ObjectId {
-    let metadata = match object {
-        Object::Service(service) => &service.metadata,
-        Object::EndpointSlice(slice) => &slice.metadata,
-        Object::Node(node) => &node.metadata,
+    let (metadata, namespaced) = match object {
+        Object::Service(service) => (&service.metadata, true),
+        Object::EndpointSlice(slice) => (&slice.metadata, true),
+        Object::Node(node) => (&node.metadata, false),
     };
-    (
-        object.kind(),
-        metadata.namespace.clone(),
-        metadata.name.clone(),
-    )
+    let namespace = match &metadata.namespace {
+        _ if !namespaced => String::new(),
+        Some(namespace) => namespace.clone(),
+        None => "default".to_owned(),
+    };
+    let name = metadata.name.clone().unwrap_or_default();
+    (object.kind(), namespace, name)
 }
 
-/// The identities of `objects`, or `None` if one appears twice.
-fn unique_ids(objects: &[Object]) -> Option<HashSet<ObjectId>> {
+/// Whether no two of `objects` have the same identity.
+fn all_distinct(objects: &[Object]) -> bool {
     let mut ids = HashSet::with_capacity(objects.len());
-    objects
-        .iter()
-        .all(|object| ids.insert(object_id(object)))
-        .then_some(ids)
+    objects.iter().all(|object| ids.insert(object_id(object)))
 }
 
 /// One read of the directory.
 #[derive(Debug)]
 pub struct Reload {
     /// The first read, or a read after which an object is defined in two places: one
-    /// `Reset` per kind with every object of the directory. Otherwise the objects of the
-    /// changed files that were deleted, then those that are new or changed.
+    /// `Reset` per kind with every object of the directory. Otherwise the objects that the
+    /// changed files lost, as deleted, then every object they hold, as applied.
     pub events: Vec<Event>,
     /// Files that did not parse (their last good objects are kept).
     pub errors: Vec<ManifestError>,
@@ -249,7 +249,7 @@ impl Manifests {
     /// depends on every file, and only a `Reset` of everything says it.
     fn each_object_in_one_place(&self, changed: &[Changed]) -> bool {
         changed.iter().all(|change| {
-            unique_ids(&change.new).is_some()
+            all_distinct(&change.new)
                 && change
                     .old
                     .iter()
@@ -320,8 +320,8 @@ fn differences(changed: Vec<Changed>) -> Vec<Event> {
 /// A deleted object as the file source knows it: only its kind, namespace and name.
 fn identity_only((kind, namespace, name): ObjectId) -> Object {
     let metadata = ObjectMeta {
-        namespace,
-        name,
+        namespace: (kind != Kind::Node).then_some(namespace),
+        name: Some(name),
         ..ObjectMeta::default()
     };
     match kind {
@@ -501,7 +501,7 @@ items:
     }
 
     fn name(object: &Object) -> String {
-        object_id(object).2.unwrap_or_default()
+        object_id(object).2
     }
 
     #[test]
@@ -578,6 +578,22 @@ items:
         );
         dir.write("a.yaml", &service("web", "10.96.0.3"));
         assert_eq!(read(&mut manifests, &dir), ["applied Service web"]);
+    }
+
+    #[test]
+    fn an_object_without_namespace_is_the_one_in_default() {
+        let dir = Dir::new("namespace");
+        dir.write("a.yaml", &service("web", "10.96.0.1"));
+        let mut manifests = Manifests::default();
+        read(&mut manifests, &dir);
+        dir.write(
+            "b.yaml",
+            "kind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.2}\n",
+        );
+        assert_eq!(
+            read(&mut manifests, &dir),
+            ["reset Node 0", "reset Service 2", "reset EndpointSlice 0"]
+        );
     }
 
     #[test]
