@@ -7,8 +7,8 @@
 //! whose text changed are parsed: the objects they lost are sent as deleted and the ones
 //! they hold as applied, which the state compares with what it has (the first read, and a
 //! read after which an object is defined in two places, send a `Reset` of each kind
-//! instead). A change therefore costs the changed file, not the directory. A file that does not parse
-//! keeps its last good objects and the error is logged with the file and line.
+//! instead). A change therefore costs the changed file, not the directory. A file that
+//! does not parse keeps its last good objects and the error is logged with file and line.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
@@ -144,12 +144,6 @@ fn object_id(object: &Object) -> ObjectId {
     (object.kind(), namespace, name)
 }
 
-/// Whether no two of `objects` have the same identity.
-fn all_distinct(objects: &[Object]) -> bool {
-    let mut ids = HashSet::with_capacity(objects.len());
-    objects.iter().all(|object| ids.insert(object_id(object)))
-}
-
 /// One read of the directory.
 #[derive(Debug)]
 pub struct Reload {
@@ -161,11 +155,15 @@ pub struct Reload {
     pub errors: Vec<ManifestError>,
 }
 
-/// A file whose text changed in this read: the objects it held and those it holds now.
+/// A file whose text changed in this read.
 struct Changed {
     file: PathBuf,
-    old: HashSet<ObjectId>,
+    /// What it held and holds no more.
+    lost: Vec<ObjectId>,
+    /// What it holds now.
     new: Vec<Object>,
+    /// Whether it holds an object twice.
+    repeats: bool,
 }
 
 impl Manifests {
@@ -198,8 +196,9 @@ impl Manifests {
         for file in gone {
             if let Some(old) = self.files.remove(&file) {
                 changed.push(Changed {
-                    old: old.ids,
+                    lost: old.ids.into_iter().collect(),
                     new: Vec::new(),
+                    repeats: false,
                     file,
                 });
             }
@@ -226,13 +225,20 @@ impl Manifests {
                     continue;
                 }
             };
-            let ids = new.iter().map(object_id).collect();
-            let old = self
+            let ids: HashSet<ObjectId> = new.iter().map(object_id).collect();
+            let repeats = ids.len() < new.len();
+            let lost = self
                 .files
-                .insert(file.clone(), ManifestFile { text, ids })
-                .map(|old| old.ids)
+                .get(&file)
+                .map(|old| old.ids.difference(&ids).cloned().collect())
                 .unwrap_or_default();
-            changed.push(Changed { file, old, new });
+            self.files.insert(file.clone(), ManifestFile { text, ids });
+            changed.push(Changed {
+                file,
+                lost,
+                new,
+                repeats,
+            });
         }
 
         let events = if self.read_before && self.each_object_in_one_place(&changed) {
@@ -249,9 +255,9 @@ impl Manifests {
     /// depends on every file, and only a `Reset` of everything says it.
     fn each_object_in_one_place(&self, changed: &[Changed]) -> bool {
         changed.iter().all(|change| {
-            all_distinct(&change.new)
+            !change.repeats
                 && change
-                    .old
+                    .lost
                     .iter()
                     .cloned()
                     .chain(change.new.iter().map(object_id))
@@ -304,13 +310,8 @@ fn parse_last_good(file: &Path, text: &str) -> Vec<Object> {
 fn differences(changed: Vec<Changed>) -> Vec<Event> {
     let mut deleted = Vec::new();
     let mut applied = Vec::new();
-    for Changed { old, new, .. } in changed {
-        let held: HashSet<ObjectId> = new.iter().map(object_id).collect();
-        deleted.extend(
-            old.into_iter()
-                .filter(|id| !held.contains(id))
-                .map(|id| Event::Deleted(identity_only(id))),
-        );
+    for Changed { lost, new, .. } in changed {
+        deleted.extend(lost.into_iter().map(|id| Event::Deleted(identity_only(id))));
         applied.extend(new.into_iter().map(Event::Applied));
     }
     deleted.extend(applied);

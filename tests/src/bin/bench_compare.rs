@@ -893,13 +893,7 @@ fn kernel_memory() -> Option<u64> {
             return fs::read_to_string(file).ok()?.trim().parse().ok();
         }
     }
-    let path = cgroups.lines().find_map(|line| line.strip_prefix("0::"))?;
-    let stat = fs::read_to_string(
-        socklb_tests::cgroup2_root()
-            .join(path.trim_start_matches('/'))
-            .join("memory.stat"),
-    )
-    .ok()?;
+    let stat = fs::read_to_string(own_cgroup().ok()?.join("memory.stat")).ok()?;
     stat.lines()
         .find_map(|line| line.strip_prefix("kernel "))
         .and_then(|value| value.trim().parse().ok())
@@ -1076,11 +1070,7 @@ fn client_netns(server: &ServerSide, slot: u32) -> anyhow::Result<File> {
     ensure!(slot < 256, "too many client namespaces");
     let netns = new_netns()?;
     let (here, there) = (format!("slbcmp{slot}c"), format!("slbcmp{slot}s"));
-    let server_ns = format!(
-        "/proc/{}/fd/{}",
-        std::process::id(),
-        server.netns.as_raw_fd()
-    );
+    let server_ns = fd_path(&server.netns);
     run_in(&netns, "ip", &["link", "set", "lo", "up"])?;
     run_in(
         &netns,
@@ -1138,9 +1128,15 @@ struct Client {
     stdout: BufReader<ChildStdout>,
 }
 
+/// A path that opens what `file` is open on, also for another process (a namespace this
+/// process holds only by its descriptor).
+fn fd_path(file: &File) -> String {
+    format!("/proc/{}/fd/{}", std::process::id(), file.as_raw_fd())
+}
+
 /// Where a peer's connections are made from: its network namespace and cgroup.
 struct Place {
-    /// A path that opens the namespace (`/proc/PID/fd/N` of a descriptor this process holds).
+    /// A path that opens the namespace ([`fd_path`]).
     netns: String,
     cgroup: PathBuf,
 }
@@ -1148,7 +1144,7 @@ struct Place {
 impl Place {
     fn new(netns: &File, cgroup: &Path) -> Self {
         Self {
-            netns: format!("/proc/{}/fd/{}", std::process::id(), netns.as_raw_fd()),
+            netns: fd_path(netns),
             cgroup: cgroup.to_owned(),
         }
     }
