@@ -255,8 +255,8 @@ pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(&args),
         Command::Explain(args) => explain_command(&args),
-        Command::Inspect(args) => inspect_command(&args),
-        Command::Cleanup(args) => cleanup(&args),
+        Command::Inspect(args) => inspect_command(&args).map_err(privilege_first),
+        Command::Cleanup(args) => cleanup(&args).map_err(privilege_first),
         Command::Version => {
             println!(
                 "socklb {} (map layout v{})",
@@ -468,6 +468,15 @@ async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<Clu
         bail!("the cluster source stopped before listing {missing:?}");
     }
     Ok(state)
+}
+
+/// Puts the missing privilege first when the kernel refused for lack of one (the datapath
+/// does the same for `run`).
+fn privilege_first(error: anyhow::Error) -> anyhow::Error {
+    match dataplane::diagnose(error.as_ref()) {
+        Some(diagnosis) => error.context(diagnosis),
+        None => error,
+    }
 }
 
 fn inspect_command(args: &InspectArgs) -> anyhow::Result<()> {

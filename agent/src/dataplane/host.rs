@@ -1,4 +1,4 @@
-//! What the host must provide before anything is loaded: cgroup v2, bpffs, capabilities.
+//! What the host must provide before anything is loaded: cgroup v2 and bpffs.
 //! Each check fails with a message that says how to fix it.
 use std::{
     collections::BTreeSet,
@@ -36,11 +36,6 @@ pub enum HostError {
         #[source]
         source: std::io::Error,
     },
-    #[error(
-        "missing capabilities {missing}: socklb loads and attaches BPF programs; run it as \
-         root or grant CAP_BPF and CAP_NET_ADMIN"
-    )]
-    Capabilities { missing: String },
 }
 
 /// The network devices that hold any of `addresses`, in name order: where traffic from
@@ -148,35 +143,6 @@ pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), HostError> {
         path: pin_dir.to_owned(),
         source,
     })
-}
-
-/// Checks the effective capabilities needed to load and attach the programs.
-pub fn check_capabilities() -> Result<(), HostError> {
-    // CAP_BPF loads programs and creates maps; CAP_NET_ADMIN is what cgroup sock_addr
-    // programs and their attachment need. Nothing else is used.
-    const NEEDED: [(u32, &str); 2] = [(12, "CAP_NET_ADMIN"), (39, "CAP_BPF")];
-    let Ok(status) = fs::read_to_string("/proc/self/status") else {
-        return Ok(()); // Cannot tell: let the kernel decide.
-    };
-    let Some(effective) = status
-        .lines()
-        .find_map(|line| line.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-    else {
-        return Ok(());
-    };
-    let missing: Vec<&str> = NEEDED
-        .iter()
-        .filter(|(bit, _)| effective & (1 << bit) == 0)
-        .map(|(_, name)| *name)
-        .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(HostError::Capabilities {
-            missing: missing.join(", "),
-        })
-    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod maglev;
 mod maps;
 mod names;
 mod object;
+mod privileges;
 mod source_ranges;
 mod tc;
 mod writer;
@@ -25,6 +26,7 @@ use aya::{
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
 pub use host::{HostError, devices_with_addresses, ephemeral_ports};
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
+pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
 use socklb_abi::{Counters, NodeConfig, map_names};
 pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
@@ -138,6 +140,26 @@ pub enum DataplaneError {
     Maglev(#[source] MaglevError),
     #[error("writing a frontend's name failed; the agent re-reads them at the next full sync")]
     Names(#[source] NamesError),
+    /// The kernel refused for lack of a privilege: what to grant, then what was refused.
+    #[error("{diagnosis}")]
+    Privileges {
+        diagnosis: PrivilegeError,
+        #[source]
+        refused: Box<DataplaneError>,
+    },
+}
+
+impl DataplaneError {
+    /// Puts the missing privilege first when that is why the kernel refused.
+    fn explain_refusal(self) -> Self {
+        match privileges::diagnose(&self) {
+            Some(diagnosis) => Self::Privileges {
+                diagnosis,
+                refused: Box::new(self),
+            },
+            None => self,
+        }
+    }
 }
 
 /// What the TC programs need to know about this node.
@@ -170,7 +192,6 @@ impl Dataplane {
     /// [`Self::apply`] first and then [`Self::attach`], so that the programs never run
     /// against maps that are not programmed yet.
     pub fn load(config: Config) -> Result<Self, DataplaneError> {
-        host::check_capabilities()?;
         // Resolved and checked now, so that a bad path fails before anything is touched.
         let cgroup = match &config.cgroup {
             Some(path) => path.clone(),
@@ -178,7 +199,8 @@ impl Dataplane {
         };
         host::check_cgroup2(&cgroup)?;
         host::prepare_pin_dir(&config.pin_dir)?;
-        let mut ebpf = loader::load(&config.pin_dir, &config.capacities)?;
+        let mut ebpf = loader::load(&config.pin_dir, &config.capacities)
+            .map_err(|error| DataplaneError::from(error).explain_refusal())?;
         let kernel_maps = KernelMaps::new(
             take_map(&mut ebpf, map_names::SERVICES)?,
             take_map(&mut ebpf, map_names::BACKENDS)?,
@@ -404,11 +426,8 @@ impl Dataplane {
 
     /// Attaches the programs (or replaces those a previous agent left attached).
     pub fn attach(&mut self) -> Result<Vec<(&'static str, Attachment)>, DataplaneError> {
-        Ok(loader::attach(
-            &mut self.ebpf,
-            &self.config.pin_dir,
-            &self.cgroup,
-        )?)
+        loader::attach(&mut self.ebpf, &self.config.pin_dir, &self.cgroup)
+            .map_err(|error| DataplaneError::from(error).explain_refusal())
     }
 
     /// Attaches the TC programs to `devices` (or replaces those a previous agent left), and
@@ -419,7 +438,7 @@ impl Dataplane {
         mode: TcMode,
     ) -> Result<Vec<(String, Attachment)>, DataplaneError> {
         tc::attach(&mut self.ebpf, &self.config.pin_dir, devices, mode)
-            .map_err(|error| DataplaneError::Tc(Box::new(error)))
+            .map_err(|error| DataplaneError::Tc(Box::new(error)).explain_refusal())
     }
 
     /// Tells the TC programs this node's SNAT address and ports; written only on change.

@@ -10,7 +10,7 @@
 //!   backends on their way out. Both are rewritten to come from the frontend.
 //! - A frontend without a usable backend here drops the packet (externalTrafficPolicy
 //!   Local without a local endpoint, or no endpoint at all).
-use core::mem::{size_of, zeroed};
+use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
     EbpfContext,
@@ -357,6 +357,33 @@ fn source_allowed(tuple: &Tuple) -> bool {
         .is_none_or(|verdict| *verdict == SOURCE_ALLOW)
 }
 
+/// Zeroes `buffer` with eight 8-byte stores and returns it as an all-zero
+/// `bpf_fib_lookup`. `zeroed()` would become a call to a byte loop (bpf-linker lowers
+/// memset to aya-ebpf's `memset`) whose stack pointer arithmetic the verifier refuses
+/// without CAP_PERFMON (Spectre v1 rules: "pointer arithmetic ... prohibited for !root").
+/// The stores are volatile and the struct is used in place, so that LLVM can neither merge
+/// them into a memset nor re-zero a copy.
+#[inline(always)]
+fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup {
+    const _: () = assert!(size_of::<bpf_fib_lookup>() == size_of::<[u64; 8]>());
+    const _: () = assert!(align_of::<bpf_fib_lookup>() <= align_of::<[u64; 8]>());
+    let words = buffer.as_mut_ptr().cast::<u64>();
+    // SAFETY: each store is within the eight-word buffer; after them every byte is written,
+    // and all zeroes is a valid bpf_fib_lookup (a plain C struct of integers) that fits the
+    // buffer's size and alignment.
+    unsafe {
+        words.write_volatile(0);
+        words.add(1).write_volatile(0);
+        words.add(2).write_volatile(0);
+        words.add(3).write_volatile(0);
+        words.add(4).write_volatile(0);
+        words.add(5).write_volatile(0);
+        words.add(6).write_volatile(0);
+        words.add(7).write_volatile(0);
+        &mut *buffer.as_mut_ptr().cast::<bpf_fib_lookup>()
+    }
+}
+
 /// Sends a translated packet on towards its new destination: straight to the egress
 /// device the FIB names, or to the kernel's own path when the destination is local or
 /// unroutable (its usual errors then apply).
@@ -366,8 +393,8 @@ fn forward(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
         // The kernel answers with ICMP time exceeded.
         return Ok(TC_ACT_OK);
     }
-    // SAFETY: a plain C struct for which all zeroes is valid.
-    let mut fib: bpf_fib_lookup = unsafe { zeroed() };
+    let mut buffer = MaybeUninit::uninit();
+    let fib = zeroed_fib_params(&mut buffer);
     fib.family = AF_INET;
     fib.l4_protocol = packet.tuple.protocol;
     fib.sport = packet.tuple.source_port;
@@ -380,7 +407,7 @@ fn forward(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
     let rc = unsafe {
         helpers::bpf_fib_lookup(
             ctx.as_ptr(),
-            &mut fib,
+            &mut *fib,
             size_of::<bpf_fib_lookup>() as i32,
             0,
         )

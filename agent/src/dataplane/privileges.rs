@@ -1,0 +1,129 @@
+//! The privileges the agent needs, and what to say when the kernel refuses an operation
+//! for lack of one.
+//!
+//! The agent does not gate itself on a capability list: it lets the kernel decide, and
+//! explains a refusal (EPERM, or the verifier's EACCES) by what the calling thread lacks.
+//! So a capability is only ever asked for because the kernel refused without it, and the
+//! tests that drop each one prove that it is needed.
+use std::{error::Error, fs, io};
+
+use caps::{CapSet, Capability};
+
+/// A capability the agent needs, with the operations that need it.
+pub struct Needed {
+    pub capability: Capability,
+    /// Its name in a container's securityContext (and in the Helm value `capabilities`).
+    pub short_name: &'static str,
+    pub needed_for: &'static str,
+}
+
+/// Every capability the agent needs; the chart's default `capabilities` value is exactly
+/// this list.
+pub const NEEDED: [Needed; 2] = [
+    Needed {
+        capability: Capability::CAP_BPF,
+        short_name: "BPF",
+        needed_for: "bpf(2): creating, pinning and opening the maps, loading the programs",
+    },
+    Needed {
+        capability: Capability::CAP_NET_ADMIN,
+        short_name: "NET_ADMIN",
+        needed_for: "loading and attaching the cgroup socket-address and TC programs",
+    },
+];
+
+/// Why the kernel refused, in terms an operator can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivilegeError {
+    #[error(
+        "the kernel refused this without {missing}: socklb needs {needed}; grant it (the Helm \
+         value `capabilities` must include {short_names}) or set privileged=true"
+    )]
+    Missing {
+        missing: String,
+        needed: String,
+        short_names: String,
+    },
+    #[error(
+        "the kernel refused a program without CAP_PERFMON (the verifier's Spectre hardening \
+         for loaders without it): this is a bug in socklb's programs, please report it; \
+         meanwhile add PERFMON to the Helm value `capabilities` or set privileged=true"
+    )]
+    Perfmon,
+    #[error(
+        "bpf(2) was refused although CAP_BPF is effective: this process runs under a seccomp \
+         filter that blocks it (the RuntimeDefault profiles of CRI-O and of older containerd \
+         releases allow bpf(2) only with CAP_SYS_ADMIN); set the Helm value \
+         seccompProfile.type=Unconfined, or a Localhost profile that allows bpf (see the \
+         chart's README), or privileged=true"
+    )]
+    Seccomp,
+}
+
+/// Explains `error` if the kernel refused it for lack of privileges; `None` otherwise.
+pub fn diagnose(error: &(dyn Error + 'static)) -> Option<PrivilegeError> {
+    let refusal = kernel_refusal(error)?;
+    let effective = caps::read(None, CapSet::Effective).ok()?;
+    let missing: Vec<&Needed> = NEEDED
+        .iter()
+        .filter(|needed| !effective.contains(&needed.capability))
+        .collect();
+    if !missing.is_empty() {
+        let join = |f: fn(&Needed) -> String| {
+            missing
+                .iter()
+                .map(|n| f(n))
+                .collect::<Vec<_>>()
+                .join(" and ")
+        };
+        return Some(PrivilegeError::Missing {
+            missing: join(|n| n.capability.to_string()),
+            needed: join(|n| format!("{} for {}", n.capability, n.needed_for)),
+            short_names: join(|n| n.short_name.to_owned()),
+        });
+    }
+    match refusal {
+        Refusal::Verifier
+            if !effective.contains(&Capability::CAP_PERFMON)
+                && !effective.contains(&Capability::CAP_SYS_ADMIN) =>
+        {
+            Some(PrivilegeError::Perfmon)
+        }
+        Refusal::NotPermitted if under_seccomp_filter() => Some(PrivilegeError::Seccomp),
+        _ => None,
+    }
+}
+
+/// How the kernel said no.
+enum Refusal {
+    /// EPERM: a capability check (or a seccomp filter) failed.
+    NotPermitted,
+    /// EACCES: the verifier refused what it refuses only to loaders without CAP_PERFMON.
+    Verifier,
+}
+
+/// The first refusal in the error's chain of sources.
+fn kernel_refusal(error: &(dyn Error + 'static)) -> Option<Refusal> {
+    let mut next = Some(error);
+    while let Some(error) = next {
+        match error
+            .downcast_ref::<io::Error>()
+            .and_then(io::Error::raw_os_error)
+        {
+            Some(libc::EPERM) => return Some(Refusal::NotPermitted),
+            Some(libc::EACCES) => return Some(Refusal::Verifier),
+            _ => next = error.source(),
+        }
+    }
+    None
+}
+
+/// Whether a seccomp filter is installed on this thread (`Seccomp: 2`).
+fn under_seccomp_filter() -> bool {
+    fs::read_to_string("/proc/thread-self/status").is_ok_and(|status| {
+        status.lines().any(|line| {
+            line.split_once(':')
+                .is_some_and(|(k, v)| k == "Seccomp" && v.trim() == "2")
+        })
+    })
+}
