@@ -9,7 +9,8 @@
 #     wiring, NOTES, the README documenting every value;
 #   - checks the agent's arguments against the agent itself: every rendered flag exists in
 #     `socklb run --help`, the chart's defaults are the agent's, and the agent accepts the
-#     rendered arguments (run without capabilities, it must stop at the capability check,
+#     rendered arguments (run without capabilities and with paths that are neither bpffs
+#     nor cgroup v2, it must stop at the host checks,
 #     not at a usage error);
 #   - checks that wrong values are rejected (values.schema.json and the templates' guards).
 # Ends with `N passed, M failed`; exits non-zero if anything failed.
@@ -20,18 +21,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 CHART=$ROOT/charts/socklb
-TOOLS=${HELM_TOOLS_DIR:-$ROOT/target/helm-sdkpy}
-# Pinned: what this script was written and verified against.
-PACKAGES="helm-sdkpy==0.1.32 helm-python-sdk==0.2.2 kubernetes-validate==1.37.0"
-
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export RESULTS=$WORK/results
 : >"$RESULTS"
-# Helm writes its cache and config under these; keep them out of $HOME.
-export HELM_CACHE_HOME=$WORK/helm/cache HELM_CONFIG_HOME=$WORK/helm/config HELM_DATA_HOME=$WORK/helm/data
-export PYTHONDONTWRITEBYTECODE=1
-
 step() { echo "==> $*"; }
 die() {
     echo "error: $*" >&2
@@ -40,23 +33,11 @@ die() {
 }
 
 # 1. The tools: Helm (two builds of its Go library, behind Python) and the Kubernetes
-#    schemas. helm-sdkpy declares Python >= 3.12 but works on 3.11 (Debian 12's).
-step "tools in ${TOOLS#"$ROOT"/}: $PACKAGES"
-# Compiled parts (cffi, PyYAML, rpds) are built for one Python: part of the stamp.
-STAMP="$PACKAGES $(python3 -c 'import sys; print("python%d.%d" % sys.version_info[:2])')"
-if [ "$(cat "$TOOLS/.packages" 2>/dev/null)" != "$STAMP" ]; then
-    python3 -m pip --version >/dev/null 2>&1 ||
-        die "python3 has no pip: install it with \`apt-get install -y python3-pip\`"
-    rm -rf "$TOOLS.partial"
-    # shellcheck disable=SC2086 # one word per package
-    python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
-        --root-user-action=ignore --ignore-requires-python --target "$TOOLS.partial" $PACKAGES ||
-        die "pip could not install $PACKAGES into $TOOLS.partial (PyPI must be reachable)"
-    echo "$STAMP" >"$TOOLS.partial/.packages"
-    rm -rf "$TOOLS"
-    mv "$TOOLS.partial" "$TOOLS"
-fi
-export PYTHONPATH=$TOOLS
+#    schemas.
+step "tools in ${HELM_TOOLS_DIR:-target/helm-sdkpy}"
+# shellcheck source=charts/helm-tools.sh
+. charts/helm-tools.sh
+trap 'rm -rf "$WORK" "$HELM_HOME"' EXIT
 
 # The agent binary whose flags the chart passes.
 if [ -n "${SOCKLB_BIN:-}" ]; then
@@ -71,7 +52,7 @@ fi
 export BIN CHART WORK
 
 # Runs the agent without any capability (and, as root, with an empty bounding set), so that
-# `socklb run` stops at its capability check before it touches the kernel.
+# `socklb run` can touch nothing even if it got past its host checks.
 if [ "$(id -u)" = 0 ]; then
     command -v setpriv >/dev/null || die "setpriv (util-linux) is needed to drop capabilities"
     export NOCAPS="setpriv --no-new-privs --bounding-set=-all --inh-caps=-all --ambient-caps=-all"
@@ -104,7 +85,9 @@ cat >"$WORK/value-sets.json" <<'EOF'
     "extraArgs": ["--kubeconfig=/etc/socklb/kubeconfig"],
     "updateStrategy": {"maxUnavailable": "10%"},
     "resources": {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-    "fullnameOverride": "lb"
+    "fullnameOverride": "lb",
+    "capabilities": ["BPF", "NET_ADMIN", "PERFMON"],
+    "seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/socklb.json"}
   },
   "cleanup": {"agent": {"enabled": false}, "cleanup": {"enabled": true}}
 }
@@ -122,7 +105,10 @@ cat >"$WORK/bad-value-sets.json" <<'EOF'
   "privileged as a string": [{"privileged": "yes"}, "privileged"],
   "agent and cleanup together": [{"cleanup": {"enabled": true}}, "agent.enabled=false"],
   "ServiceMonitor on a loopback metrics address": [{"serviceMonitor": {"enabled": true}}, "loopback"],
-  "healthz and metrics on one port": [{"metrics": {"bindAddress": "127.0.0.1:10256"}}, "same port"]
+  "healthz and metrics on one port": [{"metrics": {"bindAddress": "127.0.0.1:10256"}}, "same port"],
+  "capability with the CAP_ prefix": [{"capabilities": ["CAP_BPF"]}, "capabilities"],
+  "unknown seccomp profile type": [{"seccompProfile": {"type": "Default"}}, "seccompProfile"],
+  "Localhost seccomp profile without a path": [{"seccompProfile": {"type": "Localhost"}}, "localhostProfile"]
 }
 EOF
 
@@ -369,11 +355,14 @@ def check_agent(name, values, docs):
     check(f"{name}: API server address {'set' if api['host'] else 'left to in-cluster config'}",
           {k: env[k]["value"] for k in env if k.startswith("KUBERNETES_SERVICE_")} == expected_api)
     if values["privileged"]:
-        ok = security.get("privileged") is True and "capabilities" not in security
+        ok = security.get("privileged") is True and "capabilities" not in security and "seccompProfile" not in security
     else:
         ok = (security.get("privileged") is False and security.get("allowPrivilegeEscalation") is False
-              and security["capabilities"] == {"drop": ["ALL"], "add": ["BPF", "NET_ADMIN"]})
-    check(f"{name}: {'privileged' if values['privileged'] else 'only CAP_BPF and CAP_NET_ADMIN'}, read-only root",
+              and security["capabilities"] == {"drop": ["ALL"], "add": values["capabilities"]}
+              and security["seccompProfile"]["type"] == values["seccompProfile"]["type"]
+              and security["seccompProfile"].get("localhostProfile") == values["seccompProfile"].get("localhostProfile"))
+    what = "privileged" if values["privileged"] else f"only {values['capabilities']}, seccomp {values['seccompProfile']['type']}"
+    check(f"{name}: {what}, read-only root",
           ok and security.get("readOnlyRootFilesystem") is True and security.get("runAsUser") == 0,
           json.dumps(security))
     bpffs, cgroup = mounts.get("bpffs"), mounts.get("cgroup-root")
@@ -424,8 +413,8 @@ def check_agent(name, values, docs):
     run = subprocess.run(nocaps + ["env", "-i", "PATH=/usr/bin:/bin", "NODE_NAME=check",
                                    f"RUST_LOG={values['logLevel']}", agent] + safe,
                          capture_output=True, text=True, timeout=30)
-    check(f"{name}: the agent parses the rendered arguments (stops at the capability check)",
-          run.returncode == 1 and "missing capabilities" in run.stderr,
+    check(f"{name}: the agent parses the rendered arguments (stops at the host checks)",
+          run.returncode == 1 and "is not a cgroup v2 directory" in run.stderr,
           f"exit {run.returncode}: {run.stderr.strip()}")
     if name == "defaults":
         differ = {f: (arg_value(args, f), run_defaults.get(f))
@@ -500,6 +489,11 @@ def check_release(name, values, docs, notes):
               and {"operator": "Exists"} in pod["tolerations"] and pod["automountServiceAccountToken"] is False
               and [c["image"] for c in pod["containers"]] == [values["cleanup"]["pauseImage"]],
               f"unknown flags {unknown}: {json.dumps(pod)}")
+        check(f"{name}: the cleanup sees the node's devices (host network) and may remove netlink TC filters (only NET_ADMIN)",
+              pod.get("hostNetwork") is True
+              and step["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+              and step["securityContext"].get("allowPrivilegeEscalation") is False,
+              json.dumps(step["securityContext"]))
 
 
 for name, overrides in json.load(open(os.path.join(work, "value-sets.json"))).items():

@@ -118,7 +118,8 @@ pub struct Inspection {
     pub counters: CountersView,
 }
 
-#[derive(Debug, Serialize)]
+/// Deserialize: tests and tools read it back from `socklb inspect -o json`.
+#[derive(Debug, Serialize, serde::Deserialize)]
 pub struct CountersView {
     pub translated: u64,
     pub no_backend: u64,

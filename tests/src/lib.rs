@@ -6,6 +6,7 @@
 //! naming it; nothing is skipped.
 pub mod fake_apiserver;
 pub mod netns;
+pub mod privileges;
 use std::{
     ffi::CString,
     fs,
@@ -24,8 +25,10 @@ use std::{
 
 use serde::Deserialize;
 use socklb_agent::dataplane::{
-    self, BackendAddr, Capacities, Config, Dataplane, Frontend, Protocol, Scope,
+    self, BackendAddr, Capacities, Config, Dataplane, DataplaneError, Frontend, Protocol, Scope,
 };
+
+use crate::privileges::{chart_agent, chart_cleanup};
 
 /// A test's private world. Dropping it detaches the programs, removes the pins, the cgroup
 /// (after killing anything left in it) and returns the thread to its network namespace.
@@ -46,6 +49,8 @@ impl Sandbox {
             0,
             "privileged test {test}: must run as root (use `./x test`)"
         );
+        // Rendered now, so that a chart that does not render fails the test here, not in Drop.
+        let _ = (chart_agent(), chart_cleanup());
         let name = format!("socklb-test-{}-{test}", std::process::id());
         let original_netns =
             fs::File::open("/proc/thread-self/ns/net").expect("open /proc/thread-self/ns/net");
@@ -80,7 +85,37 @@ impl Sandbox {
 
     /// Loads the datapath with this sandbox's pins; attached to its cgroup by `attach`.
     pub fn dataplane(&self) -> Dataplane {
-        Dataplane::load(self.config()).expect("load the datapath")
+        self.load(self.config()).expect("load the datapath")
+    }
+
+    /// Loads the datapath with exactly the agent container's capabilities, as the agent
+    /// would.
+    pub fn load(&self, config: Config) -> Result<Dataplane, DataplaneError> {
+        chart_agent().within(|| Dataplane::load(config))
+    }
+
+    /// Attaches the programs to this sandbox's cgroup with the agent container's
+    /// capabilities.
+    pub fn attach(&self, dataplane: &mut Dataplane) {
+        chart_agent()
+            .within(|| dataplane.attach())
+            .expect("attach the programs");
+    }
+
+    /// `socklb inspect -o json` as an operator runs it in the agent's container.
+    pub fn inspect(&self) -> serde_json::Value {
+        let output = chart_agent()
+            .command(agent_bin())
+            .args(["inspect", "-o", "json", "--bpffs"])
+            .arg(&self.pin_dir)
+            .output()
+            .expect("run socklb inspect");
+        assert!(
+            output.status.success(),
+            "socklb inspect: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_slice(&output.stdout).expect("socklb inspect's JSON")
     }
 
     /// A command that runs inside this sandbox's cgroup (and network namespace).
@@ -156,8 +191,22 @@ impl Sandbox {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        if let Err(e) = dataplane::cleanup(&self.pin_dir) {
-            eprintln!("cleanup of {}: {e}", self.pin_dir.display());
+        // `socklb cleanup` as the chart's cleanup container runs it; should that fail, the
+        // test's own process still removes everything.
+        match chart_cleanup()
+            .command(agent_bin())
+            .arg("cleanup")
+            .arg("--bpffs")
+            .arg(&self.pin_dir)
+            .output()
+        {
+            Ok(output) if output.status.success() => {}
+            failed => {
+                eprintln!("socklb cleanup of {}: {failed:?}", self.pin_dir.display());
+                if let Err(e) = dataplane::cleanup(&self.pin_dir) {
+                    eprintln!("cleanup of {}: {e}", self.pin_dir.display());
+                }
+            }
         }
         // Anything still in the cgroup (a probe of a failed test) is killed first.
         remove_cgroup(&self.cgroup);
@@ -192,6 +241,7 @@ impl Drop for ProbeRun {
 #[derive(Debug, Clone, Deserialize)]
 pub struct Attempt {
     pub started_ns: u64,
+    pub finished_ns: u64,
     pub peer: Option<String>,
     pub reply: Option<String>,
     pub error: Option<String>,
@@ -642,7 +692,8 @@ impl Agent {
         } else {
             &["--min-sync-period", "0s"]
         };
-        let mut command = Command::new(agent_bin());
+        // As the chart runs it: its user, capabilities and no_new_privs.
+        let mut command = chart_agent().command(agent_bin());
         // Spawned processes inherit the signal mask: a caller that blocks SIGTERM (a
         // benchmark does, to clean up on one thread of its own) must not block the agent's.
         // SAFETY: only async-signal-safe calls (sigemptyset, pthread_sigmask) before exec.

@@ -37,7 +37,7 @@ fn programmed(sandbox: &Sandbox, desired: &Desired) -> Dataplane {
     let mut dataplane = sandbox.dataplane();
     let report = dataplane.apply(desired).expect("apply");
     assert!(report.rejected.is_empty(), "{:?}", report.rejected);
-    dataplane.attach().expect("attach");
+    sandbox.attach(&mut dataplane);
     dataplane
 }
 
@@ -118,20 +118,21 @@ fn a_reused_socket_slot_never_shows_another_sockets_vip() {
         frontend([10, 96, 0, 41], 80, Protocol::Tcp),
         frontend([10, 96, 0, 42], 80, Protocol::Tcp),
     ];
-    let mut dataplane = Dataplane::load(Config {
-        capacities: Capacities {
-            reverse: 1,
-            ..Capacities::default()
-        },
-        ..sandbox.config()
-    })
-    .expect("load");
+    let mut dataplane = sandbox
+        .load(Config {
+            capacities: Capacities {
+                reverse: 1,
+                ..Capacities::default()
+            },
+            ..sandbox.config()
+        })
+        .expect("load");
     let mut desired = Desired::default();
     for vip in vips {
         desired.insert(vip, spec(std::slice::from_ref(&server)));
     }
     dataplane.apply(&desired).expect("apply");
-    dataplane.attach().expect("attach");
+    sandbox.attach(&mut dataplane);
 
     let runs: Vec<_> = [addr(&vips[0]), addr(&vips[1]), server.addr]
         .into_iter()
@@ -387,26 +388,27 @@ fn churn_loses_no_connection_and_never_reaches_a_removed_backend() {
     );
     let mut checked = 0;
     for attempt in &attempts {
-        // The set in force when this connect started: the last apply that had returned,
-        // unless the next apply was already under way (then either set may answer).
-        let started = attempt.started_ns;
-        let Some(k) = switches
+        // The sets that may have been in force while this attempt ran: set k from the
+        // start of its apply until apply k+1 returned. Attempts that overlap a change
+        // could see either set; the others must see theirs.
+        let possible: std::collections::BTreeSet<usize> = switches
             .iter()
-            .rposition(|(_, returned, _)| *returned <= started)
-        else {
+            .enumerate()
+            .filter(|&(k, &(apply_started, _, _))| {
+                apply_started <= attempt.finished_ns
+                    && switches
+                        .get(k + 1)
+                        .is_none_or(|&(_, returned, _)| returned >= attempt.started_ns)
+            })
+            .map(|(_, &(_, _, set))| set)
+            .collect();
+        let [set] = possible.iter().copied().collect::<Vec<_>>()[..] else {
             continue;
         };
-        if switches
-            .get(k + 1)
-            .is_some_and(|(next_started, _, _)| *next_started <= started)
-        {
-            continue;
-        }
-        let set = switches[k].2;
         let reply = attempt.reply.as_deref().unwrap_or_default();
         assert!(
             sets[set].iter().any(|s| s.name == reply),
-            "a connect after apply() returned reached {reply}, not in the active set {set}"
+            "a connect while only set {set} was in force reached {reply}"
         );
         checked += 1;
     }
@@ -596,18 +598,19 @@ fn a_full_map_rejects_only_the_frontend_that_does_not_fit() {
     let servers = tcp_backends([127, 0, 10], 3, 8080);
     let small = frontend([10, 96, 0, 80], 80, Protocol::Tcp);
     let big = frontend([10, 96, 0, 81], 80, Protocol::Tcp);
-    let mut dataplane = Dataplane::load(Config {
-        capacities: Capacities {
-            service_entries: 5,
-            ..Capacities::default()
-        },
-        ..sandbox.config()
-    })
-    .expect("load");
+    let mut dataplane = sandbox
+        .load(Config {
+            capacities: Capacities {
+                service_entries: 5,
+                ..Capacities::default()
+            },
+            ..sandbox.config()
+        })
+        .expect("load");
     let mut desired = Desired::default();
     desired.insert(small, spec(&servers[..1]));
     dataplane.apply(&desired).expect("apply");
-    dataplane.attach().expect("attach");
+    sandbox.attach(&mut dataplane);
 
     desired.insert(big, spec(&servers));
     let report = dataplane.apply(&desired).expect("apply");
@@ -634,17 +637,18 @@ fn a_pinned_map_with_another_capacity_is_replaced_not_reused() {
     desired.insert(vip, spec(&servers));
     drop(programmed(&sandbox, &desired));
 
-    let mut dataplane = Dataplane::load(Config {
-        capacities: Capacities {
-            service_entries: 1024,
-            ..Capacities::default()
-        },
-        ..sandbox.config()
-    })
-    .expect("load with a new capacity");
+    let mut dataplane = sandbox
+        .load(Config {
+            capacities: Capacities {
+                service_entries: 1024,
+                ..Capacities::default()
+            },
+            ..sandbox.config()
+        })
+        .expect("load with a new capacity");
     let report = dataplane.apply(&desired).expect("apply");
     assert!(report.writes > 0, "the new map must be programmed");
-    dataplane.attach().expect("attach");
+    sandbox.attach(&mut dataplane);
     let info =
         aya::maps::MapInfo::from_pin(sandbox.pin_dir.join("socklb_svc_v1")).expect("map info");
     assert_eq!(info.max_entries(), 1024);
@@ -675,12 +679,13 @@ fn a_pin_directory_outside_bpffs_is_a_clear_error() {
 #[test]
 fn a_cgroup_path_outside_cgroup_v2_is_a_clear_error() {
     let sandbox = Sandbox::new("nocgroup");
-    let error = Dataplane::load(Config {
-        cgroup: Some(std::env::temp_dir()),
-        ..sandbox.config()
-    })
-    .err()
-    .expect("a non-cgroup2 directory must be refused");
+    let error = sandbox
+        .load(Config {
+            cgroup: Some(std::env::temp_dir()),
+            ..sandbox.config()
+        })
+        .err()
+        .expect("a non-cgroup2 directory must be refused");
     let message = error.to_string();
     assert!(
         message.contains("not a cgroup v2 directory") && message.contains("--cgroup-path"),
@@ -689,41 +694,6 @@ fn a_cgroup_path_outside_cgroup_v2_is_a_clear_error() {
     assert!(
         !sandbox.pin_dir.exists(),
         "nothing may be pinned when the check fails"
-    );
-}
-
-#[test]
-fn missing_capabilities_are_named_with_the_fix() {
-    let sandbox = Sandbox::new("caps");
-    let manifests = ManifestDir::new(&sandbox);
-    // setpriv (util-linux) drops the capabilities from the bounding set: root without them.
-    let output = Command::new("setpriv")
-        .arg("--bounding-set=-bpf,-net_admin")
-        .arg(agent_bin())
-        .args([
-            "run",
-            "--source",
-            "file",
-            "--node-name",
-            "node-a",
-            "--manifests",
-        ])
-        .arg(&manifests.path)
-        .arg("--bpffs")
-        .arg(&sandbox.pin_dir)
-        .arg("--cgroup-path")
-        .arg(&sandbox.cgroup)
-        .output()
-        .expect("prerequisite missing: setpriv (util-linux)");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains("CAP_NET_ADMIN, CAP_BPF") && stderr.contains("run it as root"),
-        "{stderr}"
-    );
-    assert!(
-        !sandbox.pin_dir.exists(),
-        "nothing may be pinned without the capabilities"
     );
 }
 

@@ -253,7 +253,7 @@ pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     }
     cleanup
         .removed
-        .extend(tc::detach_netlink_filters().into_iter().map(PathBuf::from));
+        .extend(tc::detach_netlink_filters()?.into_iter().map(PathBuf::from));
     for dir in [pin_dir.join("links"), pin_dir.to_owned()] {
         // Only if empty: anything else in there is not ours.
         match fs::remove_dir(&dir) {

@@ -118,6 +118,11 @@ fn kernel_refusal(error: &(dyn Error + 'static)) -> Option<Refusal> {
     None
 }
 
+/// Whether the kernel refused `error` with EPERM, anywhere in its chain of sources.
+pub(super) fn not_permitted(error: &(dyn Error + 'static)) -> bool {
+    matches!(kernel_refusal(error), Some(Refusal::NotPermitted))
+}
+
 /// Whether a seccomp filter is installed on this thread (`Seccomp: 2`).
 fn under_seccomp_filter() -> bool {
     fs::read_to_string("/proc/thread-self/status").is_ok_and(|status| {

@@ -24,7 +24,10 @@ use serde::Serialize;
 use socklb_abi::program_names;
 use tracing::{info, warn};
 
-use super::loader::{Attachment, LoadError, link_pin};
+use super::{
+    loader::{Attachment, LoadError, link_pin},
+    privileges,
+};
 
 /// How TC programs are attached.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -301,11 +304,12 @@ pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> 
 }
 
 /// Removes socklb's netlink filters from every device (kernels without TCX); TCX links go
-/// with their pins.
-pub fn detach_netlink_filters() -> Vec<String> {
+/// with their pins. A filter the kernel refuses to remove (EPERM without CAP_NET_ADMIN) is
+/// an error: it would keep translating with maps nobody updates.
+pub fn detach_netlink_filters() -> io::Result<Vec<String>> {
     let mut removed = Vec::new();
     let Ok(devices) = fs::read_dir("/sys/class/net") else {
-        return removed;
+        return Ok(removed);
     };
     for device in devices.flatten() {
         let Some(device) = device.file_name().to_str().map(str::to_owned) else {
@@ -315,10 +319,21 @@ pub fn detach_netlink_filters() -> Vec<String> {
             continue;
         };
         for (program_name, hook) in HOOKS {
-            if tc::qdisc_detach_program(name.as_c_str(), hook.into(), program_name).is_ok() {
-                removed.push(format!("{program_name}@{device} (netlink filter)"));
+            match tc::qdisc_detach_program(name.as_c_str(), hook.into(), program_name) {
+                Ok(()) => removed.push(format!("{program_name}@{device} (netlink filter)")),
+                Err(error) if privileges::not_permitted(&error) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "the kernel refused to remove the netlink filter \
+                             {program_name}@{device} without CAP_NET_ADMIN: {error}"
+                        ),
+                    ));
+                }
+                // No clsact qdisc, or no filter of ours: nothing to remove.
+                Err(_) => {}
             }
         }
     }
-    removed
+    Ok(removed)
 }

@@ -73,6 +73,9 @@ which probes reach on the pod's (the node's) IP.
 {{- if eq $healthzPort $metricsPort }}
 {{- fail (printf "healthz.bindAddress and metrics.bindAddress use the same port %s: give them different ports" $healthzPort) }}
 {{- end }}
+{{- if and (eq .Values.seccompProfile.type "Localhost") (not .Values.seccompProfile.localhostProfile) }}
+{{- fail "seccompProfile.type=Localhost needs seccompProfile.localhostProfile: the profile's path relative to the kubelet's seccomp directory" }}
+{{- end }}
 {{- if .Values.serviceMonitor.enabled }}
 {{- $host := include "socklb.host" .Values.metrics.bindAddress }}
 {{- if or (hasPrefix "127." $host) (eq $host "::1") }}
@@ -81,7 +84,8 @@ which probes reach on the pod's (the node's) IP.
 {{- end }}
 {{- end }}
 
-{{/* The agent container's security context: two capabilities, or privileged. */}}
+{{/* The agent container's security context: the capabilities and seccomp profile of the
+values, or privileged. */}}
 {{- define "socklb.securityContext" -}}
 # uid 0, because Kubernetes grants added capabilities to root only;
 # with everything else dropped, this root is not privileged.
@@ -97,9 +101,11 @@ capabilities:
   drop:
     - ALL
   add:
-    # bpf(2): load the programs, create and pin the maps.
-    - BPF
-    # Load and attach cgroup socket-address (and TC) programs.
-    - NET_ADMIN
+    {{- toYaml .Values.capabilities | nindent 4 }}
+seccompProfile:
+  type: {{ .Values.seccompProfile.type }}
+  {{- if eq .Values.seccompProfile.type "Localhost" }}
+  localhostProfile: {{ .Values.seccompProfile.localhostProfile | quote }}
+  {{- end }}
 {{- end }}
 {{- end }}

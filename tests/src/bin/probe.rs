@@ -17,6 +17,8 @@ use socklb_tests::monotonic_ns;
 struct Attempt {
     /// CLOCK_MONOTONIC before the connect/send, in ns (comparable across processes).
     started_ns: u64,
+    /// CLOCK_MONOTONIC once the attempt ended (reply read, or failed).
+    finished_ns: u64,
     /// getpeername() (TCP, connected UDP) or the reply's source (unconnected UDP).
     peer: Option<String>,
     reply: Option<String>,
@@ -48,15 +50,18 @@ fn main() {
                 std::process::exit(2);
             }
         };
+        let finished_ns = monotonic_ns();
         let attempt = match result {
             Ok((peer, reply)) => Attempt {
                 started_ns,
+                finished_ns,
                 peer: Some(peer.to_string()),
                 reply: Some(reply),
                 error: None,
             },
             Err(error) => Attempt {
                 started_ns,
+                finished_ns,
                 peer: None,
                 reply: None,
                 error: Some(error_name(&error)),
