@@ -927,3 +927,145 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+/// The rules a CNI and kubeadm leave on a node, with conntrack on: flannel's masquerade of
+/// pod traffic leaving the pod network, drops of packets conntrack finds INVALID, and a
+/// FORWARD policy of DROP that accepts the pod network both ways.
+fn cni_netfilter_rules() {
+    const POD_CIDR: &str = "10.244.0.0/16";
+    let rules: [&[&str]; 6] = [
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-s",
+            POD_CIDR,
+            "!",
+            "-d",
+            POD_CIDR,
+            "-j",
+            "MASQUERADE",
+        ],
+        &[
+            "-A",
+            "FORWARD",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "INVALID",
+            "-j",
+            "DROP",
+        ],
+        &[
+            "-A",
+            "INPUT",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "INVALID",
+            "-j",
+            "DROP",
+        ],
+        &["-A", "FORWARD", "-s", POD_CIDR, "-j", "ACCEPT"],
+        &["-A", "FORWARD", "-d", POD_CIDR, "-j", "ACCEPT"],
+        &["-P", "FORWARD", "DROP"],
+    ];
+    for rule in rules {
+        // In node1, the namespace of this thread; they go with it.
+        run(Command::new("iptables").args(rule));
+    }
+}
+
+#[test]
+fn a_cni_s_netfilter_rules_leave_every_external_path_working() {
+    let sandbox = Sandbox::new("ext-cni");
+    let lan = lan("n");
+    cni_netfilter_rules();
+    let _servers = [
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    // (Service, its endpoint, NodePorts TCP and UDP, externalTrafficPolicy)
+    let services = [
+        ("local", POD1_ENDPOINT, 30090, 30055, "Cluster"),
+        ("remote", POD2_ENDPOINT, 30091, 30056, "Cluster"),
+        ("etplocal", POD1_ENDPOINT, 30092, 30057, "Local"),
+    ];
+    for (i, (name, endpoint, tcp, udp, policy)) in services.iter().enumerate() {
+        let cluster_ip = format!("10.96.0.{}", 110 + i);
+        manifests.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "{}---\n{}---\n{}",
+                service(
+                    name,
+                    &cluster_ip,
+                    &format!(
+                        "[{{name: http, port: 80, targetPort: 8080, nodePort: {tcp}, protocol: TCP}}, \
+                         {{name: dns, port: 53, targetPort: 5353, nodePort: {udp}, protocol: UDP}}]"
+                    ),
+                    &format!(
+                        "  type: LoadBalancer\n  externalTrafficPolicy: {policy}\n  \
+                         externalIPs: [{}]",
+                        if i == 0 { EXTERNAL_IP } else { "198.51.100.8" }
+                    ),
+                    (i == 0).then_some(LB_IP),
+                ),
+                slice(&format!("{name}-http"), name, ("http", 8080, "TCP"), &[*endpoint]),
+                slice(&format!("{name}-dns"), name, ("dns", 5353, "UDP"), &[*endpoint]),
+            ),
+        );
+    }
+    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+
+    let mut frontends: Vec<String> = services
+        .iter()
+        .flat_map(|(_, _, tcp, udp, _)| {
+            [format!("tcp {NODE1}:{tcp}"), format!("udp {NODE1}:{udp}")]
+        })
+        .collect();
+    // The local backend behind a LoadBalancer IP and an externalIP too.
+    frontends.extend([
+        format!("tcp {LB_IP}:80"),
+        format!("udp {LB_IP}:53"),
+        format!("tcp {EXTERNAL_IP}:80"),
+    ]);
+    for frontend in &frontends {
+        let (mode, address) = frontend.split_once(' ').expect("mode and address");
+        let attempts = lan.client.probe(mode, address, 5);
+        let failed = attempts.iter().filter(|a| a.reply.is_none()).count();
+        assert_eq!(failed, 0, "{frontend}: {failed} of 5 failed: {attempts:?}");
+        // The client sees the frontend; a local pod sees the client, a remote one the node.
+        assert_translated(&attempts, address);
+    }
+    assert_eq!(counters(&sandbox).errors, 0);
+
+    // A NetworkPolicy-like rule on the local pod's device sees the client's address, so it
+    // applies to traffic from outside as well.
+    run(Command::new("iptables").args([
+        "-I",
+        "FORWARD",
+        "-o",
+        "pod1",
+        "-s",
+        CLIENT,
+        "-p",
+        "tcp",
+        "-j",
+        "REJECT",
+        "--reject-with",
+        "tcp-reset",
+    ]));
+    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30090"), 3);
+    assert!(
+        attempts.iter().all(|a| a.reply.is_none()),
+        "a FORWARD rule against the client on pod1's device must hold: {attempts:?}"
+    );
+    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30091"), 3);
+    assert_translated(&attempts, &format!("{NODE1}:30091"));
+}
