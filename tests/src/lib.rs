@@ -7,6 +7,7 @@
 pub mod fake_apiserver;
 pub mod netns;
 pub mod privileges;
+pub mod seccomp;
 use std::{
     ffi::CString,
     fs,
@@ -28,7 +29,7 @@ use socklb_agent::dataplane::{
     self, BackendAddr, Capacities, Config, Dataplane, DataplaneError, Frontend, Protocol, Scope,
 };
 
-use crate::privileges::{chart_agent, chart_cleanup};
+use crate::privileges::{ContainerPrivileges, chart_agent, chart_cleanup};
 
 /// A test's private world. Dropping it detaches the programs, removes the pins, the cgroup
 /// (after killing anything left in it) and returns the thread to its network namespace.
@@ -272,7 +273,7 @@ pub fn agent_bin() -> PathBuf {
 
 /// A binary of the same target directory as the running one (tests run from
 /// target/debug/deps, binaries from target/debug), unless `env` names one.
-fn target_bin(name: &str, env: &str) -> PathBuf {
+pub(crate) fn target_bin(name: &str, env: &str) -> PathBuf {
     if let Some(path) = std::env::var_os(env) {
         return PathBuf::from(path);
     }
@@ -676,11 +677,46 @@ impl Agent {
         Self::spawn_at(pin_dir, cgroup, &source, node, extra)
     }
 
+    /// Starts the agent on `manifests` as `privileges` say instead of the chart's defaults.
+    pub fn start_as(
+        privileges: &ContainerPrivileges,
+        sandbox: &Sandbox,
+        manifests: &Path,
+        node: &str,
+        extra: &[&str],
+    ) -> Self {
+        let source = [
+            "--source".as_ref(),
+            "file".as_ref(),
+            "--manifests".as_ref(),
+            manifests.as_os_str(),
+        ];
+        Self::launch(
+            privileges,
+            &sandbox.pin_dir,
+            &sandbox.cgroup,
+            &source,
+            node,
+            extra,
+        )
+    }
+
     fn spawn(sandbox: &Sandbox, source: &[&std::ffi::OsStr], node: &str, extra: &[&str]) -> Self {
         Self::spawn_at(&sandbox.pin_dir, &sandbox.cgroup, source, node, extra)
     }
 
     fn spawn_at(
+        pin_dir: &Path,
+        cgroup: &Path,
+        source: &[&std::ffi::OsStr],
+        node: &str,
+        extra: &[&str],
+    ) -> Self {
+        Self::launch(chart_agent(), pin_dir, cgroup, source, node, extra)
+    }
+
+    fn launch(
+        privileges: &ContainerPrivileges,
         pin_dir: &Path,
         cgroup: &Path,
         source: &[&std::ffi::OsStr],
@@ -693,7 +729,7 @@ impl Agent {
             &["--min-sync-period", "0s"]
         };
         // As the chart runs it: its user, capabilities and no_new_privs.
-        let mut command = chart_agent().command(agent_bin());
+        let mut command = privileges.command(agent_bin());
         // Spawned processes inherit the signal mask: a caller that blocks SIGTERM (a
         // benchmark does, to clean up on one thread of its own) must not block the agent's.
         // SAFETY: only async-signal-safe calls (sigemptyset, pthread_sigmask) before exec.

@@ -20,6 +20,11 @@ pub struct ContainerPrivileges {
     /// Capability names as the chart writes them (`BPF`, `NET_ADMIN`).
     pub capabilities: Vec<String>,
     pub no_new_privs: bool,
+    /// The `seccompProfile.type` the chart sets (`RuntimeDefault`).
+    pub seccomp_profile: Option<String>,
+    /// The seccomp profile (OCI JSON) the harness installs in its place, if any: a node's
+    /// runtime compiles its own default for RuntimeDefault, so a test names the one it means.
+    pub seccomp: Option<PathBuf>,
 }
 
 /// The agent container's, with the chart's default values.
@@ -44,7 +49,8 @@ impl ContainerPrivileges {
     /// `program` as the container runtime starts it: uid and gid 0, no supplementary groups,
     /// and the container's capabilities as its bounding, inheritable and ambient sets (root
     /// then gets exactly those as permitted and effective), `no_new_privs` if the chart
-    /// forbids privilege escalation.
+    /// forbids privilege escalation, and the seccomp filter of [`Self::seccomp`] installed
+    /// last, just before `program` runs.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
         let set: String = std::iter::once("-all".to_owned())
             .chain(
@@ -66,8 +72,26 @@ impl ContainerPrivileges {
         if self.no_new_privs {
             command.arg("--no-new-privs");
         }
-        command.arg("--").arg(program);
+        command.arg("--");
+        if let Some(profile) = &self.seccomp {
+            command
+                .arg(crate::target_bin(
+                    "socklb-seccomp-exec",
+                    "SOCKLB_SECCOMP_EXEC_BIN",
+                ))
+                .arg(profile)
+                .arg("--");
+        }
+        command.arg(program);
         command
+    }
+
+    /// The same container under the seccomp profile at `profile`.
+    pub fn with_seccomp(&self, profile: &std::path::Path) -> Self {
+        Self {
+            seccomp: Some(profile.to_owned()),
+            ..self.clone()
+        }
     }
 
     /// The same container with one capability fewer, to prove that the agent needs it.
@@ -166,5 +190,10 @@ fn privileges_of(daemonsets: &[DaemonSet], name: &str) -> ContainerPrivileges {
         group: security.run_as_group.unwrap_or(0),
         capabilities: capabilities.and_then(|c| c.add.clone()).unwrap_or_default(),
         no_new_privs: security.allow_privilege_escalation == Some(false),
+        seccomp_profile: security
+            .seccomp_profile
+            .as_ref()
+            .map(|profile| profile.type_.clone()),
+        seccomp: None,
     }
 }

@@ -1,12 +1,19 @@
 //! Least privilege: the agent runs with exactly the capabilities the chart renders (every
 //! other test starts it that way), and each of them is needed: without it the kernel
-//! refuses, and the agent says which capability and which chart value grants it.
-use std::process::Command;
+//! refuses, and the agent says which capability and which chart value grants it. Under a
+//! container runtime's default seccomp profile it starts, serves, restarts, is inspected and
+//! cleaned up; under one that still gates bpf(2) on CAP_SYS_ADMIN it names the filter.
+use std::{
+    net::{SocketAddr, SocketAddrV4},
+    path::PathBuf,
+    process::Command,
+};
 
 use socklb_agent::dataplane::NEEDED_CAPABILITIES;
 use socklb_tests::{
-    ManifestDir, Sandbox, agent_bin, node_yaml,
-    privileges::{ContainerPrivileges, chart_agent},
+    Agent, ManifestDir, NamedServer, Sandbox, agent_bin, node_yaml,
+    privileges::{ContainerPrivileges, chart_agent, chart_cleanup},
+    seccomp::{CONTAINERS_COMMON, Profile},
     service_yaml, slice_yaml,
 };
 
@@ -24,19 +31,7 @@ fn the_chart_grants_exactly_the_capabilities_the_agent_needs() {
 fn without_each_capability_the_kernel_refuses_and_the_agent_names_it() {
     for capability in &chart_agent().capabilities {
         let sandbox = Sandbox::new(&format!("no-{}", capability.to_lowercase()));
-        let manifests = ManifestDir::new(&sandbox);
-        manifests.write("node.yaml", &node_yaml("node-a", "z1", "10.0.0.1"));
-        manifests.write("web.yaml", &service_yaml("web", "10.96.0.10", 80, ""));
-        manifests.write(
-            "web-slice.yaml",
-            &slice_yaml(
-                "web",
-                "web",
-                8080,
-                &[("10.0.1.1", "node-a", "z1", "")],
-                false,
-            ),
-        );
+        let manifests = web_manifests(&sandbox, "10.0.1.1");
         let output = run_agent(&chart_agent().without(capability), &sandbox, &manifests);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "started without {capability}");
@@ -57,6 +52,130 @@ fn without_each_capability_the_kernel_refuses_and_the_agent_names_it() {
             !sandbox.pin_dir.join("links").exists(),
             "nothing may be attached without {capability}"
         );
+    }
+}
+
+/// containerd (>= 1.7) and Docker (>= 23) allow bpf(2) with CAP_BPF in their default
+/// profiles; CRI-O's and podman's (containers-common) still ask for CAP_SYS_ADMIN. The
+/// containerd profile is containers-common's with that one rule, which is also how the
+/// chart's README tells CRI-O users to write a Localhost profile.
+#[test]
+fn under_the_runtime_default_seccomp_profile_the_agent_serves_restarts_and_cleans_up() {
+    assert_eq!(
+        chart_agent().seccomp_profile.as_deref(),
+        Some("RuntimeDefault"),
+        "the chart's default seccomp profile is the one this test stands for"
+    );
+    let sandbox = Sandbox::new("seccomp-default");
+    let profile = TempFile::new(&sandbox, "seccomp.json");
+    Profile::read(CONTAINERS_COMMON.as_ref())
+        .allowing_bpf_with_cap_bpf()
+        .write(&profile.0);
+    let agent_privileges = chart_agent().with_seccomp(&profile.0);
+    let backend: SocketAddrV4 = "127.0.31.1:8080".parse().expect("address");
+    let _server = NamedServer::tcp("b1", backend);
+    let manifests = web_manifests(&sandbox, &backend.ip().to_string());
+    let vip: SocketAddr = "10.96.0.10:80".parse().expect("address");
+
+    for run in ["first", "restarted"] {
+        let agent = Agent::start_as(&agent_privileges, &sandbox, &manifests.path, "node-a", &[]);
+        assert_eq!(
+            seccomp_mode(agent.pid()),
+            "2",
+            "the {run} agent is not under the seccomp filter"
+        );
+        let attempts = sandbox.probe("tcp", vip, 5);
+        assert!(
+            attempts.iter().all(|a| a.reply.as_deref() == Some("b1")),
+            "the {run} agent under seccomp did not translate: {attempts:?}"
+        );
+        agent.stop();
+    }
+
+    let inspect = agent_privileges
+        .command(agent_bin())
+        .args(["inspect", "-o", "json", "--bpffs"])
+        .arg(&sandbox.pin_dir)
+        .output()
+        .expect("run socklb inspect");
+    assert!(
+        inspect.status.success(),
+        "inspect under seccomp: {}",
+        String::from_utf8_lossy(&inspect.stderr)
+    );
+    let cleanup = chart_cleanup()
+        .with_seccomp(&profile.0)
+        .command(agent_bin())
+        .args(["cleanup", "--bpffs"])
+        .arg(&sandbox.pin_dir)
+        .output()
+        .expect("run socklb cleanup");
+    assert!(
+        cleanup.status.success() && !sandbox.pin_dir.exists(),
+        "cleanup under seccomp: {}",
+        String::from_utf8_lossy(&cleanup.stderr)
+    );
+}
+
+#[test]
+fn a_seccomp_profile_that_gates_bpf_on_sys_admin_is_named_as_the_cause() {
+    let sandbox = Sandbox::new("seccomp-sys-admin");
+    let manifests = web_manifests(&sandbox, "10.0.1.1");
+    let shipped: PathBuf = CONTAINERS_COMMON.into();
+    let output = run_agent(&chart_agent().with_seccomp(&shipped), &sandbox, &manifests);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "started although bpf(2) is filtered"
+    );
+    let error = stderr
+        .lines()
+        .find(|line| line.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line under the filter:\n{stderr}"));
+    assert!(
+        error.starts_with(
+            "error: bpf(2) was refused although CAP_BPF is effective: this process runs under a \
+             seccomp filter"
+        ) && error.contains("seccompProfile")
+            && error.contains("Operation not permitted"),
+        "the error names the seccomp filter and the chart value first:\n{error}"
+    );
+}
+
+/// The manifests of one Service, web (10.96.0.10:80), with one endpoint on node-a.
+fn web_manifests(sandbox: &Sandbox, endpoint: &str) -> ManifestDir {
+    let manifests = ManifestDir::new(sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "z1", "10.0.0.1"));
+    manifests.write("web.yaml", &service_yaml("web", "10.96.0.10", 80, ""));
+    manifests.write(
+        "web-slice.yaml",
+        &slice_yaml("web", "web", 8080, &[(endpoint, "node-a", "z1", "")], false),
+    );
+    manifests
+}
+
+/// The `Seccomp:` mode of a process (2: a filter is installed).
+fn seccomp_mode(pid: u32) -> String {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("process status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Seccomp:"))
+        .map(|mode| mode.trim().to_owned())
+        .expect("a Seccomp line")
+}
+
+/// A scratch file of one test, removed when dropped.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(sandbox: &Sandbox, name: &str) -> Self {
+        Self(std::env::temp_dir().join(format!("{}-{name}", sandbox.name)))
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

@@ -35,6 +35,10 @@ const APT_PACKAGES: &[&str] = &[
     // The container image: podman builds it offline, musl-gcc compiles ring for the static build.
     "podman",
     "musl-tools",
+    // The seccomp tests: libseccomp compiles a container runtime's default profile, and
+    // containers-common ships one (CRI-O's and podman's).
+    "libseccomp-dev",
+    "golang-github-containers-common",
     // jemalloc, the agent's allocator, is built from source by its crate (configure, make).
     "make",
 ];
