@@ -367,12 +367,16 @@ def check_agent(name, values, docs):
           json.dumps(security))
     bpffs, cgroup = mounts.get("bpffs"), mounts.get("cgroup-root")
     check(f"{name}: bpffs and the cgroup v2 root mounted from the values' host paths, passed as flags",
-          volumes["bpffs"]["hostPath"]["path"] == values["hostPaths"]["bpffs"] == bpffs["mountPath"]
+          volumes["bpffs"]["hostPath"]["path"] == values["hostPaths"]["bpffs"]
           and volumes["cgroup-root"]["hostPath"]["path"] == values["hostPaths"]["cgroupRoot"]
-          and arg_value(args, "bpffs") == values["hostPaths"]["bpffs"].rstrip("/") + "/socklb"
+          and arg_value(args, "bpffs") == bpffs["mountPath"] + "/socklb" == env.get("SOCKLB_BPFFS", {}).get("value")
           and arg_value(args, "cgroup-path") == cgroup["mountPath"] and cgroup.get("readOnly") is True
           and not bpffs.get("readOnly"),
           json.dumps({"args": args, "mounts": list(mounts.values()), "volumes": list(volumes.values())}))
+    writable_in_sys = [m["mountPath"] for m in mounts.values()
+                       if m["mountPath"].startswith("/sys") and not m.get("readOnly")]
+    check(f"{name}: nothing written under /sys, which default AppArmor profiles refuse",
+          not writable_in_sys, json.dumps(writable_in_sys))
     probes = [agent_container.get("livenessProbe", {}), agent_container.get("readinessProbe", {})]
     check(f"{name}: liveness /livez and readiness /readyz on the healthz port {healthz_port}",
           [p.get("httpGet", {}).get("path") for p in probes] == ["/livez", "/readyz"]
@@ -417,8 +421,9 @@ def check_agent(name, values, docs):
           run.returncode == 1 and "is not a cgroup v2 directory" in run.stderr,
           f"exit {run.returncode}: {run.stderr.strip()}")
     if name == "defaults":
+        # Not --bpffs: the container mounts bpffs outside /sys (checked above).
         differ = {f: (arg_value(args, f), run_defaults.get(f))
-                  for f in [*expected_args, "bpffs"] if arg_value(args, f) != run_defaults.get(f)}
+                  for f in expected_args if arg_value(args, f) != run_defaults.get(f)}
         check("defaults: the chart's defaults are the agent's defaults", not differ,
               f"(chart, agent): {differ}")
 
@@ -485,7 +490,9 @@ def check_release(name, values, docs, notes):
         unknown = [f for f in flag_names(step["args"]) if f not in cleanup_flags]
         check(f"{name}: the cleanup DaemonSet runs `socklb cleanup` (real flags) on every node, then idles",
               step["args"][0] == "cleanup" and not unknown
-              and arg_value(step["args"], "bpffs") == values["hostPaths"]["bpffs"].rstrip("/") + "/socklb"
+              and arg_value(step["args"], "bpffs") == step["volumeMounts"][0]["mountPath"] + "/socklb"
+              and not step["volumeMounts"][0]["mountPath"].startswith("/sys")
+              and pod["volumes"][0]["hostPath"]["path"] == values["hostPaths"]["bpffs"]
               and {"operator": "Exists"} in pod["tolerations"] and pod["automountServiceAccountToken"] is False
               and [c["image"] for c in pod["containers"]] == [values["cleanup"]["pauseImage"]],
               f"unknown flags {unknown}: {json.dumps(pod)}")

@@ -41,9 +41,16 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* The directory the agent pins its maps and links in (--bpffs). */}}
+{{/* Where the containers mount the node's bpffs: outside /sys, whose subtrees the
+runtimes' default AppArmor profiles make unwritable (all but /sys/fs/cgroup). */}}
+{{- define "socklb.bpffsMount" -}}
+/run/socklb/bpffs
+{{- end }}
+
+{{/* The directory the agent pins its maps and links in (--bpffs, and SOCKLB_BPFFS for
+commands run with `kubectl exec`): <hostPaths.bpffs>/socklb on the node. */}}
 {{- define "socklb.pinDir" -}}
-{{- printf "%s/socklb" (trimSuffix "/" .Values.hostPaths.bpffs) }}
+{{- printf "%s/socklb" (include "socklb.bpffsMount" .) }}
 {{- end }}
 
 {{/* The port of a bind address (IP:PORT or [IPv6]:PORT). */}}
