@@ -23,7 +23,7 @@ use tracing::{debug, info, info_span, warn};
 use crate::{
     dataplane::{
         Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, NodeSettings, TcMode,
-        devices_with_addresses,
+        devices_with_addresses, ipv4_forwarding,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
@@ -359,6 +359,14 @@ impl Runner {
                 addresses = ?node.addresses,
                 "no device holds this Node's addresses: traffic from outside the node is not \
                  translated; pass --devices"
+            );
+        }
+        if !devices.is_empty() && ipv4_forwarding() == Some(false) {
+            warn!(
+                ?devices,
+                "net.ipv4.ip_forward is 0: NodePort, LoadBalancer and externalIP traffic cannot \
+                 reach any pod (kube-proxy needs it too); run `sysctl -w net.ipv4.ip_forward=1` \
+                 on the node, or let the CNI set it"
             );
         }
         self.dataplane

@@ -1069,3 +1069,36 @@ fn a_cni_s_netfilter_rules_leave_every_external_path_working() {
     let attempts = lan.client.probe("tcp", &format!("{NODE1}:30091"), 3);
     assert_translated(&attempts, &format!("{NODE1}:30091"));
 }
+
+/// External traffic reaches pods only through forwarding; a node without it is named.
+#[test]
+fn the_agent_warns_when_the_node_does_not_forward_ipv4() {
+    let sandbox = Sandbox::new("no-forwarding");
+    // The node's device (this kernel has no dummy devices: a veth pair, both ends here).
+    here(&[
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0-peer",
+    ]);
+    here(&["addr", "add", "192.168.90.1/24", "dev", "eth0"]);
+    here(&["link", "set", "eth0", "up"]);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "z1", "192.168.90.1"));
+    let warning = "net.ipv4.ip_forward is 0";
+    for forwarding in ["1", "0"] {
+        run(Command::new("sysctl").args(["-qw", &format!("net.ipv4.ip_forward={forwarding}")]));
+        let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+        agent.wait_for_log("program attached", 2);
+        let log = agent.stop();
+        assert_eq!(
+            log.contains(warning),
+            forwarding == "0",
+            "with ip_forward={forwarding}, the warning must appear exactly when it is off:\n{log}"
+        );
+    }
+}

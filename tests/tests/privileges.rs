@@ -49,8 +49,10 @@ fn without_each_capability_the_kernel_refuses_and_the_agent_names_it() {
              kernel's refusal:\n{error}"
         );
         assert!(
-            !sandbox.pin_dir.join("links").exists(),
-            "nothing may be attached without {capability}"
+            !sandbox.pin_dir.exists(),
+            "a failed start without {capability} left pins behind: {:?}",
+            std::fs::read_dir(&sandbox.pin_dir)
+                .map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
         );
     }
 }
@@ -139,6 +141,10 @@ fn a_seccomp_profile_that_gates_bpf_on_sys_admin_is_named_as_the_cause() {
         ) && error.contains("seccompProfile")
             && error.contains("Operation not permitted"),
         "the error names the seccomp filter and the chart value first:\n{error}"
+    );
+    assert!(
+        !sandbox.pin_dir.exists(),
+        "the failed start left pins behind"
     );
 }
 

@@ -55,6 +55,10 @@ enum Bench {
         /// Service counts to measure at.
         #[arg(long, value_delimiter = ',', default_value = "1,1000,10000")]
         services: Vec<u32>,
+        /// Load the programs with the chart's capabilities (`chart`, as on a node) or as
+        /// root with every capability (`root`, no verifier Spectre hardening).
+        #[arg(long, default_value = "chart")]
+        loader: String,
     },
     /// The real agent: cold start (file and kube sources), EndpointSlice change to map
     /// latency, and its CPU under a sustained rate of changes.
@@ -149,6 +153,7 @@ fn main() -> anyhow::Result<()> {
                 Bench::Datapath {
                     connections,
                     services,
+                    loader,
                 } => {
                     let services: Vec<String> = services.iter().map(u32::to_string).collect();
                     let args = [
@@ -157,6 +162,8 @@ fn main() -> anyhow::Result<()> {
                         connections.to_string(),
                         "--services".to_owned(),
                         services.join(","),
+                        "--loader".to_owned(),
+                        loader,
                     ];
                     cargo_run_release("socklb-bench", &args)
                 }

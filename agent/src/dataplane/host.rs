@@ -63,6 +63,15 @@ pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
     Some(bounds.next()?.ok()?..=bounds.next()?.ok()?)
 }
 
+/// Whether this network namespace forwards IPv4 (`net.ipv4.ip_forward`); `None` if unknown.
+/// Traffic from outside reaches a pod only through forwarding: the TC program hands a flow
+/// to a local pod to the kernel's routing, and the FIB lookup that redirects a flow to a
+/// remote backend refuses to forward when it is off.
+pub fn ipv4_forwarding() -> Option<bool> {
+    let text = fs::read_to_string("/proc/sys/net/ipv4/ip_forward").ok()?;
+    Some(text.trim() != "0")
+}
+
 /// Mount point of the first cgroup v2 filesystem, from /proc/self/mountinfo.
 pub fn cgroup2_mount() -> Result<PathBuf, HostError> {
     let mountinfo = fs::read_to_string("/proc/self/mountinfo").map_err(HostError::MountInfo)?;

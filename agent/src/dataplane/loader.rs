@@ -78,8 +78,24 @@ pub fn link_pin(pin_dir: &Path, program: &str) -> PathBuf {
 }
 
 /// Loads the object, adopting compatible pinned maps, and loads every program into the
-/// kernel (verifier included); nothing is attached yet.
+/// kernel (verifier included); nothing is attached yet. When loading fails, the maps this
+/// call pinned are unpinned again: a failed start leaves what it found, nothing more.
 pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> {
+    let unpinned: Vec<PathBuf> = map_names::ALL
+        .iter()
+        .map(|name| pin_dir.join(name))
+        .filter(|path| !path.exists())
+        .collect();
+    load_pinning(pin_dir, capacities).inspect_err(|_| {
+        for path in unpinned.iter().filter(|path| path.exists()) {
+            if let Err(error) = fs::remove_file(path) {
+                warn!(path = %path.display(), %error, "cannot unpin a map of the failed load");
+            }
+        }
+    })
+}
+
+fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> {
     for name in map_names::RETIRED {
         let path = pin_dir.join(name);
         // A map of an older layout: programs still using it keep it until replaced.

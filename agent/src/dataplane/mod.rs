@@ -24,7 +24,7 @@ use aya::{
     maps::{Array, MapData, MapError, PerCpuArray},
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
-pub use host::{HostError, devices_with_addresses, ephemeral_ports};
+pub use host::{HostError, devices_with_addresses, ephemeral_ports, ipv4_forwarding};
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
 pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
 use socklb_abi::{Counters, NodeConfig, map_names};
@@ -198,9 +198,15 @@ impl Dataplane {
             None => host::cgroup2_mount()?,
         };
         host::check_cgroup2(&cgroup)?;
+        let pin_dir_existed = config.pin_dir.exists();
         host::prepare_pin_dir(&config.pin_dir)?;
-        let mut ebpf = loader::load(&config.pin_dir, &config.capacities)
-            .map_err(|error| DataplaneError::from(error).explain_refusal())?;
+        let mut ebpf = loader::load(&config.pin_dir, &config.capacities).map_err(|error| {
+            // The loader unpinned its maps; the directory goes too if this load made it.
+            if !pin_dir_existed {
+                let _ = std::fs::remove_dir(&config.pin_dir);
+            }
+            DataplaneError::from(error).explain_refusal()
+        })?;
         let kernel_maps = KernelMaps::new(
             take_map(&mut ebpf, map_names::SERVICES)?,
             take_map(&mut ebpf, map_names::BACKENDS)?,

@@ -3,7 +3,12 @@
 //! service's backends, in one client process and interleaved, with 1, 1,000 and 10,000
 //! services of 10 backends in the maps, and reads the programs' kernel run time (BPF stats).
 //!
-//! socklb-bench datapath [--connections N] [--services 1,1000,10000]
+//! socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root]
+//!
+//! The programs are loaded with the chart's capabilities (BPF, NET_ADMIN), as on a node: the
+//! verifier then applies its Spectre hardening (masking of pointer arithmetic), which it
+//! skips for a loader with CAP_PERFMON. `--loader root` loads with every capability, to
+//! measure that difference.
 //!
 //! Only processes in the sandbox cgroup are translated, so the timed client is this binary
 //! again, started inside the cgroup with the hidden `client` subcommand; it prints one JSON
@@ -36,7 +41,7 @@ use socklb_agent::dataplane::{
 };
 use socklb_tests::Sandbox;
 
-const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000]";
+const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root]";
 const BACKENDS_PER_SERVICE: u32 = 10;
 /// Each measurement is split into this many VIP and direct batches, alternating which goes
 /// first, so that drift on a noisy machine hits both sides alike. Short batches matter: with
@@ -70,12 +75,15 @@ fn usage() -> ! {
 struct Options {
     connections: u32,
     services: Vec<u32>,
+    /// Load the programs with the chart's capabilities (true) or every capability.
+    chart_loader: bool,
 }
 
 fn parse_options(args: &[String]) -> Options {
     let mut options = Options {
         connections: 20_000,
         services: vec![1, 1_000, 10_000],
+        chart_loader: true,
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
@@ -88,6 +96,13 @@ fn parse_options(args: &[String]) -> Options {
                     .map(|count| count.trim().parse())
                     .collect::<Result<_, _>>()
                     .unwrap_or_else(|_| usage());
+            }
+            "--loader" => {
+                options.chart_loader = match value.as_str() {
+                    "chart" => true,
+                    "root" => false,
+                    _ => usage(),
+                }
             }
             _ => usage(),
         }
@@ -204,10 +219,15 @@ fn datapath(args: &[String]) {
 
     let servers = Servers::start(&real_backends());
     let max_services = options.services.iter().copied().max().unwrap_or(1);
-    let mut dataplane = Dataplane::load(Config {
+    let config = Config {
         capacities: capacities(max_services),
         ..sandbox.config()
-    })
+    };
+    let mut dataplane = if options.chart_loader {
+        sandbox.load(config)
+    } else {
+        Dataplane::load(config)
+    }
     .expect("load the datapath");
     // Run-time stats are counted only while this fd is open.
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
@@ -402,8 +422,13 @@ fn print_report(machine: &str, options: &Options, rows: &[(u32, Measurement)]) {
     println!("{machine}");
     println!(
         "{} connections per measurement (VIP and direct each), {ROUNDS} interleaved rounds; \
-         {BACKENDS_PER_SERVICE} backends per service\n",
-        options.connections
+         {BACKENDS_PER_SERVICE} backends per service; programs loaded {}\n",
+        options.connections,
+        if options.chart_loader {
+            "with the chart's capabilities (no CAP_PERFMON: Spectre hardening on)"
+        } else {
+            "as root (every capability: no Spectre hardening)"
+        }
     );
     println!(
         "| services | VIP p50 | direct p50 | VIP/direct (p50) | VIP p99 | direct p99 | VIP/direct \
