@@ -34,6 +34,10 @@ pub enum SkipReason {
     Sctp,
     /// An IPv6 address: served once dual-stack lands.
     Ipv6,
+    /// A LoadBalancer ingress IP with `ipMode: Proxy`: the load balancer delivers its traffic
+    /// to the nodes' addresses or the pods, so the IP is not bound on the nodes (KEP-1860),
+    /// and connections from the cluster to it go through the load balancer.
+    IpModeProxy,
     /// A field that does not parse; the text says which.
     Invalid(String),
 }
@@ -46,6 +50,10 @@ impl fmt::Display for SkipReason {
             Self::OtherProxy => write!(f, "labelled service.kubernetes.io/service-proxy-name"),
             Self::Sctp => write!(f, "SCTP is not supported by this kernel"),
             Self::Ipv6 => write!(f, "IPv6 is not served yet"),
+            Self::IpModeProxy => write!(
+                f,
+                "ipMode Proxy: the load balancer proxies this IP, so its traffic goes through it"
+            ),
             Self::Invalid(why) => write!(f, "invalid: {why}"),
         }
     }
@@ -78,6 +86,7 @@ impl SkipReason {
             Self::OtherProxy => "other-proxy",
             Self::Sctp => "sctp",
             Self::Ipv6 => "ipv6",
+            Self::IpModeProxy => "ip-mode-proxy",
             Self::Invalid(_) => "invalid",
         }
     }

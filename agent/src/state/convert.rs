@@ -69,13 +69,25 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
         spec.external_ips.as_deref().unwrap_or_default(),
         &mut partial_skips,
     );
-    let ingress_ips: Vec<String> = service
+    let mut ingress_ips: Vec<String> = Vec::new();
+    let ingress = service
         .status
         .as_ref()
         .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.as_ref())
-        .map(|ingress| ingress.iter().filter_map(|i| i.ip.clone()).collect())
+        .and_then(|lb| lb.ingress.as_deref())
         .unwrap_or_default();
+    for entry in ingress {
+        let Some(ip) = &entry.ip else { continue };
+        // As kube-proxy: only VIP-mode IPs (the default) are short-circuited on the node.
+        if entry.ip_mode.as_deref() == Some("Proxy") {
+            partial_skips.push((
+                format!("loadBalancer.ingress {ip}"),
+                SkipReason::IpModeProxy,
+            ));
+        } else {
+            ingress_ips.push(ip.clone());
+        }
+    }
     let load_balancer_ips = ipv4s("loadBalancer.ingress", &ingress_ips, &mut partial_skips);
 
     let mut ports = Vec::new();

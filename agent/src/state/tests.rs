@@ -4,7 +4,7 @@ use std::path::Path;
 use super::*;
 use crate::{
     dataplane::{Protocol, Scope},
-    select::{FrontendKind, ServiceName, SkipReason},
+    select::{FrontendKind, ServiceName, SkipReason, SkippedPart},
     source::file::parse,
 };
 
@@ -124,6 +124,46 @@ spec:
     assert_eq!(
         selection.frontends[0].spec.affinity_timeout_seconds,
         Some(10_800)
+    );
+}
+
+#[test]
+fn load_balancer_ips_with_ip_mode_proxy_are_left_to_the_load_balancer() {
+    let state = state_with(
+        "
+kind: Service
+metadata: {name: lb}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.31
+  ports: [{name: http, port: 80, nodePort: 30081, protocol: TCP}]
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 192.0.2.1, ipMode: Proxy}
+    - {ip: 192.0.2.2, ipMode: VIP}
+    - {ip: 192.0.2.3}
+",
+    );
+    let selection = state.select(&name("lb")).expect("served");
+    let lb_ips: Vec<String> = selection
+        .frontends
+        .iter()
+        .filter(|f| f.kind == FrontendKind::LoadBalancer)
+        .map(|f| f.frontend.address.to_string())
+        .collect();
+    assert!(
+        lb_ips.iter().all(|ip| ip != "192.0.2.1")
+            && lb_ips.iter().any(|ip| ip == "192.0.2.2")
+            && lb_ips.iter().any(|ip| ip == "192.0.2.3"),
+        "VIP-mode and unset ipMode are programmed, Proxy is not: {lb_ips:?}"
+    );
+    assert_eq!(
+        selection.skipped,
+        [SkippedPart {
+            part: "loadBalancer.ingress 192.0.2.1".to_owned(),
+            reason: SkipReason::IpModeProxy,
+        }]
     );
 }
 
