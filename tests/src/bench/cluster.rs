@@ -25,6 +25,8 @@ pub struct Service {
     pub vip: Ipv4Addr,
     pub port: u16,
     pub target_port: u16,
+    /// A NodePort, with externalTrafficPolicy Local (every endpoint is on this node).
+    pub node_port: Option<u16>,
     pub endpoints: Vec<Ipv4Addr>,
 }
 
@@ -47,24 +49,32 @@ pub fn endpoint_address(service: u32, endpoint: u32) -> Ipv4Addr {
     Ipv4Addr::from(0x0a80_0000 + service * 16 + endpoint)
 }
 
-pub fn cluster(services: u32) -> Vec<Service> {
-    let mut cluster: Vec<Service> = (0..services)
+/// N ClusterIP services of ENDPOINTS endpoints each.
+pub fn services(services: u32) -> Vec<Service> {
+    (0..services)
         .map(|service| Service {
             name: format!("svc-{service:05}"),
             vip: vip(service),
             port: SERVICE_PORT,
             target_port: ENDPOINT_PORT,
+            node_port: None,
             endpoints: (0..ENDPOINTS)
                 .map(|endpoint| endpoint_address(service, endpoint))
                 .collect(),
         })
-        .collect();
+        .collect()
+}
+
+/// N services and the iperf3 service after them.
+pub fn cluster(count: u32) -> Vec<Service> {
+    let mut cluster = services(count);
     cluster.push(Service {
         name: "iperf".to_owned(),
-        vip: vip(services),
+        vip: vip(count),
         port: IPERF_PORT,
         target_port: IPERF_PORT,
-        endpoints: vec![endpoint_address(services, 0)],
+        node_port: None,
+        endpoints: vec![endpoint_address(count, 0)],
     });
     cluster
 }
@@ -112,12 +122,10 @@ pub fn changed_address(change: u32) -> Ipv4Addr {
 pub fn manifest_file(cluster: &[Service], range: std::ops::Range<usize>) -> String {
     let mut documents = Vec::new();
     for service in &cluster[range] {
-        documents.push(service_yaml(
-            &service.name,
-            &service.vip.to_string(),
-            service.port,
-            "",
-        ));
+        documents.push(match service.node_port {
+            None => service_yaml(&service.name, &service.vip.to_string(), service.port, ""),
+            Some(node_port) => node_port_yaml(service, node_port),
+        });
         let addresses: Vec<String> = service.endpoints.iter().map(ToString::to_string).collect();
         let endpoints: Vec<(&str, &str, &str, &str)> = addresses
             .iter()
@@ -132,4 +140,34 @@ pub fn manifest_file(cluster: &[Service], range: std::ops::Range<usize>) -> Stri
         ));
     }
     documents.join("---\n")
+}
+
+fn node_port_yaml(service: &Service, node_port: u16) -> String {
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {NAMESPACE}}}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  clusterIP: {vip}
+  clusterIPs: [{vip}]
+  ports: [{{name: http, port: {port}, nodePort: {node_port}, protocol: TCP}}]
+",
+        name = service.name,
+        vip = service.vip,
+        port = service.port,
+    )
+}
+
+/// The agent's map capacities for `services` service ports of up to ENDPOINTS endpoints,
+/// with room to spare (the defaults hold about 6,000 such services).
+pub fn agent_capacity_flags(services: usize) -> Vec<String> {
+    let room = |entries: usize| (entries + entries / 8).next_power_of_two().to_string();
+    vec![
+        "--max-service-entries".to_owned(),
+        room(services * (1 + ENDPOINTS as usize)),
+        "--max-backends".to_owned(),
+        room(services * ENDPOINTS as usize),
+    ]
 }

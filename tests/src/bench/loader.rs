@@ -19,6 +19,15 @@ pub enum IptablesBackend {
 }
 
 impl IptablesBackend {
+    /// The value of a `--iptables` flag.
+    pub fn parse(value: &str) -> anyhow::Result<Self> {
+        match value {
+            "legacy" => Ok(Self::Legacy),
+            "nft" => Ok(Self::Nft),
+            _ => bail!("--iptables legacy|nft, not {value}"),
+        }
+    }
+
     pub fn restore(self) -> &'static str {
         match self {
             Self::Legacy => "iptables-legacy-restore",

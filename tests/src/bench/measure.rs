@@ -64,16 +64,22 @@ pub enum Moment {
 /// plans in a new order every round: a seeded shuffle (every run draws the same orders),
 /// so that no cell always follows the same other cell (a batch pays for what the one before
 /// it left in the caches, by up to 3%). Then checks every answer: every connection reached
-/// `servers`, and a cell's only its own endpoints, every one of them.
+/// one of `servers`, and a cell's only its own endpoints, every one of them.
 pub fn rounds<K: Copy + Ord + Debug>(
     client: &mut Client,
-    servers: &Servers,
+    servers: &[&Servers],
     plans: &[Plan<'_, K>],
     batch: u32,
     rounds: u32,
     mut observe: impl FnMut(K, Moment),
 ) -> anyhow::Result<BTreeMap<K, Cell>> {
-    let accepted_before = servers.accepted();
+    let accepted = || {
+        servers
+            .iter()
+            .map(|servers| servers.accepted())
+            .sum::<u64>()
+    };
+    let accepted_before = accepted();
     let mut made = 0u64;
     for plan in plans {
         client.batch(batch, plan.place, &plan.targets)?;
@@ -99,11 +105,11 @@ pub fn rounds<K: Copy + Ord + Debug>(
         }
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while servers.accepted() < accepted_before + made {
+    while accepted() < accepted_before + made {
         ensure!(
             Instant::now() < deadline,
             "the servers accepted {} connections, the clients made {made}",
-            servers.accepted() - accepted_before
+            accepted() - accepted_before
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -129,13 +135,21 @@ pub fn rounds<K: Copy + Ord + Debug>(
     Ok(results)
 }
 
-/// One iperf3 stream of `seconds` to `target`, from `netns` (and `cgroup`); Gbit/s received.
+/// What one iperf3 run measured.
+pub struct Stream {
+    /// Received, in Gbit/s.
+    pub gbits: f64,
+    /// The sender's CPU use (iperf3's host_total), in percent.
+    pub sender_cpu: f64,
+}
+
+/// One iperf3 stream of `seconds` to `target`, from `netns` (and `cgroup`).
 pub fn iperf3(
     netns: &File,
     cgroup: Option<&Path>,
     target: SocketAddrV4,
     seconds: u32,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Stream> {
     let mut last_error = String::new();
     for _ in 0..2 {
         let mut command = in_netns(netns, "iperf3");
@@ -169,7 +183,12 @@ pub fn iperf3(
         let report: serde_json::Value =
             serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null);
         if let Some(bits) = report["end"]["sum_received"]["bits_per_second"].as_f64() {
-            return Ok(bits / 1e9);
+            return Ok(Stream {
+                gbits: bits / 1e9,
+                sender_cpu: report["end"]["cpu_utilization_percent"]["host_total"]
+                    .as_f64()
+                    .unwrap_or(0.0),
+            });
         }
         last_error = format!(
             "{} {}",

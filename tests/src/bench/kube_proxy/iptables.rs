@@ -1,6 +1,7 @@
 //! kube-proxy's iptables mode (pkg/proxy/iptables/proxier.go, syncProxyRules): what one
 //! sync hands to iptables-restore (--noflush) for ClusterIP services with Cluster traffic
-//! policy, a pod CIDR (local traffic detector) and no session affinity.
+//! policy, a pod CIDR (local traffic detector) and no session affinity, and NodePorts with
+//! externalTrafficPolicy Local.
 use std::fmt::Write as _;
 
 use super::{Config, MASQ_MARK, name_hash};
@@ -23,6 +24,16 @@ fn svc_chain(service: &Service) -> String {
         "KUBE-SVC-{}",
         name_hash(&format!("{}tcp", service.port_name()), 16)
     )
+}
+
+/// The NodePort's chains: external traffic (KUBE-EXT) and the Local policy (KUBE-SVL)
+/// share the service chain's hash.
+fn ext_chain(service: &Service) -> String {
+    svc_chain(service).replacen("KUBE-SVC-", "KUBE-EXT-", 1)
+}
+
+fn svl_chain(service: &Service) -> String {
+    svc_chain(service).replacen("KUBE-SVC-", "KUBE-SVL-", 1)
 }
 
 fn sep_chain(service: &Service, endpoint: usize) -> String {
@@ -134,6 +145,10 @@ pub fn restore_input(config: &Config, services: &[Service], sync: IptablesSync) 
     for &index in &written {
         let service = &services[index];
         let _ = writeln!(out, ":{} - [0:0]", svc_chain(service));
+        if service.node_port.is_some() {
+            let _ = writeln!(out, ":{} - [0:0]", ext_chain(service));
+            let _ = writeln!(out, ":{} - [0:0]", svl_chain(service));
+        }
         for endpoint in 0..service.endpoints.len() {
             let _ = writeln!(out, ":{} - [0:0]", sep_chain(service, endpoint));
         }
@@ -174,6 +189,17 @@ pub fn restore_input(config: &Config, services: &[Service], sync: IptablesSync) 
             svc_chain(service)
         );
     }
+    // So does KUBE-NODEPORTS, one rule per NodePort.
+    for service in services {
+        if let Some(node_port) = service.node_port {
+            let _ = writeln!(
+                out,
+                "-A KUBE-NODEPORTS -m comment --comment {} -m tcp -p tcp --dport {node_port} -j {}",
+                service.port_name(),
+                ext_chain(service)
+            );
+        }
+    }
     for &index in &written {
         let service = &services[index];
         let name = service.port_name();
@@ -184,23 +210,22 @@ pub fn restore_input(config: &Config, services: &[Service], sync: IptablesSync) 
              {} ! -s {pod_cidr} -j KUBE-MARK-MASQ",
             service.vip, service.port
         );
-        let count = service.endpoints.len();
-        for endpoint in 0..count {
-            let target = service.endpoint(endpoint);
-            let _ = write!(out, "-A {chain}");
-            if !large {
-                let _ = write!(out, " -m comment --comment \"{name} -> {target}\"");
-            }
-            if endpoint + 1 < count {
-                // kube-proxy's probability(n): 1/n with ten decimals.
-                let probability = 1.0 / (count - endpoint) as f64;
-                let _ = write!(
-                    out,
-                    " -m statistic --mode random --probability {probability:.10}"
-                );
-            }
-            let _ = writeln!(out, " -j {}", sep_chain(service, endpoint));
+        endpoint_jumps(&mut out, &chain, service, large);
+        if service.node_port.is_some() {
+            let (ext, svl) = (ext_chain(service), svl_chain(service));
+            let _ = writeln!(
+                out,
+                "-A {ext} -m comment --comment \"pod traffic for {name} external destinations\" \
+                 -s {pod_cidr} -j {chain}\n\
+                 -A {ext} -m comment --comment \"masquerade LOCAL traffic for {name} external \
+                 destinations\" -m addrtype --src-type LOCAL -j KUBE-MARK-MASQ\n\
+                 -A {ext} -m comment --comment \"route LOCAL traffic for {name} external \
+                 destinations\" -m addrtype --src-type LOCAL -j {chain}\n\
+                 -A {ext} -j {svl}"
+            );
+            endpoint_jumps(&mut out, &svl, service, large);
         }
+        let count = service.endpoints.len();
         for endpoint in 0..count {
             let sep = sep_chain(service, endpoint);
             let comment = if large {
@@ -224,6 +249,28 @@ pub fn restore_input(config: &Config, services: &[Service], sync: IptablesSync) 
     );
     out.push_str("COMMIT\n");
     out
+}
+
+/// A policy chain's jumps to the endpoint chains: kube-proxy's
+/// writeServiceToEndpointRules, 1/n probabilities with ten decimals, the last unconditional.
+fn endpoint_jumps(out: &mut String, chain: &str, service: &Service, large: bool) {
+    let name = service.port_name();
+    let count = service.endpoints.len();
+    for endpoint in 0..count {
+        let target = service.endpoint(endpoint);
+        let _ = write!(out, "-A {chain}");
+        if !large {
+            let _ = write!(out, " -m comment --comment \"{name} -> {target}\"");
+        }
+        if endpoint + 1 < count {
+            let probability = 1.0 / (count - endpoint) as f64;
+            let _ = write!(
+                out,
+                " -m statistic --mode random --probability {probability:.10}"
+            );
+        }
+        let _ = writeln!(out, " -j {}", sep_chain(service, endpoint));
+    }
 }
 
 #[cfg(test)]
@@ -262,5 +309,17 @@ mod tests {
             1
         );
         assert!(partial.contains("--probability 0.1000000000"));
+    }
+
+    #[test]
+    fn node_port_with_local_policy_has_kube_proxy_chains() {
+        let mut services = cluster(2);
+        services[1].node_port = Some(30080);
+        let rules = restore_input(&CONFIG, &services, IptablesSync::Full);
+        let ext = ext_chain(&services[1]);
+        assert!(rules.contains(&format!("--dport 30080 -j {ext}\n")));
+        assert_eq!(rules.matches(&format!("-A {ext} ")).count(), 4);
+        assert!(rules.contains(&format!("-A {ext} -j {}\n", svl_chain(&services[1]))));
+        assert_eq!(rules.matches("-A KUBE-NODEPORTS ").count(), 1);
     }
 }

@@ -1,5 +1,6 @@
 //! kube-proxy's nftables mode (pkg/proxy/nftables/proxier.go, setupNFTables and
-//! syncProxyRules), as the transaction text knftables hands to `nft -f`.
+//! syncProxyRules), as the transaction text knftables hands to `nft -f`: ClusterIP
+//! services with Cluster traffic policy, and NodePorts with externalTrafficPolicy Local.
 use std::{fmt::Write as _, net::SocketAddrV4};
 
 use super::{Config, MASQ_MARK, SERVICE_CIDR, name_hash};
@@ -7,9 +8,15 @@ use crate::bench::cluster::{NAMESPACE, Service};
 
 const NFT: &str = "ip kube-proxy";
 
-fn service_chain_name(service: &Service) -> String {
+/// A service port's chain with `prefix`: `service-` (Cluster policy), `local-` (Local
+/// policy), `external-` (traffic to its NodePort).
+fn policy_chain_name(prefix: &str, service: &Service) -> String {
     let base = format!("{NAMESPACE}/{}/tcp/http", service.name);
-    format!("service-{}-{base}", name_hash(&base, 8))
+    format!("{prefix}-{}-{base}", name_hash(&base, 8))
+}
+
+fn service_chain_name(service: &Service) -> String {
+    policy_chain_name("service", service)
 }
 
 fn endpoint_chain_name(service: &Service, address: SocketAddrV4) -> String {
@@ -126,6 +133,36 @@ fn service_chains(out: &mut String, config: &Config, service: &Service) {
          mark-for-masquerade",
         service.vip, service.port
     );
+    endpoint_dispatch(out, &chain, &endpoints);
+    if service.node_port.is_some() {
+        let (external, local) = (
+            policy_chain_name("external", service),
+            policy_chain_name("local", service),
+        );
+        let _ = writeln!(
+            out,
+            "add chain {NFT} {external}\nflush chain {NFT} {external}\n\
+             add chain {NFT} {local}\nflush chain {NFT} {local}\n\
+             add rule {NFT} {external} ip saddr {pod_cidr} goto {chain} comment \"short-circuit pod traffic\"\n\
+             add rule {NFT} {external} fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"\n\
+             add rule {NFT} {external} fib saddr type local goto {chain} comment \"short-circuit local traffic\"\n\
+             add rule {NFT} {external} goto {local}"
+        );
+        endpoint_dispatch(out, &local, &endpoints);
+    }
+    for (index, endpoint) in endpoints.iter().enumerate() {
+        let target = service.endpoint(index);
+        let _ = writeln!(
+            out,
+            "add rule {NFT} {endpoint} ip saddr {} jump mark-for-masquerade\n\
+             add rule {NFT} {endpoint} meta l4proto tcp dnat to {target}",
+            target.ip()
+        );
+    }
+}
+
+/// A policy chain's one load-balancing rule: a random number picks the endpoint chain.
+fn endpoint_dispatch(out: &mut String, chain: &str, endpoints: &[String]) {
     let vmap: Vec<String> = endpoints
         .iter()
         .enumerate()
@@ -137,15 +174,6 @@ fn service_chains(out: &mut String, config: &Config, service: &Service) {
         endpoints.len(),
         vmap.join(" , ")
     );
-    for (index, endpoint) in endpoints.iter().enumerate() {
-        let target = service.endpoint(index);
-        let _ = writeln!(
-            out,
-            "add rule {NFT} {endpoint} ip saddr {} jump mark-for-masquerade\n\
-             add rule {NFT} {endpoint} meta l4proto tcp dnat to {target}",
-            target.ip()
-        );
-    }
 }
 
 /// The first sync's transaction: the table, then every service.
@@ -163,6 +191,13 @@ pub fn initial(config: &Config, services: &[Service]) -> String {
             service.port,
             service_chain_name(service)
         );
+        if let Some(node_port) = service.node_port {
+            let _ = writeln!(
+                out,
+                "add element {NFT} service-nodeports {{ tcp . {node_port} : goto {} }}",
+                policy_chain_name("external", service)
+            );
+        }
     }
     out
 }
@@ -197,5 +232,26 @@ mod tests {
         service_chains(&mut out, &config, &services[0]);
         assert_eq!(out.matches("numgen random mod 10 vmap").count(), 1);
         assert_eq!(out.matches("dnat to 10.128.0.").count(), 10);
+    }
+
+    #[test]
+    fn node_port_goes_through_the_external_chain() {
+        let mut services = cluster(2);
+        services[1].node_port = Some(30080);
+        let config = Config {
+            pod_cidr: "10.244.0.0/16",
+            node_ip: "10.88.0.1",
+        };
+        let out = initial(&config, &services);
+        let external = policy_chain_name("external", &services[1]);
+        assert!(out.contains(&format!(
+            "service-nodeports {{ tcp . 30080 : goto {external} }}"
+        )));
+        assert_eq!(
+            out.matches(&format!("add rule {NFT} {external} ")).count(),
+            4
+        );
+        // svc-0, and svc-1 twice: its Cluster and its Local policy chain.
+        assert_eq!(out.matches("numgen random mod 10 vmap").count(), 3);
     }
 }

@@ -149,13 +149,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
             "--changes" => options.changes = number()?,
             "--iperf-seconds" => options.iperf_seconds = number()?,
             "--load-limit" => options.load_limit = Duration::from_secs(u64::from(number()?)),
-            "--iptables" => {
-                options.iptables = match value.as_str() {
-                    "legacy" => IptablesBackend::Legacy,
-                    "nft" => IptablesBackend::Nft,
-                    _ => bail!("--iptables legacy|nft, not {value}\n{USAGE}"),
-                }
-            }
+            "--iptables" => options.iptables = IptablesBackend::parse(value).context(USAGE)?,
             "--docs" => options.docs = Some(PathBuf::from(value)),
             _ => bail!("unknown flag {flag}\n{USAGE}"),
         }

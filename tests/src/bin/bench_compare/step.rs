@@ -19,8 +19,8 @@ use socklb_tests::{
         cgroup::{kernel_memory, own_cgroup},
         client::{Client, Place},
         cluster::{
-            ENDPOINTS, IPERF_PORT, NODE, POSITIONS, Position, Service, ZONE, changed_address,
-            changed_service, cluster, manifest_file,
+            ENDPOINTS, IPERF_PORT, NODE, POSITIONS, Position, Service, ZONE, agent_capacity_flags,
+            changed_address, changed_service, cluster, manifest_file,
         },
         cpu::process_cpu,
         kube_proxy::{
@@ -307,7 +307,8 @@ impl Run<'_> {
                 };
                 let cgroup = (peer == Peer::Socklb).then_some(self.sandbox.cgroup.as_path());
                 let target = SocketAddrV4::new(target, IPERF_PORT);
-                let gbits = iperf3(&netns[&peer], cgroup, target, self.options.iperf_seconds)?;
+                let gbits =
+                    iperf3(&netns[&peer], cgroup, target, self.options.iperf_seconds)?.gbits;
                 step.throughput.entry(peer).or_default().push(gbits);
             }
         }
@@ -412,20 +413,13 @@ impl Run<'_> {
             }
         }
         let batch = self.options.connections / ROUNDS;
-        measure::rounds(client, self.server, &plans, batch, ROUNDS, |_, _| {})
+        measure::rounds(client, &[self.server], &plans, batch, ROUNDS, |_, _| {})
     }
 }
 
 fn start_agent(sandbox: &Sandbox, manifests: &Path, services: usize) -> anyhow::Result<Agent> {
-    let room = |entries: usize| (entries + entries / 8).next_power_of_two().to_string();
-    let service_entries = room(services * (1 + ENDPOINTS as usize));
-    let backends = room(services * ENDPOINTS as usize);
-    let flags = [
-        "--max-service-entries",
-        &service_entries,
-        "--max-backends",
-        &backends,
-    ];
+    let flags = agent_capacity_flags(services);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Ok(Agent::start(sandbox, manifests, NODE, &flags))
 }
 
