@@ -5,6 +5,7 @@
 //! Each benchmark is a thin binary over these modules: it builds its world, programs the
 //! peers and reports; the method (one client process for every peer, the cells in a new
 //! random order every round) is written once, here.
+pub mod baseline;
 pub mod cgroup;
 pub mod client;
 pub mod cluster;

@@ -45,6 +45,7 @@ use socklb_abi::program_names;
 use socklb_tests::{
     Agent,
     bench::{
+        baseline,
         cgroup::own_cgroup,
         client::{self, Client, Place},
         cluster::{
@@ -245,6 +246,7 @@ fn world(
     let (client, node, pod) = (new_netns()?, new_netns()?, new_netns()?);
     for netns in [&client, &node, &pod] {
         run_in(netns, "ip", &["link", "set", "lo", "up"])?;
+        baseline::apply(netns)?;
     }
     let end = |netns, device, address| End {
         netns,
@@ -447,13 +449,14 @@ fn bench(options: &Options) -> anyhow::Result<()> {
         "One TCP Service, `externalTrafficPolicy: Local`, one local pod; {} ClusterIP services \
          of 10 endpoints ahead of it in kube-proxy's rules; iptables backend {}; {} rounds x {} \
          connections per peer, one client process, peers in a new random order every round; \
-         iperf3 {} x {} s per peer.\n",
+         iperf3 {} x {} s per peer; {}.\n",
         options.services,
         options.iptables.name(),
         options.rounds,
         options.connections,
         options.iperf_rounds,
-        options.seconds
+        options.seconds,
+        baseline::SUMMARY,
     );
     println!(
         "| path | connect+answer+close p50 (µs) | p99 (µs) | p50 / direct | iperf3 Gbit/s | sender CPU % |"

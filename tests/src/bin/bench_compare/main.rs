@@ -36,7 +36,7 @@ use anyhow::{Context as _, bail, ensure};
 use socklb_tests::{
     ManifestDir, Sandbox,
     bench::{
-        client,
+        baseline, client,
         cluster::{ENDPOINT_PORT, ENDPOINT_RANGE, MAX_SERVICES, cluster},
         kube_proxy::{self, iptables::IptablesSync},
         loader::IptablesBackend,
@@ -245,6 +245,7 @@ fn compare(args: &[String]) -> anyhow::Result<()> {
 fn server_side() -> anyhow::Result<Servers> {
     let netns = new_netns()?;
     run_in(&netns, "ip", &["link", "set", "lo", "up"])?;
+    baseline::apply(&netns)?;
     run_in(
         &netns,
         "ip",

@@ -3,6 +3,7 @@ use std::{fmt::Write as _, fs, path::Path, process::Command, time::Duration};
 
 use anyhow::Context as _;
 use socklb_tests::bench::{
+    baseline,
     cluster::{ENDPOINTS, POSITIONS},
     measure::Cell,
     peer::Peer,
@@ -38,11 +39,12 @@ pub fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
     let _ = writeln!(
         out,
         "{machine}; {} connections per cell in {ROUNDS} interleaved rounds; {ENDPOINTS} \
-         endpoints per service; {} backend {}; {}\n",
+         endpoints per service; {} backend {}; {}; {}\n",
         options.connections,
         tool_version(options.iptables.command(), &["--version"]),
         options.iptables.name(),
         tool_version("nft", &["--version"]),
+        baseline::SUMMARY,
     );
     let _ = writeln!(
         out,

@@ -16,6 +16,7 @@ use socklb_agent::dataplane;
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
     bench::{
+        baseline,
         cgroup::{kernel_memory, own_cgroup},
         client::{Client, Place},
         cluster::{
@@ -105,6 +106,7 @@ fn client_netns(server: &File, slot: u32) -> anyhow::Result<File> {
     ensure!(slot < 256, "too many client namespaces");
     let netns = new_netns()?;
     run_in(&netns, "ip", &["link", "set", "lo", "up"])?;
+    baseline::apply(&netns)?;
     let (here, there) = (format!("slbcmp{slot}c"), format!("slbcmp{slot}s"));
     let (here_address, there_address) =
         (format!("10.200.{slot}.1/24"), format!("10.200.{slot}.2/24"));
