@@ -4,6 +4,7 @@
 //!
 //! A missing prerequisite (not root, no bpffs, no cgroup v2) fails the test with a message
 //! naming it; nothing is skipped.
+pub mod bench;
 pub mod fake_apiserver;
 pub mod netns;
 pub mod privileges;

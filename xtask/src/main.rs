@@ -91,6 +91,12 @@ enum Bench {
         /// Seconds of each iperf3 run.
         #[arg(long, default_value_t = 3)]
         seconds: u32,
+        /// iptables backend of the iptables peer: legacy or nft.
+        #[arg(long, default_value = "legacy")]
+        iptables: String,
+        /// Seconds long, 100 filler services, debug build: checks that the benchmark works.
+        #[arg(long)]
+        smoke: bool,
     },
     /// socklb side by side with kube-proxy's iptables and nftables modes (connection setup,
     /// throughput, programming time, memory) at each service count; writes the results into
@@ -174,26 +180,29 @@ fn main() -> anyhow::Result<()> {
                     seconds,
                 } => run_with_agent(
                     "socklb-bench-control-plane",
-                    &[
+                    &flag_args(&[
                         ("--services", services),
                         ("--changes", changes),
                         ("--rate", rate),
                         ("--seconds", seconds),
-                    ],
+                    ]),
                 ),
                 Bench::Nodeport {
                     connections,
                     rounds,
                     services,
                     seconds,
-                } => run_with_agent(
-                    "socklb-bench-nodeport",
+                    iptables,
+                    smoke,
+                } => nodeport(
                     &[
                         ("--connections", connections),
                         ("--rounds", rounds),
                         ("--services", services),
                         ("--seconds", seconds),
                     ],
+                    &iptables,
+                    smoke,
                 ),
                 Bench::Compare {
                     services,
@@ -207,16 +216,51 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// A benchmark that runs the agent binary next to it: both in the release build.
-fn run_with_agent(bench: &str, flags: &[(&str, u32)]) -> anyhow::Result<()> {
+fn run_with_agent(bench: &str, args: &[String]) -> anyhow::Result<()> {
     step(
         "build the agent (release)",
         &["build", "--release", "--package", "socklb-agent", "--bins"],
     )?;
-    let args: Vec<String> = flags
+    cargo_run_release(bench, args)
+}
+
+fn flag_args(flags: &[(&str, u32)]) -> Vec<String> {
+    flags
         .iter()
         .flat_map(|(flag, value)| [(*flag).to_owned(), value.to_string()])
-        .collect();
-    cargo_run_release(bench, &args)
+        .collect()
+}
+
+/// `bench nodeport`: release build, or the debug build for the smoke run.
+fn nodeport(flags: &[(&str, u32)], iptables: &str, smoke: bool) -> anyhow::Result<()> {
+    require_root("the NodePort benchmark")?;
+    let mut args = flag_args(flags);
+    args.extend(["--iptables".to_owned(), iptables.to_owned()]);
+    if !smoke {
+        return run_with_agent("socklb-bench-nodeport", &args);
+    }
+    args.push("--smoke".to_owned());
+    smoke_run("socklb-bench-nodeport", &args)
+}
+
+/// A benchmark's smoke run: the debug build of the agent and the benchmark (which `test`
+/// has built).
+fn smoke_run(bench: &str, args: &[String]) -> anyhow::Result<()> {
+    step(
+        "build the agent",
+        &["build", "--package", "socklb-agent", "--bins"],
+    )?;
+    let mut full = vec![
+        "run",
+        "--quiet",
+        "--package",
+        "socklb-tests",
+        "--bin",
+        bench,
+        "--",
+    ];
+    full.extend(args.iter().map(String::as_str));
+    step(&format!("benchmark {bench} (smoke)"), &full)
 }
 
 /// `bench compare`: the benchmark runs the agent binary next to it, so both are built in the
@@ -234,34 +278,17 @@ fn compare(services: &[u32], connections: u32, iptables: &str, smoke: bool) -> a
     ];
     if smoke {
         args.push("--smoke".to_owned());
-        step(
-            "build the agent",
-            &["build", "--package", "socklb-agent", "--bins"],
-        )?;
-        let mut full = vec![
-            "run",
-            "--quiet",
-            "--package",
-            "socklb-tests",
-            "--bin",
-            "socklb-bench-compare",
-            "--",
-        ];
-        // Only the explicitly given service counts; the smoke run defaults to 100.
-        full.extend(args.iter().skip(2).map(String::as_str));
-        return step("benchmark socklb-bench-compare (smoke)", &full);
+        // Without the service counts (clap always fills in the full list): the smoke run's
+        // own default is 100.
+        return smoke_run("socklb-bench-compare", &args[2..]);
     }
-    step(
-        "build the agent (release)",
-        &["build", "--release", "--package", "socklb-agent", "--bins"],
-    )?;
     let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("the workspace directory")?
         .join("docs");
     args.push("--docs".to_owned());
     args.push(docs.display().to_string());
-    cargo_run_release("socklb-bench-compare", &args)
+    run_with_agent("socklb-bench-compare", &args)
 }
 
 /// Builds the agent (whose build script builds the eBPF crate) and returns the object it

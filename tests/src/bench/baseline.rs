@@ -1,0 +1,72 @@
+//! What every namespace of a benchmark gets, whatever the peer: the conditions of a node
+//! with a CNI, and the TIME_WAIT settings that keep thousands of connections per second
+//! from faking the ratios.
+//!
+//! - Conntrack on: an nft table `inet slbcni` whose input, forward and output chains accept
+//!   `ct state established,related` (what CNIs and kubeadm leave on a node), so that the
+//!   peers without netfilter rules of their own (direct, socklb) pay conntrack like
+//!   kube-proxy's do.
+//! - No TIME_WAIT sockets (`net.ipv4.tcp_max_tw_buckets=0`): a SYN that reuses a port still
+//!   in TIME_WAIT fails about half the time on this kernel (random timestamp offsets), and
+//!   tens of thousands of TIME_WAIT sockets make connect() search for a port.
+//! - A short conntrack TIME_WAIT timeout, for the same reason: closed flows leave the table
+//!   within a second instead of two minutes.
+use std::{fs::File, io::Write as _, process::Stdio};
+
+use anyhow::{Context as _, ensure};
+
+use super::netns::{in_netns, run_in};
+
+/// One line for a report.
+pub const SUMMARY: &str = "every namespace: conntrack on (nft table inet slbcni: ct state \
+                           established,related accept), net.ipv4.tcp_max_tw_buckets=0, conntrack \
+                           TCP TIME_WAIT timeout 1 s";
+
+/// The CNI-like table, in `nft -f` syntax.
+const CNI_TABLE: &str = "table inet slbcni {
+  chain input {
+    type filter hook input priority filter; policy accept;
+    ct state established,related accept
+  }
+  chain forward {
+    type filter hook forward priority filter; policy accept;
+    ct state established,related accept
+  }
+  chain output {
+    type filter hook output priority filter; policy accept;
+    ct state established,related accept
+  }
+}
+";
+
+/// Seconds a closed TCP flow stays in conntrack (the kernel's default is 120).
+const CONNTRACK_TIME_WAIT_S: u32 = 1;
+
+/// Applies the baseline to `netns`.
+pub fn apply(netns: &File) -> anyhow::Result<()> {
+    let mut nft = in_netns(netns, "nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run nft: install nftables (`cargo xtask setup` does)")?;
+    nft.stdin
+        .take()
+        .context("nft stdin")?
+        .write_all(CNI_TABLE.as_bytes())
+        .context("write the CNI table to nft")?;
+    let output = nft.wait_with_output().context("wait for nft")?;
+    ensure!(
+        output.status.success(),
+        "nft -f of the CNI table failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // After the table: conntrack's sysctls exist in a namespace once conntrack is on there.
+    let time_wait =
+        format!("net.netfilter.nf_conntrack_tcp_timeout_time_wait={CONNTRACK_TIME_WAIT_S}");
+    run_in(
+        netns,
+        "sysctl",
+        &["-qw", "net.ipv4.tcp_max_tw_buckets=0", &time_wait],
+    )
+}

@@ -1,0 +1,18 @@
+//! What the side-by-side benchmarks (`bench compare`, `bench nodeport`) share: the peers,
+//! the services and the kube-proxy rules written for them, the network namespaces they run
+//! in, the servers and the timed client, and the interleaved measurement rounds.
+//!
+//! Each benchmark is a thin binary over these modules: it builds its world, programs the
+//! peers and reports; the method (one client process for every peer, the cells in a new
+//! random order every round) is written once, here.
+pub mod baseline;
+pub mod cgroup;
+pub mod client;
+pub mod cluster;
+pub mod cpu;
+pub mod kube_proxy;
+pub mod loader;
+pub mod measure;
+pub mod netns;
+pub mod peer;
+pub mod server;
