@@ -396,23 +396,26 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
             ok
         }
     };
-    // The comparison benchmark stays working: a seconds-long smoke run, on full runs.
-    let compare_ok = match filter {
+    // The benchmarks stay working: seconds-long smoke runs, on full runs.
+    let benchmarks_ok = match filter {
         Some(_) => true,
         None => {
-            let ok = compare(&[], 500, "legacy", true).map_or_else(
-                |error| {
-                    eprintln!("==> bench compare --smoke failed: {error:#}");
-                    false
-                },
-                |()| true,
-            );
-            if ok {
-                passed += 1;
-            } else {
-                failed += 1;
+            let smokes = [
+                ("compare", compare(&[], 500, "legacy", true)),
+                ("nodeport", nodeport(&[], "legacy", true)),
+            ];
+            let mut all_ok = true;
+            for (name, result) in smokes {
+                match result {
+                    Ok(()) => passed += 1,
+                    Err(error) => {
+                        eprintln!("==> bench {name} --smoke failed: {error:#}");
+                        failed += 1;
+                        all_ok = false;
+                    }
+                }
             }
-            ok
+            all_ok
         }
     };
     // One closing line for the whole run, across all test binaries and the chart check.
@@ -426,8 +429,8 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     if !image_ok {
         bail!("the image check failed");
     }
-    if !compare_ok {
-        bail!("the comparison benchmark's smoke run failed");
+    if !benchmarks_ok {
+        bail!("a benchmark's smoke run failed");
     }
     if passed == 0 {
         bail!("no test ran");
