@@ -100,6 +100,15 @@ impl ServiceBuilder {
         self
     }
 
+    /// Makes a NodePort Service a LoadBalancer, with the healthCheckNodePort the API server
+    /// allocates for `externalTrafficPolicy: Local`.
+    pub fn load_balancer(mut self, health_check_node_port: Option<u16>) -> Self {
+        let spec = self.spec();
+        spec.type_ = Some("LoadBalancer".to_owned());
+        spec.health_check_node_port = health_check_node_port.map(i32::from);
+        self
+    }
+
     /// `sessionAffinity: ClientIP` with the timeout (the API server's default is 10,800 s).
     pub fn client_ip_affinity(mut self, timeout_seconds: i32) -> Self {
         let spec = self.spec();
@@ -225,6 +234,17 @@ pub fn terminating(mut endpoint: Endpoint) -> Endpoint {
     endpoint.conditions = Some(EndpointConditions {
         ready: Some(false),
         serving: Some(true),
+        terminating: Some(true),
+    });
+    endpoint
+}
+
+/// The endpoint of a pod being deleted that failed its readiness probe: neither ready nor
+/// serving.
+pub fn terminating_unready(mut endpoint: Endpoint) -> Endpoint {
+    endpoint.conditions = Some(EndpointConditions {
+        ready: Some(false),
+        serving: Some(false),
         terminating: Some(true),
     });
     endpoint

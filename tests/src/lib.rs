@@ -4,6 +4,7 @@
 //!
 //! A missing prerequisite (not root, no bpffs, no cgroup v2) fails the test with a message
 //! naming it; nothing is skipped.
+pub mod boom_server;
 pub mod cluster;
 pub mod fake_apiserver;
 pub mod netns;

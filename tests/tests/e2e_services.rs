@@ -17,11 +17,12 @@ use std::{
     time::Duration,
 };
 
-use socklb_agent::dataplane::Scope;
 use socklb_tests::{
     Attempt, Dnsmasq, NamedServer,
+    boom_server::{BoomServer, Reaction},
     cluster::{
         endpoint, external_name_service, hinted, node, not_ready, service, slice, terminating,
+        terminating_unready,
     },
     testbed::{At, NodeId, Pod, Testbed},
 };
@@ -107,16 +108,6 @@ fn curl_answer(tb: &Testbed, at: At, target: SocketAddrV4) -> String {
 /// Names of pods, for sets of expected answers.
 fn pod_names<'a>(pods: &[&'a Pod]) -> Vec<&'a str> {
     pods.iter().map(|pod| pod.name.as_str()).collect()
-}
-
-/// The backends `node` has programmed for the internal frontend `address:port`.
-fn programmed_backends(tb: &Testbed, node: NodeId, target: SocketAddrV4) -> usize {
-    tb.inspect(node, Some(*target.ip()))
-        .frontends
-        .iter()
-        .filter(|f| f.frontend.port == target.port() && f.frontend.scope == Scope::Internal)
-        .map(|f| f.backends.iter().flatten().count())
-        .sum()
 }
 
 fn no_backend(tb: &Testbed, node: NodeId) -> u64 {
@@ -444,29 +435,48 @@ impl AffinityCase {
         At::Pod(self.tb.pod(ONE, 3))
     }
 
-    /// Waits until node1 has programmed the three backends of `target`.
-    fn wait_programmed(&self, target: SocketAddrV4) {
-        self.tb.eventually("three backends programmed", || {
-            match programmed_backends(&self.tb, ONE, target) {
-                3 => Ok(()),
-                n => Err(format!("{n} backends")),
-            }
-        });
+    /// Waits until node1 has programmed `target` (both scopes of a NodePort) with the three
+    /// backends and `affinity` (a timeout, or none).
+    fn wait_programmed(&self, target: SocketAddrV4, affinity: Option<u32>) {
+        self.tb.eventually(
+            &format!("{target} programmed, affinity {affinity:?}"),
+            || {
+                let shown = self.tb.inspect(ONE, Some(*target.ip()));
+                let states: Vec<(usize, Option<u32>)> = shown
+                    .frontends
+                    .iter()
+                    .filter(|f| f.frontend.port == target.port())
+                    .map(|f| {
+                        (
+                            f.backends.iter().flatten().count(),
+                            f.affinity_timeout_seconds,
+                        )
+                    })
+                    .collect();
+                if !states.is_empty() && states.iter().all(|state| *state == (3, affinity)) {
+                    Ok(())
+                } else {
+                    Err(format!("(backends, affinity) per scope: {states:?}"))
+                }
+            },
+        );
     }
 
-    /// Waits until 15 consecutive connections from `at` are answered by one server (`true`)
-    /// or by more than one (`false`); returns the servers of the last batch.
-    fn wait_affinity(&self, at: At, target: SocketAddrV4, holds: bool) -> BTreeSet<String> {
-        self.tb
-            .eventually(&format!("affinity holds={holds} for {target}"), || {
-                let got = answered(&self.tb.probe(at, "tcp", target, 15));
-                let failed = got.iter().any(|name| name.starts_with("error"));
-                if !failed && (got.len() == 1) == holds {
-                    Ok(got)
-                } else {
-                    Err(format!("answered by {got:?}"))
-                }
-            })
+    /// 15 connections from `at`: answered by one server when affinity `holds` (by chance
+    /// otherwise with p = 3^-14), by several when it does not; returns the servers.
+    fn check_affinity(&self, at: At, target: SocketAddrV4, holds: bool) -> BTreeSet<String> {
+        let attempts = self.tb.probe(at, "tcp", target, 15);
+        let got = answered(&attempts);
+        assert!(
+            got.iter().all(|name| name.starts_with("pod")),
+            "{target}: {attempts:?}"
+        );
+        assert_eq!(
+            got.len() == 1,
+            holds,
+            "affinity holds={holds}: answered by {got:?}"
+        );
+        got
     }
 
     /// With a 1 s timeout: every burst sticks to one server, and after the client has been
@@ -474,7 +484,7 @@ impl AffinityCase {
     /// from the round before (3 servers: a new draw repeats the old one with p = 1/3, so
     /// 12 rounds fail a working timeout with p = 3^-11).
     fn check_timeout(&self, at: At, target: SocketAddrV4) {
-        let mut previous = self.wait_affinity(at, target, true);
+        let mut previous = self.check_affinity(at, target, true);
         for _ in 0..12 {
             // The affinity timeout is what is being tested: wait it out.
             std::thread::sleep(Duration::from_millis(1500));
@@ -498,10 +508,10 @@ fn should_have_session_affinity_work_for_service_with_type_clusterip() {
             .client_ip_affinity(10_800),
     );
     let target = at(vip(20), 80);
-    case.wait_programmed(target);
-    let first = case.wait_affinity(case.exec(), target, true);
+    case.wait_programmed(target, Some(10_800));
+    let first = case.check_affinity(case.exec(), target, true);
     // Later connections, by other processes of the same pod, keep the server.
-    assert_eq!(case.wait_affinity(case.exec(), target, true), first);
+    assert_eq!(case.check_affinity(case.exec(), target, true), first);
 }
 
 #[test]
@@ -513,7 +523,7 @@ fn should_have_session_affinity_timeout_work_for_service_with_type_clusterip() {
             .client_ip_affinity(1),
     );
     let target = at(vip(21), 80);
-    case.wait_programmed(target);
+    case.wait_programmed(target, Some(1));
     case.check_timeout(case.exec(), target);
 }
 
@@ -522,12 +532,14 @@ fn should_be_able_to_switch_session_affinity_for_service_with_type_clusterip() {
     let svc = || service("affinity-clusterip-transition", vip(22)).port("http", 80, "TCP");
     let case = affinity_case("affcipsw", svc().client_ip_affinity(10_800));
     let target = at(vip(22), 80);
-    case.wait_programmed(target);
-    case.wait_affinity(case.exec(), target, true);
+    case.wait_programmed(target, Some(10_800));
+    case.check_affinity(case.exec(), target, true);
     case.tb.api.apply(&svc().build());
-    case.wait_affinity(case.exec(), target, false);
+    case.wait_programmed(target, None);
+    case.check_affinity(case.exec(), target, false);
     case.tb.api.apply(&svc().client_ip_affinity(10_800).build());
-    case.wait_affinity(case.exec(), target, true);
+    case.wait_programmed(target, Some(10_800));
+    case.check_affinity(case.exec(), target, true);
 }
 
 #[test]
@@ -539,11 +551,11 @@ fn should_have_session_affinity_work_for_nodeport_service() {
             .client_ip_affinity(10_800),
     );
     let target = at(ONE.address(), 30090);
-    case.wait_programmed(target);
+    case.wait_programmed(target, Some(10_800));
     // A pod connecting to its node's NodePort (socket hooks, keyed by the pod)...
-    case.wait_affinity(case.exec(), target, true);
+    case.check_affinity(case.exec(), target, true);
     // ...and a client outside the cluster (TC, keyed by the client's address).
-    case.wait_affinity(At::Outside, target, true);
+    case.check_affinity(At::Outside, target, true);
 }
 
 #[test]
@@ -555,7 +567,7 @@ fn should_have_session_affinity_timeout_work_for_nodeport_service() {
             .client_ip_affinity(1),
     );
     let target = at(ONE.address(), 30091);
-    case.wait_programmed(target);
+    case.wait_programmed(target, Some(1));
     case.check_timeout(At::Outside, target);
 }
 
@@ -565,12 +577,14 @@ fn should_be_able_to_switch_session_affinity_for_nodeport_service() {
         || service("affinity-nodeport-transition", vip(25)).node_port("http", 80, "TCP", 30092);
     let case = affinity_case("affnpsw", svc().client_ip_affinity(10_800));
     let target = at(ONE.address(), 30092);
-    case.wait_programmed(target);
-    case.wait_affinity(At::Outside, target, true);
+    case.wait_programmed(target, Some(10_800));
+    case.check_affinity(At::Outside, target, true);
     case.tb.api.apply(&svc().build());
-    case.wait_affinity(At::Outside, target, false);
+    case.wait_programmed(target, None);
+    case.check_affinity(At::Outside, target, false);
     case.tb.api.apply(&svc().client_ip_affinity(10_800).build());
-    case.wait_affinity(At::Outside, target, true);
+    case.wait_programmed(target, Some(10_800));
+    case.check_affinity(At::Outside, target, true);
 }
 
 // ----------------------------------------------------------------------------------------
@@ -890,6 +904,112 @@ fn should_be_rejected_for_evicted_pods_no_endpoints_exist() {
 }
 
 // ----------------------------------------------------------------------------------------
+// Not ready endpoints
+
+/// A NodePort Service whose only endpoint, pod11 on node1, is deleted and fails its
+/// readiness probe (neither ready nor serving, terminating); the client pod is on node2.
+fn terminating_unready_case(
+    tag: &str,
+    ip: Ipv4Addr,
+    node_port: u16,
+    publish: bool,
+) -> TerminatingCase {
+    let svc = service("svc-tolerate-unready", ip).node_port("http", 80, "TCP", node_port);
+    let svc = if publish {
+        svc.publish_not_ready_addresses()
+    } else {
+        svc
+    };
+    let tb = Testbed::new(tag, [1, 1], &[ONE, TWO]);
+    let server = tb.tcp_server(tb.pod(ONE, 0), 80);
+    tb.api.apply(&svc.build());
+    let endpoints = |e| {
+        slice("svc-tolerate-unready-1", "svc-tolerate-unready")
+            .port("http", 80, "TCP")
+            .endpoint(e)
+            .build()
+    };
+    let ready = endpoint(tb.pod(ONE, 0).ip, "node1");
+    tb.api.apply(&endpoints(ready.clone()));
+    wait_for(&tb, At::Pod(tb.pod(TWO, 0)), "tcp", at(ip, 80), &["pod11"]);
+    tb.synced(|| {
+        tb.api.apply(&endpoints(terminating_unready(ready)));
+    });
+    TerminatingCase {
+        tb,
+        _server: server,
+    }
+}
+
+#[test]
+fn should_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotreadyaddresses_is_true()
+ {
+    let case = terminating_unready_case("pnratrue", vip(95), 30113, true);
+    let client = At::Pod(case.tb.pod(TWO, 0));
+    // The cluster IP, node1's NodePort (from outside node1) and node2's (its own node).
+    for target in [
+        at(vip(95), 80),
+        at(ONE.address(), 30113),
+        at(TWO.address(), 30113),
+    ] {
+        for _ in 0..5 {
+            assert_eq!(curl_answer(&case.tb, client, target), "pod11", "{target}");
+        }
+    }
+}
+
+#[test]
+fn should_not_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotreadyaddresses_is_false()
+ {
+    let case = terminating_unready_case("pnrafalse", vip(96), 30114, false);
+    let tb = &case.tb;
+    let client = At::Pod(tb.pod(TWO, 0));
+    // node2's socklb refuses the cluster IP and its own NodePort...
+    for target in [at(vip(96), 80), at(TWO.address(), 30114)] {
+        wait_for(tb, client, "tcp", target, &[REFUSED]);
+    }
+    // ...and node1 drops what arrives at its NodePort from outside.
+    let before = tb.inspect(ONE, None).counters.external_no_backend;
+    let failed = tb.curl(client, at(ONE.address(), 30114));
+    assert!(failed.is_err(), "{failed:?}");
+    assert!(tb.inspect(ONE, None).counters.external_no_backend > before);
+}
+
+#[test]
+fn should_create_endpoints_for_unready_pods() {
+    let tb = Testbed::new("unready", [2, 0], &[ONE]);
+    let (server, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
+    let _server = tb.tcp_server(server, 80);
+    let svc = |publish: bool| {
+        let svc = service("tolerate-unready", vip(97)).port("http", 80, "TCP");
+        if publish {
+            svc.publish_not_ready_addresses().build()
+        } else {
+            svc.build()
+        }
+    };
+    let endpoints = |e| {
+        slice("tolerate-unready-1", "tolerate-unready")
+            .port("http", 80, "TCP")
+            .endpoint(e)
+            .build()
+    };
+    let target = at(vip(97), 80);
+    // The pod never passes its readiness probe; the Service publishes it anyway.
+    tb.api.apply(&svc(true));
+    tb.api
+        .apply(&endpoints(not_ready(endpoint(server.ip, "node1"))));
+    wait_for(&tb, At::Pod(exec), "tcp", target, &["pod11"]);
+    // Scaled to zero: the pod terminates slowly (a long preStop hook).
+    let gone = terminating_unready(endpoint(server.ip, "node1"));
+    tb.api.apply(&endpoints(gone.clone()));
+    tb.api.apply(&svc(false));
+    wait_for(&tb, At::Pod(exec), "tcp", target, &[REFUSED]);
+    tb.api.apply(&svc(true));
+    wait_for(&tb, At::Pod(exec), "tcp", target, &["pod11"]);
+}
+
+// ----------------------------------------------------------------------------------------
 // Labels
 
 /// `label` on a Service turns it off for every proxy: one Service has it from the start and
@@ -1188,6 +1308,58 @@ fn should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoi
     }
 }
 
+#[test]
+fn should_fail_health_check_node_port_if_there_are_only_terminating_endpoints() {
+    let tb = Testbed::new("termhc", [2, 0], &[ONE]);
+    let (server, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
+    let _server = tb.tcp_server(server, 80);
+    tb.api.apply(
+        &service("svc-proxy-terminating", vip(94))
+            .node_port("http", 80, "TCP", 30112)
+            .external_traffic_policy("Local")
+            .load_balancer(Some(30212))
+            .build(),
+    );
+    let endpoints = |e| {
+        slice("svc-proxy-terminating-1", "svc-proxy-terminating")
+            .port("http", 80, "TCP")
+            .endpoint(e)
+            .build()
+    };
+    let ready = endpoint(server.ip, "node1");
+    tb.api.apply(&endpoints(ready.clone()));
+    // curl in the client pod, to the node's healthCheckNodePort (the agent answers it).
+    let health = || {
+        let output = tb
+            .command(At::Pod(exec), "curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", "2"])
+            .arg(format!("http://{}:30212/healthz", ONE.address()))
+            .output()
+            .expect("prerequisite missing: curl");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    tb.eventually(
+        "the health check passes with a ready endpoint",
+        || match health() {
+            code if code == "200" => Ok(()),
+            code => Err(code),
+        },
+    );
+    tb.api.apply(&endpoints(terminating(ready)));
+    tb.eventually(
+        "the health check fails with only a terminating one",
+        || match health() {
+            code if code == "503" => Ok(()),
+            code => Err(code),
+        },
+    );
+    // ...while the terminating endpoint still serves the NodePort.
+    assert_eq!(
+        curl_answer(&tb, At::Pod(exec), at(ONE.address(), 30112)),
+        "pod11"
+    );
+}
+
 // ----------------------------------------------------------------------------------------
 // Conntrack
 
@@ -1330,6 +1502,50 @@ fn should_be_able_to_preserve_udp_traffic_when_initial_unready_endpoints_get_rea
     });
     for _ in 0..3 {
         assert_eq!(dig(), answer.to_string());
+    }
+}
+
+#[test]
+fn should_drop_invalid_conntrack_entries() {
+    let tb = Testbed::new("invalid", [1, 1], &[ONE, TWO]);
+    let server = tb.pod(ONE, 0);
+    let boom = BoomServer::start(&server.netns, at(server.ip, 9000));
+    tb.api.apply(
+        &service("boom-server", vip(103))
+            .node_port("tcp", 9000, "TCP", 30900)
+            .build(),
+    );
+    tb.api.apply(
+        &slice("boom-server-1", "boom-server")
+            .port("tcp", 9000, "TCP")
+            .endpoint(endpoint(server.ip, "node1"))
+            .build(),
+    );
+    // A client pod on the other node through the cluster IP (socket translation), and the
+    // outside client through the NodePort (TC): every connection gets an out-of-window
+    // segment from the server, and must answer it with an ACK, not a RST.
+    let client = tb.pod(TWO, 0);
+    for (from, target) in [
+        (At::Pod(client), at(vip(103), 9000)),
+        (At::Outside, at(ONE.address(), 30900)),
+    ] {
+        wait_for(&tb, from, "tcp", target, &["boom-server"]);
+        for attempt in tb.probe(from, "tcp", target, 5) {
+            assert_eq!(
+                attempt.reply.as_deref(),
+                Some("boom-server Ack"),
+                "{target}: {attempt:?}"
+            );
+        }
+    }
+    let reactions = boom.reactions();
+    let clients: BTreeSet<Ipv4Addr> = reactions.iter().map(|(peer, _)| *peer.ip()).collect();
+    assert_eq!(
+        clients,
+        BTreeSet::from([client.ip, socklb_tests::testbed::CLIENT])
+    );
+    for (peer, reaction) in &reactions {
+        assert_eq!(*reaction, Reaction::Ack, "the client at {peer}");
     }
 }
 
