@@ -226,6 +226,32 @@ fn should_serve_endpoints_on_same_port_and_different_protocols() {
 }
 
 #[test]
+fn should_serve_endpoints_on_same_port_and_different_protocol_for_internal_traffic_on_type_loadbalancer()
+ {
+    let tb = Testbed::new("lbproto", [2, 0], &[ONE]);
+    let (server, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
+    let _servers = [tb.tcp_server(server, 80), tb.udp_server(server, 80)];
+    tb.api.apply(
+        &service("lb-same-port-protocols", vip(17))
+            .node_port("tcp-port", 80, "TCP", 30140)
+            .node_port("udp-port", 80, "UDP", 30141)
+            .load_balancer(None)
+            .build(),
+    );
+    tb.api.apply(
+        &slice("lb-same-port-protocols-1", "lb-same-port-protocols")
+            .port("tcp-port", 80, "TCP")
+            .port("udp-port", 80, "UDP")
+            .endpoint(endpoint(server.ip, "node1"))
+            .build(),
+    );
+    let target = at(vip(17), 80);
+    wait_for(&tb, At::Pod(exec), "tcp", target, &["pod11"]);
+    wait_for(&tb, At::Pod(exec), "udp", target, &["pod11"]);
+    wait_for(&tb, At::Pod(exec), "udp-connected", target, &["pod11"]);
+}
+
+#[test]
 fn should_be_able_to_create_a_functioning_nodeport_service() {
     let tb = Testbed::new("nodeport", [2, 1], &[ONE, TWO]);
     let (pod11, exec, pod21) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(TWO, 0));
