@@ -70,11 +70,18 @@ impl FakeApiServer {
     /// Starts serving on an ephemeral port of 127.0.0.1, on a thread with its own tokio
     /// runtime, so that plain `#[test]`s and `#[tokio::test]`s can both use it.
     pub fn start() -> Self {
+        Self::start_on(Ipv4Addr::LOCALHOST)
+    }
+
+    /// Starts serving on an ephemeral port of `address` (`0.0.0.0`: every address of the
+    /// network namespace, for clients on other hosts of a test network).
+    pub fn start_on(address: Ipv4Addr) -> Self {
         let mut store = Store::new();
         store.register::<Service>();
         store.register::<EndpointSlice>();
         store.register::<Node>();
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind 127.0.0.1:0");
+        let listener =
+            TcpListener::bind((address, 0)).unwrap_or_else(|e| panic!("bind {address}:0: {e}"));
         let addr = listener
             .local_addr()
             .expect("local address of the listener");
@@ -90,6 +97,11 @@ impl FakeApiServer {
     /// The base URL for a client (`kube::Config::new(url.parse()?)`).
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The port it listens on, for clients that reach it through another address.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
     }
 
     /// Creates or replaces an object (namespace and name from its metadata) and returns its

@@ -5,10 +5,13 @@
 //! A missing prerequisite (not root, no bpffs, no cgroup v2) fails the test with a message
 //! naming it; nothing is skipped.
 pub mod bench;
+pub mod boom_server;
+pub mod cluster;
 pub mod fake_apiserver;
 pub mod netns;
 pub mod privileges;
 pub mod seccomp;
+pub mod testbed;
 use std::{
     ffi::CString,
     fs,
@@ -122,30 +125,7 @@ impl Sandbox {
 
     /// A command that runs inside this sandbox's cgroup (and network namespace).
     pub fn in_cgroup(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let procs = CString::new(
-            self.cgroup
-                .join("cgroup.procs")
-                .as_os_str()
-                .as_encoded_bytes(),
-        )
-        .expect("cgroup path without NUL");
-        let mut command = Command::new(program);
-        // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
-        unsafe {
-            command.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if written != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        command
+        command_in_cgroup(&self.cgroup, program)
     }
 
     /// Runs the probe inside the cgroup and returns its attempts.
@@ -215,6 +195,29 @@ impl Drop for Sandbox {
         // SAFETY: setns with a namespace fd we opened; affects only this thread.
         unsafe { libc::setns(self.original_netns.as_raw_fd(), libc::CLONE_NEWNET) };
     }
+}
+
+/// A command whose process joins `cgroup` before it runs `program`.
+pub fn command_in_cgroup(cgroup: &Path, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let procs = CString::new(cgroup.join("cgroup.procs").as_os_str().as_encoded_bytes())
+        .expect("cgroup path without NUL");
+    let mut command = Command::new(program);
+    // SAFETY: only async-signal-safe calls (open, write, close) between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if written != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command
 }
 
 /// A probe started in the background.
@@ -380,6 +383,12 @@ impl NamedServer {
                         }
                         let text = reply.replace(PEER, &peer.to_string());
                         let _ = stream.write_all(text.as_bytes());
+                        // Half-close and drain until the client closes: closing with a
+                        // request unread (curl's) would reset the connection under the reply.
+                        let _ = stream.shutdown(std::net::Shutdown::Write);
+                        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+                        let mut sink = [0u8; 2048];
+                        while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(1)),
                 }
@@ -700,6 +709,24 @@ impl Agent {
             node,
             extra,
         )
+    }
+
+    /// Starts the agent on the API server of `kubeconfig` with its own pins and cgroup (a
+    /// second node of a test); it runs in the network namespace of the calling thread.
+    pub fn start_kube_at(
+        pin_dir: &Path,
+        cgroup: &Path,
+        kubeconfig: &Path,
+        node: &str,
+        extra: &[&str],
+    ) -> Self {
+        let source = [
+            "--source".as_ref(),
+            "kube".as_ref(),
+            "--kubeconfig".as_ref(),
+            kubeconfig.as_os_str(),
+        ];
+        Self::spawn_at(pin_dir, cgroup, &source, node, extra)
     }
 
     fn spawn(sandbox: &Sandbox, source: &[&std::ffi::OsStr], node: &str, extra: &[&str]) -> Self {

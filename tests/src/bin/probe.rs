@@ -3,7 +3,10 @@
 //! server said: the peer address the socket reports, the server's reply (its name), and the
 //! error if any. Run inside a test cgroup, it is "a process on the node".
 //!
-//! socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT] [PAUSE_MS]
+//! socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT] [PAUSE_MS] [SOURCE_PORT]
+//!
+//! With SOURCE_PORT every attempt's new socket binds that port (as `nc -p` does), so that
+//! successive attempts are one flow to conntrack.
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
@@ -28,7 +31,9 @@ struct Attempt {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, mode, target, rest @ ..] = args.as_slice() else {
-        eprintln!("usage: socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT] [PAUSE_MS]");
+        eprintln!(
+            "usage: socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT] [PAUSE_MS] [SOURCE_PORT]"
+        );
         std::process::exit(2);
     };
     let target: SocketAddr = target.parse().unwrap_or_else(|e| {
@@ -37,14 +42,15 @@ fn main() {
     });
     let count: u32 = rest.first().and_then(|c| c.parse().ok()).unwrap_or(1);
     let pause = Duration::from_millis(rest.get(1).and_then(|p| p.parse().ok()).unwrap_or(0));
+    let source_port: u16 = rest.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for _ in 0..count {
         let started_ns = monotonic_ns();
         let result = match mode.as_str() {
             "tcp" => tcp(target),
-            "udp" => udp(target, false),
-            "udp-connected" => udp(target, true),
+            "udp" => udp(target, false, source_port),
+            "udp-connected" => udp(target, true, source_port),
             other => {
                 eprintln!("unknown mode {other}");
                 std::process::exit(2);
@@ -84,11 +90,15 @@ fn tcp(target: SocketAddr) -> std::io::Result<(SocketAddr, String)> {
     Ok((peer, reply))
 }
 
-fn udp(target: SocketAddr, connected: bool) -> std::io::Result<(SocketAddr, String)> {
+fn udp(
+    target: SocketAddr,
+    connected: bool,
+    source_port: u16,
+) -> std::io::Result<(SocketAddr, String)> {
     let any = if target.is_ipv4() {
-        "0.0.0.0:0"
+        SocketAddr::from(([0, 0, 0, 0], source_port))
     } else {
-        "[::]:0"
+        SocketAddr::from(([0u16; 8], source_port))
     };
     let socket = UdpSocket::bind(any)?;
     socket.set_read_timeout(Some(Duration::from_secs(2)))?;
@@ -116,6 +126,8 @@ fn error_name(error: &std::io::Error) -> String {
         Some(libc::ECONNREFUSED) => "ECONNREFUSED".to_owned(),
         Some(libc::ENETUNREACH) => "ENETUNREACH".to_owned(),
         Some(libc::EPERM) => "EPERM".to_owned(),
+        // What a blackhole route gives: the destination was not translated.
+        Some(libc::EINVAL) => "EINVAL".to_owned(),
         _ => error.to_string(),
     }
 }
