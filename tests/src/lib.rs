@@ -109,7 +109,12 @@ impl Sandbox {
 
     /// `socklb inspect -o json` as an operator runs it in the agent's container.
     pub fn inspect(&self) -> serde_json::Value {
-        let output = chart_agent()
+        self.inspect_as(chart_agent())
+    }
+
+    /// `socklb inspect -o json` run with `privileges`.
+    pub fn inspect_as(&self, privileges: &ContainerPrivileges) -> serde_json::Value {
+        let output = privileges
             .command(agent_bin())
             .args(["inspect", "-o", "json", "--bpffs"])
             .arg(&self.pin_dir)

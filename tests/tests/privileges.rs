@@ -94,16 +94,11 @@ fn under_the_runtime_default_seccomp_profile_the_agent_serves_restarts_and_clean
         agent.stop();
     }
 
-    let inspect = agent_privileges
-        .command(agent_bin())
-        .args(["inspect", "-o", "json", "--bpffs"])
-        .arg(&sandbox.pin_dir)
-        .output()
-        .expect("run socklb inspect");
+    // Panics unless inspect succeeds under the filter.
+    let inspected = sandbox.inspect_as(&agent_privileges);
     assert!(
-        inspect.status.success(),
-        "inspect under seccomp: {}",
-        String::from_utf8_lossy(&inspect.stderr)
+        inspected.get("frontends").is_some(),
+        "inspect under seccomp: {inspected}"
     );
     let cleanup = chart_cleanup()
         .with_seccomp(&profile.0)
