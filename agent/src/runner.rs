@@ -11,6 +11,7 @@
 //!   are not programmed (an agent restart keeps the old programs until then).
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
+    net::Ipv4Addr,
     ops::RangeInclusive,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -23,7 +24,7 @@ use tracing::{debug, info, info_span, warn};
 use crate::{
     dataplane::{
         Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, NodeSettings, TcMode,
-        devices_with_addresses, ipv4_forwarding,
+        ipv4_forwarding, local_ipv4_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
@@ -83,6 +84,8 @@ pub struct Runner {
     external: ExternalTraffic,
     /// Devices the TC programs are attached to.
     external_devices: Option<Vec<String>>,
+    /// The SNAT address last programmed (`None`: not yet), to log only its changes.
+    snat_address: Option<Option<Ipv4Addr>>,
     /// The healthCheckNodePorts, brought in line with the selections after every sync.
     health_checks: HealthChecks,
 }
@@ -105,6 +108,7 @@ impl Runner {
             attached: false,
             external: ExternalTraffic::default(),
             external_devices: None,
+            snat_address: None,
             health_checks: HealthChecks::new(
                 std::net::Ipv4Addr::UNSPECIFIED.into(),
                 health.clone(),
@@ -249,16 +253,16 @@ impl Runner {
                 return Ok(false);
             }
         };
-        if full || !self.attached {
-            match self.program_external() {
-                // At start, a device that cannot be served is a configuration error.
-                Err(error) if !self.attached => return Err(error),
-                Err(error) => warn!(
-                    error = %chain(&error),
-                    "traffic from outside: the TC programs stay as they were"
-                ),
-                Ok(()) => {}
-            }
+        // Every sync: a change of this Node's addresses marks every Service, so it is
+        // applied by the next incremental sync; a device change, by the next sync of any kind.
+        match self.program_external() {
+            // At start, a device that cannot be served is a configuration error.
+            Err(error) if !self.attached => return Err(error),
+            Err(error) => warn!(
+                error = %chain(&error),
+                "traffic from outside: the TC programs stay as they were"
+            ),
+            Ok(()) => {}
         }
         self.name_frontends(if full { None } else { Some(&touched) });
         if !self.attached {
@@ -336,18 +340,39 @@ impl Runner {
     /// when the devices found from the Node's addresses change).
     fn program_external(&mut self) -> Result<(), DataplaneError> {
         let node = self.state.this_node();
+        let local = match local_ipv4_addresses() {
+            Ok(local) => local,
+            Err(error) => {
+                warn!(%error, "cannot list the network devices; keeping the TC programs as they are");
+                return Ok(());
+            }
+        };
+        let held: Vec<Ipv4Addr> = local.iter().map(|(address, _)| *address).collect();
+        let snat_address = node.snat_address(&held);
+        if self.snat_address != Some(snat_address) {
+            match snat_address {
+                Some(address) => info!(%address, "SNAT address for flows to other nodes"),
+                None if !node.addresses.is_empty() => warn!(
+                    addresses = ?node.addresses,
+                    "this node holds none of its Node's addresses: flows from outside to a \
+                     backend on another node cannot be SNATed and are dropped; check the Node's \
+                     InternalIP"
+                ),
+                None => {}
+            }
+            self.snat_address = Some(snat_address);
+        }
         self.dataplane.set_node(&NodeSettings {
-            snat_address: node.addresses.first().copied(),
+            snat_address,
             snat_ports: self.external.snat_ports.clone(),
         })?;
         let devices = if self.external.devices.is_empty() {
-            match devices_with_addresses(&node.addresses) {
-                Ok(devices) => devices,
-                Err(error) => {
-                    warn!(%error, "cannot list the network devices; keeping the TC programs as they are");
-                    return Ok(());
-                }
-            }
+            let devices: BTreeSet<String> = local
+                .into_iter()
+                .filter(|(address, _)| node.addresses.contains(address))
+                .map(|(_, device)| device)
+                .collect();
+            devices.into_iter().collect()
         } else {
             self.external.devices.clone()
         };

@@ -1102,3 +1102,77 @@ fn the_agent_warns_when_the_node_does_not_forward_ipv4() {
         );
     }
 }
+
+/// The SNAT address is an InternalIP this node holds, and a change of the Node's addresses is
+/// applied by the next incremental sync (the full resync is an hour away here).
+#[test]
+fn the_snat_address_follows_the_node_s_internal_ip_at_the_next_sync() {
+    let sandbox = Sandbox::new("snat-address");
+    here(&[
+        "link",
+        "add",
+        "eth0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0-peer",
+    ]);
+    here(&["addr", "add", "192.168.91.1/24", "dev", "eth0"]);
+    here(&["addr", "add", "192.168.91.2/24", "dev", "eth0"]);
+    here(&["link", "set", "eth0", "up"]);
+    let node = |addresses: &str| {
+        format!(
+            "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\nstatus:\n  addresses: \
+             [{addresses}]\n"
+        )
+    };
+    let manifests = ManifestDir::new(&sandbox);
+    // An ExternalIP listed first that no device holds (a cloud NAT's), then the InternalIP.
+    manifests.write(
+        "node.yaml",
+        &node(
+            "{type: ExternalIP, address: 203.0.113.9}, {type: InternalIP, address: 192.168.91.1}",
+        ),
+    );
+    let agent = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node-a",
+        &["--sync-period", "1h"],
+    );
+    assert_eq!(snat_address(&sandbox), Some(Ipv4Addr::new(192, 168, 91, 1)));
+
+    manifests.write(
+        "node.yaml",
+        &node(
+            "{type: ExternalIP, address: 203.0.113.9}, {type: InternalIP, address: 192.168.91.2}",
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while snat_address(&sandbox) != Some(Ipv4Addr::new(192, 168, 91, 2)) {
+        assert!(
+            Instant::now() < deadline,
+            "the new InternalIP was not programmed by an incremental sync:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = agent.stop();
+    assert_eq!(
+        log.matches("full=true").count(),
+        1,
+        "only the first sync may be a full one:\n{log}"
+    );
+}
+
+/// The SNAT address in the pinned node map (`None`: none programmed).
+fn snat_address(sandbox: &Sandbox) -> Option<Ipv4Addr> {
+    let map = aya::maps::Map::Array(
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join(socklb_abi::map_names::NODE))
+            .expect("open the node map"),
+    );
+    let map: aya::maps::Array<_, socklb_abi::NodeConfig> = map.try_into().expect("node map");
+    let config = map.get(&0, 0).expect("the node settings");
+    (config.snat_address != 0).then(|| Ipv4Addr::from(u32::from_be(config.snat_address)))
+}

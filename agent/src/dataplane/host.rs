@@ -1,7 +1,6 @@
 //! What the host must provide before anything is loaded: cgroup v2 and bpffs.
 //! Each check fails with a message that says how to fix it.
 use std::{
-    collections::BTreeSet,
     ffi::CString,
     fs,
     net::Ipv4Addr,
@@ -38,21 +37,16 @@ pub enum HostError {
     },
 }
 
-/// The network devices that hold any of `addresses`, in name order: where traffic from
-/// outside the node to those addresses arrives.
-pub fn devices_with_addresses(addresses: &[Ipv4Addr]) -> std::io::Result<Vec<String>> {
-    let mut devices = BTreeSet::new();
-    for interface in nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)? {
-        let address = interface
-            .address
-            .as_ref()
-            .and_then(|a| a.as_sockaddr_in())
-            .map(|a| a.ip());
-        if address.is_some_and(|a| addresses.contains(&a)) {
-            devices.insert(interface.interface_name);
-        }
-    }
-    Ok(devices.into_iter().collect())
+/// This network namespace's IPv4 addresses, each with the device that holds it (getifaddrs,
+/// which reads them over netlink).
+pub fn local_ipv4_addresses() -> std::io::Result<Vec<(Ipv4Addr, String)>> {
+    Ok(nix::ifaddrs::getifaddrs()
+        .map_err(std::io::Error::from)?
+        .filter_map(|interface| {
+            let address = interface.address.as_ref()?.as_sockaddr_in()?.ip();
+            Some((address, interface.interface_name))
+        })
+        .collect())
 }
 
 /// The kernel's ephemeral port range (`net.ipv4.ip_local_port_range`), which SNAT ports

@@ -24,7 +24,7 @@ use aya::{
     maps::{Array, MapData, MapError, PerCpuArray},
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
-pub use host::{HostError, devices_with_addresses, ephemeral_ports, ipv4_forwarding};
+pub use host::{HostError, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses};
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
 pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
 use socklb_abi::{Counters, NodeConfig, map_names};

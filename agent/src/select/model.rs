@@ -166,7 +166,7 @@ pub struct SliceInfo {
 pub struct ThisNode {
     pub name: String,
     pub labels: BTreeMap<String, String>,
-    /// IPv4 addresses NodePorts are served on (the Node's InternalIP and ExternalIP).
+    /// IPv4 addresses NodePorts are served on: the Node's InternalIPs, then its ExternalIPs.
     pub addresses: Vec<Ipv4Addr>,
 }
 
@@ -176,6 +176,14 @@ pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 impl ThisNode {
     pub fn zone(&self) -> Option<&str> {
         self.labels.get(ZONE_LABEL).map(String::as_str)
+    }
+
+    /// The source address of flows SNATed to a backend on another node: an address the
+    /// backend's node routes back to this one, and that this node holds (an ExternalIP is
+    /// often a cloud NAT's, held by no device). The first InternalIP held locally, else the
+    /// first ExternalIP held locally.
+    pub fn snat_address(&self, local: &[Ipv4Addr]) -> Option<Ipv4Addr> {
+        self.addresses.iter().copied().find(|a| local.contains(a))
     }
 }
 

@@ -356,18 +356,17 @@ pub fn slice(slice: &EndpointSlice) -> Option<SliceInfo> {
 /// A Node's labels and the IPv4 addresses NodePorts are served on.
 pub fn node(node: &Node) -> (BTreeMap<String, String>, Vec<std::net::Ipv4Addr>) {
     let labels = node.metadata.labels.clone().unwrap_or_default();
-    let addresses = node
+    let listed = node
         .status
         .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .map(|addresses| {
-            addresses
-                .iter()
-                .filter(|a| a.type_ == "InternalIP" || a.type_ == "ExternalIP")
-                .filter_map(|a| a.address.parse().ok())
-                .collect()
-        })
+        .and_then(|s| s.addresses.as_deref())
         .unwrap_or_default();
+    // InternalIPs first: the first one this node holds is its SNAT address.
+    let addresses = ["InternalIP", "ExternalIP"]
+        .iter()
+        .flat_map(|kind| listed.iter().filter(move |a| a.type_ == *kind))
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
     (labels, addresses)
 }
 

@@ -19,6 +19,9 @@ use crate::{
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Changes {
     pub services: BTreeSet<ServiceName>,
+    /// This node's addresses or labels changed: its SNAT address and devices are
+    /// re-evaluated even if no Service is affected.
+    pub this_node: bool,
     /// Services and EndpointSlices that changed (added, modified, removed) since the last
     /// sync, for the changes metrics; unchanged objects of a relist do not count.
     pub service_events: u64,
@@ -95,9 +98,9 @@ impl ClusterState {
         &self.this_node
     }
 
-    /// True once nothing is pending.
+    /// Whether a change waits for a sync.
     pub fn has_changes(&self) -> bool {
-        !self.changes.services.is_empty()
+        !self.changes.services.is_empty() || self.changes.this_node
     }
 
     /// Service and EndpointSlice events not yet taken by a sync.
@@ -316,6 +319,7 @@ impl ClusterState {
     /// This node's labels and addresses shape every Service (zone hints, NodePorts);
     /// another node's labels only those using topology keys.
     fn node_changed(&mut self, is_this_node: bool) {
+        self.changes.this_node |= is_this_node;
         let affected: Vec<ServiceName> = self
             .services
             .iter()

@@ -413,3 +413,39 @@ spec:
         );
     }
 }
+
+#[test]
+fn the_snat_address_is_the_first_internal_ip_this_node_holds() {
+    let state = state_with(
+        "
+kind: Node
+metadata: {name: node-a}
+status:
+  addresses:
+  - {type: ExternalIP, address: 203.0.113.5}
+  - {type: Hostname, address: node-a}
+  - {type: InternalIP, address: 10.0.0.5}
+  - {type: InternalIP, address: 10.0.0.6}
+",
+    );
+    let ip = |text: &str| -> std::net::Ipv4Addr { text.parse().expect("address") };
+    let node = state.this_node();
+    assert_eq!(
+        node.addresses,
+        [ip("10.0.0.5"), ip("10.0.0.6"), ip("203.0.113.5")],
+        "NodePort addresses: InternalIPs first, then ExternalIPs"
+    );
+    let rows: [(&[&str], Option<&str>); 4] = [
+        // The first InternalIP held locally, in the Node's order.
+        (&["203.0.113.5", "10.0.0.6", "10.0.0.5"], Some("10.0.0.5")),
+        (&["203.0.113.5", "10.0.0.6"], Some("10.0.0.6")),
+        // No InternalIP held: an ExternalIP held locally.
+        (&["203.0.113.5", "127.0.0.1"], Some("203.0.113.5")),
+        // None held (a cloud NAT's ExternalIP, an address not configured yet).
+        (&["127.0.0.1"], None),
+    ];
+    for (local, wanted) in rows {
+        let local: Vec<_> = local.iter().map(|a| ip(a)).collect();
+        assert_eq!(node.snat_address(&local), wanted.map(ip), "held: {local:?}");
+    }
+}
