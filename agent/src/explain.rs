@@ -1,6 +1,5 @@
 //! `socklb explain`: for every Service frontend, the backends this node uses for internal
 //! and external traffic, and why. A table for people, JSON (`-o json`) for tools.
-use std::fmt::Write as _;
 
 use serde::Serialize;
 
@@ -156,7 +155,13 @@ pub fn table(explanation: &Explanation) -> String {
     for row in &rows {
         let mut line = String::new();
         for (cell, width) in row.iter().zip(widths) {
-            let _ = write!(line, "{cell:width$}  ");
+            // Padded by hand: a format width above u16::MAX (a 100,000-character name, the
+            // backends of 70,000 endpoints) panics.
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(
+                ' ',
+                width.saturating_sub(cell.chars().count()) + 2,
+            ));
         }
         out.push_str(line.trim_end());
         out.push('\n');
@@ -195,5 +200,36 @@ fn why(policy: Policy, topology: &Topology, terminating_fallback: bool) -> Strin
         "no ready endpoint: serving terminating ones".to_owned()
     } else {
         topology
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cell_wider_than_a_format_width_is_printed_whole() {
+        let name = "n".repeat(100_000);
+        let explanation = Explanation {
+            node: NodeView {
+                name: "node-a".to_owned(),
+                zone: None,
+                addresses: Vec::new(),
+            },
+            services: Vec::new(),
+            skipped: vec![SkippedService {
+                service: ServiceName {
+                    namespace: "default".to_owned(),
+                    name: name.clone(),
+                },
+                reason: SkipReason::Headless,
+            }],
+        };
+        let table = table(&explanation);
+        assert!(
+            table.contains(&format!("default/{name}")),
+            "{}",
+            &table[..200]
+        );
     }
 }
