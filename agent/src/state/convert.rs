@@ -115,7 +115,7 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
                 continue;
             }
         };
-        let Ok(number) = u16::try_from(port.port) else {
+        let Some(number) = u16::try_from(port.port).ok().filter(|p| *p != 0) else {
             partial_skips.push((label(), SkipReason::Invalid(format!("port {}", port.port))));
             continue;
         };

@@ -98,6 +98,8 @@ spec:
   externalIPs: [203.0.113.9, not-an-ip]
   ports:
   - {name: sctp, port: 9, protocol: SCTP}
+  - {name: zero, port: 0, protocol: TCP}
+  - {name: big, port: 70000, protocol: TCP}
   - {name: dns, port: 53, protocol: UDP}
   sessionAffinity: ClientIP
 ",
@@ -110,6 +112,8 @@ spec:
             "clusterIPs fd00::20",
             "externalIPs not-an-ip",
             "port sctp",
+            "port zero",
+            "port big",
             "annotation socklb.io/topology-keys",
         ]
     );
