@@ -322,6 +322,10 @@ async fn start_source(
 
 fn run(args: &RunArgs) -> anyhow::Result<()> {
     let node_name = node_name(&args.source)?;
+    let listeners = [
+        server::bind(args.healthz_bind_address, "--healthz-bind-address")?,
+        server::bind(args.metrics_bind_address, "--metrics-bind-address")?,
+    ];
     let dataplane = Dataplane::load(Config {
         pin_dir: args.pins.pin_dir.clone(),
         cgroup: args.cgroup_path.clone(),
@@ -341,11 +345,11 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         };
         let router = server::router(health.clone(), metrics.clone(), &args.pins.pin_dir);
         let mut servers = Vec::new();
-        for address in [args.healthz_bind_address, args.metrics_bind_address] {
+        for listener in listeners {
             let router = router.clone();
             let shutdown = stopped();
             servers.push(tokio::spawn(async move {
-                server::serve(address, router, shutdown).await
+                server::serve(listener, router, shutdown).await
             }));
         }
 

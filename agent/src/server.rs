@@ -114,16 +114,32 @@ fn read_counters(pin: &Path) -> Option<Counters> {
     Some(Counters::sum(per_cpu.iter()))
 }
 
-/// Serves `router` on `address` until `shutdown` completes.
+/// Binds a health or metrics address at start, so that a port another process holds (often
+/// kube-proxy's 10256 and 10249 during a migration) stops the agent before it loads
+/// anything, with the flag to change, instead of failing when it exits.
+pub fn bind(address: SocketAddr, flag: &str) -> std::io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(address)
+        .and_then(|listener| listener.set_nonblocking(true).map(|()| listener))
+        .map_err(|e| {
+            std::io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot listen on {address} ({e}): another process may hold the port \
+                     (kube-proxy uses 10256 and 10249); choose another with {flag}"
+                ),
+            )
+        })?;
+    info!(address = %listener.local_addr()?, "serving health and metrics");
+    Ok(listener)
+}
+
+/// Serves `router` on `listener` until `shutdown` completes.
 pub async fn serve(
-    address: SocketAddr,
+    listener: std::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address)
-        .await
-        .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {address}: {e}")))?;
-    info!(%address, "serving health and metrics");
+    let listener = tokio::net::TcpListener::from_std(listener)?;
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await

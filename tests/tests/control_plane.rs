@@ -423,3 +423,54 @@ current-context: fake
     wait_for_answers(&sandbox, &["127.0.24.2"]);
     agent.stop();
 }
+
+/// A health or metrics port that another process holds (kube-proxy's, during a migration)
+/// stops the agent at start, naming the flag, before anything is loaded.
+#[test]
+fn a_health_or_metrics_port_in_use_stops_the_agent_at_start() {
+    let sandbox = Sandbox::new("cp-port-in-use");
+    let manifests = one_endpoint_cluster(&sandbox, 24);
+    // kube-proxy's metrics port, held in the sandbox's namespace.
+    let _held = std::net::TcpListener::bind("127.0.0.1:10249").expect("hold port 10249");
+    let mut child = socklb_tests::privileges::chart_agent()
+        .command(agent_bin())
+        .args([
+            "run",
+            "--source",
+            "file",
+            "--node-name",
+            "node-a",
+            "--manifests",
+        ])
+        .arg(&manifests.path)
+        .arg("--bpffs")
+        .arg(&sandbox.pin_dir)
+        .arg("--cgroup-path")
+        .arg(&sandbox.cgroup)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run socklb");
+    // An agent that does not stop at start would run on: it is killed at the deadline.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait for socklb").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("socklb's output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "started on a port in use:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("cannot listen on 127.0.0.1:10249")
+            && stderr.contains("--metrics-bind-address"),
+        "the error names the address and the flag:\n{stderr}"
+    );
+    assert!(
+        !sandbox.pin_dir.exists(),
+        "nothing may be loaded before the ports are bound"
+    );
+}
