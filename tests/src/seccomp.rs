@@ -7,6 +7,7 @@
 //! container's.
 use std::{collections::HashSet, path::Path};
 
+use anyhow::{Context as _, bail};
 use libseccomp::{
     ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext, ScmpSyscall,
 };
@@ -90,12 +91,10 @@ impl Profile {
 
     /// The filter a runtime installs for a container holding `capabilities` (names such as
     /// `CAP_BPF`). Names this libseccomp does not know are skipped, as runtimes skip them.
-    pub fn filter(&self, capabilities: &HashSet<String>) -> Result<ScmpFilterContext, String> {
+    pub fn filter(&self, capabilities: &HashSet<String>) -> anyhow::Result<ScmpFilterContext> {
         let default = action(&self.default_action, self.default_errno_ret)?;
-        let mut filter = ScmpFilterContext::new(default).map_err(|e| e.to_string())?;
-        filter
-            .add_arch(ScmpArch::native())
-            .map_err(|e| e.to_string())?;
+        let mut filter = ScmpFilterContext::new(default)?;
+        filter.add_arch(ScmpArch::native())?;
         for rule in self.syscalls.iter().filter(|r| r.applies(capabilities)) {
             let rule_action = action(&rule.action, rule.errno_ret)?;
             // libseccomp refuses a rule that repeats the default action; it changes nothing.
@@ -113,7 +112,7 @@ impl Profile {
                 };
                 filter
                     .add_rule_conditional(rule_action, syscall, &conditions)
-                    .map_err(|e| format!("rule {} for {name}: {e}", rule.action))?;
+                    .with_context(|| format!("rule {} for {name}", rule.action))?;
             }
         }
         Ok(filter)
@@ -131,7 +130,7 @@ impl Rule {
 }
 
 impl Arg {
-    fn compare(&self) -> Result<ScmpArgCompare, String> {
+    fn compare(&self) -> anyhow::Result<ScmpArgCompare> {
         let op = match self.op.as_str() {
             "SCMP_CMP_NE" => ScmpCompareOp::NotEqual,
             "SCMP_CMP_LT" => ScmpCompareOp::Less,
@@ -147,14 +146,14 @@ impl Arg {
                     self.value_two,
                 ));
             }
-            other => return Err(format!("unknown comparison {other}")),
+            other => bail!("unknown comparison {other}"),
         };
         Ok(ScmpArgCompare::new(self.index, op, self.value))
     }
 }
 
 /// An OCI action; an errno action without `errnoRet` returns EPERM, as runc's does.
-fn action(name: &str, errno: Option<u32>) -> Result<ScmpAction, String> {
+fn action(name: &str, errno: Option<u32>) -> anyhow::Result<ScmpAction> {
     Ok(match name {
         "SCMP_ACT_ALLOW" => ScmpAction::Allow,
         "SCMP_ACT_ERRNO" => ScmpAction::Errno(errno.map_or(libc::EPERM, |e| e as i32)),
@@ -162,7 +161,7 @@ fn action(name: &str, errno: Option<u32>) -> Result<ScmpAction, String> {
         "SCMP_ACT_KILL_PROCESS" => ScmpAction::KillProcess,
         "SCMP_ACT_TRAP" => ScmpAction::Trap,
         "SCMP_ACT_LOG" => ScmpAction::Log,
-        other => return Err(format!("unsupported action {other}")),
+        other => bail!("unsupported action {other}"),
     })
 }
 

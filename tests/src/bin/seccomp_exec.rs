@@ -23,7 +23,6 @@ fn main() -> anyhow::Result<()> {
         .collect();
     let filter = Profile::read(Path::new(profile))
         .filter(&capabilities)
-        .map_err(anyhow::Error::msg)
         .with_context(|| format!("compiling {profile}"))?;
     filter.load().context("installing the seccomp filter")?;
     let error = Command::new(program).args(rest).exec();
