@@ -10,7 +10,7 @@
 //! - The programs are attached after that first full sync, so they never run on maps that
 //!   are not programmed (an agent restart keeps the old programs until then).
 use std::{
-    collections::{BTreeMap, BTreeSet, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::Ipv4Addr,
     ops::RangeInclusive,
     sync::Arc,
@@ -29,7 +29,7 @@ use crate::{
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
     metrics::{MapLabels, Metrics, ReasonLabels},
-    select::{FrontendKind, ServiceName},
+    select::{FrontendKind, ServiceName, SkipReason, SkippedPart},
     server::Health,
     source::{Event, Kind, Object},
     state::{ClusterState, convert},
@@ -86,6 +86,8 @@ pub struct Runner {
     external_devices: Option<Vec<String>>,
     /// The SNAT address last programmed (`None`: not yet), to log only its changes.
     snat_address: Option<Option<Ipv4Addr>>,
+    /// What was last logged as not served, per Service, to log only its changes.
+    logged_skips: HashMap<ServiceName, Vec<SkippedPart>>,
     /// The healthCheckNodePorts, brought in line with the selections after every sync.
     health_checks: HealthChecks,
 }
@@ -109,6 +111,7 @@ impl Runner {
             external: ExternalTraffic::default(),
             external_devices: None,
             snat_address: None,
+            logged_skips: HashMap::new(),
             health_checks: HealthChecks::new(
                 std::net::Ipv4Addr::UNSPECIFIED.into(),
                 health.clone(),
@@ -228,11 +231,15 @@ impl Runner {
         for name in &changes.services {
             let _span = info_span!("service", service = %name).entered();
             let selection = self.state.select(name);
-            if let Some(selection) = &selection {
-                for skipped in &selection.skipped {
-                    debug!(part = %skipped.part, reason = %skipped.reason, "not served");
-                }
-            }
+            let skipped: Vec<SkippedPart> = match (&selection, self.state.skip_reason(name)) {
+                (Some(selection), _) => selection.skipped.clone(),
+                (None, Some(reason)) => vec![SkippedPart {
+                    part: "service".to_owned(),
+                    reason: reason.clone(),
+                }],
+                (None, None) => Vec::new(),
+            };
+            self.log_skips(name, skipped);
             touched.extend(self.table.update(name, selection));
         }
 
@@ -333,6 +340,33 @@ impl Runner {
         };
         if let Err(error) = self.dataplane.apply_labels(&labels, touched.is_none()) {
             warn!(error = %chain(&error), "frontend names not written (display only)");
+        }
+    }
+
+    /// One log line per part of a Service that is not served, when that changes (not at
+    /// every change of its endpoints): a warning for an invalid field, else info, or debug
+    /// for what is skipped by design (ExternalName, headless, another proxy's).
+    fn log_skips(&mut self, name: &ServiceName, skipped: Vec<SkippedPart>) {
+        if self
+            .logged_skips
+            .get(name)
+            .map_or(skipped.is_empty(), |l| *l == skipped)
+        {
+            return;
+        }
+        for SkippedPart { part, reason } in &skipped {
+            match reason {
+                SkipReason::Invalid(_) => warn!(part, %reason, "not served"),
+                SkipReason::ExternalName | SkipReason::Headless | SkipReason::OtherProxy => {
+                    debug!(part, %reason, "not served")
+                }
+                _ => info!(part, %reason, "not served"),
+            }
+        }
+        if skipped.is_empty() {
+            self.logged_skips.remove(name);
+        } else {
+            self.logged_skips.insert(name.clone(), skipped);
         }
     }
 

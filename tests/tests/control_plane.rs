@@ -474,3 +474,49 @@ fn a_health_or_metrics_port_in_use_stops_the_agent_at_start() {
         "nothing may be loaded before the ports are bound"
     );
 }
+
+/// A part of a Service that is not served is logged once, naming the Service, the part and
+/// the reason (a warning for an invalid field), and again only when that changes.
+#[test]
+fn what_is_not_served_is_logged_once_per_change() {
+    let sandbox = Sandbox::new("cp-skip-log");
+    let manifests = one_endpoint_cluster(&sandbox, 25);
+    manifests.write(
+        "odd.yaml",
+        "apiVersion: v1
+kind: Service
+metadata: {name: odd, namespace: default}
+spec:
+  clusterIP: 10.96.25.20
+  ports: [{name: http, port: 80, protocol: TCP}, {name: big, port: 70000, protocol: TCP}]
+",
+    );
+    let slice = |endpoint: &str| {
+        slice_yaml(
+            "odd-1",
+            "odd",
+            8080,
+            &[(endpoint, "node-a", "zone-a", "")],
+            false,
+        )
+    };
+    manifests.write("odd-slice.yaml", &slice("127.0.25.2"));
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    agent.wait_for_log("not served", 1);
+    let line = agent
+        .log()
+        .lines()
+        .find(|line| line.contains("not served"))
+        .map(str::to_owned)
+        .expect("the line");
+    assert!(
+        line.contains("WARN") && line.contains("default/odd") && line.contains("port big"),
+        "a warning naming the Service and the part: {line}"
+    );
+    // An endpoint change of the same Service: synced, not logged again.
+    let syncs = agent.log().matches(" synced ").count();
+    manifests.write("odd-slice.yaml", &slice("127.0.25.3"));
+    agent.wait_for_log(" synced ", syncs + 1);
+    let log = agent.stop();
+    assert_eq!(log.matches("not served").count(), 1, "{log}");
+}

@@ -132,6 +132,11 @@ impl ClusterState {
             .filter_map(|(name, info)| info.as_ref().err().map(|reason| (name, reason)))
     }
 
+    /// Why a Service is skipped as a whole; `None` if it is served or does not exist.
+    pub fn skip_reason(&self, name: &ServiceName) -> Option<&SkipReason> {
+        self.services.get(name)?.as_ref().err()
+    }
+
     /// Selection for one Service; `None` if it does not exist or is skipped.
     pub fn select(&self, name: &ServiceName) -> Option<ServiceSelection> {
         let service = self.services.get(name)?.as_ref().ok()?;
