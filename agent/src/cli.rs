@@ -97,6 +97,10 @@ pub struct RunArgs {
     /// Time between full resyncs, which re-read the maps and repair any drift.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_period: Duration,
+    /// How long to wait for another agent holding the pin directory to exit (the handover of
+    /// a rolling update) before giving up.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub handover_wait: Duration,
     /// Address for /healthz, /livez and /readyz (kube-proxy's health port).
     #[arg(long, default_value = "0.0.0.0:10256")]
     pub healthz_bind_address: SocketAddr,
@@ -326,11 +330,22 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         server::bind(args.healthz_bind_address, "--healthz-bind-address")?,
         server::bind(args.metrics_bind_address, "--metrics-bind-address")?,
     ];
+    // One writer per pin directory, held until the process exits.
+    let pin_dir = &args.pins.pin_dir;
+    let pin_dir_existed = pin_dir.exists();
+    dataplane::prepare_pin_dir(pin_dir)?;
+    let _pin_lock = dataplane::lock_pin_dir(pin_dir, args.handover_wait)?;
     let dataplane = Dataplane::load(Config {
-        pin_dir: args.pins.pin_dir.clone(),
+        pin_dir: pin_dir.clone(),
         cgroup: args.cgroup_path.clone(),
         capacities: Capacities::from(&args.capacities),
         maglev_table_size: args.external.maglev_table_size,
+    })
+    .inspect_err(|_| {
+        // A failed start leaves nothing behind: the loader unpinned its maps.
+        if !pin_dir_existed {
+            let _ = std::fs::remove_dir(pin_dir);
+        }
     })?;
     info!(node = %node_name, source = ?args.source.source, "starting");
     runtime()?.block_on(async {

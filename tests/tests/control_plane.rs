@@ -3,6 +3,7 @@
 //! private network namespace; edits of the cluster state and the connections that follow.
 use std::{
     collections::BTreeSet,
+    io::{BufRead as _, BufReader},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     path::Path,
     process::Command,
@@ -519,4 +520,68 @@ spec:
     agent.wait_for_log(" synced ", syncs + 1);
     let log = agent.stop();
     assert_eq!(log.matches("not served").count(), 1, "{log}");
+}
+
+/// One writer per pin directory: a second agent waits for the first to exit (a rolling
+/// update's handover) and takes over, or gives up with an error while the first keeps
+/// serving.
+#[test]
+fn a_second_agent_on_the_same_pins_waits_for_the_first_or_gives_up() {
+    let sandbox = Sandbox::new("cp-one-writer");
+    let _servers = servers(26, 1);
+    let manifests = one_endpoint_cluster(&sandbox, 26);
+    let first = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    wait_for_answers(&sandbox, &["127.0.26.1"]);
+
+    // Another ports pair, so that only the pin directory is shared.
+    let second = |wait: &str| {
+        socklb_tests::privileges::chart_agent()
+            .command(agent_bin())
+            .args([
+                "run",
+                "--source",
+                "file",
+                "--node-name",
+                "node-a",
+                "--manifests",
+            ])
+            .arg(&manifests.path)
+            .arg("--bpffs")
+            .arg(&sandbox.pin_dir)
+            .arg("--cgroup-path")
+            .arg(&sandbox.cgroup)
+            .args(["--handover-wait", wait, "--min-sync-period", "0s"])
+            .args(["--healthz-bind-address", "127.0.0.1:0"])
+            .args(["--metrics-bind-address", "127.0.0.1:0"])
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start a second socklb")
+    };
+    let refused = second("300ms")
+        .wait_with_output()
+        .expect("the second agent");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("another socklb agent still holds"),
+        "the second agent must give up with a clear error:\n{stderr}"
+    );
+    wait_for_answers(&sandbox, &["127.0.26.1"]);
+
+    // A handover: the new agent waits, the old one exits, the new one takes the pins.
+    let mut next = second("20s");
+    let mut lines = BufReader::new(next.stderr.take().expect("stderr")).lines();
+    let mut wait_for = |text: &str| {
+        for line in lines.by_ref() {
+            if line.expect("the new agent's log").contains(text) {
+                return;
+            }
+        }
+        panic!("the new agent exited before logging {text:?}");
+    };
+    wait_for("waiting for it to exit");
+    first.stop();
+    wait_for("datapath attached; ready");
+    wait_for_answers(&sandbox, &["127.0.26.1"]);
+    let _ = next.kill();
+    let _ = next.wait();
 }

@@ -8,6 +8,7 @@ mod maglev;
 mod maps;
 mod names;
 mod object;
+mod pin_lock;
 mod privileges;
 mod source_ranges;
 mod tc;
@@ -24,8 +25,11 @@ use aya::{
     maps::{Array, MapData, MapError, PerCpuArray},
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
-pub use host::{HostError, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses};
+pub use host::{
+    HostError, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses, prepare_pin_dir,
+};
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
+pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};
 pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
 use socklb_abi::{Counters, NodeConfig, map_names};
 pub use tc::{TcAttachError, TcMode};
