@@ -418,7 +418,8 @@ def check_agent(name, values, docs):
                                    f"RUST_LOG={values['logLevel']}", agent] + safe,
                          capture_output=True, text=True, timeout=30)
     check(f"{name}: the agent parses the rendered arguments (stops at the host checks)",
-          run.returncode == 1 and "is not a cgroup v2 directory" in run.stderr,
+          run.returncode == 1 and ("is not a cgroup v2 directory" in run.stderr
+                                   or "bpffs is not mounted at" in run.stderr),
           f"exit {run.returncode}: {run.stderr.strip()}")
     if name == "defaults":
         # Not --bpffs: the container mounts bpffs outside /sys (checked above).
