@@ -107,6 +107,20 @@ impl Sandbox {
             .expect("attach the programs");
     }
 
+    /// `socklb run` as node-a on `manifests` in this sandbox, started as `privileges` say,
+    /// for tests of how the agent starts or refuses to ([`Agent::start`] waits for ready).
+    pub fn agent_command(&self, privileges: &ContainerPrivileges, manifests: &Path) -> Command {
+        let mut command = privileges.command(agent_bin());
+        command
+            .arg("run")
+            .args(file_source(manifests))
+            .args(["--node-name", "node-a", "--bpffs"])
+            .arg(&self.pin_dir)
+            .arg("--cgroup-path")
+            .arg(&self.cgroup);
+        command
+    }
+
     /// `socklb inspect -o json` as an operator runs it in the agent's container.
     pub fn inspect(&self) -> serde_json::Value {
         self.inspect_as(chart_agent())
@@ -641,6 +655,26 @@ endpoints:
     yaml
 }
 
+/// `socklb run`'s arguments for the file source on `manifests`.
+fn file_source(manifests: &Path) -> [&std::ffi::OsStr; 4] {
+    [
+        "--source".as_ref(),
+        "file".as_ref(),
+        "--manifests".as_ref(),
+        manifests.as_os_str(),
+    ]
+}
+
+/// `socklb run`'s arguments for the kube source on the API server of `kubeconfig`.
+fn kube_source(kubeconfig: &Path) -> [&std::ffi::OsStr; 4] {
+    [
+        "--source".as_ref(),
+        "kube".as_ref(),
+        "--kubeconfig".as_ref(),
+        kubeconfig.as_os_str(),
+    ]
+}
+
 /// The real agent, `socklb run`, in the sandbox; killed if still running when dropped.
 /// It programs every change at once (`--min-sync-period 0s`) unless `extra` sets the flag.
 pub struct Agent {
@@ -654,23 +688,13 @@ pub struct Agent {
 impl Agent {
     /// Starts the agent on `manifests` as node `node` and waits until it is ready.
     pub fn start(sandbox: &Sandbox, manifests: &Path, node: &str, extra: &[&str]) -> Self {
-        let source = [
-            "--source".as_ref(),
-            "file".as_ref(),
-            "--manifests".as_ref(),
-            manifests.as_os_str(),
-        ];
+        let source = file_source(manifests);
         Self::spawn(sandbox, &source, node, extra)
     }
 
     /// Starts the agent on the API server of `kubeconfig` and waits until it is ready.
     pub fn start_kube(sandbox: &Sandbox, kubeconfig: &Path, node: &str, extra: &[&str]) -> Self {
-        let source = [
-            "--source".as_ref(),
-            "kube".as_ref(),
-            "--kubeconfig".as_ref(),
-            kubeconfig.as_os_str(),
-        ];
+        let source = kube_source(kubeconfig);
         Self::spawn(sandbox, &source, node, extra)
     }
 
@@ -683,12 +707,7 @@ impl Agent {
         node: &str,
         extra: &[&str],
     ) -> Self {
-        let source = [
-            "--source".as_ref(),
-            "file".as_ref(),
-            "--manifests".as_ref(),
-            manifests.as_os_str(),
-        ];
+        let source = file_source(manifests);
         Self::spawn_at(pin_dir, cgroup, &source, node, extra)
     }
 
@@ -700,12 +719,7 @@ impl Agent {
         node: &str,
         extra: &[&str],
     ) -> Self {
-        let source = [
-            "--source".as_ref(),
-            "file".as_ref(),
-            "--manifests".as_ref(),
-            manifests.as_os_str(),
-        ];
+        let source = file_source(manifests);
         Self::launch(
             privileges,
             &sandbox.pin_dir,
@@ -725,12 +739,7 @@ impl Agent {
         node: &str,
         extra: &[&str],
     ) -> Self {
-        let source = [
-            "--source".as_ref(),
-            "kube".as_ref(),
-            "--kubeconfig".as_ref(),
-            kubeconfig.as_os_str(),
-        ];
+        let source = kube_source(kubeconfig);
         Self::spawn_at(pin_dir, cgroup, &source, node, extra)
     }
 

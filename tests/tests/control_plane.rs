@@ -13,7 +13,7 @@ use std::{
 use socklb_agent::source::{Object, file::parse};
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox, agent_bin, fake_apiserver::FakeApiServer, node_yaml,
-    service_yaml, slice_yaml,
+    privileges::chart_agent, service_yaml, slice_yaml,
 };
 
 const VIP: &str = "10.96.1.10:80";
@@ -433,21 +433,8 @@ fn a_health_or_metrics_port_in_use_stops_the_agent_at_start() {
     let manifests = one_endpoint_cluster(&sandbox, 24);
     // kube-proxy's metrics port, held in the sandbox's namespace.
     let _held = std::net::TcpListener::bind("127.0.0.1:10249").expect("hold port 10249");
-    let mut child = socklb_tests::privileges::chart_agent()
-        .command(agent_bin())
-        .args([
-            "run",
-            "--source",
-            "file",
-            "--node-name",
-            "node-a",
-            "--manifests",
-        ])
-        .arg(&manifests.path)
-        .arg("--bpffs")
-        .arg(&sandbox.pin_dir)
-        .arg("--cgroup-path")
-        .arg(&sandbox.cgroup)
+    let mut child = sandbox
+        .agent_command(chart_agent(), &manifests.path)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run socklb");
@@ -535,21 +522,8 @@ fn a_second_agent_on_the_same_pins_waits_for_the_first_or_gives_up() {
 
     // Another ports pair, so that only the pin directory is shared.
     let second = |wait: &str| {
-        socklb_tests::privileges::chart_agent()
-            .command(agent_bin())
-            .args([
-                "run",
-                "--source",
-                "file",
-                "--node-name",
-                "node-a",
-                "--manifests",
-            ])
-            .arg(&manifests.path)
-            .arg("--bpffs")
-            .arg(&sandbox.pin_dir)
-            .arg("--cgroup-path")
-            .arg(&sandbox.cgroup)
+        sandbox
+            .agent_command(chart_agent(), &manifests.path)
             .args(["--handover-wait", wait, "--min-sync-period", "0s"])
             .args(["--healthz-bind-address", "127.0.0.1:0"])
             .args(["--metrics-bind-address", "127.0.0.1:0"])

@@ -1070,11 +1070,9 @@ fn a_cni_s_netfilter_rules_leave_every_external_path_working() {
     assert_translated(&attempts, &format!("{NODE1}:30091"));
 }
 
-/// External traffic reaches pods only through forwarding; a node without it is named.
-#[test]
-fn the_agent_warns_when_the_node_does_not_forward_ipv4() {
-    let sandbox = Sandbox::new("no-forwarding");
-    // The node's device (this kernel has no dummy devices: a veth pair, both ends here).
+/// A node device eth0 holding `addresses` in this thread's namespace (this kernel has no
+/// dummy devices: a veth pair, both ends here).
+fn node_device(addresses: &[&str]) {
     here(&[
         "link",
         "add",
@@ -1085,8 +1083,17 @@ fn the_agent_warns_when_the_node_does_not_forward_ipv4() {
         "name",
         "eth0-peer",
     ]);
-    here(&["addr", "add", "192.168.90.1/24", "dev", "eth0"]);
+    for address in addresses {
+        here(&["addr", "add", address, "dev", "eth0"]);
+    }
     here(&["link", "set", "eth0", "up"]);
+}
+
+/// External traffic reaches pods only through forwarding; a node without it is named.
+#[test]
+fn the_agent_warns_when_the_node_does_not_forward_ipv4() {
+    let sandbox = Sandbox::new("no-forwarding");
+    node_device(&["192.168.90.1/24"]);
     let manifests = ManifestDir::new(&sandbox);
     manifests.write("node.yaml", &node_yaml("node-a", "z1", "192.168.90.1"));
     let warning = "net.ipv4.ip_forward is 0";
@@ -1108,19 +1115,7 @@ fn the_agent_warns_when_the_node_does_not_forward_ipv4() {
 #[test]
 fn the_snat_address_follows_the_node_s_internal_ip_at_the_next_sync() {
     let sandbox = Sandbox::new("snat-address");
-    here(&[
-        "link",
-        "add",
-        "eth0",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0-peer",
-    ]);
-    here(&["addr", "add", "192.168.91.1/24", "dev", "eth0"]);
-    here(&["addr", "add", "192.168.91.2/24", "dev", "eth0"]);
-    here(&["link", "set", "eth0", "up"]);
+    node_device(&["192.168.91.1/24", "192.168.91.2/24"]);
     let node = |addresses: &str| {
         format!(
             "apiVersion: v1\nkind: Node\nmetadata:\n  name: node-a\nstatus:\n  addresses: \

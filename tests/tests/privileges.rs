@@ -6,7 +6,6 @@
 use std::{
     net::{SocketAddr, SocketAddrV4},
     path::PathBuf,
-    process::Command,
 };
 
 use socklb_agent::dataplane::NEEDED_CAPABILITIES;
@@ -185,21 +184,8 @@ fn run_agent(
     sandbox: &Sandbox,
     manifests: &ManifestDir,
 ) -> std::process::Output {
-    let mut command: Command = privileges.command(agent_bin());
-    command
-        .args([
-            "run",
-            "--source",
-            "file",
-            "--node-name",
-            "node-a",
-            "--manifests",
-        ])
-        .arg(&manifests.path)
-        .arg("--bpffs")
-        .arg(&sandbox.pin_dir)
-        .arg("--cgroup-path")
-        .arg(&sandbox.cgroup)
+    sandbox
+        .agent_command(privileges, &manifests.path)
         .args([
             "--healthz-bind-address",
             "127.0.0.1:0",
