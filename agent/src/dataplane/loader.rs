@@ -244,9 +244,9 @@ pub struct Cleanup {
     pub removed: Vec<PathBuf>,
 }
 
-/// Detaches the programs (by removing their link pins, and socklb's netlink TC filters on
-/// kernels without TCX) and removes socklb's pinned maps and directories under `pin_dir`;
-/// nothing it did not create.
+/// Detaches the programs (by removing their link pins, and the netlink TC filters recorded
+/// under `pin_dir` on kernels without TCX) and removes socklb's pinned maps and directories
+/// under `pin_dir`; nothing it did not create, nothing another instance attached.
 pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     let mut cleanup = Cleanup::default();
     let links = program_names::SOCK_ADDR
@@ -267,9 +267,11 @@ pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
             Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
         }
     }
-    cleanup
-        .removed
-        .extend(tc::detach_netlink_filters()?.into_iter().map(PathBuf::from));
+    cleanup.removed.extend(
+        tc::detach_netlink_filters(pin_dir)?
+            .into_iter()
+            .map(PathBuf::from),
+    );
     for dir in [pin_dir.join("links"), pin_dir.to_owned()] {
         // Only if empty: anything else in there is not ours.
         match fs::remove_dir(&dir) {

@@ -4,7 +4,9 @@
 //! programs stay attached while no agent runs and a new agent swaps its programs in
 //! atomically. Older kernels get a clsact qdisc and netlink filters, which outlive the
 //! agent by themselves; a new agent replaces them (remove, then add: a gap of a few
-//! milliseconds for traffic from outside).
+//! milliseconds for traffic from outside). A netlink filter carries no pin, so the pin
+//! directory keeps a record of each one (an empty `netlink-filters/<program>@<device>/`): cleanup
+//! and a change of devices remove only the filters of this instance, never another's.
 use std::{
     ffi::CString,
     fs, io,
@@ -62,8 +64,24 @@ const HOOKS: [(&str, TcAttachType); 2] = [
 /// Prefix of the link pins of TC programs: `<program>@<device>`.
 const TC_PIN_PREFIX: &str = "socklb_tc_";
 
+/// Directory of the records of the netlink filters this pin directory's agent attached.
+const NETLINK_RECORDS: &str = "netlink-filters";
+
 fn tc_link_pin(pin_dir: &Path, program: &str, device: &str) -> PathBuf {
     link_pin(pin_dir, &format!("{program}@{device}"))
+}
+
+fn netlink_record(pin_dir: &Path, program: &str, device: &str) -> PathBuf {
+    pin_dir
+        .join(NETLINK_RECORDS)
+        .join(format!("{program}@{device}"))
+}
+
+/// Whether this network namespace has the device. Asked of the kernel (an ioctl on a
+/// socket of this namespace), not of /sys/class/net, which shows the namespace that
+/// mounted /sys.
+fn device_exists(device: &str) -> bool {
+    nix::net::if_::if_nametoindex(device).is_ok()
 }
 
 pub fn program<'a>(
@@ -127,18 +145,27 @@ pub fn attach(
     mode: TcMode,
 ) -> Result<Vec<(String, Attachment)>, TcAttachError> {
     let mode = mode.resolve();
-    let links = pin_dir.join("links");
-    fs::create_dir_all(&links).map_err(|source| TcAttachError::Pins {
-        path: links.clone(),
+    let records = match mode {
+        TcMode::Netlink => pin_dir.join(NETLINK_RECORDS),
+        _ => pin_dir.join("links"),
+    };
+    fs::create_dir_all(&records).map_err(|source| TcAttachError::Pins {
+        path: records.clone(),
         source,
     })?;
-    remove_stale_pins(pin_dir, devices)?;
+    // Programs attached the other way before (a changed --tc-attach-mode) go too.
+    let (tcx_devices, netlink_devices) = match mode {
+        TcMode::Netlink => (&[][..], devices),
+        _ => (devices, &[][..]),
+    };
+    remove_stale_pins(pin_dir, tcx_devices)?;
+    remove_stale_netlink_filters(pin_dir, netlink_devices)?;
     let mut done = Vec::new();
     for device in devices {
         let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
             device: device.clone(),
         })?;
-        if !Path::new("/sys/class/net").join(device).exists() {
+        if !device_exists(device) {
             return Err(TcAttachError::NoDevice {
                 device: device.clone(),
             });
@@ -151,7 +178,9 @@ pub fn attach(
                 source: ProgramError::NotLoaded,
             })?;
             let attachment = match mode {
-                TcMode::Netlink => attach_netlink(program, program_name, &name, device, hook)?,
+                TcMode::Netlink => {
+                    attach_netlink(program, program_name, pin_dir, &name, device, hook)?
+                }
                 _ => attach_tcx(program, program_name, pin_dir, &name, device, hook)?,
             };
             info!(
@@ -217,6 +246,7 @@ fn attach_tcx(
 fn attach_netlink(
     program: &mut SchedClassifier,
     program_name: &'static str,
+    pin_dir: &Path,
     name: &CString,
     device: &str,
     hook: TcAttachType,
@@ -250,6 +280,17 @@ fn attach_netlink(
     // Netlink filters stay when the agent exits; forget the handle without detaching.
     let link = program.take_link(id);
     std::mem::forget(link);
+    // bpffs holds no regular files: a record is an empty directory.
+    let record = netlink_record(pin_dir, program_name, device);
+    match fs::create_dir(&record) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+            return Err(TcAttachError::Pins {
+                path: record,
+                source: e,
+            });
+        }
+        _ => {}
+    }
     Ok(if replaced {
         Attachment::Replaced
     } else {
@@ -303,37 +344,94 @@ pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> 
     Ok(pins)
 }
 
-/// Removes socklb's netlink filters from every device (kernels without TCX); TCX links go
-/// with their pins. A filter the kernel refuses to remove (EPERM without CAP_NET_ADMIN) is
-/// an error: it would keep translating with maps nobody updates.
-pub fn detach_netlink_filters() -> io::Result<Vec<String>> {
-    let mut removed = Vec::new();
-    let Ok(devices) = fs::read_dir("/sys/class/net") else {
-        return Ok(removed);
-    };
-    for device in devices.flatten() {
-        let Some(device) = device.file_name().to_str().map(str::to_owned) else {
-            continue;
-        };
-        let Ok(name) = CString::new(device.as_str()) else {
-            continue;
-        };
-        for (program_name, hook) in HOOKS {
-            match tc::qdisc_detach_program(name.as_c_str(), hook.into(), program_name) {
-                Ok(()) => removed.push(format!("{program_name}@{device} (netlink filter)")),
-                Err(error) if privileges::not_permitted(&error) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::PermissionDenied,
-                        format!(
-                            "the kernel refused to remove the netlink filter \
-                             {program_name}@{device} without CAP_NET_ADMIN: {error}"
-                        ),
-                    ));
-                }
-                // No clsact qdisc, or no filter of ours: nothing to remove.
-                Err(_) => {}
+/// Detaches the netlink filters of devices no longer served.
+fn remove_stale_netlink_filters(pin_dir: &Path, devices: &[String]) -> Result<(), TcAttachError> {
+    let stale = netlink_records(pin_dir)?
+        .into_iter()
+        .filter(|(_, _, device)| !devices.contains(device));
+    for (record, program, device) in stale {
+        warn!(device, "device no longer served: detaching the TC programs");
+        detach_netlink_filter(&record, &program, &device).map_err(|source| {
+            TcAttachError::Pins {
+                path: record.clone(),
+                source,
             }
+        })?;
+    }
+    Ok(())
+}
+
+/// The netlink filters this pin directory's agent attached: (record, program, device).
+fn netlink_records(pin_dir: &Path) -> Result<Vec<(PathBuf, String, String)>, TcAttachError> {
+    let dir = pin_dir.join(NETLINK_RECORDS);
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(TcAttachError::Pins { path: dir, source }),
+    };
+    let mut records = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| TcAttachError::Pins {
+            path: dir.clone(),
+            source,
+        })?;
+        let file_name = entry.file_name();
+        if let Some((program, device)) = file_name.to_str().and_then(|n| n.split_once('@'))
+            && HOOKS.iter().any(|(name, _)| *name == program)
+        {
+            records.push((entry.path(), program.to_owned(), device.to_owned()));
         }
     }
-    Ok(removed)
+    Ok(records)
+}
+
+/// Removes one recorded netlink filter, then its record. A filter the kernel refuses to
+/// remove (EPERM without CAP_NET_ADMIN) is an error: it would keep translating with maps
+/// nobody updates. A device that is gone took its filters with it.
+fn detach_netlink_filter(record: &Path, program: &str, device: &str) -> io::Result<()> {
+    let hook = HOOKS
+        .iter()
+        .find_map(|(name, hook)| (*name == program).then_some(*hook));
+    if let (Some(hook), Ok(name)) = (hook, CString::new(device))
+        && device_exists(device)
+    {
+        match tc::qdisc_detach_program(name.as_c_str(), hook.into(), program) {
+            Ok(()) => {}
+            Err(error) if privileges::not_permitted(&error) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "the kernel refused to remove the netlink filter {program}@{device} \
+                         without CAP_NET_ADMIN: {error}"
+                    ),
+                ));
+            }
+            // Already removed (by hand, or the qdisc went): nothing left to do.
+            Err(_) => {}
+        }
+    }
+    match fs::remove_dir(record) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// Removes the netlink filters this pin directory's agent attached (kernels without TCX;
+/// TCX links go with their pins), and their records. Filters of other instances, recorded
+/// in other pin directories, stay.
+pub fn detach_netlink_filters(pin_dir: &Path) -> io::Result<Vec<String>> {
+    let mut removed = Vec::new();
+    for (record, program, device) in netlink_records(pin_dir).map_err(io::Error::other)? {
+        detach_netlink_filter(&record, &program, &device)?;
+        removed.push(format!("{program}@{device} (netlink filter)"));
+    }
+    // Only if empty, like the pin directory itself: anything else in there is not ours.
+    match fs::remove_dir(pin_dir.join(NETLINK_RECORDS)) {
+        Err(e)
+            if e.kind() != io::ErrorKind::NotFound && e.raw_os_error() != Some(libc::ENOTEMPTY) =>
+        {
+            Err(e)
+        }
+        _ => Ok(removed),
+    }
 }
