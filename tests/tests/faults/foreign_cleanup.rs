@@ -9,16 +9,17 @@ use socklb_tests::{Sandbox, agent_bin, privileges::chart_cleanup, run};
 #[test]
 fn cleanup_of_another_pin_dir_leaves_this_instances_netlink_filters() {
     let sandbox = Sandbox::new("foreign-cleanup");
-    // Two devices in the sandbox's namespace (this kernel has veth, not dummy).
+    // Two devices only the sandbox's namespace has (this kernel has veth, not dummy): the
+    // agent finds them through the kernel, not in the host's /sys/class/net.
     run(Command::new("ip").args([
-        "link", "add", "eth0", "type", "veth", "peer", "name", "eth1",
+        "link", "add", "ext0", "type", "veth", "peer", "name", "ext1",
     ]));
-    for device in ["eth0", "eth1"] {
+    for device in ["ext0", "ext1"] {
         run(Command::new("ip").args(["link", "set", device, "up"]));
     }
     // This instance serves eth0 from the sandbox's pins; another serves eth1 from its own.
     let mut this = sandbox.dataplane();
-    this.attach_external(&["eth0".to_owned()], TcMode::Netlink)
+    this.attach_external(&["ext0".to_owned()], TcMode::Netlink)
         .expect("attach this instance's TC programs");
     let other = OtherPins(PathBuf::from(format!(
         "{}-other",
@@ -31,27 +32,27 @@ fn cleanup_of_another_pin_dir_leaves_this_instances_netlink_filters() {
         })
         .expect("load another instance");
     another
-        .attach_external(&["eth1".to_owned()], TcMode::Netlink)
+        .attach_external(&["ext1".to_owned()], TcMode::Netlink)
         .expect("attach the other instance's TC programs");
     // Netlink filters outlive their loader, as they do when an agent exits.
     drop((this, another));
-    assert_eq!(filters("eth0"), 2, "this instance: ingress and egress");
-    assert_eq!(filters("eth1"), 2, "the other instance: ingress and egress");
+    assert_eq!(filters("ext0"), 2, "this instance: ingress and egress");
+    assert_eq!(filters("ext1"), 2, "the other instance: ingress and egress");
 
     cleanup(&other.0);
     assert_eq!(
-        filters("eth1"),
+        filters("ext1"),
         0,
         "cleanup removes the other instance's filters"
     );
     assert_eq!(
-        filters("eth0"),
+        filters("ext0"),
         2,
         "cleanup of another pin directory leaves this instance's filters"
     );
     cleanup(&sandbox.pin_dir);
     assert_eq!(
-        filters("eth0"),
+        filters("ext0"),
         0,
         "cleanup removes this instance's filters"
     );
