@@ -16,3 +16,6 @@ pub mod select;
 pub mod server;
 pub mod source;
 pub mod state;
+
+#[cfg(test)]
+mod fuzz;

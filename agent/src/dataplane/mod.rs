@@ -12,7 +12,7 @@ mod pin_lock;
 mod privileges;
 mod source_ranges;
 mod tc;
-mod writer;
+pub(crate) mod writer;
 
 use std::{
     net::Ipv4Addr,
