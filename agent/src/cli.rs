@@ -173,8 +173,9 @@ pub struct CapacityArgs {
     pub max_backends: u32,
     /// Translated sockets whose peer getpeername() and recvmsg() show as the frontend:
     /// slots of the connected-socket ring (rounded up to a power of two; a socket's slot is
-    /// reused once this many newer sockets were translated) and LRU entries for the
-    /// datagrams of unconnected UDP sockets.
+    /// taken over by the translated socket whose cookie is this much larger, after at most
+    /// this many socket cookies handed out on the node) and LRU entries for the datagrams
+    /// of unconnected UDP sockets.
     #[arg(long, default_value_t = Capacities::default().reverse)]
     pub max_reverse_entries: u32,
     /// Session-affinity entries (LRU).

@@ -1,8 +1,12 @@
 //! Property tests of the whole pure pipeline: random and malformed Services, EndpointSlices
 //! and Nodes go through conversion, cluster state, selection, the frontend table, explain and
 //! the map writer. None of it may panic, what the writer leaves in the maps stays consistent
-//! for a concurrent reader, and a bad object never changes another Service's frontends.
-use std::collections::{BTreeMap, HashMap};
+//! for a concurrent reader (also one that read a count just before it changed), and a bad
+//! object never changes another Service's frontends.
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::Ipv4Addr,
+};
 
 use k8s_openapi::{
     api::{
@@ -22,7 +26,7 @@ use socklb_abi::{Backend, ServiceEntry, ServiceKey};
 
 use crate::{
     dataplane::{
-        Desired, Frontend,
+        BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope,
         writer::{Capacity, MapContents, Op, Store, StoreError, Writer},
     },
     explain,
@@ -382,6 +386,17 @@ impl Store for Maps {
     }
 }
 
+impl Maps {
+    /// Every slot some master entry's count covers.
+    fn covered(&self) -> Vec<ServiceKey> {
+        self.services
+            .iter()
+            .filter(|(key, _)| key.slot == 0)
+            .flat_map(|(key, master)| (1..=master.count).map(|slot| ServiceKey { slot, ..*key }))
+            .collect()
+    }
+}
+
 /// Small maps, so that full maps are exercised too.
 const CAPACITY: Capacity = Capacity {
     service_entries: 64,
@@ -455,7 +470,7 @@ fn baseline() -> Vec<Event> {
     OBJECTS.iter().cloned().map(Event::Applied).collect()
 }
 
-/// A property's configuration: `cases` cases, no failure files. The three properties
+/// A property's configuration: `cases` cases, no failure files. The properties
 /// together run over 100,000 cases.
 fn config(cases: u32) -> ProptestConfig {
     ProptestConfig {
@@ -516,8 +531,56 @@ proptest! {
     }
 }
 
+/// Backend sets of a few frontends, as successive syncs give them to the writer: sets grow,
+/// shrink, empty and vanish.
+fn desired_states() -> impl Strategy<Value = Vec<Desired>> {
+    let frontend = (0..4u8).prop_map(|last| Frontend {
+        address: Ipv4Addr::new(10, 96, 0, last),
+        port: 80,
+        protocol: Protocol::Tcp,
+        scope: Scope::Internal,
+    });
+    let backends = vec(
+        (1..12u8).prop_map(|last| BackendAddr::local(Ipv4Addr::new(10, 0, 0, last), 8080)),
+        0..8,
+    );
+    let state = vec((frontend, backends), 0..4).prop_map(|frontends| {
+        let mut desired = Desired::default();
+        for (frontend, backends) in frontends {
+            desired.insert(
+                frontend,
+                FrontendSpec {
+                    backends,
+                    affinity_timeout_seconds: None,
+                    source_ranges: None,
+                    maglev: false,
+                },
+            );
+        }
+        desired
+    });
+    vec(state, 1..8)
+}
+
 proptest! {
     #![proptest_config(config(10_000))]
+
+    /// Successive backend sets through the writer: after every write the maps are
+    /// consistent, and no apply deletes a slot that a count read just before it covered.
+    #[test]
+    fn the_writer_never_leaves_a_hole_for_a_lookup_in_flight(states in desired_states()) {
+        let (_, _, mut writer) = fresh();
+        for desired in states {
+            let covered_before = writer.store().covered();
+            writer.apply(&desired).expect("the in-memory maps never fail a write");
+            for key in covered_before {
+                prop_assert!(
+                    writer.store().services.contains_key(&key),
+                    "{:?} was covered before the apply and was deleted by it", key
+                );
+            }
+        }
+    }
 
     /// Manifest text, mangled: the file source's parser gives objects or an error.
     #[test]

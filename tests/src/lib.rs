@@ -30,7 +30,8 @@ use std::{
 
 use serde::Deserialize;
 use socklb_agent::dataplane::{
-    self, BackendAddr, Capacities, Config, Dataplane, DataplaneError, Frontend, Protocol, Scope,
+    self, BackendAddr, Capacities, Config, Dataplane, DataplaneError, Frontend, FrontendSpec,
+    Protocol, Scope,
 };
 
 use crate::privileges::{ContainerPrivileges, chart_agent, chart_cleanup};
@@ -97,6 +98,15 @@ impl Sandbox {
     /// would.
     pub fn load(&self, config: Config) -> Result<Dataplane, DataplaneError> {
         chart_agent().within(|| Dataplane::load(config))
+    }
+
+    /// Loads the datapath, programs `desired` (every frontend must fit) and attaches it.
+    pub fn programmed(&self, desired: &dataplane::Desired) -> Dataplane {
+        let mut dataplane = self.dataplane();
+        let report = dataplane.apply(desired).expect("apply");
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        self.attach(&mut dataplane);
+        dataplane
     }
 
     /// Attaches the programs to this sandbox's cgroup with the agent container's
@@ -174,14 +184,32 @@ impl Sandbox {
         count: u32,
         pause_ms: u32,
     ) -> ProbeRun {
+        self.spawn_probe_until(mode, target, &count.to_string(), pause_ms)
+    }
+
+    /// Starts a probe in the cgroup in the background: attempts `pause_ms` apart for
+    /// `duration` (whole seconds).
+    pub fn spawn_probe_for(
+        &self,
+        mode: &str,
+        target: SocketAddr,
+        duration: Duration,
+        pause_ms: u32,
+    ) -> ProbeRun {
+        let seconds = format!("{}s", duration.as_secs());
+        self.spawn_probe_until(mode, target, &seconds, pause_ms)
+    }
+
+    fn spawn_probe_until(
+        &self,
+        mode: &str,
+        target: SocketAddr,
+        until: &str,
+        pause_ms: u32,
+    ) -> ProbeRun {
         let child = self
             .in_cgroup(probe_bin())
-            .args([
-                mode,
-                &target.to_string(),
-                &count.to_string(),
-                &pause_ms.to_string(),
-            ])
+            .args([mode, &target.to_string(), until, &pause_ms.to_string()])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -245,6 +273,13 @@ pub struct ProbeRun {
 }
 
 impl ProbeRun {
+    /// Whether the probe is still making attempts.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
     pub fn wait(mut self) -> Vec<Attempt> {
         let child = self.child.take().expect("probe child");
         let output = child.wait_with_output().expect("wait for socklb-probe");
@@ -530,6 +565,84 @@ impl Drop for Dnsmasq {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// TCP servers on `prefix.1` .. `prefix.count`, named b1 .. b`count`.
+pub fn tcp_backends(prefix: [u8; 3], count: u8, port: u16) -> Vec<NamedServer> {
+    named_servers(prefix, count, port, NamedServer::tcp)
+}
+
+/// UDP servers on `prefix.1` .. `prefix.count`, named b1 .. b`count`.
+pub fn udp_backends(prefix: [u8; 3], count: u8, port: u16) -> Vec<NamedServer> {
+    named_servers(prefix, count, port, NamedServer::udp)
+}
+
+fn named_servers(
+    prefix: [u8; 3],
+    count: u8,
+    port: u16,
+    serve: fn(&str, SocketAddrV4) -> NamedServer,
+) -> Vec<NamedServer> {
+    (1..=count)
+        .map(|i| {
+            let ip = Ipv4Addr::new(prefix[0], prefix[1], prefix[2], i);
+            serve(&format!("b{i}"), SocketAddrV4::new(ip, port))
+        })
+        .collect()
+}
+
+/// A frontend whose backends are `servers`, without affinity, source ranges or Maglev.
+pub fn spec<'a>(servers: impl IntoIterator<Item = &'a NamedServer>) -> FrontendSpec {
+    FrontendSpec {
+        backends: servers.into_iter().map(NamedServer::backend).collect(),
+        affinity_timeout_seconds: None,
+        source_ranges: None,
+        maglev: false,
+    }
+}
+
+/// When each backend set was put in force, on the probes' clock: which sets an attempt may
+/// have seen while the sets change under it.
+#[derive(Debug, Default)]
+pub struct SetChanges(Vec<(u64, u64, usize)>);
+
+impl SetChanges {
+    /// Starts with set `set` in force.
+    pub fn new(set: usize) -> Self {
+        Self(vec![(0, 0, set)])
+    }
+
+    /// Puts set `set` in force by running `apply`, and records when.
+    pub fn change(&mut self, set: usize, apply: impl FnOnce()) {
+        let started = monotonic_ns();
+        apply();
+        self.0.push((started, monotonic_ns(), set));
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The sets that may have been in force while `attempt` ran: set k from the start of
+    /// its apply until apply k+1 returned.
+    pub fn possible(&self, attempt: &Attempt) -> std::collections::BTreeSet<usize> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(|&(k, &(apply_started, _, _))| {
+                apply_started <= attempt.finished_ns
+                    && self
+                        .0
+                        .get(k + 1)
+                        .is_none_or(|&(_, returned, _)| returned >= attempt.started_ns)
+            })
+            .map(|(_, &(_, _, set))| set)
+            .collect()
     }
 }
 

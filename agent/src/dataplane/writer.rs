@@ -5,10 +5,12 @@
 //! differences, frontend by frontend, in an order that keeps every concurrent lookup of the
 //! kernel programs consistent:
 //! - backends a frontend needs are written before any slot points at them;
-//! - slots are written before the master entry's count covers them, and the count is
-//!   lowered before the slots above it are deleted;
-//! - a removed frontend loses its master entry first, then its slots;
-//! - a backend no frontend uses any more is deleted last.
+//! - slots are written before the master entry's count covers them;
+//! - a slot a lookup may still reach is deleted one apply later: a program that read a
+//!   master entry's count just before it was lowered (or just before a removed frontend's
+//!   master went) still finds every slot that count covered, never a hole;
+//! - a backend no frontend uses any more is deleted last (the slots carry the address the
+//!   programs connect to, so a stale slot never needs its backend entry).
 //!
 //! A frontend whose change does not fit the maps' capacity is left exactly as it was and
 //! reported; the others are still applied.
@@ -106,14 +108,12 @@ struct Programmed {
     affinity_timeout_s: u32,
     /// Backend id per slot; index 0 is slot 1. 0 marks a slot that could not be read.
     slots: Vec<u32>,
-    /// Entries above `count` found when adopting: deleted at the next apply.
-    stray_slots: Vec<u16>,
 }
 
 impl Programmed {
-    /// Service-map entries it occupies: master, slots and strays.
+    /// Service-map entries it occupies: master and slots.
     fn entries(&self) -> usize {
-        1 + self.slots.len() + self.stray_slots.len()
+        1 + self.slots.len()
     }
 
     fn master(&self) -> ServiceEntry {
@@ -134,9 +134,12 @@ pub struct Writer<S> {
     frontends: BTreeMap<Frontend, Programmed>,
     backends: HashMap<u32, (BackendAddr, Protocol)>,
     backend_ids: HashMap<(BackendAddr, Protocol), u32>,
-    /// Service-map keys with no master entry, found when adopting.
-    orphans: Vec<ServiceKey>,
-    /// Service-map entries the mirror accounts for, kept up to date (not recounted).
+    /// Service-map entries no count covers any more, deleted at the start of the next
+    /// apply: slots above a lowered count, a removed frontend's slots, and what adoption
+    /// found without a master or above its count.
+    pending_deletes: BTreeSet<ServiceKey>,
+    /// Service-map entries the mirror accounts for (pending deletes included), kept up to
+    /// date (not recounted).
     service_entries: usize,
     /// How many slots name each backend.
     refs: HashMap<u32, usize>,
@@ -163,7 +166,7 @@ impl<S: Store> Writer<S> {
             frontends: BTreeMap::new(),
             backends: HashMap::new(),
             backend_ids: HashMap::new(),
-            orphans: Vec::new(),
+            pending_deletes: BTreeSet::new(),
             service_entries: 0,
             refs: HashMap::new(),
             unreferenced: BTreeSet::new(),
@@ -180,7 +183,7 @@ impl<S: Store> Writer<S> {
         self.frontends.clear();
         self.backends.clear();
         self.backend_ids.clear();
-        self.orphans.clear();
+        self.pending_deletes.clear();
         self.next_backend_id = 1;
         self.next_service_id = 1;
         let backend_entries: HashMap<u32, Backend> = contents.backends.iter().copied().collect();
@@ -202,7 +205,9 @@ impl<S: Store> Writer<S> {
         for (key, entry) in contents.services {
             let master_key = ServiceKey { slot: 0, ..key };
             match (key.slot, frontend_of(&key)) {
-                (_, None) => self.orphans.push(key),
+                (_, None) => {
+                    self.pending_deletes.insert(key);
+                }
                 (0, Some(frontend)) => masters.push((frontend, master_key, entry)),
                 (slot, Some(_)) => {
                     // A slot must agree with its backend; one that does not (edited by
@@ -224,23 +229,28 @@ impl<S: Store> Writer<S> {
                 slots: (1..=entry.count)
                     .map(|slot| held.remove(&slot).unwrap_or(0))
                     .collect(),
-                stray_slots: held.into_keys().collect(),
             };
+            // Entries above the count.
+            self.pending_deletes.extend(
+                held.into_keys()
+                    .map(|slot| ServiceKey { slot, ..master_key }),
+            );
             self.next_service_id = self.next_service_id.max(entry.service_id.saturating_add(1));
             self.frontends.insert(frontend, programmed);
         }
         // Slots whose master is gone.
         for (master_key, held) in slots {
-            for slot in held.into_keys() {
-                self.orphans.push(ServiceKey { slot, ..master_key });
-            }
+            self.pending_deletes.extend(
+                held.into_keys()
+                    .map(|slot| ServiceKey { slot, ..master_key }),
+            );
         }
         self.service_entries = self
             .frontends
             .values()
             .map(Programmed::entries)
             .sum::<usize>()
-            + self.orphans.len();
+            + self.pending_deletes.len();
         self.service_ids = self.frontends.values().map(|p| p.service_id).collect();
         self.refs.clear();
         for id in self.frontends.values().flat_map(|p| p.slots.iter()) {
@@ -323,8 +333,12 @@ impl<S: Store> Writer<S> {
     ) -> Result<ApplyReport, StoreError> {
         let mut report = ApplyReport::default();
 
-        for key in std::mem::take(&mut self.orphans) {
-            self.write(&mut report, Op::DeleteService { key })?;
+        // What the previous apply uncovered: no lookup can be on its way there any more.
+        while let Some(key) = self.pending_deletes.pop_first() {
+            if let Err(error) = self.write(&mut report, Op::DeleteService { key }) {
+                self.pending_deletes.insert(key);
+                return Err(error);
+            }
             self.service_entries -= 1;
         }
 
@@ -360,6 +374,15 @@ impl<S: Store> Writer<S> {
         Ok(())
     }
 
+    /// Leaves `keys` in the map until the next apply, accounted for until then.
+    fn delete_later(&mut self, keys: impl IntoIterator<Item = ServiceKey>) {
+        for key in keys {
+            if self.pending_deletes.insert(key) {
+                self.service_entries += 1;
+            }
+        }
+    }
+
     fn remove_frontend(
         &mut self,
         report: &mut ApplyReport,
@@ -368,22 +391,20 @@ impl<S: Store> Writer<S> {
         let Some(programmed) = self.frontends.get(&frontend).cloned() else {
             return Ok(());
         };
-        // The master first: from then on lookups no longer see the frontend.
-        let slots = 1..=u16::try_from(programmed.slots.len()).unwrap_or(u16::MAX);
-        for slot in std::iter::once(0)
-            .chain(slots)
-            .chain(programmed.stray_slots.iter().copied())
-        {
-            self.write(
-                report,
-                Op::DeleteService {
-                    key: service_key(&frontend, slot),
-                },
-            )?;
-        }
+        // The master now: from then on lookups no longer see the frontend. Its slots at
+        // the next apply: a lookup that read the master just before may still go there.
+        self.write(
+            report,
+            Op::DeleteService {
+                key: service_key(&frontend, 0),
+            },
+        )?;
         self.frontends.remove(&frontend);
         self.reference(&programmed.slots, false);
         self.service_entries -= programmed.entries();
+        self.delete_later(
+            (1..=programmed.slots.len()).map(|i| service_key(&frontend, slot_number(i - 1))),
+        );
         self.service_ids.remove(&programmed.service_id);
         Ok(())
     }
@@ -440,7 +461,6 @@ impl<S: Store> Writer<S> {
             flags,
             affinity_timeout_s,
             slots,
-            stray_slots: Vec::new(),
         };
         if old.as_ref() == Some(&programmed) {
             return Ok(Ok(()));
@@ -486,6 +506,11 @@ impl<S: Store> Writer<S> {
         self.reference(&programmed.slots, true);
         if let Some(old) = &old {
             self.reference(&old.slots, false);
+            // Above the new count: a lookup that read the old count may still go there.
+            self.delete_later(
+                (programmed.slots.len()..old.slots.len())
+                    .map(|i| service_key(&frontend, slot_number(i))),
+            );
         }
         self.service_ids.insert(programmed.service_id);
         self.frontends.insert(frontend, programmed);
@@ -596,23 +621,12 @@ fn frontend_ops(
             });
         }
     }
-    // Then the master: new count, flags and timeout become visible at once.
+    // Then the master: new count, flags and timeout become visible at once. Slots above
+    // a lowered count stay until the next apply (the caller schedules them).
     if old.map(Programmed::master) != Some(new.master()) {
         ops.push(Op::PutService {
             key: service_key(frontend, 0),
             entry: new.master(),
-        });
-    }
-    // Last, slots above the new count, which no lookup can reach any more.
-    let above_count = (new.slots.len()..old_slots.len()).map(slot_number);
-    let strays = old
-        .map_or(&[][..], |p| &p.stray_slots[..])
-        .iter()
-        .copied()
-        .filter(|slot| usize::from(*slot) > new.slots.len());
-    for slot in above_count.chain(strays) {
-        ops.push(Op::DeleteService {
-            key: service_key(frontend, slot),
         });
     }
     ops
@@ -784,6 +798,13 @@ mod tests {
         desired
     }
 
+    /// The writes of the next apply when nothing changed: the deletions it catches up on.
+    fn next_apply(w: &mut Writer<Recorder>) -> Vec<String> {
+        w.store.ops.clear();
+        w.apply_changes(&BTreeMap::new()).expect("apply");
+        kinds(&w.store.ops)
+    }
+
     fn writer() -> Writer<Recorder> {
         Writer::adopt(Recorder::default(), CAPACITY, MapContents::default())
     }
@@ -831,15 +852,18 @@ mod tests {
     }
 
     #[test]
-    fn shrink_lowers_count_before_deleting_slots_and_backend_goes_last() {
+    fn shrink_lowers_count_and_deletes_the_slots_above_it_one_apply_later() {
         let mut w = writer();
         w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
         w.store.ops.clear();
         w.apply(&desired(&[(1, &[1, 3])])).expect("apply");
+        // Slot 3 stays for a lookup that read count 3 (it names be3, which stays).
         assert_eq!(
             kinds(&w.store.ops),
-            ["+slot2=be3", "+master(count=2)", "-slot3", "-be2"]
+            ["+slot2=be3", "+master(count=2)", "-be2"]
         );
+        assert_eq!(w.service_entries() as usize, w.store.services.len());
+        assert_eq!(next_apply(&mut w), ["-slot3"]);
     }
 
     #[test]
@@ -856,12 +880,12 @@ mod tests {
                 "+slot1=be4",
                 "+slot2=be5",
                 "+master(count=2)",
-                "-slot3",
                 "-be1",
                 "-be2",
                 "-be3"
             ]
         );
+        assert_eq!(next_apply(&mut w), ["-slot3"]);
     }
 
     #[test]
@@ -870,10 +894,10 @@ mod tests {
         w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
         w.store.ops.clear();
         w.apply(&desired(&[])).expect("apply");
-        assert_eq!(
-            kinds(&w.store.ops),
-            ["-master", "-slot1", "-slot2", "-be1", "-be2"]
-        );
+        assert_eq!(kinds(&w.store.ops), ["-master", "-be1", "-be2"]);
+        assert_eq!(next_apply(&mut w), ["-slot1", "-slot2"]);
+        assert!(w.store.services.is_empty());
+        assert_eq!(w.service_entries(), 0);
     }
 
     #[test]
@@ -882,7 +906,8 @@ mod tests {
         w.apply(&desired(&[(1, &[1])])).expect("apply");
         w.store.ops.clear();
         w.apply(&desired(&[(1, &[])])).expect("apply");
-        assert_eq!(kinds(&w.store.ops), ["+master(count=0)", "-slot1", "-be1"]);
+        assert_eq!(kinds(&w.store.ops), ["+master(count=0)", "-be1"]);
+        assert_eq!(next_apply(&mut w), ["-slot1"]);
     }
 
     #[test]
@@ -892,7 +917,7 @@ mod tests {
         assert_eq!(w.store.backends.len(), 1);
         w.store.ops.clear();
         w.apply(&desired(&[(2, &[1])])).expect("apply");
-        assert_eq!(kinds(&w.store.ops), ["-master", "-slot1"]);
+        assert_eq!(kinds(&w.store.ops), ["-master"]);
     }
 
     #[test]
@@ -1035,7 +1060,7 @@ mod tests {
         // Backend 2 is still used by frontend 2; backend 1 is not used any more.
         assert_eq!(
             kinds(&w.store.ops),
-            ["+slot1=be3", "+master(count=1)", "-slot2", "-be1"]
+            ["+slot1=be3", "+master(count=1)", "-be1"]
         );
         assert_eq!(w.store.backends.len(), 2);
     }

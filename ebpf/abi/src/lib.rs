@@ -418,8 +418,8 @@ pub struct Counters {
     pub affinity_hits: u64,
     /// recvmsg/getpeername answers rewritten from a backend back to the frontend.
     pub reverse_translated: u64,
-    /// Failures that let the operation proceed untranslated (e.g. a slot missing, a full
-    /// reverse map).
+    /// Failures inside a program: a lookup that let the operation proceed untranslated, or
+    /// an affinity or reverse entry a full LRU refused (the translation stands).
     pub errors: u64,
     /// Flows from outside the node given a backend (new conntrack entries).
     pub external_flows: u64,

@@ -16,6 +16,10 @@ use crate::{
 
 const ECONNREFUSED: i32 = 111;
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
+/// Draws before a translation gives up when slots keep vanishing under it. The agent deletes
+/// a slot one sync after no count covers it any more, so a second draw always finds one;
+/// the bound keeps the verifier's loop finite.
+const DRAWS: u32 = 3;
 
 /// A lookup or update that should have worked did not: proceed untranslated, count it.
 pub struct Error;
@@ -105,17 +109,27 @@ pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, E
         pad: 0,
     };
     // The one lookup every non-frontend destination pays.
-    let Some(master) = SERVICES.get_ptr(&key) else {
+    let Some(mut master) = master_entry(&mut key) else {
         return Ok(Forward::Untouched);
     };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let master: ServiceEntry = unsafe { *master };
-    if master.count == 0 {
-        return Ok(Forward::NoBackend);
-    }
-
     let cookie = sock.socket_cookie();
-    let (backend, affinity_hit) = choose_backend(sock, &master, &mut key, cookie, pick)?;
+    let mut chosen = None;
+    for _ in 0..DRAWS {
+        if master.count == 0 {
+            return Ok(Forward::NoBackend);
+        }
+        chosen = choose_backend(sock, &master, &mut key, cookie, pick);
+        if chosen.is_some() {
+            break;
+        }
+        // The slot drawn is gone: the backend set changed since the master was read.
+        // Read it again and draw from the new set.
+        let Some(now) = master_entry(&mut key) else {
+            return Ok(Forward::Untouched);
+        };
+        master = now;
+    }
+    let (backend, affinity_hit) = chosen.ok_or(Error)?;
 
     remember_frontend(
         call,
@@ -131,13 +145,23 @@ pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, E
             pad: 0,
             service_id: master.service_id,
         },
-    )?;
+    );
     sock.set_destination(backend.backend_address, backend.backend_port);
     Ok(Forward::Translated { affinity_hit })
 }
 
+/// The frontend's master entry (slot 0), copied out.
+#[inline(always)]
+fn master_entry(key: &mut ServiceKey) -> Option<ServiceEntry> {
+    key.slot = 0;
+    let master = SERVICES.get_ptr(key)?;
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    Some(unsafe { *master })
+}
+
 /// Chooses a backend slot: the affinity entry's if it is fresh and its backend still holds
-/// that slot, else a new draw (recorded for affinity when the service asks for it).
+/// that slot, else a new draw (recorded for affinity when the service asks for it). `None`
+/// when the slot drawn does not exist (any more).
 #[inline(always)]
 fn choose_backend(
     sock: &SockAddr,
@@ -145,10 +169,10 @@ fn choose_backend(
     key: &mut ServiceKey,
     cookie: u64,
     pick: Pick,
-) -> Result<(ServiceEntry, bool), Error> {
+) -> Option<(ServiceEntry, bool)> {
     let count = master.count;
     if master.flags & SERVICE_FLAG_AFFINITY == 0 {
-        return Ok((backend_in_slot(key, pick_slot(pick, count, cookie))?, false));
+        return Some((backend_in_slot(key, pick_slot(pick, count, cookie))?, false));
     }
 
     // SAFETY: helper without arguments.
@@ -170,7 +194,7 @@ fn choose_backend(
                 let slot = unsafe { *slot };
                 if slot.backend_id == entry.backend_id {
                     entry.last_used_ns = now;
-                    return Ok((slot, true));
+                    return Some((slot, true));
                 }
             }
         }
@@ -184,21 +208,21 @@ fn choose_backend(
         slot,
         pad: 0,
     };
-    AFFINITY
-        .insert(&affinity_key, &entry, 0)
-        .map_err(|_| Error)?;
-    Ok((backend, false))
+    // A full LRU that cannot take the entry costs the affinity of this one connection,
+    // never the connection: counted, and the draw stands.
+    if AFFINITY.insert(&affinity_key, &entry, 0).is_err() {
+        bump(|c| &mut c.errors);
+    }
+    Some((backend, false))
 }
 
 /// The slot entry: backend id, address and port.
 #[inline(always)]
-fn backend_in_slot(key: &mut ServiceKey, slot: u16) -> Result<ServiceEntry, Error> {
+fn backend_in_slot(key: &mut ServiceKey, slot: u16) -> Option<ServiceEntry> {
     key.slot = slot;
-    match SERVICES.get_ptr(key) {
-        // SAFETY: pointer from a successful lookup; copied out at once.
-        Some(entry) => Ok(unsafe { *entry }),
-        None => Err(Error),
-    }
+    let entry = SERVICES.get_ptr(key)?;
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    Some(unsafe { *entry })
 }
 
 /// A slot in `1..=count`; `count` is never 0 here, and the guard keeps the modulo free of
@@ -229,38 +253,75 @@ pub fn mix(cookie: u64) -> u32 {
 }
 
 /// Records which frontend the socket asked for. A connect()ed socket has one peer: its slot
-/// in the socket ring is overwritten with one store. An unconnected UDP socket may send to
-/// several frontends, so each (socket, backend) gets an LRU entry; every datagram comes
-/// through here, so the write is skipped when the entry is already there.
+/// in the socket ring is overwritten. An unconnected UDP socket may send to several
+/// frontends, so each (socket, backend) gets an LRU entry; every datagram comes through
+/// here, so the write is skipped when the entry is already there. A record that cannot be
+/// written is counted; the translation stands (the socket would see the backend's address).
 #[inline(always)]
-fn remember_frontend(call: Call, key: ReverseKey, frontend: ReverseEntry) -> Result<(), Error> {
+fn remember_frontend(call: Call, key: ReverseKey, frontend: ReverseEntry) {
     if call == Call::Connect {
-        let slot = SOCKETS.get_ptr_mut(socket_slot(key.cookie)).ok_or(Error)?;
-        // SAFETY: pointer from a successful lookup, valid for this run; other CPUs writing
-        // the same slot at once would need cookies a whole ring apart, and every read
-        // checks the cookie and the backend.
-        unsafe {
-            *slot = SocketFrontend {
-                cookie: key.cookie,
-                backend_address: key.address,
-                backend_port: key.port,
-                pad: 0,
-                frontend_address: frontend.address,
-                frontend_port: frontend.port,
-                pad2: 0,
-                service_id: frontend.service_id,
-                pad3: 0,
-            };
-        }
-        return Ok(());
+        let Some(slot) = SOCKETS.get_ptr_mut(socket_slot(key.cookie)) else {
+            bump(|c| &mut c.errors);
+            return;
+        };
+        // SAFETY: pointer from a successful lookup, valid for this run.
+        unsafe { publish(slot, key, frontend) };
+        return;
     }
     if let Some(existing) = REVERSE.get_ptr(&key)
         // SAFETY: pointer from a successful lookup.
         && unsafe { *existing } == frontend
     {
-        return Ok(());
+        return;
     }
-    REVERSE.insert(&key, &frontend, 0).map_err(|_| Error)
+    if REVERSE.insert(&key, &frontend, 0).is_err() {
+        bump(|c| &mut c.errors);
+    }
+}
+
+/// Writes a socket ring slot so that no reader takes half of it for a whole entry: the
+/// cookie is cleared first and set last, and [`read_slot`] checks it on both sides of its
+/// copy. Volatile accesses keep the compiler's order; the CPUs Kubernetes nodes run on
+/// (x86's total store order) keep it for other CPUs.
+///
+/// # Safety
+/// `slot` must be a valid pointer into the socket map.
+#[inline(always)]
+unsafe fn publish(slot: *mut SocketFrontend, key: ReverseKey, frontend: ReverseEntry) {
+    // SAFETY: the caller's pointer; field pointers stay inside the entry.
+    unsafe {
+        core::ptr::addr_of_mut!((*slot).cookie).write_volatile(0);
+        core::ptr::addr_of_mut!((*slot).backend_address).write_volatile(key.address);
+        core::ptr::addr_of_mut!((*slot).backend_port).write_volatile(key.port);
+        core::ptr::addr_of_mut!((*slot).frontend_address).write_volatile(frontend.address);
+        core::ptr::addr_of_mut!((*slot).frontend_port).write_volatile(frontend.port);
+        core::ptr::addr_of_mut!((*slot).service_id).write_volatile(frontend.service_id);
+        core::ptr::addr_of_mut!((*slot).cookie).write_volatile(key.cookie);
+    }
+}
+
+/// A socket ring slot if it holds a whole entry for `cookie`: the cookie read before and
+/// after the copy (see [`publish`]).
+#[inline(always)]
+fn read_slot(cookie: u64) -> Option<SocketFrontend> {
+    let slot = SOCKETS.get_ptr(socket_slot(cookie))?;
+    // SAFETY: pointer from a successful lookup, valid for this run; field pointers stay
+    // inside the entry.
+    unsafe {
+        if core::ptr::addr_of!((*slot).cookie).read_volatile() != cookie {
+            return None;
+        }
+        let copy = SocketFrontend {
+            cookie,
+            backend_address: core::ptr::addr_of!((*slot).backend_address).read_volatile(),
+            backend_port: core::ptr::addr_of!((*slot).backend_port).read_volatile(),
+            frontend_address: core::ptr::addr_of!((*slot).frontend_address).read_volatile(),
+            frontend_port: core::ptr::addr_of!((*slot).frontend_port).read_volatile(),
+            service_id: core::ptr::addr_of!((*slot).service_id).read_volatile(),
+            ..SocketFrontend::default()
+        };
+        (core::ptr::addr_of!((*slot).cookie).read_volatile() == cookie).then_some(copy)
+    }
 }
 
 /// recvmsg/getpeername: shows the frontend instead of the backend, counted; always allows.
@@ -283,16 +344,12 @@ fn reverse(sock: &SockAddr) -> bool {
         port: sock.port(),
         pad: 0,
     };
-    if let Some(slot) = SOCKETS.get_ptr(socket_slot(key.cookie)) {
-        // SAFETY: pointer from a successful lookup; copied out at once.
-        let slot: SocketFrontend = unsafe { *slot };
-        if slot.cookie == key.cookie
-            && slot.backend_address == key.address
-            && slot.backend_port == key.port
-        {
-            sock.set_destination(slot.frontend_address, slot.frontend_port);
-            return true;
-        }
+    if let Some(slot) = read_slot(key.cookie)
+        && slot.backend_address == key.address
+        && slot.backend_port == key.port
+    {
+        sock.set_destination(slot.frontend_address, slot.frontend_port);
+        return true;
     }
     let Some(frontend) = REVERSE.get_ptr(&key) else {
         return false;

@@ -3,14 +3,16 @@
 //! server said: the peer address the socket reports, the server's reply (its name), and the
 //! error if any. Run inside a test cgroup, it is "a process on the node".
 //!
-//! socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT] [PAUSE_MS] [SOURCE_PORT]
+//! socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT|SECONDSs] [PAUSE_MS] [SOURCE_PORT]
+//!
+//! COUNT attempts, or as many as fit in SECONDS (e.g. `20s`).
 //!
 //! With SOURCE_PORT every attempt's new socket binds that port (as `nc -p` does), so that
 //! successive attempts are one flow to conntrack.
 use std::{
     io::{Read as _, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use serde::Serialize;
@@ -32,7 +34,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let [_, mode, target, rest @ ..] = args.as_slice() else {
         eprintln!(
-            "usage: socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT] [PAUSE_MS] [SOURCE_PORT]"
+            "usage: socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT|SECONDSs] [PAUSE_MS] \
+             [SOURCE_PORT]"
         );
         std::process::exit(2);
     };
@@ -40,12 +43,27 @@ fn main() {
         eprintln!("bad address {target}: {e}");
         std::process::exit(2);
     });
-    let count: u32 = rest.first().and_then(|c| c.parse().ok()).unwrap_or(1);
+    let (count, deadline) = match rest.first() {
+        Some(seconds) if seconds.ends_with('s') => {
+            let seconds: u64 = seconds.trim_end_matches('s').parse().unwrap_or_else(|e| {
+                eprintln!("bad duration {seconds}: {e}");
+                std::process::exit(2);
+            });
+            (
+                u32::MAX,
+                Some(Instant::now() + Duration::from_secs(seconds)),
+            )
+        }
+        count => (count.and_then(|c| c.parse().ok()).unwrap_or(1), None),
+    };
     let pause = Duration::from_millis(rest.get(1).and_then(|p| p.parse().ok()).unwrap_or(0));
     let source_port: u16 = rest.get(2).and_then(|p| p.parse().ok()).unwrap_or(0);
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     for _ in 0..count {
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return;
+        }
         let started_ns = monotonic_ns();
         let result = match mode.as_str() {
             "tcp" => tcp(target),

@@ -1,0 +1,67 @@
+//! The agent killed with SIGKILL (an OOM kill, a node under pressure) and restarted, three
+//! times, while clients connect: the pinned programs and maps keep translating without it,
+//! and each new agent adopts them without a failed connect.
+use std::{net::SocketAddr, time::Duration};
+
+use socklb_tests::{
+    Agent, ManifestDir, Sandbox, node_yaml, service_yaml, slice_yaml, tcp_backends,
+};
+
+#[test]
+fn sigkilled_agents_lose_no_connect() {
+    let sandbox = Sandbox::new("killed");
+    let _servers = tcp_backends([127, 0, 21], 2, 8080);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.78.1"));
+    manifests.write("web.yaml", &service_yaml("web", "10.96.0.71", 80, ""));
+    manifests.write(
+        "web-slice.yaml",
+        &slice_yaml(
+            "web-1",
+            "web",
+            8080,
+            &[
+                ("127.0.21.1", "node-a", "zone-a", ""),
+                ("127.0.21.2", "node-b", "zone-b", ""),
+            ],
+            false,
+        ),
+    );
+    let vip: SocketAddr = "10.96.0.71:80".parse().expect("address");
+
+    let mut agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    let mut clients: Vec<_> = (0..4)
+        .map(|_| sandbox.spawn_probe_for("tcp", vip, Duration::from_secs(12), 1))
+        .collect();
+    for kill in 1..=3 {
+        // Dropping the harness's handle SIGKILLs the agent: no shutdown code runs.
+        drop(agent);
+        // No agent at all for a moment: the pinned links keep the programs attached.
+        std::thread::sleep(Duration::from_millis(300));
+        agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+        agent.wait_for_log("synced", 1);
+        let log = agent.log();
+        assert!(
+            log.contains("writes=0"),
+            "agent {kill} after a SIGKILL rewrote the adopted maps: {log}"
+        );
+        assert!(
+            clients.iter_mut().all(|c| c.running()),
+            "the clients stopped before kill {kill} was recovered from"
+        );
+    }
+    agent.stop();
+
+    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.wait()).collect();
+    let failed: Vec<_> = attempts
+        .iter()
+        .filter(|a| !matches!(a.reply.as_deref(), Some("b1" | "b2")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} connects failed or went untranslated across three SIGKILLs: {:?}",
+        failed.len(),
+        attempts.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
