@@ -23,8 +23,8 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::{
     dataplane::{
-        Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, NodeSettings, TcMode,
-        ipv4_forwarding, local_ipv4_addresses,
+        Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, NodeSettings, Rejected,
+        TcMode, ipv4_forwarding, local_ipv4_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
@@ -90,6 +90,12 @@ pub struct Runner {
     logged_skips: HashMap<ServiceName, Vec<SkippedPart>>,
     /// The healthCheckNodePorts, brought in line with the selections after every sync.
     health_checks: HealthChecks,
+    /// Frontends the last sync could not program as desired: retried by every sync, logged
+    /// when they are first rejected and when they are programmed at last.
+    rejected: BTreeSet<Frontend>,
+    /// The last sync rejected frontends while entries wait to be deleted by the next apply:
+    /// a sync soon frees that room and retries them.
+    retry_soon: bool,
 }
 
 impl Runner {
@@ -112,6 +118,8 @@ impl Runner {
             external_devices: None,
             snat_address: None,
             logged_skips: HashMap::new(),
+            rejected: BTreeSet::new(),
+            retry_soon: false,
             health_checks: HealthChecks::new(
                 std::net::Ipv4Addr::UNSPECIFIED.into(),
                 health.clone(),
@@ -151,7 +159,7 @@ impl Runner {
                 next_full
             } else if Instant::now() >= next_full {
                 Instant::now()
-            } else if self.state.has_changes() {
+            } else if self.state.has_changes() || self.retry_soon {
                 last_sync.map_or_else(Instant::now, |at| at + self.periods.min)
             } else {
                 next_full
@@ -243,6 +251,8 @@ impl Runner {
             touched.extend(self.table.update(name, selection));
         }
 
+        // What did not fit last time is tried again: removals may have made room.
+        touched.extend(self.rejected.iter().copied());
         let report = if full {
             self.dataplane.readopt()?;
             self.dataplane.apply(&self.table.desired())
@@ -303,6 +313,8 @@ impl Runner {
             }
         }
         self.record(report.rejected.len());
+        self.log_rejections(&report.rejected);
+        self.retry_soon = !self.rejected.is_empty() && self.dataplane.has_pending_deletes();
         if full || !changes.services.is_empty() {
             info!(
                 full,
@@ -314,6 +326,36 @@ impl Runner {
             );
         }
         Ok(true)
+    }
+
+    /// Logs the frontends rejected for the first time (a few by name, the rest counted) and
+    /// those programmed after they were rejected; the `rejected_frontends` metric has the
+    /// current count.
+    fn log_rejections(&mut self, rejected: &[Rejected]) {
+        const NAMED: usize = 10;
+        let now: BTreeSet<Frontend> = rejected.iter().map(Rejected::frontend).collect();
+        let new: Vec<&Rejected> = rejected
+            .iter()
+            .filter(|r| !self.rejected.contains(&r.frontend()))
+            .collect();
+        for rejected in new.iter().take(NAMED) {
+            warn!(error = %rejected, "frontend not programmed");
+        }
+        if new.len() > NAMED {
+            warn!(
+                more = new.len() - NAMED,
+                "more frontends not programmed, for the same reasons (metric \
+                 socklb_rejected_frontends)"
+            );
+        }
+        let programmed = self.rejected.difference(&now).count();
+        if programmed > 0 {
+            info!(
+                frontends = programmed,
+                "frontends programmed after they were rejected"
+            );
+        }
+        self.rejected = now;
     }
 
     /// Records which Service each frontend belongs to, for `socklb inspect`: the `touched`

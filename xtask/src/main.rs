@@ -76,6 +76,16 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         seconds: u32,
     },
+    /// One Service with very many endpoints: its first sync and the sync after a change of
+    /// one endpoint, at each endpoint count.
+    LargeService {
+        /// Endpoint counts to measure at.
+        #[arg(long, value_delimiter = ',', default_value = "5000,20000,60000")]
+        endpoints: Vec<u32>,
+        /// Changes timed per endpoint count.
+        #[arg(long, default_value_t = 20)]
+        changes: u32,
+    },
     /// Traffic from outside through a NodePort: socklb's TC programs vs kube-proxy's
     /// iptables and nftables rules vs the direct path (connection setup, iperf3).
     Nodeport {
@@ -187,6 +197,18 @@ fn main() -> anyhow::Result<()> {
                         ("--seconds", seconds),
                     ]),
                 ),
+                Bench::LargeService { endpoints, changes } => {
+                    let endpoints: Vec<String> = endpoints.iter().map(u32::to_string).collect();
+                    run_with_agent(
+                        "socklb-bench-large-service",
+                        &[
+                            "--endpoints".to_owned(),
+                            endpoints.join(","),
+                            "--changes".to_owned(),
+                            changes.to_string(),
+                        ],
+                    )
+                }
                 Bench::Nodeport {
                     connections,
                     rounds,

@@ -15,12 +15,12 @@ pub fn assign_slots(old: &[u32], wanted: &[u32]) -> Vec<u32> {
         .map(|id| (wanted_set.contains(id) && kept.insert(*id)).then_some(*id))
         .collect();
 
-    let mut newcomers: VecDeque<u32> = VecDeque::new();
-    for id in wanted {
-        if !kept.contains(id) && !newcomers.contains(id) {
-            newcomers.push_back(*id);
-        }
-    }
+    let mut queued = HashSet::new();
+    let mut newcomers: VecDeque<u32> = wanted
+        .iter()
+        .copied()
+        .filter(|id| !kept.contains(id) && queued.insert(*id))
+        .collect();
     for slot in slots.iter_mut().filter(|slot| slot.is_none()) {
         match newcomers.pop_front() {
             Some(id) => *slot = Some(id),
@@ -29,14 +29,19 @@ pub fn assign_slots(old: &[u32], wanted: &[u32]) -> Vec<u32> {
     }
     slots.extend(newcomers.into_iter().map(Some));
 
-    // Fewer backends than before: close the holes with backends from the tail.
+    // Fewer backends than before: close the holes with backends from the tail. Holes are
+    // filled front to back, so the search goes on from the last one (linear, not
+    // quadratic, for a large Service that lost many backends).
+    let mut hole = 0;
     loop {
         while slots.last() == Some(&None) {
             slots.pop();
         }
-        let Some(hole) = slots.iter().position(Option::is_none) else {
+        // `slots[hole]` was filled from a non-empty tail, so `hole` is within the slots.
+        let Some(offset) = slots[hole..].iter().position(Option::is_none) else {
             break;
         };
+        hole += offset;
         let last = slots.pop().flatten();
         slots[hole] = last;
     }

@@ -13,14 +13,14 @@ use std::{
 
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
-    maps::MapError,
+    maps::{HashMap, Map, MapData, MapError},
     programs::{
         CgroupAttachMode, CgroupSockAddr, ProgramError,
         cgroup_sock_addr::CgroupSockAddrLink,
         links::{FdLink, LinkError, PinnedLink},
     },
 };
-use socklb_abi::{globals, map_names, program_names};
+use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
 
 use super::{Capacities, object::OBJECT, tc};
@@ -77,10 +77,18 @@ pub fn link_pin(pin_dir: &Path, program: &str) -> PathBuf {
     pin_dir.join("links").join(program)
 }
 
+/// The loaded object, and what a replaced service map held.
+pub struct Loaded {
+    pub ebpf: Ebpf,
+    /// Master keys of the frontends a replaced (pinned, incompatible) service map held:
+    /// they were serving, so they get the room first in the new one.
+    pub replaced_masters: Vec<ServiceKey>,
+}
+
 /// Loads the object, adopting compatible pinned maps, and loads every program into the
 /// kernel (verifier included); nothing is attached yet. When loading fails, the maps this
 /// call pinned are unpinned again: a failed start leaves what it found, nothing more.
-pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> {
+pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
     let unpinned: Vec<PathBuf> = map_names::ALL
         .iter()
         .map(|name| pin_dir.join(name))
@@ -95,7 +103,8 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> 
     })
 }
 
-fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadError> {
+fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
+    let mut replaced_masters = Vec::new();
     for name in map_names::RETIRED {
         let path = pin_dir.join(name);
         // A map of an older layout: programs still using it keep it until replaced.
@@ -125,7 +134,10 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadErr
         match loader.load(OBJECT) {
             Ok(mut ebpf) => {
                 load_programs(&mut ebpf)?;
-                return Ok(ebpf);
+                return Ok(Loaded {
+                    ebpf,
+                    replaced_masters,
+                });
             }
             Err(EbpfError::MapError(MapError::IncompatiblePinnedMap {
                 name,
@@ -140,12 +152,30 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Ebpf, LoadErr
                      programs keep the old map until they are replaced; its entries are \
                      rewritten, session affinity and reverse entries start empty)"
                 );
+                if name == map_names::SERVICES {
+                    replaced_masters = pinned_masters(&path);
+                }
                 fs::remove_file(&path).map_err(|source| LoadError::ReplaceMap { path, source })?;
             }
             Err(error) => return Err(LoadError::Load(error)),
         }
     }
     Err(LoadError::Load(EbpfError::NoBTF))
+}
+
+/// The master keys a pinned service map holds; none if it cannot be read (it is being
+/// replaced because it differs, possibly in layout).
+fn pinned_masters(path: &Path) -> Vec<ServiceKey> {
+    let Ok(data) = MapData::from_pin(path) else {
+        return Vec::new();
+    };
+    let Ok(map) = HashMap::<_, ServiceKey, ServiceEntry>::try_from(Map::HashMap(data)) else {
+        return Vec::new();
+    };
+    map.keys()
+        .filter_map(Result::ok)
+        .filter(|key| key.slot == 0)
+        .collect()
 }
 
 fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {

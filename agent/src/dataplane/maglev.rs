@@ -129,17 +129,16 @@ impl MaglevWriter {
         let mut named = Vec::new();
         for (frontend, spec) in changes {
             named.push(*frontend);
-            let wanted = match (spec, programmed(frontend)) {
-                (Some(spec), Some((service_id, by_slot)))
-                    if spec.maglev && frontend.scope == Scope::External =>
-                {
-                    Some(Held {
-                        service_id,
-                        slots: self.slots(&by_slot),
-                    })
-                }
-                _ => None,
-            };
+            // Only Maglev frontends need their programmed backends (a large Service's other
+            // frontends would pay for a copy of every slot).
+            let maglev = spec.is_some_and(|spec| spec.maglev) && frontend.scope == Scope::External;
+            let wanted = maglev
+                .then(|| programmed(frontend))
+                .flatten()
+                .map(|(service_id, by_slot)| Held {
+                    service_id,
+                    slots: self.slots(&by_slot),
+                });
             self.update(*frontend, wanted)?;
         }
         if full {

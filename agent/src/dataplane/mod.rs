@@ -204,7 +204,10 @@ impl Dataplane {
         host::check_cgroup2(&cgroup)?;
         let pin_dir_existed = config.pin_dir.exists();
         host::prepare_pin_dir(&config.pin_dir)?;
-        let mut ebpf = loader::load(&config.pin_dir, &config.capacities).map_err(|error| {
+        let loader::Loaded {
+            mut ebpf,
+            replaced_masters,
+        } = loader::load(&config.pin_dir, &config.capacities).map_err(|error| {
             // The loader unpinned its maps; the directory goes too if this load made it.
             if !pin_dir_existed {
                 let _ = std::fs::remove_dir(&config.pin_dir);
@@ -257,7 +260,8 @@ impl Dataplane {
             source,
         })?;
         let adopted = contents.services.len();
-        let writer = Writer::adopt(kernel_maps, capacity(&config.capacities), contents);
+        let mut writer = Writer::adopt(kernel_maps, capacity(&config.capacities), contents);
+        writer.prefer(replaced_masters.iter().filter_map(writer::frontend_of));
         info!(
             pin_dir = %config.pin_dir.display(),
             adopted_service_entries = adopted,
@@ -293,6 +297,11 @@ impl Dataplane {
         Ok(report)
     }
 
+    /// Whether entries wait to be deleted by the next apply, which frees their room.
+    pub fn has_pending_deletes(&self) -> bool {
+        self.writer.has_pending_deletes()
+    }
+
     /// Applies only the given frontends (`None`: remove it), leaving all others alone.
     pub fn apply_changes(
         &mut self,
@@ -320,9 +329,7 @@ impl Dataplane {
         full: bool,
     ) -> Result<(), DataplaneError> {
         let writer = &self.writer;
-        let result = self
-            .names
-            .apply(labels, |f| writer.programmed(f).map(|(id, _)| id), full);
+        let result = self.names.apply(labels, |f| writer.service_id(f), full);
         if let Err(error) = result {
             self.names.readopt().map_err(|source| DataplaneError::Map {
                 name: map_names::NAMES,
@@ -364,12 +371,8 @@ impl Dataplane {
         result: Result<ApplyReport, StoreError>,
     ) -> Result<ApplyReport, DataplaneError> {
         match result {
-            Ok(report) => {
-                for rejected in &report.rejected {
-                    warn!(error = %rejected, "frontend not programmed");
-                }
-                Ok(report)
-            }
+            // The caller logs the rejected frontends (only their changes).
+            Ok(report) => Ok(report),
             Err(error) => {
                 self.readopt()?;
                 Err(DataplaneError::Write(error))

@@ -13,7 +13,10 @@
 //!   programs connect to, so a stale slot never needs its backend entry).
 //!
 //! A frontend whose change does not fit the maps' capacity is left exactly as it was and
-//! reported; the others are still applied.
+//! reported; the others are still applied. A new frontend that does not fit is programmed
+//! without backends, so that connections to it are refused rather than left untranslated
+//! (an untranslated VIP could leave the node). Frontends already programmed (or that were
+//! programmed in maps this agent replaced) get the room before new ones.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use socklb_abi::{
@@ -65,12 +68,13 @@ pub struct Capacity {
     pub backends: u32,
 }
 
-/// A frontend that was left as it was.
+/// A frontend that was not programmed as desired.
 #[derive(Debug, thiserror::Error)]
 pub enum Rejected {
     #[error(
         "frontend {frontend} needs {needed} more entries in map {map} but only {free} of its \
-         {capacity} are free: raise {flag} (the frontend keeps its previous state)"
+         {capacity} are free: raise {flag} ({})",
+        outcome(*new)
     )]
     MapFull {
         frontend: Frontend,
@@ -79,16 +83,36 @@ pub enum Rejected {
         capacity: u32,
         free: u32,
         needed: u32,
+        /// The frontend was not programmed before.
+        new: bool,
     },
     #[error(
         "frontend {frontend} has {count} backends, more than the {max} slots a frontend can \
-         hold (the frontend keeps its previous state)"
+         hold ({})",
+        outcome(*new)
     )]
     TooManyBackends {
         frontend: Frontend,
         count: usize,
         max: u16,
+        new: bool,
     },
+}
+
+impl Rejected {
+    pub fn frontend(&self) -> Frontend {
+        match self {
+            Self::MapFull { frontend, .. } | Self::TooManyBackends { frontend, .. } => *frontend,
+        }
+    }
+}
+
+fn outcome(new: bool) -> &'static str {
+    if new {
+        "connections to it are refused until it fits"
+    } else {
+        "the frontend keeps its previous state"
+    }
 }
 
 /// What an `apply` did.
@@ -148,6 +172,8 @@ pub struct Writer<S> {
     service_ids: HashSet<u32>,
     next_backend_id: u32,
     next_service_id: u32,
+    /// Frontends the replaced maps held: programmed ahead of other new frontends.
+    preferred: BTreeSet<Frontend>,
 }
 
 /// Contents of the service and backend maps, as read back from the kernel.
@@ -173,6 +199,7 @@ impl<S: Store> Writer<S> {
             service_ids: HashSet::new(),
             next_backend_id: 1,
             next_service_id: 1,
+            preferred: BTreeSet::new(),
         };
         writer.readopt(contents);
         writer
@@ -284,6 +311,17 @@ impl<S: Store> Writer<S> {
         &self.store
     }
 
+    /// Gives `frontends` (those maps this agent replaced held) the room before other new
+    /// frontends, so that raising a capacity never takes a serving frontend down.
+    pub fn prefer(&mut self, frontends: impl IntoIterator<Item = Frontend>) {
+        self.preferred.extend(frontends);
+    }
+
+    /// Whether entries wait to be deleted by the next apply (which frees their room).
+    pub fn has_pending_deletes(&self) -> bool {
+        !self.pending_deletes.is_empty()
+    }
+
     /// Number of service-map entries the mirror accounts for.
     pub fn service_entries(&self) -> u32 {
         u32::try_from(self.service_entries).unwrap_or(u32::MAX)
@@ -304,6 +342,11 @@ impl<S: Store> Writer<S> {
             })
             .collect();
         Some((programmed.service_id, backends))
+    }
+
+    /// A programmed frontend's service id.
+    pub fn service_id(&self, frontend: &Frontend) -> Option<u32> {
+        Some(self.frontends.get(frontend)?.service_id)
     }
 
     pub fn backend_entries(&self) -> u32 {
@@ -346,17 +389,19 @@ impl<S: Store> Writer<S> {
             self.remove_frontend(&mut report, *frontend)?;
         }
 
-        // Shrinking frontends first, so that growing ones find the room they free.
+        // Shrinking frontends first, so that growing ones find the room they free; of the
+        // growing ones, those programmed (or preferred) before new ones.
         let mut changes: Vec<(&Frontend, &FrontendSpec)> = changes
             .iter()
             .filter_map(|(frontend, spec)| Some((frontend, (*spec)?)))
             .collect();
         changes.sort_by_key(|(frontend, spec)| {
-            let old = self
-                .frontends
-                .get(frontend)
-                .map_or(0, |p| p.slots.len() + 1);
-            (spec.backends.len() + 1).cast_signed() - old.cast_signed()
+            let old = self.frontends.get(frontend);
+            let grows = (spec.backends.len() + 1)
+                .cast_signed()
+                .saturating_sub(old.map_or(0, |p| p.slots.len() + 1).cast_signed());
+            let known = old.is_some() || self.preferred.contains(frontend);
+            (grows > 0, !known, grows)
         });
         for (frontend, spec) in changes {
             if let Err(rejected) = self.update_frontend(&mut report, *frontend, spec)? {
@@ -426,15 +471,17 @@ impl<S: Store> Writer<S> {
         }
 
         // Backend ids: existing ones reused, new ones reserved (written only if accepted).
-        let mut new_backends = Vec::new();
+        let mut new_backends: Vec<(u32, BackendAddr)> = Vec::new();
+        let mut new_ids: HashMap<BackendAddr, u32> = HashMap::new();
         let mut wanted = Vec::with_capacity(spec.backends.len());
         for addr in &spec.backends {
             let id = match self.backend_ids.get(&(*addr, frontend.protocol)) {
                 Some(id) => *id,
-                None => match new_backends.iter().find(|(_, a)| a == addr) {
-                    Some((id, _)) => *id,
+                None => match new_ids.get(addr) {
+                    Some(id) => *id,
                     None => {
-                        let id = self.allocate_backend_id(&new_backends);
+                        let id = self.allocate_backend_id();
+                        new_ids.insert(*addr, id);
                         new_backends.push((id, *addr));
                         id
                     }
@@ -445,12 +492,15 @@ impl<S: Store> Writer<S> {
 
         let old_slots = old.as_ref().map_or(&[][..], |p| &p.slots[..]);
         let slots = assign_slots(old_slots, &wanted);
+        let new = old.is_none();
         if slots.len() > usize::from(socklb_abi::MAX_BACKENDS_PER_SERVICE) {
-            return Ok(Err(Rejected::TooManyBackends {
+            let rejected = Rejected::TooManyBackends {
                 frontend,
                 count: slots.len(),
                 max: socklb_abi::MAX_BACKENDS_PER_SERVICE,
-            }));
+                new,
+            };
+            return self.refuse(report, frontend, flags, affinity_timeout_s, rejected);
         }
 
         let programmed = Programmed {
@@ -469,23 +519,20 @@ impl<S: Store> Writer<S> {
         // Capacity: the peak during the update is the old entries plus the added slots.
         let old_entries = old.as_ref().map_or(0, |p| p.slots.len() + 1);
         let grow = (programmed.slots.len() + 1).saturating_sub(old_entries);
-        if let Err(rejected) = self.check_room(frontend, grow, new_backends.len()) {
-            return Ok(Err(rejected));
+        if let Err(rejected) = self.check_room(frontend, grow, new_backends.len(), new) {
+            return self.refuse(report, frontend, flags, affinity_timeout_s, rejected);
         }
 
         let new_entries: Vec<(u32, Backend)> = new_backends
             .iter()
             .map(|(id, addr)| (*id, to_backend(addr, frontend.protocol)))
             .collect();
+        let new_entry: HashMap<u32, Backend> = new_entries.iter().copied().collect();
         let backend_of = |id: u32| {
-            new_entries
-                .iter()
-                .find(|(new, _)| *new == id)
-                .map(|(_, backend)| *backend)
-                .or_else(|| {
-                    let (addr, protocol) = self.backends.get(&id)?;
-                    Some(to_backend(addr, *protocol))
-                })
+            new_entry.get(&id).copied().or_else(|| {
+                let (addr, protocol) = self.backends.get(&id)?;
+                Some(to_backend(addr, *protocol))
+            })
         };
         let ops = frontend_ops(
             &frontend,
@@ -503,9 +550,24 @@ impl<S: Store> Writer<S> {
         }
         self.service_entries -= old.as_ref().map_or(0, Programmed::entries);
         self.service_entries += programmed.entries();
-        self.reference(&programmed.slots, true);
+        // Only the slots that changed move references: a one-endpoint change of a large
+        // Service costs a few hash updates, not two per slot.
+        let old_slots = old.as_ref().map_or(&[][..], |p| &p.slots[..]);
+        let changed = |slots: &[u32], other: &[u32]| -> Vec<u32> {
+            let moved = slots.iter().enumerate();
+            moved
+                .filter(|(index, id)| other.get(*index) != Some(*id))
+                .map(|(_, id)| *id)
+                .collect()
+        };
+        let (added, removed) = (
+            changed(&programmed.slots, old_slots),
+            changed(old_slots, &programmed.slots),
+        );
+        // Added first, so that a backend that only changes slot never looks unused.
+        self.reference(&added, true);
+        self.reference(&removed, false);
         if let Some(old) = &old {
-            self.reference(&old.slots, false);
             // Above the new count: a lookup that read the old count may still go there.
             self.delete_later(
                 (programmed.slots.len()..old.slots.len())
@@ -517,11 +579,45 @@ impl<S: Store> Writer<S> {
         Ok(Ok(()))
     }
 
+    /// Reports `rejected`; a new frontend is programmed without backends (refused), if its
+    /// master entry fits, so that its VIP is never left untranslated.
+    fn refuse(
+        &mut self,
+        report: &mut ApplyReport,
+        frontend: Frontend,
+        flags: u16,
+        affinity_timeout_s: u32,
+        rejected: Rejected,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        let fits = self.service_entries() < self.capacity.service_entries;
+        if self.frontends.contains_key(&frontend) || !fits {
+            return Ok(Err(rejected));
+        }
+        let programmed = Programmed {
+            service_id: self.allocate_service_id(),
+            flags,
+            affinity_timeout_s,
+            slots: Vec::new(),
+        };
+        self.write(
+            report,
+            Op::PutService {
+                key: service_key(&frontend, 0),
+                entry: programmed.master(),
+            },
+        )?;
+        self.service_entries += programmed.entries();
+        self.service_ids.insert(programmed.service_id);
+        self.frontends.insert(frontend, programmed);
+        Ok(Err(rejected))
+    }
+
     fn check_room(
         &self,
         frontend: Frontend,
         grow: usize,
         new_backends: usize,
+        new: bool,
     ) -> Result<(), Rejected> {
         let used = self.service_entries();
         let free = self.capacity.service_entries.saturating_sub(used);
@@ -534,6 +630,7 @@ impl<S: Store> Writer<S> {
                 capacity: self.capacity.service_entries,
                 free,
                 needed: grow,
+                new,
             });
         }
         let free = self
@@ -549,6 +646,7 @@ impl<S: Store> Writer<S> {
                 capacity: self.capacity.backends,
                 free,
                 needed,
+                new,
             });
         }
         Ok(())
@@ -570,14 +668,13 @@ impl<S: Store> Writer<S> {
         Ok(())
     }
 
-    fn allocate_backend_id(&mut self, reserved: &[(u32, BackendAddr)]) -> u32 {
+    /// A backend id no backend has. Ids handed out by one update are distinct without a
+    /// check: the counter only moves on, and one update needs fewer than 2^32 of them.
+    fn allocate_backend_id(&mut self) -> u32 {
         loop {
             let id = self.next_backend_id;
             self.next_backend_id = self.next_backend_id.checked_add(1).unwrap_or(1);
-            if id != 0
-                && !self.backends.contains_key(&id)
-                && !reserved.iter().any(|(r, _)| *r == id)
-            {
+            if id != 0 && !self.backends.contains_key(&id) {
                 return id;
             }
         }
@@ -1100,7 +1197,7 @@ mod tests {
             },
             MapContents::default(),
         );
-        w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
+        w.apply(&desired(&[(1, &[1, 2]), (2, &[])])).expect("apply");
         let before = w.store.services.clone();
         let report = w
             .apply(&desired(&[(1, &[1, 2, 3, 4]), (2, &[])]))
@@ -1109,12 +1206,62 @@ mod tests {
         let message = report.rejected[0].to_string();
         assert!(message.contains("socklb_svc_v1"), "{message}");
         assert!(message.contains("--max-service-entries"), "{message}");
-        // Frontend 1 untouched, frontend 2 (which fits) applied.
-        for (key, entry) in &before {
-            assert_eq!(w.store.services.get(key), Some(entry));
-        }
-        assert!(w.store.services.contains_key(&service_key(&frontend(2), 0)));
+        assert!(message.contains("keeps its previous state"), "{message}");
+        assert_eq!(w.store.services, before);
         assert!(!w.store.backends.contains_key(&3));
+    }
+
+    #[test]
+    fn programmed_frontends_get_the_room_and_a_new_one_that_does_not_fit_is_refused() {
+        let mut w = Writer::adopt(
+            Recorder::default(),
+            Capacity {
+                service_entries: 6,
+                backends: 10,
+            },
+            MapContents::default(),
+        );
+        w.apply(&desired(&[(2, &[1, 2])])).expect("apply");
+        // Frontend 1 sorts first but is new: frontend 2, programmed, grows first.
+        let report = w
+            .apply(&desired(&[(1, &[5, 6]), (2, &[1, 2, 3, 4])]))
+            .expect("apply");
+        assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
+        assert_eq!(report.rejected[0].frontend(), frontend(1));
+        let message = report.rejected[0].to_string();
+        assert!(message.contains("refused until it fits"), "{message}");
+        assert_eq!(w.store.services[&service_key(&frontend(2), 0)].count, 4);
+        // Frontend 1 refuses connections (count 0) instead of leaving its VIP untranslated.
+        assert_eq!(w.store.services[&service_key(&frontend(1), 0)].count, 0);
+        assert_eq!(w.service_entries(), 6);
+        // Once there is room, it is programmed in full.
+        w.apply(&desired(&[(1, &[5, 6]), (2, &[1])]))
+            .expect("apply");
+        let report = w
+            .apply(&desired(&[(1, &[5, 6]), (2, &[1])]))
+            .expect("apply");
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        assert_eq!(w.store.services[&service_key(&frontend(1), 0)].count, 2);
+    }
+
+    #[test]
+    fn preferred_frontends_get_the_room_before_other_new_ones() {
+        let mut w = Writer::adopt(
+            Recorder::default(),
+            Capacity {
+                service_entries: 4,
+                backends: 10,
+            },
+            MapContents::default(),
+        );
+        // As after the maps were replaced: frontend 2 was programmed in the old ones.
+        w.prefer([frontend(2)]);
+        let report = w
+            .apply(&desired(&[(1, &[1, 2]), (2, &[3, 4])]))
+            .expect("apply");
+        assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
+        assert_eq!(report.rejected[0].frontend(), frontend(1));
+        assert_eq!(w.store.services[&service_key(&frontend(2), 0)].count, 2);
     }
 
     #[test]
@@ -1129,6 +1276,6 @@ mod tests {
         );
         let report = w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
         assert!(report.rejected[0].to_string().contains("--max-backends"));
-        assert!(w.store.ops.is_empty());
+        assert_eq!(kinds(&w.store.ops), ["+master(count=0)"]);
     }
 }

@@ -3,4 +3,5 @@
 //! fault and checks the guarantee that docs/operations.md states for it.
 mod agent_killed;
 mod foreign_cleanup;
+mod raised_capacity;
 mod shrinking_churn;

@@ -1,0 +1,82 @@
+//! An operator raises a map capacity (as the agent's own warning advises) on a node whose
+//! service map is full: the map is replaced, and the Services that were serving must keep
+//! serving through the restart, ahead of those that never fitted.
+use std::{net::SocketAddr, time::Duration};
+
+use socklb_tests::{
+    Agent, ManifestDir, Sandbox, node_yaml, service_yaml, slice_yaml, tcp_backends,
+};
+
+/// Two endpoints per Service: three service-map entries each (master and two slots).
+fn write_service(manifests: &ManifestDir, name: &str, vip: &str) {
+    manifests.write(&format!("{name}.yaml"), &service_yaml(name, vip, 80, ""));
+    manifests.write(
+        &format!("{name}-slice.yaml"),
+        &slice_yaml(
+            &format!("{name}-1"),
+            name,
+            8080,
+            &[
+                ("127.0.22.1", "node-a", "zone-a", ""),
+                ("127.0.22.2", "node-b", "zone-b", ""),
+            ],
+            false,
+        ),
+    );
+}
+
+#[test]
+fn raising_a_capacity_keeps_serving_services_up() {
+    let sandbox = Sandbox::new("raise");
+    let _servers = tcp_backends([127, 0, 22], 2, 8080);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.80.1"));
+    // The serving Service has the highest VIP: in frontend order it would come last.
+    write_service(&manifests, "web", "10.96.0.90");
+    let serving: SocketAddr = "10.96.0.90:80".parse().expect("address");
+    let first = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node-a",
+        &["--max-service-entries", "4"],
+    );
+    // Five more Services arrive that do not fit (3 entries each, 1 free): refused.
+    for i in 1..=5 {
+        write_service(
+            &manifests,
+            &format!("a-{i}"),
+            &format!("10.96.0.{}", 80 + i),
+        );
+    }
+    first.wait_for_log("frontend not programmed", 1);
+
+    // Raised, but not enough for everything: 12 entries hold four Services of six.
+    let client = sandbox.spawn_probe_for("tcp", serving, Duration::from_secs(6), 1);
+    std::thread::sleep(Duration::from_millis(500));
+    first.stop();
+    let second = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node-a",
+        &["--max-service-entries", "12"],
+    );
+    let log = second.log();
+    assert!(
+        log.contains("pinned map differs"),
+        "the service map was not replaced: {log}"
+    );
+    let attempts = client.wait();
+    second.stop();
+
+    let failed: Vec<_> = attempts
+        .iter()
+        .filter(|a| !matches!(a.reply.as_deref(), Some("b1" | "b2")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} connects to the serving Service failed across the raise: {:?}",
+        failed.len(),
+        attempts.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
