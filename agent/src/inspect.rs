@@ -118,19 +118,9 @@ pub struct Inspection {
     pub counters: CountersView,
 }
 
-/// Deserialize: tests and tools read it back from `socklb inspect -o json`.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct CountersView {
-    pub translated: u64,
-    pub no_backend: u64,
-    pub affinity_hits: u64,
-    pub reverse_translated: u64,
-    pub errors: u64,
-    pub external_flows: u64,
-    pub external_no_backend: u64,
-    pub snat_exhausted: u64,
-    pub external_denied: u64,
-}
+/// The counters as `socklb inspect -o json` shows them (and tests and tools read them back):
+/// the ABI's table, one field per counter.
+pub type CountersView = Counters;
 
 fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
     let path = pin_dir.join(name);
@@ -272,17 +262,7 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         frontends,
         affinity,
         conntrack,
-        counters: CountersView {
-            translated: sum.translated,
-            no_backend: sum.no_backend,
-            affinity_hits: sum.affinity_hits,
-            reverse_translated: sum.reverse_translated,
-            errors: sum.errors,
-            external_flows: sum.external_flows,
-            external_no_backend: sum.external_no_backend,
-            snat_exhausted: sum.snat_exhausted,
-            external_denied: sum.external_denied,
-        },
+        counters: sum,
     })
 }
 
@@ -414,20 +394,14 @@ pub fn table(inspection: &Inspection) -> String {
             );
         }
     }
-    let c = &inspection.counters;
-    let _ = writeln!(
+    let _ = write!(
         out,
-        "\naffinity entries: {}\ncounters: translated {} no_backend {} affinity_hits {} reverse_translated {} errors {} external_flows {} external_no_backend {} snat_exhausted {} external_denied {}",
-        inspection.affinity.len(),
-        c.translated,
-        c.no_backend,
-        c.affinity_hits,
-        c.reverse_translated,
-        c.errors,
-        c.external_flows,
-        c.external_no_backend,
-        c.snat_exhausted,
-        c.external_denied
+        "\naffinity entries: {}\ncounters:",
+        inspection.affinity.len()
     );
+    for ((name, _), value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
+        let _ = write!(out, " {name} {value}");
+    }
+    out.push('\n');
     out
 }

@@ -30,7 +30,7 @@ pub mod map_names {
     /// [`super::AffinityKey`] -> [`super::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
-    pub const COUNTERS: &str = "socklb_cnt_v2";
+    pub const COUNTERS: &str = "socklb_cnt_v3";
     /// [`super::CtKey`] -> [`super::CtEntry`]: flows from outside the node and their NAT.
     pub const CONNTRACK: &str = "socklb_ct_v1";
     /// [`super::NodeConfig`], a single entry at index 0: what the TC programs need to
@@ -62,7 +62,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 1] = ["socklb_cnt_v1"];
+    pub const RETIRED: [&str; 2] = ["socklb_cnt_v1", "socklb_cnt_v2"];
 }
 
 /// Names of the kernel programs (the functions in socklb-ebpf), one per hook.
@@ -406,66 +406,80 @@ pub const FRONTEND_KIND_NODE_PORT: u8 = 2;
 pub const FRONTEND_KIND_EXTERNAL_IP: u8 = 3;
 pub const FRONTEND_KIND_LOAD_BALANCER: u8 = 4;
 
-/// Per-CPU event counters (one entry, index 0).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Counters {
+/// Defines [`Counters`] from one table: each counter's field (what bpftool and `socklb
+/// inspect` show) and its `socklb_datapath_events` label. Everything else that names the
+/// counters (sums, differences, inspect, metrics) iterates [`Counters::NAMES`].
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $field:ident => $event:literal,)*) => {
+        /// Per-CPU event counters (one entry, index 0).
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+        pub struct Counters {
+            $($(#[doc = $doc])* pub $field: u64,)*
+        }
+
+        impl Counters {
+            /// Every counter, in layout order: (field name, metric event label).
+            pub const NAMES: [(&'static str, &'static str); [$($event),*].len()] =
+                [$((stringify!($field), $event)),*];
+
+            /// The values, in the order of [`Self::NAMES`].
+            #[must_use]
+            pub fn values(&self) -> [u64; Counters::NAMES.len()] {
+                [$(self.$field),*]
+            }
+
+            /// Applies `f` to each pair of fields.
+            #[must_use]
+            fn zip(&self, other: &Self, f: impl Fn(u64, u64) -> u64) -> Self {
+                Self { $($field: f(self.$field, other.$field),)* }
+            }
+        }
+    };
+}
+
+counters! {
     /// connect/sendmsg rewritten from a frontend to a backend.
-    pub translated: u64,
+    translated => "translated",
     /// connect/sendmsg to a frontend with no usable backend, refused with ECONNREFUSED.
-    pub no_backend: u64,
+    no_backend => "no_backend",
     /// Translations that reused a session-affinity entry.
-    pub affinity_hits: u64,
+    affinity_hits => "affinity_hit",
     /// recvmsg/getpeername answers rewritten from a backend back to the frontend.
-    pub reverse_translated: u64,
-    /// Failures that let the operation proceed untranslated (e.g. a slot missing, a full
-    /// reverse map).
-    pub errors: u64,
+    reverse_translated => "reverse_translated",
+    /// Failures that let the operation or packet proceed untranslated (e.g. a slot
+    /// missing, a full reverse map).
+    errors => "error",
     /// Flows from outside the node given a backend (new conntrack entries).
-    pub external_flows: u64,
+    external_flows => "external_flow",
     /// Packets from outside to a frontend without a usable backend here, dropped.
-    pub external_no_backend: u64,
+    external_no_backend => "external_no_backend",
     /// Packets from outside dropped because no SNAT port was free.
-    pub snat_exhausted: u64,
+    snat_exhausted => "snat_exhausted",
     /// New flows to a LoadBalancer IP dropped by its loadBalancerSourceRanges.
-    pub external_denied: u64,
+    external_denied => "external_denied",
+    /// Packets from outside to a frontend dropped because their TTL was 1 or less (they
+    /// could not be forwarded), before any conntrack entry was made for them.
+    ttl_exceeded => "ttl_exceeded",
+    /// Packets from outside dropped because a helper failed after part of the packet was
+    /// already rewritten (a half-translated packet never leaves).
+    rewrite_failed => "rewrite_failed",
 }
 
 impl Counters {
     /// Sums the per-CPU copies.
     #[must_use]
     pub fn sum<'a>(values: impl IntoIterator<Item = &'a Self>) -> Self {
-        values.into_iter().fold(Self::default(), |acc, c| Self {
-            translated: acc.translated.wrapping_add(c.translated),
-            no_backend: acc.no_backend.wrapping_add(c.no_backend),
-            affinity_hits: acc.affinity_hits.wrapping_add(c.affinity_hits),
-            reverse_translated: acc.reverse_translated.wrapping_add(c.reverse_translated),
-            errors: acc.errors.wrapping_add(c.errors),
-            external_flows: acc.external_flows.wrapping_add(c.external_flows),
-            external_no_backend: acc.external_no_backend.wrapping_add(c.external_no_backend),
-            snat_exhausted: acc.snat_exhausted.wrapping_add(c.snat_exhausted),
-            external_denied: acc.external_denied.wrapping_add(c.external_denied),
-        })
+        values
+            .into_iter()
+            .fold(Self::default(), |acc, c| acc.zip(c, u64::wrapping_add))
     }
 
     /// What happened between two readings (`self` the later one).
     #[must_use]
     pub fn since(&self, before: &Self) -> Self {
-        Self {
-            translated: self.translated.wrapping_sub(before.translated),
-            no_backend: self.no_backend.wrapping_sub(before.no_backend),
-            affinity_hits: self.affinity_hits.wrapping_sub(before.affinity_hits),
-            reverse_translated: self
-                .reverse_translated
-                .wrapping_sub(before.reverse_translated),
-            errors: self.errors.wrapping_sub(before.errors),
-            external_flows: self.external_flows.wrapping_sub(before.external_flows),
-            external_no_backend: self
-                .external_no_backend
-                .wrapping_sub(before.external_no_backend),
-            snat_exhausted: self.snat_exhausted.wrapping_sub(before.snat_exhausted),
-            external_denied: self.external_denied.wrapping_sub(before.external_denied),
-        }
+        self.zip(before, u64::wrapping_sub)
     }
 }
 
@@ -477,7 +491,7 @@ const _: () = assert!(size_of::<ReverseEntry>() == 12);
 const _: () = assert!(size_of::<SocketFrontend>() == 32);
 const _: () = assert!(size_of::<AffinityKey>() == 16);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
-const _: () = assert!(size_of::<Counters>() == 72);
+const _: () = assert!(size_of::<Counters>() == Counters::NAMES.len() * 8);
 const _: () = assert!(size_of::<SourceRange>() == 12);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
@@ -545,32 +559,30 @@ mod tests {
 
     #[test]
     fn counters_sum_adds_every_field() {
-        let one = Counters {
-            translated: 1,
-            no_backend: 2,
-            affinity_hits: 3,
-            reverse_translated: 4,
-            errors: 5,
-            external_flows: 6,
-            external_no_backend: 7,
-            snat_exhausted: 8,
-            external_denied: 9,
+        let mut one = Counters::default();
+        let names = Counters::NAMES.len();
+        // Through the in-memory layout: every field, whatever the table holds.
+        // SAFETY: Counters is repr(C) made only of u64 fields, NAMES.len() of them.
+        let fields = unsafe {
+            core::slice::from_raw_parts_mut(core::ptr::from_mut(&mut one).cast::<u64>(), names)
         };
+        for (i, field) in fields.iter_mut().enumerate() {
+            *field = i as u64 + 1;
+        }
         let total = Counters::sum([&one, &one]);
         assert_eq!(total.since(&one), one);
-        assert_eq!(
-            total,
-            Counters {
-                translated: 2,
-                no_backend: 4,
-                affinity_hits: 6,
-                reverse_translated: 8,
-                errors: 10,
-                external_flows: 12,
-                external_no_backend: 14,
-                snat_exhausted: 16,
-                external_denied: 18,
+        for (i, value) in total.values().into_iter().enumerate() {
+            assert_eq!(value, 2 * (i as u64 + 1), "{:?}", Counters::NAMES[i]);
+        }
+    }
+
+    #[test]
+    fn counter_names_are_unique() {
+        for (i, (field, event)) in Counters::NAMES.iter().enumerate() {
+            for (other_field, other_event) in &Counters::NAMES[i + 1..] {
+                assert_ne!(field, other_field);
+                assert_ne!(event, other_event);
             }
-        );
+        }
     }
 }

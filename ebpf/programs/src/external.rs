@@ -15,6 +15,10 @@
 //!   backends on their way out. Both are rewritten to come from the frontend.
 //! - A frontend without a usable backend here drops the packet (externalTrafficPolicy
 //!   Local without a local endpoint, or no endpoint at all).
+//! - A packet of ours with a TTL of 1 or less is dropped before it changes any state: it
+//!   could not be forwarded, and must not take a conntrack entry or a SNAT port.
+//! - A packet whose rewrite fails half-way is dropped: once any byte changed, passing it
+//!   on would send a half-translated packet.
 use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
@@ -49,7 +53,8 @@ const TC_ACT_SHOT: i32 = 2;
 const FIB_SUCCESS: i64 = 0;
 const FIB_NO_NEIGHBOUR: i64 = 7;
 
-/// A map or packet operation that should have worked did not: pass untranslated, count it.
+/// A map or packet operation that should have worked did not: pass untranslated, count it
+/// (or drop the packet, counted, if part of it was already rewritten).
 struct Error;
 
 impl From<PacketError> for Error {
@@ -67,24 +72,37 @@ enum Flow {
     SnatExhausted,
     /// The client is outside the LoadBalancer frontend's loadBalancerSourceRanges.
     Denied,
+    /// A new flow whose first packet cannot be forwarded: TTL 1 or less.
+    TtlExceeded,
     /// Rewrite the packet to this.
     To(CtEntry),
 }
 
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
-    verdict(try_ingress(&ctx))
+    let Some(mut packet) = Packet::parse(&ctx) else {
+        return TC_ACT_OK;
+    };
+    verdict(try_ingress(&ctx, &mut packet), &packet)
 }
 
 #[classifier]
 pub fn socklb_tc_out(ctx: TcContext) -> i32 {
-    verdict(try_egress(&ctx))
+    let Some(mut packet) = Packet::parse(&ctx) else {
+        return TC_ACT_OK;
+    };
+    verdict(try_egress(&mut packet), &packet)
 }
 
+/// An error before the packet changed lets it pass untranslated; after, it is dropped.
 #[inline(always)]
-fn verdict(result: Result<i32, Error>) -> i32 {
+fn verdict(result: Result<i32, Error>, packet: &Packet) -> i32 {
     match result {
         Ok(verdict) => verdict,
+        Err(Error) if packet.mangled() => {
+            bump(|c| &mut c.rewrite_failed);
+            TC_ACT_SHOT
+        }
         Err(Error) => {
             bump(|c| &mut c.errors);
             TC_ACT_OK
@@ -92,21 +110,31 @@ fn verdict(result: Result<i32, Error>) -> i32 {
     }
 }
 
+/// Drops a packet of ours that cannot be forwarded, before anything in it changes.
 #[inline(always)]
-fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
-    let Some(mut packet) = Packet::parse(ctx) else {
-        return Ok(TC_ACT_OK);
-    };
+fn ttl_exceeded(packet: &Packet) -> bool {
+    if packet.ttl <= 1 {
+        bump(|c| &mut c.ttl_exceeded);
+        return true;
+    }
+    false
+}
+
+#[inline(always)]
+fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let closes = packet.closes_connection();
     // A remote backend answering a SNATed flow, addressed to this node.
     if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
         && let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, closes, now)
     {
-        rewrite(&mut packet, &reply)?;
-        return forward(ctx, &mut packet);
+        if ttl_exceeded(packet) {
+            return Ok(TC_ACT_SHOT);
+        }
+        rewrite(packet, &reply)?;
+        return forward(ctx, packet);
     }
-    let entry = match flow(&packet, closes, now)? {
+    let entry = match flow(packet, closes, now)? {
         Flow::NotOurs => return Ok(TC_ACT_OK),
         Flow::NoBackend => {
             bump(|c| &mut c.external_no_backend);
@@ -120,26 +148,27 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
             bump(|c| &mut c.external_denied);
             return Ok(TC_ACT_SHOT);
         }
+        Flow::TtlExceeded => return Ok(TC_ACT_SHOT),
         Flow::To(entry) => entry,
     };
-    rewrite(&mut packet, &entry)?;
+    if ttl_exceeded(packet) {
+        return Ok(TC_ACT_SHOT);
+    }
+    rewrite(packet, &entry)?;
     if entry.flags & CT_FLAG_SNAT == 0 {
         // A backend on this node: through the kernel's path, seen by its conntrack.
         return Ok(TC_ACT_OK);
     }
-    forward(ctx, &mut packet)
+    forward(ctx, packet)
 }
 
 /// Replies of local backends leaving the node: shown as coming from the frontend.
 #[inline(always)]
-fn try_egress(ctx: &TcContext) -> Result<i32, Error> {
-    let Some(mut packet) = Packet::parse(ctx) else {
-        return Ok(TC_ACT_OK);
-    };
+fn try_egress(packet: &mut Packet) -> Result<i32, Error> {
     let now = conntrack::now_s();
     if let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, packet.closes_connection(), now)
     {
-        rewrite(&mut packet, &reply)?;
+        rewrite(packet, &reply)?;
     }
     Ok(TC_ACT_OK)
 }
@@ -212,6 +241,10 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     let count = u32::from(master.count);
     if count == 0 {
         return Ok(Flow::NoBackend);
+    }
+    // Before the affinity and conntrack entries are made.
+    if ttl_exceeded(packet) {
+        return Ok(Flow::TtlExceeded);
     }
     let backend = choose_backend(&master, &mut key, tuple, count)?;
     let mut entry = CtEntry {
@@ -398,10 +431,6 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
 /// unroutable (its usual errors then apply).
 #[inline(always)]
 fn forward(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
-    if packet.ttl <= 1 {
-        // The kernel answers with ICMP time exceeded.
-        return Ok(TC_ACT_OK);
-    }
     let mut buffer = MaybeUninit::uninit();
     let fib = zeroed_fib_params(&mut buffer);
     fib.family = AF_INET;

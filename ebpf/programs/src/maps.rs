@@ -43,7 +43,7 @@ pub fn socket_slot(cookie: u64) -> u32 {
 #[btf_map(name = "socklb_aff_v1", pin_by_name)]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
 
-#[btf_map(name = "socklb_cnt_v2", pin_by_name)]
+#[btf_map(name = "socklb_cnt_v3", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
 
 #[btf_map(name = "socklb_ct_v1", pin_by_name)]

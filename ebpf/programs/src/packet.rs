@@ -60,6 +60,9 @@ pub struct Packet<'a> {
     pub ttl: u8,
     l4_offset: usize,
     l4_check_offset: usize,
+    /// A store into the packet was attempted: from then on, a failure must drop the packet
+    /// rather than let a half-rewritten one through.
+    mangled: bool,
 }
 
 /// Packet access failed (truncated packet, helper error): let it pass untranslated.
@@ -107,7 +110,13 @@ impl<'a> Packet<'a> {
             ttl: ip.ttl,
             l4_offset,
             l4_check_offset: l4_offset + l4_check,
+            mangled: false,
         })
+    }
+
+    /// Whether any byte of the packet may have been rewritten.
+    pub fn mangled(&self) -> bool {
+        self.mangled
     }
 
     /// A TCP SYN without ACK: the first packet of a new connection.
@@ -130,6 +139,13 @@ impl<'a> Packet<'a> {
         destination: u32,
         destination_port: u16,
     ) -> Result<(), PacketError> {
+        if source != self.tuple.source
+            || destination != self.tuple.destination
+            || source_port != self.tuple.source_port
+            || destination_port != self.tuple.destination_port
+        {
+            self.mangled = true;
+        }
         if source != self.tuple.source {
             self.set_address(IP_SOURCE_OFFSET, self.tuple.source, source)?;
             self.tuple.source = source;
@@ -161,6 +177,7 @@ impl<'a> Packet<'a> {
         // The checksum covers TTL as the high byte of a 16-bit word with the protocol.
         let old_word = u16::from_be_bytes([self.ttl, self.tuple.protocol]);
         let new_word = u16::from_be_bytes([new_ttl, self.tuple.protocol]);
+        self.mangled = true;
         self.ctx
             .store(IP_TTL_OFFSET, &new_ttl, 0)
             .map_err(|_| PacketError)?;

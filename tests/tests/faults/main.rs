@@ -2,3 +2,4 @@
 //! API-server outages, fragments, full maps and operator mistakes. Each module holds one
 //! fault and checks the guarantee that docs/operations.md states for it.
 mod foreign_cleanup;
+mod low_ttl;
