@@ -12,9 +12,9 @@ use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
     AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
-    CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, FrontendName, SCOPE_EXTERNAL,
-    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry,
-    ServiceKey, SourceRange, SourceVerdict, map_names,
+    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, FrontendName,
+    SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS,
+    ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
 };
 
 use crate::dataplane::{BackendAddr, Frontend, FrontendLabel, Protocol, Scope};
@@ -106,6 +106,11 @@ pub struct ConntrackState {
     pub backend_id: u32,
     pub snat: bool,
     pub closing: bool,
+    /// In the main table: a TCP flow past its handshake, a UDP flow answered and continued.
+    /// Unconfirmed flows (a SYN flood's) live in a table of their own.
+    pub confirmed: bool,
+    /// Unconfirmed: the backend answered.
+    pub seen_reply: bool,
     /// Seconds since the last packet in this direction.
     pub idle_seconds: u32,
 }
@@ -230,27 +235,32 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         })
         .collect();
 
-    let conntrack_map: HashMap<MapData, CtKey, CtEntry> = open(pin_dir, map_names::CONNTRACK)?
-        .try_into()
-        .map_err(read(map_names::CONNTRACK))?;
     let now = monotonic_seconds();
-    let mut conntrack: Vec<ConntrackState> = conntrack_map
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(key, entry)| conntrack_state(&key, &entry, now))
-        .filter(|state| {
-            only.is_none_or(|only| {
-                [
-                    state.from,
-                    state.to,
-                    state.rewritten_from,
-                    state.rewritten_to,
-                ]
-                .iter()
-                .any(|a| *a.ip() == only)
-            })
+    let mut conntrack = Vec::new();
+    for (name, confirmed) in [
+        (map_names::CONNTRACK, true),
+        (map_names::CONNTRACK_NEW, false),
+    ] {
+        let map: HashMap<MapData, CtKey, CtEntry> =
+            open(pin_dir, name)?.try_into().map_err(read(name))?;
+        conntrack.extend(
+            map.iter()
+                .filter_map(Result::ok)
+                .map(|(key, entry)| conntrack_state(&key, &entry, confirmed, now)),
+        );
+    }
+    conntrack.retain(|state| {
+        only.is_none_or(|only| {
+            [
+                state.from,
+                state.to,
+                state.rewritten_from,
+                state.rewritten_to,
+            ]
+            .iter()
+            .any(|a| *a.ip() == only)
         })
-        .collect();
+    });
     conntrack.sort_by_key(|c| (c.from, c.to, c.direction));
 
     let counters_map: PerCpuArray<MapData, Counters> = open(pin_dir, map_names::COUNTERS)?
@@ -270,7 +280,7 @@ fn socket(address: u32, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from(u32::from_be(address)), u16::from_be(port))
 }
 
-fn conntrack_state(key: &CtKey, entry: &CtEntry, now: u32) -> ConntrackState {
+fn conntrack_state(key: &CtKey, entry: &CtEntry, confirmed: bool, now: u32) -> ConntrackState {
     ConntrackState {
         protocol: Protocol::from_number(key.protocol),
         direction: if key.direction == CT_FORWARD {
@@ -286,6 +296,8 @@ fn conntrack_state(key: &CtKey, entry: &CtEntry, now: u32) -> ConntrackState {
         backend_id: entry.backend_id,
         snat: entry.flags & CT_FLAG_SNAT != 0,
         closing: entry.flags & CT_FLAG_CLOSING != 0,
+        confirmed,
+        seen_reply: entry.flags & CT_FLAG_SEEN_REPLY != 0,
         idle_seconds: now.saturating_sub(entry.last_seen_s),
     }
 }
@@ -379,7 +391,7 @@ pub fn table(inspection: &Inspection) -> String {
                 .map_or_else(|| "?".to_owned(), |p| format!("{p:?}"));
             let _ = writeln!(
                 out,
-                "{:4} {:7} {} -> {}  =>  {} -> {}  service {} backend {}{}{} idle {}s",
+                "{:4} {:7} {} -> {}  =>  {} -> {}  service {} backend {}{}{}{} idle {}s",
                 protocol.to_uppercase(),
                 c.direction,
                 c.from,
@@ -389,6 +401,11 @@ pub fn table(inspection: &Inspection) -> String {
                 c.service_id,
                 c.backend_id,
                 if c.snat { " snat" } else { "" },
+                match (c.confirmed, c.seen_reply) {
+                    (true, _) => "",
+                    (false, false) => " unconfirmed",
+                    (false, true) => " unconfirmed answered",
+                },
                 if c.closing { " closing" } else { "" },
                 c.idle_seconds
             );

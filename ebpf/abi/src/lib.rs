@@ -31,11 +31,15 @@ pub mod map_names {
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
     pub const COUNTERS: &str = "socklb_cnt_v3";
-    /// [`super::CtKey`] -> [`super::CtEntry`]: flows from outside the node and their NAT.
+    /// [`super::CtKey`] -> [`super::CtEntry`] (LRU): confirmed flows from outside the node
+    /// (TCP past its handshake, UDP answered and continued) and their NAT.
     pub const CONNTRACK: &str = "socklb_ct_v1";
+    /// [`super::CtKey`] -> [`super::CtEntry`] (LRU, smaller): flows from outside not yet
+    /// confirmed. A SYN flood fills this table and never evicts a confirmed flow.
+    pub const CONNTRACK_NEW: &str = "socklb_ctnew_v1";
     /// [`super::NodeConfig`], a single entry at index 0: what the TC programs need to
     /// know about this node.
-    pub const NODE: &str = "socklb_node_v1";
+    pub const NODE: &str = "socklb_node_v2";
     /// LPM trie of [`super::SourceRange`] -> [`super::SourceVerdict`]:
     /// loadBalancerSourceRanges.
     pub const SOURCE_RANGES: &str = "socklb_lbsrc_v1";
@@ -46,7 +50,7 @@ pub mod map_names {
     pub const NAMES: &str = "socklb_names_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         SERVICES,
         BACKENDS,
         REVERSE,
@@ -54,6 +58,7 @@ pub mod map_names {
         AFFINITY,
         COUNTERS,
         CONNTRACK,
+        CONNTRACK_NEW,
         NODE,
         SOURCE_RANGES,
         MAGLEV,
@@ -62,7 +67,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 2] = ["socklb_cnt_v1", "socklb_cnt_v2"];
+    pub const RETIRED: [&str; 3] = ["socklb_cnt_v1", "socklb_cnt_v2", "socklb_node_v1"];
 }
 
 /// Names of the kernel programs (the functions in socklb-ebpf), one per hook.
@@ -293,12 +298,21 @@ pub struct CtKey {
 pub const CT_FLAG_SNAT: u16 = 1 << 0;
 /// [`CtEntry::flags`]: a FIN or RST was seen in this direction; the entry expires soon.
 pub const CT_FLAG_CLOSING: u16 = 1 << 1;
+/// [`CtEntry::flags`] of a flow not yet confirmed: the backend has answered. The client's
+/// next packet that is neither a SYN nor a FIN or RST confirms the flow (moves it to the
+/// main table).
+pub const CT_FLAG_SEEN_REPLY: u16 = 1 << 2;
 
-/// Idle time after which a flow's entries may be reused (its SNAT port given to a new
-/// flow, its backend chosen afresh), per state; the map itself is an LRU, so idle entries
-/// also go when room is needed. Values as in Cilium's defaults.
+/// Default idle time after which a flow's entries may be reused (its SNAT port given to a
+/// new flow, its backend chosen afresh), per state; [`NodeConfig`] may set others. The maps
+/// are LRUs, so idle entries also go when room is needed. Values as in Cilium's defaults.
+/// Confirmed TCP flows.
 pub const CT_TIMEOUT_TCP_S: u32 = 21_600;
+/// TCP flows not confirmed (SYN seen, handshake not completed).
+pub const CT_TIMEOUT_SYN_S: u32 = 60;
+/// UDP flows.
 pub const CT_TIMEOUT_OTHER_S: u32 = 60;
+/// Flows that saw a FIN or RST.
 pub const CT_TIMEOUT_CLOSING_S: u32 = 10;
 
 /// Value of the conntrack map: what a packet of the flow is rewritten to (network byte
@@ -320,17 +334,11 @@ pub struct CtEntry {
 }
 
 impl CtEntry {
-    /// Whether the flow has been idle long enough that its entries may be reused.
+    /// Whether the flow has been idle for longer than `timeout_s` (see
+    /// [`CtTimeouts::timeout_s`]).
     #[must_use]
-    pub fn expired(&self, protocol: u8, now_s: u32) -> bool {
-        let timeout = if self.flags & CT_FLAG_CLOSING != 0 {
-            CT_TIMEOUT_CLOSING_S
-        } else if protocol == PROTO_TCP {
-            CT_TIMEOUT_TCP_S
-        } else {
-            CT_TIMEOUT_OTHER_S
-        };
-        now_s.wrapping_sub(self.last_seen_s) > timeout
+    pub fn expired(&self, now_s: u32, timeout_s: u32) -> bool {
+        now_s.wrapping_sub(self.last_seen_s) > timeout_s
     }
 }
 
@@ -374,6 +382,74 @@ pub struct NodeConfig {
     pub snat_port_max: u16,
     /// Positions of every Maglev table (a prime); 0: Maglev off, random choice.
     pub maglev_table_size: u32,
+    /// Conntrack idle timeouts in seconds; 0 means the `CT_TIMEOUT_*` default. TCP flows
+    /// not confirmed (SYN only, or SYN and SYN-ACK).
+    pub ct_timeout_syn_s: u32,
+    /// Confirmed TCP flows.
+    pub ct_timeout_established_s: u32,
+    /// Flows that saw a FIN or RST.
+    pub ct_timeout_closing_s: u32,
+    /// UDP flows.
+    pub ct_timeout_udp_s: u32,
+}
+
+/// Conntrack idle timeouts in seconds, as the programs apply them: what [`NodeConfig`]
+/// sets, else the `CT_TIMEOUT_*` defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtTimeouts {
+    pub syn_s: u32,
+    pub established_s: u32,
+    pub closing_s: u32,
+    pub udp_s: u32,
+}
+
+impl CtTimeouts {
+    pub const DEFAULT: Self = Self {
+        syn_s: CT_TIMEOUT_SYN_S,
+        established_s: CT_TIMEOUT_TCP_S,
+        closing_s: CT_TIMEOUT_CLOSING_S,
+        udp_s: CT_TIMEOUT_OTHER_S,
+    };
+
+    /// The timeouts `node` sets (`None`: the agent has not written it yet). Each field is
+    /// read on its own (volatile): a program must not pick a field by a computed offset
+    /// into the map value, which the verifier refuses without CAP_PERFMON.
+    #[must_use]
+    #[inline(always)]
+    pub fn of(node: Option<&NodeConfig>) -> Self {
+        let Some(node) = node else {
+            return Self::DEFAULT;
+        };
+        let read = |field: &u32, default: u32| {
+            // SAFETY: a read through a valid reference.
+            match unsafe { core::ptr::read_volatile(field) } {
+                0 => default,
+                seconds => seconds,
+            }
+        };
+        Self {
+            syn_s: read(&node.ct_timeout_syn_s, CT_TIMEOUT_SYN_S),
+            established_s: read(&node.ct_timeout_established_s, CT_TIMEOUT_TCP_S),
+            closing_s: read(&node.ct_timeout_closing_s, CT_TIMEOUT_CLOSING_S),
+            udp_s: read(&node.ct_timeout_udp_s, CT_TIMEOUT_OTHER_S),
+        }
+    }
+
+    /// Idle timeout of a conntrack entry with `flags` of a `protocol` flow, in the main
+    /// table (`confirmed`) or not.
+    #[must_use]
+    #[inline(always)]
+    pub fn timeout_s(self, protocol: u8, flags: u16, confirmed: bool) -> u32 {
+        if flags & CT_FLAG_CLOSING != 0 {
+            self.closing_s
+        } else if protocol != PROTO_TCP {
+            self.udp_s
+        } else if confirmed {
+            self.established_s
+        } else {
+            self.syn_s
+        }
+    }
 }
 
 /// Value of the names map: the Service a frontend belongs to, NUL-padded UTF-8.
@@ -495,7 +571,7 @@ const _: () = assert!(size_of::<Counters>() == Counters::NAMES.len() * 8);
 const _: () = assert!(size_of::<SourceRange>() == 12);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
-const _: () = assert!(size_of::<NodeConfig>() == 12);
+const _: () = assert!(size_of::<NodeConfig>() == 28);
 const _: () = assert!(size_of::<MaglevKey>() == 8);
 const _: () = assert!(size_of::<FrontendName>() == 152);
 
@@ -574,6 +650,52 @@ mod tests {
         for (i, value) in total.values().into_iter().enumerate() {
             assert_eq!(value, 2 * (i as u64 + 1), "{:?}", Counters::NAMES[i]);
         }
+    }
+
+    #[test]
+    fn conntrack_timeouts_by_state() {
+        let node = NodeConfig {
+            ct_timeout_syn_s: 3,
+            ct_timeout_established_s: 0,
+            ..NodeConfig::default()
+        };
+        let set = CtTimeouts::of(Some(&node));
+        // (timeouts, protocol, flags, confirmed, expected)
+        let rows = [
+            (CtTimeouts::of(None), PROTO_TCP, 0, false, CT_TIMEOUT_SYN_S),
+            (CtTimeouts::of(None), PROTO_TCP, 0, true, CT_TIMEOUT_TCP_S),
+            (
+                CtTimeouts::of(None),
+                PROTO_TCP,
+                CT_FLAG_CLOSING,
+                true,
+                CT_TIMEOUT_CLOSING_S,
+            ),
+            (CtTimeouts::of(None), PROTO_UDP, 0, true, CT_TIMEOUT_OTHER_S),
+            (
+                CtTimeouts::of(None),
+                PROTO_UDP,
+                0,
+                false,
+                CT_TIMEOUT_OTHER_S,
+            ),
+            // Set by the node map; 0 keeps the default.
+            (set, PROTO_TCP, CT_FLAG_SEEN_REPLY, false, 3),
+            (set, PROTO_TCP, CT_FLAG_SNAT, true, CT_TIMEOUT_TCP_S),
+        ];
+        for (timeouts, protocol, flags, confirmed, expected) in rows {
+            assert_eq!(
+                timeouts.timeout_s(protocol, flags, confirmed),
+                expected,
+                "{protocol} {flags} {confirmed}"
+            );
+        }
+        let entry = CtEntry {
+            last_seen_s: 100,
+            ..CtEntry::default()
+        };
+        assert!(!entry.expired(103, 3));
+        assert!(entry.expired(104, 3));
     }
 
     #[test]

@@ -30,14 +30,14 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use socklb_abi::{
-    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_SNAT,
-    CT_FORWARD, CT_REPLY, CtEntry, MaglevKey, PROTO_TCP, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY,
-    SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey,
-    SourceRange,
+    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
+    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CtEntry, CtTimeouts, MaglevKey, PROTO_TCP, SCOPE_EXTERNAL,
+    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS,
+    ServiceEntry, ServiceKey, SourceRange,
 };
 
 use crate::{
-    conntrack,
+    conntrack::{self, Found},
     counters::bump,
     lb,
     maps::{AFFINITY, BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
@@ -126,7 +126,7 @@ fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
     let closes = packet.closes_connection();
     // A remote backend answering a SNATed flow, addressed to this node.
     if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
-        && let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, closes, now)
+        && let Some(reply) = conntrack::lookup_reply(&packet.tuple, closes, now)
     {
         if ttl_exceeded(packet) {
             return Ok(TC_ACT_SHOT);
@@ -166,8 +166,7 @@ fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
 #[inline(always)]
 fn try_egress(packet: &mut Packet) -> Result<i32, Error> {
     let now = conntrack::now_s();
-    if let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, packet.closes_connection(), now)
-    {
+    if let Some(reply) = conntrack::lookup_reply(&packet.tuple, packet.closes_connection(), now) {
         rewrite(packet, &reply)?;
     }
     Ok(TC_ACT_OK)
@@ -184,30 +183,55 @@ fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
     )?)
 }
 
-/// The packet's flow: the one conntrack holds, or a new one.
+/// The packet's flow: the one conntrack holds, or a new one. An unconfirmed flow whose
+/// backend answered is confirmed by the client's next packet that is neither a SYN nor a
+/// FIN or RST.
 #[inline(always)]
 fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
-    if let Some(entry) = conntrack::lookup(&packet.tuple, CT_FORWARD, closes, now)
-        && keeps_backend(&entry, packet, now)
-    {
-        return Ok(Flow::To(entry));
+    if let Some(mut found) = conntrack::lookup_forward(&packet.tuple, closes, now) {
+        if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
+        {
+            conntrack::reopen(&packet.tuple, &mut found.entry);
+        }
+        if !keeps_backend(&found, packet, now) {
+            // Chosen afresh below; the old entries must neither shadow the new ones nor
+            // hold their SNAT port.
+            conntrack::forget(&packet.tuple, &found);
+        } else {
+            // The client's ACK to the SYN-ACK (a RST or FIN confirms nothing).
+            if !found.confirmed
+                && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
+                && !packet.opens_connection()
+                && !closes
+            {
+                conntrack::confirm(&packet.tuple, &found.entry, closes, now).map_err(|_| Error)?;
+            }
+            return Ok(Flow::To(found.entry));
+        }
     }
     new_flow(packet, now)
 }
 
-/// Whether a known flow stays with its backend. An idle-expired flow starts afresh. An
-/// open TCP connection stays even when its backend left the service, as with kube-proxy's
+/// Whether a known flow stays with its backend. An idle-expired flow starts afresh, and so
+/// does a TCP SYN on a closed connection (the client reuses its port; an unconfirmed flow
+/// reset during its handshake was reopened instead, see [`conntrack::reopen`]). An open TCP
+/// connection stays even when its backend left the service, as with kube-proxy's
 /// conntrack: a terminating pod drains its connections. A new connection or a UDP
 /// datagram whose backend is gone chooses again, so new flows never reach a removed
 /// backend.
 #[inline(always)]
-fn keeps_backend(entry: &CtEntry, packet: &Packet, now: u32) -> bool {
+fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
+    let entry = &found.entry;
     let protocol = packet.tuple.protocol;
-    if entry.expired(protocol, now) {
+    let timeout = CtTimeouts::of(NODE.get(0)).timeout_s(protocol, entry.flags, found.confirmed);
+    if entry.expired(now, timeout) {
         return false;
     }
     if protocol == PROTO_TCP && !packet.opens_connection() {
         return true;
+    }
+    if entry.flags & CT_FLAG_CLOSING != 0 {
+        return false;
     }
     match BACKENDS.get_ptr(&entry.backend_id) {
         Some(backend) => {

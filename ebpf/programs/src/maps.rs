@@ -46,10 +46,18 @@ pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap:
 #[btf_map(name = "socklb_cnt_v3", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
 
-#[btf_map(name = "socklb_ct_v1", pin_by_name)]
-pub static CONNTRACK: LruHashMap<CtKey, CtEntry, 262144> = LruHashMap::new();
+/// Placeholder capacity of both conntrack tables, which share one type.
+pub const CT_CAPACITY: usize = 262_144;
 
-#[btf_map(name = "socklb_node_v1", pin_by_name)]
+/// Confirmed flows from outside (see `conntrack`).
+#[btf_map(name = "socklb_ct_v1", pin_by_name)]
+pub static CONNTRACK: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::new();
+
+/// Flows from outside not yet confirmed.
+#[btf_map(name = "socklb_ctnew_v1", pin_by_name)]
+pub static CONNTRACK_NEW: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::new();
+
+#[btf_map(name = "socklb_node_v2", pin_by_name)]
 pub static NODE: Array<NodeConfig, 1> = Array::new();
 
 #[btf_map(name = "socklb_lbsrc_v1", pin_by_name)]

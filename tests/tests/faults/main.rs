@@ -3,3 +3,4 @@
 //! fault and checks the guarantee that docs/operations.md states for it.
 mod foreign_cleanup;
 mod low_ttl;
+mod syn_flood;
