@@ -12,9 +12,9 @@ use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
     AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
-    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, FrontendName,
-    SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS,
-    ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
+    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, FragmentKey,
+    FragmentPorts, FrontendName, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV,
+    SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
 };
 
 use crate::dataplane::{BackendAddr, Frontend, FrontendLabel, Protocol, Scope};
@@ -120,6 +120,8 @@ pub struct Inspection {
     pub frontends: Vec<FrontendState>,
     pub affinity: Vec<AffinityState>,
     pub conntrack: Vec<ConntrackState>,
+    /// Datagrams whose first fragment's ports are remembered for their later fragments.
+    pub fragments: usize,
     pub counters: CountersView,
 }
 
@@ -263,6 +265,12 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
     });
     conntrack.sort_by_key(|c| (c.from, c.to, c.direction));
 
+    let fragments_map: HashMap<MapData, FragmentKey, FragmentPorts> =
+        open(pin_dir, map_names::FRAGMENTS)?
+            .try_into()
+            .map_err(read(map_names::FRAGMENTS))?;
+    let fragments = fragments_map.keys().filter_map(Result::ok).count();
+
     let counters_map: PerCpuArray<MapData, Counters> = open(pin_dir, map_names::COUNTERS)?
         .try_into()
         .map_err(read(map_names::COUNTERS))?;
@@ -272,6 +280,7 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         frontends,
         affinity,
         conntrack,
+        fragments,
         counters: sum,
     })
 }
@@ -413,8 +422,9 @@ pub fn table(inspection: &Inspection) -> String {
     }
     let _ = write!(
         out,
-        "\naffinity entries: {}\ncounters:",
-        inspection.affinity.len()
+        "\naffinity entries: {}\nfragmented datagrams: {}\ncounters:",
+        inspection.affinity.len(),
+        inspection.fragments
     );
     for ((name, _), value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
         let _ = write!(out, " {name} {value}");

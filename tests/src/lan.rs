@@ -238,3 +238,52 @@ pub fn servers_of(attempts: &[Attempt]) -> Vec<String> {
 pub fn counters(sandbox: &Sandbox) -> socklb_agent::inspect::CountersView {
     serde_json::from_value(sandbox.inspect()["counters"].clone()).expect("inspect's counters")
 }
+
+/// The rules a CNI and kubeadm leave on a node, with conntrack on: flannel's masquerade of
+/// pod traffic leaving the pod network, drops of packets conntrack finds INVALID, and a
+/// FORWARD policy of DROP that accepts the pod network both ways.
+pub fn cni_netfilter_rules() {
+    const POD_CIDR: &str = "10.244.0.0/16";
+    let rules: [&[&str]; 6] = [
+        &[
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-s",
+            POD_CIDR,
+            "!",
+            "-d",
+            POD_CIDR,
+            "-j",
+            "MASQUERADE",
+        ],
+        &[
+            "-A",
+            "FORWARD",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "INVALID",
+            "-j",
+            "DROP",
+        ],
+        &[
+            "-A",
+            "INPUT",
+            "-m",
+            "conntrack",
+            "--ctstate",
+            "INVALID",
+            "-j",
+            "DROP",
+        ],
+        &["-A", "FORWARD", "-s", POD_CIDR, "-j", "ACCEPT"],
+        &["-A", "FORWARD", "-d", POD_CIDR, "-j", "ACCEPT"],
+        &["-P", "FORWARD", "DROP"],
+    ];
+    for rule in rules {
+        // In node1, the namespace of this thread; they go with it.
+        run(Command::new("iptables").args(rule));
+    }
+}

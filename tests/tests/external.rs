@@ -11,7 +11,8 @@ use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox,
     lan::{
         CLIENT, EXTERNAL_IP, LB_IP, NODE1, NODE2, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT,
-        answers, assert_translated, counters, here, lan, nodes, servers_of, service, slice,
+        answers, assert_translated, cni_netfilter_rules, counters, here, lan, nodes, servers_of,
+        service, slice,
     },
     node_yaml, run,
 };
@@ -704,55 +705,6 @@ impl Drop for KillOnDrop {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
-    }
-}
-
-/// The rules a CNI and kubeadm leave on a node, with conntrack on: flannel's masquerade of
-/// pod traffic leaving the pod network, drops of packets conntrack finds INVALID, and a
-/// FORWARD policy of DROP that accepts the pod network both ways.
-fn cni_netfilter_rules() {
-    const POD_CIDR: &str = "10.244.0.0/16";
-    let rules: [&[&str]; 6] = [
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-s",
-            POD_CIDR,
-            "!",
-            "-d",
-            POD_CIDR,
-            "-j",
-            "MASQUERADE",
-        ],
-        &[
-            "-A",
-            "FORWARD",
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "INVALID",
-            "-j",
-            "DROP",
-        ],
-        &[
-            "-A",
-            "INPUT",
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "INVALID",
-            "-j",
-            "DROP",
-        ],
-        &["-A", "FORWARD", "-s", POD_CIDR, "-j", "ACCEPT"],
-        &["-A", "FORWARD", "-d", POD_CIDR, "-j", "ACCEPT"],
-        &["-P", "FORWARD", "DROP"],
-    ];
-    for rule in rules {
-        // In node1, the namespace of this thread; they go with it.
-        run(Command::new("iptables").args(rule));
     }
 }
 

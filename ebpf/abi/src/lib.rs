@@ -40,6 +40,9 @@ pub mod map_names {
     /// [`super::NodeConfig`], a single entry at index 0: what the TC programs need to
     /// know about this node.
     pub const NODE: &str = "socklb_node_v2";
+    /// [`super::FragmentKey`] -> [`super::FragmentPorts`] (LRU): the ports of an IP
+    /// datagram's first fragment, for its later fragments (which carry none).
+    pub const FRAGMENTS: &str = "socklb_frag_v1";
     /// LPM trie of [`super::SourceRange`] -> [`super::SourceVerdict`]:
     /// loadBalancerSourceRanges.
     pub const SOURCE_RANGES: &str = "socklb_lbsrc_v1";
@@ -50,7 +53,7 @@ pub mod map_names {
     pub const NAMES: &str = "socklb_names_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 12] = [
+    pub const ALL: [&str; 13] = [
         SERVICES,
         BACKENDS,
         REVERSE,
@@ -60,6 +63,7 @@ pub mod map_names {
         CONNTRACK,
         CONNTRACK_NEW,
         NODE,
+        FRAGMENTS,
         SOURCE_RANGES,
         MAGLEV,
         NAMES,
@@ -342,6 +346,28 @@ impl CtEntry {
     }
 }
 
+/// Key of the fragment map: what identifies the fragments of one IP datagram as they
+/// arrive (network byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragmentKey {
+    pub source: u32,
+    pub destination: u32,
+    /// The IP header's identification.
+    pub id: u16,
+    pub protocol: u8,
+    pub pad: u8,
+}
+
+/// Value of the fragment map: the ports the datagram's first fragment carried, network
+/// byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragmentPorts {
+    pub source_port: u16,
+    pub destination_port: u16,
+}
+
 /// Data of a source-range key (the LPM trie's prefix length comes first, in
 /// `Key<SourceRange>`): a LoadBalancer frontend and a client address. A frontend with
 /// loadBalancerSourceRanges has one entry of prefix [`SOURCE_RANGE_FRONTEND_BITS`] (the
@@ -572,6 +598,8 @@ const _: () = assert!(size_of::<SourceRange>() == 12);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
 const _: () = assert!(size_of::<NodeConfig>() == 28);
+const _: () = assert!(size_of::<FragmentKey>() == 12);
+const _: () = assert!(size_of::<FragmentPorts>() == 4);
 const _: () = assert!(size_of::<MaglevKey>() == 8);
 const _: () = assert!(size_of::<FrontendName>() == 152);
 
@@ -591,6 +619,8 @@ mod pod {
     unsafe impl aya::Pod for super::CtKey {}
     unsafe impl aya::Pod for super::CtEntry {}
     unsafe impl aya::Pod for super::NodeConfig {}
+    unsafe impl aya::Pod for super::FragmentKey {}
+    unsafe impl aya::Pod for super::FragmentPorts {}
     unsafe impl aya::Pod for super::SourceRange {}
     unsafe impl aya::Pod for super::MaglevKey {}
     unsafe impl aya::Pod for super::FrontendName {}

@@ -2,5 +2,6 @@
 //! API-server outages, fragments, full maps and operator mistakes. Each module holds one
 //! fault and checks the guarantee that docs/operations.md states for it.
 mod foreign_cleanup;
+mod fragments;
 mod low_ttl;
 mod syn_flood;
