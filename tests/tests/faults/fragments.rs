@@ -1,7 +1,8 @@
-//! A UDP datagram larger than the MTU reaches a NodePort as IP fragments: the first carries
-//! the ports, the later ones follow it through the fragment map. It arrives whole at a
-//! backend on this node and at one on another node (SNAT), and the backend's answer, as
-//! large and fragmented too, returns whole.
+//! A UDP datagram larger than the MTU reaches a NodePort, a LoadBalancer IP or an
+//! externalIP as IP fragments: the first carries the ports, the later ones follow it
+//! through the fragment map. It arrives whole at a backend on this node and at one on
+//! another node (SNAT), and the backend's answer, as large and fragmented too, returns
+//! whole.
 use std::{
     net::{SocketAddrV4, UdpSocket},
     sync::{
@@ -16,8 +17,8 @@ use socklb_agent::inspect;
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
     lan::{
-        CLIENT, NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, cni_netfilter_rules, counters,
-        lan, nodes, service, slice,
+        CLIENT, EXTERNAL_IP, LB_IP, NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT,
+        cni_netfilter_rules, counters, lan, nodes, service, slice,
     },
     netns::Netns,
 };
@@ -51,12 +52,13 @@ fn fragmented_datagrams(test: &str, tag: &str, cni: bool) {
     ];
     let manifests = ManifestDir::new(&sandbox);
     nodes(&manifests);
-    // (Service, its endpoint, NodePort)
+    // (Service, its endpoint, port, NodePort): each reached through its NodePort, the
+    // LoadBalancer IP and the externalIP.
     let services = [
-        ("local", POD1_ENDPOINT, 30061),
-        ("remote", POD2_ENDPOINT, 30062),
+        ("local", POD1_ENDPOINT, 53, 30061),
+        ("remote", POD2_ENDPOINT, 54, 30062),
     ];
-    for (i, (name, endpoint, node_port)) in services.iter().enumerate() {
+    for (i, (name, endpoint, port, node_port)) in services.iter().enumerate() {
         manifests.write(
             &format!("{name}.yaml"),
             &format!(
@@ -65,10 +67,10 @@ fn fragmented_datagrams(test: &str, tag: &str, cni: bool) {
                     name,
                     &format!("10.96.0.{}", 130 + i),
                     &format!(
-                        "[{{name: dns, port: 53, targetPort: 5353, nodePort: {node_port}, protocol: UDP}}]"
+                        "[{{name: dns, port: {port}, targetPort: 5353, nodePort: {node_port}, protocol: UDP}}]"
                     ),
-                    "  type: NodePort",
-                    None
+                    &format!("  type: LoadBalancer\n  externalIPs: [{EXTERNAL_IP}]"),
+                    Some(LB_IP)
                 ),
                 slice(&format!("{name}-1"), name, ("dns", 5353, "UDP"), &[*endpoint])
             ),
@@ -76,7 +78,14 @@ fn fragmented_datagrams(test: &str, tag: &str, cni: bool) {
     }
     let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    for (name, _, node_port) in services {
+    let frontends = services.iter().flat_map(|(name, _, port, node_port)| {
+        [
+            (name, format!("{NODE1}:{node_port}")),
+            (name, format!("{LB_IP}:{port}")),
+            (name, format!("{EXTERNAL_IP}:{port}")),
+        ]
+    });
+    for (name, frontend) in frontends {
         let socket = lan.client.enter(|| {
             let socket = UdpSocket::bind((CLIENT, 0)).expect("bind the client");
             socket
@@ -86,17 +95,18 @@ fn fragmented_datagrams(test: &str, tag: &str, cni: bool) {
         });
         let datagram: Vec<u8> = (0..DATAGRAM).map(|i| (i % 251) as u8).collect();
         socket
-            .send_to(&datagram, (NODE1, node_port))
+            .send_to(&datagram, frontend.as_str())
             .expect("send the datagram");
         let mut buffer = vec![0u8; 65_536];
         let (len, from) = socket.recv_from(&mut buffer).unwrap_or_else(|e| {
             panic!(
-                "{name} backend: no answer to a {DATAGRAM}-byte datagram: {e}; {:?}\n{}",
+                "{name} backend through {frontend}: no answer to a {DATAGRAM}-byte datagram: \
+                 {e}; {:?}\n{}",
                 counters(&sandbox),
                 agent.log()
             )
         });
-        assert_eq!(from.to_string(), format!("{NODE1}:{node_port}"), "{name}");
+        assert_eq!(from.to_string(), frontend, "{name}");
         assert_eq!(len, DATAGRAM, "{name}: the answer arrived whole");
         assert!(
             buffer[..len] == datagram[..],
