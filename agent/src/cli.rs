@@ -133,6 +133,19 @@ pub struct ExternalArgs {
     /// at 4 bytes of value (about 64 bytes of kernel memory) per position and Service.
     #[arg(long, default_value_t = dataplane::DEFAULT_MAGLEV_TABLE_SIZE, value_parser = parse_maglev_size)]
     pub maglev_table_size: u32,
+    /// Idle time after which a TCP flow from outside whose handshake did not complete (a
+    /// SYN, or a SYN and its SYN-ACK) is forgotten and its SNAT port reused.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub conntrack_tcp_timeout_syn: Duration,
+    /// Idle time after which an established TCP flow from outside is forgotten.
+    #[arg(long, default_value = "6h", value_parser = humantime::parse_duration)]
+    pub conntrack_tcp_timeout_established: Duration,
+    /// Idle time after which a TCP flow from outside that saw a FIN or RST is forgotten.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub conntrack_tcp_timeout_close: Duration,
+    /// Idle time after which a UDP flow from outside is forgotten.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub conntrack_udp_timeout: Duration,
 }
 
 fn parse_maglev_size(text: &str) -> Result<u32, String> {
@@ -181,9 +194,14 @@ pub struct CapacityArgs {
     /// Session-affinity entries (LRU).
     #[arg(long, default_value_t = Capacities::default().affinity)]
     pub max_affinity_entries: u32,
-    /// Conntrack entries for traffic from outside the node, two per flow (LRU).
+    /// Conntrack entries for traffic from outside the node, two per flow (LRU): flows
+    /// confirmed (TCP past its handshake, UDP answered and continued).
     #[arg(long, default_value_t = Capacities::default().conntrack)]
     pub max_conntrack_entries: u32,
+    /// Conntrack entries of flows from outside not yet confirmed, two per flow (LRU): a SYN
+    /// flood fills this table and never evicts a confirmed flow.
+    #[arg(long, default_value_t = Capacities::default().conntrack_new)]
+    pub max_conntrack_new_entries: u32,
     /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
     #[arg(long, default_value_t = Capacities::default().source_ranges)]
     pub max_source_ranges: u32,
@@ -200,6 +218,7 @@ impl From<&CapacityArgs> for Capacities {
             reverse: args.max_reverse_entries,
             affinity: args.max_affinity_entries,
             conntrack: args.max_conntrack_entries,
+            conntrack_new: args.max_conntrack_new_entries,
             source_ranges: args.max_source_ranges,
             maglev_entries: args.max_maglev_entries,
         }
@@ -416,6 +435,12 @@ fn external_traffic(args: &ExternalArgs) -> ExternalTraffic {
         devices: args.devices.clone(),
         mode: args.tc_attach_mode,
         snat_ports: args.snat_port_range.clone(),
+        conntrack_timeouts: dataplane::ConntrackTimeouts {
+            tcp_syn: args.conntrack_tcp_timeout_syn,
+            tcp_established: args.conntrack_tcp_timeout_established,
+            tcp_close: args.conntrack_tcp_timeout_close,
+            udp: args.conntrack_udp_timeout,
+        },
     }
 }
 

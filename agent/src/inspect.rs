@@ -12,9 +12,9 @@ use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
     AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
-    CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, FrontendName, SCOPE_EXTERNAL,
-    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry,
-    ServiceKey, SourceRange, SourceVerdict, map_names,
+    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, FragmentKey,
+    FragmentPorts, FrontendName, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV,
+    SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
 };
 
 use crate::dataplane::{BackendAddr, Frontend, FrontendLabel, Protocol, Scope};
@@ -106,6 +106,11 @@ pub struct ConntrackState {
     pub backend_id: u32,
     pub snat: bool,
     pub closing: bool,
+    /// In the main table: a TCP flow past its handshake, a UDP flow answered and continued.
+    /// Unconfirmed flows (a SYN flood's) live in a table of their own.
+    pub confirmed: bool,
+    /// Unconfirmed: the backend answered.
+    pub seen_reply: bool,
     /// Seconds since the last packet in this direction.
     pub idle_seconds: u32,
 }
@@ -115,22 +120,14 @@ pub struct Inspection {
     pub frontends: Vec<FrontendState>,
     pub affinity: Vec<AffinityState>,
     pub conntrack: Vec<ConntrackState>,
+    /// Datagrams whose first fragment's ports are remembered for their later fragments.
+    pub fragments: usize,
     pub counters: CountersView,
 }
 
-/// Deserialize: tests and tools read it back from `socklb inspect -o json`.
-#[derive(Debug, Serialize, serde::Deserialize)]
-pub struct CountersView {
-    pub translated: u64,
-    pub no_backend: u64,
-    pub affinity_hits: u64,
-    pub reverse_translated: u64,
-    pub errors: u64,
-    pub external_flows: u64,
-    pub external_no_backend: u64,
-    pub snat_exhausted: u64,
-    pub external_denied: u64,
-}
+/// The counters as `socklb inspect -o json` shows them (and tests and tools read them back):
+/// the ABI's table, one field per counter.
+pub type CountersView = Counters;
 
 fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
     let path = pin_dir.join(name);
@@ -240,28 +237,39 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         })
         .collect();
 
-    let conntrack_map: HashMap<MapData, CtKey, CtEntry> = open(pin_dir, map_names::CONNTRACK)?
-        .try_into()
-        .map_err(read(map_names::CONNTRACK))?;
     let now = monotonic_seconds();
-    let mut conntrack: Vec<ConntrackState> = conntrack_map
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(key, entry)| conntrack_state(&key, &entry, now))
-        .filter(|state| {
-            only.is_none_or(|only| {
-                [
-                    state.from,
-                    state.to,
-                    state.rewritten_from,
-                    state.rewritten_to,
-                ]
-                .iter()
-                .any(|a| *a.ip() == only)
-            })
+    let mut conntrack = Vec::new();
+    for (name, confirmed) in [
+        (map_names::CONNTRACK, true),
+        (map_names::CONNTRACK_NEW, false),
+    ] {
+        let map: HashMap<MapData, CtKey, CtEntry> =
+            open(pin_dir, name)?.try_into().map_err(read(name))?;
+        conntrack.extend(
+            map.iter()
+                .filter_map(Result::ok)
+                .map(|(key, entry)| conntrack_state(&key, &entry, confirmed, now)),
+        );
+    }
+    conntrack.retain(|state| {
+        only.is_none_or(|only| {
+            [
+                state.from,
+                state.to,
+                state.rewritten_from,
+                state.rewritten_to,
+            ]
+            .iter()
+            .any(|a| *a.ip() == only)
         })
-        .collect();
+    });
     conntrack.sort_by_key(|c| (c.from, c.to, c.direction));
+
+    let fragments_map: HashMap<MapData, FragmentKey, FragmentPorts> =
+        open(pin_dir, map_names::FRAGMENTS)?
+            .try_into()
+            .map_err(read(map_names::FRAGMENTS))?;
+    let fragments = fragments_map.keys().filter_map(Result::ok).count();
 
     let counters_map: PerCpuArray<MapData, Counters> = open(pin_dir, map_names::COUNTERS)?
         .try_into()
@@ -272,17 +280,8 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         frontends,
         affinity,
         conntrack,
-        counters: CountersView {
-            translated: sum.translated,
-            no_backend: sum.no_backend,
-            affinity_hits: sum.affinity_hits,
-            reverse_translated: sum.reverse_translated,
-            errors: sum.errors,
-            external_flows: sum.external_flows,
-            external_no_backend: sum.external_no_backend,
-            snat_exhausted: sum.snat_exhausted,
-            external_denied: sum.external_denied,
-        },
+        fragments,
+        counters: sum,
     })
 }
 
@@ -290,7 +289,7 @@ fn socket(address: u32, port: u16) -> SocketAddrV4 {
     SocketAddrV4::new(Ipv4Addr::from(u32::from_be(address)), u16::from_be(port))
 }
 
-fn conntrack_state(key: &CtKey, entry: &CtEntry, now: u32) -> ConntrackState {
+fn conntrack_state(key: &CtKey, entry: &CtEntry, confirmed: bool, now: u32) -> ConntrackState {
     ConntrackState {
         protocol: Protocol::from_number(key.protocol),
         direction: if key.direction == CT_FORWARD {
@@ -306,6 +305,8 @@ fn conntrack_state(key: &CtKey, entry: &CtEntry, now: u32) -> ConntrackState {
         backend_id: entry.backend_id,
         snat: entry.flags & CT_FLAG_SNAT != 0,
         closing: entry.flags & CT_FLAG_CLOSING != 0,
+        confirmed,
+        seen_reply: entry.flags & CT_FLAG_SEEN_REPLY != 0,
         idle_seconds: now.saturating_sub(entry.last_seen_s),
     }
 }
@@ -399,7 +400,7 @@ pub fn table(inspection: &Inspection) -> String {
                 .map_or_else(|| "?".to_owned(), |p| format!("{p:?}"));
             let _ = writeln!(
                 out,
-                "{:4} {:7} {} -> {}  =>  {} -> {}  service {} backend {}{}{} idle {}s",
+                "{:4} {:7} {} -> {}  =>  {} -> {}  service {} backend {}{}{}{} idle {}s",
                 protocol.to_uppercase(),
                 c.direction,
                 c.from,
@@ -409,25 +410,25 @@ pub fn table(inspection: &Inspection) -> String {
                 c.service_id,
                 c.backend_id,
                 if c.snat { " snat" } else { "" },
+                match (c.confirmed, c.seen_reply) {
+                    (true, _) => "",
+                    (false, false) => " unconfirmed",
+                    (false, true) => " unconfirmed answered",
+                },
                 if c.closing { " closing" } else { "" },
                 c.idle_seconds
             );
         }
     }
-    let c = &inspection.counters;
-    let _ = writeln!(
+    let _ = write!(
         out,
-        "\naffinity entries: {}\ncounters: translated {} no_backend {} affinity_hits {} reverse_translated {} errors {} external_flows {} external_no_backend {} snat_exhausted {} external_denied {}",
+        "\naffinity entries: {}\nfragmented datagrams: {}\ncounters:",
         inspection.affinity.len(),
-        c.translated,
-        c.no_backend,
-        c.affinity_hits,
-        c.reverse_translated,
-        c.errors,
-        c.external_flows,
-        c.external_no_backend,
-        c.snat_exhausted,
-        c.external_denied
+        inspection.fragments
     );
+    for ((name, _), value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
+        let _ = write!(out, " {name} {value}");
+    }
+    out.push('\n');
     out
 }

@@ -154,17 +154,10 @@ impl Metrics {
     }
 
     pub fn set_counters(&self, counters: &Counters) {
-        let events = [
-            ("translated", counters.translated),
-            ("no_backend", counters.no_backend),
-            ("affinity_hit", counters.affinity_hits),
-            ("reverse_translated", counters.reverse_translated),
-            ("error", counters.errors),
-            ("external_flow", counters.external_flows),
-            ("external_no_backend", counters.external_no_backend),
-            ("snat_exhausted", counters.snat_exhausted),
-            ("external_denied", counters.external_denied),
-        ];
+        let events = Counters::NAMES
+            .iter()
+            .map(|(_, event)| *event)
+            .zip(counters.values());
         for (event, value) in events {
             self.datapath_events
                 .get_or_create(&EventLabels {

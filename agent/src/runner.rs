@@ -23,8 +23,8 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::{
     dataplane::{
-        Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, NodeSettings, Rejected,
-        TcMode, ipv4_forwarding, local_ipv4_addresses,
+        ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec,
+        NodeSettings, Rejected, TcMode, ipv4_forwarding, local_ipv4_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
@@ -48,6 +48,7 @@ pub struct ExternalTraffic {
     pub devices: Vec<String>,
     pub mode: TcMode,
     pub snat_ports: RangeInclusive<u16>,
+    pub conntrack_timeouts: ConntrackTimeouts,
 }
 
 impl Default for ExternalTraffic {
@@ -57,6 +58,7 @@ impl Default for ExternalTraffic {
             mode: TcMode::Auto,
             // Above Linux's default ephemeral range (32768-60999).
             snat_ports: 61000..=65535,
+            conntrack_timeouts: ConntrackTimeouts::default(),
         }
     }
 }
@@ -441,6 +443,7 @@ impl Runner {
         self.dataplane.set_node(&NodeSettings {
             snat_address,
             snat_ports: self.external.snat_ports.clone(),
+            conntrack_timeouts: self.external.conntrack_timeouts,
         })?;
         let devices = if self.external.devices.is_empty() {
             let devices: BTreeSet<String> = local

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod boom_server;
 pub mod cluster;
 pub mod fake_apiserver;
+pub mod lan;
 pub mod netns;
 pub mod privileges;
 pub mod seccomp;

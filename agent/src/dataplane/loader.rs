@@ -129,6 +129,7 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
             .map_max_entries(map_names::REVERSE, capacities.reverse)
             .map_max_entries(map_names::AFFINITY, capacities.affinity)
             .map_max_entries(map_names::CONNTRACK, capacities.conntrack)
+            .map_max_entries(map_names::CONNTRACK_NEW, capacities.conntrack_new)
             .map_max_entries(map_names::SOURCE_RANGES, capacities.source_ranges)
             .map_max_entries(map_names::MAGLEV, capacities.maglev_entries);
         match loader.load(OBJECT) {

@@ -18,6 +18,7 @@ use std::{
     net::Ipv4Addr,
     ops::RangeInclusive,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use aya::{
@@ -61,8 +62,11 @@ pub struct Capacities {
     pub reverse: u32,
     /// Session-affinity entries (LRU).
     pub affinity: u32,
-    /// Conntrack entries for traffic from outside, two per flow (LRU).
+    /// Conntrack entries for traffic from outside, two per flow (LRU): confirmed flows.
     pub conntrack: u32,
+    /// Conntrack entries of flows from outside not yet confirmed (LRU): what a SYN flood
+    /// fills, apart from the confirmed flows.
+    pub conntrack_new: u32,
     /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
     pub source_ranges: u32,
     /// Maglev table entries: the table size for each Maglev frontend.
@@ -88,6 +92,7 @@ impl Default for Capacities {
             reverse: 262_144,
             affinity: 65_536,
             conntrack: 262_144,
+            conntrack_new: 65_536,
             source_ranges: 16_384,
             maglev_entries: 262_144,
         }
@@ -174,6 +179,38 @@ pub struct NodeSettings {
     pub snat_address: Option<Ipv4Addr>,
     /// Source ports for SNAT.
     pub snat_ports: RangeInclusive<u16>,
+    pub conntrack_timeouts: ConntrackTimeouts,
+}
+
+/// Idle time after which a flow from outside is forgotten (its SNAT port reused, its
+/// backend chosen afresh), per state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConntrackTimeouts {
+    /// TCP before the handshake completed (SYN only, or SYN and SYN-ACK).
+    pub tcp_syn: Duration,
+    /// TCP once the handshake completed.
+    pub tcp_established: Duration,
+    /// TCP after a FIN or RST.
+    pub tcp_close: Duration,
+    /// UDP.
+    pub udp: Duration,
+}
+
+impl Default for ConntrackTimeouts {
+    fn default() -> Self {
+        let seconds = |s: u32| Duration::from_secs(u64::from(s));
+        Self {
+            tcp_syn: seconds(socklb_abi::CT_TIMEOUT_SYN_S),
+            tcp_established: seconds(socklb_abi::CT_TIMEOUT_TCP_S),
+            tcp_close: seconds(socklb_abi::CT_TIMEOUT_CLOSING_S),
+            udp: seconds(socklb_abi::CT_TIMEOUT_OTHER_S),
+        }
+    }
+}
+
+/// Whole seconds, at least 1 (0 would mean "the default" to the programs).
+fn timeout_seconds(timeout: Duration) -> u32 {
+    u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX).max(1)
 }
 
 /// The loaded datapath: programs verified by the kernel, maps pinned, and the writer that
@@ -461,6 +498,10 @@ impl Dataplane {
             snat_port_min: *settings.snat_ports.start(),
             snat_port_max: *settings.snat_ports.end(),
             maglev_table_size: self.config.maglev_table_size,
+            ct_timeout_syn_s: timeout_seconds(settings.conntrack_timeouts.tcp_syn),
+            ct_timeout_established_s: timeout_seconds(settings.conntrack_timeouts.tcp_established),
+            ct_timeout_closing_s: timeout_seconds(settings.conntrack_timeouts.tcp_close),
+            ct_timeout_udp_s: timeout_seconds(settings.conntrack_timeouts.udp),
         };
         let map_error = |source| DataplaneError::Map {
             name: map_names::NODE,
@@ -471,6 +512,7 @@ impl Dataplane {
             info!(
                 snat_address = ?settings.snat_address,
                 snat_ports = ?settings.snat_ports,
+                conntrack_timeouts = ?settings.conntrack_timeouts,
                 "node settings for traffic from outside written"
             );
         }

@@ -30,12 +30,19 @@ pub mod map_names {
     /// [`super::AffinityKey`] -> [`super::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
-    pub const COUNTERS: &str = "socklb_cnt_v2";
-    /// [`super::CtKey`] -> [`super::CtEntry`]: flows from outside the node and their NAT.
+    pub const COUNTERS: &str = "socklb_cnt_v3";
+    /// [`super::CtKey`] -> [`super::CtEntry`] (LRU): confirmed flows from outside the node
+    /// (TCP past its handshake, UDP answered and continued) and their NAT.
     pub const CONNTRACK: &str = "socklb_ct_v1";
+    /// [`super::CtKey`] -> [`super::CtEntry`] (LRU, smaller): flows from outside not yet
+    /// confirmed. A SYN flood fills this table and never evicts a confirmed flow.
+    pub const CONNTRACK_NEW: &str = "socklb_ctnew_v1";
     /// [`super::NodeConfig`], a single entry at index 0: what the TC programs need to
     /// know about this node.
-    pub const NODE: &str = "socklb_node_v1";
+    pub const NODE: &str = "socklb_node_v2";
+    /// [`super::FragmentKey`] -> [`super::FragmentPorts`] (LRU): the ports of an IP
+    /// datagram's first fragment, for its later fragments (which carry none).
+    pub const FRAGMENTS: &str = "socklb_frag_v1";
     /// LPM trie of [`super::SourceRange`] -> [`super::SourceVerdict`]:
     /// loadBalancerSourceRanges.
     pub const SOURCE_RANGES: &str = "socklb_lbsrc_v1";
@@ -46,7 +53,7 @@ pub mod map_names {
     pub const NAMES: &str = "socklb_names_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 13] = [
         SERVICES,
         BACKENDS,
         REVERSE,
@@ -54,7 +61,9 @@ pub mod map_names {
         AFFINITY,
         COUNTERS,
         CONNTRACK,
+        CONNTRACK_NEW,
         NODE,
+        FRAGMENTS,
         SOURCE_RANGES,
         MAGLEV,
         NAMES,
@@ -62,7 +71,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 1] = ["socklb_cnt_v1"];
+    pub const RETIRED: [&str; 3] = ["socklb_cnt_v1", "socklb_cnt_v2", "socklb_node_v1"];
 }
 
 /// Names of the kernel programs (the functions in socklb-ebpf), one per hook.
@@ -293,12 +302,21 @@ pub struct CtKey {
 pub const CT_FLAG_SNAT: u16 = 1 << 0;
 /// [`CtEntry::flags`]: a FIN or RST was seen in this direction; the entry expires soon.
 pub const CT_FLAG_CLOSING: u16 = 1 << 1;
+/// [`CtEntry::flags`] of a flow not yet confirmed: the backend has answered. The client's
+/// next packet that is neither a SYN nor a FIN or RST confirms the flow (moves it to the
+/// main table).
+pub const CT_FLAG_SEEN_REPLY: u16 = 1 << 2;
 
-/// Idle time after which a flow's entries may be reused (its SNAT port given to a new
-/// flow, its backend chosen afresh), per state; the map itself is an LRU, so idle entries
-/// also go when room is needed. Values as in Cilium's defaults.
+/// Default idle time after which a flow's entries may be reused (its SNAT port given to a
+/// new flow, its backend chosen afresh), per state; [`NodeConfig`] may set others. The maps
+/// are LRUs, so idle entries also go when room is needed. Values as in Cilium's defaults.
+/// Confirmed TCP flows.
 pub const CT_TIMEOUT_TCP_S: u32 = 21_600;
+/// TCP flows not confirmed (SYN seen, handshake not completed).
+pub const CT_TIMEOUT_SYN_S: u32 = 60;
+/// UDP flows.
 pub const CT_TIMEOUT_OTHER_S: u32 = 60;
+/// Flows that saw a FIN or RST.
 pub const CT_TIMEOUT_CLOSING_S: u32 = 10;
 
 /// Value of the conntrack map: what a packet of the flow is rewritten to (network byte
@@ -320,18 +338,34 @@ pub struct CtEntry {
 }
 
 impl CtEntry {
-    /// Whether the flow has been idle long enough that its entries may be reused.
+    /// Whether the flow has been idle for longer than `timeout_s` (see
+    /// [`CtTimeouts::timeout_s`]).
     #[must_use]
-    pub fn expired(&self, protocol: u8, now_s: u32) -> bool {
-        let timeout = if self.flags & CT_FLAG_CLOSING != 0 {
-            CT_TIMEOUT_CLOSING_S
-        } else if protocol == PROTO_TCP {
-            CT_TIMEOUT_TCP_S
-        } else {
-            CT_TIMEOUT_OTHER_S
-        };
-        now_s.wrapping_sub(self.last_seen_s) > timeout
+    pub fn expired(&self, now_s: u32, timeout_s: u32) -> bool {
+        now_s.wrapping_sub(self.last_seen_s) > timeout_s
     }
+}
+
+/// Key of the fragment map: what identifies the fragments of one IP datagram as they
+/// arrive (network byte order).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragmentKey {
+    pub source: u32,
+    pub destination: u32,
+    /// The IP header's identification.
+    pub id: u16,
+    pub protocol: u8,
+    pub pad: u8,
+}
+
+/// Value of the fragment map: the ports the datagram's first fragment carried, network
+/// byte order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragmentPorts {
+    pub source_port: u16,
+    pub destination_port: u16,
 }
 
 /// Data of a source-range key (the LPM trie's prefix length comes first, in
@@ -374,6 +408,74 @@ pub struct NodeConfig {
     pub snat_port_max: u16,
     /// Positions of every Maglev table (a prime); 0: Maglev off, random choice.
     pub maglev_table_size: u32,
+    /// Conntrack idle timeouts in seconds; 0 means the `CT_TIMEOUT_*` default. TCP flows
+    /// not confirmed (SYN only, or SYN and SYN-ACK).
+    pub ct_timeout_syn_s: u32,
+    /// Confirmed TCP flows.
+    pub ct_timeout_established_s: u32,
+    /// Flows that saw a FIN or RST.
+    pub ct_timeout_closing_s: u32,
+    /// UDP flows.
+    pub ct_timeout_udp_s: u32,
+}
+
+/// Conntrack idle timeouts in seconds, as the programs apply them: what [`NodeConfig`]
+/// sets, else the `CT_TIMEOUT_*` defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtTimeouts {
+    pub syn_s: u32,
+    pub established_s: u32,
+    pub closing_s: u32,
+    pub udp_s: u32,
+}
+
+impl CtTimeouts {
+    pub const DEFAULT: Self = Self {
+        syn_s: CT_TIMEOUT_SYN_S,
+        established_s: CT_TIMEOUT_TCP_S,
+        closing_s: CT_TIMEOUT_CLOSING_S,
+        udp_s: CT_TIMEOUT_OTHER_S,
+    };
+
+    /// The timeouts `node` sets (`None`: the agent has not written it yet). Each field is
+    /// read on its own (volatile): a program must not pick a field by a computed offset
+    /// into the map value, which the verifier refuses without CAP_PERFMON.
+    #[must_use]
+    #[inline(always)]
+    pub fn of(node: Option<&NodeConfig>) -> Self {
+        let Some(node) = node else {
+            return Self::DEFAULT;
+        };
+        let read = |field: &u32, default: u32| {
+            // SAFETY: a read through a valid reference.
+            match unsafe { core::ptr::read_volatile(field) } {
+                0 => default,
+                seconds => seconds,
+            }
+        };
+        Self {
+            syn_s: read(&node.ct_timeout_syn_s, CT_TIMEOUT_SYN_S),
+            established_s: read(&node.ct_timeout_established_s, CT_TIMEOUT_TCP_S),
+            closing_s: read(&node.ct_timeout_closing_s, CT_TIMEOUT_CLOSING_S),
+            udp_s: read(&node.ct_timeout_udp_s, CT_TIMEOUT_OTHER_S),
+        }
+    }
+
+    /// Idle timeout of a conntrack entry with `flags` of a `protocol` flow, in the main
+    /// table (`confirmed`) or not.
+    #[must_use]
+    #[inline(always)]
+    pub fn timeout_s(self, protocol: u8, flags: u16, confirmed: bool) -> u32 {
+        if flags & CT_FLAG_CLOSING != 0 {
+            self.closing_s
+        } else if protocol != PROTO_TCP {
+            self.udp_s
+        } else if confirmed {
+            self.established_s
+        } else {
+            self.syn_s
+        }
+    }
 }
 
 /// Value of the names map: the Service a frontend belongs to, NUL-padded UTF-8.
@@ -406,66 +508,81 @@ pub const FRONTEND_KIND_NODE_PORT: u8 = 2;
 pub const FRONTEND_KIND_EXTERNAL_IP: u8 = 3;
 pub const FRONTEND_KIND_LOAD_BALANCER: u8 = 4;
 
-/// Per-CPU event counters (one entry, index 0).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Counters {
+/// Defines [`Counters`] from one table: each counter's field (what bpftool and `socklb
+/// inspect` show) and its `socklb_datapath_events` label. Everything else that names the
+/// counters (sums, differences, inspect, metrics) iterates [`Counters::NAMES`].
+macro_rules! counters {
+    ($($(#[doc = $doc:literal])* $field:ident => $event:literal,)*) => {
+        /// Per-CPU event counters (one entry, index 0).
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+        #[cfg_attr(feature = "user", derive(serde::Serialize, serde::Deserialize))]
+        pub struct Counters {
+            $($(#[doc = $doc])* pub $field: u64,)*
+        }
+
+        impl Counters {
+            /// Every counter, in layout order: (field name, metric event label).
+            pub const NAMES: [(&'static str, &'static str); [$($event),*].len()] =
+                [$((stringify!($field), $event)),*];
+
+            /// The values, in the order of [`Self::NAMES`].
+            #[must_use]
+            pub fn values(&self) -> [u64; Counters::NAMES.len()] {
+                [$(self.$field),*]
+            }
+
+            /// Applies `f` to each pair of fields.
+            #[must_use]
+            fn zip(&self, other: &Self, f: impl Fn(u64, u64) -> u64) -> Self {
+                Self { $($field: f(self.$field, other.$field),)* }
+            }
+        }
+    };
+}
+
+counters! {
     /// connect/sendmsg rewritten from a frontend to a backend.
-    pub translated: u64,
+    translated => "translated",
     /// connect/sendmsg to a frontend with no usable backend, refused with ECONNREFUSED.
-    pub no_backend: u64,
+    no_backend => "no_backend",
     /// Translations that reused a session-affinity entry.
-    pub affinity_hits: u64,
+    affinity_hits => "affinity_hit",
     /// recvmsg/getpeername answers rewritten from a backend back to the frontend.
-    pub reverse_translated: u64,
-    /// Failures inside a program: a lookup that let the operation proceed untranslated, or
-    /// an affinity or reverse entry a full LRU refused (the translation stands).
-    pub errors: u64,
+    reverse_translated => "reverse_translated",
+    /// Failures inside a program: a lookup that let the operation or packet proceed
+    /// untranslated, or an affinity or reverse entry a full LRU refused (the translation
+    /// stands).
+    errors => "error",
     /// Flows from outside the node given a backend (new conntrack entries).
-    pub external_flows: u64,
+    external_flows => "external_flow",
     /// Packets from outside to a frontend without a usable backend here, dropped.
-    pub external_no_backend: u64,
+    external_no_backend => "external_no_backend",
     /// Packets from outside dropped because no SNAT port was free.
-    pub snat_exhausted: u64,
+    snat_exhausted => "snat_exhausted",
     /// New flows to a LoadBalancer IP dropped by its loadBalancerSourceRanges.
-    pub external_denied: u64,
+    external_denied => "external_denied",
+    /// Packets from outside to a frontend dropped because their TTL was 1 or less (they
+    /// could not be forwarded), before any conntrack entry was made for them.
+    ttl_exceeded => "ttl_exceeded",
+    /// Packets from outside dropped because a helper failed after part of the packet was
+    /// already rewritten (a half-translated packet never leaves).
+    rewrite_failed => "rewrite_failed",
 }
 
 impl Counters {
     /// Sums the per-CPU copies.
     #[must_use]
     pub fn sum<'a>(values: impl IntoIterator<Item = &'a Self>) -> Self {
-        values.into_iter().fold(Self::default(), |acc, c| Self {
-            translated: acc.translated.wrapping_add(c.translated),
-            no_backend: acc.no_backend.wrapping_add(c.no_backend),
-            affinity_hits: acc.affinity_hits.wrapping_add(c.affinity_hits),
-            reverse_translated: acc.reverse_translated.wrapping_add(c.reverse_translated),
-            errors: acc.errors.wrapping_add(c.errors),
-            external_flows: acc.external_flows.wrapping_add(c.external_flows),
-            external_no_backend: acc.external_no_backend.wrapping_add(c.external_no_backend),
-            snat_exhausted: acc.snat_exhausted.wrapping_add(c.snat_exhausted),
-            external_denied: acc.external_denied.wrapping_add(c.external_denied),
-        })
+        values
+            .into_iter()
+            .fold(Self::default(), |acc, c| acc.zip(c, u64::wrapping_add))
     }
 
     /// What happened between two readings (`self` the later one).
     #[must_use]
     pub fn since(&self, before: &Self) -> Self {
-        Self {
-            translated: self.translated.wrapping_sub(before.translated),
-            no_backend: self.no_backend.wrapping_sub(before.no_backend),
-            affinity_hits: self.affinity_hits.wrapping_sub(before.affinity_hits),
-            reverse_translated: self
-                .reverse_translated
-                .wrapping_sub(before.reverse_translated),
-            errors: self.errors.wrapping_sub(before.errors),
-            external_flows: self.external_flows.wrapping_sub(before.external_flows),
-            external_no_backend: self
-                .external_no_backend
-                .wrapping_sub(before.external_no_backend),
-            snat_exhausted: self.snat_exhausted.wrapping_sub(before.snat_exhausted),
-            external_denied: self.external_denied.wrapping_sub(before.external_denied),
-        }
+        self.zip(before, u64::wrapping_sub)
     }
 }
 
@@ -477,11 +594,13 @@ const _: () = assert!(size_of::<ReverseEntry>() == 12);
 const _: () = assert!(size_of::<SocketFrontend>() == 32);
 const _: () = assert!(size_of::<AffinityKey>() == 16);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
-const _: () = assert!(size_of::<Counters>() == 72);
+const _: () = assert!(size_of::<Counters>() == Counters::NAMES.len() * 8);
 const _: () = assert!(size_of::<SourceRange>() == 12);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
-const _: () = assert!(size_of::<NodeConfig>() == 12);
+const _: () = assert!(size_of::<NodeConfig>() == 28);
+const _: () = assert!(size_of::<FragmentKey>() == 12);
+const _: () = assert!(size_of::<FragmentPorts>() == 4);
 const _: () = assert!(size_of::<MaglevKey>() == 8);
 const _: () = assert!(size_of::<FrontendName>() == 152);
 
@@ -501,6 +620,8 @@ mod pod {
     unsafe impl aya::Pod for super::CtKey {}
     unsafe impl aya::Pod for super::CtEntry {}
     unsafe impl aya::Pod for super::NodeConfig {}
+    unsafe impl aya::Pod for super::FragmentKey {}
+    unsafe impl aya::Pod for super::FragmentPorts {}
     unsafe impl aya::Pod for super::SourceRange {}
     unsafe impl aya::Pod for super::MaglevKey {}
     unsafe impl aya::Pod for super::FrontendName {}
@@ -545,32 +666,76 @@ mod tests {
 
     #[test]
     fn counters_sum_adds_every_field() {
-        let one = Counters {
-            translated: 1,
-            no_backend: 2,
-            affinity_hits: 3,
-            reverse_translated: 4,
-            errors: 5,
-            external_flows: 6,
-            external_no_backend: 7,
-            snat_exhausted: 8,
-            external_denied: 9,
+        let mut one = Counters::default();
+        let names = Counters::NAMES.len();
+        // Through the in-memory layout: every field, whatever the table holds.
+        // SAFETY: Counters is repr(C) made only of u64 fields, NAMES.len() of them.
+        let fields = unsafe {
+            core::slice::from_raw_parts_mut(core::ptr::from_mut(&mut one).cast::<u64>(), names)
         };
+        for (i, field) in fields.iter_mut().enumerate() {
+            *field = i as u64 + 1;
+        }
         let total = Counters::sum([&one, &one]);
         assert_eq!(total.since(&one), one);
-        assert_eq!(
-            total,
-            Counters {
-                translated: 2,
-                no_backend: 4,
-                affinity_hits: 6,
-                reverse_translated: 8,
-                errors: 10,
-                external_flows: 12,
-                external_no_backend: 14,
-                snat_exhausted: 16,
-                external_denied: 18,
+        for (i, value) in total.values().into_iter().enumerate() {
+            assert_eq!(value, 2 * (i as u64 + 1), "{:?}", Counters::NAMES[i]);
+        }
+    }
+
+    #[test]
+    fn conntrack_timeouts_by_state() {
+        let node = NodeConfig {
+            ct_timeout_syn_s: 3,
+            ct_timeout_established_s: 0,
+            ..NodeConfig::default()
+        };
+        let set = CtTimeouts::of(Some(&node));
+        // (timeouts, protocol, flags, confirmed, expected)
+        let rows = [
+            (CtTimeouts::of(None), PROTO_TCP, 0, false, CT_TIMEOUT_SYN_S),
+            (CtTimeouts::of(None), PROTO_TCP, 0, true, CT_TIMEOUT_TCP_S),
+            (
+                CtTimeouts::of(None),
+                PROTO_TCP,
+                CT_FLAG_CLOSING,
+                true,
+                CT_TIMEOUT_CLOSING_S,
+            ),
+            (CtTimeouts::of(None), PROTO_UDP, 0, true, CT_TIMEOUT_OTHER_S),
+            (
+                CtTimeouts::of(None),
+                PROTO_UDP,
+                0,
+                false,
+                CT_TIMEOUT_OTHER_S,
+            ),
+            // Set by the node map; 0 keeps the default.
+            (set, PROTO_TCP, CT_FLAG_SEEN_REPLY, false, 3),
+            (set, PROTO_TCP, CT_FLAG_SNAT, true, CT_TIMEOUT_TCP_S),
+        ];
+        for (timeouts, protocol, flags, confirmed, expected) in rows {
+            assert_eq!(
+                timeouts.timeout_s(protocol, flags, confirmed),
+                expected,
+                "{protocol} {flags} {confirmed}"
+            );
+        }
+        let entry = CtEntry {
+            last_seen_s: 100,
+            ..CtEntry::default()
+        };
+        assert!(!entry.expired(103, 3));
+        assert!(entry.expired(104, 3));
+    }
+
+    #[test]
+    fn counter_names_are_unique() {
+        for (i, (field, event)) in Counters::NAMES.iter().enumerate() {
+            for (other_field, other_event) in &Counters::NAMES[i + 1..] {
+                assert_ne!(field, other_field);
+                assert_ne!(event, other_event);
             }
-        );
+        }
     }
 }

@@ -1,13 +1,36 @@
 //! Flows from outside the node: their two conntrack entries (forward and reply), how long
 //! they live, and the SNAT source port a flow to a remote backend gets.
-use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
-use socklb_abi::{CT_FLAG_CLOSING, CT_FORWARD, CT_REPLY, CtEntry, CtKey, NodeConfig};
+//!
+//! A new flow's entries go to the table of flows not yet confirmed (`CONNTRACK_NEW`, a
+//! smaller LRU). A reply marks them [`CT_FLAG_SEEN_REPLY`]; the client's next packet that
+//! is neither a SYN nor a FIN or RST (the ACK completing a TCP handshake, a second UDP
+//! datagram) confirms the flow: both entries move to the main table (`CONNTRACK`). Lookups try the main table
+//! first. So a SYN flood, whose flows never complete a handshake, only ever evicts other
+//! unconfirmed flows, and its SNAT ports come back after the SYN timeout.
+use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps::LruHashMap, helpers};
+use socklb_abi::{
+    CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FORWARD, CT_REPLY, CtEntry, CtKey, CtTimeouts,
+    NodeConfig,
+};
 
-use crate::{maps::CONNTRACK, packet::Tuple};
+use crate::{
+    maps::{CONNTRACK, CONNTRACK_NEW, CT_CAPACITY},
+    packet::Tuple,
+};
 
 /// Random ports tried before a flow is refused for lack of a free SNAT port.
 const SNAT_ATTEMPTS: u32 = 16;
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
+
+/// Either conntrack table (they share one type; the agent sizes them at load time).
+pub type Table = LruHashMap<CtKey, CtEntry, CT_CAPACITY>;
+
+/// A flow's entry in one direction, and whether it is in the main table.
+#[derive(Clone, Copy)]
+pub struct Found {
+    pub entry: CtEntry,
+    pub confirmed: bool,
+}
 
 /// Seconds since boot, as [`CtEntry::last_seen_s`] counts. The coarse clock (a tick's
 /// resolution) is plenty for second-granular timeouts and cheaper than reading the
@@ -39,23 +62,133 @@ pub fn key(tuple: &Tuple, direction: u8) -> CtKey {
     }
 }
 
-/// The entry of a packet's flow in `direction` as it was before this packet, which
-/// refreshes it: its last-seen time moves on (written at most once a second) and a FIN or
-/// RST marks it closing.
+/// The key of the other direction of the flow whose entry `entry` is under `key`: an
+/// entry says what its packets become, which is what the other direction's packets are
+/// with source and destination swapped.
 #[inline(always)]
-pub fn lookup(tuple: &Tuple, direction: u8, closes: bool, now: u32) -> Option<CtEntry> {
-    let entry = CONNTRACK.get_ptr_mut(&key(tuple, direction))?;
+fn other_direction(key: &CtKey, entry: &CtEntry) -> CtKey {
+    CtKey {
+        source: entry.destination,
+        destination: entry.source,
+        source_port: entry.destination_port,
+        destination_port: entry.source_port,
+        protocol: key.protocol,
+        direction: if key.direction == CT_FORWARD {
+            CT_REPLY
+        } else {
+            CT_FORWARD
+        },
+        pad: 0,
+    }
+}
+
+/// The entry under `key` in `table` as it was before this packet, which refreshes it: its
+/// last-seen time moves on (written at most once a second), a FIN or RST marks it closing,
+/// and `set` flags are added.
+#[inline(always)]
+fn touch(table: &Table, key: &CtKey, closes: bool, now: u32, set: u16) -> Option<CtEntry> {
+    let entry = table.get_ptr_mut(key)?;
     // SAFETY: pointer from a successful lookup, valid for this run; racing writers only
-    // move the timestamp or set the closing bit, both idempotent.
+    // move the timestamp or add flags, both idempotent.
     let entry = unsafe { &mut *entry };
     let before = *entry;
     if entry.last_seen_s != now {
         entry.last_seen_s = now;
     }
-    if closes && entry.flags & CT_FLAG_CLOSING == 0 {
-        entry.flags |= CT_FLAG_CLOSING;
+    let flags = entry.flags | set | if closes { CT_FLAG_CLOSING } else { 0 };
+    if flags != entry.flags {
+        entry.flags = flags;
     }
     Some(before)
+}
+
+/// The forward entry of a packet from the client, main table first (refreshed as
+/// [`touch`] says).
+#[inline(always)]
+pub fn lookup_forward(tuple: &Tuple, closes: bool, now: u32) -> Option<Found> {
+    let key = key(tuple, CT_FORWARD);
+    if let Some(entry) = touch(&CONNTRACK, &key, closes, now, 0) {
+        return Some(Found {
+            entry,
+            confirmed: true,
+        });
+    }
+    touch(&CONNTRACK_NEW, &key, closes, now, 0).map(|entry| Found {
+        entry,
+        confirmed: false,
+    })
+}
+
+/// The reply entry of a packet from a backend, main table first. An unconfirmed flow's
+/// entries are marked: the backend answered.
+#[inline(always)]
+pub fn lookup_reply(tuple: &Tuple, closes: bool, now: u32) -> Option<CtEntry> {
+    let key = key(tuple, CT_REPLY);
+    if let Some(entry) = touch(&CONNTRACK, &key, closes, now, 0) {
+        return Some(entry);
+    }
+    let entry = touch(&CONNTRACK_NEW, &key, closes, now, CT_FLAG_SEEN_REPLY)?;
+    if entry.flags & CT_FLAG_SEEN_REPLY == 0
+        && let Some(forward) = CONNTRACK_NEW.get_ptr_mut(&other_direction(&key, &entry))
+    {
+        // SAFETY: as in touch.
+        unsafe { (*forward).flags |= CT_FLAG_SEEN_REPLY };
+    }
+    Some(entry)
+}
+
+/// Moves a flow that is now confirmed to the main table: both entries written there
+/// first (lookups try it first), then removed from the unconfirmed table.
+#[inline(always)]
+pub fn confirm(arrived: &Tuple, forward: &CtEntry, closes: bool, now: u32) -> Result<(), i32> {
+    let forward_key = key(arrived, CT_FORWARD);
+    let (reply_key, built) = reply_of(arrived, forward);
+    let reply = match CONNTRACK_NEW.get_ptr(&reply_key) {
+        // SAFETY: pointer from a successful lookup; copied out at once.
+        Some(held) => unsafe { *held },
+        None => built,
+    };
+    let mut forward = *forward;
+    forward.last_seen_s = now;
+    if closes {
+        forward.flags |= CT_FLAG_CLOSING;
+    }
+    CONNTRACK.insert(&reply_key, &reply, 0)?;
+    CONNTRACK.insert(&forward_key, &forward, 0)?;
+    let _ = CONNTRACK_NEW.remove(&forward_key);
+    let _ = CONNTRACK_NEW.remove(&reply_key);
+    Ok(())
+}
+
+/// A SYN again on an unconfirmed flow that was reset (a backend still holding state for a
+/// SNAT port's previous flow answers a new SYN with an ACK, the client resets, and its SYN
+/// retransmit follows): the flow starts over on the same port instead of hopping to
+/// another, so that the retransmit finds the backend's state cleared.
+#[inline(always)]
+pub fn reopen(arrived: &Tuple, entry: &mut CtEntry) {
+    let forward_key = key(arrived, CT_FORWARD);
+    let reply_key = other_direction(&forward_key, entry);
+    entry.flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
+    for key in [forward_key, reply_key] {
+        if let Some(held) = CONNTRACK_NEW.get_ptr_mut(&key) {
+            // SAFETY: pointer from a successful lookup, valid for this run.
+            unsafe { (*held).flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY) };
+        }
+    }
+}
+
+/// Removes a flow's entries that are not to be used again (expired, or their backend
+/// left), so that they can neither shadow a new flow's nor hold a SNAT port.
+#[inline(always)]
+pub fn forget(arrived: &Tuple, found: &Found) {
+    let table = if found.confirmed {
+        &CONNTRACK
+    } else {
+        &CONNTRACK_NEW
+    };
+    let forward_key = key(arrived, CT_FORWARD);
+    let _ = table.remove(&other_direction(&forward_key, &found.entry));
+    let _ = table.remove(&forward_key);
 }
 
 /// The reply direction of a forward entry: the key a backend's answer arrives with, and
@@ -63,15 +196,7 @@ pub fn lookup(tuple: &Tuple, direction: u8, closes: bool, now: u32) -> Option<Ct
 #[inline(always)]
 pub fn reply_of(arrived: &Tuple, forward: &CtEntry) -> (CtKey, CtEntry) {
     (
-        CtKey {
-            source: forward.destination,
-            destination: forward.source,
-            source_port: forward.destination_port,
-            destination_port: forward.source_port,
-            protocol: arrived.protocol,
-            direction: CT_REPLY,
-            pad: 0,
-        },
+        other_direction(&key(arrived, CT_FORWARD), forward),
         CtEntry {
             source: arrived.destination,
             destination: arrived.source,
@@ -82,17 +207,19 @@ pub fn reply_of(arrived: &Tuple, forward: &CtEntry) -> (CtKey, CtEntry) {
     )
 }
 
-/// Records both directions of a flow whose source this node keeps (no SNAT).
+/// Records both directions of a new flow whose source this node keeps (no SNAT), as not
+/// confirmed.
 #[inline(always)]
 pub fn insert(arrived: &Tuple, forward: &CtEntry) -> Result<(), i32> {
     let (reply_key, reply) = reply_of(arrived, forward);
-    CONNTRACK.insert(&reply_key, &reply, 0)?;
-    CONNTRACK.insert(&key(arrived, CT_FORWARD), forward, 0)
+    CONNTRACK_NEW.insert(&reply_key, &reply, 0)?;
+    CONNTRACK_NEW.insert(&key(arrived, CT_FORWARD), forward, 0)
 }
 
-/// Records both directions of a flow SNATed to `node.snat_address` and returns the source
-/// port it got: a random port of the configured range whose reply key is free, or held by
-/// a flow that has expired. `None` when every attempt found a live flow.
+/// Records both directions of a new flow SNATed to `node.snat_address`, as not confirmed,
+/// and returns the source port it got: a random port of the configured range whose reply
+/// key no live flow holds in either table (a flow whose entries expired gives its port
+/// up). `None` when every attempt found a live flow.
 #[inline(always)]
 pub fn insert_snat(
     arrived: &Tuple,
@@ -100,6 +227,7 @@ pub fn insert_snat(
     node: &NodeConfig,
     now: u32,
 ) -> Result<Option<u16>, i32> {
+    let timeouts = CtTimeouts::of(Some(node));
     let (min, max) = (node.snat_port_min, node.snat_port_max);
     if min == 0 || max < min {
         return Ok(None);
@@ -113,44 +241,67 @@ pub fn insert_snat(
         let port = (u32::from(min) + draw % span) as u16;
         forward.source_port = port.to_be();
         let (reply_key, reply) = reply_of(arrived, forward);
-        let taken = match CONNTRACK.insert(&reply_key, &reply, u64::from(BPF_NOEXIST)) {
-            Ok(()) => false,
-            Err(_) => !reclaim(&reply_key, &reply, now)?,
-        };
-        if !taken {
-            CONNTRACK.insert(&key(arrived, CT_FORWARD), forward, 0)?;
-            return Ok(Some(port));
+        if held(&CONNTRACK, true, &reply_key, timeouts, now) == Holder::Live {
+            continue;
         }
+        // Absent: claimed only if no other CPU claims it at the same time.
+        let flags = match held(&CONNTRACK_NEW, false, &reply_key, timeouts, now) {
+            Holder::Live => continue,
+            Holder::Expired => 0,
+            Holder::None => u64::from(BPF_NOEXIST),
+        };
+        if CONNTRACK_NEW.insert(&reply_key, &reply, flags).is_err() {
+            continue;
+        }
+        CONNTRACK_NEW.insert(&key(arrived, CT_FORWARD), forward, 0)?;
+        return Ok(Some(port));
     }
     Ok(None)
 }
 
-/// Takes over a reply key whose flow expired in both directions; false if it is live.
+#[derive(PartialEq, Eq)]
+enum Holder {
+    None,
+    /// A flow whose entries both expired; in the main table they are removed.
+    Expired,
+    Live,
+}
+
+/// Who holds the reply key (a SNAT port) in `table`. An unconfirmed flow lives as long
+/// as its client sends (SYN retransmits): a backend that retransmits its SYN-ACK to a
+/// spoofed client does not keep the port.
 #[inline(always)]
-fn reclaim(reply_key: &CtKey, reply: &CtEntry, now: u32) -> Result<bool, i32> {
-    if let Some(held) = CONNTRACK.get_ptr(reply_key) {
-        // SAFETY: pointer from a successful lookup; copied out at once.
-        let held = unsafe { *held };
-        if !held.expired(reply_key.protocol, now) {
-            return Ok(false);
-        }
-        // The held flow's forward entry: its client tuple is what the reply rewrites to.
-        let forward_key = CtKey {
-            source: held.destination,
-            destination: held.source,
-            source_port: held.destination_port,
-            destination_port: held.source_port,
-            protocol: reply_key.protocol,
-            direction: CT_FORWARD,
-            pad: 0,
-        };
-        if let Some(forward) = CONNTRACK.get_ptr(&forward_key) {
-            // SAFETY: as above.
-            if !unsafe { *forward }.expired(reply_key.protocol, now) {
-                return Ok(false);
-            }
-        }
+fn held(
+    table: &Table,
+    confirmed: bool,
+    reply_key: &CtKey,
+    timeouts: CtTimeouts,
+    now: u32,
+) -> Holder {
+    let Some(reply) = table.get_ptr(reply_key) else {
+        return Holder::None;
+    };
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    let reply = unsafe { *reply };
+    let live = |entry: &CtEntry| {
+        let timeout = timeouts.timeout_s(reply_key.protocol, entry.flags, confirmed);
+        !entry.expired(now, timeout)
+    };
+    // The held flow's forward entry: its client tuple is what the reply rewrites to.
+    let forward_key = other_direction(reply_key, &reply);
+    // SAFETY: as above.
+    let forward = table.get_ptr(&forward_key).map(|entry| unsafe { *entry });
+    let is_live = match forward {
+        Some(forward) if !confirmed => live(&forward),
+        Some(forward) => live(&forward) || live(&reply),
+        None => live(&reply),
+    };
+    if is_live {
+        return Holder::Live;
     }
-    CONNTRACK.insert(reply_key, reply, 0)?;
-    Ok(true)
+    if confirmed {
+        let _ = table.remove(reply_key);
+        let _ = table.remove(&forward_key);
+    }
+    Holder::Expired
 }

@@ -15,6 +15,10 @@
 //!   backends on their way out. Both are rewritten to come from the frontend.
 //! - A frontend without a usable backend here drops the packet (externalTrafficPolicy
 //!   Local without a local endpoint, or no endpoint at all).
+//! - A packet of ours with a TTL of 1 or less is dropped before it changes any state: it
+//!   could not be forwarded, and must not take a conntrack entry or a SNAT port.
+//! - A packet whose rewrite fails half-way is dropped: once any byte changed, passing it
+//!   on would send a half-translated packet.
 use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
@@ -26,14 +30,14 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use socklb_abi::{
-    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_SNAT,
-    CT_FORWARD, CT_REPLY, CtEntry, MaglevKey, PROTO_TCP, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY,
-    SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey,
-    SourceRange,
+    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
+    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CtEntry, CtTimeouts, MaglevKey, PROTO_TCP, SCOPE_EXTERNAL,
+    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS,
+    ServiceEntry, ServiceKey, SourceRange,
 };
 
 use crate::{
-    conntrack,
+    conntrack::{self, Found},
     counters::bump,
     lb,
     maps::{AFFINITY, BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
@@ -49,7 +53,8 @@ const TC_ACT_SHOT: i32 = 2;
 const FIB_SUCCESS: i64 = 0;
 const FIB_NO_NEIGHBOUR: i64 = 7;
 
-/// A map or packet operation that should have worked did not: pass untranslated, count it.
+/// A map or packet operation that should have worked did not: pass untranslated, count it
+/// (or drop the packet, counted, if part of it was already rewritten).
 struct Error;
 
 impl From<PacketError> for Error {
@@ -67,24 +72,37 @@ enum Flow {
     SnatExhausted,
     /// The client is outside the LoadBalancer frontend's loadBalancerSourceRanges.
     Denied,
+    /// A new flow whose first packet cannot be forwarded: TTL 1 or less.
+    TtlExceeded,
     /// Rewrite the packet to this.
     To(CtEntry),
 }
 
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
-    verdict(try_ingress(&ctx))
+    let Some(mut packet) = Packet::parse(&ctx) else {
+        return TC_ACT_OK;
+    };
+    verdict(try_ingress(&ctx, &mut packet), &packet)
 }
 
 #[classifier]
 pub fn socklb_tc_out(ctx: TcContext) -> i32 {
-    verdict(try_egress(&ctx))
+    let Some(mut packet) = Packet::parse(&ctx) else {
+        return TC_ACT_OK;
+    };
+    verdict(try_egress(&mut packet), &packet)
 }
 
+/// An error before the packet changed lets it pass untranslated; after, it is dropped.
 #[inline(always)]
-fn verdict(result: Result<i32, Error>) -> i32 {
+fn verdict(result: Result<i32, Error>, packet: &Packet) -> i32 {
     match result {
         Ok(verdict) => verdict,
+        Err(Error) if packet.mangled() => {
+            bump(|c| &mut c.rewrite_failed);
+            TC_ACT_SHOT
+        }
         Err(Error) => {
             bump(|c| &mut c.errors);
             TC_ACT_OK
@@ -92,21 +110,31 @@ fn verdict(result: Result<i32, Error>) -> i32 {
     }
 }
 
+/// Drops a packet of ours that cannot be forwarded, before anything in it changes.
 #[inline(always)]
-fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
-    let Some(mut packet) = Packet::parse(ctx) else {
-        return Ok(TC_ACT_OK);
-    };
+fn ttl_exceeded(packet: &Packet) -> bool {
+    if packet.ttl <= 1 {
+        bump(|c| &mut c.ttl_exceeded);
+        return true;
+    }
+    false
+}
+
+#[inline(always)]
+fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let closes = packet.closes_connection();
     // A remote backend answering a SNATed flow, addressed to this node.
     if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
-        && let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, closes, now)
+        && let Some(reply) = conntrack::lookup_reply(&packet.tuple, closes, now)
     {
-        rewrite(&mut packet, &reply)?;
-        return forward(ctx, &mut packet);
+        if ttl_exceeded(packet) {
+            return Ok(TC_ACT_SHOT);
+        }
+        rewrite(packet, &reply)?;
+        return forward(ctx, packet);
     }
-    let entry = match flow(&packet, closes, now)? {
+    let entry = match flow(packet, closes, now)? {
         Flow::NotOurs => return Ok(TC_ACT_OK),
         Flow::NoBackend => {
             bump(|c| &mut c.external_no_backend);
@@ -120,26 +148,26 @@ fn try_ingress(ctx: &TcContext) -> Result<i32, Error> {
             bump(|c| &mut c.external_denied);
             return Ok(TC_ACT_SHOT);
         }
+        Flow::TtlExceeded => return Ok(TC_ACT_SHOT),
         Flow::To(entry) => entry,
     };
-    rewrite(&mut packet, &entry)?;
+    if ttl_exceeded(packet) {
+        return Ok(TC_ACT_SHOT);
+    }
+    rewrite(packet, &entry)?;
     if entry.flags & CT_FLAG_SNAT == 0 {
         // A backend on this node: through the kernel's path, seen by its conntrack.
         return Ok(TC_ACT_OK);
     }
-    forward(ctx, &mut packet)
+    forward(ctx, packet)
 }
 
 /// Replies of local backends leaving the node: shown as coming from the frontend.
 #[inline(always)]
-fn try_egress(ctx: &TcContext) -> Result<i32, Error> {
-    let Some(mut packet) = Packet::parse(ctx) else {
-        return Ok(TC_ACT_OK);
-    };
+fn try_egress(packet: &mut Packet) -> Result<i32, Error> {
     let now = conntrack::now_s();
-    if let Some(reply) = conntrack::lookup(&packet.tuple, CT_REPLY, packet.closes_connection(), now)
-    {
-        rewrite(&mut packet, &reply)?;
+    if let Some(reply) = conntrack::lookup_reply(&packet.tuple, packet.closes_connection(), now) {
+        rewrite(packet, &reply)?;
     }
     Ok(TC_ACT_OK)
 }
@@ -155,30 +183,55 @@ fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
     )?)
 }
 
-/// The packet's flow: the one conntrack holds, or a new one.
+/// The packet's flow: the one conntrack holds, or a new one. An unconfirmed flow whose
+/// backend answered is confirmed by the client's next packet that is neither a SYN nor a
+/// FIN or RST.
 #[inline(always)]
 fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
-    if let Some(entry) = conntrack::lookup(&packet.tuple, CT_FORWARD, closes, now)
-        && keeps_backend(&entry, packet, now)
-    {
-        return Ok(Flow::To(entry));
+    if let Some(mut found) = conntrack::lookup_forward(&packet.tuple, closes, now) {
+        if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
+        {
+            conntrack::reopen(&packet.tuple, &mut found.entry);
+        }
+        if !keeps_backend(&found, packet, now) {
+            // Chosen afresh below; the old entries must neither shadow the new ones nor
+            // hold their SNAT port.
+            conntrack::forget(&packet.tuple, &found);
+        } else {
+            // The client's ACK to the SYN-ACK (a RST or FIN confirms nothing).
+            if !found.confirmed
+                && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
+                && !packet.opens_connection()
+                && !closes
+            {
+                conntrack::confirm(&packet.tuple, &found.entry, closes, now).map_err(|_| Error)?;
+            }
+            return Ok(Flow::To(found.entry));
+        }
     }
     new_flow(packet, now)
 }
 
-/// Whether a known flow stays with its backend. An idle-expired flow starts afresh. An
-/// open TCP connection stays even when its backend left the service, as with kube-proxy's
+/// Whether a known flow stays with its backend. An idle-expired flow starts afresh, and so
+/// does a TCP SYN on a closed connection (the client reuses its port; an unconfirmed flow
+/// reset during its handshake was reopened instead, see [`conntrack::reopen`]). An open TCP
+/// connection stays even when its backend left the service, as with kube-proxy's
 /// conntrack: a terminating pod drains its connections. A new connection or a UDP
 /// datagram whose backend is gone chooses again, so new flows never reach a removed
 /// backend.
 #[inline(always)]
-fn keeps_backend(entry: &CtEntry, packet: &Packet, now: u32) -> bool {
+fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
+    let entry = &found.entry;
     let protocol = packet.tuple.protocol;
-    if entry.expired(protocol, now) {
+    let timeout = CtTimeouts::of(NODE.get(0)).timeout_s(protocol, entry.flags, found.confirmed);
+    if entry.expired(now, timeout) {
         return false;
     }
     if protocol == PROTO_TCP && !packet.opens_connection() {
         return true;
+    }
+    if entry.flags & CT_FLAG_CLOSING != 0 {
+        return false;
     }
     match BACKENDS.get_ptr(&entry.backend_id) {
         Some(backend) => {
@@ -212,6 +265,10 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     let count = u32::from(master.count);
     if count == 0 {
         return Ok(Flow::NoBackend);
+    }
+    // Before the affinity and conntrack entries are made.
+    if ttl_exceeded(packet) {
+        return Ok(Flow::TtlExceeded);
     }
     let backend = choose_backend(&master, &mut key, tuple, count)?;
     let mut entry = CtEntry {
@@ -398,10 +455,6 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
 /// unroutable (its usual errors then apply).
 #[inline(always)]
 fn forward(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
-    if packet.ttl <= 1 {
-        // The kernel answers with ICMP time exceeded.
-        return Ok(TC_ACT_OK);
-    }
     let mut buffer = MaybeUninit::uninit();
     let fib = zeroed_fib_params(&mut buffer);
     fib.family = AF_INET;

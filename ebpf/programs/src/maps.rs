@@ -6,9 +6,9 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FrontendName, MaglevKey,
-    NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey, SocketFrontend, SourceRange,
-    SourceVerdict,
+    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FragmentKey, FragmentPorts,
+    FrontendName, MaglevKey, NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey,
+    SocketFrontend, SourceRange, SourceVerdict,
 };
 
 #[btf_map(name = "socklb_svc_v1", pin_by_name)]
@@ -43,13 +43,25 @@ pub fn socket_slot(cookie: u64) -> u32 {
 #[btf_map(name = "socklb_aff_v1", pin_by_name)]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
 
-#[btf_map(name = "socklb_cnt_v2", pin_by_name)]
+#[btf_map(name = "socklb_cnt_v3", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
 
-#[btf_map(name = "socklb_ct_v1", pin_by_name)]
-pub static CONNTRACK: LruHashMap<CtKey, CtEntry, 262144> = LruHashMap::new();
+/// Placeholder capacity of both conntrack tables, which share one type.
+pub const CT_CAPACITY: usize = 262_144;
 
-#[btf_map(name = "socklb_node_v1", pin_by_name)]
+/// Confirmed flows from outside (see `conntrack`).
+#[btf_map(name = "socklb_ct_v1", pin_by_name)]
+pub static CONNTRACK: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::new();
+
+/// Flows from outside not yet confirmed.
+#[btf_map(name = "socklb_ctnew_v1", pin_by_name)]
+pub static CONNTRACK_NEW: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::new();
+
+/// Ports of first fragments, for the later fragments of the same datagram (see `packet`).
+#[btf_map(name = "socklb_frag_v1", pin_by_name)]
+pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentPorts, 8192> = LruHashMap::new();
+
+#[btf_map(name = "socklb_node_v2", pin_by_name)]
 pub static NODE: Array<NodeConfig, 1> = Array::new();
 
 #[btf_map(name = "socklb_lbsrc_v1", pin_by_name)]

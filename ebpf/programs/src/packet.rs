@@ -8,7 +8,9 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use socklb_abi::{PROTO_TCP, PROTO_UDP};
+use socklb_abi::{FragmentKey, FragmentPorts, PROTO_TCP, PROTO_UDP};
+
+use crate::maps::FRAGMENTS;
 
 const ETH_HLEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
@@ -18,6 +20,8 @@ const IP_SOURCE_OFFSET: usize = ETH_HLEN + 12;
 const IP_DESTINATION_OFFSET: usize = ETH_HLEN + 16;
 /// More-fragments flag and fragment offset, in the host-order `frag_off`.
 const IP_FRAGMENT_MASK: u16 = 0x3fff;
+/// Fragment offset alone.
+const IP_OFFSET_MASK: u16 = 0x1fff;
 const TCP_CHECK_OFFSET: usize = 16;
 const TCP_FLAGS_OFFSET: usize = 13;
 const UDP_CHECK_OFFSET: usize = 6;
@@ -60,6 +64,12 @@ pub struct Packet<'a> {
     pub ttl: u8,
     l4_offset: usize,
     l4_check_offset: usize,
+    /// A store into the packet was attempted: from then on, a failure must drop the packet
+    /// rather than let a half-rewritten one through.
+    mangled: bool,
+    /// The packet carries the L4 header (not a fragment after the first): ports and the L4
+    /// checksum are in it.
+    has_l4: bool,
 }
 
 /// Packet access failed (truncated packet, helper error): let it pass untranslated.
@@ -67,8 +77,10 @@ pub struct PacketError;
 
 impl<'a> Packet<'a> {
     /// `None` for anything socklb does not translate: not IPv4, not TCP/UDP, or a fragment
-    /// (only the first fragment carries ports; fragmented service traffic is rare and
-    /// passes untouched, see docs/operations.md).
+    /// after the first whose first fragment was not seen. A first fragment records its
+    /// ports for the later ones, keyed by (source, destination, IP id, protocol) as they
+    /// arrive; a later fragment takes them from there, so that it follows its datagram's
+    /// flow (its addresses are rewritten, it has no ports or L4 checksum to rewrite).
     #[inline(always)]
     pub fn parse(ctx: &'a TcContext) -> Option<Self> {
         let ether_type: u16 = ctx.load(12).ok()?;
@@ -76,7 +88,7 @@ impl<'a> Packet<'a> {
             return None;
         }
         let ip: Ipv4Header = ctx.load(ETH_HLEN).ok()?;
-        if ip.version_ihl >> 4 != 4 || u16::from_be(ip.fragment) & IP_FRAGMENT_MASK != 0 {
+        if ip.version_ihl >> 4 != 4 || ip.version_ihl & 0x0f < 5 {
             return None;
         }
         let l4_check = match ip.protocol {
@@ -84,15 +96,35 @@ impl<'a> Packet<'a> {
             PROTO_UDP => UDP_CHECK_OFFSET,
             _ => return None,
         };
+        let fragment = u16::from_be(ip.fragment) & IP_FRAGMENT_MASK;
         let l4_offset = ETH_HLEN + usize::from(ip.version_ihl & 0x0f) * 4;
-        let ports: [u16; 2] = ctx.load(l4_offset).ok()?;
-        if ip.version_ihl & 0x0f < 5 {
-            return None;
-        }
-        let tcp_flags: u8 = if ip.protocol == PROTO_TCP {
-            ctx.load(l4_offset + TCP_FLAGS_OFFSET).ok()?
+        let fragment_key = FragmentKey {
+            source: ip.source,
+            destination: ip.destination,
+            id: ip.id,
+            protocol: ip.protocol,
+            pad: 0,
+        };
+        let has_l4 = fragment & IP_OFFSET_MASK == 0;
+        let (ports, tcp_flags) = if has_l4 {
+            let ports: [u16; 2] = ctx.load(l4_offset).ok()?;
+            let tcp_flags: u8 = if ip.protocol == PROTO_TCP {
+                ctx.load(l4_offset + TCP_FLAGS_OFFSET).ok()?
+            } else {
+                0
+            };
+            if fragment != 0 {
+                let first = FragmentPorts {
+                    source_port: ports[0],
+                    destination_port: ports[1],
+                };
+                let _ = FRAGMENTS.insert(&fragment_key, &first, 0);
+            }
+            (ports, tcp_flags)
         } else {
-            0
+            // SAFETY: pointer from a successful lookup; copied out at once.
+            let first = unsafe { *FRAGMENTS.get_ptr(&fragment_key)? };
+            ([first.source_port, first.destination_port], 0)
         };
         Some(Self {
             ctx,
@@ -107,7 +139,14 @@ impl<'a> Packet<'a> {
             ttl: ip.ttl,
             l4_offset,
             l4_check_offset: l4_offset + l4_check,
+            mangled: false,
+            has_l4,
         })
+    }
+
+    /// Whether any byte of the packet may have been rewritten.
+    pub fn mangled(&self) -> bool {
+        self.mangled
     }
 
     /// A TCP SYN without ACK: the first packet of a new connection.
@@ -130,6 +169,14 @@ impl<'a> Packet<'a> {
         destination: u32,
         destination_port: u16,
     ) -> Result<(), PacketError> {
+        if source != self.tuple.source
+            || destination != self.tuple.destination
+            || (self.has_l4
+                && (source_port != self.tuple.source_port
+                    || destination_port != self.tuple.destination_port))
+        {
+            self.mangled = true;
+        }
         if source != self.tuple.source {
             self.set_address(IP_SOURCE_OFFSET, self.tuple.source, source)?;
             self.tuple.source = source;
@@ -137,6 +184,12 @@ impl<'a> Packet<'a> {
         if destination != self.tuple.destination {
             self.set_address(IP_DESTINATION_OFFSET, self.tuple.destination, destination)?;
             self.tuple.destination = destination;
+        }
+        if !self.has_l4 {
+            // A later fragment: its ports are in the first one.
+            self.tuple.source_port = source_port;
+            self.tuple.destination_port = destination_port;
+            return Ok(());
         }
         if source_port != self.tuple.source_port {
             self.set_port(self.l4_offset, self.tuple.source_port, source_port)?;
@@ -161,6 +214,7 @@ impl<'a> Packet<'a> {
         // The checksum covers TTL as the high byte of a 16-bit word with the protocol.
         let old_word = u16::from_be_bytes([self.ttl, self.tuple.protocol]);
         let new_word = u16::from_be_bytes([new_ttl, self.tuple.protocol]);
+        self.mangled = true;
         self.ctx
             .store(IP_TTL_OFFSET, &new_ttl, 0)
             .map_err(|_| PacketError)?;
@@ -192,7 +246,11 @@ impl<'a> Packet<'a> {
         self.ctx
             .l3_csum_replace(IP_CHECK_OFFSET, u64::from(old), u64::from(new), 4)
             .map_err(|_| PacketError)?;
-        // Addresses are part of the L4 pseudo-header.
+        if !self.has_l4 {
+            return Ok(());
+        }
+        // Addresses are part of the L4 pseudo-header (its checksum is in the first
+        // fragment, which covers the whole datagram).
         self.ctx
             .l4_csum_replace(
                 self.l4_check_offset,

@@ -3,5 +3,8 @@
 //! fault and checks the guarantee that docs/operations.md states for it.
 mod agent_killed;
 mod foreign_cleanup;
+mod fragments;
+mod low_ttl;
 mod raised_capacity;
 mod shrinking_churn;
+mod syn_flood;
