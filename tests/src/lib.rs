@@ -157,6 +157,18 @@ impl Sandbox {
         parse_attempts(&output.stdout, &output.stderr)
     }
 
+    /// The servers that answered `count` connections to `target` from inside the cgroup,
+    /// each by its name, a failure as "error: ERRNO".
+    pub fn answering(&self, target: SocketAddr, count: u32) -> std::collections::BTreeSet<String> {
+        self.probe("tcp", target, count)
+            .into_iter()
+            .map(|a| {
+                a.reply
+                    .unwrap_or_else(|| format!("error: {}", a.error.unwrap_or_default()))
+            })
+            .collect()
+    }
+
     /// Runs the probe outside the cgroup (a process the datapath must not touch).
     pub fn probe_outside(&self, mode: &str, target: SocketAddr, count: u32) -> Vec<Attempt> {
         let output = Command::new(probe_bin())
@@ -247,6 +259,15 @@ pub struct ProbeRun {
 impl ProbeRun {
     pub fn wait(mut self) -> Vec<Attempt> {
         let child = self.child.take().expect("probe child");
+        let output = child.wait_with_output().expect("wait for socklb-probe");
+        parse_attempts(&output.stdout, &output.stderr)
+    }
+
+    /// Stops a probe that still runs (a looping client) and returns its attempts so far (it
+    /// writes one line per attempt, so none is cut).
+    pub fn stop(mut self) -> Vec<Attempt> {
+        let mut child = self.child.take().expect("probe child");
+        let _ = child.kill();
         let output = child.wait_with_output().expect("wait for socklb-probe");
         parse_attempts(&output.stdout, &output.stderr)
     }
