@@ -75,6 +75,12 @@ enum Bench {
         /// Duration of the sustained load, in seconds.
         #[arg(long, default_value_t = 10)]
         seconds: u32,
+        /// Instead of the above: recovery after this many API-server outages.
+        #[arg(long, default_value_t = 0)]
+        outages: u32,
+        /// Duration of each outage, in seconds.
+        #[arg(long, default_value_t = 15)]
+        outage_seconds: u32,
     },
     /// Traffic from outside through a NodePort: socklb's TC programs vs kube-proxy's
     /// iptables and nftables rules vs the direct path (connection setup, iperf3).
@@ -178,6 +184,8 @@ fn main() -> anyhow::Result<()> {
                     changes,
                     rate,
                     seconds,
+                    outages,
+                    outage_seconds,
                 } => run_with_agent(
                     "socklb-bench-control-plane",
                     &flag_args(&[
@@ -185,6 +193,8 @@ fn main() -> anyhow::Result<()> {
                         ("--changes", changes),
                         ("--rate", rate),
                         ("--seconds", seconds),
+                        ("--outages", outages),
+                        ("--outage-seconds", outage_seconds),
                     ]),
                 ),
                 Bench::Nodeport {
