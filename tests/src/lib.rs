@@ -282,6 +282,18 @@ impl Drop for ProbeRun {
     }
 }
 
+/// Fails with the first failed connect if any of `attempts` (of looping clients) failed.
+pub fn assert_all_connected(attempts: &[Attempt], what: &str) {
+    let failed: Vec<&Attempt> = attempts.iter().filter(|a| a.error.is_some()).collect();
+    assert!(
+        failed.is_empty(),
+        "{what}: {} of {} connects failed, first: {:?}",
+        failed.len(),
+        attempts.len(),
+        failed.first()
+    );
+}
+
 /// One line of the probe's output.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Attempt {
@@ -377,6 +389,16 @@ pub struct NamedServer {
 impl NamedServer {
     pub fn tcp(name: &str, addr: SocketAddrV4) -> Self {
         Self::tcp_replying(name, addr, name)
+    }
+
+    /// Servers on 127.0.`net`.1..=`count`, port 8080, each answering its own address.
+    pub fn numbered(net: u8, count: u8) -> Vec<Self> {
+        (1..=count)
+            .map(|i| {
+                let addr = SocketAddrV4::new(Ipv4Addr::new(127, 0, net, i), 8080);
+                Self::tcp(&addr.ip().to_string(), addr)
+            })
+            .collect()
     }
 
     /// A TCP server on an IPv6 address.

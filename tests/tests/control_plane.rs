@@ -4,7 +4,7 @@
 use std::{
     collections::BTreeSet,
     io::{BufRead as _, BufReader},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::Ipv4Addr,
     process::Command,
     time::{Duration, Instant},
 };
@@ -15,16 +15,6 @@ use socklb_tests::{
 };
 
 const VIP: &str = "10.96.1.10:80";
-
-/// Servers 127.0.<net>.1..=count on port 8080, each answering its own address.
-fn servers(net: u8, count: u8) -> Vec<NamedServer> {
-    (1..=count)
-        .map(|i| {
-            let addr = SocketAddrV4::new(Ipv4Addr::new(127, 0, net, i), 8080);
-            NamedServer::tcp(&addr.ip().to_string(), addr)
-        })
-        .collect()
-}
 
 /// Waits until the servers answering the VIP are exactly `expected` (the agent syncs
 /// asynchronously after an edit), failing with what answered instead.
@@ -71,7 +61,7 @@ fn one_endpoint_cluster(sandbox: &Sandbox, net: u8) -> ManifestDir {
 #[test]
 fn connections_follow_edits_of_the_manifests() {
     let sandbox = Sandbox::new("cp-edits");
-    let _servers = servers(20, 4);
+    let _servers = NamedServer::numbered(20, 4);
     let manifests = ManifestDir::new(&sandbox);
     manifests.write(
         "nodes.yaml",
@@ -154,7 +144,7 @@ fn connections_follow_edits_of_the_manifests() {
 #[test]
 fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
     let sandbox = Sandbox::new("cp-broken");
-    let _servers = servers(21, 2);
+    let _servers = NamedServer::numbered(21, 2);
     let manifests = one_endpoint_cluster(&sandbox, 21);
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.21.1"]);
@@ -196,7 +186,7 @@ fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
 #[test]
 fn the_full_resync_repairs_entries_changed_by_hand() {
     let sandbox = Sandbox::new("cp-drift");
-    let _servers = servers(22, 1);
+    let _servers = NamedServer::numbered(22, 1);
     let manifests = one_endpoint_cluster(&sandbox, 22);
     let agent = Agent::start(
         &sandbox,
@@ -232,7 +222,7 @@ fn the_full_resync_repairs_entries_changed_by_hand() {
 #[test]
 fn health_readiness_and_metrics_are_served() {
     let sandbox = Sandbox::new("cp-http");
-    let _servers = servers(23, 1);
+    let _servers = NamedServer::numbered(23, 1);
     let manifests = one_endpoint_cluster(&sandbox, 23);
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.23.1"]);
@@ -325,7 +315,7 @@ fn health_readiness_and_metrics_are_served() {
 #[test]
 fn the_kube_source_end_to_end_survives_an_api_server_outage() {
     let sandbox = Sandbox::new("cp-kube");
-    let _servers = servers(24, 2);
+    let _servers = NamedServer::numbered(24, 2);
     // Started after the sandbox: it listens inside the sandbox's network namespace.
     let mut fake = FakeApiServer::start();
     fake.apply_manifests(&node_yaml("node-a", "zone-a", "192.168.24.1"));
@@ -463,7 +453,7 @@ spec:
 #[test]
 fn a_second_agent_on_the_same_pins_waits_for_the_first_or_gives_up() {
     let sandbox = Sandbox::new("cp-one-writer");
-    let _servers = servers(26, 1);
+    let _servers = NamedServer::numbered(26, 1);
     let manifests = one_endpoint_cluster(&sandbox, 26);
     let first = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.26.1"]);

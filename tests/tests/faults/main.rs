@@ -3,3 +3,4 @@
 //! fault and checks the guarantee that docs/operations.md states for it.
 mod api_outage;
 mod foreign_cleanup;
+mod slow_manifest;
