@@ -119,10 +119,43 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
             partial_skips.push((label(), SkipReason::Invalid(format!("port {}", port.port))));
             continue;
         };
-        let node_port = port
+        // The API server refuses a Service with two ports of one number and protocol (or
+        // one nodePort twice); a manifest may still have them. Only the first is served.
+        let protocol_text = port.protocol.as_deref().unwrap_or("TCP");
+        let first = |taken: &dyn Fn(&ServicePort) -> bool| {
+            ports.iter().find(|p| taken(p)).map(|p: &ServicePort| {
+                if p.name.is_empty() {
+                    p.port.to_string()
+                } else {
+                    p.name.clone()
+                }
+            })
+        };
+        if let Some(first) = first(&|p| p.port == number && p.protocol == protocol) {
+            partial_skips.push((
+                label(),
+                SkipReason::Invalid(format!(
+                    "{number}/{protocol_text} is also port {first}'s: only port {first} is served"
+                )),
+            ));
+            continue;
+        }
+        let mut node_port = port
             .node_port
             .and_then(|p| u16::try_from(p).ok())
             .filter(|p| *p != 0);
+        if let Some(taken) = node_port
+            && let Some(first) = first(&|p| p.node_port == Some(taken) && p.protocol == protocol)
+        {
+            partial_skips.push((
+                format!("{} nodePort", label()),
+                SkipReason::Invalid(format!(
+                    "nodePort {taken}/{protocol_text} is also port {first}'s: only port {first}'s \
+                     is served"
+                )),
+            ));
+            node_port = None;
+        }
         ports.push(ServicePort {
             name: port_name,
             protocol,

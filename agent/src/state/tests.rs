@@ -453,3 +453,70 @@ status:
         assert_eq!(node.snat_address(&local), wanted.map(ip), "held: {local:?}");
     }
 }
+
+#[test]
+fn two_ports_of_one_number_serve_the_first_and_say_so() {
+    let state = state_with(
+        "
+kind: Service
+metadata: {name: dup, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.50
+  ports:
+  - {name: http, port: 80, protocol: TCP, nodePort: 30080}
+  - {name: web, port: 80, protocol: TCP, nodePort: 30081}
+  - {name: dns, port: 80, protocol: UDP}
+  - {name: admin, port: 81, protocol: TCP, nodePort: 30080}
+---
+kind: Node
+metadata: {name: node-a}
+status: {addresses: [{type: InternalIP, address: 192.168.0.1}]}
+",
+    );
+    let selection = state.select(&name("dup")).expect("served");
+    let programmed: Vec<(&str, Protocol, u16, FrontendKind)> = selection
+        .frontends
+        .iter()
+        .filter(|f| f.frontend.scope == Scope::Internal)
+        .map(|f| {
+            let frontend = &f.frontend;
+            (
+                f.port_name.as_str(),
+                frontend.protocol,
+                frontend.port,
+                f.kind,
+            )
+        })
+        .collect();
+    // What explain shows is what is programmed: port web nowhere, admin without its nodePort.
+    assert_eq!(
+        programmed,
+        [
+            ("http", Protocol::Tcp, 80, FrontendKind::ClusterIp),
+            ("http", Protocol::Tcp, 30080, FrontendKind::NodePort),
+            ("dns", Protocol::Udp, 80, FrontendKind::ClusterIp),
+            ("admin", Protocol::Tcp, 81, FrontendKind::ClusterIp),
+        ]
+    );
+    // The reasons name both ports (the runner logs them once, as a warning).
+    let skipped: Vec<(String, String)> = selection
+        .skipped
+        .iter()
+        .map(|s| (s.part.clone(), s.reason.to_string()))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            (
+                "port web".to_owned(),
+                "invalid: 80/TCP is also port http's: only port http is served".to_owned()
+            ),
+            (
+                "port admin nodePort".to_owned(),
+                "invalid: nodePort 30080/TCP is also port http's: only port http's is served"
+                    .to_owned()
+            ),
+        ]
+    );
+}
