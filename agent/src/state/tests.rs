@@ -520,3 +520,54 @@ status: {addresses: [{type: InternalIP, address: 192.168.0.1}]}
         ]
     );
 }
+
+#[test]
+fn slices_and_endpoints_that_are_not_used_say_why() {
+    let state = state_with(&format!(
+        "{WEB}---
+kind: EndpointSlice
+metadata: {{name: web-v6, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv6
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints: [{{addresses: ['fd00::1']}}]
+---
+kind: EndpointSlice
+metadata: {{name: web-dns, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
+addressType: FQDN
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints: [{{addresses: [db.example.com]}}]
+---
+kind: EndpointSlice
+metadata: {{name: web-2, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints: [{{addresses: [10.0.0.3]}}, {{addresses: [10.0.0.999]}}]
+"
+    ));
+    let selection = state.select(&name("web")).expect("served");
+    let skipped: Vec<(String, String)> = selection
+        .skipped
+        .iter()
+        .map(|s| (s.part.clone(), s.reason.label().to_owned()))
+        .collect();
+    // In slice name order; explain shows these, and the runner logs them once per change.
+    assert_eq!(
+        skipped,
+        [
+            (
+                "EndpointSlice web-2 endpoint 10.0.0.999".to_owned(),
+                "invalid".to_owned()
+            ),
+            ("EndpointSlice web-dns".to_owned(), "fqdn".to_owned()),
+            ("EndpointSlice web-v6".to_owned(), "ipv6".to_owned()),
+        ]
+    );
+    // The usable endpoints are served as before.
+    let backends: Vec<String> = selection.frontends[0]
+        .spec
+        .backends
+        .iter()
+        .map(|b| b.address.to_string())
+        .collect();
+    assert_eq!(backends, ["10.0.0.1", "10.0.0.3"]);
+}
