@@ -210,7 +210,12 @@ impl KubeSource {
 struct Outage {
     since: Instant,
     failures: u32,
+    /// When a failure of the feed was last logged as a warning.
+    warned: Instant,
 }
+
+/// At most one warning per feed in this time; the other failures are debug lines.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// One of the watches the source runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -319,20 +324,31 @@ fn metadata_node(metadata: ObjectMeta) -> Object {
     }))
 }
 
-/// The first failure of a feed is a warning with what is retried and when; later ones, until
-/// it recovers, are debug lines (a 30 s outage would otherwise log dozens of warnings).
+/// A failure of a feed is a warning with what is retried and when, at most once per
+/// [`WARN_EVERY`]; the others are debug lines (a 30 s outage would otherwise log dozens of
+/// warnings). A watch that resumes sends nothing until something changes, so a quiet feed
+/// counts as failing until then: the time limit, not its recovery, rearms the warning.
 fn log_retry(
     feed: Feed,
     error: &watcher::Error,
     wait: Option<Duration>,
     failing: &mut HashMap<Feed, Outage>,
 ) {
-    let outage = failing.entry(feed).or_insert_with(|| Outage {
-        since: Instant::now(),
-        failures: 0,
+    let now = Instant::now();
+    let mut first = false;
+    let outage = failing.entry(feed).or_insert_with(|| {
+        first = true;
+        Outage {
+            since: now,
+            failures: 0,
+            warned: now,
+        }
     });
     outage.failures += 1;
-    let first = outage.failures == 1;
+    if !first && now >= outage.warned + WARN_EVERY {
+        first = true;
+        outage.warned = now;
+    }
     let feed = feed.describe();
     let retry_in = wait.unwrap_or_default();
     let what = match error {
