@@ -72,6 +72,11 @@ pub struct SourceArgs {
     /// This node's name [default: $NODE_NAME, then the hostname].
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
+    /// Longest wait between two attempts to reach the API server after a failure (each wait
+    /// is drawn between half and all of its step). Bounds how long after an API-server
+    /// outage changes are applied again.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub api_retry_max: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -337,7 +342,8 @@ async fn start_source(
         }
         SourceKind::Kube => {
             let client = kube::client(args.kubeconfig.as_deref()).await?;
-            let source = KubeSource::new(client, node_name.to_owned());
+            let source =
+                KubeSource::new(client, node_name.to_owned()).with_retry_max(args.api_retry_max);
             tokio::spawn(async move { Ok(source.run(events).await?) })
         }
     };

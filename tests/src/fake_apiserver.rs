@@ -41,6 +41,7 @@ use k8s_openapi::{
 };
 use serde::Serialize;
 use serde_json::{Value, json};
+use socklb_agent::source::Object;
 use tokio::sync::{mpsc, oneshot};
 
 /// A watch without `timeoutSeconds` lasts this long (the real server picks 30-60 minutes).
@@ -113,6 +114,34 @@ impl FakeApiServer {
         let key = key_of(&value);
         assert!(!key.1.is_empty(), "apply: the object has no metadata.name");
         store.change(&path, key, Some(value)).to_string()
+    }
+
+    /// Applies every Service, EndpointSlice and Node of a YAML manifest text (parsed as the
+    /// agent's file source parses it).
+    pub fn apply_manifests(&self, yaml: &str) {
+        let objects = socklb_agent::source::file::parse(std::path::Path::new("test.yaml"), yaml)
+            .unwrap_or_else(|e| panic!("the test's manifests do not parse: {e}"));
+        for object in objects {
+            match object {
+                Object::Service(service) => self.apply(&*service),
+                Object::EndpointSlice(slice) => self.apply(&*slice),
+                Object::Node(node) => self.apply(&*node),
+            };
+        }
+    }
+
+    /// A kubeconfig for this server (no authentication), for `socklb run --kubeconfig`.
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "apiVersion: v1
+kind: Config
+clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]
+users: [{{name: test, user: {{}}}}]
+contexts: [{{name: fake, context: {{cluster: fake, user: test}}}}]
+current-context: fake
+",
+            self.url()
+        )
     }
 
     /// Deletes an object (`namespace` is `None` for cluster-scoped kinds) and returns the
@@ -189,6 +218,15 @@ impl FakeApiServer {
             running.stop();
         }
         self.lock().watches.clear();
+    }
+
+    /// Answers every request with `code` (a `Status` with `reason`) for `duration`, as a
+    /// restarted API server answers 403 Forbidden until its authorizer's cache is warm.
+    /// Changes made meanwhile are kept and delivered afterwards.
+    pub fn refuse_for(&self, code: u16, reason: &'static str, duration: Duration) {
+        let code = StatusCode::from_u16(code).expect("an HTTP status code");
+        let until = std::time::Instant::now() + duration;
+        self.lock().refusing = Some((code, reason, until));
     }
 
     /// Serves again on the same address, after [`stop`](Self::stop) (or at once).
@@ -275,6 +313,8 @@ struct Store {
     next_page: u64,
     expired: usize,
     served: Vec<Served>,
+    /// Until when every request is refused, and how (see [`FakeApiServer::refuse_for`]).
+    refusing: Option<(StatusCode, &'static str, std::time::Instant)>,
 }
 
 struct Collection {
@@ -366,6 +406,7 @@ impl Store {
             next_page: 0,
             expired: 0,
             served: Vec::new(),
+            refusing: None,
         }
     }
 
@@ -580,6 +621,13 @@ fn serve(
         ));
     }
     let mut store = store.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((code, reason, until)) = store.refusing {
+        if std::time::Instant::now() < until {
+            let message = format!("refused by the test until {until:?}");
+            return Err(Refusal::new(code, reason, message));
+        }
+        store.refusing = None;
+    }
     let (path, namespace) = collection_of(uri.path());
     if !store.collections.contains_key(&path) {
         let message = format!("the server could not find the requested resource: {path}");

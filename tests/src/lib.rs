@@ -168,6 +168,18 @@ impl Sandbox {
         parse_attempts(&output.stdout, &output.stderr)
     }
 
+    /// The servers that answered `count` connections to `target` from inside the cgroup,
+    /// each by its name, a failure as "error: ERRNO".
+    pub fn answering(&self, target: SocketAddr, count: u32) -> std::collections::BTreeSet<String> {
+        self.probe("tcp", target, count)
+            .into_iter()
+            .map(|a| {
+                a.reply
+                    .unwrap_or_else(|| format!("error: {}", a.error.unwrap_or_default()))
+            })
+            .collect()
+    }
+
     /// Runs the probe outside the cgroup (a process the datapath must not touch).
     pub fn probe_outside(&self, mode: &str, target: SocketAddr, count: u32) -> Vec<Attempt> {
         let output = Command::new(probe_bin())
@@ -286,6 +298,15 @@ impl ProbeRun {
         let output = child.wait_with_output().expect("wait for socklb-probe");
         parse_attempts(&output.stdout, &output.stderr)
     }
+
+    /// Stops a probe that still runs (a looping client) and returns its attempts so far (it
+    /// writes one line per attempt, so none is cut).
+    pub fn stop(mut self) -> Vec<Attempt> {
+        let mut child = self.child.take().expect("probe child");
+        let _ = child.kill();
+        let output = child.wait_with_output().expect("wait for socklb-probe");
+        parse_attempts(&output.stdout, &output.stderr)
+    }
 }
 
 impl Drop for ProbeRun {
@@ -295,6 +316,18 @@ impl Drop for ProbeRun {
             let _ = child.wait();
         }
     }
+}
+
+/// Fails with the first failed connect if any of `attempts` (of looping clients) failed.
+pub fn assert_all_connected(attempts: &[Attempt], what: &str) {
+    let failed: Vec<&Attempt> = attempts.iter().filter(|a| a.error.is_some()).collect();
+    assert!(
+        failed.is_empty(),
+        "{what}: {} of {} connects failed, first: {:?}",
+        failed.len(),
+        attempts.len(),
+        failed.first()
+    );
 }
 
 /// One line of the probe's output.
@@ -392,6 +425,16 @@ pub struct NamedServer {
 impl NamedServer {
     pub fn tcp(name: &str, addr: SocketAddrV4) -> Self {
         Self::tcp_replying(name, addr, name)
+    }
+
+    /// Servers on 127.0.`net`.1..=`count`, port 8080, each answering its own address.
+    pub fn numbered(net: u8, count: u8) -> Vec<Self> {
+        (1..=count)
+            .map(|i| {
+                let addr = SocketAddrV4::new(Ipv4Addr::new(127, 0, net, i), 8080);
+                Self::tcp(&addr.ip().to_string(), addr)
+            })
+            .collect()
     }
 
     /// A TCP server on an IPv6 address.

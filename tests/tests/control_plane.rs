@@ -4,13 +4,11 @@
 use std::{
     collections::BTreeSet,
     io::{BufRead as _, BufReader},
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
-    path::Path,
+    net::Ipv4Addr,
     process::Command,
     time::{Duration, Instant},
 };
 
-use socklb_agent::source::{Object, file::parse};
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox, agent_bin, fake_apiserver::FakeApiServer, node_yaml,
     privileges::chart_agent, service_yaml, slice_yaml,
@@ -18,36 +16,13 @@ use socklb_tests::{
 
 const VIP: &str = "10.96.1.10:80";
 
-/// Servers 127.0.<net>.1..=count on port 8080, each answering its own address.
-fn servers(net: u8, count: u8) -> Vec<NamedServer> {
-    (1..=count)
-        .map(|i| {
-            let addr = SocketAddrV4::new(Ipv4Addr::new(127, 0, net, i), 8080);
-            NamedServer::tcp(&addr.ip().to_string(), addr)
-        })
-        .collect()
-}
-
-/// The set of servers answering `count` connections to the VIP.
-fn answering(sandbox: &Sandbox, count: u32) -> BTreeSet<String> {
-    let vip: SocketAddr = VIP.parse().expect("address");
-    sandbox
-        .probe("tcp", vip, count)
-        .into_iter()
-        .map(|a| {
-            a.reply
-                .unwrap_or_else(|| format!("error: {}", a.error.unwrap_or_default()))
-        })
-        .collect()
-}
-
 /// Waits until the servers answering the VIP are exactly `expected` (the agent syncs
 /// asynchronously after an edit), failing with what answered instead.
 fn wait_for_answers(sandbox: &Sandbox, expected: &[&str]) {
     let expected: BTreeSet<String> = expected.iter().map(|s| (*s).to_owned()).collect();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let got = answering(sandbox, 40);
+        let got = sandbox.answering(VIP.parse().expect("address"), 40);
         if got == expected {
             return;
         }
@@ -86,7 +61,7 @@ fn one_endpoint_cluster(sandbox: &Sandbox, net: u8) -> ManifestDir {
 #[test]
 fn connections_follow_edits_of_the_manifests() {
     let sandbox = Sandbox::new("cp-edits");
-    let _servers = servers(20, 4);
+    let _servers = NamedServer::numbered(20, 4);
     let manifests = ManifestDir::new(&sandbox);
     manifests.write(
         "nodes.yaml",
@@ -169,7 +144,7 @@ fn connections_follow_edits_of_the_manifests() {
 #[test]
 fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
     let sandbox = Sandbox::new("cp-broken");
-    let _servers = servers(21, 2);
+    let _servers = NamedServer::numbered(21, 2);
     let manifests = one_endpoint_cluster(&sandbox, 21);
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.21.1"]);
@@ -211,7 +186,7 @@ fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
 #[test]
 fn the_full_resync_repairs_entries_changed_by_hand() {
     let sandbox = Sandbox::new("cp-drift");
-    let _servers = servers(22, 1);
+    let _servers = NamedServer::numbered(22, 1);
     let manifests = one_endpoint_cluster(&sandbox, 22);
     let agent = Agent::start(
         &sandbox,
@@ -247,7 +222,7 @@ fn the_full_resync_repairs_entries_changed_by_hand() {
 #[test]
 fn health_readiness_and_metrics_are_served() {
     let sandbox = Sandbox::new("cp-http");
-    let _servers = servers(23, 1);
+    let _servers = NamedServer::numbered(23, 1);
     let manifests = one_endpoint_cluster(&sandbox, 23);
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.23.1"]);
@@ -337,72 +312,38 @@ fn health_readiness_and_metrics_are_served() {
     );
 }
 
-/// The objects of a YAML text, for the fake API server.
-fn objects(yaml: &str) -> Vec<Object> {
-    parse(Path::new("test.yaml"), yaml).expect("test manifests parse")
-}
-
-fn apply(fake: &FakeApiServer, yaml: &str) {
-    for object in objects(yaml) {
-        match object {
-            Object::Service(service) => fake.apply(&*service),
-            Object::EndpointSlice(slice) => fake.apply(&*slice),
-            Object::Node(node) => fake.apply(&*node),
-        };
-    }
-}
-
 #[test]
 fn the_kube_source_end_to_end_survives_an_api_server_outage() {
     let sandbox = Sandbox::new("cp-kube");
-    let _servers = servers(24, 2);
+    let _servers = NamedServer::numbered(24, 2);
     // Started after the sandbox: it listens inside the sandbox's network namespace.
     let mut fake = FakeApiServer::start();
-    apply(&fake, &node_yaml("node-a", "zone-a", "192.168.24.1"));
-    apply(&fake, &web_service());
-    apply(
-        &fake,
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[("127.0.24.1", "node-a", "zone-a", "")],
-            false,
-        ),
-    );
+    fake.apply_manifests(&node_yaml("node-a", "zone-a", "192.168.24.1"));
+    fake.apply_manifests(&web_service());
+    fake.apply_manifests(&slice_yaml(
+        "web-1",
+        "web",
+        8080,
+        &[("127.0.24.1", "node-a", "zone-a", "")],
+        false,
+    ));
     let manifests = ManifestDir::new(&sandbox);
     let kubeconfig = manifests.path.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]
-users: [{{name: test, user: {{}}}}]
-contexts: [{{name: fake, context: {{cluster: fake, user: test}}}}]
-current-context: fake
-",
-            fake.url()
-        ),
-    )
-    .expect("write kubeconfig");
+    std::fs::write(&kubeconfig, fake.kubeconfig()).expect("write kubeconfig");
 
     let agent = Agent::start_kube(&sandbox, &kubeconfig, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.24.1"]);
 
-    apply(
-        &fake,
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[
-                ("127.0.24.1", "node-a", "zone-a", ""),
-                ("127.0.24.2", "node-a", "zone-a", ""),
-            ],
-            false,
-        ),
-    );
+    fake.apply_manifests(&slice_yaml(
+        "web-1",
+        "web",
+        8080,
+        &[
+            ("127.0.24.1", "node-a", "zone-a", ""),
+            ("127.0.24.2", "node-a", "zone-a", ""),
+        ],
+        false,
+    ));
     wait_for_answers(&sandbox, &["127.0.24.1", "127.0.24.2"]);
 
     // The API server goes away: the datapath keeps its last state...
@@ -411,16 +352,13 @@ current-context: fake
     wait_for_answers(&sandbox, &["127.0.24.1", "127.0.24.2"]);
     // ...and changes made while it was away arrive once it is back.
     fake.restart();
-    apply(
-        &fake,
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[("127.0.24.2", "node-a", "zone-a", "")],
-            false,
-        ),
-    );
+    fake.apply_manifests(&slice_yaml(
+        "web-1",
+        "web",
+        8080,
+        &[("127.0.24.2", "node-a", "zone-a", "")],
+        false,
+    ));
     wait_for_answers(&sandbox, &["127.0.24.2"]);
     agent.stop();
 }
@@ -515,7 +453,7 @@ spec:
 #[test]
 fn a_second_agent_on_the_same_pins_waits_for_the_first_or_gives_up() {
     let sandbox = Sandbox::new("cp-one-writer");
-    let _servers = servers(26, 1);
+    let _servers = NamedServer::numbered(26, 1);
     let manifests = one_endpoint_cluster(&sandbox, 26);
     let first = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.26.1"]);

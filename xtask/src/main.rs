@@ -75,6 +75,12 @@ enum Bench {
         /// Duration of the sustained load, in seconds.
         #[arg(long, default_value_t = 10)]
         seconds: u32,
+        /// Instead of the above: recovery after this many API-server outages.
+        #[arg(long, default_value_t = 0)]
+        outages: u32,
+        /// Duration of each outage, in seconds.
+        #[arg(long, default_value_t = 15)]
+        outage_seconds: u32,
     },
     /// One Service with very many endpoints: its first sync and the sync after a change of
     /// one endpoint, at each endpoint count.
@@ -188,6 +194,8 @@ fn main() -> anyhow::Result<()> {
                     changes,
                     rate,
                     seconds,
+                    outages,
+                    outage_seconds,
                 } => run_with_agent(
                     "socklb-bench-control-plane",
                     &flag_args(&[
@@ -195,6 +203,8 @@ fn main() -> anyhow::Result<()> {
                         ("--changes", changes),
                         ("--rate", rate),
                         ("--seconds", seconds),
+                        ("--outages", outages),
+                        ("--outage-seconds", outage_seconds),
                     ]),
                 ),
                 Bench::LargeService { endpoints, changes } => {

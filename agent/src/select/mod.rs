@@ -174,6 +174,11 @@ pub fn select(
                 part: part.clone(),
                 reason: reason.clone(),
             })
+            .chain(
+                slices
+                    .iter()
+                    .flat_map(|slice| slice.skipped.iter().cloned()),
+            )
             .collect(),
         health_check: service.health_check_node_port.map(|node_port| HealthCheck {
             node_port,

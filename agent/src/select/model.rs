@@ -38,6 +38,8 @@ pub enum SkipReason {
     /// to the nodes' addresses or the pods, so the IP is not bound on the nodes (KEP-1860),
     /// and connections from the cluster to it go through the load balancer.
     IpModeProxy,
+    /// An EndpointSlice of addressType FQDN: not proxied (as by kube-proxy).
+    Fqdn,
     /// A field that does not parse; the text says which.
     Invalid(String),
 }
@@ -54,6 +56,7 @@ impl fmt::Display for SkipReason {
                 f,
                 "ipMode Proxy: the load balancer proxies this IP, so its traffic goes through it"
             ),
+            Self::Fqdn => write!(f, "addressType FQDN is not proxied (nor by kube-proxy)"),
             Self::Invalid(why) => write!(f, "invalid: {why}"),
         }
     }
@@ -87,6 +90,7 @@ impl SkipReason {
             Self::Sctp => "sctp",
             Self::Ipv6 => "ipv6",
             Self::IpModeProxy => "ip-mode-proxy",
+            Self::Fqdn => "fqdn",
             Self::Invalid(_) => "invalid",
         }
     }
@@ -154,11 +158,13 @@ pub struct Endpoint {
     pub hints_for_zones: Vec<String>,
 }
 
-/// An IPv4 EndpointSlice of a Service.
+/// An EndpointSlice of a Service: its IPv4 endpoints, and what of it is not used, with why
+/// (an IPv6 or FQDN slice, an endpoint address that is not IPv4), for explain and the log.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct SliceInfo {
     pub ports: Vec<SlicePort>,
     pub endpoints: Vec<Endpoint>,
+    pub skipped: Vec<SkippedPart>,
 }
 
 /// The node the agent runs on.

@@ -111,6 +111,7 @@ fn slice(endpoints: Vec<Endpoint>) -> SliceInfo {
             port: 8080,
         }],
         endpoints,
+        skipped: Vec::new(),
     }
 }
 
@@ -546,6 +547,7 @@ fn slice_with_ports(names: &[&str], endpoints: Vec<Endpoint>) -> SliceInfo {
             })
             .collect(),
         endpoints,
+        skipped: Vec::new(),
     }
 }
 

@@ -9,6 +9,12 @@
 //! read after which an object is defined in two places, send a `Reset` of each kind
 //! instead). A change therefore costs the changed file, not the directory. A file that
 //! does not parse keeps its last good objects and the error is logged with file and line.
+//!
+//! A file is not read while it is being written: `cmd > file` truncates the file, then
+//! writes it when `cmd` has output, which can be seconds later. Its objects stay as they
+//! were until the writer closes it (inotify's close-write), or until it has not changed for
+//! [`HOLD_MAX`]. An emptied file that held objects is read twice, a debounce apart, before
+//! its objects are deleted, which catches a writer that truncated it just as it was read.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
@@ -23,12 +29,26 @@ use k8s_openapi::{
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
-use notify::{RecursiveMode, Watcher as _};
+use notify::{
+    EventKind, RecursiveMode, Watcher as _,
+    event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode},
+};
 use serde::Deserialize as _;
-use tokio::sync::mpsc;
+use tokio::{sync::mpsc, time::Instant};
 use tracing::{debug, info, warn};
 
 use super::{Event, Kind, Object};
+
+/// A burst of changes is read once it has been quiet this long...
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+/// ...or this long after its first change, so that edits every few milliseconds cannot hold
+/// every other change back.
+const DEBOUNCE_MAX: Duration = Duration::from_millis(200);
+
+/// A file still open for writing is read anyway once it has not changed for this long (a
+/// writer that keeps its file open).
+const HOLD_MAX: Duration = Duration::from_secs(10);
 
 /// A manifest that cannot be read, with where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -116,6 +136,9 @@ pub struct Manifests {
     files: BTreeMap<PathBuf, ManifestFile>,
     /// The directory was read before: later reads send only what changed.
     read_before: bool,
+    /// Files that held objects and were found empty by the last read: deleted if the next
+    /// read finds them still empty.
+    emptied: HashSet<PathBuf>,
 }
 
 /// A file's last text that parsed and which objects it holds.
@@ -153,6 +176,17 @@ pub struct Reload {
     pub events: Vec<Event>,
     /// Files that did not parse (their last good objects are kept).
     pub errors: Vec<ManifestError>,
+    /// Files not read this time, whose objects stay as they were.
+    pub held: Vec<(PathBuf, Held)>,
+}
+
+/// Why a file was not read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// Written to and not yet closed.
+    Writing,
+    /// Found empty though it held objects: read again before they are deleted.
+    Emptied,
 }
 
 /// A file whose text changed in this read.
@@ -169,6 +203,15 @@ struct Changed {
 impl Manifests {
     /// Reads the directory again.
     pub fn reload(&mut self, dir: &Path) -> Result<Reload, FileSourceError> {
+        self.reload_except(dir, |_| false)
+    }
+
+    /// Reads the directory again, except the files `writing` says are being written.
+    pub fn reload_except(
+        &mut self,
+        dir: &Path,
+        writing: impl Fn(&Path) -> bool,
+    ) -> Result<Reload, FileSourceError> {
         let entries = fs::read_dir(dir).map_err(|source| FileSourceError::ReadDir {
             path: dir.to_owned(),
             source,
@@ -176,16 +219,11 @@ impl Manifests {
         let listed: BTreeSet<PathBuf> = entries
             .filter_map(Result::ok)
             .map(|entry| entry.path())
-            .filter(|path| {
-                path.is_file()
-                    && matches!(
-                        path.extension().and_then(|e| e.to_str()),
-                        Some("yaml" | "yml" | "json")
-                    )
-            })
+            .filter(|path| path.is_file() && is_manifest(path))
             .collect();
 
         let mut errors = Vec::new();
+        let mut held = Vec::new();
         let mut changed = Vec::new();
         let gone: Vec<PathBuf> = self
             .files
@@ -203,7 +241,15 @@ impl Manifests {
                 });
             }
         }
+        let emptied = std::mem::take(&mut self.emptied);
         for file in listed {
+            if writing(&file) {
+                if emptied.contains(&file) {
+                    self.emptied.insert(file.clone());
+                }
+                held.push((file, Held::Writing));
+                continue;
+            }
             let text = match fs::read_to_string(&file) {
                 Ok(text) => text,
                 Err(e) => {
@@ -216,6 +262,12 @@ impl Manifests {
                 }
             };
             if self.files.get(&file).is_some_and(|old| old.text == text) {
+                continue;
+            }
+            let held_objects = self.files.get(&file).is_some_and(|old| !old.ids.is_empty());
+            if held_objects && text.trim().is_empty() && !emptied.contains(&file) {
+                self.emptied.insert(file.clone());
+                held.push((file, Held::Emptied));
                 continue;
             }
             let new = match parse(&file, &text) {
@@ -247,7 +299,11 @@ impl Manifests {
             self.read_before = true;
             self.everything(changed)
         };
-        Ok(Reload { events, errors })
+        Ok(Reload {
+            events,
+            errors,
+            held,
+        })
     }
 
     /// Whether no object of a changed file is defined twice (in that file or in another):
@@ -299,6 +355,14 @@ impl Manifests {
     }
 }
 
+/// Whether a file of the directory is read, by its name.
+fn is_manifest(path: &Path) -> bool {
+    matches!(
+        path.extension().and_then(|e| e.to_str()),
+        Some("yaml" | "yml" | "json")
+    )
+}
+
 /// Objects of a text that parsed before, so parses again.
 fn parse_last_good(file: &Path, text: &str) -> Vec<Object> {
     parse(file, text).unwrap_or_default()
@@ -344,38 +408,38 @@ fn identity_only((kind, namespace, name): ObjectId) -> Object {
 /// Watches a manifests directory and sends its state as events.
 pub struct FileSource {
     dir: PathBuf,
-    debounce: Duration,
 }
 
 impl FileSource {
     pub fn new(dir: PathBuf) -> Self {
-        Self {
-            dir,
-            // Editors write a file in several steps; one reload after they are done.
-            debounce: Duration::from_millis(50),
-        }
+        Self { dir }
     }
 
     /// Sends the directory's objects now and after every change, until the receiver is
     /// dropped.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), FileSourceError> {
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                // Reading the files is an event too (inotify reports opens and closes): only
-                // changes of their content or of the directory's entries count.
-                if event
-                    .as_ref()
-                    .is_ok_and(|e| e.kind.is_access() || e.kind.is_other())
-                {
-                    return;
-                }
-                let _ = changed_tx.send(event);
-            })
-            .map_err(|source| FileSourceError::Watch {
-                path: self.dir.clone(),
-                source,
-            })?;
+        let mut watcher = notify::recommended_watcher(move |event: WatchEvent| {
+            // Reading the files is an event too (inotify reports opens and closes): only
+            // changes of their content or of the directory's entries count, and the end
+            // of a write.
+            let closed_after_write = |kind: &EventKind| {
+                matches!(
+                    kind,
+                    EventKind::Access(AccessKind::Close(AccessMode::Write))
+                )
+            };
+            if event.as_ref().is_ok_and(|e| {
+                (e.kind.is_access() && !closed_after_write(&e.kind)) || e.kind.is_other()
+            }) {
+                return;
+            }
+            let _ = changed_tx.send(event);
+        })
+        .map_err(|source| FileSourceError::Watch {
+            path: self.dir.clone(),
+            source,
+        })?;
         watcher
             .watch(&self.dir, RecursiveMode::NonRecursive)
             .map_err(|source| FileSourceError::Watch {
@@ -384,10 +448,25 @@ impl FileSource {
             })?;
 
         let mut manifests = Manifests::default();
+        let mut writers = Writers::default();
+        let mut logged: HashSet<PathBuf> = HashSet::new();
         loop {
-            let reload = manifests.reload(&self.dir)?;
+            // What happened up to now, so that a file truncated a moment ago counts as being
+            // written.
+            while let Ok(event) = changed_rx.try_recv() {
+                writers.note(&event, Instant::now());
+            }
+            let now = Instant::now();
+            let reload = manifests.reload_except(&self.dir, |file| writers.writing(file, now))?;
             for error in reload.errors {
                 warn!(%error, "manifest not applied; its last good state is kept");
+            }
+            log_held(&reload.held, &mut logged);
+            for file in writers.expired(now) {
+                warn!(
+                    file = %file.display(),
+                    "manifest still open for writing but unchanged for {HOLD_MAX:?}: read as it is"
+                );
             }
             info!(dir = %self.dir.display(), "manifests read");
             for event in reload.events {
@@ -395,12 +474,131 @@ impl FileSource {
                     return Ok(());
                 }
             }
-            // Wait for a change, then for the burst of changes to end.
-            if changed_rx.recv().await.is_none() {
+            // Wait for a change (or until a held file is due), then for the burst of changes
+            // to end, at most DEBOUNCE_MAX.
+            let due = if reload.held.iter().any(|(_, held)| *held == Held::Emptied) {
+                Some(Instant::now() + DEBOUNCE)
+            } else {
+                writers.due()
+            };
+            let first = match due {
+                Some(due) => match tokio::time::timeout_at(due, changed_rx.recv()).await {
+                    Ok(event) => event,
+                    Err(_) => continue,
+                },
+                None => changed_rx.recv().await,
+            };
+            let Some(first) = first else {
+                return Ok(());
+            };
+            writers.note(&first, Instant::now());
+            if !settle(&mut changed_rx, &mut writers).await {
                 return Ok(());
             }
-            while let Ok(Some(_)) = tokio::time::timeout(self.debounce, changed_rx.recv()).await {}
         }
+    }
+}
+
+/// Waits for the end of a burst of changes: until none came for [`DEBOUNCE`], or
+/// [`DEBOUNCE_MAX`] after the call, whichever is first. False when the watcher is gone.
+async fn settle(changed: &mut mpsc::UnboundedReceiver<WatchEvent>, writers: &mut Writers) -> bool {
+    let cap = Instant::now() + DEBOUNCE_MAX;
+    loop {
+        let quiet = (Instant::now() + DEBOUNCE).min(cap);
+        match tokio::time::timeout_at(quiet, changed.recv()).await {
+            Ok(Some(event)) => writers.note(&event, Instant::now()),
+            Ok(None) => return false,
+            Err(_) => return true,
+        }
+    }
+}
+
+type WatchEvent = notify::Result<notify::Event>;
+
+/// One line when a file starts being held back (not at every read while it is).
+fn log_held(held: &[(PathBuf, Held)], logged: &mut HashSet<PathBuf>) {
+    logged.retain(|file| held.iter().any(|(h, _)| h == file));
+    for (file, why) in held {
+        if !logged.insert(file.clone()) {
+            continue;
+        }
+        match why {
+            Held::Writing => info!(
+                file = %file.display(),
+                "manifest is being written (changed, not closed yet): its objects stay as \
+                 they were until the writer closes it, or for at most {HOLD_MAX:?} \
+                 without a change"
+            ),
+            Held::Emptied => info!(
+                file = %file.display(),
+                "manifest emptied: its objects are deleted if it is still empty in {DEBOUNCE:?}"
+            ),
+        }
+    }
+}
+
+/// Which files are being written, from inotify's events: a file whose data changed (or that
+/// was created) and that no writer has closed since.
+#[derive(Debug, Default)]
+struct Writers {
+    /// By file: when its data last changed.
+    open: HashMap<PathBuf, Instant>,
+    /// Files held past HOLD_MAX that were read anyway (logged once).
+    expired: HashSet<PathBuf>,
+}
+
+impl Writers {
+    fn note(&mut self, event: &WatchEvent, now: Instant) {
+        let Ok(event) = event else {
+            return;
+        };
+        for file in event.paths.iter().filter(|file| is_manifest(file)) {
+            match event.kind {
+                EventKind::Create(CreateKind::File | CreateKind::Any)
+                | EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any) => {
+                    self.open.insert(file.clone(), now);
+                    self.expired.remove(file);
+                }
+                // Closed after writing, moved in complete, moved away or deleted.
+                EventKind::Access(AccessKind::Close(AccessMode::Write))
+                | EventKind::Modify(ModifyKind::Name(
+                    RenameMode::To | RenameMode::From | RenameMode::Both,
+                ))
+                | EventKind::Remove(_) => {
+                    self.open.remove(file);
+                    self.expired.remove(file);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Whether `file` is held back at `now`.
+    fn writing(&self, file: &Path, now: Instant) -> bool {
+        self.open
+            .get(file)
+            .is_some_and(|changed| now < *changed + HOLD_MAX)
+    }
+
+    /// Files still open but unchanged for HOLD_MAX that were not reported yet.
+    fn expired(&mut self, now: Instant) -> Vec<PathBuf> {
+        let expired: Vec<PathBuf> = self
+            .open
+            .iter()
+            .filter(|(file, changed)| now >= **changed + HOLD_MAX && !self.expired.contains(*file))
+            .map(|(file, _)| file.clone())
+            .collect();
+        self.expired.extend(expired.iter().cloned());
+        expired
+    }
+
+    /// When the next held file is read anyway.
+    fn due(&self) -> Option<Instant> {
+        self.open
+            .iter()
+            .filter(|(file, _)| !self.expired.contains(*file))
+            .map(|(_, changed)| *changed + HOLD_MAX)
+            .min()
     }
 }
 
@@ -621,6 +819,124 @@ items:
         assert_eq!(
             read(&mut manifests, &dir),
             ["deleted Service db", "applied Service web"]
+        );
+    }
+
+    #[test]
+    fn a_file_being_written_keeps_its_objects_until_it_is_closed() {
+        let dir = Dir::new("writing");
+        dir.write(
+            "svc.yaml",
+            &(service("web", "10.96.0.1") + &service("db", "10.96.0.2")),
+        );
+        let mut manifests = Manifests::default();
+        read(&mut manifests, &dir);
+
+        // Truncated by `cmd > svc.yaml`, not closed yet: not read at all.
+        dir.write("svc.yaml", "");
+        let path = dir.0.join("svc.yaml");
+        let reload = manifests
+            .reload_except(&dir.0, |file| file == path)
+            .expect("reload");
+        assert!(reload.events.is_empty(), "{:?}", reload.events);
+        assert_eq!(reload.held, [(path.clone(), Held::Writing)]);
+        // Closed with its new text: read as any change.
+        dir.write("svc.yaml", &service("web", "10.96.0.1"));
+        assert_eq!(
+            read(&mut manifests, &dir),
+            ["deleted Service db", "applied Service web"]
+        );
+    }
+
+    #[test]
+    fn an_emptied_file_is_read_twice_before_its_objects_are_deleted() {
+        let dir = Dir::new("emptied");
+        dir.write("svc.yaml", &service("web", "10.96.0.1"));
+        dir.write("other.yaml", &service("api", "10.96.0.3"));
+        let mut manifests = Manifests::default();
+        read(&mut manifests, &dir);
+
+        dir.write("svc.yaml", "\n");
+        let reload = manifests.reload(&dir.0).expect("reload");
+        assert!(reload.events.is_empty(), "{:?}", reload.events);
+        assert_eq!(reload.held, [(dir.0.join("svc.yaml"), Held::Emptied)]);
+        // Still empty a debounce later: the writer meant it.
+        assert_eq!(read(&mut manifests, &dir), ["deleted Service web"]);
+
+        // Emptied, then written again before the second read: nothing is deleted.
+        dir.write("other.yaml", "");
+        read(&mut manifests, &dir);
+        dir.write("other.yaml", &service("api", "10.96.0.4"));
+        assert_eq!(read(&mut manifests, &dir), ["applied Service api"]);
+        // A file that held nothing is read at once.
+        dir.write("svc.yaml", "");
+        assert_eq!(read(&mut manifests, &dir), Vec::<String>::new());
+    }
+
+    fn event(kind: EventKind, file: &Path) -> WatchEvent {
+        Ok(notify::Event::new(kind).add_path(file.to_owned()))
+    }
+
+    #[test]
+    fn writers_are_followed_from_the_first_change_to_the_close() {
+        use notify::event::{DataChange, RemoveKind};
+        let file = Path::new("/m/svc.yaml");
+        let modify = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+        let closed = EventKind::Access(AccessKind::Close(AccessMode::Write));
+        let moved_in = EventKind::Modify(ModifyKind::Name(RenameMode::To));
+        let start = Instant::now();
+        // (event, writing afterwards)
+        let rows = [
+            (modify, true),
+            (closed, false),
+            (EventKind::Create(CreateKind::File), true),
+            (EventKind::Access(AccessKind::Close(AccessMode::Read)), true),
+            (moved_in, false),
+            (modify, true),
+            (EventKind::Remove(RemoveKind::File), false),
+        ];
+        let mut writers = Writers::default();
+        for (row, (kind, writing)) in rows.into_iter().enumerate() {
+            writers.note(&event(kind, file), start);
+            assert_eq!(writers.writing(file, start), writing, "row {row}: {kind:?}");
+        }
+        // Other files (an editor's swap file) are not followed.
+        writers.note(&event(modify, Path::new("/m/.svc.yaml.swp")), start);
+        assert_eq!(writers.due(), None);
+        // A writer that keeps the file open without changing it is read after HOLD_MAX.
+        writers.note(&event(modify, file), start);
+        assert_eq!(writers.due(), Some(start + HOLD_MAX));
+        assert!(writers.writing(file, start + HOLD_MAX / 2));
+        assert!(!writers.writing(file, start + HOLD_MAX));
+        assert_eq!(writers.expired(start + HOLD_MAX), [file.to_owned()]);
+        assert!(
+            writers.expired(start + HOLD_MAX).is_empty(),
+            "reported once"
+        );
+        assert_eq!(writers.due(), None);
+    }
+
+    #[tokio::test]
+    async fn a_stream_of_changes_is_read_at_least_every_debounce_max() {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let file = Path::new("/m/noise.yaml");
+        let kind = EventKind::Modify(ModifyKind::Data(notify::event::DataChange::Any));
+        // A change every 10 ms for 3 s.
+        let noise = tokio::spawn(async move {
+            for _ in 0..300 {
+                if tx.send(event(kind, file)).is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        let started = Instant::now();
+        assert!(settle(&mut rx, &mut Writers::default()).await);
+        let waited = started.elapsed();
+        noise.abort();
+        assert!(
+            waited < Duration::from_secs(1),
+            "the burst held the read off for {waited:?}"
         );
     }
 }

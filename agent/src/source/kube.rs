@@ -2,13 +2,15 @@
 //! kube-proxy does, and turn what the watchers see into [`Event`]s.
 //!
 //! kube-rs's watcher does the protocol work (relist on 410 Gone, re-watch from the last
-//! resource version, bookmarks); this module only chooses what to request, applies backoff,
-//! logs what is retried and merges the two node feeds into one node stream.
+//! resource version, bookmarks); this module only chooses what to request, waits between
+//! attempts as [`retry`](super::retry) says, logs what is retried and merges the two node
+//! feeds into one node stream.
 
 use std::{
     collections::{BTreeMap, HashMap},
     fmt::Debug,
     path::{Path, PathBuf},
+    time::{Duration, Instant},
 };
 
 use futures::{
@@ -26,13 +28,16 @@ use kube::{
     Api, Client, Config, Resource,
     config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError},
     core::PartialObjectMeta,
-    runtime::{WatchStreamExt as _, watcher},
+    runtime::watcher,
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
-use super::{Event, Kind, Object};
+use super::{
+    Event, Kind, Object,
+    retry::{self, Failure, Retry},
+};
 
 /// Skips what kube-proxy skips: services another proxy implements, and headless services
 /// (the endpoints controller labels their slices).
@@ -103,33 +108,55 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError
 pub struct KubeSource {
     client: Client,
     node_name: String,
+    retry_max: Duration,
 }
 
 impl KubeSource {
     /// `node_name` is this node: its full object is read (addresses, labels), the other
     /// nodes' metadata only (labels, for topology).
     pub fn new(client: Client, node_name: String) -> Self {
-        Self { client, node_name }
+        Self {
+            client,
+            node_name,
+            retry_max: retry::DEFAULT_MAX,
+        }
+    }
+
+    /// The longest wait between two attempts of a watch after a failure (`--api-retry-max`).
+    pub fn with_retry_max(mut self, max: Duration) -> Self {
+        self.retry_max = max;
+        self
     }
 
     /// Sends events until `events` is closed. Errors of the API (unreachable, restarted,
-    /// expired resource versions) are logged and retried with backoff; meanwhile nothing is
-    /// sent and the datapath keeps its state.
+    /// refusing, expired resource versions) are logged and retried as [`retry`] says;
+    /// meanwhile nothing is sent and the datapath keeps its state.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), KubeSourceError> {
         let mut feeds = select_all(self.feeds());
         let mut translator = Translator::default();
+        let mut failing: HashMap<Feed, Outage> = HashMap::new();
         loop {
-            let (feed, result) = tokio::select! {
+            let (feed, result, wait) = tokio::select! {
                 () = events.closed() => return Ok(()),
                 next = feeds.next() => next.ok_or(KubeSourceError::WatchEnded)?,
             };
             let change = match result {
                 Ok(change) => change,
                 Err(error) => {
-                    log_retry(feed, &error);
+                    log_retry(feed, &error, wait, &mut failing);
                     continue;
                 }
             };
+            if !matches!(change, watcher::Event::Init)
+                && let Some(outage) = failing.remove(&feed)
+            {
+                info!(
+                    feed = feed.describe(),
+                    failures = outage.failures,
+                    since = ?outage.since.elapsed(),
+                    "receiving again after failures"
+                );
+            }
             if let Some(event) = translator.handle(feed, change)
                 && events.send(event).await.is_err()
             {
@@ -143,24 +170,28 @@ impl KubeSource {
         let this_node = format!("metadata.name={}", self.node_name);
         let other_nodes = format!("metadata.name!={}", self.node_name);
         let client = &self.client;
+        let retry = Retry::new(self.retry_max);
         vec![
             feed(
                 Feed::Services,
                 Api::<Service>::all(client.clone()),
                 proxied.clone(),
                 |s| Object::Service(Box::new(s)),
+                retry.clone(),
             ),
             feed(
                 Feed::EndpointSlices,
                 Api::<EndpointSlice>::all(client.clone()),
                 proxied,
                 |s| Object::EndpointSlice(Box::new(s)),
+                retry.clone(),
             ),
             feed(
                 Feed::ThisNode,
                 Api::<Node>::all(client.clone()),
                 watcher::Config::default().fields(&this_node),
                 |n| Object::Node(Box::new(n)),
+                retry.clone(),
             ),
             // `PartialObjectMeta` makes kube-rs request metadata only (what `metadata_watcher`
             // did before kube-rs deprecated it for this).
@@ -169,10 +200,22 @@ impl KubeSource {
                 Api::<PartialObjectMeta<Node>>::all(client.clone()),
                 watcher::Config::default().fields(&other_nodes),
                 |n| metadata_node(n.metadata),
+                retry,
             ),
         ]
     }
 }
+
+/// A feed that fails: since when, and how often, for the line logged when it recovers.
+struct Outage {
+    since: Instant,
+    failures: u32,
+    /// When a failure of the feed was last logged as a warning.
+    warned: Instant,
+}
+
+/// At most one warning per feed in this time; the other failures are debug lines.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// One of the watches the source runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -194,17 +237,72 @@ impl Feed {
     }
 }
 
-type FeedStream = BoxStream<'static, (Feed, Result<watcher::Event<Object>, watcher::Error>)>;
+/// A feed's results, each error with the wait before the next attempt.
+type FeedStream = BoxStream<
+    'static,
+    (
+        Feed,
+        Result<watcher::Event<Object>, watcher::Error>,
+        Option<Duration>,
+    ),
+>;
 
-/// A watcher with backoff after errors, its objects already wrapped in [`Object`].
-fn feed<K>(feed: Feed, api: Api<K>, config: watcher::Config, wrap: fn(K) -> Object) -> FeedStream
+/// A watcher that waits after an error as [`Retry`] says, its objects already wrapped in
+/// [`Object`].
+fn feed<K>(
+    feed: Feed,
+    api: Api<K>,
+    config: watcher::Config,
+    wrap: fn(K) -> Object,
+    retry: Retry,
+) -> FeedStream
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    watcher::watcher(api, config)
-        .default_backoff()
-        .map(move |result| (feed, result.map(|event| map_event(event, wrap))))
-        .boxed()
+    let results = watcher::watcher(api, config)
+        .map(move |result| result.map(|event| map_event(event, wrap)))
+        .boxed();
+    futures::stream::unfold(
+        (results, retry, None),
+        move |(mut results, mut retry, wait): (_, Retry, Option<Duration>)| async move {
+            if let Some(wait) = wait {
+                tokio::time::sleep(wait).await;
+            }
+            let result = results.next().await?;
+            let wait = match &result {
+                // Init is the watcher's own step before a list: nothing was received yet.
+                Ok(watcher::Event::Init) => None,
+                Ok(_) => {
+                    retry.reset();
+                    None
+                }
+                Err(error) => Some(retry.delay(failure(error), Instant::now(), fastrand::f64())),
+            };
+            Some(((feed, result, wait), (results, retry, wait)))
+        },
+    )
+    .boxed()
+}
+
+/// What kind of failure a watcher error is, for [`Retry`].
+fn failure(error: &watcher::Error) -> Failure {
+    let client = match error {
+        watcher::Error::WatchError(status) if status.code == 410 => return Failure::Gone,
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => {
+            return Failure::Refused;
+        }
+        watcher::Error::InitialListFailed(error)
+        | watcher::Error::WatchStartFailed(error)
+        | watcher::Error::WatchFailed(error) => error,
+    };
+    match client {
+        kube::Error::Api(status) if status.code == 410 => Failure::Gone,
+        // An answer, even a refusal or one that does not decode: the server is there.
+        kube::Error::Api(_) | kube::Error::SerdeError(_) | kube::Error::FromUtf8(_) => {
+            Failure::Refused
+        }
+        _ => Failure::Unreachable,
+    }
 }
 
 fn map_event<K>(event: watcher::Event<K>, wrap: fn(K) -> Object) -> watcher::Event<Object> {
@@ -226,33 +324,51 @@ fn metadata_node(metadata: ObjectMeta) -> Object {
     }))
 }
 
-fn log_retry(feed: Feed, error: &watcher::Error) {
+/// A failure of a feed is a warning with what is retried and when, at most once per
+/// [`WARN_EVERY`]; the others are debug lines (a 30 s outage would otherwise log dozens of
+/// warnings). A watch that resumes sends nothing until something changes, so a quiet feed
+/// counts as failing until then: the time limit, not its recovery, rearms the warning.
+fn log_retry(
+    feed: Feed,
+    error: &watcher::Error,
+    wait: Option<Duration>,
+    failing: &mut HashMap<Feed, Outage>,
+) {
+    let now = Instant::now();
+    let mut first = false;
+    let outage = failing.entry(feed).or_insert_with(|| {
+        first = true;
+        Outage {
+            since: now,
+            failures: 0,
+            warned: now,
+        }
+    });
+    outage.failures += 1;
+    if !first && now >= outage.warned + WARN_EVERY {
+        first = true;
+        outage.warned = now;
+    }
     let feed = feed.describe();
-    match error {
-        watcher::Error::InitialListFailed(_) => {
-            warn!(feed, %error, "list failed; retrying the list with backoff");
+    let retry_in = wait.unwrap_or_default();
+    let what = match error {
+        watcher::Error::InitialListFailed(_) => "list failed; listing again",
+        watcher::Error::WatchStartFailed(_) => {
+            "watch failed to start; watching again from the last resource version"
         }
-        watcher::Error::WatchStartFailed(_) => warn!(
-            feed,
-            %error,
-            "watch failed to start; retrying from the last resource version with backoff"
-        ),
-        watcher::Error::WatchError(status) if status.code == 410 => warn!(
-            feed,
-            %error,
-            "resource version expired (410 Gone); relisting with backoff"
-        ),
-        watcher::Error::WatchError(_) => {
-            warn!(feed, %error, "API server reported a watch error; watching on with backoff");
+        watcher::Error::WatchError(status) if status.code == 410 => {
+            "resource version expired (410 Gone); relisting"
         }
-        watcher::Error::WatchFailed(_) => warn!(
-            feed,
-            %error,
-            "watch stream failed; re-watching from the last resource version with backoff"
-        ),
-        watcher::Error::NoResourceVersion => {
-            warn!(feed, %error, "object without resource version; relisting with backoff");
+        watcher::Error::WatchError(_) => "API server reported a watch error; watching on",
+        watcher::Error::WatchFailed(_) => {
+            "watch stream failed; watching again from the last resource version"
         }
+        watcher::Error::NoResourceVersion => "object without resource version; relisting",
+    };
+    if first {
+        warn!(feed, %error, ?retry_in, "{what}; the datapath keeps its state meanwhile");
+    } else {
+        debug!(feed, %error, ?retry_in, failures = outage.failures, "{what}");
     }
 }
 

@@ -9,7 +9,10 @@ use k8s_openapi::api::{
 
 use crate::{
     dataplane::Protocol,
-    select::{Endpoint, ServiceInfo, ServiceName, ServicePort, SkipReason, SliceInfo, SlicePort},
+    select::{
+        Endpoint, ServiceInfo, ServiceName, ServicePort, SkipReason, SkippedPart, SliceInfo,
+        SlicePort,
+    },
 };
 
 /// Label that hands a Service to another proxy (kube-proxy skips those too).
@@ -119,10 +122,43 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
             partial_skips.push((label(), SkipReason::Invalid(format!("port {}", port.port))));
             continue;
         };
-        let node_port = port
+        // The API server refuses a Service with two ports of one number and protocol (or
+        // one nodePort twice); a manifest may still have them. Only the first is served.
+        let protocol_text = port.protocol.as_deref().unwrap_or("TCP");
+        let first = |taken: &dyn Fn(&ServicePort) -> bool| {
+            ports.iter().find(|p| taken(p)).map(|p: &ServicePort| {
+                if p.name.is_empty() {
+                    p.port.to_string()
+                } else {
+                    p.name.clone()
+                }
+            })
+        };
+        if let Some(first) = first(&|p| p.port == number && p.protocol == protocol) {
+            partial_skips.push((
+                label(),
+                SkipReason::Invalid(format!(
+                    "{number}/{protocol_text} is also port {first}'s: only port {first} is served"
+                )),
+            ));
+            continue;
+        }
+        let mut node_port = port
             .node_port
             .and_then(|p| u16::try_from(p).ok())
             .filter(|p| *p != 0);
+        if let Some(taken) = node_port
+            && let Some(first) = first(&|p| p.node_port == Some(taken) && p.protocol == protocol)
+        {
+            partial_skips.push((
+                format!("{} nodePort", label()),
+                SkipReason::Invalid(format!(
+                    "nodePort {taken}/{protocol_text} is also port {first}'s: only port {first}'s \
+                     is served"
+                )),
+            ));
+            node_port = None;
+        }
         ports.push(ServicePort {
             name: port_name,
             protocol,
@@ -298,11 +334,30 @@ pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceName> {
     service_name(slice.metadata.namespace.as_ref(), Some(service))
 }
 
-/// An IPv4 EndpointSlice as selection reads it; `None` for other address types.
-pub fn slice(slice: &EndpointSlice) -> Option<SliceInfo> {
-    if slice.address_type != "IPv4" {
-        return None;
+/// An EndpointSlice as selection reads it. Only IPv4 slices have endpoints; the others, and
+/// endpoints whose address is not IPv4, are recorded as skipped parts with the reason.
+pub fn slice(slice: &EndpointSlice) -> SliceInfo {
+    let label = format!(
+        "EndpointSlice {}",
+        slice.metadata.name.as_deref().unwrap_or_default()
+    );
+    let reason = match slice.address_type.as_str() {
+        "IPv4" => None,
+        "IPv6" => Some(SkipReason::Ipv6),
+        // kube-proxy does not proxy FQDN slices either.
+        "FQDN" => Some(SkipReason::Fqdn),
+        other => Some(SkipReason::Invalid(format!("addressType {other}"))),
+    };
+    if let Some(reason) = reason {
+        return SliceInfo {
+            skipped: vec![SkippedPart {
+                part: label,
+                reason,
+            }],
+            ..SliceInfo::default()
+        };
     }
+    let mut skipped = Vec::new();
     let ports = slice
         .ports
         .as_deref()
@@ -327,9 +382,20 @@ pub fn slice(slice: &EndpointSlice) -> Option<SliceInfo> {
         .map(|endpoint| {
             let conditions = endpoint.conditions.clone().unwrap_or_default();
             let hints = endpoint.hints.clone().unwrap_or_default();
+            // Consumers use the first address only (API contract).
+            let first = endpoint.addresses.first();
+            let address = first.and_then(|a| a.parse().ok());
+            if address.is_none() {
+                skipped.push(SkippedPart {
+                    part: format!(
+                        "{label} endpoint {}",
+                        first.map_or("(none)", String::as_str)
+                    ),
+                    reason: SkipReason::Invalid("not an IPv4 address".to_owned()),
+                });
+            }
             Endpoint {
-                // Consumers use the first address only (API contract).
-                address: endpoint.addresses.first().and_then(|a| a.parse().ok()),
+                address,
                 ready: conditions.ready.unwrap_or(true),
                 serving: conditions.serving.unwrap_or(true),
                 terminating: conditions.terminating.unwrap_or(false),
@@ -350,7 +416,11 @@ pub fn slice(slice: &EndpointSlice) -> Option<SliceInfo> {
             }
         })
         .collect();
-    Some(SliceInfo { ports, endpoints })
+    SliceInfo {
+        ports,
+        endpoints,
+        skipped,
+    }
 }
 
 /// A Node's labels and the IPv4 addresses NodePorts are served on.

@@ -241,11 +241,8 @@ impl ClusterState {
                     );
                     return;
                 };
-                let Some(info) = convert::slice(&slice) else {
-                    // Not IPv4: not ours (yet), but make sure nothing stale stays.
-                    self.remove_slice(&key);
-                    return;
-                };
+                // Not IPv4 slices too: they have no endpoints, but say why (explain, log).
+                let info = convert::slice(&slice);
                 let slices = self.slices.entry(owner.clone()).or_default();
                 if slices.get(&key.1) != Some(&info) {
                     slices.insert(key.1.clone(), info);

@@ -453,3 +453,121 @@ status:
         assert_eq!(node.snat_address(&local), wanted.map(ip), "held: {local:?}");
     }
 }
+
+#[test]
+fn two_ports_of_one_number_serve_the_first_and_say_so() {
+    let state = state_with(
+        "
+kind: Service
+metadata: {name: dup, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.50
+  ports:
+  - {name: http, port: 80, protocol: TCP, nodePort: 30080}
+  - {name: web, port: 80, protocol: TCP, nodePort: 30081}
+  - {name: dns, port: 80, protocol: UDP}
+  - {name: admin, port: 81, protocol: TCP, nodePort: 30080}
+---
+kind: Node
+metadata: {name: node-a}
+status: {addresses: [{type: InternalIP, address: 192.168.0.1}]}
+",
+    );
+    let selection = state.select(&name("dup")).expect("served");
+    let programmed: Vec<(&str, Protocol, u16, FrontendKind)> = selection
+        .frontends
+        .iter()
+        .filter(|f| f.frontend.scope == Scope::Internal)
+        .map(|f| {
+            let frontend = &f.frontend;
+            (
+                f.port_name.as_str(),
+                frontend.protocol,
+                frontend.port,
+                f.kind,
+            )
+        })
+        .collect();
+    // What explain shows is what is programmed: port web nowhere, admin without its nodePort.
+    assert_eq!(
+        programmed,
+        [
+            ("http", Protocol::Tcp, 80, FrontendKind::ClusterIp),
+            ("http", Protocol::Tcp, 30080, FrontendKind::NodePort),
+            ("dns", Protocol::Udp, 80, FrontendKind::ClusterIp),
+            ("admin", Protocol::Tcp, 81, FrontendKind::ClusterIp),
+        ]
+    );
+    // The reasons name both ports (the runner logs them once, as a warning).
+    let skipped: Vec<(String, String)> = selection
+        .skipped
+        .iter()
+        .map(|s| (s.part.clone(), s.reason.to_string()))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            (
+                "port web".to_owned(),
+                "invalid: 80/TCP is also port http's: only port http is served".to_owned()
+            ),
+            (
+                "port admin nodePort".to_owned(),
+                "invalid: nodePort 30080/TCP is also port http's: only port http's is served"
+                    .to_owned()
+            ),
+        ]
+    );
+}
+
+#[test]
+fn slices_and_endpoints_that_are_not_used_say_why() {
+    let state = state_with(&format!(
+        "{WEB}---
+kind: EndpointSlice
+metadata: {{name: web-v6, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv6
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints: [{{addresses: ['fd00::1']}}]
+---
+kind: EndpointSlice
+metadata: {{name: web-dns, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
+addressType: FQDN
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints: [{{addresses: [db.example.com]}}]
+---
+kind: EndpointSlice
+metadata: {{name: web-2, namespace: default, labels: {{kubernetes.io/service-name: web}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints: [{{addresses: [10.0.0.3]}}, {{addresses: [10.0.0.999]}}]
+"
+    ));
+    let selection = state.select(&name("web")).expect("served");
+    let skipped: Vec<(String, String)> = selection
+        .skipped
+        .iter()
+        .map(|s| (s.part.clone(), s.reason.label().to_owned()))
+        .collect();
+    // In slice name order; explain shows these, and the runner logs them once per change.
+    assert_eq!(
+        skipped,
+        [
+            (
+                "EndpointSlice web-2 endpoint 10.0.0.999".to_owned(),
+                "invalid".to_owned()
+            ),
+            ("EndpointSlice web-dns".to_owned(), "fqdn".to_owned()),
+            ("EndpointSlice web-v6".to_owned(), "ipv6".to_owned()),
+        ]
+    );
+    // The usable endpoints are served as before.
+    let backends: Vec<String> = selection.frontends[0]
+        .spec
+        .backends
+        .iter()
+        .map(|b| b.address.to_string())
+        .collect();
+    assert_eq!(backends, ["10.0.0.1", "10.0.0.3"]);
+}

@@ -2,9 +2,11 @@
 //! API-server outages, fragments, full maps and operator mistakes. Each module holds one
 //! fault and checks the guarantee that docs/operations.md states for it.
 mod agent_killed;
+mod api_outage;
 mod foreign_cleanup;
 mod fragments;
 mod low_ttl;
 mod raised_capacity;
 mod shrinking_churn;
+mod slow_manifest;
 mod syn_flood;

@@ -2,6 +2,7 @@
 //! maps from cluster state, and what that costs it, at 10,000 services of 10 endpoints.
 //!
 //! socklb-bench-control-plane [--services N] [--changes N] [--rate R] [--seconds S]
+//! socklb-bench-control-plane --outages N [--outage-seconds S] [--services N]
 //!
 //! 1. Cold start from the file source: the manifests are written first (not timed), then the
 //!    agent is started and timed until it logs that it is ready; its peak RSS is read and the
@@ -12,13 +13,16 @@
 //! 3. `--rate` changes per second for `--seconds`, with `--min-sync-period 0s` and with the
 //!    default 20ms: the agent's CPU time (utime + stime from /proc) over the window.
 //!
+//! With `--outages`, only the recovery after API-server outages is measured (see
+//! [`outage`]).
+//!
 //! Everything runs in one `Sandbox` (network namespace, cgroup, pins); the agent's pins are
 //! removed between the file and the kube cold start so that both program empty maps.
 use std::{
     collections::BTreeMap,
     fs,
     net::Ipv4Addr,
-    path::Path,
+    path::{Path, PathBuf},
     process::Command,
     time::{Duration, Instant},
 };
@@ -34,8 +38,10 @@ use socklb_tests::{
     process_memory_kib, service_yaml, slice_yaml,
 };
 
-const USAGE: &str =
-    "usage: socklb-bench-control-plane [--services N] [--changes N] [--rate R] [--seconds S]";
+mod outage;
+
+const USAGE: &str = "usage: socklb-bench-control-plane [--services N] [--changes N] [--rate R] \
+                     [--seconds S] | --outages N [--outage-seconds S] [--services N]";
 const ENDPOINTS_PER_SERVICE: u32 = 10;
 const SERVICE_PORT: u16 = 80;
 const ENDPOINT_PORT: u16 = 8080;
@@ -59,6 +65,9 @@ struct Options {
     changes: u32,
     rate: u32,
     seconds: u32,
+    /// API-server outages to recover from (0: the other measurements instead).
+    outages: u32,
+    outage_seconds: u32,
 }
 
 fn main() {
@@ -86,6 +95,11 @@ fn main() {
         },
     );
     let mut cluster = Cluster::new(options.services);
+    if options.outages > 0 {
+        let recovery = outage::run(&sandbox, &manifests, &mut cluster, &options);
+        outage::print_report(&machine, &options, &recovery);
+        return;
+    }
 
     let (file, file_idle) = file_cold_start(&sandbox, &manifests, &cluster);
     // The kube agent starts on empty maps too, not on the file agent's pinned ones.
@@ -107,6 +121,8 @@ fn parse_options(args: &[String]) -> Options {
         changes: 200,
         rate: 100,
         seconds: 10,
+        outages: 0,
+        outage_seconds: 15,
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
@@ -119,6 +135,8 @@ fn parse_options(args: &[String]) -> Options {
             "--changes" => options.changes = value,
             "--rate" => options.rate = value,
             "--seconds" => options.seconds = value,
+            "--outages" => options.outages = value,
+            "--outage-seconds" => options.outage_seconds = value,
             _ => usage(),
         }
     }
@@ -333,11 +351,15 @@ impl Maps {
 
     /// Waits until `address` serves `service`; panics with the agent's log after a while.
     fn wait_for(&self, service: u32, address: Ipv4Addr, agent: &Agent) {
-        let deadline = Instant::now() + CHANGE_TIMEOUT;
+        self.wait_within(service, address, agent, CHANGE_TIMEOUT);
+    }
+
+    fn wait_within(&self, service: u32, address: Ipv4Addr, agent: &Agent, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
         while !self.serves(service, address) {
             assert!(
                 Instant::now() < deadline,
-                "{address} did not reach {}'s slots within {CHANGE_TIMEOUT:?}; agent log:\n{}",
+                "{address} did not reach {}'s slots within {timeout:?}; agent log:\n{}",
                 service_name(service),
                 tail(&agent.log(), 30)
             );
@@ -465,48 +487,36 @@ struct KubeResults {
     rows: Vec<Sustained>,
 }
 
-fn kube_source(
-    sandbox: &Sandbox,
-    manifests: &ManifestDir,
-    cluster: &mut Cluster,
-    options: &Options,
-) -> KubeResults {
+/// The fake API server, started inside the sandbox (the agent reaches it on the sandbox's
+/// 127.0.0.1) and holding the cluster, and a kubeconfig for it in the manifests directory.
+fn fake_cluster(manifests: &ManifestDir, cluster: &Cluster) -> (FakeApiServer, PathBuf) {
     ack_at_once_on_loopback();
-    // Started inside the sandbox, so the agent reaches it on the sandbox's 127.0.0.1.
     let api = FakeApiServer::start();
     eprintln!(
         "kube source: {} services in the fake API server",
         cluster.len()
     );
-    for object in objects(&node_yaml(NODE, ZONE, "192.168.0.1")) {
-        apply(&api, &object);
-    }
+    api.apply_manifests(&node_yaml(NODE, ZONE, "192.168.0.1"));
     for service in 0..cluster.len() {
         let yaml = format!(
             "{}---\n{}",
             cluster.service_yaml(service),
             cluster.slice_yaml(service)
         );
-        for object in objects(&yaml) {
-            apply(&api, &object);
-        }
+        api.apply_manifests(&yaml);
     }
     let kubeconfig = manifests.path.join("kubeconfig");
-    fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1
-kind: Config
-clusters: [{{name: fake, cluster: {{server: \"{}\"}}}}]
-users: [{{name: bench, user: {{}}}}]
-contexts: [{{name: fake, context: {{cluster: fake, user: bench}}}}]
-current-context: fake
-",
-            api.url()
-        ),
-    )
-    .expect("write the kubeconfig");
+    fs::write(&kubeconfig, api.kubeconfig()).expect("write the kubeconfig");
+    (api, kubeconfig)
+}
 
+fn kube_source(
+    sandbox: &Sandbox,
+    manifests: &ManifestDir,
+    cluster: &mut Cluster,
+    options: &Options,
+) -> KubeResults {
+    let (api, kubeconfig) = fake_cluster(manifests, cluster);
     let agent = start_kube(sandbox, &kubeconfig, cluster.len(), "0s");
     let mut cold = cold_start(&agent);
     let maps = Maps::open(&sandbox.pin_dir);

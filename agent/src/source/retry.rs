@@ -1,0 +1,217 @@
+//! How long a watch waits before it asks the API server again after a failure.
+//!
+//! The numbers that matter after an outage are how soon the agent notices that the server is
+//! back and how soon it stops being refused while the server warms up. kube-rs's default
+//! (client-go's reflector: 0.8 s doubling to 30 s, jittered up to twice that) had grown to
+//! tens of seconds by the end of a 15 s outage, so changes were applied 12-51 s after the
+//! server was back. This policy:
+//!
+//! - doubles from [`BASE`] up to a cap (`--api-retry-max`, 2 s by default), each delay drawn
+//!   between half and all of it, so that the agents of a cluster that lost the server
+//!   together do not come back in step;
+//! - starts again from [`BASE`] when an unreachable server answers again, even with an error
+//!   (403 while a restarted server's authorizer warms its cache, 429, 5xx): it is back, so it
+//!   is asked again soon, and a refusal that lasts grows back to the cap within seconds. At
+//!   most once per [`RESTART_GUARD`], so that a load balancer in front of half-dead servers
+//!   cannot keep the delays short;
+//! - relists at once on the first 410 Gone (an expired resource version is part of the
+//!   protocol, not a failure of the server); 410s in a row back off like any failure;
+//! - forgets the failures once the watch delivers an object again.
+//!
+//! Pure: time and randomness come from the caller, so the policy is unit tested.
+use std::time::{Duration, Instant};
+
+/// The first delay of a sequence.
+pub const BASE: Duration = Duration::from_millis(250);
+
+/// The default cap: the longest a watch waits between two attempts.
+pub const DEFAULT_MAX: Duration = Duration::from_secs(2);
+
+/// Least time between two restarts of the sequence by a server that answers again.
+pub const RESTART_GUARD: Duration = Duration::from_secs(60);
+
+/// What kind of failure a watch saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// No answer: connection refused or reset, timeout, TLS or transport error.
+    Unreachable,
+    /// The server answered with an error: 403, 429, 5xx, a malformed answer.
+    Refused,
+    /// 410 Gone: the resource version expired; the watcher relists.
+    Gone,
+}
+
+/// One watch's retry state.
+#[derive(Clone, Debug)]
+pub struct Retry {
+    max: Duration,
+    /// Failures since the sequence started.
+    failures: u32,
+    last: Option<Failure>,
+    restarted: Option<Instant>,
+}
+
+impl Retry {
+    /// `max` below [`BASE`] is raised to it: a retry loop always waits a little.
+    pub fn new(max: Duration) -> Self {
+        Self {
+            max: max.max(BASE),
+            failures: 0,
+            last: None,
+            restarted: None,
+        }
+    }
+
+    /// The delay before the next attempt after `failure` at `now`; `jitter` in [0, 1) picks
+    /// the point between half and all of the step's delay.
+    pub fn delay(&mut self, failure: Failure, now: Instant, jitter: f64) -> Duration {
+        let came_back = self.last == Some(Failure::Unreachable) && failure == Failure::Refused;
+        if came_back && self.restarted.is_none_or(|at| now >= at + RESTART_GUARD) {
+            self.failures = 0;
+            self.restarted = Some(now);
+        }
+        let first_gone = failure == Failure::Gone && self.last != Some(Failure::Gone);
+        self.last = Some(failure);
+        if first_gone {
+            return Duration::ZERO;
+        }
+        let step = BASE
+            .saturating_mul(1 << self.failures.min(16))
+            .min(self.max);
+        self.failures = self.failures.saturating_add(1);
+        step.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+    }
+
+    /// The watch works again: the next failure starts a new sequence.
+    pub fn reset(&mut self) {
+        self.failures = 0;
+        self.last = None;
+    }
+
+    /// Failures since the last reset (or restart of the sequence).
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(millis: u64) -> Duration {
+        Duration::from_millis(millis)
+    }
+
+    /// The delays of a sequence of failures at `now`, with the largest jitter (the bound).
+    fn delays(retry: &mut Retry, failures: &[Failure], now: Instant) -> Vec<Duration> {
+        failures
+            .iter()
+            .map(|failure| retry.delay(*failure, now, 1.0))
+            .collect()
+    }
+
+    #[test]
+    fn delays_double_up_to_the_cap() {
+        let mut retry = Retry::new(Duration::from_secs(2));
+        let failures = [Failure::Unreachable; 7];
+        assert_eq!(
+            delays(&mut retry, &failures, Instant::now()),
+            [
+                ms(250),
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(2000),
+                ms(2000),
+                ms(2000)
+            ]
+        );
+        // Thousands of failures (a long outage) stay at the cap.
+        for _ in 0..10_000 {
+            retry.delay(Failure::Unreachable, Instant::now(), 0.5);
+        }
+        assert_eq!(
+            retry.delay(Failure::Unreachable, Instant::now(), 1.0),
+            ms(2000)
+        );
+    }
+
+    #[test]
+    fn jitter_draws_between_half_and_all_of_the_step() {
+        let now = Instant::now();
+        let rows = [
+            (0.0, ms(125)),
+            (0.5, ms(187) + Duration::from_micros(500)),
+            (1.0, ms(250)),
+        ];
+        for (jitter, expected) in rows {
+            let mut retry = Retry::new(DEFAULT_MAX);
+            assert_eq!(
+                retry.delay(Failure::Unreachable, now, jitter),
+                expected,
+                "{jitter}"
+            );
+        }
+        // Out of range jitter is clamped, never beyond the step.
+        let mut retry = Retry::new(DEFAULT_MAX);
+        assert_eq!(retry.delay(Failure::Unreachable, now, 7.0), ms(250));
+    }
+
+    #[test]
+    fn a_server_that_answers_again_is_asked_again_soon() {
+        let now = Instant::now();
+        let mut retry = Retry::new(Duration::from_secs(2));
+        delays(&mut retry, &[Failure::Unreachable; 10], now);
+        // Back, but refusing (403 while its authorizer warms up): quick retries, growing.
+        let refused = delays(&mut retry, &[Failure::Refused; 5], now);
+        assert_eq!(refused, [ms(250), ms(500), ms(1000), ms(2000), ms(2000)]);
+        // Then 410 Gone on the old resource version: relist at once; again: back off.
+        assert_eq!(
+            delays(&mut retry, &[Failure::Gone, Failure::Gone], now),
+            [Duration::ZERO, ms(2000)]
+        );
+    }
+
+    #[test]
+    fn a_flapping_server_restarts_the_sequence_at_most_once_a_minute() {
+        let start = Instant::now();
+        let mut retry = Retry::new(Duration::from_secs(2));
+        let flaps = [Failure::Unreachable, Failure::Refused].repeat(4);
+        let delays_now = delays(&mut retry, &flaps, start);
+        assert_eq!(
+            delays_now,
+            [
+                ms(250),
+                ms(250),
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(2000),
+                ms(2000),
+                ms(2000)
+            ]
+        );
+        let later = start + RESTART_GUARD;
+        let delays_later = delays(&mut retry, &[Failure::Unreachable, Failure::Refused], later);
+        assert_eq!(delays_later, [ms(2000), ms(250)]);
+    }
+
+    #[test]
+    fn an_object_received_starts_a_new_sequence() {
+        let now = Instant::now();
+        let mut retry = Retry::new(DEFAULT_MAX);
+        delays(&mut retry, &[Failure::Refused; 6], now);
+        retry.reset();
+        assert_eq!(retry.failures(), 0);
+        assert_eq!(delays(&mut retry, &[Failure::Refused], now), [ms(250)]);
+        // A 410 after a working watch relists at once.
+        retry.reset();
+        assert_eq!(delays(&mut retry, &[Failure::Gone], now), [Duration::ZERO]);
+    }
+
+    #[test]
+    fn a_cap_below_the_base_still_waits() {
+        let mut retry = Retry::new(Duration::ZERO);
+        assert_eq!(retry.delay(Failure::Unreachable, Instant::now(), 1.0), BASE);
+    }
+}
