@@ -3,10 +3,7 @@
 //! the map writer. None of it may panic, what the writer leaves in the maps stays consistent
 //! for a concurrent reader (also one that read a count just before it changed), and a bad
 //! object never changes another Service's frontends.
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::Ipv4Addr,
-};
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use k8s_openapi::{
     api::{
@@ -22,12 +19,11 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::ObjectMeta, util::intstr::IntOrString},
 };
 use proptest::{collection::vec, option, prelude::*};
-use socklb_abi::{Backend, ServiceEntry, ServiceKey};
 
 use crate::{
     dataplane::{
         BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope,
-        writer::{Capacity, MapContents, Op, Store, StoreError, Writer},
+        writer::{Capacity, MapContents, Writer, recorder::Recorder},
     },
     explain,
     frontends::FrontendTable,
@@ -349,54 +345,6 @@ fn event(namespaces: Namespaces, nodes: &'static [&'static str]) -> BoxedStrateg
     .boxed()
 }
 
-/// The service and backend maps as a concurrent reader sees them, checked after every
-/// single write: every slot a master entry's count covers exists and names a backend.
-#[derive(Default)]
-struct Maps {
-    services: HashMap<ServiceKey, ServiceEntry>,
-    backends: HashMap<u32, Backend>,
-}
-
-impl Store for Maps {
-    fn write(&mut self, op: &Op) -> Result<(), StoreError> {
-        match op {
-            Op::PutBackend { id, backend } => {
-                self.backends.insert(*id, *backend);
-            }
-            Op::PutService { key, entry } => {
-                self.services.insert(*key, *entry);
-            }
-            Op::DeleteService { key } => {
-                self.services.remove(key);
-            }
-            Op::DeleteBackend { id } => {
-                self.backends.remove(id);
-            }
-        }
-        for (key, master) in self.services.iter().filter(|(k, _)| k.slot == 0) {
-            for slot in 1..=master.count {
-                let entry = self.services.get(&ServiceKey { slot, ..*key });
-                assert!(
-                    entry.is_some_and(|e| self.backends.contains_key(&e.backend_id)),
-                    "after {op:?}: slot {slot} of {key:?} is covered but has no backend"
-                );
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Maps {
-    /// Every slot some master entry's count covers.
-    fn covered(&self) -> Vec<ServiceKey> {
-        self.services
-            .iter()
-            .filter(|(key, _)| key.slot == 0)
-            .flat_map(|(key, master)| (1..=master.count).map(|slot| ServiceKey { slot, ..*key }))
-            .collect()
-    }
-}
-
 /// Small maps, so that full maps are exercised too.
 const CAPACITY: Capacity = Capacity {
     service_entries: 64,
@@ -407,7 +355,7 @@ const CAPACITY: Capacity = Capacity {
 fn sync(
     state: &mut ClusterState,
     table: &mut FrontendTable,
-    writer: &mut Writer<Maps>,
+    writer: &mut Writer<Recorder>,
     events: Vec<Event>,
 ) -> Desired {
     for event in events {
@@ -480,16 +428,16 @@ fn config(cases: u32) -> ProptestConfig {
     }
 }
 
-fn fresh() -> (ClusterState, FrontendTable, Writer<Maps>) {
+fn fresh() -> (ClusterState, FrontendTable, Writer<Recorder>) {
     (
         ClusterState::new(THIS_NODE),
         FrontendTable::default(),
-        Writer::adopt(Maps::default(), CAPACITY, MapContents::default()),
+        Writer::adopt(Recorder::default(), CAPACITY, MapContents::default()),
     )
 }
 
 /// What the writer programmed for each of `frontends`.
-fn programmed(writer: &Writer<Maps>, frontends: &[Frontend]) -> BTreeMap<Frontend, String> {
+fn programmed(writer: &Writer<Recorder>, frontends: &[Frontend]) -> BTreeMap<Frontend, String> {
     frontends
         .iter()
         .map(|f| (*f, format!("{:?}", writer.programmed(f))))

@@ -330,6 +330,21 @@ pub fn assert_all_connected(attempts: &[Attempt], what: &str) {
     );
 }
 
+/// Every attempt was answered by one of `backends`: none failed, none went untranslated.
+pub fn assert_all_answered_by(attempts: &[Attempt], backends: &[&str], what: &str) {
+    let failed: Vec<&Attempt> = attempts
+        .iter()
+        .filter(|a| !a.reply.as_deref().is_some_and(|r| backends.contains(&r)))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{what}: {} of {} connects failed or were not answered by {backends:?}: {:?}",
+        failed.len(),
+        attempts.len(),
+        &failed[..failed.len().min(5)]
+    );
+}
+
 /// One line of the probe's output.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Attempt {
@@ -740,6 +755,26 @@ impl ManifestDir {
 
     pub fn remove(&self, file: &str) {
         fs::remove_file(self.path.join(file)).expect("remove a manifest");
+    }
+
+    /// Service `name` (port 80 on `vip`, `default` namespace) with one EndpointSlice of two
+    /// endpoints on port 8080, `first` on node-a and `second` on node-b: files `<name>.yaml`
+    /// and `<name>-slice.yaml`.
+    pub fn two_endpoint_service(&self, name: &str, vip: &str, first: &str, second: &str) {
+        self.write(&format!("{name}.yaml"), &service_yaml(name, vip, 80, ""));
+        self.write(
+            &format!("{name}-slice.yaml"),
+            &slice_yaml(
+                &format!("{name}-1"),
+                name,
+                8080,
+                &[
+                    (first, "node-a", "zone-a", ""),
+                    (second, "node-b", "zone-b", ""),
+                ],
+                false,
+            ),
+        );
     }
 }
 

@@ -11,8 +11,8 @@ use socklb_agent::dataplane::{
     Capacities, Config, Dataplane, DataplaneError, Desired, FrontendSpec, Protocol,
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, frontend, node_yaml,
-    service_yaml, slice_yaml, spec, tally, tcp_backends,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, frontend, node_yaml, spec,
+    tally, tcp_backends,
 };
 
 #[test]
@@ -326,20 +326,7 @@ fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
     let _servers = tcp_backends([127, 0, 7], 2, 8080);
     let manifests = ManifestDir::new(&sandbox);
     manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
-    manifests.write("web.yaml", &service_yaml("web", "10.96.0.60", 80, ""));
-    manifests.write(
-        "web-slice.yaml",
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[
-                ("127.0.7.1", "node-a", "zone-a", ""),
-                ("127.0.7.2", "node-b", "zone-b", ""),
-            ],
-            false,
-        ),
-    );
+    manifests.two_endpoint_service("web", "10.96.0.60", "127.0.7.1", "127.0.7.2");
     let vip: SocketAddr = "10.96.0.60:80".parse().expect("address");
 
     let first = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
@@ -494,7 +481,7 @@ fn bpftool_map_dump_shows_named_fields() {
 }
 
 #[test]
-fn a_full_map_rejects_only_the_frontend_that_does_not_fit() {
+fn a_full_map_refuses_only_the_frontend_that_does_not_fit() {
     let sandbox = Sandbox::new("full");
     let servers = tcp_backends([127, 0, 10], 3, 8080);
     let small = frontend([10, 96, 0, 80], 80, Protocol::Tcp);
@@ -521,12 +508,18 @@ fn a_full_map_rejects_only_the_frontend_that_does_not_fit() {
         message.contains("socklb_svc_v1") && message.contains("--max-service-entries"),
         "{message}"
     );
-    // The frontend that fit keeps working; the other is not half-written.
+    assert!(message.contains("refused until it fits"), "{message}");
+    // The frontend that fit keeps working; the other is not half-written: it has only its
+    // master entry, without backends, so connecting is refused, not left untranslated.
     assert_eq!(
         tally(&sandbox.probe("tcp", addr(&small), 5)).get("b1"),
         Some(&5)
     );
-    assert_eq!(service_entries(&sandbox), 2);
+    assert_eq!(
+        tally(&sandbox.probe("tcp", addr(&big), 3)).get("error: ECONNREFUSED"),
+        Some(&3)
+    );
+    assert_eq!(service_entries(&sandbox), 3);
 }
 
 #[test]

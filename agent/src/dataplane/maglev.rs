@@ -132,13 +132,14 @@ impl MaglevWriter {
             // Only Maglev frontends need their programmed backends (a large Service's other
             // frontends would pay for a copy of every slot).
             let maglev = spec.is_some_and(|spec| spec.maglev) && frontend.scope == Scope::External;
-            let wanted = maglev
-                .then(|| programmed(frontend))
-                .flatten()
-                .map(|(service_id, by_slot)| Held {
-                    service_id,
-                    slots: self.slots(&by_slot),
-                });
+            let wanted =
+                maglev
+                    .then(|| programmed(frontend))
+                    .flatten()
+                    .map(|(service_id, by_slot)| Held {
+                        service_id,
+                        slots: self.slots(&by_slot),
+                    });
             self.update(*frontend, wanted)?;
         }
         if full {

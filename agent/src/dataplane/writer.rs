@@ -782,18 +782,22 @@ pub fn from_backend(backend: &Backend) -> BackendAddr {
     }
 }
 
+/// An in-memory store for tests: what the maps would hold, checked after every write as a
+/// concurrent lookup would see it.
 #[cfg(test)]
-mod tests {
-    use std::net::Ipv4Addr;
+pub(crate) mod recorder {
+    use std::collections::BTreeMap;
 
-    use super::*;
+    use socklb_abi::{Backend, ServiceEntry, ServiceKey};
+
+    use super::{Op, Store, StoreError};
 
     /// Records operations and keeps the resulting map contents.
-    struct Recorder {
-        ops: Vec<Op>,
-        services: BTreeMap<ServiceKey, ServiceEntry>,
-        backends: BTreeMap<u32, Backend>,
-        check_every_write: bool,
+    pub struct Recorder {
+        pub ops: Vec<Op>,
+        pub services: BTreeMap<ServiceKey, ServiceEntry>,
+        pub backends: BTreeMap<u32, Backend>,
+        pub check_every_write: bool,
     }
 
     impl Default for Recorder {
@@ -833,7 +837,7 @@ mod tests {
     }
 
     /// Every slot a master entry's count covers exists and names an existing backend.
-    fn assert_consistent(
+    pub fn assert_consistent(
         services: &BTreeMap<ServiceKey, ServiceEntry>,
         backends: &BTreeMap<u32, Backend>,
     ) {
@@ -857,6 +861,29 @@ mod tests {
             }
         }
     }
+
+    impl Recorder {
+        /// Every slot some master entry's count covers.
+        pub fn covered(&self) -> Vec<ServiceKey> {
+            self.services
+                .iter()
+                .filter(|(key, _)| key.slot == 0)
+                .flat_map(|(key, master)| {
+                    (1..=master.count).map(|slot| ServiceKey { slot, ..*key })
+                })
+                .collect()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::{
+        recorder::{Recorder, assert_consistent},
+        *,
+    };
 
     const CAPACITY: Capacity = Capacity {
         service_entries: 1000,

@@ -3,9 +3,7 @@
 //! and each new agent adopts them without a failed connect.
 use std::{net::SocketAddr, time::Duration};
 
-use socklb_tests::{
-    Agent, ManifestDir, Sandbox, node_yaml, service_yaml, slice_yaml, tcp_backends,
-};
+use socklb_tests::{Agent, ManifestDir, Sandbox, assert_all_answered_by, node_yaml, tcp_backends};
 
 #[test]
 fn sigkilled_agents_lose_no_connect() {
@@ -13,20 +11,7 @@ fn sigkilled_agents_lose_no_connect() {
     let _servers = tcp_backends([127, 0, 21], 2, 8080);
     let manifests = ManifestDir::new(&sandbox);
     manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.78.1"));
-    manifests.write("web.yaml", &service_yaml("web", "10.96.0.71", 80, ""));
-    manifests.write(
-        "web-slice.yaml",
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[
-                ("127.0.21.1", "node-a", "zone-a", ""),
-                ("127.0.21.2", "node-b", "zone-b", ""),
-            ],
-            false,
-        ),
-    );
+    manifests.two_endpoint_service("web", "10.96.0.71", "127.0.21.1", "127.0.21.2");
     let vip: SocketAddr = "10.96.0.71:80".parse().expect("address");
 
     let mut agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
@@ -53,15 +38,5 @@ fn sigkilled_agents_lose_no_connect() {
     agent.stop();
 
     let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.wait()).collect();
-    let failed: Vec<_> = attempts
-        .iter()
-        .filter(|a| !matches!(a.reply.as_deref(), Some("b1" | "b2")))
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} connects failed or went untranslated across three SIGKILLs: {:?}",
-        failed.len(),
-        attempts.len(),
-        &failed[..failed.len().min(5)]
-    );
+    assert_all_answered_by(&attempts, &["b1", "b2"], "across three SIGKILLs");
 }

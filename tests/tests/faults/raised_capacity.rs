@@ -3,27 +3,7 @@
 //! serving through the restart, ahead of those that never fitted.
 use std::{net::SocketAddr, time::Duration};
 
-use socklb_tests::{
-    Agent, ManifestDir, Sandbox, node_yaml, service_yaml, slice_yaml, tcp_backends,
-};
-
-/// Two endpoints per Service: three service-map entries each (master and two slots).
-fn write_service(manifests: &ManifestDir, name: &str, vip: &str) {
-    manifests.write(&format!("{name}.yaml"), &service_yaml(name, vip, 80, ""));
-    manifests.write(
-        &format!("{name}-slice.yaml"),
-        &slice_yaml(
-            &format!("{name}-1"),
-            name,
-            8080,
-            &[
-                ("127.0.22.1", "node-a", "zone-a", ""),
-                ("127.0.22.2", "node-b", "zone-b", ""),
-            ],
-            false,
-        ),
-    );
-}
+use socklb_tests::{Agent, ManifestDir, Sandbox, assert_all_answered_by, node_yaml, tcp_backends};
 
 #[test]
 fn raising_a_capacity_keeps_serving_services_up() {
@@ -32,7 +12,7 @@ fn raising_a_capacity_keeps_serving_services_up() {
     let manifests = ManifestDir::new(&sandbox);
     manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.80.1"));
     // The serving Service has the highest VIP: in frontend order it would come last.
-    write_service(&manifests, "web", "10.96.0.90");
+    manifests.two_endpoint_service("web", "10.96.0.90", "127.0.22.1", "127.0.22.2");
     let serving: SocketAddr = "10.96.0.90:80".parse().expect("address");
     let first = Agent::start(
         &sandbox,
@@ -42,10 +22,11 @@ fn raising_a_capacity_keeps_serving_services_up() {
     );
     // Five more Services arrive that do not fit (3 entries each, 1 free): refused.
     for i in 1..=5 {
-        write_service(
-            &manifests,
+        manifests.two_endpoint_service(
             &format!("a-{i}"),
             &format!("10.96.0.{}", 80 + i),
+            "127.0.22.1",
+            "127.0.22.2",
         );
     }
     first.wait_for_log("frontend not programmed", 1);
@@ -68,15 +49,9 @@ fn raising_a_capacity_keeps_serving_services_up() {
     let attempts = client.wait();
     second.stop();
 
-    let failed: Vec<_> = attempts
-        .iter()
-        .filter(|a| !matches!(a.reply.as_deref(), Some("b1" | "b2")))
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} of {} connects to the serving Service failed across the raise: {:?}",
-        failed.len(),
-        attempts.len(),
-        &failed[..failed.len().min(5)]
+    assert_all_answered_by(
+        &attempts,
+        &["b1", "b2"],
+        "the serving Service across the raise",
     );
 }
