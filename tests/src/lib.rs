@@ -320,6 +320,7 @@ impl Drop for ProbeRun {
 
 /// Fails with the first failed connect if any of `attempts` (of looping clients) failed.
 pub fn assert_all_connected(attempts: &[Attempt], what: &str) {
+    assert!(!attempts.is_empty(), "{what}: the client made no attempt");
     let failed: Vec<&Attempt> = attempts.iter().filter(|a| a.error.is_some()).collect();
     assert!(
         failed.is_empty(),
@@ -332,6 +333,7 @@ pub fn assert_all_connected(attempts: &[Attempt], what: &str) {
 
 /// Every attempt was answered by one of `backends`: none failed, none went untranslated.
 pub fn assert_all_answered_by(attempts: &[Attempt], backends: &[&str], what: &str) {
+    assert!(!attempts.is_empty(), "{what}: the clients made no attempt");
     let failed: Vec<&Attempt> = attempts
         .iter()
         .filter(|a| !a.reply.as_deref().is_some_and(|r| backends.contains(&r)))

@@ -35,7 +35,7 @@ pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diag
 use socklb_abi::{Counters, NodeConfig, map_names};
 pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
-pub use writer::{ApplyReport, Capacity, Rejected, StoreError};
+pub use writer::{ApplyReport, Capacity, Outcome, Rejected, StoreError};
 
 pub use self::{maglev::TABLE_SIZES as MAGLEV_TABLE_SIZES, names::FrontendLabel};
 use self::{

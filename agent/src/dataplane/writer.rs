@@ -73,8 +73,7 @@ pub struct Capacity {
 pub enum Rejected {
     #[error(
         "frontend {frontend} needs {needed} more entries in map {map} but only {free} of its \
-         {capacity} are free: raise {flag} ({})",
-        outcome(*new)
+         {capacity} are free: raise {flag} ({outcome})"
     )]
     MapFull {
         frontend: Frontend,
@@ -83,19 +82,17 @@ pub enum Rejected {
         capacity: u32,
         free: u32,
         needed: u32,
-        /// The frontend was not programmed before.
-        new: bool,
+        outcome: Outcome,
     },
     #[error(
         "frontend {frontend} has {count} backends, more than the {max} slots a frontend can \
-         hold ({})",
-        outcome(*new)
+         hold ({outcome})"
     )]
     TooManyBackends {
         frontend: Frontend,
         count: usize,
         max: u16,
-        new: bool,
+        outcome: Outcome,
     },
 }
 
@@ -105,13 +102,40 @@ impl Rejected {
             Self::MapFull { frontend, .. } | Self::TooManyBackends { frontend, .. } => *frontend,
         }
     }
+
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Self::MapFull { outcome, .. } | Self::TooManyBackends { outcome, .. } => *outcome,
+        }
+    }
+
+    fn with_outcome(mut self, new: Outcome) -> Self {
+        match &mut self {
+            Self::MapFull { outcome, .. } | Self::TooManyBackends { outcome, .. } => {
+                *outcome = new;
+            }
+        }
+        self
+    }
 }
 
-fn outcome(new: bool) -> &'static str {
-    if new {
-        "connections to it are refused until it fits"
-    } else {
-        "the frontend keeps its previous state"
+/// What became of a frontend that could not be programmed as desired.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    KeptPrevious,
+    /// A new frontend got a master entry without backends.
+    Refused,
+    /// Not even a master entry fitted: its traffic is not translated.
+    NotProgrammed,
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::KeptPrevious => "the frontend keeps its previous state",
+            Self::Refused => "connections to it are refused until it fits",
+            Self::NotProgrammed => "not even its master entry fits: its traffic is not translated",
+        })
     }
 }
 
@@ -492,13 +516,12 @@ impl<S: Store> Writer<S> {
 
         let old_slots = old.as_ref().map_or(&[][..], |p| &p.slots[..]);
         let slots = assign_slots(old_slots, &wanted);
-        let new = old.is_none();
         if slots.len() > usize::from(socklb_abi::MAX_BACKENDS_PER_SERVICE) {
             let rejected = Rejected::TooManyBackends {
                 frontend,
                 count: slots.len(),
                 max: socklb_abi::MAX_BACKENDS_PER_SERVICE,
-                new,
+                outcome: Outcome::KeptPrevious,
             };
             return self.refuse(report, frontend, flags, affinity_timeout_s, rejected);
         }
@@ -519,7 +542,7 @@ impl<S: Store> Writer<S> {
         // Capacity: the peak during the update is the old entries plus the added slots.
         let old_entries = old.as_ref().map_or(0, |p| p.slots.len() + 1);
         let grow = (programmed.slots.len() + 1).saturating_sub(old_entries);
-        if let Err(rejected) = self.check_room(frontend, grow, new_backends.len(), new) {
+        if let Err(rejected) = self.check_room(frontend, grow, new_backends.len()) {
             return self.refuse(report, frontend, flags, affinity_timeout_s, rejected);
         }
 
@@ -579,8 +602,9 @@ impl<S: Store> Writer<S> {
         Ok(Ok(()))
     }
 
-    /// Reports `rejected`; a new frontend is programmed without backends (refused), if its
-    /// master entry fits, so that its VIP is never left untranslated.
+    /// Reports `rejected` with what became of the frontend: one programmed before keeps its
+    /// state; a new one is programmed without backends (refused) if its master entry fits,
+    /// so that its VIP is not left untranslated.
     fn refuse(
         &mut self,
         report: &mut ApplyReport,
@@ -589,9 +613,11 @@ impl<S: Store> Writer<S> {
         affinity_timeout_s: u32,
         rejected: Rejected,
     ) -> Result<Result<(), Rejected>, StoreError> {
-        let fits = self.service_entries() < self.capacity.service_entries;
-        if self.frontends.contains_key(&frontend) || !fits {
-            return Ok(Err(rejected));
+        if self.frontends.contains_key(&frontend) {
+            return Ok(Err(rejected.with_outcome(Outcome::KeptPrevious)));
+        }
+        if self.service_entries() >= self.capacity.service_entries {
+            return Ok(Err(rejected.with_outcome(Outcome::NotProgrammed)));
         }
         let programmed = Programmed {
             service_id: self.allocate_service_id(),
@@ -609,7 +635,7 @@ impl<S: Store> Writer<S> {
         self.service_entries += programmed.entries();
         self.service_ids.insert(programmed.service_id);
         self.frontends.insert(frontend, programmed);
-        Ok(Err(rejected))
+        Ok(Err(rejected.with_outcome(Outcome::Refused)))
     }
 
     fn check_room(
@@ -617,7 +643,6 @@ impl<S: Store> Writer<S> {
         frontend: Frontend,
         grow: usize,
         new_backends: usize,
-        new: bool,
     ) -> Result<(), Rejected> {
         let used = self.service_entries();
         let free = self.capacity.service_entries.saturating_sub(used);
@@ -630,7 +655,7 @@ impl<S: Store> Writer<S> {
                 capacity: self.capacity.service_entries,
                 free,
                 needed: grow,
-                new,
+                outcome: Outcome::KeptPrevious,
             });
         }
         let free = self
@@ -646,7 +671,7 @@ impl<S: Store> Writer<S> {
                 capacity: self.capacity.backends,
                 free,
                 needed,
-                new,
+                outcome: Outcome::KeptPrevious,
             });
         }
         Ok(())
@@ -1269,6 +1294,30 @@ mod tests {
             .expect("apply");
         assert!(report.rejected.is_empty(), "{:?}", report.rejected);
         assert_eq!(w.store.services[&service_key(&frontend(1), 0)].count, 2);
+    }
+
+    #[test]
+    fn a_new_frontend_without_room_even_for_its_master_says_it_is_untranslated() {
+        let mut w = Writer::adopt(
+            Recorder::default(),
+            Capacity {
+                service_entries: 3,
+                backends: 10,
+            },
+            MapContents::default(),
+        );
+        w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
+        let report = w
+            .apply(&desired(&[(1, &[1, 2]), (2, &[3])]))
+            .expect("apply");
+        assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
+        assert_eq!(report.rejected[0].outcome(), Outcome::NotProgrammed);
+        assert!(
+            report.rejected[0].to_string().contains("not translated"),
+            "{}",
+            report.rejected[0]
+        );
+        assert!(!w.store.services.contains_key(&service_key(&frontend(2), 0)));
     }
 
     #[test]

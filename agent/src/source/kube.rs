@@ -297,6 +297,7 @@ fn failure(error: &watcher::Error) -> Failure {
     };
     match client {
         kube::Error::Api(status) if status.code == 410 => Failure::Gone,
+        kube::Error::Api(status) if status.code == 429 => Failure::Throttled,
         // An answer, even a refusal or one that does not decode: the server is there.
         kube::Error::Api(_) | kube::Error::SerdeError(_) | kube::Error::FromUtf8(_) => {
             Failure::Refused

@@ -10,10 +10,13 @@
 //!   between half and all of it, so that the agents of a cluster that lost the server
 //!   together do not come back in step;
 //! - starts again from [`BASE`] when an unreachable server answers again, even with an error
-//!   (403 while a restarted server's authorizer warms its cache, 429, 5xx): it is back, so it
+//!   (403 while a restarted server's authorizer warms its cache, 5xx): it is back, so it
 //!   is asked again soon, and a refusal that lasts grows back to the cap within seconds. At
 //!   most once per [`RESTART_GUARD`], so that a load balancer in front of half-dead servers
 //!   cannot keep the delays short;
+//! - backs off to [`THROTTLED_MAX`] (client-go's cap) while the server answers 429 Too Many
+//!   Requests: the server is shedding load, and a fleet of agents retrying every 1-2 s
+//!   would add to it;
 //! - relists at once on the first 410 Gone (an expired resource version is part of the
 //!   protocol, not a failure of the server); 410s in a row back off like any failure;
 //! - forgets the failures once the watch delivers an object again.
@@ -27,6 +30,9 @@ pub const BASE: Duration = Duration::from_millis(250);
 /// The default cap: the longest a watch waits between two attempts.
 pub const DEFAULT_MAX: Duration = Duration::from_secs(2);
 
+/// The cap while the server throttles (429): the delay client-go's reflector grows to.
+pub const THROTTLED_MAX: Duration = Duration::from_secs(30);
+
 /// Least time between two restarts of the sequence by a server that answers again.
 pub const RESTART_GUARD: Duration = Duration::from_secs(60);
 
@@ -35,8 +41,10 @@ pub const RESTART_GUARD: Duration = Duration::from_secs(60);
 pub enum Failure {
     /// No answer: connection refused or reset, timeout, TLS or transport error.
     Unreachable,
-    /// The server answered with an error: 403, 429, 5xx, a malformed answer.
+    /// The server answered with an error: 403, 5xx, a malformed answer.
     Refused,
+    /// The server answered 429 Too Many Requests: it asks its clients to slow down.
+    Throttled,
     /// 410 Gone: the resource version expired; the watcher relists.
     Gone,
 }
@@ -75,9 +83,12 @@ impl Retry {
         if first_gone {
             return Duration::ZERO;
         }
-        let step = BASE
-            .saturating_mul(1 << self.failures.min(16))
-            .min(self.max);
+        let cap = if failure == Failure::Throttled {
+            self.max.max(THROTTLED_MAX)
+        } else {
+            self.max
+        };
+        let step = BASE.saturating_mul(1 << self.failures.min(16)).min(cap);
         self.failures = self.failures.saturating_add(1);
         step.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
     }
@@ -207,6 +218,20 @@ mod tests {
         // A 410 after a working watch relists at once.
         retry.reset();
         assert_eq!(delays(&mut retry, &[Failure::Gone], now), [Duration::ZERO]);
+    }
+
+    #[test]
+    fn a_throttling_server_is_asked_less_and_less_often_up_to_client_gos_cap() {
+        let now = Instant::now();
+        let mut retry = Retry::new(DEFAULT_MAX);
+        // Unreachable, then 429s: not "back" (no restart), and past the usual cap.
+        let mut failures = vec![Failure::Unreachable];
+        failures.extend([Failure::Throttled; 9]);
+        let waits = delays(&mut retry, &failures, now);
+        assert_eq!(waits[1], ms(500), "{waits:?}");
+        assert_eq!(waits.last(), Some(&THROTTLED_MAX), "{waits:?}");
+        // Once the server stops throttling, the usual cap applies again.
+        assert_eq!(retry.delay(Failure::Refused, now, 1.0), DEFAULT_MAX);
     }
 
     #[test]

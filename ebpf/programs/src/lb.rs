@@ -281,8 +281,10 @@ fn remember_frontend(call: Call, key: ReverseKey, frontend: ReverseEntry) {
 
 /// Writes a socket ring slot so that no reader takes half of it for a whole entry: the
 /// cookie is cleared first and set last, and [`read_slot`] checks it on both sides of its
-/// copy. Volatile accesses keep the compiler's order; the CPUs Kubernetes nodes run on
-/// (x86's total store order) keep it for other CPUs.
+/// copy. Volatile accesses keep the compiler's order; x86's total store order keeps it for
+/// other CPUs. On arm64 other CPUs may see the stores in another order: a racing reader
+/// can then, rarely, take a mixed entry (BPF has no plain fence; atomics would need a newer
+/// instruction set than these programs are built for).
 ///
 /// # Safety
 /// `slot` must be a valid pointer into the socket map.

@@ -3,7 +3,9 @@
 //! serving through the restart, ahead of those that never fitted.
 use std::{net::SocketAddr, time::Duration};
 
-use socklb_tests::{Agent, ManifestDir, Sandbox, assert_all_answered_by, node_yaml, tcp_backends};
+use socklb_tests::{
+    Agent, ManifestDir, Sandbox, assert_all_answered_by, monotonic_ns, node_yaml, tcp_backends,
+};
 
 #[test]
 fn raising_a_capacity_keeps_serving_services_up() {
@@ -33,7 +35,9 @@ fn raising_a_capacity_keeps_serving_services_up() {
 
     // Raised, but not enough for everything: 12 entries hold four Services of six.
     let client = sandbox.spawn_probe_for("tcp", serving, Duration::from_secs(6), 1);
+    // Let the client run against the first agent for a while (checked below).
     std::thread::sleep(Duration::from_millis(500));
+    let stopped = monotonic_ns();
     first.stop();
     let second = Agent::start(
         &sandbox,
@@ -46,8 +50,18 @@ fn raising_a_capacity_keeps_serving_services_up() {
         log.contains("pinned map differs"),
         "the service map was not replaced: {log}"
     );
+    let serving_again = monotonic_ns();
     let attempts = client.wait();
     second.stop();
+
+    // The client ran across the whole change: before the first agent stopped, and after
+    // the second one had programmed the new map.
+    assert!(
+        attempts.iter().any(|a| a.finished_ns < stopped)
+            && attempts.iter().any(|a| a.started_ns > serving_again),
+        "the client did not run across the restart: {} attempts",
+        attempts.len()
+    );
 
     assert_all_answered_by(
         &attempts,
