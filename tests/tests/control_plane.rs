@@ -198,7 +198,7 @@ fn the_full_resync_repairs_entries_changed_by_hand() {
 
     // Delete the frontend's master entry behind the agent's back (as `bpftool map delete`).
     let map = aya::maps::Map::HashMap(
-        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v1"))
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v2"))
             .expect("open the service map"),
     );
     let mut services: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
@@ -246,7 +246,7 @@ fn health_readiness_and_metrics_are_served() {
         "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
         "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
         "kubeproxy_sync_proxy_rules_service_changes_total 1",
-        "socklb_map_entries{map=\"socklb_svc_v1\"} 2",
+        "socklb_map_entries{map=\"socklb_svc_v2\"} 2",
     ] {
         assert!(
             metrics.contains(expected),

@@ -7,6 +7,7 @@ use std::{
     time::Duration,
 };
 
+use socklb_abi::{ServiceEntry, ServiceKey, map_names};
 use socklb_agent::dataplane::{
     Capacities, Config, Dataplane, DataplaneError, Desired, FrontendSpec, Protocol,
 };
@@ -465,7 +466,7 @@ fn bpftool_map_dump_shows_named_fields() {
         );
         String::from_utf8_lossy(&output.stdout).into_owned()
     };
-    let services = dump("socklb_svc_v1");
+    let services = dump("socklb_svc_v2");
     for field in [
         "\"address\"",
         "\"port\"",
@@ -476,7 +477,7 @@ fn bpftool_map_dump_shows_named_fields() {
     ] {
         assert!(services.contains(field), "{field} missing in:\n{services}");
     }
-    let backends = dump("socklb_be_v1");
+    let backends = dump("socklb_be_v2");
     assert!(backends.contains("\"protocol\": 6"), "{backends}");
 }
 
@@ -505,7 +506,7 @@ fn a_full_map_refuses_only_the_frontend_that_does_not_fit() {
     assert_eq!(report.rejected.len(), 1);
     let message = report.rejected[0].to_string();
     assert!(
-        message.contains("socklb_svc_v1") && message.contains("--max-service-entries"),
+        message.contains("socklb_svc_v2") && message.contains("--max-service-entries"),
         "{message}"
     );
     assert!(message.contains("refused until it fits"), "{message}");
@@ -544,10 +545,75 @@ fn a_pinned_map_with_another_capacity_is_replaced_not_reused() {
     assert!(report.writes > 0, "the new map must be programmed");
     sandbox.attach(&mut dataplane);
     let info =
-        aya::maps::MapInfo::from_pin(sandbox.pin_dir.join("socklb_svc_v1")).expect("map info");
+        aya::maps::MapInfo::from_pin(sandbox.pin_dir.join("socklb_svc_v2")).expect("map info");
     assert_eq!(info.max_entries(), 1024);
     assert_eq!(
         tally(&sandbox.probe("tcp", addr(&vip), 5)).get("b1"),
+        Some(&5)
+    );
+}
+
+#[test]
+fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
+    let sandbox = Sandbox::new("retired");
+    let servers = tcp_backends([127, 0, 12], 1, 8080);
+    // In frontend order `first` comes before `serving`; room for one of them only.
+    let first = frontend([10, 96, 0, 91], 80, Protocol::Tcp);
+    let serving = frontend([10, 96, 0, 92], 80, Protocol::Tcp);
+    // The service map an older agent pinned: preallocated, under its layout's name, and
+    // holding `serving`.
+    std::fs::create_dir_all(&sandbox.pin_dir).expect("create the pin directory");
+    let old = sandbox.pin_dir.join(map_names::RETIRED_SERVICES);
+    socklb_tests::run(
+        Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(&old)
+            .args([
+                "type", "hash", "key", "12", "value", "24", "entries", "16", "name",
+            ])
+            .arg(map_names::RETIRED_SERVICES),
+    );
+    let mut older: aya::maps::HashMap<_, ServiceKey, ServiceEntry> =
+        aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&old).expect("open the old map"))
+            .try_into()
+            .expect("the old service map");
+    let master = ServiceKey {
+        address: u32::from(serving.address).to_be(),
+        port: serving.port.to_be(),
+        protocol: socklb_abi::PROTO_TCP,
+        scope: socklb_abi::SCOPE_INTERNAL,
+        slot: 0,
+        pad: 0,
+    };
+    let entry = ServiceEntry {
+        count: 1,
+        service_id: 1,
+        ..ServiceEntry::default()
+    };
+    older.insert(&master, &entry, 0).expect("write the old map");
+
+    let mut dataplane = sandbox
+        .load(Config {
+            capacities: Capacities {
+                service_entries: 2,
+                ..Capacities::default()
+            },
+            ..sandbox.config()
+        })
+        .expect("load over an older agent's maps");
+    let mut desired = Desired::default();
+    desired.insert(first, spec(&servers));
+    desired.insert(serving, spec(&servers));
+    let report = dataplane.apply(&desired).expect("apply");
+    sandbox.attach(&mut dataplane);
+    let rejected: Vec<_> = report.rejected.iter().map(|r| r.frontend()).collect();
+    assert_eq!(rejected, [first], "{:?}", report.rejected);
+    assert!(
+        !old.exists(),
+        "the older agent's service map is still pinned"
+    );
+    assert_eq!(
+        tally(&sandbox.probe("tcp", addr(&serving), 5)).get("b1"),
         Some(&5)
     );
 }
@@ -593,7 +659,7 @@ fn a_cgroup_path_outside_cgroup_v2_is_a_clear_error() {
 
 fn service_entries(sandbox: &Sandbox) -> usize {
     let map = aya::maps::Map::HashMap(
-        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v1"))
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v2"))
             .expect("open service map"),
     );
     let map: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =

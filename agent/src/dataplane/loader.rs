@@ -80,8 +80,9 @@ pub fn link_pin(pin_dir: &Path, program: &str) -> PathBuf {
 /// The loaded object, and what a replaced service map held.
 pub struct Loaded {
     pub ebpf: Ebpf,
-    /// Master keys of the frontends a replaced (pinned, incompatible) service map held:
-    /// they were serving, so they get the room first in the new one.
+    /// Master keys of the frontends a replaced service map held (pinned and incompatible,
+    /// or pinned under an older layout's name): they were serving, so they get the room
+    /// first in the new one.
     pub replaced_masters: Vec<ServiceKey>,
 }
 
@@ -104,17 +105,8 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError
 }
 
 fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
-    let mut replaced_masters = Vec::new();
-    for name in map_names::RETIRED {
-        let path = pin_dir.join(name);
-        // A map of an older layout: programs still using it keep it until replaced.
-        if fs::remove_file(&path).is_ok() {
-            info!(
-                map = name,
-                "removed the pin of a map this agent no longer uses"
-            );
-        }
-    }
+    // An older agent's service map, under its old name: the frontends it holds were serving.
+    let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
     let socket_slots = capacities.socket_slots();
     let socket_slot_mask = socket_slots - 1;
     // Each round replaces at most one incompatible map; there are only so many maps.
@@ -135,6 +127,9 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
         match loader.load(OBJECT) {
             Ok(mut ebpf) => {
                 load_programs(&mut ebpf)?;
+                // Only now: a failed load leaves the older agent's maps pinned as it found
+                // them (and their frontends to be read again by the next attempt).
+                remove_retired(pin_dir);
                 return Ok(Loaded {
                     ebpf,
                     replaced_masters,
@@ -154,7 +149,7 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
                      rewritten, session affinity and reverse entries start empty)"
                 );
                 if name == map_names::SERVICES {
-                    replaced_masters = pinned_masters(&path);
+                    replaced_masters.extend(pinned_masters(&path));
                 }
                 fs::remove_file(&path).map_err(|source| LoadError::ReplaceMap { path, source })?;
             }
@@ -162,6 +157,19 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
         }
     }
     Err(LoadError::Load(EbpfError::NoBTF))
+}
+
+/// Unpins the maps of older layouts ([`map_names::RETIRED`]); programs still using one keep
+/// it until they are replaced.
+fn remove_retired(pin_dir: &Path) {
+    for name in map_names::RETIRED {
+        if fs::remove_file(pin_dir.join(name)).is_ok() {
+            info!(
+                map = name,
+                "removed the pin of a map this agent no longer uses"
+            );
+        }
+    }
 }
 
 /// The master keys a pinned service map holds; none if it cannot be read (it is being

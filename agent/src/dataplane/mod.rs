@@ -84,15 +84,21 @@ impl Capacities {
     }
 }
 
+/// Sized for a small node: with 100 Services of 10 endpoints the maps lock about 15 MiB
+/// (`faults/map_memory.rs`; docs/operations.md, "Map memory", has the cost of each).
+/// The service, backend and Maglev maps are not preallocated (nor is the source-range trie):
+/// their capacity is an upper bound that costs 16 bytes per possible entry (hash buckets)
+/// until used. The LRU maps and the socket ring are preallocated to their capacity, which a
+/// busy node raises with the flags.
 impl Default for Capacities {
     fn default() -> Self {
         Self {
             service_entries: 65_536,
             backends: 65_536,
-            reverse: 262_144,
-            affinity: 65_536,
-            conntrack: 262_144,
-            conntrack_new: 65_536,
+            reverse: 16_384,
+            affinity: 8_192,
+            conntrack: 32_768,
+            conntrack_new: 8_192,
             source_ranges: 16_384,
             maglev_entries: 262_144,
         }
@@ -558,7 +564,7 @@ mod tests {
             (0, 1),
             (1, 1),
             (3, 4),
-            (262_144, 262_144),
+            (16_384, 16_384),
             (262_145, 524_288),
             (u32::MAX, 1 << 31),
         ];

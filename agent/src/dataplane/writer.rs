@@ -1256,7 +1256,7 @@ mod tests {
             .expect("apply");
         assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
         let message = report.rejected[0].to_string();
-        assert!(message.contains("socklb_svc_v1"), "{message}");
+        assert!(message.contains("socklb_svc_v2"), "{message}");
         assert!(message.contains("--max-service-entries"), "{message}");
         assert!(message.contains("keeps its previous state"), "{message}");
         assert_eq!(w.store.services, before);

@@ -18,9 +18,10 @@ pub const LAYOUT_VERSION: u32 = 1;
 /// Map names as the kernel and bpffs see them (at most 15 bytes).
 pub mod map_names {
     /// [`super::ServiceKey`] -> [`super::ServiceEntry`]: frontends and their backend slots.
-    pub const SERVICES: &str = "socklb_svc_v1";
-    /// backend id (`u32`) -> [`super::Backend`].
-    pub const BACKENDS: &str = "socklb_be_v1";
+    /// Not preallocated (`_v1` was).
+    pub const SERVICES: &str = "socklb_svc_v2";
+    /// backend id (`u32`) -> [`super::Backend`]. Not preallocated (`_v1` was).
+    pub const BACKENDS: &str = "socklb_be_v2";
     /// [`super::ReverseKey`] -> [`super::ReverseEntry`] (LRU): which VIP an unconnected UDP
     /// socket sent each datagram to, so that the replies come from it.
     pub const REVERSE: &str = "socklb_rev_v1";
@@ -71,7 +72,18 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 3] = ["socklb_cnt_v1", "socklb_cnt_v2", "socklb_node_v1"];
+    pub const RETIRED: [&str; 5] = [
+        "socklb_cnt_v1",
+        "socklb_cnt_v2",
+        "socklb_node_v1",
+        RETIRED_SERVICES,
+        "socklb_be_v1",
+    ];
+
+    /// The service map of the previous layout (preallocated; same key and value as
+    /// [`SERVICES`]): the frontends it holds were serving, so the agent reads them before
+    /// removing its pin and gives them the room first in the new map.
+    pub const RETIRED_SERVICES: &str = "socklb_svc_v1";
 }
 
 /// Names of the kernel programs (the functions in socklb-ebpf), one per hook.

@@ -11,11 +11,23 @@ use socklb_abi::{
     SocketFrontend, SourceRange, SourceVerdict,
 };
 
-#[btf_map(name = "socklb_svc_v1", pin_by_name)]
-pub static SERVICES: HashMap<ServiceKey, ServiceEntry, 65536> = HashMap::new();
+/// Not preallocated, as the backend map: the agent writes both, so their memory follows the
+/// entries it programmed and `--max-*` is only an upper bound (the bucket array, 16 bytes per
+/// possible entry, is the fixed cost).
+///
+/// Reader safety is unchanged by this. Since Linux 6.1 an element freed by an update or a
+/// delete goes back to the BPF memory allocator, which may hand it out again at once, as the
+/// preallocated pool does: neither flavour waits for an RCU grace period before reuse. The
+/// programs copy an entry out right after its lookup, and the writer's order (slots before
+/// the count, deletions one sync later) with the programs' bounded re-read is what keeps a
+/// lookup consistent, whichever way the elements are allocated.
+#[btf_map(name = "socklb_svc_v2", pin_by_name)]
+pub static SERVICES: HashMap<ServiceKey, ServiceEntry, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
 
-#[btf_map(name = "socklb_be_v1", pin_by_name)]
-pub static BACKENDS: HashMap<u32, Backend, 65536> = HashMap::new();
+/// Not preallocated: see [`SERVICES`].
+#[btf_map(name = "socklb_be_v2", pin_by_name)]
+pub static BACKENDS: HashMap<u32, Backend, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
 
 #[btf_map(name = "socklb_rev_v1", pin_by_name)]
 pub static REVERSE: LruHashMap<ReverseKey, ReverseEntry, 65536> = LruHashMap::new();

@@ -1,11 +1,12 @@
 //! Hostile conditions on the real kernel: floods, shrinking backend sets, agent kills,
-//! API-server outages, fragments, full maps and operator mistakes. Each module holds one
-//! fault and checks the guarantee that docs/operations.md states for it.
+//! API-server outages, fragments, full maps, map memory and operator mistakes. Each module
+//! holds one fault and checks the guarantee that docs/operations.md states for it.
 mod agent_killed;
 mod api_outage;
 mod foreign_cleanup;
 mod fragments;
 mod low_ttl;
+mod map_memory;
 mod raised_capacity;
 mod shrinking_churn;
 mod slow_manifest;
