@@ -189,7 +189,10 @@ fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
 #[inline(always)]
 fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
     if let Some(mut found) = conntrack::lookup_forward(&packet.tuple, closes, now) {
-        if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
+        if !found.confirmed
+            && found.entry.flags & CT_FLAG_CLOSING != 0
+            && packet.opens_connection()
+            && !expired(&found, packet, now)
         {
             conntrack::reopen(&packet.tuple, &mut found.entry);
         }
@@ -222,12 +225,10 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
 #[inline(always)]
 fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
     let entry = &found.entry;
-    let protocol = packet.tuple.protocol;
-    let timeout = CtTimeouts::of(NODE.get(0)).timeout_s(protocol, entry.flags, found.confirmed);
-    if entry.expired(now, timeout) {
+    if expired(found, packet, now) {
         return false;
     }
-    if protocol == PROTO_TCP && !packet.opens_connection() {
+    if packet.tuple.protocol == PROTO_TCP && !packet.opens_connection() {
         return true;
     }
     if entry.flags & CT_FLAG_CLOSING != 0 {
@@ -241,6 +242,14 @@ fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
         }
         None => false,
     }
+}
+
+/// Whether a known flow was idle past its timeout before this packet.
+#[inline(always)]
+fn expired(found: &Found, packet: &Packet, now: u32) -> bool {
+    let timeouts = CtTimeouts::of(NODE.get(0));
+    let timeout = timeouts.timeout_s(packet.tuple.protocol, found.entry.flags, found.confirmed);
+    found.entry.expired(now, timeout)
 }
 
 #[inline(always)]

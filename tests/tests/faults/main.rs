@@ -9,4 +9,5 @@ mod low_ttl;
 mod raised_capacity;
 mod shrinking_churn;
 mod slow_manifest;
+mod snat_port_reuse;
 mod syn_flood;
