@@ -10,7 +10,7 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps::LruHashMap, helpers};
 use socklb_abi::{
     CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FORWARD, CT_REPLY, CtEntry, CtKey, CtTimeouts,
-    NodeConfig,
+    NodeConfig, PROTO_TCP,
 };
 
 use crate::{
@@ -301,9 +301,11 @@ enum Holder {
     Live,
 }
 
-/// Who holds the reply key (a SNAT port) in `table`. An unconfirmed flow lives as long
-/// as its client sends (SYN retransmits): a backend that retransmits its SYN-ACK to a
-/// spoofed client does not keep the port.
+/// Who holds the reply key (a SNAT port) in `table`. An unconfirmed TCP flow lives as
+/// long as its client sends (SYN retransmits): a backend that retransmits its SYN-ACK to a
+/// spoofed client does not keep the port, even once a flood evicted the forward entry.
+/// Any other flow lives while either direction does: an unconfirmed UDP flow may be a
+/// server streaming to a client that sent once.
 #[inline(always)]
 fn held(
     table: &Table,
@@ -327,10 +329,11 @@ fn held(
     // SAFETY: as above.
     let forward = table.get_ptr(&forward_key).map(|entry| unsafe { *entry });
     let forward = forward.filter(|entry| points_to(entry, reply_key));
-    let is_live = match forward {
-        Some(forward) if !confirmed => live(&forward),
-        Some(forward) => live(&forward) || live(&reply),
-        None => live(&reply),
+    let forward_live = forward.is_some_and(|forward| live(&forward));
+    let is_live = if !confirmed && reply_key.protocol == PROTO_TCP {
+        forward_live
+    } else {
+        forward_live || live(&reply)
     };
     if is_live {
         return Holder::Live;

@@ -5,6 +5,11 @@
 //! timeout is 3 s instead of 60 s, to keep the tests short.
 use std::{
     net::{SocketAddrV4, UdpSocket},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -12,6 +17,7 @@ use socklb_agent::inspect;
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox,
     lan::{CLIENT, NODE1, POD2, POD2_ENDPOINT, counters, lan, nodes, service, slice},
+    netns::Netns,
 };
 
 const NODE_PORT: u16 = 30054;
@@ -63,6 +69,59 @@ fn a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it
         counters(&sandbox)
     );
     assert!(flows_of(&sandbox, 40300).is_empty());
+    assert_eq!(counters(&sandbox).errors, 0);
+}
+
+/// A UDP flow whose client sent once and whose server streams to it stays unconfirmed; its
+/// port is held while the server sends, however long the client is silent.
+#[test]
+fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port() {
+    let sandbox = Sandbox::new("port-stream");
+    let lan = lan("q");
+    let _streamer = Streamer::start(&lan.pod2, SocketAddrV4::new(POD2, 5353));
+    let (agent, _manifests) = start(&sandbox);
+    let (subscriber, other) = lan.client.enter(|| (client(40310), client(40311)));
+
+    subscriber
+        .send_to(b"subscribe", (NODE1, NODE_PORT))
+        .expect("send");
+    let tick = |socket: &UdpSocket| {
+        let mut buffer = [0u8; 64];
+        socket
+            .recv_from(&mut buffer)
+            .map(|(len, from)| (String::from_utf8_lossy(&buffer[..len]).into_owned(), from))
+    };
+    let (text, from) = tick(&subscriber).expect("the stream starts");
+    assert_eq!(
+        (text.as_str(), from.to_string()),
+        ("tick", format!("{NODE1}:{NODE_PORT}"))
+    );
+    // The client is silent past the UDP timeout while the stream goes on.
+    wait_until_forward_idle(&sandbox, 40310);
+
+    // Another flow draws the only port: it is refused, the stream stays with its client.
+    let before = counters(&sandbox);
+    other
+        .send_to(b"subscribe", (NODE1, NODE_PORT))
+        .expect("send");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters(&sandbox).snat_exhausted == before.snat_exhausted {
+        assert!(
+            Instant::now() < deadline,
+            "the port of a flow whose server still streams went to another flow: {:?} {:?}\n{}",
+            counters(&sandbox),
+            flows_of(&sandbox, 40311),
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // What arrived before the refusal aside, the stream still reaches its client.
+    subscriber.set_nonblocking(true).expect("nonblocking");
+    while tick(&subscriber).is_ok() {}
+    subscriber.set_nonblocking(false).expect("blocking");
+    let (text, _) = tick(&subscriber).expect("the stream still reaches its client");
+    assert_eq!(text, "tick");
+    assert!(flows_of(&sandbox, 40311).is_empty());
     assert_eq!(counters(&sandbox).errors, 0);
 }
 
@@ -136,14 +195,76 @@ fn flows_of(sandbox: &Sandbox, port: u16) -> Vec<inspect::ConntrackState> {
 /// Until every entry of the client on `port` has been idle past the UDP timeout (with a
 /// second to spare: the programs count whole seconds of a coarser clock).
 fn wait_until_idle(sandbox: &Sandbox, port: u16) {
+    wait_until(sandbox, port, |_| true);
+}
+
+/// Until the forward entry of the client on `port` has been idle past the UDP timeout.
+fn wait_until_forward_idle(sandbox: &Sandbox, port: u16) {
+    wait_until(sandbox, port, |c| c.direction == "forward");
+}
+
+/// Until the entries of the client on `port` that `which` picks (one at least) have been
+/// idle past the UDP timeout.
+fn wait_until(sandbox: &Sandbox, port: u16, which: impl Fn(&inspect::ConntrackState) -> bool) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let flows = flows_of(sandbox, port);
-        assert!(!flows.is_empty(), "no entries for the client on {port}");
-        if flows.iter().all(|c| c.idle_seconds > UDP_TIMEOUT_S + 1) {
+        let picked: Vec<_> = flows.iter().filter(|c| which(c)).collect();
+        assert!(
+            !picked.is_empty(),
+            "no such entry of the client on {port}: {flows:?}"
+        );
+        if picked.iter().all(|c| c.idle_seconds > UDP_TIMEOUT_S + 1) {
             return;
         }
         assert!(Instant::now() < deadline, "still not idle: {flows:?}");
         std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A UDP server in `netns` that sends "tick" every 100 ms to every peer that sent it a
+/// datagram (a subscription), until dropped.
+struct Streamer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Streamer {
+    fn start(netns: &Netns, addr: SocketAddrV4) -> Self {
+        let socket = netns.enter(|| {
+            UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", netns.name))
+        });
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peers = Vec::new();
+            let mut buffer = [0u8; 64];
+            while !stopping.load(Ordering::Relaxed) {
+                if let Ok((_, from)) = socket.recv_from(&mut buffer)
+                    && !peers.contains(&from)
+                {
+                    peers.push(from);
+                }
+                for peer in &peers {
+                    let _ = socket.send_to(b"tick", peer);
+                }
+            }
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Streamer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
