@@ -201,13 +201,17 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
             // hold their SNAT port.
             conntrack::forget(&packet.tuple, &found);
         } else {
-            // The client's ACK to the SYN-ACK (a RST or FIN confirms nothing).
+            // The client's ACK to the SYN-ACK (a RST or FIN confirms nothing). A failed move
+            // leaves the flow unconfirmed (a later packet tries again); this packet is
+            // translated all the same, or the ACK would reach the node's own port and be
+            // reset.
             if !found.confirmed
                 && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
                 && !packet.opens_connection()
                 && !closes
+                && conntrack::confirm(&packet.tuple, &found.entry, closes, now).is_err()
             {
-                conntrack::confirm(&packet.tuple, &found.entry, closes, now).map_err(|_| Error)?;
+                bump(|c| &mut c.errors);
             }
             return Ok(Flow::To(found.entry));
         }
