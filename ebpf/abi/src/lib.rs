@@ -574,8 +574,10 @@ counters! {
     snat_exhausted => "snat_exhausted",
     /// New flows to a LoadBalancer IP dropped by its loadBalancerSourceRanges.
     external_denied => "external_denied",
-    /// Packets from outside to a frontend dropped because their TTL was 1 or less (they
-    /// could not be forwarded), before any conntrack entry was made for them.
+    /// Packets from outside that socklb forwards itself (to a backend on another node, or
+    /// a SNATed flow's reply) dropped because their TTL was 1 or less (they could not be
+    /// forwarded), before any conntrack entry was made for them. To a backend on this node
+    /// the kernel decides.
     ttl_exceeded => "ttl_exceeded",
     /// Packets from outside dropped because a helper failed after part of the packet was
     /// already rewritten (a half-translated packet never leaves).

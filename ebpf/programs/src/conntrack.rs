@@ -10,7 +10,7 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps::LruHashMap, helpers};
 use socklb_abi::{
     CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FORWARD, CT_REPLY, CtEntry, CtKey, CtTimeouts,
-    NodeConfig,
+    NodeConfig, PROTO_TCP,
 };
 
 use crate::{
@@ -80,6 +80,28 @@ fn other_direction(key: &CtKey, entry: &CtEntry) -> CtKey {
         },
         pad: 0,
     }
+}
+
+/// Whether `entry`, one direction of a flow, names `other` as the flow's other direction.
+/// A flow that took over an expired flow's SNAT port overwrote its reply entry, so the old
+/// flow's forward entry (left in place, or still read by a packet) must not act on it.
+#[inline(always)]
+fn points_to(entry: &CtEntry, other: &CtKey) -> bool {
+    entry.source == other.destination
+        && entry.destination == other.source
+        && entry.source_port == other.destination_port
+        && entry.destination_port == other.source_port
+}
+
+/// Whether the entry under `reply_key` in `table` is the other direction of the flow whose
+/// forward entry is under `forward_key` (and not another flow's, holding the port now).
+#[inline(always)]
+fn reply_is_ours(table: &Table, reply_key: &CtKey, forward_key: &CtKey) -> bool {
+    let Some(reply) = table.get_ptr(reply_key) else {
+        return false;
+    };
+    // SAFETY: pointer from a successful lookup; read at once.
+    points_to(unsafe { &*reply }, forward_key)
 }
 
 /// The entry under `key` in `table` as it was before this packet, which refreshes it: its
@@ -163,22 +185,29 @@ pub fn confirm(arrived: &Tuple, forward: &CtEntry, closes: bool, now: u32) -> Re
 /// A SYN again on an unconfirmed flow that was reset (a backend still holding state for a
 /// SNAT port's previous flow answers a new SYN with an ACK, the client resets, and its SYN
 /// retransmit follows): the flow starts over on the same port instead of hopping to
-/// another, so that the retransmit finds the backend's state cleared.
+/// another, so that the retransmit finds the backend's state cleared. Only for a flow not
+/// past its timeout (its port may have gone to another flow since); the reply entry is
+/// reopened only if it is still this flow's.
 #[inline(always)]
 pub fn reopen(arrived: &Tuple, entry: &mut CtEntry) {
     let forward_key = key(arrived, CT_FORWARD);
     let reply_key = other_direction(&forward_key, entry);
     entry.flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
-    for key in [forward_key, reply_key] {
-        if let Some(held) = CONNTRACK_NEW.get_ptr_mut(&key) {
+    let clear = |key: &CtKey| {
+        if let Some(held) = CONNTRACK_NEW.get_ptr_mut(key) {
             // SAFETY: pointer from a successful lookup, valid for this run.
             unsafe { (*held).flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY) };
         }
+    };
+    if reply_is_ours(&CONNTRACK_NEW, &reply_key, &forward_key) {
+        clear(&reply_key);
     }
+    clear(&forward_key);
 }
 
 /// Removes a flow's entries that are not to be used again (expired, or their backend
-/// left), so that they can neither shadow a new flow's nor hold a SNAT port.
+/// left), so that they can neither shadow a new flow's nor hold a SNAT port. The reply
+/// entry goes only if it is still this flow's: another flow may hold the port now.
 #[inline(always)]
 pub fn forget(arrived: &Tuple, found: &Found) {
     let table = if found.confirmed {
@@ -187,7 +216,10 @@ pub fn forget(arrived: &Tuple, found: &Found) {
         &CONNTRACK_NEW
     };
     let forward_key = key(arrived, CT_FORWARD);
-    let _ = table.remove(&other_direction(&forward_key, &found.entry));
+    let reply_key = other_direction(&forward_key, &found.entry);
+    if reply_is_ours(table, &reply_key, &forward_key) {
+        let _ = table.remove(&reply_key);
+    }
     let _ = table.remove(&forward_key);
 }
 
@@ -262,14 +294,18 @@ pub fn insert_snat(
 #[derive(PartialEq, Eq)]
 enum Holder {
     None,
-    /// A flow whose entries both expired; in the main table they are removed.
+    /// A flow whose entries both expired. Its forward entry is removed (it would otherwise
+    /// act on the reply entry of the flow that takes the port), and in the main table its
+    /// reply entry too (it would shadow the new one).
     Expired,
     Live,
 }
 
-/// Who holds the reply key (a SNAT port) in `table`. An unconfirmed flow lives as long
-/// as its client sends (SYN retransmits): a backend that retransmits its SYN-ACK to a
-/// spoofed client does not keep the port.
+/// Who holds the reply key (a SNAT port) in `table`. An unconfirmed TCP flow lives as
+/// long as its client sends (SYN retransmits): a backend that retransmits its SYN-ACK to a
+/// spoofed client does not keep the port, even once a flood evicted the forward entry.
+/// Any other flow lives while either direction does: an unconfirmed UDP flow may be a
+/// server streaming to a client that sent once.
 #[inline(always)]
 fn held(
     table: &Table,
@@ -287,21 +323,26 @@ fn held(
         let timeout = timeouts.timeout_s(reply_key.protocol, entry.flags, confirmed);
         !entry.expired(now, timeout)
     };
-    // The held flow's forward entry: its client tuple is what the reply rewrites to.
+    // The held flow's forward entry: its client tuple is what the reply rewrites to. An
+    // entry there that names another reply key is another flow's.
     let forward_key = other_direction(reply_key, &reply);
     // SAFETY: as above.
     let forward = table.get_ptr(&forward_key).map(|entry| unsafe { *entry });
-    let is_live = match forward {
-        Some(forward) if !confirmed => live(&forward),
-        Some(forward) => live(&forward) || live(&reply),
-        None => live(&reply),
+    let forward = forward.filter(|entry| points_to(entry, reply_key));
+    let forward_live = forward.is_some_and(|forward| live(&forward));
+    let is_live = if !confirmed && reply_key.protocol == PROTO_TCP {
+        forward_live
+    } else {
+        forward_live || live(&reply)
     };
     if is_live {
         return Holder::Live;
     }
+    if forward.is_some() {
+        let _ = table.remove(&forward_key);
+    }
     if confirmed {
         let _ = table.remove(reply_key);
-        let _ = table.remove(&forward_key);
     }
     Holder::Expired
 }

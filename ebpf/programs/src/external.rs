@@ -15,8 +15,12 @@
 //!   backends on their way out. Both are rewritten to come from the frontend.
 //! - A frontend without a usable backend here drops the packet (externalTrafficPolicy
 //!   Local without a local endpoint, or no endpoint at all).
-//! - A packet of ours with a TTL of 1 or less is dropped before it changes any state: it
-//!   could not be forwarded, and must not take a conntrack entry or a SNAT port.
+//! - A packet of ours with a TTL of 1 or less that socklb would forward itself (SNATed, or
+//!   the reply of a SNATed flow) is dropped before it changes any state: it could not be
+//!   forwarded, and must not take a conntrack entry or a SNAT port. One to a backend on this
+//!   node is translated without taking a conntrack or affinity entry and left to the
+//!   kernel's path, which decides (ICMP time exceeded where it forwards to a pod, delivery
+//!   to a hostNetwork backend).
 //! - A packet whose rewrite fails half-way is dropped: once any byte changed, passing it
 //!   on would send a half-translated packet.
 use core::mem::{MaybeUninit, align_of, size_of};
@@ -72,7 +76,8 @@ enum Flow {
     SnatExhausted,
     /// The client is outside the LoadBalancer frontend's loadBalancerSourceRanges.
     Denied,
-    /// A new flow whose first packet cannot be forwarded: TTL 1 or less.
+    /// A new flow to a remote backend whose first packet cannot be forwarded: TTL 1 or
+    /// less.
     TtlExceeded,
     /// Rewrite the packet to this.
     To(CtEntry),
@@ -151,14 +156,16 @@ fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
         Flow::TtlExceeded => return Ok(TC_ACT_SHOT),
         Flow::To(entry) => entry,
     };
+    if entry.flags & CT_FLAG_SNAT == 0 {
+        // A backend on this node: through the kernel's path, seen by its conntrack, which
+        // also decides about a TTL of 1 or less.
+        rewrite(packet, &entry)?;
+        return Ok(TC_ACT_OK);
+    }
     if ttl_exceeded(packet) {
         return Ok(TC_ACT_SHOT);
     }
     rewrite(packet, &entry)?;
-    if entry.flags & CT_FLAG_SNAT == 0 {
-        // A backend on this node: through the kernel's path, seen by its conntrack.
-        return Ok(TC_ACT_OK);
-    }
     forward(ctx, packet)
 }
 
@@ -189,7 +196,10 @@ fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
 #[inline(always)]
 fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
     if let Some(mut found) = conntrack::lookup_forward(&packet.tuple, closes, now) {
-        if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
+        if !found.confirmed
+            && found.entry.flags & CT_FLAG_CLOSING != 0
+            && packet.opens_connection()
+            && !expired(&found, packet, now)
         {
             conntrack::reopen(&packet.tuple, &mut found.entry);
         }
@@ -198,13 +208,17 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
             // hold their SNAT port.
             conntrack::forget(&packet.tuple, &found);
         } else {
-            // The client's ACK to the SYN-ACK (a RST or FIN confirms nothing).
+            // The client's ACK to the SYN-ACK (a RST or FIN confirms nothing). A failed move
+            // leaves the flow unconfirmed (a later packet tries again); this packet is
+            // translated all the same, or the ACK would reach the node's own port and be
+            // reset.
             if !found.confirmed
                 && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
                 && !packet.opens_connection()
                 && !closes
+                && conntrack::confirm(&packet.tuple, &found.entry, closes, now).is_err()
             {
-                conntrack::confirm(&packet.tuple, &found.entry, closes, now).map_err(|_| Error)?;
+                bump(|c| &mut c.errors);
             }
             return Ok(Flow::To(found.entry));
         }
@@ -222,12 +236,10 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
 #[inline(always)]
 fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
     let entry = &found.entry;
-    let protocol = packet.tuple.protocol;
-    let timeout = CtTimeouts::of(NODE.get(0)).timeout_s(protocol, entry.flags, found.confirmed);
-    if entry.expired(now, timeout) {
+    if expired(found, packet, now) {
         return false;
     }
-    if protocol == PROTO_TCP && !packet.opens_connection() {
+    if packet.tuple.protocol == PROTO_TCP && !packet.opens_connection() {
         return true;
     }
     if entry.flags & CT_FLAG_CLOSING != 0 {
@@ -241,6 +253,14 @@ fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
         }
         None => false,
     }
+}
+
+/// Whether a known flow was idle past its timeout before this packet.
+#[inline(always)]
+fn expired(found: &Found, packet: &Packet, now: u32) -> bool {
+    let timeouts = CtTimeouts::of(NODE.get(0));
+    let timeout = timeouts.timeout_s(packet.tuple.protocol, found.entry.flags, found.confirmed);
+    found.entry.expired(now, timeout)
 }
 
 #[inline(always)]
@@ -266,11 +286,10 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     if count == 0 {
         return Ok(Flow::NoBackend);
     }
-    // Before the affinity and conntrack entries are made.
-    if ttl_exceeded(packet) {
-        return Ok(Flow::TtlExceeded);
-    }
-    let backend = choose_backend(&master, &mut key, tuple, count)?;
+    // A packet that cannot be forwarded (TTL 1 or less) makes no affinity or conntrack
+    // entry, whatever becomes of it.
+    let forwardable = packet.ttl > 1;
+    let backend = choose_backend(&master, &mut key, tuple, count, forwardable)?;
     let mut entry = CtEntry {
         source: tuple.source,
         destination: backend.backend_address,
@@ -283,6 +302,10 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
         pad: 0,
     };
     if backend.flags & u16::from(BACKEND_FLAG_REMOTE) != 0 {
+        // Before the SNAT port is taken.
+        if ttl_exceeded(packet) {
+            return Ok(Flow::TtlExceeded);
+        }
         let node = NODE.get(0).ok_or(Error)?;
         if node.snat_address == 0 {
             return Err(Error);
@@ -293,6 +316,9 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
             Ok(None) => return Ok(Flow::SnatExhausted),
             Err(_) => return Err(Error),
         }
+    } else if !forwardable {
+        // A backend on this node: translated, and the kernel's path decides.
+        return Ok(Flow::To(entry));
     } else {
         conntrack::insert(tuple, &entry).map_err(|_| Error)?;
     }
@@ -301,13 +327,15 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
 }
 
 /// The backend slot of a new flow: the client's session-affinity choice if fresh, else its
-/// Maglev position, else a random slot; a new affinity choice is recorded.
+/// Maglev position, else a random slot; the affinity entry is recorded or refreshed only if
+/// `record`.
 #[inline(always)]
 fn choose_backend(
     master: &ServiceEntry,
     key: &mut ServiceKey,
     tuple: &Tuple,
     count: u32,
+    record: bool,
 ) -> Result<ServiceEntry, Error> {
     let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0).then(|| AffinityKey {
         netns_cookie: AFFINITY_EXTERNAL_CLIENT | u64::from(tuple.source),
@@ -318,7 +346,7 @@ fn choose_backend(
     let now_ns = unsafe { helpers::bpf_ktime_get_ns() };
     let remembered = affinity
         .as_ref()
-        .and_then(|affinity| affinity_slot(affinity, master, key, now_ns));
+        .and_then(|affinity| affinity_slot(affinity, master, key, now_ns, record));
     key.slot = match remembered.or_else(|| maglev_slot(master, tuple, count)) {
         Some(slot) => slot,
         None => {
@@ -335,7 +363,7 @@ fn choose_backend(
     let backend: ServiceEntry = unsafe { *backend };
     match (&affinity, remembered) {
         (Some(_), Some(_)) => bump(|c| &mut c.affinity_hits),
-        (Some(affinity), None) => {
+        (Some(affinity), None) if record => {
             let entry = AffinityEntry {
                 last_used_ns: now_ns,
                 backend_id: backend.backend_id,
@@ -350,13 +378,15 @@ fn choose_backend(
 }
 
 /// sessionAffinity ClientIP for a client outside the node: the slot it used last, if that
-/// was within the timeout and the slot still holds the same backend (refreshing the entry).
+/// was within the timeout and the slot still holds the same backend (refreshing the entry
+/// if `refresh`).
 #[inline(always)]
 fn affinity_slot(
     affinity: &AffinityKey,
     master: &ServiceEntry,
     key: &mut ServiceKey,
     now_ns: u64,
+    refresh: bool,
 ) -> Option<u16> {
     let entry = AFFINITY.get_ptr_mut(affinity)?;
     // SAFETY: pointer from a successful lookup, valid for this run.
@@ -374,7 +404,9 @@ fn affinity_slot(
     if slot.backend_id != entry.backend_id {
         return None;
     }
-    entry.last_used_ns = now_ns;
+    if refresh {
+        entry.last_used_ns = now_ns;
+    }
     Some(entry.slot)
 }
 

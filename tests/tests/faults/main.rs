@@ -10,4 +10,5 @@ mod map_memory;
 mod raised_capacity;
 mod shrinking_churn;
 mod slow_manifest;
+mod snat_port_reuse;
 mod syn_flood;
