@@ -24,38 +24,11 @@ fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted() {
     let lan = lan("t");
     let _server = NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353));
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
-    manifests.write(
-        "dns.yaml",
-        &format!(
-            "{}---\n{}",
-            service(
-                "dns",
-                "10.96.0.95",
-                "[{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
-                "  type: NodePort",
-                None
-            ),
-            slice("dns-1", "dns", ("dns", 5353, "UDP"), &[POD2_ENDPOINT])
-        ),
-    );
+    dns_node_port(&manifests, "10.96.0.95", 30053, POD2_ENDPOINT);
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let socket = lan.client.enter(|| {
-        let socket = UdpSocket::bind((CLIENT, 40200)).expect("bind the client");
-        socket
-            .set_read_timeout(Some(Duration::from_secs(3)))
-            .expect("timeout");
-        socket
-    });
-    let client_flows = || {
-        inspect::inspect(&sandbox.pin_dir, None)
-            .expect("inspect")
-            .conntrack
-            .into_iter()
-            .filter(|c| c.from.to_string() == format!("{CLIENT}:40200"))
-            .collect::<Vec<_>>()
-    };
+    let socket = lan.client.enter(|| client_socket(40200));
+    let client_flows = || client_flows(&sandbox, 40200);
 
     let before = counters(&sandbox);
     socket.set_ttl(1).expect("IP_TTL");
@@ -97,38 +70,13 @@ fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntr
     let lan = lan("k");
     let _server = NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353));
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
-    manifests.write(
-        "dns.yaml",
-        &format!(
-            "{}---\n{}",
-            service(
-                "dns",
-                "10.96.0.94",
-                "[{name: dns, port: 53, targetPort: 5353, nodePort: 30052, protocol: UDP}]",
-                "  type: NodePort",
-                None
-            ),
-            slice("dns-1", "dns", ("dns", 5353, "UDP"), &[POD1_ENDPOINT])
-        ),
-    );
+    dns_node_port(&manifests, "10.96.0.94", 30052, POD1_ENDPOINT);
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let (socket, icmp) = lan.client.enter(|| {
-        let socket = UdpSocket::bind((CLIENT, 40201)).expect("bind the client");
-        socket
-            .set_read_timeout(Some(Duration::from_secs(3)))
-            .expect("timeout");
-        (socket, IcmpReceiver::open())
-    });
-    let client_flows = || {
-        inspect::inspect(&sandbox.pin_dir, None)
-            .expect("inspect")
-            .conntrack
-            .into_iter()
-            .filter(|c| c.from.to_string() == format!("{CLIENT}:40201"))
-            .collect::<Vec<_>>()
-    };
+    let (socket, icmp) = lan
+        .client
+        .enter(|| (client_socket(40201), IcmpReceiver::open()));
+    let client_flows = || client_flows(&sandbox, 40201);
 
     let before = counters(&sandbox);
     socket.set_ttl(1).expect("IP_TTL");
@@ -154,6 +102,41 @@ fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntr
     assert_eq!(from.to_string(), format!("{NODE1}:30052"));
     assert!(buffer[..len].starts_with(b"pod1 "));
     assert_eq!(client_flows().len(), 1, "the flow's forward entry");
+}
+
+/// The nodes and a UDP NodePort Service `dns` (port 53 -> 5353) with one endpoint.
+fn dns_node_port(manifests: &ManifestDir, vip: &str, node_port: u16, endpoint: (&str, &str)) {
+    nodes(manifests);
+    let ports = format!(
+        "[{{name: dns, port: 53, targetPort: 5353, nodePort: {node_port}, protocol: UDP}}]"
+    );
+    manifests.write(
+        "dns.yaml",
+        &format!(
+            "{}---\n{}",
+            service("dns", vip, &ports, "  type: NodePort", None),
+            slice("dns-1", "dns", ("dns", 5353, "UDP"), &[endpoint])
+        ),
+    );
+}
+
+/// The outside client's UDP socket on `port` (in the namespace it is called in).
+fn client_socket(port: u16) -> UdpSocket {
+    let socket = UdpSocket::bind((CLIENT, port)).expect("bind the client");
+    socket
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    socket
+}
+
+/// The conntrack entries of flows from the outside client's `port`.
+fn client_flows(sandbox: &Sandbox, port: u16) -> Vec<inspect::ConntrackState> {
+    inspect::inspect(&sandbox.pin_dir, None)
+        .expect("inspect")
+        .conntrack
+        .into_iter()
+        .filter(|c| c.from.to_string() == format!("{CLIENT}:{port}"))
+        .collect()
 }
 
 /// A raw ICMP socket of the namespace it was opened in: sees every ICMP message arriving.
