@@ -118,9 +118,10 @@ enum Bench {
     /// throughput, programming time, memory) at each service count; writes the results into
     /// docs/benchmarks.md and docs/plots/.
     Compare {
-        /// Service counts (10 endpoints each) to measure at.
-        #[arg(long, value_delimiter = ',', default_value = "100,1000,10000,30000")]
-        services: Vec<u32>,
+        /// Service counts (10 endpoints each) to measure at [default: 100,1000,10000,30000;
+        /// with --smoke: 100].
+        #[arg(long, value_delimiter = ',')]
+        services: Option<Vec<u32>>,
         /// Connections per peer and service position.
         #[arg(long, default_value_t = 30_000)]
         connections: u32,
@@ -241,7 +242,7 @@ fn main() -> anyhow::Result<()> {
                     connections,
                     iptables,
                     smoke,
-                } => compare(&services, connections, &iptables, smoke),
+                } => compare(services.as_deref(), connections, &iptables, smoke),
             }
         }
     }
@@ -297,22 +298,27 @@ fn smoke_run(bench: &str, args: &[String]) -> anyhow::Result<()> {
 
 /// `bench compare`: the benchmark runs the agent binary next to it, so both are built in the
 /// same profile: release for measurements, debug for the smoke run (which `test` has built).
-fn compare(services: &[u32], connections: u32, iptables: &str, smoke: bool) -> anyhow::Result<()> {
+fn compare(
+    services: Option<&[u32]>,
+    connections: u32,
+    iptables: &str,
+    smoke: bool,
+) -> anyhow::Result<()> {
     require_root("the comparison benchmark")?;
-    let services: Vec<String> = services.iter().map(u32::to_string).collect();
     let mut args = vec![
-        "--services".to_owned(),
-        services.join(","),
         "--connections".to_owned(),
         connections.to_string(),
         "--iptables".to_owned(),
         iptables.to_owned(),
     ];
+    // Without counts, the benchmark's own defaults: every size, or 100 for the smoke run.
+    if let Some(services) = services {
+        let services: Vec<String> = services.iter().map(u32::to_string).collect();
+        args.extend(["--services".to_owned(), services.join(",")]);
+    }
     if smoke {
         args.push("--smoke".to_owned());
-        // Without the service counts (clap always fills in the full list): the smoke run's
-        // own default is 100.
-        return smoke_run("socklb-bench-compare", &args[2..]);
+        return smoke_run("socklb-bench-compare", &args);
     }
     let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -433,7 +439,7 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         Some(_) => true,
         None => {
             let smokes = [
-                ("compare", compare(&[], 500, "legacy", true)),
+                ("compare", compare(None, 500, "legacy", true)),
                 ("nodeport", nodeport(&[], "legacy", true)),
             ];
             let mut all_ok = true;
