@@ -24,6 +24,7 @@ use socklb_tests::{
         endpoint, external_name_service, hinted, node, not_ready, service, slice, terminating,
         terminating_unready,
     },
+    lan,
     testbed::{At, NodeId, Pod, Testbed},
 };
 
@@ -57,21 +58,9 @@ fn answered(attempts: &[Attempt]) -> BTreeSet<String> {
 
 /// The address each answering server saw as the client's.
 fn seen_by_servers(attempts: &[Attempt]) -> BTreeSet<Ipv4Addr> {
-    attempts
-        .iter()
-        .map(|attempt| {
-            let reply = attempt
-                .reply
-                .as_deref()
-                .unwrap_or_else(|| panic!("attempt failed: {attempt:?}"));
-            let (_, seen) = reply
-                .split_once(' ')
-                .unwrap_or_else(|| panic!("reply without the client address: {reply:?}"));
-            *seen
-                .parse::<SocketAddrV4>()
-                .unwrap_or_else(|e| panic!("client address in {reply:?}: {e}"))
-                .ip()
-        })
+    lan::answers(attempts)
+        .into_iter()
+        .map(|(_, seen)| *seen.ip())
         .collect()
 }
 
