@@ -183,10 +183,12 @@ fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
 
 #[derive(Debug, Args)]
 pub struct CapacityArgs {
-    /// Service map entries: one per frontend plus one per backend of each frontend.
+    /// Service map entries: one per frontend plus one per backend of each frontend. An
+    /// upper bound: the map starts smaller and grows by itself.
     #[arg(long, default_value_t = Capacities::default().service_entries)]
     pub max_service_entries: u32,
-    /// Distinct backends (address, port, protocol).
+    /// Distinct backends (address, port, protocol). An upper bound: the map starts smaller
+    /// and grows by itself.
     #[arg(long, default_value_t = Capacities::default().backends)]
     pub max_backends: u32,
     /// Translated sockets whose peer getpeername() and recvmsg() show as the frontend:
@@ -210,7 +212,8 @@ pub struct CapacityArgs {
     /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
     #[arg(long, default_value_t = Capacities::default().source_ranges)]
     pub max_source_ranges: u32,
-    /// Maglev table entries: --maglev-table-size for each Service using Maglev.
+    /// Maglev table entries: --maglev-table-size for each Service using Maglev. An upper
+    /// bound: the map starts smaller and grows by itself.
     #[arg(long, default_value_t = Capacities::default().maglev_entries)]
     pub max_maglev_entries: u32,
 }

@@ -530,6 +530,27 @@ proptest! {
         }
     }
 
+    /// What the writer says an apply needs (the maps grow to it before the apply) is never
+    /// less than what the maps hold at any moment of the apply.
+    #[test]
+    fn an_apply_never_holds_more_than_its_demand(states in desired_states()) {
+        let (_, _, mut writer) = fresh();
+        for desired in states {
+            let demand = writer.demand(desired.frontends.iter().map(|(f, spec)| (f, Some(spec))));
+            writer.store_mut().reset_peaks();
+            writer.apply(&desired).expect("the in-memory maps never fail a write");
+            let store = writer.store();
+            prop_assert!(
+                store.peak_services <= demand.service_entries as usize,
+                "{} service entries at once, demand {}", store.peak_services, demand.service_entries
+            );
+            prop_assert!(
+                store.peak_backends <= demand.backends as usize,
+                "{} backends at once, demand {}", store.peak_backends, demand.backends
+            );
+        }
+    }
+
     /// Manifest text, mangled: the file source's parser gives objects or an error.
     #[test]
     fn mangled_manifests_parse_or_fail_cleanly(

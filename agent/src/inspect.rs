@@ -148,9 +148,10 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
     let services: HashMap<MapData, ServiceKey, ServiceEntry> = open(pin_dir, map_names::SERVICES)?
         .try_into()
         .map_err(read(map_names::SERVICES))?;
+    // Keyed, so that finding a frontend's slots costs a lookup each, not a scan of the map.
     let entries = services
         .iter()
-        .collect::<Result<Vec<_>, _>>()
+        .collect::<Result<std::collections::HashMap<_, _>, _>>()
         .map_err(read(map_names::SERVICES))?;
 
     let trie: LpmTrie<MapData, SourceRange, SourceVerdict> =
@@ -189,9 +190,8 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         let backends = (1..=master.count)
             .map(|slot| {
                 entries
-                    .iter()
-                    .find(|(k, _)| *k == ServiceKey { slot, ..*key })
-                    .map(|(_, entry)| BackendAddr {
+                    .get(&ServiceKey { slot, ..*key })
+                    .map(|entry| BackendAddr {
                         address: Ipv4Addr::from(u32::from_be(entry.backend_address)),
                         port: u16::from_be(entry.backend_port),
                         remote: entry.flags & u16::from(BACKEND_FLAG_REMOTE) != 0,

@@ -19,3 +19,15 @@ pub mod state;
 
 #[cfg(test)]
 mod fuzz;
+
+/// An error with its causes, for one log line.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

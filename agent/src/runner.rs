@@ -268,7 +268,7 @@ impl Runner {
         let report = match report {
             Ok(report) => report,
             Err(error) => {
-                warn!(error = %chain(&error), "sync failed; retrying with a full sync");
+                warn!(error = %crate::error_chain(&error), "sync failed; retrying with a full sync");
                 return Ok(false);
             }
         };
@@ -278,7 +278,7 @@ impl Runner {
             // At start, a device that cannot be served is a configuration error.
             Err(error) if !self.attached => return Err(error),
             Err(error) => warn!(
-                error = %chain(&error),
+                error = %crate::error_chain(&error),
                 "traffic from outside: the TC programs stay as they were"
             ),
             Ok(()) => {}
@@ -383,7 +383,7 @@ impl Runner {
             None => self.table.frontends().map(|f| (*f, label(f))).collect(),
         };
         if let Err(error) = self.dataplane.apply_labels(&labels, touched.is_none()) {
-            warn!(error = %chain(&error), "frontend names not written (display only)");
+            warn!(error = %crate::error_chain(&error), "frontend names not written (display only)");
         }
     }
 
@@ -506,16 +506,4 @@ impl Runner {
                 .set(i64::try_from(*count).unwrap_or(i64::MAX));
         }
     }
-}
-
-/// An error with its causes, for one log line.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

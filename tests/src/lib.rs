@@ -7,6 +7,7 @@
 pub mod bench;
 pub mod boom_server;
 pub mod cluster;
+pub mod echo;
 pub mod fake_apiserver;
 pub mod lan;
 pub mod netns;

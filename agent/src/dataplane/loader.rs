@@ -1,10 +1,12 @@
 //! Loading the embedded object with its maps pinned, attaching the programs through pinned
 //! bpf links, and removing everything again.
 //!
-//! Pinned maps are adopted when their layout and capacity match and replaced (with a
-//! warning) when not. Pinned links keep the programs attached while no agent runs; a new
-//! agent swaps its programs into the existing links atomically (`BPF_LINK_UPDATE`), so
-//! translation never stops across a restart or an upgrade.
+//! Pinned maps are adopted when their layout and capacity match (a growable map's capacity
+//! need only be within its flag) and replaced (with a warning) when not; [`load_grown`]
+//! loads the programs again over larger maps (see `growth`). Pinned links keep the programs
+//! attached while no agent runs; a new agent swaps its programs into the existing links
+//! atomically (`BPF_LINK_UPDATE`), so translation never stops across a restart or an
+//! upgrade.
 use std::{
     fs::{self, File},
     io,
@@ -23,7 +25,12 @@ use aya::{
 use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
 
-use super::{Capacities, object::OBJECT, tc};
+use super::{
+    Capacities,
+    object::OBJECT,
+    sizing::{self, Sizes},
+    tc,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -84,6 +91,8 @@ pub struct Loaded {
     /// or pinned under an older layout's name): they were serving, so they get the room
     /// first in the new one.
     pub replaced_masters: Vec<ServiceKey>,
+    /// The sizes the growable maps were loaded with.
+    pub sizes: Sizes,
 }
 
 /// Loads the object, adopting compatible pinned maps, and loads every program into the
@@ -95,6 +104,7 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError
         .map(|name| pin_dir.join(name))
         .filter(|path| !path.exists())
         .collect();
+    remove_staging(pin_dir);
     load_pinning(pin_dir, capacities).inspect_err(|_| {
         for path in unpinned.iter().filter(|path| path.exists()) {
             if let Err(error) = fs::remove_file(path) {
@@ -107,23 +117,12 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError
 fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
     // An older agent's service map, under its old name: the frontends it holds were serving.
     let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
-    let socket_slots = capacities.socket_slots();
-    let socket_slot_mask = socket_slots - 1;
+    let sizes = starting_sizes(pin_dir, capacities);
+    let socket_slot_mask = capacities.socket_slots() - 1;
     // Each round replaces at most one incompatible map; there are only so many maps.
     for _ in 0..=map_names::ALL.len() {
         let mut loader = EbpfLoader::new();
-        loader
-            .default_map_pin_directory(pin_dir)
-            .override_global(globals::SOCKET_SLOT_MASK, &socket_slot_mask, true)
-            .map_max_entries(map_names::SOCKETS, socket_slots)
-            .map_max_entries(map_names::SERVICES, capacities.service_entries)
-            .map_max_entries(map_names::BACKENDS, capacities.backends)
-            .map_max_entries(map_names::REVERSE, capacities.reverse)
-            .map_max_entries(map_names::AFFINITY, capacities.affinity)
-            .map_max_entries(map_names::CONNTRACK, capacities.conntrack)
-            .map_max_entries(map_names::CONNTRACK_NEW, capacities.conntrack_new)
-            .map_max_entries(map_names::SOURCE_RANGES, capacities.source_ranges)
-            .map_max_entries(map_names::MAGLEV, capacities.maglev_entries);
+        configure(&mut loader, pin_dir, capacities, &sizes, &socket_slot_mask);
         match loader.load(OBJECT) {
             Ok(mut ebpf) => {
                 load_programs(&mut ebpf)?;
@@ -133,6 +132,7 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
                 return Ok(Loaded {
                     ebpf,
                     replaced_masters,
+                    sizes,
                 });
             }
             Err(EbpfError::MapError(MapError::IncompatiblePinnedMap {
@@ -157,6 +157,104 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
         }
     }
     Err(LoadError::Load(EbpfError::NoBTF))
+}
+
+/// Loads the object again over the pinned maps, except the `grown` maps, which are created
+/// anew with their size in `sizes` and pinned under [`staging_dir`] (the caller copies their
+/// entries, swaps the programs in and moves the pins). Every other map must be the pinned
+/// one: nothing is replaced here.
+pub fn load_grown(
+    pin_dir: &Path,
+    capacities: &Capacities,
+    sizes: &Sizes,
+    grown: &[&'static str],
+) -> Result<Ebpf, LoadError> {
+    let staging = staging_dir(pin_dir);
+    remove_staging(pin_dir);
+    fs::create_dir_all(&staging).map_err(|source| LoadError::Dir {
+        path: staging.clone(),
+        source,
+    })?;
+    let socket_slot_mask = capacities.socket_slots() - 1;
+    let mut loader = EbpfLoader::new();
+    configure(&mut loader, pin_dir, capacities, sizes, &socket_slot_mask);
+    for name in grown {
+        loader.map_pin_path(name, staging.join(name));
+    }
+    let result = loader
+        .load(OBJECT)
+        .map_err(LoadError::Load)
+        .and_then(|mut ebpf| load_programs(&mut ebpf).map(|()| ebpf));
+    if result.is_err() {
+        remove_staging(pin_dir);
+    }
+    result
+}
+
+/// Where [`load_grown`] pins the maps it creates until they replace the pinned ones.
+pub fn staging_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join("grow")
+}
+
+/// Removes what an interrupted growth left under [`staging_dir`] (only socklb's maps).
+pub fn remove_staging(pin_dir: &Path) {
+    let staging = staging_dir(pin_dir);
+    for name in map_names::ALL {
+        let _ = fs::remove_file(staging.join(name));
+    }
+    let _ = fs::remove_dir(&staging);
+}
+
+/// Map sizes and globals, the same for every load.
+fn configure<'a>(
+    loader: &mut EbpfLoader<'a>,
+    pin_dir: &'a Path,
+    capacities: &Capacities,
+    sizes: &Sizes,
+    socket_slot_mask: &'a u32,
+) {
+    loader
+        .default_map_pin_directory(pin_dir)
+        .override_global(globals::SOCKET_SLOT_MASK, socket_slot_mask, true)
+        .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
+        .map_max_entries(map_names::SERVICES, sizes.services)
+        .map_max_entries(map_names::BACKENDS, sizes.backends)
+        .map_max_entries(map_names::REVERSE, capacities.reverse)
+        .map_max_entries(map_names::AFFINITY, capacities.affinity)
+        .map_max_entries(map_names::CONNTRACK, capacities.conntrack)
+        .map_max_entries(map_names::CONNTRACK_NEW, capacities.conntrack_new)
+        .map_max_entries(map_names::SOURCE_RANGES, capacities.source_ranges)
+        .map_max_entries(map_names::MAGLEV, sizes.maglev);
+}
+
+/// A growable map keeps the size an earlier agent grew it to, within its flag; a new one
+/// (or one above a lowered flag, which is then replaced) starts at [`sizing::INITIAL`].
+fn starting_sizes(pin_dir: &Path, capacities: &Capacities) -> Sizes {
+    let size = |name: &str, initial: u32, bound: u32| {
+        MapData::from_pin(pin_dir.join(name))
+            .ok()
+            .and_then(|map| map.info().ok())
+            .map(|info| info.max_entries())
+            .filter(|pinned| (1..=bound).contains(pinned))
+            .unwrap_or(initial.min(bound))
+    };
+    Sizes {
+        services: size(
+            map_names::SERVICES,
+            sizing::INITIAL.services,
+            capacities.service_entries,
+        ),
+        backends: size(
+            map_names::BACKENDS,
+            sizing::INITIAL.backends,
+            capacities.backends,
+        ),
+        maglev: size(
+            map_names::MAGLEV,
+            sizing::INITIAL.maglev,
+            capacities.maglev_entries,
+        ),
+    }
 }
 
 /// Unpins the maps of older layouts ([`map_names::RETIRED`]); programs still using one keep
@@ -247,14 +345,7 @@ pub fn attach(
             source,
         };
         let attachment = if pin.exists() {
-            let pinned = PinnedLink::from_pin(&pin).map_err(|e| link_error("open", e))?;
-            let link = CgroupSockAddrLink::try_from(FdLink::from(pinned))
-                .map_err(|e| link_error("reuse (not a cgroup sock_addr link)", e))?;
-            let id = program
-                .attach_to_link(link)
-                .map_err(|source| LoadError::Program { name, source })?;
-            // Dropping our handle closes the fd only; the pin keeps the link.
-            drop(program.take_link(id));
+            replace_in_link(program, name, &pin)?;
             Attachment::Replaced
         } else {
             // bpf links to cgroups always coexist with other programs; the mode must be 0.
@@ -277,6 +368,43 @@ pub fn attach(
     Ok(done)
 }
 
+/// Swaps `program` into the pinned link at `pin` (`BPF_LINK_UPDATE`: atomic, no moment
+/// without a program).
+fn replace_in_link(
+    program: &mut CgroupSockAddr,
+    name: &'static str,
+    pin: &Path,
+) -> Result<(), LoadError> {
+    let link_error = |action, source| LoadError::Link {
+        action,
+        path: pin.to_owned(),
+        source,
+    };
+    let pinned = PinnedLink::from_pin(pin).map_err(|e| link_error("open", e))?;
+    let link = CgroupSockAddrLink::try_from(FdLink::from(pinned))
+        .map_err(|e| link_error("reuse (not a cgroup sock_addr link)", e))?;
+    let id = program
+        .attach_to_link(link)
+        .map_err(|source| LoadError::Program { name, source })?;
+    // Dropping our handle closes the fd only; the pin keeps the link.
+    drop(program.take_link(id));
+    Ok(())
+}
+
+/// Swaps the programs of `ebpf` into every cgroup link pinned under `pin_dir`, creating
+/// none: what is attached stays attached, now running these programs. Returns how many.
+pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, LoadError> {
+    let mut replaced = 0;
+    for name in program_names::SOCK_ADDR {
+        let pin = link_pin(pin_dir, name);
+        if pin.exists() {
+            replace_in_link(sock_addr_program(ebpf, name)?, name, &pin)?;
+            replaced += 1;
+        }
+    }
+    Ok(replaced)
+}
+
 /// What `cleanup` removed.
 #[derive(Debug, Default)]
 pub struct Cleanup {
@@ -288,6 +416,8 @@ pub struct Cleanup {
 /// under `pin_dir`; nothing it did not create, nothing another instance attached.
 pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     let mut cleanup = Cleanup::default();
+    // Maps of a growth an agent did not finish.
+    remove_staging(pin_dir);
     let links = program_names::SOCK_ADDR
         .iter()
         .map(|name| link_pin(pin_dir, name));

@@ -117,6 +117,38 @@ impl MaglevWriter {
         u32::try_from(held + adopted).unwrap_or(u32::MAX)
     }
 
+    /// At most how many entries the map holds while `changes` are applied: a table more
+    /// for every Maglev frontend that has none yet.
+    pub fn demand<'a>(
+        &self,
+        changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
+    ) -> u32 {
+        let new_tables = changes
+            .into_iter()
+            .filter(|(frontend, spec)| {
+                spec.is_some_and(|spec| spec.maglev)
+                    && frontend.scope == Scope::External
+                    && !self.held.contains_key(frontend)
+            })
+            .count();
+        let added = u64::try_from(new_tables)
+            .unwrap_or(u64::MAX)
+            .saturating_mul(u64::from(self.size));
+        u32::try_from(u64::from(self.entries()).saturating_add(added)).unwrap_or(u32::MAX)
+    }
+
+    pub fn map(&self) -> &BpfHashMap<MapData, MaglevKey, u32> {
+        &self.map
+    }
+
+    /// Writes go to `map` from now on; it must hold what the old one held.
+    pub fn replace_map(
+        &mut self,
+        map: BpfHashMap<MapData, MaglevKey, u32>,
+    ) -> BpfHashMap<MapData, MaglevKey, u32> {
+        std::mem::replace(&mut self.map, map)
+    }
+
     /// Brings the tables of the given frontends up to date. `programmed` says, for a
     /// frontend, its service id and its backends by slot (1-based) as the service map now
     /// holds them. With `full`, tables of frontends not named are removed.

@@ -6,8 +6,8 @@ use socklb_abi::{Backend, ServiceEntry, ServiceKey};
 use super::writer::{MapContents, Op, Store, StoreError};
 
 pub struct KernelMaps {
-    services: HashMap<MapData, ServiceKey, ServiceEntry>,
-    backends: HashMap<MapData, u32, Backend>,
+    pub(super) services: HashMap<MapData, ServiceKey, ServiceEntry>,
+    pub(super) backends: HashMap<MapData, u32, Backend>,
 }
 
 impl KernelMaps {

@@ -1,6 +1,7 @@
 //! The datapath as the control plane sees it: load and attach the kernel programs, and
 //! `apply` a desired state to their maps.
 mod desired;
+mod growth;
 mod host;
 mod layout;
 mod loader;
@@ -10,6 +11,7 @@ mod names;
 mod object;
 mod pin_lock;
 mod privileges;
+mod sizing;
 mod source_ranges;
 mod tc;
 pub(crate) mod writer;
@@ -49,12 +51,13 @@ use self::{
 /// Default directory of socklb's pins on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/socklb";
 
-/// Map capacities (`max_entries`), set at load time.
+/// Map capacities (`max_entries`). The service, backend and Maglev maps start smaller and
+/// grow up to theirs (`sizing`); the others have theirs from the start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacities {
-    /// Service map entries: one per frontend plus one per backend slot.
+    /// Service map entries: one per frontend plus one per backend slot (an upper bound).
     pub service_entries: u32,
-    /// Distinct backends (address, port, protocol).
+    /// Distinct backends (address, port, protocol) (an upper bound).
     pub backends: u32,
     /// Sockets whose peer is shown as the frontend: connect()ed sockets (a ring of this
     /// size rounded up to a power of two) and unconnected UDP sockets' (socket, backend)
@@ -69,7 +72,7 @@ pub struct Capacities {
     pub conntrack_new: u32,
     /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
     pub source_ranges: u32,
-    /// Maglev table entries: the table size for each Maglev frontend.
+    /// Maglev table entries: the table size for each Maglev frontend (an upper bound).
     pub maglev_entries: u32,
 }
 
@@ -84,23 +87,23 @@ impl Capacities {
     }
 }
 
-/// Sized for a small node: with 100 Services of 10 endpoints the maps lock about 15 MiB
-/// (`faults/map_memory.rs`; docs/operations.md, "Map memory", has the cost of each).
-/// The service, backend and Maglev maps are not preallocated (nor is the source-range trie):
-/// their capacity is an upper bound that costs 16 bytes per possible entry (hash buckets)
-/// until used. The LRU maps and the socket ring are preallocated to their capacity, which a
-/// busy node raises with the flags.
+/// Sized for a small node (`faults/map_memory.rs`; docs/operations.md, "Map memory", has
+/// the cost of each). The service, backend and Maglev maps are not preallocated (nor is the
+/// source-range trie) and start small (`sizing::INITIAL`): their capacities are bounds a
+/// large cluster reaches by growth alone (20,000 Services of 10 endpoints need about
+/// 220,000 service entries). The LRU maps and the socket ring are preallocated to their
+/// capacity, which a busy node raises with the flags.
 impl Default for Capacities {
     fn default() -> Self {
         Self {
-            service_entries: 65_536,
-            backends: 65_536,
+            service_entries: 1_048_576,
+            backends: 262_144,
             reverse: 16_384,
             affinity: 8_192,
             conntrack: 32_768,
             conntrack_new: 8_192,
             source_ranges: 16_384,
-            maglev_entries: 262_144,
+            maglev_entries: 1_048_576,
         }
     }
 }
@@ -232,6 +235,10 @@ pub struct Dataplane {
     /// The cgroup v2 directory the programs attach to.
     cgroup: PathBuf,
     config: Config,
+    /// Sizes of the growable maps now.
+    sizes: sizing::Sizes,
+    /// After a failed growth: when to try again.
+    growth_retry_at: Option<std::time::Instant>,
 }
 
 impl Dataplane {
@@ -250,6 +257,7 @@ impl Dataplane {
         let loader::Loaded {
             mut ebpf,
             replaced_masters,
+            sizes,
         } = loader::load(&config.pin_dir, &config.capacities).map_err(|error| {
             // The loader unpinned its maps; the directory goes too if this load made it.
             if !pin_dir_existed {
@@ -303,11 +311,16 @@ impl Dataplane {
             source,
         })?;
         let adopted = contents.services.len();
-        let mut writer = Writer::adopt(kernel_maps, capacity(&config.capacities), contents);
+        let capacity = Capacity {
+            service_entries: sizes.services,
+            backends: sizes.backends,
+        };
+        let mut writer = Writer::adopt(kernel_maps, capacity, contents);
         writer.prefer(replaced_masters.iter().filter_map(writer::frontend_of));
         info!(
             pin_dir = %config.pin_dir.display(),
             adopted_service_entries = adopted,
+            ?sizes,
             "datapath loaded"
         );
         Ok(Self {
@@ -320,12 +333,16 @@ impl Dataplane {
             node,
             cgroup,
             config,
+            sizes,
+            growth_retry_at: None,
         })
     }
 
     /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
     /// does not fit are left as they were and listed in the report.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+        let changes = || desired.frontends.iter().map(|(f, spec)| (f, Some(spec)));
+        self.make_room(self.writer.demand(changes()), self.maglev.demand(changes()));
         let result = self.writer.apply(desired);
         let report = self.report(result)?;
         let ranges = self.source_ranges.apply_all(&desired.frontends);
@@ -350,6 +367,8 @@ impl Dataplane {
         &mut self,
         changes: &std::collections::BTreeMap<Frontend, Option<&FrontendSpec>>,
     ) -> Result<ApplyReport, DataplaneError> {
+        let changed = || changes.iter().map(|(f, spec)| (f, *spec));
+        self.make_room(self.writer.demand(changed()), self.maglev.demand(changed()));
         let result = self.writer.apply_changes(changes);
         let report = self.report(result)?;
         let ranges = self.source_ranges.apply(changes);
@@ -423,29 +442,26 @@ impl Dataplane {
         }
     }
 
-    /// Entries in use and capacity of the maps the agent fills, for metrics.
+    /// Entries in use and capacity (the size now, which may grow) of the maps the agent
+    /// fills, for metrics.
     pub fn usage(&self) -> [(&'static str, u32, u32); 4] {
         [
             (
                 map_names::SERVICES,
                 self.writer.service_entries(),
-                self.config.capacities.service_entries,
+                self.sizes.services,
             ),
             (
                 map_names::BACKENDS,
                 self.writer.backend_entries(),
-                self.config.capacities.backends,
+                self.sizes.backends,
             ),
             (
                 map_names::SOURCE_RANGES,
                 self.source_ranges.entries(),
                 self.config.capacities.source_ranges,
             ),
-            (
-                map_names::MAGLEV,
-                self.maglev.entries(),
-                self.config.capacities.maglev_entries,
-            ),
+            (map_names::MAGLEV, self.maglev.entries(), self.sizes.maglev),
         ]
     }
 
@@ -539,13 +555,6 @@ impl Dataplane {
 
     pub fn pin_dir(&self) -> &Path {
         &self.config.pin_dir
-    }
-}
-
-fn capacity(capacities: &Capacities) -> Capacity {
-    Capacity {
-        service_entries: capacities.service_entries,
-        backends: capacities.backends,
     }
 }
 

@@ -171,12 +171,7 @@ pub fn attach(
             });
         }
         for (program_name, hook) in HOOKS {
-            let program = program(ebpf, program_name).map_err(|_| TcAttachError::Attach {
-                program: program_name,
-                device: device.clone(),
-                mode,
-                source: ProgramError::NotLoaded,
-            })?;
+            let program = attachable(ebpf, program_name, device, mode)?;
             let attachment = match mode {
                 TcMode::Netlink => {
                     attach_netlink(program, program_name, pin_dir, &name, device, hook)?
@@ -295,6 +290,57 @@ fn attach_netlink(
         Attachment::Replaced
     } else {
         Attachment::Attached
+    })
+}
+
+/// Swaps the programs of `ebpf` into every TC attachment this pin directory records (TCX
+/// links atomically; netlink filters by replacing them), attaching nowhere new. Returns how
+/// many.
+pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, TcAttachError> {
+    let mut replaced = 0;
+    let devices: std::collections::BTreeSet<String> = tc_pins(pin_dir)?
+        .into_iter()
+        .map(|(_, device)| device)
+        .collect();
+    for device in devices {
+        let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
+            device: device.clone(),
+        })?;
+        for (program_name, hook) in HOOKS {
+            if !tc_link_pin(pin_dir, program_name, &device).exists() {
+                continue;
+            }
+            let program = attachable(ebpf, program_name, &device, TcMode::Tcx)?;
+            attach_tcx(program, program_name, pin_dir, &name, &device, hook)?;
+            replaced += 1;
+        }
+    }
+    for (_, program_name, device) in netlink_records(pin_dir)? {
+        let Some((program_name, hook)) = HOOKS.into_iter().find(|(name, _)| *name == program_name)
+        else {
+            continue;
+        };
+        let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
+            device: device.clone(),
+        })?;
+        let program = attachable(ebpf, program_name, &device, TcMode::Netlink)?;
+        attach_netlink(program, program_name, pin_dir, &name, &device, hook)?;
+        replaced += 1;
+    }
+    Ok(replaced)
+}
+
+fn attachable<'a>(
+    ebpf: &'a mut Ebpf,
+    program_name: &'static str,
+    device: &str,
+    mode: TcMode,
+) -> Result<&'a mut SchedClassifier, TcAttachError> {
+    program(ebpf, program_name).map_err(|_| TcAttachError::Attach {
+        program: program_name,
+        device: device.to_owned(),
+        mode,
+        source: ProgramError::NotLoaded,
     })
 }
 

@@ -335,6 +335,11 @@ impl<S: Store> Writer<S> {
         &self.store
     }
 
+    #[cfg(test)]
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
     /// Gives `frontends` (those maps this agent replaced held) the room before other new
     /// frontends, so that raising a capacity never takes a serving frontend down.
     pub fn prefer(&mut self, frontends: impl IntoIterator<Item = Frontend>) {
@@ -375,6 +380,43 @@ impl<S: Store> Writer<S> {
 
     pub fn backend_entries(&self) -> u32 {
         u32::try_from(self.backends.len()).unwrap_or(u32::MAX)
+    }
+
+    /// At most how many entries the maps hold while `changes` are applied: what they hold
+    /// now (entries waiting for deletion included) plus what growing frontends and new
+    /// backends add. Removals and shrinks free nothing within an apply.
+    pub fn demand<'a>(
+        &self,
+        changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
+    ) -> Capacity {
+        let mut service_entries = self.service_entries;
+        let mut new_backends = HashSet::new();
+        for (frontend, spec) in changes {
+            let Some(spec) = spec else { continue };
+            let old = self.frontends.get(frontend).map_or(0, Programmed::entries);
+            service_entries += (1 + spec.backends.len()).saturating_sub(old);
+            new_backends.extend(
+                spec.backends
+                    .iter()
+                    .map(|addr| (*addr, frontend.protocol))
+                    .filter(|key| !self.backend_ids.contains_key(key)),
+            );
+        }
+        let total = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Capacity {
+            service_entries: total(service_entries),
+            backends: total(self.backends.len() + new_backends.len()),
+        }
+    }
+
+    /// The maps' capacity changed (they grew): frontends are refused against the new one.
+    pub fn set_capacity(&mut self, capacity: Capacity) {
+        self.capacity = capacity;
+    }
+
+    /// Writes go to `store` from now on; it must hold what the old one held.
+    pub fn replace_store(&mut self, store: S) -> S {
+        std::mem::replace(&mut self.store, store)
     }
 
     /// Makes the maps hold `desired` (every frontend), writing only what differs.
@@ -823,6 +865,17 @@ pub(crate) mod recorder {
         pub services: BTreeMap<ServiceKey, ServiceEntry>,
         pub backends: BTreeMap<u32, Backend>,
         pub check_every_write: bool,
+        /// The most entries each map held at once, since the start or `reset_peaks`.
+        pub peak_services: usize,
+        pub peak_backends: usize,
+    }
+
+    impl Recorder {
+        /// Peaks start again from what the maps hold now.
+        pub fn reset_peaks(&mut self) {
+            self.peak_services = self.services.len();
+            self.peak_backends = self.backends.len();
+        }
     }
 
     impl Default for Recorder {
@@ -832,6 +885,8 @@ pub(crate) mod recorder {
                 services: BTreeMap::new(),
                 backends: BTreeMap::new(),
                 check_every_write: true,
+                peak_services: 0,
+                peak_backends: 0,
             }
         }
     }
@@ -853,6 +908,8 @@ pub(crate) mod recorder {
                     self.backends.remove(id);
                 }
             }
+            self.peak_services = self.peak_services.max(self.services.len());
+            self.peak_backends = self.peak_backends.max(self.backends.len());
             // After every single write, what a lookup sees must be consistent.
             if self.check_every_write {
                 assert_consistent(&self.services, &self.backends);

@@ -6,6 +6,7 @@ mod api_outage;
 mod foreign_cleanup;
 mod fragments;
 mod low_ttl;
+mod map_growth;
 mod map_memory;
 mod raised_capacity;
 mod shrinking_churn;

@@ -7,21 +7,16 @@
 //! connections with little room to spare, so that flood entries in it would evict them.
 //! The SYN timeout is 3 s instead of 60 s, to keep the test short.
 use std::{
-    io::{ErrorKind, Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream},
+    io::{Read as _, Write as _},
+    net::{Ipv4Addr, SocketAddrV4, TcpStream},
     os::fd::AsRawFd as _,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
+    echo::{EchoServer, echo},
     lan::{NODE1, POD2, POD2_ENDPOINT, counters, lan, nodes, service, slice},
-    netns::Netns,
 };
 
 const IDLE_CONNECTIONS: usize = 1_000;
@@ -148,18 +143,6 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports() {
     assert_eq!(counters(&sandbox).errors, 0);
 }
 
-/// Sends a byte and expects it back.
-fn echo(stream: &mut TcpStream) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(b"x")?;
-    let mut byte = [0u8; 1];
-    stream.read_exact(&mut byte)?;
-    if byte != *b"x" {
-        return Err(std::io::Error::new(ErrorKind::InvalidData, "wrong echo"));
-    }
-    Ok(())
-}
-
 /// `count` TCP SYNs to `target` from spoofed sources (198.18.0.0/15, the benchmarking
 /// range) through a raw socket of this thread's namespace.
 fn syn_flood(target: SocketAddrV4, count: u32) {
@@ -236,61 +219,4 @@ fn syn_packet(source: Ipv4Addr, source_port: u16, target: SocketAddrV4) -> [u8; 
     let checksum = !(sum as u16);
     packet[36..38].copy_from_slice(&checksum.to_be_bytes());
     packet
-}
-
-/// A TCP echo server in `netns` with a listen backlog for thousands of connections, a
-/// thread per connection; stops accepting when dropped (connections end with their
-/// clients).
-struct EchoServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl EchoServer {
-    fn start(netns: &Netns, addr: SocketAddrV4) -> Self {
-        let listener = netns.enter(|| {
-            let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
-            // SAFETY: listen again on our listening socket: only raises its backlog.
-            let rc = unsafe { libc::listen(listener.as_raw_fd(), 4096) };
-            assert_eq!(rc, 0, "listen: {}", std::io::Error::last_os_error());
-            listener
-        });
-        listener.set_nonblocking(true).expect("nonblocking");
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !stopping.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut stream, _)) => {
-                        let _ = stream.set_nonblocking(false);
-                        std::thread::Builder::new()
-                            .stack_size(64 * 1024)
-                            .spawn(move || {
-                                let mut buffer = [0u8; 512];
-                                while let Ok(n) = stream.read(&mut buffer) {
-                                    if n == 0 || stream.write_all(&buffer[..n]).is_err() {
-                                        break;
-                                    }
-                                }
-                            })
-                            .expect("spawn an echo thread");
-                    }
-                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
-                }
-            }
-        });
-        Self {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for EchoServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
 }

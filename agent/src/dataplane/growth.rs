@@ -1,0 +1,228 @@
+//! Growing the maps the agent fills while the programs run (`sizing` says when and how far).
+//!
+//! A BPF map cannot be resized, so a larger one is created and the programs are loaded
+//! again over it. Every other map is the pinned one the running programs share: conntrack,
+//! session affinity, the socket ring and the counters carry on untouched. The agent copies
+//! the entries into the larger map, swaps the new programs into every attached link
+//! (`BPF_LINK_UPDATE`, atomic per link), then moves the larger map's pin over the old one.
+//! The agent is the only writer of these maps and writes nothing until the swap is done, so
+//! old and new programs read the same entries: no lookup misses, no connection fails.
+//! Until the links are swapped nothing is lost by failing: the old maps keep serving.
+use std::{fs, path::Path};
+
+use aya::{
+    Ebpf, Pod,
+    maps::{HashMap, MapData, MapError},
+};
+use socklb_abi::{MaglevKey, map_names};
+use tracing::{error, info, warn};
+
+use super::{
+    Dataplane, LoadError, TcAttachError, loader,
+    maps::KernelMaps,
+    sizing::{self, Sizes},
+    take_map, tc,
+    writer::Capacity,
+};
+
+/// How long after a failed growth the next is tried: each try loads every program again.
+const GROWTH_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum GrowError {
+    #[error(transparent)]
+    Load(#[from] Box<LoadError>),
+    #[error("cannot use the larger map {name}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("cannot copy the entries of {name} into the larger map")]
+    Copy {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error("cannot swap the programs into the attached links")]
+    SwapCgroup(#[source] Box<LoadError>),
+    #[error("cannot swap the programs into the attached TC links")]
+    SwapTc(#[source] Box<TcAttachError>),
+}
+
+impl Dataplane {
+    /// Grows the maps that an apply needing `demand` (and `maglev_demand` Maglev entries)
+    /// would fill beyond three quarters, within their flags. A failed growth is logged and
+    /// leaves the maps as they were: the writer then refuses what does not fit, as at a flag.
+    pub(super) fn make_room(&mut self, demand: Capacity, maglev_demand: u32) {
+        let bounds = self.config.capacities;
+        let current = self.sizes;
+        let target = Sizes {
+            services: sizing::grown(
+                current.services,
+                demand.service_entries,
+                bounds.service_entries,
+            )
+            .unwrap_or(current.services),
+            backends: sizing::grown(current.backends, demand.backends, bounds.backends)
+                .unwrap_or(current.backends),
+            maglev: sizing::grown(current.maglev, maglev_demand, bounds.maglev_entries)
+                .unwrap_or(current.maglev),
+        };
+        let retry_later = self
+            .growth_retry_at
+            .is_some_and(|at| std::time::Instant::now() < at);
+        if target == current || retry_later {
+            return;
+        }
+        self.growth_retry_at = None;
+        match self.grow(target) {
+            Ok(swapped) => info!(
+                from = ?current,
+                to = ?target,
+                links_swapped = swapped,
+                "maps grown: the programs now run over the larger maps"
+            ),
+            Err(error) => {
+                warn!(
+                    error = %crate::error_chain(&error),
+                    from = ?current,
+                    to = ?target,
+                    retry_in = ?GROWTH_RETRY,
+                    "growing the maps failed; they keep serving at their size, and what does \
+                     not fit is refused until a later sync grows them"
+                );
+                self.growth_retry_at = Some(std::time::Instant::now() + GROWTH_RETRY);
+            }
+        }
+    }
+
+    /// Loads the programs over maps of `target` sizes, copies the entries and swaps the
+    /// programs in. Returns how many links now run the new programs.
+    fn grow(&mut self, target: Sizes) -> Result<usize, GrowError> {
+        let pin_dir = self.config.pin_dir.clone();
+        let grown: Vec<&'static str> = [
+            (map_names::SERVICES, target.services != self.sizes.services),
+            (map_names::BACKENDS, target.backends != self.sizes.backends),
+            (map_names::MAGLEV, target.maglev != self.sizes.maglev),
+        ]
+        .into_iter()
+        .filter_map(|(name, grows)| grows.then_some(name))
+        .collect();
+        let mut ebpf = loader::load_grown(&pin_dir, &self.config.capacities, &target, &grown)
+            .map_err(Box::new)?;
+        let (kernel_maps, maglev) = match self.copy_into(&mut ebpf, &grown) {
+            Ok(maps) => maps,
+            Err(error) => {
+                loader::remove_staging(&pin_dir);
+                return Err(error);
+            }
+        };
+        let swapped = match swap(&mut ebpf, &pin_dir) {
+            Ok(swapped) => swapped,
+            Err(failure) => {
+                // Links already swapped go back to the programs over the old maps, which
+                // the agent keeps writing.
+                if let Err(error) = swap(&mut self.ebpf, &pin_dir) {
+                    error!(
+                        error = %crate::error_chain(&error),
+                        "cannot put the programs over the old maps back after a failed \
+                         growth: some links may read maps no longer written; restart the agent"
+                    );
+                }
+                loader::remove_staging(&pin_dir);
+                return Err(failure);
+            }
+        };
+
+        // From here on the new maps are the ones: the links read them.
+        drop(self.writer.replace_store(kernel_maps));
+        drop(self.maglev.replace_map(maglev));
+        self.ebpf = ebpf;
+        self.sizes = target;
+        self.writer.set_capacity(Capacity {
+            service_entries: target.services,
+            backends: target.backends,
+        });
+        for name in &grown {
+            let staged = loader::staging_dir(&pin_dir).join(name);
+            let pinned = pin_dir.join(name);
+            if let Err(error) = fs::rename(&staged, &pinned) {
+                warn!(
+                    map = name,
+                    %error,
+                    "cannot move the larger map's pin: a restarted agent adopts the old map \
+                     and rewrites it before it attaches"
+                );
+            }
+        }
+        loader::remove_staging(&pin_dir);
+        Ok(swapped)
+    }
+}
+
+impl Dataplane {
+    /// The maps of the new load, the grown ones filled with the entries of the old.
+    fn copy_into(
+        &self,
+        ebpf: &mut Ebpf,
+        grown: &[&'static str],
+    ) -> Result<(KernelMaps, HashMap<MapData, MaglevKey, u32>), GrowError> {
+        let mut take =
+            |name| take_map(ebpf, name).map_err(|error| GrowError::Load(Box::new(error)));
+        let services = take(map_names::SERVICES)?;
+        let backends = take(map_names::BACKENDS)?;
+        let maglev = take(map_names::MAGLEV)?;
+        let mut kernel_maps =
+            KernelMaps::new(services, backends).map_err(|source| GrowError::Map {
+                name: map_names::SERVICES,
+                source,
+            })?;
+        let mut maglev: HashMap<MapData, MaglevKey, u32> =
+            maglev.try_into().map_err(|source| GrowError::Map {
+                name: map_names::MAGLEV,
+                source,
+            })?;
+        let old = self.writer.store();
+        if grown.contains(&map_names::SERVICES) {
+            copy(
+                map_names::SERVICES,
+                &old.services,
+                &mut kernel_maps.services,
+            )?;
+        }
+        if grown.contains(&map_names::BACKENDS) {
+            copy(
+                map_names::BACKENDS,
+                &old.backends,
+                &mut kernel_maps.backends,
+            )?;
+        }
+        if grown.contains(&map_names::MAGLEV) {
+            copy(map_names::MAGLEV, self.maglev.map(), &mut maglev)?;
+        }
+        Ok((kernel_maps, maglev))
+    }
+}
+
+/// Swaps the programs of `ebpf` into every link attached under `pin_dir`; returns how many.
+fn swap(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, GrowError> {
+    let cgroup =
+        loader::replace_attached(ebpf, pin_dir).map_err(|e| GrowError::SwapCgroup(Box::new(e)))?;
+    let external =
+        tc::replace_attached(ebpf, pin_dir).map_err(|e| GrowError::SwapTc(Box::new(e)))?;
+    Ok(cgroup + external)
+}
+
+fn copy<K: Pod, V: Pod>(
+    name: &'static str,
+    from: &HashMap<MapData, K, V>,
+    to: &mut HashMap<MapData, K, V>,
+) -> Result<(), GrowError> {
+    let error = |source| GrowError::Copy { name, source };
+    for entry in from.iter() {
+        let (key, value) = entry.map_err(error)?;
+        to.insert(&key, &value, 0).map_err(error)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! A node grows from 100 to 20,000 Services on the default flags, under load: the service
+//! and backend maps grow by themselves (new maps, the programs swapped in place), no
+//! connection fails, and the state the programs keep (conntrack, session affinity, the
+//! socket ring) survives the swaps: the same maps, read by the new programs.
+use std::{
+    collections::BTreeMap,
+    net::{SocketAddr, SocketAddrV4},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    maps::{HashMap, Map, MapData},
+    programs::{
+        links::{FdLink, PinnedLink},
+        loaded_programs,
+    },
+};
+use socklb_abi::{AffinityEntry, AffinityKey, ServiceEntry, ServiceKey, map_names, program_names};
+use socklb_tests::{
+    Agent, ManifestDir, NamedServer, Sandbox,
+    echo::{EchoServer, echo},
+    lan::{
+        NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, answers, counters, lan, nodes, service,
+        slice,
+    },
+    service_yaml, slice_yaml,
+};
+
+/// Services on the node at each stage, besides the three the test talks to.
+const STAGES: [usize; 3] = [100, 2_000, 20_000];
+/// Endpoints of every filler Service (addresses nobody connects to).
+const ENDPOINTS: usize = 5;
+const NODE_PORT: u16 = 30140;
+
+/// The maps that grow here; every other map must stay the same object, entries and all.
+const GROWN: [&str; 2] = [map_names::SERVICES, map_names::BACKENDS];
+
+#[test]
+fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
+    let sandbox = Sandbox::new("map-growth");
+    let lan = lan("w");
+    let _echo = EchoServer::start(&lan.pod2, SocketAddrV4::new(POD2, 8080));
+    let _spread = [
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8081)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8081)),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    let pods = [POD1_ENDPOINT, POD2_ENDPOINT];
+    // Reached from outside through its NodePort; its backend is on node2 (SNAT, conntrack).
+    manifests.write(
+        "echo.yaml",
+        &format!(
+            "{}---\n{}",
+            service(
+                "echo",
+                "10.96.0.140",
+                &format!(
+                    "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
+                ),
+                "  type: NodePort",
+                None
+            ),
+            slice("echo-1", "echo", ("http", 8080, "TCP"), &[POD2_ENDPOINT])
+        ),
+    );
+    // Reached from local sockets: one Service spreads, one sticks (ClientIP affinity).
+    for (name, vip, extra) in [
+        ("spread", "10.96.0.141", ""),
+        ("sticky", "10.96.0.142", "  sessionAffinity: ClientIP\n"),
+    ] {
+        manifests.write(
+            &format!("{name}.yaml"),
+            &format!(
+                "{}---\n{}",
+                service(
+                    name,
+                    vip,
+                    "[{name: http, port: 80, targetPort: 8081, protocol: TCP}]",
+                    extra,
+                    None
+                ),
+                slice(&format!("{name}-1"), name, ("http", 8081, "TCP"), &pods)
+            ),
+        );
+    }
+    manifests.write("fillers.yaml", &fillers(STAGES[0]));
+    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    wait_for_entries(&sandbox.pin_dir, STAGES[0], &agent);
+
+    // Traffic from outside: a long-lived flow through conntrack and SNAT.
+    let frontend = SocketAddrV4::new(NODE1.parse().expect("node address"), NODE_PORT);
+    let mut outside = lan.client.enter(|| {
+        std::net::TcpStream::connect_timeout(&frontend.into(), Duration::from_secs(5))
+            .expect("connect through the NodePort")
+    });
+    echo(&mut outside).expect("the flow from outside echoes before the growth");
+    // Session affinity: where the sticky Service sends this node's clients.
+    let sticky: SocketAddr = "10.96.0.142:80".parse().expect("address");
+    let stuck = single_backend(&sandbox.probe("tcp", sticky, 3), "before the growth");
+    let affinity_before = affinity_entries(&sandbox.pin_dir);
+    assert!(!affinity_before.is_empty(), "no affinity entry was made");
+    let before = MapIds::read(&sandbox.pin_dir);
+
+    // Load: a client connects to the spreading Service all along.
+    let spread: SocketAddr = "10.96.0.141:80".parse().expect("address");
+    let mut load = sandbox.spawn_probe_for("tcp", spread, Duration::from_secs(600), 5);
+    for (stage, services) in STAGES.iter().enumerate().skip(1) {
+        manifests.write("fillers.yaml", &fillers(*services));
+        agent.wait_for_log("maps grown", stage);
+        wait_for_entries(&sandbox.pin_dir, *services, &agent);
+        assert!(load.running(), "the load client ended early");
+    }
+    let attempts = load.stop();
+    assert!(
+        attempts.len() >= 20,
+        "the load client made only {} attempts",
+        attempts.len()
+    );
+    // `answers` fails on any attempt without a reply.
+    let servers = answers(&attempts);
+    assert!(
+        servers
+            .iter()
+            .all(|(server, _)| server == "pod1" || server == "pod2"),
+        "the Service under load was answered by someone else: {servers:?}"
+    );
+
+    let after = MapIds::read(&sandbox.pin_dir);
+    for name in map_names::ALL
+        .into_iter()
+        .filter(|name| !GROWN.contains(name))
+    {
+        assert_eq!(
+            before.maps[name], after.maps[name],
+            "{name} was replaced: its entries are lost"
+        );
+    }
+    for name in GROWN {
+        assert_ne!(before.maps[name], after.maps[name], "{name} did not grow");
+        assert!(
+            after.sizes[name] > before.sizes[name],
+            "{name}: {} entries, was {}",
+            after.sizes[name],
+            before.sizes[name]
+        );
+    }
+    // Every attached link runs a new program, which reads only the pinned maps (none that
+    // the agent no longer writes).
+    let pinned: Vec<u32> = after.maps.values().copied().collect();
+    for (link, program) in &after.programs {
+        assert_ne!(
+            before.programs.get(link),
+            Some(program),
+            "{link} still runs the program of before the growth"
+        );
+        for map in program_maps(*program) {
+            assert!(
+                pinned.contains(&map) || !is_socklb_map(map),
+                "{link} reads map {map}, which is not pinned any more"
+            );
+        }
+    }
+
+    echo(&mut outside).expect("the flow from outside echoes after the growths");
+    assert_eq!(
+        affinity_entries(&sandbox.pin_dir)
+            .into_iter()
+            .filter(|(key, _)| affinity_before.contains_key(key))
+            .count(),
+        affinity_before.len(),
+        "affinity entries were lost"
+    );
+    assert_eq!(
+        single_backend(&sandbox.probe("tcp", sticky, 3), "after the growth"),
+        stuck,
+        "the sticky client moved"
+    );
+    assert_eq!(counters(&sandbox).errors, 0, "{}", agent.log());
+}
+
+/// `count` ClusterIP Services of `ENDPOINTS` endpoints each, in one manifest.
+fn fillers(count: usize) -> String {
+    let mut yaml = String::new();
+    for i in 0..count {
+        let name = format!("filler-{i}");
+        let vip = format!("10.100.{}.{}", i / 250, i % 250 + 1);
+        let addresses: Vec<String> = (0..ENDPOINTS)
+            .map(|e| {
+                let n = i * ENDPOINTS + e;
+                format!("10.{}.{}.{}", 200 + n / 65_536, (n / 256) % 256, n % 256)
+            })
+            .collect();
+        let endpoints: Vec<(&str, &str, &str, &str)> = addresses
+            .iter()
+            .map(|address| (address.as_str(), "node2", "z1", ""))
+            .collect();
+        yaml.push_str(&service_yaml(&name, &vip, 80, ""));
+        yaml.push_str("---\n");
+        yaml.push_str(&slice_yaml(
+            &format!("{name}-1"),
+            &name,
+            8080,
+            &endpoints,
+            false,
+        ));
+        yaml.push_str("---\n");
+    }
+    yaml
+}
+
+/// Waits until the service map holds every filler Service's entries.
+fn wait_for_entries(pin_dir: &Path, services: usize, agent: &Agent) {
+    let expected = services * (1 + ENDPOINTS);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let held = service_entries(pin_dir);
+        if held >= expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not program {services} Services within 60 s ({held} entries):\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn service_entries(pin_dir: &Path) -> usize {
+    let data = MapData::from_pin(pin_dir.join(map_names::SERVICES)).expect("the service map");
+    let map: HashMap<_, ServiceKey, ServiceEntry> =
+        HashMap::try_from(Map::HashMap(data)).expect("a hash map");
+    map.keys().filter_map(Result::ok).count()
+}
+
+fn affinity_entries(pin_dir: &Path) -> BTreeMap<(u64, u32), u32> {
+    let data = MapData::from_pin(pin_dir.join(map_names::AFFINITY)).expect("the affinity map");
+    let map: HashMap<_, AffinityKey, AffinityEntry> =
+        HashMap::try_from(Map::LruHashMap(data)).expect("an LRU map");
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(key, entry)| ((key.netns_cookie, key.service_id), entry.backend_id))
+        .collect()
+}
+
+/// The one backend that answered every attempt.
+fn single_backend(attempts: &[socklb_tests::Attempt], when: &str) -> String {
+    let backends: std::collections::BTreeSet<String> = answers(attempts)
+        .into_iter()
+        .map(|(server, _)| server)
+        .collect();
+    assert_eq!(
+        backends.len(),
+        1,
+        "the sticky client moved {when}: {backends:?}"
+    );
+    backends.into_iter().next().expect("one backend")
+}
+
+/// Ids of the pinned maps, their sizes, and the program each pinned link runs.
+struct MapIds {
+    maps: BTreeMap<&'static str, u32>,
+    sizes: BTreeMap<&'static str, u32>,
+    programs: BTreeMap<String, u32>,
+}
+
+impl MapIds {
+    fn read(pin_dir: &Path) -> Self {
+        let mut maps = BTreeMap::new();
+        let mut sizes = BTreeMap::new();
+        for name in map_names::ALL {
+            let info = MapData::from_pin(pin_dir.join(name))
+                .and_then(|map| map.info())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            maps.insert(name, info.id());
+            sizes.insert(name, info.max_entries());
+        }
+        let mut programs = BTreeMap::new();
+        let links = std::fs::read_dir(pin_dir.join("links")).expect("the link pins");
+        for entry in links {
+            let path = entry.expect("a link pin").path();
+            let name = path
+                .file_name()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned();
+            let link = FdLink::from(PinnedLink::from_pin(&path).expect("a pinned link"));
+            programs.insert(name, link.info().expect("link info").program_id());
+        }
+        assert!(
+            programs.len() > program_names::SOCK_ADDR.len(),
+            "both the cgroup and the TC programs are attached: {programs:?}"
+        );
+        Self {
+            maps,
+            sizes,
+            programs,
+        }
+    }
+}
+
+/// Whether map `id` is one of socklb's (a program also uses maps of its own, such as
+/// .rodata for its globals).
+fn is_socklb_map(id: u32) -> bool {
+    aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .find(|map| map.id() == id)
+        .and_then(|map| map.name_as_str().map(|name| name.starts_with("socklb_")))
+        .unwrap_or(false)
+}
+
+/// The ids of the maps program `id` uses.
+fn program_maps(id: u32) -> Vec<u32> {
+    loaded_programs()
+        .filter_map(Result::ok)
+        .find(|program| program.id() == id)
+        .and_then(|program| program.map_ids().ok().flatten())
+        .unwrap_or_else(|| panic!("program {id} is not loaded"))
+}
