@@ -44,6 +44,8 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
     let _spread = [
         NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8081)),
         NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8081)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8053)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8053)),
     ];
     let manifests = ManifestDir::new(&sandbox);
     nodes(&manifests);
@@ -65,10 +67,18 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
             slice("echo-1", "echo", ("http", 8080, "TCP"), &[POD2_ENDPOINT])
         ),
     );
-    // Reached from local sockets: one Service spreads, one sticks (ClientIP affinity).
-    for (name, vip, extra) in [
-        ("spread", "10.96.0.141", ""),
-        ("sticky", "10.96.0.142", "  sessionAffinity: ClientIP\n"),
+    // Reached from local sockets: Services that spread (TCP and UDP), one that sticks
+    // (ClientIP affinity).
+    for (name, vip, protocol, port, extra) in [
+        ("spread", "10.96.0.141", "TCP", 8081, ""),
+        ("dns", "10.96.0.143", "UDP", 8053, ""),
+        (
+            "sticky",
+            "10.96.0.142",
+            "TCP",
+            8081,
+            "  sessionAffinity: ClientIP\n",
+        ),
     ] {
         manifests.write(
             &format!("{name}.yaml"),
@@ -77,11 +87,11 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
                 service(
                     name,
                     vip,
-                    "[{name: http, port: 80, targetPort: 8081, protocol: TCP}]",
+                    &format!("[{{name: p, port: 80, targetPort: {port}, protocol: {protocol}}}]"),
                     extra,
                     None
                 ),
-                slice(&format!("{name}-1"), name, ("http", 8081, "TCP"), &pods)
+                slice(&format!("{name}-1"), name, ("p", port, protocol), &pods)
             ),
         );
     }
@@ -103,29 +113,39 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
     assert!(!affinity_before.is_empty(), "no affinity entry was made");
     let before = MapIds::read(&sandbox.pin_dir);
 
-    // Load: a client connects to the spreading Service all along.
+    // Load: clients connect to the spreading Services all along.
     let spread: SocketAddr = "10.96.0.141:80".parse().expect("address");
-    let mut load = sandbox.spawn_probe_for("tcp", spread, Duration::from_secs(600), 5);
+    let dns: SocketAddr = "10.96.0.143:80".parse().expect("address");
+    let forever = Duration::from_secs(600);
+    let mut load = [
+        sandbox.spawn_probe_for("tcp", spread, forever, 5),
+        sandbox.spawn_probe_for("udp-connected", dns, forever, 5),
+    ];
     for (stage, services) in STAGES.iter().enumerate().skip(1) {
         manifests.write("fillers.yaml", &fillers(*services));
         agent.wait_for_log("maps grown", stage);
         wait_for_entries(&sandbox.pin_dir, *services, &agent);
-        assert!(load.running(), "the load client ended early");
+        assert!(
+            load.iter_mut().all(|client| client.running()),
+            "a load client ended early"
+        );
     }
-    let attempts = load.stop();
-    assert!(
-        attempts.len() >= 20,
-        "the load client made only {} attempts",
-        attempts.len()
-    );
-    // `answers` fails on any attempt without a reply.
-    let servers = answers(&attempts);
-    assert!(
-        servers
-            .iter()
-            .all(|(server, _)| server == "pod1" || server == "pod2"),
-        "the Service under load was answered by someone else: {servers:?}"
-    );
+    for (client, what) in load.into_iter().zip(["TCP", "connected UDP"]) {
+        let attempts = client.stop();
+        assert!(
+            attempts.len() >= 20,
+            "the {what} client made only {} attempts",
+            attempts.len()
+        );
+        // `answers` fails on any attempt without a reply.
+        let servers = answers(&attempts);
+        assert!(
+            servers
+                .iter()
+                .all(|(server, _)| server == "pod1" || server == "pod2"),
+            "the {what} Service under load was answered by someone else: {servers:?}"
+        );
+    }
 
     let after = MapIds::read(&sandbox.pin_dir);
     for name in map_names::ALL
