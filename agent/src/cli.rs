@@ -22,6 +22,7 @@ use crate::{
         kube::{self, KubeSource},
     },
     state::ClusterState,
+    trace,
 };
 
 #[derive(Debug, Parser)]
@@ -43,6 +44,8 @@ pub enum Command {
     Explain(ExplainArgs),
     /// Show what the pinned maps hold (works while the agent is down).
     Inspect(InspectArgs),
+    /// Show each translation as it happens: which backend, and why.
+    Trace(TraceArgs),
     /// Detach the programs and remove every pin socklb created.
     Cleanup(PinArgs),
     /// Print the version and the map layout version.
@@ -255,6 +258,36 @@ pub struct InspectArgs {
 }
 
 #[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub pins: PinArgs,
+    /// Only the frontends of this Service, NAMESPACE/NAME.
+    #[arg(long)]
+    pub service: Option<String>,
+    /// Only this frontend, ADDRESS:PORT (port 0: any port of the address).
+    #[arg(long)]
+    pub frontend: Option<std::net::SocketAddrV4>,
+    /// Only translations to this backend address.
+    #[arg(long)]
+    pub backend: Option<std::net::Ipv4Addr>,
+    /// Also recvmsg() and getpeername() answers shown as the frontend.
+    #[arg(long)]
+    pub reverse: bool,
+    /// Also every packet of known flows from outside (conntrack hits), not only new flows.
+    #[arg(long)]
+    pub packets: bool,
+    /// Stop after this many events.
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Stop after this long (e.g. `30s`).
+    #[arg(long)]
+    pub duration: Option<humantime::Duration>,
+    /// `table`: one line per event; `json`: one JSON object per line.
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
 pub struct ExplainArgs {
     #[command(flatten)]
     pub source: SourceArgs,
@@ -288,6 +321,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Run(args) => run(&args),
         Command::Explain(args) => explain_command(&args),
         Command::Inspect(args) => inspect_command(&args).map_err(privilege_first),
+        Command::Trace(args) => trace_command(&args).map_err(privilege_first),
         Command::Cleanup(args) => cleanup(&args).map_err(privilege_first),
         Command::Version => {
             println!(
@@ -542,6 +576,51 @@ fn inspect_command(args: &InspectArgs) -> anyhow::Result<()> {
         Output::Table => print!("{}", inspect::table(&inspection)),
         Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
     }
+    Ok(())
+}
+
+fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
+    let service = match &args.service {
+        Some(service) => Some(
+            service
+                .split_once('/')
+                .map(|(namespace, name)| (namespace.to_owned(), name.to_owned()))
+                .with_context(|| format!("--service {service}: expected NAMESPACE/NAME"))?,
+        ),
+        None => None,
+    };
+    let options = trace::session::Options {
+        pin_dir: args.pins.pin_dir.clone(),
+        filters: trace::session::Filters {
+            service,
+            frontend: args.frontend,
+            backend: args.backend,
+            reverse: args.reverse,
+            packets: args.packets,
+        },
+        json: args.output == Output::Json,
+        count: args.count,
+        duration: args.duration.map(Into::into),
+    };
+    let summary = runtime()?.block_on(async {
+        let stop = async {
+            use tokio::signal::unix::{SignalKind, signal};
+            match signal(SignalKind::terminate()) {
+                Ok(mut terminate) => tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = terminate.recv() => {}
+                },
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
+        };
+        trace::session::run(&options, std::io::stdout().lock(), stop).await
+    })?;
+    eprintln!(
+        "{} events shown, {} lost (ring buffer full)",
+        summary.shown, summary.lost
+    );
     Ok(())
 }
 

@@ -3,7 +3,7 @@
 //! Data flows one way: `source` (events) -> `state` (caches, change tracking) -> `select`
 //! (pure, per node) -> `frontends` (the desired datapath) -> `dataplane` (the maps), driven
 //! by `runner`; `server` and `metrics` report on it, `health_check` answers load balancers'
-//! healthCheckNodePorts, `explain` shows it.
+//! healthCheckNodePorts, `explain` shows it, `trace` shows each translation live.
 pub mod cli;
 pub mod dataplane;
 pub mod explain;
@@ -16,6 +16,7 @@ pub mod select;
 pub mod server;
 pub mod source;
 pub mod state;
+pub mod trace;
 
 #[cfg(test)]
 mod fuzz;

@@ -967,17 +967,7 @@ impl Agent {
         };
         // As the chart runs it: its user, capabilities and no_new_privs.
         let mut command = privileges.command(agent_bin());
-        // Spawned processes inherit the signal mask: a caller that blocks SIGTERM (a
-        // benchmark does, to clean up on one thread of its own) must not block the agent's.
-        // SAFETY: only async-signal-safe calls (sigemptyset, pthread_sigmask) before exec.
-        unsafe {
-            command.pre_exec(|| {
-                let mut none: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut none);
-                libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
-                Ok(())
-            });
-        }
+        unblock_signals_on_exec(&mut command);
         let started = Instant::now();
         let mut child = command
             .arg("run")
@@ -1119,6 +1109,20 @@ pub fn machine_context() -> String {
         .map(|output| String::from_utf8_lossy(&output.stdout).trim().to_owned())
         .unwrap_or_default();
     format!("{date}, kernel {kernel}, {cpus} CPUs ({model})")
+}
+
+/// Spawned processes inherit the signal mask: a caller that blocks SIGTERM (a benchmark
+/// does, to clean up on one thread of its own) must not block its children's.
+pub fn unblock_signals_on_exec(command: &mut Command) {
+    // SAFETY: only async-signal-safe calls (sigemptyset, pthread_sigmask) before exec.
+    unsafe {
+        command.pre_exec(|| {
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
+            Ok(())
+        });
+    }
 }
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and the threads it starts), so that a

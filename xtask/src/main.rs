@@ -59,6 +59,10 @@ enum Bench {
         /// root with every capability (`root`, no verifier Spectre hardening).
         #[arg(long, default_value = "chart")]
         loader: String,
+        /// `on`: a `socklb trace` session runs during the measurements (what tracing
+        /// costs each translation).
+        #[arg(long, default_value = "off")]
+        trace: String,
     },
     /// The real agent: cold start (file and kube sources), EndpointSlice change to map
     /// latency, and its CPU under a sustained rate of changes.
@@ -177,7 +181,23 @@ fn main() -> anyhow::Result<()> {
                     connections,
                     services,
                     loader,
+                    trace,
                 } => {
+                    if trace == "on" {
+                        // The session is the release agent, next to the benchmark binary.
+                        step(
+                            "build the agent",
+                            &[
+                                "build",
+                                "--quiet",
+                                "--release",
+                                "--package",
+                                "socklb-agent",
+                                "--bin",
+                                "socklb",
+                            ],
+                        )?;
+                    }
                     let services: Vec<String> = services.iter().map(u32::to_string).collect();
                     let args = [
                         "datapath".to_owned(),
@@ -187,6 +207,8 @@ fn main() -> anyhow::Result<()> {
                         services.join(","),
                         "--loader".to_owned(),
                         loader,
+                        "--trace".to_owned(),
+                        trace,
                     ];
                     cargo_run_release("socklb-bench", &args)
                 }

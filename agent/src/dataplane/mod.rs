@@ -29,7 +29,8 @@ use aya::{
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
 pub use host::{
-    HostError, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses, prepare_pin_dir,
+    HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses,
+    prepare_pin_dir,
 };
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
 pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};

@@ -31,7 +31,7 @@ pub mod map_names {
     /// [`super::AffinityKey`] -> [`super::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
-    pub const COUNTERS: &str = "socklb_cnt_v3";
+    pub const COUNTERS: &str = "socklb_cnt_v4";
     /// [`super::CtKey`] -> [`super::CtEntry`] (LRU): confirmed flows from outside the node
     /// (TCP past its handshake, UDP answered and continued) and their NAT.
     pub const CONNTRACK: &str = "socklb_ct_v1";
@@ -52,9 +52,15 @@ pub mod map_names {
     /// service id (`u32`) -> [`super::FrontendName`]: which Service a frontend belongs to,
     /// for `socklb inspect` and bpftool. The programs never read it.
     pub const NAMES: &str = "socklb_names_v1";
+    /// Ring buffer of [`super::TraceEvent`]s: translations as they happen, written only
+    /// while a `socklb trace` session holds the lease in [`TRACE_CONTROL`].
+    pub const TRACE: &str = "socklb_trace_v1";
+    /// [`super::TraceControl`], a single entry at index 0: whether, and for what, the
+    /// programs write trace events.
+    pub const TRACE_CONTROL: &str = "socklb_trctl_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 15] = [
         SERVICES,
         BACKENDS,
         REVERSE,
@@ -68,13 +74,16 @@ pub mod map_names {
         SOURCE_RANGES,
         MAGLEV,
         NAMES,
+        TRACE,
+        TRACE_CONTROL,
     ];
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 5] = [
+    pub const RETIRED: [&str; 6] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
+        "socklb_cnt_v3",
         "socklb_node_v1",
         RETIRED_SERVICES,
         "socklb_be_v1",
@@ -503,6 +512,94 @@ pub struct FrontendName {
     pub pad: [u8; 7],
 }
 
+/// What a trace event describes: a socket translation, a reverse translation, or a flow
+/// from outside (TC).
+pub const TRACE_SOURCE_CONNECT: u8 = 1;
+pub const TRACE_SOURCE_SENDMSG: u8 = 2;
+/// recvmsg/getpeername showing the frontend instead of the backend.
+pub const TRACE_SOURCE_REVERSE: u8 = 3;
+/// A packet from outside the node (NodePort, LoadBalancer IP, externalIP).
+pub const TRACE_SOURCE_EXTERNAL: u8 = 4;
+
+// Why the backend was chosen (or none).
+
+/// A random slot (TCP connect; a new flow from outside without Maglev).
+pub const TRACE_REASON_RANDOM: u8 = 1;
+/// The socket's hash (UDP: a socket keeps its backend).
+pub const TRACE_REASON_PER_SOCKET: u8 = 2;
+/// The client's session-affinity entry.
+pub const TRACE_REASON_AFFINITY: u8 = 3;
+/// No usable backend: refused (socket) or dropped (outside).
+pub const TRACE_REASON_NO_BACKEND: u8 = 4;
+/// The Maglev table's position for the flow.
+pub const TRACE_REASON_MAGLEV: u8 = 5;
+/// loadBalancerSourceRanges do not allow the client: dropped.
+pub const TRACE_REASON_SOURCE_DENIED: u8 = 6;
+/// No SNAT port was free for a flow to another node: dropped.
+pub const TRACE_REASON_SNAT_EXHAUSTED: u8 = 7;
+/// The flow's conntrack entry (a packet of a known flow from outside).
+pub const TRACE_REASON_CONNTRACK: u8 = 8;
+/// The socket's record of the frontend it asked for (reverse translation).
+pub const TRACE_REASON_REVERSE: u8 = 9;
+
+/// [`TraceControl::flags`]: also emit reverse translations (recvmsg, getpeername).
+pub const TRACE_FLAG_REVERSE: u16 = 1 << 0;
+/// [`TraceControl::flags`]: also emit every packet of known flows from outside.
+pub const TRACE_FLAG_PACKETS: u16 = 1 << 1;
+
+/// One translation, as `socklb trace` shows it. Socket events carry the process, network
+/// namespace and cgroup of the caller (the agent adds the process name: the kernel gives
+/// socket-address programs no helper for it); events from outside carry the client's
+/// address.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// CLOCK_MONOTONIC, ns.
+    pub time_ns: u64,
+    pub socket_cookie: u64,
+    pub netns_cookie: u64,
+    pub cgroup_id: u64,
+    /// The calling process (thread group id); 0 for packets from outside.
+    pub pid: u32,
+    pub service_id: u32,
+    /// Addresses and ports in network byte order; 0 where not known.
+    pub client_address: u32,
+    pub frontend_address: u32,
+    pub backend_address: u32,
+    pub client_port: u16,
+    pub frontend_port: u16,
+    pub backend_port: u16,
+    /// The slot chosen (1-based) and how many the frontend had; 0 when none.
+    pub slot: u16,
+    pub count: u16,
+    pub protocol: u8,
+    /// `TRACE_SOURCE_*`.
+    pub source: u8,
+    /// `TRACE_REASON_*`.
+    pub reason: u8,
+    pub pad: u8,
+    pub pad2: u16,
+    pub pad3: u32,
+}
+
+/// Whether the programs emit trace events, and which. A session renews `until_ns` every
+/// second; a session that dies without turning emission off stops it by not renewing.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceControl {
+    /// Emit while CLOCK_MONOTONIC is below this, in ns; 0: off (the one check every
+    /// translation pays).
+    pub until_ns: u64,
+    /// The session holding the lease (its pid), so that a second one can name it.
+    pub session_pid: u32,
+    /// Kernel-side filters, 0 meaning any: frontend address and port, backend address.
+    pub frontend_address: u32,
+    pub backend_address: u32,
+    pub frontend_port: u16,
+    /// `TRACE_FLAG_*`.
+    pub flags: u16,
+}
+
 impl Default for FrontendName {
     fn default() -> Self {
         Self {
@@ -582,6 +679,9 @@ counters! {
     /// Packets from outside dropped because a helper failed after part of the packet was
     /// already rewritten (a half-translated packet never leaves).
     rewrite_failed => "rewrite_failed",
+    /// Trace events lost because the trace ring buffer was full (a `socklb trace` session
+    /// reading too slowly); the translations themselves are unaffected.
+    trace_lost => "trace_lost",
 }
 
 impl Counters {
@@ -614,6 +714,8 @@ const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
 const _: () = assert!(size_of::<NodeConfig>() == 28);
 const _: () = assert!(size_of::<FragmentKey>() == 12);
+const _: () = assert!(size_of::<TraceEvent>() == 72);
+const _: () = assert!(size_of::<TraceControl>() == 24);
 const _: () = assert!(size_of::<FragmentPorts>() == 4);
 const _: () = assert!(size_of::<MaglevKey>() == 8);
 const _: () = assert!(size_of::<FrontendName>() == 152);
@@ -639,6 +741,8 @@ mod pod {
     unsafe impl aya::Pod for super::SourceRange {}
     unsafe impl aya::Pod for super::MaglevKey {}
     unsafe impl aya::Pod for super::FrontendName {}
+    unsafe impl aya::Pod for super::TraceEvent {}
+    unsafe impl aya::Pod for super::TraceControl {}
 }
 
 #[cfg(test)]

@@ -37,7 +37,9 @@ use socklb_abi::{
     AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
     CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CtEntry, CtTimeouts, MaglevKey, PROTO_TCP, SCOPE_EXTERNAL,
     SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS,
-    ServiceEntry, ServiceKey, SourceRange,
+    ServiceEntry, ServiceKey, SourceRange, TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK,
+    TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND, TRACE_REASON_RANDOM, TRACE_REASON_SNAT_EXHAUSTED,
+    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
 };
 
 use crate::{
@@ -46,6 +48,7 @@ use crate::{
     lb,
     maps::{AFFINITY, BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
     packet::{Packet, PacketError, Tuple},
+    trace::{self, Decision},
 };
 
 const AF_INET: u8 = 2;
@@ -220,6 +223,17 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
             {
                 bump(|c| &mut c.errors);
             }
+            let tuple = &packet.tuple;
+            let decision = Decision {
+                source: TRACE_SOURCE_EXTERNAL,
+                reason: TRACE_REASON_CONNTRACK,
+                protocol: tuple.protocol,
+                service_id: found.entry.service_id,
+                frontend: (tuple.destination, tuple.destination_port),
+                backend: (found.entry.destination, found.entry.destination_port),
+                ..Decision::default()
+            };
+            trace::external(&decision, (tuple.source, tuple.source_port), true);
             return Ok(Flow::To(found.entry));
         }
     }
@@ -279,17 +293,33 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
     };
     // SAFETY: pointer from a successful lookup; copied out at once.
     let master: ServiceEntry = unsafe { *master };
+    let client = (tuple.source, tuple.source_port);
+    let mut decision = Decision {
+        source: TRACE_SOURCE_EXTERNAL,
+        protocol: tuple.protocol,
+        service_id: master.service_id,
+        frontend: (tuple.destination, tuple.destination_port),
+        count: master.count,
+        ..Decision::default()
+    };
     if !source_allowed(tuple) {
+        decision.reason = TRACE_REASON_SOURCE_DENIED;
+        trace::external(&decision, client, false);
         return Ok(Flow::Denied);
     }
     let count = u32::from(master.count);
     if count == 0 {
+        decision.reason = TRACE_REASON_NO_BACKEND;
+        trace::external(&decision, client, false);
         return Ok(Flow::NoBackend);
     }
     // A packet that cannot be forwarded (TTL 1 or less) makes no affinity or conntrack
     // entry, whatever becomes of it.
     let forwardable = packet.ttl > 1;
-    let backend = choose_backend(&master, &mut key, tuple, count, forwardable)?;
+    let (backend, reason) = choose_backend(&master, &mut key, tuple, count, forwardable)?;
+    decision.reason = reason;
+    decision.backend = (backend.backend_address, backend.backend_port);
+    decision.slot = key.slot;
     let mut entry = CtEntry {
         source: tuple.source,
         destination: backend.backend_address,
@@ -313,7 +343,11 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
         entry.flags |= CT_FLAG_SNAT;
         match conntrack::insert_snat(tuple, &mut entry, node, now) {
             Ok(Some(_)) => {}
-            Ok(None) => return Ok(Flow::SnatExhausted),
+            Ok(None) => {
+                decision.reason = TRACE_REASON_SNAT_EXHAUSTED;
+                trace::external(&decision, client, false);
+                return Ok(Flow::SnatExhausted);
+            }
             Err(_) => return Err(Error),
         }
     } else if !forwardable {
@@ -323,12 +357,13 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
         conntrack::insert(tuple, &entry).map_err(|_| Error)?;
     }
     bump(|c| &mut c.external_flows);
+    trace::external(&decision, client, false);
     Ok(Flow::To(entry))
 }
 
 /// The backend slot of a new flow: the client's session-affinity choice if fresh, else its
-/// Maglev position, else a random slot; the affinity entry is recorded or refreshed only if
-/// `record`.
+/// Maglev position, else a random slot (with the `TRACE_REASON_*` saying which); the
+/// affinity entry is recorded or refreshed only if `record`.
 #[inline(always)]
 fn choose_backend(
     master: &ServiceEntry,
@@ -336,7 +371,7 @@ fn choose_backend(
     tuple: &Tuple,
     count: u32,
     record: bool,
-) -> Result<ServiceEntry, Error> {
+) -> Result<(ServiceEntry, u8), Error> {
     let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0).then(|| AffinityKey {
         netns_cookie: AFFINITY_EXTERNAL_CLIENT | u64::from(tuple.source),
         service_id: master.service_id,
@@ -347,13 +382,19 @@ fn choose_backend(
     let remembered = affinity
         .as_ref()
         .and_then(|affinity| affinity_slot(affinity, master, key, now_ns, record));
-    key.slot = match remembered.or_else(|| maglev_slot(master, tuple, count)) {
-        Some(slot) => slot,
-        None => {
+    let maglev = remembered
+        .is_none()
+        .then(|| maglev_slot(master, tuple, count))
+        .flatten();
+    let reason;
+    (key.slot, reason) = match (remembered, maglev) {
+        (Some(slot), _) => (slot, TRACE_REASON_AFFINITY),
+        (None, Some(slot)) => (slot, TRACE_REASON_MAGLEV),
+        (None, None) => {
             // SAFETY: helper without arguments.
             let draw = unsafe { helpers::bpf_get_prandom_u32() };
             // count is at most u16::MAX, so the slot fits.
-            (draw % count + 1) as u16
+            ((draw % count + 1) as u16, TRACE_REASON_RANDOM)
         }
     };
     let Some(backend) = SERVICES.get_ptr(key) else {
@@ -374,7 +415,7 @@ fn choose_backend(
         }
         _ => {}
     }
-    Ok(backend)
+    Ok((backend, reason))
 }
 
 /// sessionAffinity ClientIP for a client outside the node: the slot it used last, if that

@@ -4,7 +4,9 @@
 use aya_ebpf::helpers;
 use socklb_abi::{
     AffinityEntry, AffinityKey, PROTO_TCP, PROTO_UDP, ReverseEntry, ReverseKey, SCOPE_INTERNAL,
-    SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey, SocketFrontend,
+    SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey, SocketFrontend, TRACE_REASON_AFFINITY,
+    TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET, TRACE_REASON_RANDOM, TRACE_REASON_REVERSE,
+    TRACE_SOURCE_CONNECT, TRACE_SOURCE_REVERSE, TRACE_SOURCE_SENDMSG,
 };
 
 use crate::{
@@ -12,6 +14,7 @@ use crate::{
     context::SockAddr,
     counters::bump,
     maps::{AFFINITY, REVERSE, SERVICES, SOCKETS, socket_slot},
+    trace::{self, Decision},
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -113,9 +116,21 @@ pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, E
         return Ok(Forward::Untouched);
     };
     let cookie = sock.socket_cookie();
+    let mut decision = Decision {
+        source: match call {
+            Call::Connect => TRACE_SOURCE_CONNECT,
+            Call::SendMsg => TRACE_SOURCE_SENDMSG,
+        },
+        protocol,
+        frontend: (frontend_address, frontend_port),
+        ..Decision::default()
+    };
     let mut chosen = None;
     for _ in 0..DRAWS {
         if master.count == 0 {
+            decision.reason = TRACE_REASON_NO_BACKEND;
+            decision.service_id = master.service_id;
+            trace::socket(&decision, sock, cookie);
             return Ok(Forward::NoBackend);
         }
         chosen = choose_backend(sock, &master, &mut key, cookie, pick);
@@ -130,6 +145,16 @@ pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, E
         master = now;
     }
     let (backend, affinity_hit) = chosen.ok_or(Error)?;
+    decision.reason = match (affinity_hit, pick) {
+        (true, _) => TRACE_REASON_AFFINITY,
+        (false, Pick::Random) => TRACE_REASON_RANDOM,
+        (false, Pick::PerSocket) => TRACE_REASON_PER_SOCKET,
+    };
+    decision.service_id = master.service_id;
+    decision.backend = (backend.backend_address, backend.backend_port);
+    decision.slot = key.slot;
+    decision.count = master.count;
+    trace::socket(&decision, sock, cookie);
 
     remember_frontend(
         call,
@@ -346,18 +371,33 @@ fn reverse(sock: &SockAddr) -> bool {
         port: sock.port(),
         pad: 0,
     };
-    if let Some(slot) = read_slot(key.cookie)
+    let frontend = if let Some(slot) = read_slot(key.cookie)
         && slot.backend_address == key.address
         && slot.backend_port == key.port
     {
-        sock.set_destination(slot.frontend_address, slot.frontend_port);
-        return true;
-    }
-    let Some(frontend) = REVERSE.get_ptr(&key) else {
-        return false;
+        ReverseEntry {
+            address: slot.frontend_address,
+            port: slot.frontend_port,
+            pad: 0,
+            service_id: slot.service_id,
+        }
+    } else {
+        let Some(frontend) = REVERSE.get_ptr(&key) else {
+            return false;
+        };
+        // SAFETY: pointer from a successful lookup.
+        unsafe { *frontend }
     };
-    // SAFETY: pointer from a successful lookup.
-    let frontend: ReverseEntry = unsafe { *frontend };
     sock.set_destination(frontend.address, frontend.port);
+    let decision = Decision {
+        source: TRACE_SOURCE_REVERSE,
+        reason: TRACE_REASON_REVERSE,
+        protocol: served_protocol(sock).unwrap_or(0),
+        service_id: frontend.service_id,
+        frontend: (frontend.address, frontend.port),
+        backend: (key.address, key.port),
+        ..Decision::default()
+    };
+    trace::socket(&decision, sock, key.cookie);
     true
 }

@@ -18,6 +18,7 @@ mod maps;
 mod packet;
 mod recvmsg;
 mod sendmsg;
+mod trace;
 
 /// Verdicts of cgroup sock_addr programs.
 const PROCEED: i32 = 1;

@@ -2,13 +2,13 @@
 //! the real ones at load time from its flags.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
     macros::btf_map,
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FragmentKey, FragmentPorts,
     FrontendName, MaglevKey, NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey,
-    SocketFrontend, SourceRange, SourceVerdict,
+    SocketFrontend, SourceRange, SourceVerdict, TraceControl, TraceEvent,
 };
 
 /// Not preallocated, as the backend map: the agent writes both, so their memory follows the
@@ -55,7 +55,7 @@ pub fn socket_slot(cookie: u64) -> u32 {
 #[btf_map(name = "socklb_aff_v1", pin_by_name)]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
 
-#[btf_map(name = "socklb_cnt_v3", pin_by_name)]
+#[btf_map(name = "socklb_cnt_v4", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
 
 /// Placeholder capacity of both conntrack tables, which share one type.
@@ -87,3 +87,11 @@ pub static MAGLEV: HashMap<MaglevKey, u32, 262144, { BPF_F_NO_PREALLOC as usize 
 #[btf_map(name = "socklb_names_v1", pin_by_name)]
 pub static NAMES: HashMap<u32, FrontendName, 65536, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();
+
+/// Trace events for `socklb trace` (see `trace`): 256 KiB, about 3,200 events between two
+/// reads of the session.
+#[btf_map(name = "socklb_trace_v1", pin_by_name)]
+pub static TRACE: RingBuf<TraceEvent, { 256 * 1024 }> = RingBuf::new();
+
+#[btf_map(name = "socklb_trctl_v1", pin_by_name)]
+pub static TRACE_CONTROL: Array<TraceControl, 1> = Array::new();

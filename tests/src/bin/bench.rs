@@ -4,6 +4,10 @@
 //! services of 10 backends in the maps, and reads the programs' kernel run time (BPF stats).
 //!
 //! socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root]
+//!     [--trace on|off]
+//!
+//! `--trace on` runs a `socklb trace -o json` session (its output discarded) during every
+//! measurement: what tracing costs each translation.
 //!
 //! The programs are loaded with the chart's capabilities (BPF, NET_ADMIN), as on a node: the
 //! verifier then applies its Spectre hardening (masking of pointer arithmetic), which it
@@ -41,7 +45,7 @@ use socklb_agent::dataplane::{
 };
 use socklb_tests::Sandbox;
 
-const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root]";
+const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root] [--trace on|off]";
 const BACKENDS_PER_SERVICE: u32 = 10;
 /// Each measurement is split into this many VIP and direct batches, alternating which goes
 /// first, so that drift on a noisy machine hits both sides alike. Short batches matter: with
@@ -77,6 +81,8 @@ struct Options {
     services: Vec<u32>,
     /// Load the programs with the chart's capabilities (true) or every capability.
     chart_loader: bool,
+    /// A trace session runs during the measurements.
+    trace: bool,
 }
 
 fn parse_options(args: &[String]) -> Options {
@@ -84,6 +90,7 @@ fn parse_options(args: &[String]) -> Options {
         connections: 20_000,
         services: vec![1, 1_000, 10_000],
         chart_loader: true,
+        trace: false,
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
@@ -101,6 +108,13 @@ fn parse_options(args: &[String]) -> Options {
                 options.chart_loader = match value.as_str() {
                     "chart" => true,
                     "root" => false,
+                    _ => usage(),
+                }
+            }
+            "--trace" => {
+                options.trace = match value.as_str() {
+                    "on" => true,
+                    "off" => false,
                     _ => usage(),
                 }
             }
@@ -233,7 +247,7 @@ fn datapath(args: &[String]) {
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .expect("enable BPF run-time stats (BPF_ENABLE_STATS needs CAP_SYS_ADMIN)");
 
-    let mut program_ids = None;
+    let mut attached = false;
     let mut rows = Vec::new();
     for &services in &options.services {
         // The middle service by index; its backends are the real servers.
@@ -252,17 +266,23 @@ fn datapath(args: &[String]) {
             report.writes,
             started.elapsed()
         );
-        let ids = *program_ids.get_or_insert_with(|| {
+        if !attached {
             dataplane.attach().expect("attach the programs");
-            [
-                program_id(&sandbox.pin_dir, program_names::CONNECT4),
-                program_id(&sandbox.pin_dir, program_names::GETPEERNAME4),
-            ]
-        });
+            attached = true;
+        }
+        // Read after every apply: a map that grew swapped new programs into the links.
+        let ids = [
+            program_id(&sandbox.pin_dir, program_names::CONNECT4),
+            program_id(&sandbox.pin_dir, program_names::GETPEERNAME4),
+        ];
 
+        let trace = options.trace.then(|| Trace::start(&sandbox.pin_dir));
         let counters_before = dataplane.counters().expect("read the counters");
         let accepted_before = servers.accepted();
         let measurement = run_client(&sandbox, vip(measured), ids, options.connections);
+        if let Some(trace) = trace {
+            trace.stop();
+        }
         let counters = dataplane
             .counters()
             .expect("read the counters")
@@ -274,6 +294,44 @@ fn datapath(args: &[String]) {
     drop(servers);
 
     print_report(&machine, &options, &rows);
+}
+
+/// A `socklb trace -o json` session, its events written to /dev/null.
+struct Trace(std::process::Child);
+
+impl Trace {
+    fn start(pin_dir: &Path) -> Self {
+        let mut command = std::process::Command::new(socklb_tests::agent_bin());
+        socklb_tests::unblock_signals_on_exec(&mut command);
+        let mut child = command
+            .args(["trace", "-o", "json", "--bpffs"])
+            .arg(pin_dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start socklb trace");
+        let stderr = child.stderr.take().expect("the trace's stderr");
+        let mut lines = io::BufRead::lines(io::BufReader::new(stderr));
+        let ready = lines.next().and_then(Result::ok).unwrap_or_default();
+        assert!(
+            ready.contains("tracing"),
+            "the trace did not start: {ready}"
+        );
+        // The summary line (events shown and lost) when it ends.
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                eprintln!("trace: {line}");
+            }
+        });
+        Self(child)
+    }
+
+    /// SIGTERM: the session gives its lease back and prints what it saw.
+    fn stop(mut self) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.0.id().cast_signed(), libc::SIGTERM) };
+        let _ = self.0.wait();
+    }
 }
 
 /// The measured service's backends.
@@ -422,12 +480,17 @@ fn print_report(machine: &str, options: &Options, rows: &[(u32, Measurement)]) {
     println!("{machine}");
     println!(
         "{} connections per measurement (VIP and direct each), {ROUNDS} interleaved rounds; \
-         {BACKENDS_PER_SERVICE} backends per service; programs loaded {}\n",
+         {BACKENDS_PER_SERVICE} backends per service; programs loaded {}; {}\n",
         options.connections,
         if options.chart_loader {
             "with the chart's capabilities (no CAP_PERFMON: Spectre hardening on)"
         } else {
             "as root (every capability: no Spectre hardening)"
+        },
+        if options.trace {
+            "a `socklb trace` session running (output discarded)"
+        } else {
+            "no trace session"
         }
     );
     println!(

@@ -1,0 +1,295 @@
+//! Trace events as the programs write them, decoded from the ring buffer's bytes. Pure.
+use std::net::{Ipv4Addr, SocketAddrV4};
+
+use bytes::Buf;
+use serde::Serialize;
+use socklb_abi::{
+    PROTO_TCP, PROTO_UDP, TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV,
+    TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET, TRACE_REASON_RANDOM, TRACE_REASON_REVERSE,
+    TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_CONNECT,
+    TRACE_SOURCE_EXTERNAL, TRACE_SOURCE_REVERSE, TRACE_SOURCE_SENDMSG, TraceEvent,
+};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "a trace event of {got} bytes, expected {expected}: the agent and the programs disagree on \
+     the layout (restart the agent of this version, or use the `socklb` that loaded them)"
+)]
+pub struct DecodeError {
+    got: usize,
+    expected: usize,
+}
+
+/// Decodes one ring buffer record: the fields of [`TraceEvent`] in order, native byte order
+/// (the programs run on this machine); addresses and ports stay in network order.
+pub fn decode(mut record: &[u8]) -> Result<TraceEvent, DecodeError> {
+    let expected = size_of::<TraceEvent>();
+    if record.len() != expected {
+        return Err(DecodeError {
+            got: record.len(),
+            expected,
+        });
+    }
+    let buf = &mut record;
+    Ok(TraceEvent {
+        time_ns: buf.get_u64_ne(),
+        socket_cookie: buf.get_u64_ne(),
+        netns_cookie: buf.get_u64_ne(),
+        cgroup_id: buf.get_u64_ne(),
+        pid: buf.get_u32_ne(),
+        service_id: buf.get_u32_ne(),
+        client_address: buf.get_u32_ne(),
+        frontend_address: buf.get_u32_ne(),
+        backend_address: buf.get_u32_ne(),
+        client_port: buf.get_u16_ne(),
+        frontend_port: buf.get_u16_ne(),
+        backend_port: buf.get_u16_ne(),
+        slot: buf.get_u16_ne(),
+        count: buf.get_u16_ne(),
+        protocol: buf.get_u8(),
+        source: buf.get_u8(),
+        reason: buf.get_u8(),
+        pad: buf.get_u8(),
+        pad2: buf.get_u16_ne(),
+        pad3: buf.get_u32_ne(),
+    })
+}
+
+/// Where an event came from.
+pub fn source_name(source: u8) -> &'static str {
+    match source {
+        TRACE_SOURCE_CONNECT => "connect",
+        TRACE_SOURCE_SENDMSG => "sendmsg",
+        TRACE_SOURCE_REVERSE => "reverse",
+        TRACE_SOURCE_EXTERNAL => "external",
+        _ => "unknown",
+    }
+}
+
+/// Why the backend was chosen, as the output names it.
+pub fn reason_name(reason: u8) -> &'static str {
+    match reason {
+        TRACE_REASON_RANDOM => "random",
+        TRACE_REASON_PER_SOCKET => "per-socket",
+        TRACE_REASON_AFFINITY => "affinity",
+        TRACE_REASON_NO_BACKEND => "no-backend",
+        TRACE_REASON_MAGLEV => "maglev",
+        TRACE_REASON_SOURCE_DENIED => "source-denied",
+        TRACE_REASON_SNAT_EXHAUSTED => "snat-exhausted",
+        TRACE_REASON_CONNTRACK => "conntrack",
+        TRACE_REASON_REVERSE => "reverse",
+        _ => "unknown",
+    }
+}
+
+fn protocol_name(protocol: u8) -> &'static str {
+    match protocol {
+        PROTO_TCP => "tcp",
+        PROTO_UDP => "udp",
+        _ => "other",
+    }
+}
+
+/// A socket address from the network-order fields; `None` when not set.
+fn endpoint(address: u32, port: u16) -> Option<SocketAddrV4> {
+    (address != 0)
+        .then(|| SocketAddrV4::new(Ipv4Addr::from(u32::from_be(address)), u16::from_be(port)))
+}
+
+/// The Service a frontend belongs to, from the names map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Service {
+    pub namespace: String,
+    pub name: String,
+    pub port: String,
+}
+
+/// The calling process of a socket event.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Process {
+    pub pid: u32,
+    /// From /proc when the event is read: empty if the process is gone.
+    pub comm: String,
+    pub netns_cookie: u64,
+    pub cgroup_id: u64,
+    /// Below the cgroup v2 mount; empty if the cgroup is gone.
+    pub cgroup: String,
+    pub socket_cookie: u64,
+}
+
+/// One event as `socklb trace` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Shown {
+    /// RFC 3339, microseconds.
+    pub time: String,
+    pub source: &'static str,
+    pub protocol: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<Process>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<SocketAddrV4>,
+    pub frontend: Option<SocketAddrV4>,
+    pub service: Option<Service>,
+    pub service_id: u32,
+    pub backend: Option<SocketAddrV4>,
+    pub reason: &'static str,
+    /// The slot chosen (1-based) of `count`; 0 when none was.
+    pub slot: u16,
+    pub count: u16,
+}
+
+impl Shown {
+    /// The event's fields; the session adds time, process details and the Service.
+    pub fn new(event: &TraceEvent, time: String, service: Option<Service>) -> Self {
+        let external = event.source == TRACE_SOURCE_EXTERNAL;
+        Self {
+            time,
+            source: source_name(event.source),
+            protocol: protocol_name(event.protocol),
+            process: (!external).then(|| Process {
+                pid: event.pid,
+                netns_cookie: event.netns_cookie,
+                cgroup_id: event.cgroup_id,
+                socket_cookie: event.socket_cookie,
+                ..Process::default()
+            }),
+            client: endpoint(event.client_address, event.client_port),
+            frontend: endpoint(event.frontend_address, event.frontend_port),
+            service,
+            service_id: event.service_id,
+            backend: endpoint(event.backend_address, event.backend_port),
+            reason: reason_name(event.reason),
+            slot: event.slot,
+            count: event.count,
+        }
+    }
+
+    /// One line: when, who, what was asked, what it became, and why.
+    pub fn line(&self) -> String {
+        let who = match (&self.process, self.client) {
+            (Some(p), _) => format!(
+                "pid {} ({}) netns {} cgroup {}",
+                p.pid,
+                if p.comm.is_empty() { "?" } else { &p.comm },
+                p.netns_cookie,
+                if p.cgroup.is_empty() { "?" } else { &p.cgroup },
+            ),
+            (None, Some(client)) => format!("client {client}"),
+            (None, None) => String::from("?"),
+        };
+        let frontend = self
+            .frontend
+            .map_or_else(|| "?".to_owned(), |f| f.to_string());
+        let service = self.service.as_ref().map_or_else(
+            || format!("service id {}", self.service_id),
+            |s| {
+                if s.port.is_empty() {
+                    format!("{}/{}", s.namespace, s.name)
+                } else {
+                    format!("{}/{}:{}", s.namespace, s.name, s.port)
+                }
+            },
+        );
+        let backend = self
+            .backend
+            .map_or_else(|| "-".to_owned(), |b| b.to_string());
+        let why = match (self.reason, self.slot) {
+            ("random" | "per-socket" | "affinity" | "maglev", slot) if slot > 0 => {
+                format!("{} slot {} of {}", self.reason, slot, self.count)
+            }
+            (reason, _) => reason.to_owned(),
+        };
+        format!(
+            "{} {:<8} {} {} {frontend} ({service}) -> {backend} {why}",
+            self.time, self.source, who, self.protocol
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> TraceEvent {
+        TraceEvent {
+            time_ns: 42,
+            socket_cookie: 7,
+            netns_cookie: 4_026_531_840,
+            cgroup_id: 99,
+            pid: 1234,
+            service_id: 3,
+            client_address: 0,
+            frontend_address: u32::from(Ipv4Addr::new(10, 96, 0, 10)).to_be(),
+            backend_address: u32::from(Ipv4Addr::new(10, 0, 1, 5)).to_be(),
+            client_port: 0,
+            frontend_port: 80u16.to_be(),
+            backend_port: 8080u16.to_be(),
+            slot: 2,
+            count: 3,
+            protocol: PROTO_TCP,
+            source: TRACE_SOURCE_CONNECT,
+            reason: TRACE_REASON_RANDOM,
+            ..TraceEvent::default()
+        }
+    }
+
+    fn bytes_of(event: &TraceEvent) -> Vec<u8> {
+        // SAFETY: TraceEvent is repr(C), integers only, every padding byte a field.
+        unsafe {
+            std::slice::from_raw_parts(
+                std::ptr::from_ref(event).cast::<u8>(),
+                size_of::<TraceEvent>(),
+            )
+        }
+        .to_vec()
+    }
+
+    #[test]
+    fn a_record_decodes_to_the_event_the_programs_wrote() {
+        let event = sample();
+        assert_eq!(decode(&bytes_of(&event)), Ok(event));
+    }
+
+    #[test]
+    fn a_record_of_another_size_is_refused_with_the_sizes() {
+        let bytes = bytes_of(&sample());
+        let error = decode(&bytes[..bytes.len() - 8]).expect_err("short record");
+        assert_eq!(
+            error,
+            DecodeError {
+                got: 64,
+                expected: 72
+            }
+        );
+    }
+
+    #[test]
+    fn a_line_says_who_what_and_why() {
+        let service = Service {
+            namespace: "default".into(),
+            name: "web".into(),
+            port: "http".into(),
+        };
+        let mut shown = Shown::new(&sample(), "T".into(), Some(service));
+        if let Some(process) = shown.process.as_mut() {
+            process.comm = "curl".into();
+            process.cgroup = "/pods/a".into();
+        }
+        assert_eq!(
+            shown.line(),
+            "T connect  pid 1234 (curl) netns 4026531840 cgroup /pods/a tcp 10.96.0.10:80 \
+             (default/web:http) -> 10.0.1.5:8080 random slot 2 of 3"
+        );
+        let refused = TraceEvent {
+            reason: TRACE_REASON_NO_BACKEND,
+            backend_address: 0,
+            slot: 0,
+            ..sample()
+        };
+        assert!(
+            Shown::new(&refused, "T".into(), None)
+                .line()
+                .ends_with("(service id 3) -> - no-backend")
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! A `socklb trace` session: takes the lease that turns the programs' trace events on,
+//! reads them from the ring buffer, adds what the kernel did not give (process name, cgroup
+//! path, Service name), filters and prints them. The lease lapses by itself a few seconds
+//! after a session dies, so a killed session leaves no cost behind.
+use std::{
+    collections::HashMap,
+    io::{self, Write},
+    net::{Ipv4Addr, SocketAddrV4},
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime},
+};
+
+use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf};
+use nix::time::{ClockId, clock_gettime};
+use socklb_abi::{
+    Counters, FrontendName, TRACE_FLAG_PACKETS, TRACE_FLAG_REVERSE, TraceControl, map_names,
+};
+
+use super::event::{self, DecodeError, Service, Shown};
+use crate::dataplane::FrontendLabel;
+
+/// How long a lease lasts unless renewed; renewed every [`RENEW`].
+const LEASE: Duration = Duration::from_secs(3);
+const RENEW: Duration = Duration::from_secs(1);
+/// How often the ring buffer is read. The programs do not wake the reader (a wakeup per
+/// event would cost each translation an interrupt); 256 KiB hold some 3,200 events, so
+/// this reads up to about 160,000 a second before any is lost.
+const POLL: Duration = Duration::from_millis(20);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TraceError {
+    #[error(
+        "cannot open the pinned map {path}: is socklb running on this node with this version \
+         (see `socklb run`), and is --bpffs right?"
+    )]
+    Open {
+        path: PathBuf,
+        #[source]
+        source: MapError,
+    },
+    #[error(
+        "another trace session (pid {pid}) is running on this node: the programs write to one \
+         reader; stop it first"
+    )]
+    Busy { pid: u32 },
+    #[error("cannot write the trace lease to {map}")]
+    Lease {
+        map: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    #[error("cannot read the clock")]
+    Clock(#[source] nix::Error),
+}
+
+/// What a session shows.
+#[derive(Clone, Debug, Default)]
+pub struct Filters {
+    /// NAMESPACE/NAME: only that Service's frontends (checked here, not in the kernel: a
+    /// Service has several).
+    pub service: Option<(String, String)>,
+    /// Only this frontend (in the kernel; port 0: any port).
+    pub frontend: Option<SocketAddrV4>,
+    /// Only this backend address (in the kernel).
+    pub backend: Option<Ipv4Addr>,
+    /// Also recvmsg/getpeername answers shown as the frontend.
+    pub reverse: bool,
+    /// Also every packet of known flows from outside (conntrack hits).
+    pub packets: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub pin_dir: PathBuf,
+    pub filters: Filters,
+    pub json: bool,
+    /// Stop after this many events shown.
+    pub count: Option<usize>,
+    /// Stop after this long.
+    pub duration: Option<Duration>,
+}
+
+/// What a session saw.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub shown: usize,
+    /// Events the programs could not write because the ring buffer was full.
+    pub lost: u64,
+}
+
+/// Runs a session until `stop` resolves, `count` events were shown or `duration` passed.
+/// Events go to `out`; the lease is given back whatever ends the session.
+pub async fn run(
+    options: &Options,
+    mut out: impl Write,
+    stop: impl Future<Output = ()>,
+) -> Result<Summary, TraceError> {
+    let pin_dir = &options.pin_dir;
+    let mut lease = Lease::take(pin_dir, &options.filters)?;
+    let mut ring: RingBuf<MapData> = open(pin_dir, map_names::TRACE, Map::RingBuf)?;
+    let counters: PerCpuArray<MapData, Counters> =
+        open(pin_dir, map_names::COUNTERS, Map::PerCpuArray)?;
+    let lost_before = lost(&counters);
+    let mut details = Details::new(pin_dir)?;
+    eprintln!("tracing translations (lease renewed every second; Ctrl-C to stop)");
+
+    let mut summary = Summary::default();
+    let mut renew = tokio::time::interval(RENEW);
+    let mut poll = tokio::time::interval(POLL);
+    let deadline = options.duration.map(|d| tokio::time::Instant::now() + d);
+    let until_deadline = async {
+        match deadline {
+            Some(at) => tokio::time::sleep_until(at).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(stop, until_deadline);
+    'session: loop {
+        tokio::select! {
+            () = &mut stop => break,
+            () = &mut until_deadline => break,
+            _ = renew.tick() => {
+                lease.renew()?;
+                let now_lost = lost(&counters).wrapping_sub(lost_before);
+                if now_lost > summary.lost {
+                    eprintln!(
+                        "{} trace events lost so far: the ring buffer was full (narrow the \
+                         trace with --service, --frontend or --backend)",
+                        now_lost
+                    );
+                    summary.lost = now_lost;
+                }
+            }
+            _ = poll.tick() => {
+                while let Some(record) = ring.next() {
+                    let event = event::decode(&record)?;
+                    drop(record);
+                    let Some(shown) = details.show(&event, &options.filters) else {
+                        continue;
+                    };
+                    let written = if options.json {
+                        serde_json::to_string(&shown)
+                            .map_err(io::Error::other)
+                            .and_then(|line| writeln!(out, "{line}"))
+                    } else {
+                        writeln!(out, "{}", shown.line())
+                    };
+                    // A closed output (`| head`) ends the session.
+                    if written.and_then(|()| out.flush()).is_err() {
+                        break 'session;
+                    }
+                    summary.shown += 1;
+                    if options.count.is_some_and(|count| summary.shown >= count) {
+                        break 'session;
+                    }
+                }
+            }
+        }
+    }
+    summary.lost = lost(&counters).wrapping_sub(lost_before);
+    lease.give_back();
+    Ok(summary)
+}
+
+fn open<T: TryFrom<Map, Error = MapError>>(
+    pin_dir: &Path,
+    name: &'static str,
+    kind: fn(MapData) -> Map,
+) -> Result<T, TraceError> {
+    let path = pin_dir.join(name);
+    let error = |source| TraceError::Open {
+        path: path.clone(),
+        source,
+    };
+    MapData::from_pin(&path)
+        .and_then(|data| T::try_from(kind(data)))
+        .map_err(error)
+}
+
+fn lost(counters: &PerCpuArray<MapData, Counters>) -> u64 {
+    counters
+        .get(&0, 0)
+        .map(|per_cpu| Counters::sum(per_cpu.iter()).trace_lost)
+        .unwrap_or(0)
+}
+
+/// CLOCK_MONOTONIC in ns: the programs' `bpf_ktime_get_ns`.
+fn monotonic_ns() -> Result<u64, TraceError> {
+    let now = clock_gettime(ClockId::CLOCK_MONOTONIC).map_err(TraceError::Clock)?;
+    let ns = i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec());
+    Ok(u64::try_from(ns).unwrap_or(0))
+}
+
+/// The session's hold on the control map.
+struct Lease {
+    control: Array<MapData, TraceControl>,
+    wanted: TraceControl,
+    held: bool,
+}
+
+impl Lease {
+    fn take(pin_dir: &Path, filters: &Filters) -> Result<Self, TraceError> {
+        let control: Array<MapData, TraceControl> =
+            open(pin_dir, map_names::TRACE_CONTROL, Map::Array)?;
+        let now = monotonic_ns()?;
+        let current = control.get(&0, 0).map_err(|source| TraceError::Lease {
+            map: map_names::TRACE_CONTROL,
+            source,
+        })?;
+        let pid = std::process::id();
+        if current.until_ns > now
+            && current.session_pid != pid
+            && Path::new(&format!("/proc/{}", current.session_pid)).exists()
+        {
+            return Err(TraceError::Busy {
+                pid: current.session_pid,
+            });
+        }
+        let mut flags = 0;
+        if filters.reverse {
+            flags |= TRACE_FLAG_REVERSE;
+        }
+        if filters.packets {
+            flags |= TRACE_FLAG_PACKETS;
+        }
+        let wanted = TraceControl {
+            until_ns: 0,
+            session_pid: pid,
+            frontend_address: filters.frontend.map_or(0, |f| u32::from(*f.ip()).to_be()),
+            backend_address: filters.backend.map_or(0, |b| u32::from(b).to_be()),
+            frontend_port: filters.frontend.map_or(0, |f| f.port().to_be()),
+            flags,
+        };
+        let mut lease = Self {
+            control,
+            wanted,
+            held: true,
+        };
+        lease.renew()?;
+        Ok(lease)
+    }
+
+    /// Emission on for another [`LEASE`].
+    fn renew(&mut self) -> Result<(), TraceError> {
+        self.wanted.until_ns = monotonic_ns()? + LEASE.as_nanos() as u64;
+        self.control
+            .set(0, &self.wanted, 0)
+            .map_err(|source| TraceError::Lease {
+                map: map_names::TRACE_CONTROL,
+                source,
+            })
+    }
+
+    /// Emission off: the programs stop writing at once.
+    fn give_back(&mut self) {
+        if std::mem::take(&mut self.held) {
+            let _ = self.control.set(0, &TraceControl::default(), 0);
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+/// What the kernel did not put in an event, looked up when it is read.
+struct Details {
+    names: BpfHashMap<MapData, u32, FrontendName>,
+    services: HashMap<u32, Option<Service>>,
+    cgroups: CgroupPaths,
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC, to date the events.
+    epoch_offset: Option<(SystemTime, u64)>,
+}
+
+impl Details {
+    fn new(pin_dir: &Path) -> Result<Self, TraceError> {
+        Ok(Self {
+            names: open(pin_dir, map_names::NAMES, Map::HashMap)?,
+            services: HashMap::new(),
+            cgroups: CgroupPaths::new(),
+            epoch_offset: monotonic_ns().ok().map(|now| (SystemTime::now(), now)),
+        })
+    }
+
+    /// The event as shown, or `None` if the Service filter leaves it out.
+    fn show(&mut self, event: &socklb_abi::TraceEvent, filters: &Filters) -> Option<Shown> {
+        let service = self.service(event.service_id);
+        if let Some((namespace, name)) = &filters.service
+            && !service
+                .as_ref()
+                .is_some_and(|s| &s.namespace == namespace && &s.name == name)
+        {
+            return None;
+        }
+        let mut shown = Shown::new(event, self.time(event.time_ns), service);
+        if let Some(process) = shown.process.as_mut() {
+            process.comm = std::fs::read_to_string(format!("/proc/{}/comm", process.pid))
+                .map(|comm| comm.trim_end().to_owned())
+                .unwrap_or_default();
+            process.cgroup = self.cgroups.path(process.cgroup_id).unwrap_or_default();
+        }
+        Some(shown)
+    }
+
+    fn service(&mut self, id: u32) -> Option<Service> {
+        if let Some(known) = self.services.get(&id).filter(|known| known.is_some()) {
+            return known.clone();
+        }
+        let service = self
+            .names
+            .get(&id, 0)
+            .ok()
+            .and_then(|name| FrontendLabel::decode(&name))
+            .map(|label| Service {
+                namespace: label.namespace,
+                name: label.name,
+                port: label.port,
+            });
+        self.services.insert(id, service.clone());
+        service
+    }
+
+    fn time(&self, event_ns: u64) -> String {
+        let Some((wall, mono)) = self.epoch_offset else {
+            return event_ns.to_string();
+        };
+        let at = if event_ns >= mono {
+            wall + Duration::from_nanos(event_ns - mono)
+        } else {
+            wall - Duration::from_nanos(mono - event_ns)
+        };
+        humantime::format_rfc3339_micros(at).to_string()
+    }
+}
+
+/// cgroup ids (the inode numbers of cgroup v2 directories) to paths below the mount.
+struct CgroupPaths {
+    root: Option<PathBuf>,
+    by_id: HashMap<u64, String>,
+    walked: Option<Instant>,
+}
+
+impl CgroupPaths {
+    fn new() -> Self {
+        Self {
+            root: crate::dataplane::cgroup2_mount().ok(),
+            by_id: HashMap::new(),
+            walked: None,
+        }
+    }
+
+    /// The path of cgroup `id`; the tree is walked again (at most once a second) for an id
+    /// not seen yet, since cgroups come and go with pods.
+    fn path(&mut self, id: u64) -> Option<String> {
+        if !self.by_id.contains_key(&id)
+            && self
+                .walked
+                .is_none_or(|at| at.elapsed() >= Duration::from_secs(1))
+        {
+            self.walk();
+        }
+        self.by_id.get(&id).cloned()
+    }
+
+    fn walk(&mut self) {
+        self.walked = Some(Instant::now());
+        let Some(root) = self.root.clone() else {
+            return;
+        };
+        self.by_id.clear();
+        let mut pending = vec![root.clone()];
+        while let Some(dir) = pending.pop() {
+            if let Ok(metadata) = std::fs::metadata(&dir) {
+                let relative = dir.strip_prefix(&root).unwrap_or(&dir);
+                self.by_id
+                    .insert(metadata.ino(), format!("/{}", relative.display()));
+            }
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            pending.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+                    .map(|entry| entry.path()),
+            );
+        }
+    }
+}
