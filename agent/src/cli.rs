@@ -47,6 +47,10 @@ pub enum Command {
     Cleanup(PinArgs),
     /// Print the version and the map layout version.
     Version,
+    /// Print the name of every series the agent exports, one per line (for checks of
+    /// dashboards and alerts against the agent itself).
+    #[command(hide = true)]
+    MetricsNames,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -286,6 +290,12 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Explain(args) => explain_command(&args),
         Command::Inspect(args) => inspect_command(&args).map_err(privilege_first),
         Command::Cleanup(args) => cleanup(&args).map_err(privilege_first),
+        Command::MetricsNames => {
+            for name in crate::metrics::exported_names(&crate::metrics::all()) {
+                println!("{name}");
+            }
+            Ok(())
+        }
         Command::Version => {
             println!(
                 "socklb {} (map layout v{})",
@@ -376,7 +386,10 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     info!(node = %node_name, source = ?args.source.source, "starting");
     runtime()?.block_on(async {
         let health = Arc::new(Health::new(args.sync_period));
-        let metrics = Arc::new(Metrics::new());
+        let counters_pins = args.pins.pin_dir.clone();
+        let metrics = Arc::new(
+            Metrics::new().with_datapath_events(move || server::read_counters(&counters_pins)),
+        );
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = move || {
             let mut stop = stop_rx.clone();
@@ -384,7 +397,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
                 let _ = stop.wait_for(|stop| *stop).await;
             }
         };
-        let router = server::router(health.clone(), metrics.clone(), &args.pins.pin_dir);
+        let router = server::router(health.clone(), metrics.clone());
         let mut servers = Vec::new();
         for listener in listeners {
             let router = router.clone();

@@ -314,7 +314,7 @@ impl Runner {
                     .observe(latency.as_secs_f64());
             }
         }
-        self.record(report.rejected.len());
+        self.record();
         self.log_rejections(&report.rejected);
         self.retry_soon = !self.rejected.is_empty() && self.dataplane.has_pending_deletes();
         if full || !changes.services.is_empty() {
@@ -331,8 +331,8 @@ impl Runner {
     }
 
     /// Logs the frontends rejected for the first time (a few by name, the rest counted) and
-    /// those programmed after they were rejected; the `rejected_frontends` metric has the
-    /// current count.
+    /// those programmed after they were rejected; the `socklb_rejected_frontends` metric has
+    /// the current count (from the dataplane's writer).
     fn log_rejections(&mut self, rejected: &[Rejected]) {
         const NAMED: usize = 10;
         let now: BTreeSet<Frontend> = rejected.iter().map(Rejected::frontend).collect();
@@ -479,13 +479,11 @@ impl Runner {
         Ok(())
     }
 
-    fn record(&self, rejected: usize) {
+    fn record(&self) {
         let metrics = &self.metrics;
         metrics.endpoint_changes_pending.set(0);
         metrics.service_changes_pending.set(0);
-        metrics
-            .rejected_frontends
-            .set(i64::try_from(rejected).unwrap_or(i64::MAX));
+        metrics.set_rejected(self.dataplane.rejected_frontends());
         for (map, used, capacity) in self.dataplane.usage() {
             let labels = MapLabels {
                 map: map.to_owned(),

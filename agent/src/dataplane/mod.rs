@@ -340,6 +340,12 @@ impl Dataplane {
         Ok(report)
     }
 
+    /// How many frontends are not programmed as desired now, by outcome, whichever sync
+    /// rejected them.
+    pub fn rejected_frontends(&self) -> [(Outcome, usize); 3] {
+        self.writer.rejected()
+    }
+
     /// Whether entries wait to be deleted by the next apply, which frees their room.
     pub fn has_pending_deletes(&self) -> bool {
         self.writer.has_pending_deletes()
