@@ -23,7 +23,7 @@ use aya::{
 use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
 
-use super::{Capacities, object::OBJECT, tc};
+use super::{Capacities, object::OBJECT, program_logs::ProgramLogLevel, tc};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -89,13 +89,17 @@ pub struct Loaded {
 /// Loads the object, adopting compatible pinned maps, and loads every program into the
 /// kernel (verifier included); nothing is attached yet. When loading fails, the maps this
 /// call pinned are unpinned again: a failed start leaves what it found, nothing more.
-pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
+pub fn load(
+    pin_dir: &Path,
+    capacities: &Capacities,
+    log_level: ProgramLogLevel,
+) -> Result<Loaded, LoadError> {
     let unpinned: Vec<PathBuf> = map_names::ALL
         .iter()
         .map(|name| pin_dir.join(name))
         .filter(|path| !path.exists())
         .collect();
-    load_pinning(pin_dir, capacities).inspect_err(|_| {
+    load_pinning(pin_dir, capacities, log_level).inspect_err(|_| {
         for path in unpinned.iter().filter(|path| path.exists()) {
             if let Err(error) = fs::remove_file(path) {
                 warn!(path = %path.display(), %error, "cannot unpin a map of the failed load");
@@ -104,7 +108,12 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError
     })
 }
 
-fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
+fn load_pinning(
+    pin_dir: &Path,
+    capacities: &Capacities,
+    log_level: ProgramLogLevel,
+) -> Result<Loaded, LoadError> {
+    let log_level = log_level.global();
     // An older agent's service map, under its old name: the frontends it holds were serving.
     let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
     let socket_slots = capacities.socket_slots();
@@ -115,6 +124,7 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
         loader
             .default_map_pin_directory(pin_dir)
             .override_global(globals::SOCKET_SLOT_MASK, &socket_slot_mask, true)
+            .override_global(aya_log::LEVEL, &log_level, true)
             .map_max_entries(map_names::SOCKETS, socket_slots)
             .map_max_entries(map_names::SERVICES, capacities.service_entries)
             .map_max_entries(map_names::BACKENDS, capacities.backends)

@@ -10,6 +10,7 @@ mod names;
 mod object;
 mod pin_lock;
 mod privileges;
+mod program_logs;
 mod source_ranges;
 mod tc;
 pub(crate) mod writer;
@@ -32,6 +33,7 @@ pub use host::{
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
 pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};
 pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
+pub use program_logs::{ProgramLogLevel, ProgramLogs, ProgramLogsError};
 use socklb_abi::{Counters, NodeConfig, map_names};
 pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
@@ -115,6 +117,8 @@ pub struct Config {
     pub capacities: Capacities,
     /// Positions of every Maglev table: one of [`MAGLEV_TABLE_SIZES`].
     pub maglev_table_size: u32,
+    /// The kernel programs' own log lines forwarded (off: compiled out by the verifier).
+    pub program_log_level: ProgramLogLevel,
 }
 
 /// Cilium's default: about 1% imbalance with 100 backends, 64 KiB per frontend of value.
@@ -127,6 +131,7 @@ impl Default for Config {
             cgroup: None,
             capacities: Capacities::default(),
             maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
+            program_log_level: ProgramLogLevel::Off,
         }
     }
 }
@@ -155,6 +160,8 @@ pub enum DataplaneError {
     Maglev(#[source] MaglevError),
     #[error("writing a frontend's name failed; the agent re-reads them at the next full sync")]
     Names(#[source] NamesError),
+    #[error(transparent)]
+    ProgramLogs(#[from] ProgramLogsError),
     /// The kernel refused for lack of a privilege: what to grant, then what was refused.
     #[error("{diagnosis}")]
     Privileges {
@@ -250,7 +257,12 @@ impl Dataplane {
         let loader::Loaded {
             mut ebpf,
             replaced_masters,
-        } = loader::load(&config.pin_dir, &config.capacities).map_err(|error| {
+        } = loader::load(
+            &config.pin_dir,
+            &config.capacities,
+            config.program_log_level,
+        )
+        .map_err(|error| {
             // The loader unpinned its maps; the directory goes too if this load made it.
             if !pin_dir_existed {
                 let _ = std::fs::remove_dir(&config.pin_dir);
@@ -321,6 +333,14 @@ impl Dataplane {
             cgroup,
             config,
         })
+    }
+
+    /// The reader of the programs' log lines, taken once (`None` when logging is off).
+    pub fn program_logs(&mut self) -> Result<Option<ProgramLogs>, DataplaneError> {
+        Ok(ProgramLogs::take(
+            &mut self.ebpf,
+            self.config.program_log_level,
+        )?)
     }
 
     /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
