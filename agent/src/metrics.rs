@@ -153,8 +153,9 @@ impl Metrics {
         registry.register(
             "socklb_rejected_frontends",
             "Frontends not programmed as desired because a map is full or a frontend has too \
-             many backends, by outcome: kept_previous (keeps its previous state), refused \
-             (new: connections refused), not_programmed (not translated at all)",
+             many backends, by outcome: kept_previous (keeps its previous backends), refused \
+             (connections refused: no backend programmed), not_programmed (not translated at \
+             all)",
             metrics.rejected_frontends.clone(),
         );
         for outcome in Outcome::ALL {

@@ -463,7 +463,17 @@ impl<S: Store> Writer<S> {
                     self.rejected.remove(frontend);
                 }
                 Err(rejected) => {
-                    self.rejected.insert(*frontend, rejected.outcome());
+                    // Kept with no backend (a refused frontend retried, or one that had no
+                    // endpoints): its connections are refused, whatever kept it so.
+                    let refusing = self
+                        .frontends
+                        .get(frontend)
+                        .is_some_and(|programmed| programmed.slots.is_empty());
+                    let outcome = match rejected.outcome() {
+                        Outcome::KeptPrevious if refusing => Outcome::Refused,
+                        outcome => outcome,
+                    };
+                    self.rejected.insert(*frontend, outcome);
                     report.rejected.push(rejected);
                 }
             }
@@ -1372,6 +1382,11 @@ mod tests {
         assert_eq!(count(&w, Outcome::KeptPrevious), 1);
         assert_eq!(count(&w, Outcome::Refused), 1);
         assert_eq!(count(&w, Outcome::NotProgrammed), 1);
+        // Retried, the refused frontend still does not fit: kept as it was, which is refusing.
+        w.apply_changes(&BTreeMap::from([(frontend(2), spec(2))]))
+            .expect("apply");
+        assert_eq!(count(&w, Outcome::Refused), 1);
+        assert_eq!(count(&w, Outcome::KeptPrevious), 1);
         // Frontend 2 removed; frontend 3 no longer desired at a full apply.
         w.apply_changes(&BTreeMap::from([(frontend(2), None)]))
             .expect("apply");
