@@ -12,6 +12,8 @@
 #     rendered arguments (run without capabilities and with paths that are neither bpffs
 #     nor cgroup v2, it must stop at the host checks,
 #     not at a usage error);
+#   - checks the Grafana dashboard (dashboard.enabled): its ConfigMap, label and JSON, and
+#     that every metric its queries use is one the agent exports (`socklb metrics-names`);
 #   - checks that wrong values are rejected (values.schema.json and the templates' guards).
 # Ends with `N passed, M failed`; exits non-zero if anything failed.
 #
@@ -89,6 +91,14 @@ cat >"$WORK/value-sets.json" <<'EOF'
     "capabilities": ["BPF", "NET_ADMIN", "PERFMON"],
     "seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/socklb.json"}
   },
+  "dashboard": {
+    "dashboard": {"enabled": true},
+    "bpfLogLevel": "warn"
+  },
+  "dashboard-custom": {
+    "dashboard": {"enabled": true, "labelKey": "grafana.example.com/dashboard", "labelValue": "socklb",
+                  "namespace": "monitoring", "annotations": {"grafana_folder": "Networking"}}
+  },
   "cleanup": {"agent": {"enabled": false}, "cleanup": {"enabled": true}}
 }
 EOF
@@ -108,7 +118,9 @@ cat >"$WORK/bad-value-sets.json" <<'EOF'
   "healthz and metrics on one port": [{"metrics": {"bindAddress": "127.0.0.1:10256"}}, "same port"],
   "capability with the CAP_ prefix": [{"capabilities": ["CAP_BPF"]}, "capabilities"],
   "unknown seccomp profile type": [{"seccompProfile": {"type": "Default"}}, "seccompProfile"],
-  "Localhost seccomp profile without a path": [{"seccompProfile": {"type": "Localhost"}}, "localhostProfile"]
+  "Localhost seccomp profile without a path": [{"seccompProfile": {"type": "Localhost"}}, "localhostProfile"],
+  "dashboard label key with a space": [{"dashboard": {"enabled": true, "labelKey": "grafana dashboard"}}, "labelKey"],
+  "unknown bpf log level": [{"bpfLogLevel": "verbose"}, "bpfLogLevel"]
 }
 EOF
 
@@ -389,6 +401,7 @@ def check_agent(name, values, docs):
         "sync-period": values["syncPeriod"],
         "healthz-bind-address": values["healthz"]["bindAddress"],
         "metrics-bind-address": values["metrics"]["bindAddress"],
+        "bpf-log-level": values["bpfLogLevel"],
         "max-service-entries": str(values["capacities"]["maxServiceEntries"]),
         "max-backends": str(values["capacities"]["maxBackends"]),
         "max-reverse-entries": str(values["capacities"]["maxReverseEntries"]),
@@ -429,6 +442,53 @@ def check_agent(name, values, docs):
               f"(chart, agent): {differ}")
 
 
+# Every series the agent exports, from the agent itself (its registry, not a list here).
+exported = set(subprocess.run([agent, "metrics-names"], capture_output=True, text=True, check=True).stdout.split())
+check("the agent lists the metrics it exports (`socklb metrics-names`)",
+      {"socklb_datapath_events_total", "socklb_rejected_frontends", "socklb_map_entries"} <= exported,
+      f"listed {sorted(exported)}")
+METRIC = re.compile(r"\b(?:socklb|kubeproxy)_[a-zA-Z0-9_]+")
+
+
+def queries(node):
+    """Every PromQL expression of a dashboard: panel targets and template variables."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key in ("expr", "query", "definition") and isinstance(value, str):
+                yield value
+            else:
+                yield from queries(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from queries(item)
+
+
+def check_dashboard(name, values, kinds):
+    """The dashboard ConfigMap: the sidecar's label, valid JSON, metrics the agent exports."""
+    (configmap,) = kinds["ConfigMap"]
+    settings = values["dashboard"]
+    labels = configmap["metadata"].get("labels", {})
+    check(f"{name}: dashboard ConfigMap carries the sidecar label {settings['labelKey']}={settings['labelValue']!r}"
+          " and the annotations",
+          labels.get(settings["labelKey"]) == settings["labelValue"]
+          and configmap["metadata"].get("annotations", {}) == settings.get("annotations", {}),
+          json.dumps(configmap["metadata"]))
+    try:
+        dashboard = json.loads(configmap["data"]["socklb.json"])
+    except (KeyError, ValueError) as error:
+        check(f"{name}: the dashboard is JSON", False, str(error))
+        return
+    shipped = json.load(open(os.path.join(chart, "dashboards", "socklb.json")))
+    panels = [p for p in dashboard.get("panels", []) if p.get("type") != "row"]
+    check(f"{name}: the dashboard is dashboards/socklb.json, with panels that have queries",
+          dashboard == shipped and panels and all(p.get("targets") for p in panels),
+          f"{len(panels)} panels")
+    used = {m for q in queries(dashboard) for m in METRIC.findall(q)}
+    unknown = sorted(used - exported)
+    check(f"{name}: every metric the dashboard queries is one the agent exports ({len(used)} used)",
+          used and not unknown, f"not exported: {unknown}")
+
+
 def check_release(name, values, docs, notes):
     kinds = by_kind(docs)
     agent_on, cleanup_on, monitor_on = values["agent"]["enabled"], values["cleanup"]["enabled"], values["serviceMonitor"]["enabled"]
@@ -439,11 +499,16 @@ def check_release(name, values, docs, notes):
             expected |= {"Service", "ServiceMonitor"}
     if cleanup_on:
         expected |= {"DaemonSet"}
+    if values["dashboard"]["enabled"]:
+        expected |= {"ConfigMap"}
     check(f"{name}: renders {', '.join(sorted(expected))}", set(kinds) == expected, f"rendered {sorted(kinds)}")
     for doc in docs:
         namespaced = doc["kind"] not in ("ClusterRole", "ClusterRoleBinding")
         errors = validate(doc)
-        if namespaced and doc["metadata"].get("namespace") != NAMESPACE:
+        namespace = NAMESPACE
+        if doc["kind"] == "ConfigMap":
+            namespace = values["dashboard"]["namespace"] or NAMESPACE
+        if namespaced and doc["metadata"].get("namespace") != namespace:
             errors.append(f"namespace {doc['metadata'].get('namespace')!r}, not the release's")
         against = ("the CRD's fields" if doc["apiVersion"] == "monitoring.coreos.com/v1"
                    else f"Kubernetes {' and '.join(KUBE_VERSIONS)} schemas, strict")
@@ -484,6 +549,8 @@ def check_release(name, values, docs, notes):
               and container_ports["metrics"] == port_of(values["metrics"]["bindAddress"])
               and monitor["metadata"]["labels"].get("release") == values["serviceMonitor"]["labels"].get("release"),
               json.dumps([service, monitor]))
+    if values["dashboard"]["enabled"]:
+        check_dashboard(name, values, kinds)
     if cleanup_on:
         daemonset = next(d for d in kinds["DaemonSet"] if d["metadata"]["name"].endswith("-cleanup"))
         pod = daemonset["spec"]["template"]["spec"]

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
 use crate::{
-    dataplane::{self, Capacities, Config, Dataplane, TcMode},
+    dataplane::{self, Capacities, Config, Dataplane, ProgramLogLevel, TcMode},
     explain, inspect,
     metrics::Metrics,
     runner::{ExternalTraffic, Runner, SyncPeriods},
@@ -50,6 +50,10 @@ pub enum Command {
     Cleanup(PinArgs),
     /// Print the version and the map layout version.
     Version,
+    /// Print the name of every series the agent exports, one per line (for checks of
+    /// dashboards and alerts against the agent itself).
+    #[command(hide = true)]
+    MetricsNames,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -115,6 +119,10 @@ pub struct RunArgs {
     /// Address for /metrics (kube-proxy's metrics port).
     #[arg(long, default_value = "127.0.0.1:10249")]
     pub metrics_bind_address: SocketAddr,
+    /// The kernel programs' own log lines (their rare failure paths, at warn) forwarded
+    /// into this log. Off costs nothing: the verifier removes the log calls at load.
+    #[arg(long, value_enum, default_value_t = ProgramLogLevel::Off)]
+    pub bpf_log_level: ProgramLogLevel,
     #[command(flatten)]
     pub capacities: CapacityArgs,
     #[command(flatten)]
@@ -323,6 +331,12 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Inspect(args) => inspect_command(&args).map_err(privilege_first),
         Command::Trace(args) => trace_command(&args).map_err(privilege_first),
         Command::Cleanup(args) => cleanup(&args).map_err(privilege_first),
+        Command::MetricsNames => {
+            for name in crate::metrics::exported_names(&crate::metrics::all()) {
+                println!("{name}");
+            }
+            Ok(())
+        }
         Command::Version => {
             println!(
                 "socklb {} (map layout v{})",
@@ -398,11 +412,12 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     let pin_dir_existed = pin_dir.exists();
     dataplane::prepare_pin_dir(pin_dir)?;
     let _pin_lock = dataplane::lock_pin_dir(pin_dir, args.handover_wait)?;
-    let dataplane = Dataplane::load(Config {
+    let mut dataplane = Dataplane::load(Config {
         pin_dir: pin_dir.clone(),
         cgroup: args.cgroup_path.clone(),
         capacities: Capacities::from(&args.capacities),
         maglev_table_size: args.external.maglev_table_size,
+        program_log_level: args.bpf_log_level,
     })
     .inspect_err(|_| {
         // A failed start leaves nothing behind: the loader unpinned its maps.
@@ -410,10 +425,18 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             let _ = std::fs::remove_dir(pin_dir);
         }
     })?;
+    let program_logs = dataplane.program_logs()?;
     info!(node = %node_name, source = ?args.source.source, "starting");
     runtime()?.block_on(async {
+        // Aborted when the runtime stops.
+        if let Some(logs) = program_logs {
+            tokio::spawn(logs.forward());
+        }
         let health = Arc::new(Health::new(args.sync_period));
-        let metrics = Arc::new(Metrics::new());
+        let counters_pins = args.pins.pin_dir.clone();
+        let metrics = Arc::new(
+            Metrics::new().with_datapath_events(move || server::read_counters(&counters_pins)),
+        );
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = move || {
             let mut stop = stop_rx.clone();
@@ -421,7 +444,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
                 let _ = stop.wait_for(|stop| *stop).await;
             }
         };
-        let router = server::router(health.clone(), metrics.clone(), &args.pins.pin_dir);
+        let router = server::router(health.clone(), metrics.clone());
         let mut servers = Vec::new();
         for listener in listeners {
             let router = router.clone();

@@ -426,7 +426,7 @@ pub fn table(inspection: &Inspection) -> String {
         inspection.affinity.len(),
         inspection.fragments
     );
-    for ((name, _), value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
+    for (name, value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
         let _ = write!(out, " {name} {value}");
     }
     out.push('\n');

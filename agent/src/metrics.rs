@@ -1,18 +1,23 @@
 //! Prometheus metrics: kube-proxy's names where the meaning is the same, so that existing
 //! dashboards and alerts keep working, and `socklb_*` for what is socklb's own.
+//! docs/operations.md documents every one (a test keeps it so).
 use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
-    encoding::{EncodeLabelSet, text::encode},
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _, text::encode},
     metrics::{
-        counter::Counter,
+        MetricType, TypedMetric,
+        counter::{ConstCounter, Counter},
         family::Family,
         gauge::Gauge,
         histogram::{Histogram, exponential_buckets},
     },
-    registry::Registry,
+    registry::{Metric, Registry},
 };
 use socklb_abi::Counters;
+
+use crate::dataplane::Outcome;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MapLabels {
@@ -20,8 +25,8 @@ pub struct MapLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EventLabels {
-    pub event: String,
+pub struct OutcomeLabels {
+    pub outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -35,7 +40,8 @@ pub struct StateLabels {
 }
 
 pub struct Metrics {
-    registry: Registry,
+    /// Behind [`Families`], which records what is registered.
+    registry: Families,
     pub sync_duration: Histogram,
     pub network_programming: Histogram,
     pub last_sync_timestamp: Gauge<f64, AtomicU64>,
@@ -45,12 +51,28 @@ pub struct Metrics {
     pub service_changes: Counter,
     pub map_entries: Family<MapLabels, Gauge>,
     pub map_capacity: Family<MapLabels, Gauge>,
-    /// Kernel programs' counters (summed over CPUs), mirrored at every sync.
-    pub datapath_events: Family<EventLabels, Gauge>,
+    /// The size a growing map may reach (its `--max-*` flag).
+    pub map_max_entries: Family<MapLabels, Gauge>,
     pub skipped_services: Family<ReasonLabels, Gauge>,
-    pub rejected_frontends: Gauge,
+    /// Frontends not programmed as desired, by what became of them.
+    pub rejected_frontends: Family<OutcomeLabels, Gauge>,
     /// healthCheckNodePorts by state: `serving`, or `failed` (could not be bound).
     pub health_check_ports: Family<StateLabels, Gauge>,
+}
+
+/// The registry and every family registered in it: an empty family exports no series (not
+/// even its `# TYPE`), yet is part of what the agent exports.
+#[derive(Default)]
+struct Families {
+    registry: Registry,
+    families: Vec<(&'static str, MetricType)>,
+}
+
+impl Families {
+    fn register<M: Metric + TypedMetric>(&mut self, name: &'static str, help: &str, metric: M) {
+        self.registry.register(name, help, metric);
+        self.families.push((name, M::TYPE));
+    }
 }
 
 impl Default for Metrics {
@@ -61,7 +83,7 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
+        let mut registry = Families::default();
         // kube-proxy's buckets: 1 ms doubling to about 16 s.
         let sync_duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
         let network_programming = Histogram::new(exponential_buckets(0.001, 2.0, 20));
@@ -75,11 +97,11 @@ impl Metrics {
             service_changes: Counter::default(),
             map_entries: Family::default(),
             map_capacity: Family::default(),
-            datapath_events: Family::default(),
+            map_max_entries: Family::default(),
             skipped_services: Family::default(),
-            rejected_frontends: Gauge::default(),
+            rejected_frontends: Family::default(),
             health_check_ports: Family::default(),
-            registry: Registry::default(),
+            registry: Families::default(),
         };
         registry.register(
             "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -123,13 +145,13 @@ impl Metrics {
         );
         registry.register(
             "socklb_map_capacity",
-            "Capacity (max_entries) of a BPF map",
+            "Capacity (max_entries) of a BPF map now",
             metrics.map_capacity.clone(),
         );
         registry.register(
-            "socklb_datapath_events",
-            "Kernel program events since the counters map was created, summed over CPUs",
-            metrics.datapath_events.clone(),
+            "socklb_map_max_entries",
+            "The capacity a growing BPF map may reach (its --max-* flag)",
+            metrics.map_max_entries.clone(),
         );
         registry.register(
             "socklb_skipped_services",
@@ -138,9 +160,20 @@ impl Metrics {
         );
         registry.register(
             "socklb_rejected_frontends",
-            "Frontends left unchanged at the last sync because a map was full",
+            "Frontends not programmed as desired because a map is full or a frontend has too \
+             many backends, by outcome: kept_previous (keeps its previous backends), refused \
+             (connections refused: no backend programmed), not_programmed (not translated at \
+             all)",
             metrics.rejected_frontends.clone(),
         );
+        for outcome in Outcome::ALL {
+            metrics
+                .rejected_frontends
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.label(),
+                })
+                .set(0);
+        }
         registry.register(
             "socklb_health_check_ports",
             "healthCheckNodePorts of LoadBalancer Services with externalTrafficPolicy Local: \
@@ -153,17 +186,32 @@ impl Metrics {
         }
     }
 
-    pub fn set_counters(&self, counters: &Counters) {
-        let events = Counters::NAMES
-            .iter()
-            .map(|(_, event)| *event)
-            .zip(counters.values());
-        for (event, value) in events {
-            self.datapath_events
-                .get_or_create(&EventLabels {
-                    event: event.to_owned(),
+    /// Exports the kernel programs' counters as `socklb_datapath_events_total{event}`,
+    /// `read` at every scrape (no series when it fails: the map is not there).
+    #[must_use]
+    pub fn with_datapath_events(
+        mut self,
+        read: impl Fn() -> Option<Counters> + Send + Sync + 'static,
+    ) -> Self {
+        self.registry
+            .registry
+            .register_collector(Box::new(DatapathEvents {
+                read: Box::new(read),
+            }));
+        self.registry
+            .families
+            .push((DatapathEvents::NAME, MetricType::Counter));
+        self
+    }
+
+    /// Sets `socklb_rejected_frontends` from the count of each outcome.
+    pub fn set_rejected(&self, counts: impl IntoIterator<Item = (Outcome, usize)>) {
+        for (outcome, count) in counts {
+            self.rejected_frontends
+                .get_or_create(&OutcomeLabels {
+                    outcome: outcome.label(),
                 })
-                .set(i64::try_from(value).unwrap_or(i64::MAX));
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
     }
 
@@ -171,9 +219,75 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut text = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut text, &self.registry);
+        let _ = encode(&mut text, &self.registry.registry);
         text
     }
+}
+
+/// The kernel counters, read when scraped: Prometheus counters without a copy to keep in
+/// step (they restart from 0 only when the counters map is recreated, which Prometheus
+/// handles as a counter reset).
+struct DatapathEvents {
+    read: Box<dyn Fn() -> Option<Counters> + Send + Sync>,
+}
+
+impl DatapathEvents {
+    const NAME: &str = "socklb_datapath_events";
+}
+
+impl std::fmt::Debug for DatapathEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DatapathEvents")
+    }
+}
+
+impl Collector for DatapathEvents {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(counters) = (self.read)() else {
+            return Ok(());
+        };
+        let mut family = encoder.encode_descriptor(
+            Self::NAME,
+            "Kernel program events since the counters map was created, summed over CPUs, by \
+             event (the counter names of `socklb inspect`)",
+            None,
+            MetricType::Counter,
+        )?;
+        for (event, value) in Counters::NAMES.iter().zip(counters.values()) {
+            let labels = [("event", *event)];
+            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Every series name the agent exports, as PromQL names them (`_total` of a counter,
+/// `_bucket`/`_sum`/`_count` of a histogram), sorted: from what is registered, so that
+/// nothing is missed.
+pub fn exported_names(metrics: &Metrics) -> Vec<String> {
+    let mut names: Vec<String> = metrics
+        .registry
+        .families
+        .iter()
+        .flat_map(|(name, kind)| {
+            let suffixes: &[&str] = match kind {
+                MetricType::Counter => &["_total"],
+                MetricType::Histogram => &["_bucket", "_sum", "_count"],
+                MetricType::Info => &["_info"],
+                MetricType::Gauge | MetricType::Unknown => &[""],
+            };
+            suffixes.iter().map(move |suffix| format!("{name}{suffix}"))
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The agent's full set of metrics, the kernel counters included (at zero), for listing
+/// their names without a datapath.
+pub fn all() -> Metrics {
+    Metrics::new().with_datapath_events(|| Some(Counters::default()))
 }
 
 #[cfg(test)]
@@ -193,6 +307,109 @@ mod tests {
             "kubeproxy_network_programming_duration_seconds",
         ] {
             assert!(text.contains(name), "{name} missing in:\n{text}");
+        }
+    }
+
+    #[test]
+    fn kernel_counters_are_prometheus_counters_under_their_abi_names() {
+        let counters = Counters {
+            translated: 7,
+            affinity_hits: 3,
+            ..Counters::default()
+        };
+        let metrics = Metrics::new().with_datapath_events(move || Some(counters));
+        let text = metrics.encode();
+        assert!(
+            text.contains("# TYPE socklb_datapath_events counter"),
+            "{text}"
+        );
+        for (event, value) in Counters::NAMES.iter().zip(counters.values()) {
+            let line = format!("socklb_datapath_events_total{{event=\"{event}\"}} {value}\n");
+            assert!(text.contains(&line), "{line} missing in:\n{text}");
+        }
+        // No counters map: no series rather than zeros.
+        let unread = Metrics::new().with_datapath_events(|| None).encode();
+        assert!(!unread.contains("socklb_datapath_events"), "{unread}");
+    }
+
+    #[test]
+    fn rejected_frontends_are_reported_by_outcome() {
+        let metrics = Metrics::new();
+        assert!(
+            metrics
+                .encode()
+                .contains("socklb_rejected_frontends{outcome=\"refused\"} 0"),
+            "every outcome has a series before any sync"
+        );
+        metrics.set_rejected([(Outcome::Refused, 2), (Outcome::KeptPrevious, 5)]);
+        let text = metrics.encode();
+        for line in [
+            "socklb_rejected_frontends{outcome=\"refused\"} 2",
+            "socklb_rejected_frontends{outcome=\"kept_previous\"} 5",
+            "socklb_rejected_frontends{outcome=\"not_programmed\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
+    }
+
+    /// The list of names covers whatever the registry encodes (no family registered
+    /// around [`Families`]).
+    #[test]
+    fn exported_names_cover_every_encoded_family() {
+        let metrics = all();
+        metrics
+            .map_entries
+            .get_or_create(&MapLabels { map: "m".into() })
+            .set(1);
+        let names = exported_names(&metrics);
+        for line in metrics.encode().lines() {
+            if let Some((name, kind)) = line
+                .strip_prefix("# TYPE ")
+                .and_then(|rest| rest.split_once(' '))
+            {
+                let series = match kind {
+                    "counter" => format!("{name}_total"),
+                    "histogram" => format!("{name}_count"),
+                    _ => name.to_owned(),
+                };
+                assert!(names.contains(&series), "{series} not in {names:?}");
+            }
+        }
+    }
+
+    /// docs/operations.md has a reference entry for every series the agent exports (and
+    /// every kernel counter), so that the docs cannot fall behind the code.
+    #[test]
+    fn every_exported_metric_is_documented() {
+        let docs = include_str!("../../docs/operations.md");
+        let reference = docs
+            .split_once("## Metrics reference")
+            .map(|(_, rest)| rest)
+            .expect("docs/operations.md has a \"## Metrics reference\" section");
+        let names = exported_names(&all());
+        assert!(
+            names.contains(&"socklb_datapath_events_total".to_owned()),
+            "{names:?}"
+        );
+        for name in &names {
+            // A histogram's series are documented under its base name.
+            let base = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|suffix| name.strip_suffix(suffix))
+                .unwrap_or(name);
+            assert!(
+                reference.contains(&format!("`{base}`"))
+                    || reference.contains(&format!("`{base}{{")),
+                "metric {name} is exported but not documented in docs/operations.md's \
+                 metrics reference: add it (type, labels, meaning, what to alert on)"
+            );
+        }
+        for event in Counters::NAMES {
+            assert!(
+                reference.contains(&format!("`{event}`")),
+                "kernel counter {event} is not described in docs/operations.md's metrics \
+                 reference"
+            );
         }
     }
 }

@@ -314,7 +314,7 @@ impl Runner {
                     .observe(latency.as_secs_f64());
             }
         }
-        self.record(report.rejected.len());
+        self.record();
         self.log_rejections(&report.rejected);
         self.retry_soon = !self.rejected.is_empty() && self.dataplane.has_pending_deletes();
         if full || !changes.services.is_empty() {
@@ -331,8 +331,8 @@ impl Runner {
     }
 
     /// Logs the frontends rejected for the first time (a few by name, the rest counted) and
-    /// those programmed after they were rejected; the `rejected_frontends` metric has the
-    /// current count.
+    /// those programmed after they were rejected; the `socklb_rejected_frontends` metric has
+    /// the current count (from the dataplane's writer).
     fn log_rejections(&mut self, rejected: &[Rejected]) {
         const NAMED: usize = 10;
         let now: BTreeSet<Frontend> = rejected.iter().map(Rejected::frontend).collect();
@@ -479,22 +479,27 @@ impl Runner {
         Ok(())
     }
 
-    fn record(&self, rejected: usize) {
+    fn record(&self) {
         let metrics = &self.metrics;
         metrics.endpoint_changes_pending.set(0);
         metrics.service_changes_pending.set(0);
-        metrics
-            .rejected_frontends
-            .set(i64::try_from(rejected).unwrap_or(i64::MAX));
-        for (map, used, capacity) in self.dataplane.usage() {
+        metrics.set_rejected(self.dataplane.rejected_frontends());
+        for usage in self.dataplane.usage() {
             let labels = MapLabels {
-                map: map.to_owned(),
+                map: usage.map.to_owned(),
             };
-            metrics.map_entries.get_or_create(&labels).set(used.into());
+            metrics
+                .map_entries
+                .get_or_create(&labels)
+                .set(usage.entries.into());
             metrics
                 .map_capacity
                 .get_or_create(&labels)
-                .set(capacity.into());
+                .set(usage.capacity.into());
+            metrics
+                .map_max_entries
+                .get_or_create(&labels)
+                .set(usage.max_entries.into());
         }
         metrics.skipped_services.clear();
         for (reason, count) in self.state.skipped_counts() {

@@ -3,7 +3,7 @@
 //! sync is done) and `/metrics`.
 use std::{
     net::SocketAddr,
-    path::{Path, PathBuf},
+    path::Path,
     sync::{
         Arc,
         atomic::{AtomicBool, AtomicU64, Ordering},
@@ -89,25 +89,21 @@ impl Health {
 struct Shared {
     health: Arc<Health>,
     metrics: Arc<Metrics>,
-    /// The pinned counters map, read at every scrape so that the kernel counters are current.
-    counters_pin: PathBuf,
 }
 
-pub fn router(health: Arc<Health>, metrics: Arc<Metrics>, pin_dir: &Path) -> Router {
+pub fn router(health: Arc<Health>, metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
-        .with_state(Shared {
-            health,
-            metrics,
-            counters_pin: pin_dir.join(socklb_abi::map_names::COUNTERS),
-        })
+        .with_state(Shared { health, metrics })
 }
 
-/// The kernel programs' counters, summed over CPUs, from the pinned map.
-fn read_counters(pin: &Path) -> Option<Counters> {
+/// The kernel programs' counters, summed over CPUs, from the pinned map (under `pin_dir`),
+/// read at every scrape so that the metrics are current.
+pub fn read_counters(pin_dir: &Path) -> Option<Counters> {
+    let pin = pin_dir.join(socklb_abi::map_names::COUNTERS);
     let map = aya::maps::Map::PerCpuArray(aya::maps::MapData::from_pin(pin).ok()?);
     let counters: aya::maps::PerCpuArray<_, Counters> = map.try_into().ok()?;
     let per_cpu = counters.get(&0, 0).ok()?;
@@ -171,9 +167,6 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
 }
 
 async fn metrics_text(State(shared): State<Shared>) -> impl IntoResponse {
-    if let Some(counters) = read_counters(&shared.counters_pin) {
-        shared.metrics.set_counters(&counters);
-    }
     (
         [(
             axum::http::header::CONTENT_TYPE,

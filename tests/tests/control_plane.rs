@@ -256,7 +256,7 @@ fn health_readiness_and_metrics_are_served() {
     // The kernel counters are read at scrape time: every probe connect so far is counted.
     let translated: u64 = metrics
         .lines()
-        .find_map(|line| line.strip_prefix("socklb_datapath_events{event=\"translated\"} "))
+        .find_map(|line| line.strip_prefix("socklb_datapath_events_total{event=\"translated\"} "))
         .and_then(|value| value.trim().parse().ok())
         .unwrap_or_else(|| panic!("no translated counter in:\n{metrics}"));
     assert!(translated >= 40, "{metrics}");

@@ -109,8 +109,14 @@ impl Dataplane {
         .into_iter()
         .filter_map(|(name, grows)| grows.then_some(name))
         .collect();
-        let mut ebpf = loader::load_grown(&pin_dir, &self.config.capacities, &target, &grown)
-            .map_err(Box::new)?;
+        let mut ebpf = loader::load_grown(
+            &pin_dir,
+            &self.config.capacities,
+            self.config.program_log_level,
+            &target,
+            &grown,
+        )
+        .map_err(Box::new)?;
         let (kernel_maps, maglev) = match self.copy_into(&mut ebpf, &grown) {
             Ok(maps) => maps,
             Err(error) => {

@@ -28,6 +28,7 @@ use tracing::{info, warn};
 use super::{
     Capacities,
     object::OBJECT,
+    program_logs::ProgramLogLevel,
     sizing::{self, Sizes},
     tc,
 };
@@ -98,14 +99,18 @@ pub struct Loaded {
 /// Loads the object, adopting compatible pinned maps, and loads every program into the
 /// kernel (verifier included); nothing is attached yet. When loading fails, the maps this
 /// call pinned are unpinned again: a failed start leaves what it found, nothing more.
-pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
+pub fn load(
+    pin_dir: &Path,
+    capacities: &Capacities,
+    log_level: ProgramLogLevel,
+) -> Result<Loaded, LoadError> {
     let unpinned: Vec<PathBuf> = map_names::ALL
         .iter()
         .map(|name| pin_dir.join(name))
         .filter(|path| !path.exists())
         .collect();
     remove_staging(pin_dir);
-    load_pinning(pin_dir, capacities).inspect_err(|_| {
+    load_pinning(pin_dir, capacities, log_level).inspect_err(|_| {
         for path in unpinned.iter().filter(|path| path.exists()) {
             if let Err(error) = fs::remove_file(path) {
                 warn!(path = %path.display(), %error, "cannot unpin a map of the failed load");
@@ -114,15 +119,19 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError
     })
 }
 
-fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
+fn load_pinning(
+    pin_dir: &Path,
+    capacities: &Capacities,
+    log_level: ProgramLogLevel,
+) -> Result<Loaded, LoadError> {
     // An older agent's service map, under its old name: the frontends it holds were serving.
     let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
     let sizes = starting_sizes(pin_dir, capacities);
-    let socket_slot_mask = capacities.socket_slots() - 1;
+    let globals = Globals::new(capacities, log_level);
     // Each round replaces at most one incompatible map; there are only so many maps.
     for _ in 0..=map_names::ALL.len() {
         let mut loader = EbpfLoader::new();
-        configure(&mut loader, pin_dir, capacities, &sizes, &socket_slot_mask);
+        configure(&mut loader, pin_dir, capacities, &sizes, &globals);
         match loader.load(OBJECT) {
             Ok(mut ebpf) => {
                 load_programs(&mut ebpf)?;
@@ -166,6 +175,7 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
 pub fn load_grown(
     pin_dir: &Path,
     capacities: &Capacities,
+    log_level: ProgramLogLevel,
     sizes: &Sizes,
     grown: &[&'static str],
 ) -> Result<Ebpf, LoadError> {
@@ -175,9 +185,9 @@ pub fn load_grown(
         path: staging.clone(),
         source,
     })?;
-    let socket_slot_mask = capacities.socket_slots() - 1;
+    let globals = Globals::new(capacities, log_level);
     let mut loader = EbpfLoader::new();
-    configure(&mut loader, pin_dir, capacities, sizes, &socket_slot_mask);
+    configure(&mut loader, pin_dir, capacities, sizes, &globals);
     for name in grown {
         loader.map_pin_path(name, staging.join(name));
     }
@@ -205,17 +215,39 @@ pub fn remove_staging(pin_dir: &Path) {
     let _ = fs::remove_dir(&staging);
 }
 
-/// Map sizes and globals, the same for every load.
+/// The programs' read-only globals, set at load time.
+struct Globals {
+    socket_slot_mask: u32,
+    /// aya-log's level: 0 (off) lets the verifier remove every log call.
+    log_level: u8,
+}
+
+impl Globals {
+    fn new(capacities: &Capacities, log_level: ProgramLogLevel) -> Self {
+        Self {
+            socket_slot_mask: capacities.socket_slots() - 1,
+            log_level: log_level.global(),
+        }
+    }
+}
+
+/// aya-log's ring buffer in the object.
+const PROGRAM_LOGS_MAP: &str = "AYA_LOGS";
+
+/// Map sizes and globals, the same for every load. The program log buffer is pinned too,
+/// so that programs loaded again over grown maps write where the agent reads.
 fn configure<'a>(
     loader: &mut EbpfLoader<'a>,
     pin_dir: &'a Path,
     capacities: &Capacities,
     sizes: &Sizes,
-    socket_slot_mask: &'a u32,
+    values: &'a Globals,
 ) {
     loader
         .default_map_pin_directory(pin_dir)
-        .override_global(globals::SOCKET_SLOT_MASK, socket_slot_mask, true)
+        .map_pin_path(PROGRAM_LOGS_MAP, pin_dir.join(map_names::PROGRAM_LOGS))
+        .override_global(globals::SOCKET_SLOT_MASK, &values.socket_slot_mask, true)
+        .override_global(aya_log::LEVEL, &values.log_level, true)
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         .map_max_entries(map_names::SERVICES, sizes.services)
         .map_max_entries(map_names::BACKENDS, sizes.backends)

@@ -11,6 +11,7 @@ mod names;
 mod object;
 mod pin_lock;
 mod privileges;
+mod program_logs;
 mod sizing;
 mod source_ranges;
 mod tc;
@@ -35,6 +36,7 @@ pub use host::{
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
 pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};
 pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
+pub use program_logs::{ProgramLogLevel, ProgramLogs, ProgramLogsError};
 use socklb_abi::{Counters, NodeConfig, map_names};
 pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
@@ -119,6 +121,8 @@ pub struct Config {
     pub capacities: Capacities,
     /// Positions of every Maglev table: one of [`MAGLEV_TABLE_SIZES`].
     pub maglev_table_size: u32,
+    /// The kernel programs' own log lines forwarded (off: compiled out by the verifier).
+    pub program_log_level: ProgramLogLevel,
 }
 
 /// Cilium's default: about 1% imbalance with 100 backends, 64 KiB per frontend of value.
@@ -131,6 +135,7 @@ impl Default for Config {
             cgroup: None,
             capacities: Capacities::default(),
             maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
+            program_log_level: ProgramLogLevel::Off,
         }
     }
 }
@@ -159,6 +164,8 @@ pub enum DataplaneError {
     Maglev(#[source] MaglevError),
     #[error("writing a frontend's name failed; the agent re-reads them at the next full sync")]
     Names(#[source] NamesError),
+    #[error(transparent)]
+    ProgramLogs(#[from] ProgramLogsError),
     /// The kernel refused for lack of a privilege: what to grant, then what was refused.
     #[error("{diagnosis}")]
     Privileges {
@@ -179,6 +186,17 @@ impl DataplaneError {
             None => self,
         }
     }
+}
+
+/// How full a map the agent fills is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapUsage {
+    pub map: &'static str,
+    pub entries: u32,
+    /// Its `max_entries` now.
+    pub capacity: u32,
+    /// What it may grow to: its `--max-*` flag.
+    pub max_entries: u32,
 }
 
 /// What the TC programs need to know about this node.
@@ -259,7 +277,12 @@ impl Dataplane {
             mut ebpf,
             replaced_masters,
             sizes,
-        } = loader::load(&config.pin_dir, &config.capacities).map_err(|error| {
+        } = loader::load(
+            &config.pin_dir,
+            &config.capacities,
+            config.program_log_level,
+        )
+        .map_err(|error| {
             // The loader unpinned its maps; the directory goes too if this load made it.
             if !pin_dir_existed {
                 let _ = std::fs::remove_dir(&config.pin_dir);
@@ -339,6 +362,14 @@ impl Dataplane {
         })
     }
 
+    /// The reader of the programs' log lines, taken once (`None` when logging is off).
+    pub fn program_logs(&mut self) -> Result<Option<ProgramLogs>, DataplaneError> {
+        Ok(ProgramLogs::take(
+            &mut self.ebpf,
+            self.config.program_log_level,
+        )?)
+    }
+
     /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
     /// does not fit are left as they were and listed in the report.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
@@ -356,6 +387,12 @@ impl Dataplane {
         );
         self.report_maglev(tables)?;
         Ok(report)
+    }
+
+    /// How many frontends are not programmed as desired now, by outcome, whichever sync
+    /// rejected them.
+    pub fn rejected_frontends(&self) -> [(Outcome, usize); 3] {
+        self.writer.rejected()
     }
 
     /// Whether entries wait to be deleted by the next apply, which frees their room.
@@ -443,26 +480,41 @@ impl Dataplane {
         }
     }
 
-    /// Entries in use and capacity (the size now, which may grow) of the maps the agent
-    /// fills, for metrics.
-    pub fn usage(&self) -> [(&'static str, u32, u32); 4] {
+    /// Entries in use, capacity now and the capacity they may grow to, of the maps the
+    /// agent fills, for metrics.
+    pub fn usage(&self) -> [MapUsage; 4] {
+        let bounds = &self.config.capacities;
+        let usage = |map, entries, capacity, max_entries| MapUsage {
+            map,
+            entries,
+            capacity,
+            max_entries,
+        };
         [
-            (
+            usage(
                 map_names::SERVICES,
                 self.writer.service_entries(),
                 self.sizes.services,
+                bounds.service_entries,
             ),
-            (
+            usage(
                 map_names::BACKENDS,
                 self.writer.backend_entries(),
                 self.sizes.backends,
+                bounds.backends,
             ),
-            (
+            usage(
                 map_names::SOURCE_RANGES,
                 self.source_ranges.entries(),
-                self.config.capacities.source_ranges,
+                bounds.source_ranges,
+                bounds.source_ranges,
             ),
-            (map_names::MAGLEV, self.maglev.entries(), self.sizes.maglev),
+            usage(
+                map_names::MAGLEV,
+                self.maglev.entries(),
+                self.sizes.maglev,
+                bounds.maglev_entries,
+            ),
         ]
     }
 

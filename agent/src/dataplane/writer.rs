@@ -120,13 +120,26 @@ impl Rejected {
 }
 
 /// What became of a frontend that could not be programmed as desired.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Outcome {
     KeptPrevious,
     /// A new frontend got a master entry without backends.
     Refused,
     /// Not even a master entry fitted: its traffic is not translated.
     NotProgrammed,
+}
+
+impl Outcome {
+    pub const ALL: [Self; 3] = [Self::KeptPrevious, Self::Refused, Self::NotProgrammed];
+
+    /// Its name in metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::KeptPrevious => "kept_previous",
+            Self::Refused => "refused",
+            Self::NotProgrammed => "not_programmed",
+        }
+    }
 }
 
 impl std::fmt::Display for Outcome {
@@ -198,6 +211,9 @@ pub struct Writer<S> {
     next_service_id: u32,
     /// Frontends the replaced maps held: programmed ahead of other new frontends.
     preferred: BTreeSet<Frontend>,
+    /// Every frontend whose last apply was rejected, whichever apply that was: the
+    /// current state, not one sync's report.
+    rejected: BTreeMap<Frontend, Outcome>,
 }
 
 /// Contents of the service and backend maps, as read back from the kernel.
@@ -224,6 +240,7 @@ impl<S: Store> Writer<S> {
             next_backend_id: 1,
             next_service_id: 1,
             preferred: BTreeSet::new(),
+            rejected: BTreeMap::new(),
         };
         writer.readopt(contents);
         writer
@@ -347,6 +364,15 @@ impl<S: Store> Writer<S> {
     }
 
     /// Whether entries wait to be deleted by the next apply (which frees their room).
+    /// How many frontends are not programmed as desired now, by outcome (every outcome,
+    /// zeros included).
+    pub fn rejected(&self) -> [(Outcome, usize); 3] {
+        Outcome::ALL.map(|outcome| {
+            let count = self.rejected.values().filter(|o| **o == outcome).count();
+            (outcome, count)
+        })
+    }
+
     pub fn has_pending_deletes(&self) -> bool {
         !self.pending_deletes.is_empty()
     }
@@ -424,6 +450,9 @@ impl<S: Store> Writer<S> {
     /// After an error the mirror may no longer match the maps: adopt them again (the
     /// [`super::Dataplane`] does) before the next apply.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, StoreError> {
+        // A frontend no longer desired is no longer rejected, programmed or not.
+        self.rejected
+            .retain(|frontend, _| desired.frontends.contains_key(frontend));
         let mut changes: BTreeMap<Frontend, Option<&FrontendSpec>> = self
             .frontends
             .keys()
@@ -452,6 +481,7 @@ impl<S: Store> Writer<S> {
         }
 
         for (frontend, _) in changes.iter().filter(|(_, spec)| spec.is_none()) {
+            self.rejected.remove(frontend);
             self.remove_frontend(&mut report, *frontend)?;
         }
 
@@ -470,8 +500,24 @@ impl<S: Store> Writer<S> {
             (grows > 0, !known, grows)
         });
         for (frontend, spec) in changes {
-            if let Err(rejected) = self.update_frontend(&mut report, *frontend, spec)? {
-                report.rejected.push(rejected);
+            match self.update_frontend(&mut report, *frontend, spec)? {
+                Ok(()) => {
+                    self.rejected.remove(frontend);
+                }
+                Err(rejected) => {
+                    // Kept with no backend (a refused frontend retried, or one that had no
+                    // endpoints): its connections are refused, whatever kept it so.
+                    let refusing = self
+                        .frontends
+                        .get(frontend)
+                        .is_some_and(|programmed| programmed.slots.is_empty());
+                    let outcome = match rejected.outcome() {
+                        Outcome::KeptPrevious if refusing => Outcome::Refused,
+                        outcome => outcome,
+                    };
+                    self.rejected.insert(*frontend, outcome);
+                    report.rejected.push(rejected);
+                }
             }
         }
 
@@ -1351,6 +1397,65 @@ mod tests {
             .expect("apply");
         assert!(report.rejected.is_empty(), "{:?}", report.rejected);
         assert_eq!(w.store.services[&service_key(&frontend(1), 0)].count, 2);
+    }
+
+    /// The writer's count of rejected frontends is the current state: a frontend rejected
+    /// by an earlier apply stays counted through applies that do not touch it, and leaves
+    /// the count when it fits, is removed, or is no longer desired.
+    #[test]
+    fn rejected_frontends_are_counted_until_they_fit_or_go() {
+        let mut w = Writer::adopt(
+            Recorder::default(),
+            Capacity {
+                service_entries: 4,
+                backends: 10,
+            },
+            MapContents::default(),
+        );
+        let count = |w: &Writer<Recorder>, outcome: Outcome| {
+            w.rejected()
+                .into_iter()
+                .find_map(|(o, n)| (o == outcome).then_some(n))
+                .expect("every outcome")
+        };
+        w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
+        let wanted = desired(&[(1, &[1, 2, 3, 4]), (2, &[5]), (3, &[6])]);
+        let spec = |f: u8| wanted.frontends.get(&frontend(f));
+        // Frontend 1 cannot grow (kept), frontend 2 gets a master only (refused).
+        let report = w
+            .apply_changes(&BTreeMap::from([
+                (frontend(1), spec(1)),
+                (frontend(2), spec(2)),
+            ]))
+            .expect("apply");
+        assert_eq!(report.rejected.len(), 2, "{:?}", report.rejected);
+        assert_eq!(count(&w, Outcome::KeptPrevious), 1);
+        assert_eq!(count(&w, Outcome::Refused), 1);
+        // An apply of another frontend only: the two above are still not programmed.
+        let report = w
+            .apply_changes(&BTreeMap::from([(frontend(3), spec(3))]))
+            .expect("apply");
+        assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
+        assert_eq!(count(&w, Outcome::KeptPrevious), 1);
+        assert_eq!(count(&w, Outcome::Refused), 1);
+        assert_eq!(count(&w, Outcome::NotProgrammed), 1);
+        // Retried, the refused frontend still does not fit: kept as it was, which is refusing.
+        w.apply_changes(&BTreeMap::from([(frontend(2), spec(2))]))
+            .expect("apply");
+        assert_eq!(count(&w, Outcome::Refused), 1);
+        assert_eq!(count(&w, Outcome::KeptPrevious), 1);
+        // Frontend 2 removed; frontend 3 no longer desired at a full apply.
+        w.apply_changes(&BTreeMap::from([(frontend(2), None)]))
+            .expect("apply");
+        assert_eq!(count(&w, Outcome::Refused), 0);
+        assert_eq!(count(&w, Outcome::NotProgrammed), 1);
+        let report = w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        assert_eq!(
+            w.rejected().map(|(_, n)| n),
+            [0, 0, 0],
+            "frontend 1 fits now"
+        );
     }
 
     #[test]

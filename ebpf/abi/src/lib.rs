@@ -58,9 +58,13 @@ pub mod map_names {
     /// [`super::TraceControl`], a single entry at index 0: whether, and for what, the
     /// programs write trace events.
     pub const TRACE_CONTROL: &str = "socklb_trctl_v1";
+    /// aya-log's ring buffer of the programs' diagnostics (`AYA_LOGS` in the object),
+    /// pinned so that programs loaded again over grown maps keep writing where the agent
+    /// reads. Written only with `--bpf-log-level`.
+    pub const PROGRAM_LOGS: &str = "socklb_logs_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         SERVICES,
         BACKENDS,
         REVERSE,
@@ -76,6 +80,7 @@ pub mod map_names {
         NAMES,
         TRACE,
         TRACE_CONTROL,
+        PROGRAM_LOGS,
     ];
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
@@ -617,11 +622,12 @@ pub const FRONTEND_KIND_NODE_PORT: u8 = 2;
 pub const FRONTEND_KIND_EXTERNAL_IP: u8 = 3;
 pub const FRONTEND_KIND_LOAD_BALANCER: u8 = 4;
 
-/// Defines [`Counters`] from one table: each counter's field (what bpftool and `socklb
-/// inspect` show) and its `socklb_datapath_events` label. Everything else that names the
-/// counters (sums, differences, inspect, metrics) iterates [`Counters::NAMES`].
+/// Defines [`Counters`] from one table: each counter's one name is its field, which bpftool,
+/// `socklb inspect` and the `socklb_datapath_events_total{event}` metric all show.
+/// Everything else that names the counters (sums, differences, inspect, metrics, docs
+/// checks) iterates [`Counters::NAMES`].
 macro_rules! counters {
-    ($($(#[doc = $doc:literal])* $field:ident => $event:literal,)*) => {
+    ($($(#[doc = $doc:literal])* $field:ident,)*) => {
         /// Per-CPU event counters (one entry, index 0).
         #[repr(C)]
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -631,9 +637,9 @@ macro_rules! counters {
         }
 
         impl Counters {
-            /// Every counter, in layout order: (field name, metric event label).
-            pub const NAMES: [(&'static str, &'static str); [$($event),*].len()] =
-                [$((stringify!($field), $event)),*];
+            /// Every counter's name, in layout order.
+            pub const NAMES: [&'static str; [$(stringify!($field)),*].len()] =
+                [$(stringify!($field)),*];
 
             /// The values, in the order of [`Self::NAMES`].
             #[must_use]
@@ -652,36 +658,36 @@ macro_rules! counters {
 
 counters! {
     /// connect/sendmsg rewritten from a frontend to a backend.
-    translated => "translated",
+    translated,
     /// connect/sendmsg to a frontend with no usable backend, refused with ECONNREFUSED.
-    no_backend => "no_backend",
+    no_backend,
     /// Translations that reused a session-affinity entry.
-    affinity_hits => "affinity_hit",
+    affinity_hits,
     /// recvmsg/getpeername answers rewritten from a backend back to the frontend.
-    reverse_translated => "reverse_translated",
+    reverse_translated,
     /// Failures inside a program: a lookup that let the operation or packet proceed
     /// untranslated, or an affinity or reverse entry a full LRU refused (the translation
     /// stands).
-    errors => "error",
+    errors,
     /// Flows from outside the node given a backend (new conntrack entries).
-    external_flows => "external_flow",
+    external_flows,
     /// Packets from outside to a frontend without a usable backend here, dropped.
-    external_no_backend => "external_no_backend",
+    external_no_backend,
     /// Packets from outside dropped because no SNAT port was free.
-    snat_exhausted => "snat_exhausted",
+    snat_exhausted,
     /// New flows to a LoadBalancer IP dropped by its loadBalancerSourceRanges.
-    external_denied => "external_denied",
+    external_denied,
     /// Packets from outside that socklb forwards itself (to a backend on another node, or
     /// a SNATed flow's reply) dropped because their TTL was 1 or less (they could not be
     /// forwarded), before any conntrack entry was made for them. To a backend on this node
     /// the kernel decides.
-    ttl_exceeded => "ttl_exceeded",
+    ttl_exceeded,
     /// Packets from outside dropped because a helper failed after part of the packet was
     /// already rewritten (a half-translated packet never leaves).
-    rewrite_failed => "rewrite_failed",
+    rewrite_failed,
     /// Trace events lost because the trace ring buffer was full (a `socklb trace` session
     /// reading too slowly); the translations themselves are unaffected.
-    trace_lost => "trace_lost",
+    trace_lost,
 }
 
 impl Counters {
@@ -849,10 +855,9 @@ mod tests {
 
     #[test]
     fn counter_names_are_unique() {
-        for (i, (field, event)) in Counters::NAMES.iter().enumerate() {
-            for (other_field, other_event) in &Counters::NAMES[i + 1..] {
-                assert_ne!(field, other_field);
-                assert_ne!(event, other_event);
+        for (i, name) in Counters::NAMES.iter().enumerate() {
+            for other in &Counters::NAMES[i + 1..] {
+                assert_ne!(name, other);
             }
         }
     }

@@ -45,7 +45,7 @@ use socklb_abi::{
 use crate::{
     conntrack::{self, Found},
     counters::bump,
-    lb,
+    lb, log,
     maps::{AFFINITY, BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
     packet::{Packet, PacketError, Tuple},
     trace::{self, Decision},
@@ -108,6 +108,7 @@ fn verdict(result: Result<i32, Error>, packet: &Packet) -> i32 {
     match result {
         Ok(verdict) => verdict,
         Err(Error) if packet.mangled() => {
+            log::rewrite_failed(u32::from_be(packet.tuple.source));
             bump(|c| &mut c.rewrite_failed);
             TC_ACT_SHOT
         }
@@ -219,8 +220,9 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
                 && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
                 && !packet.opens_connection()
                 && !closes
-                && conntrack::confirm(&packet.tuple, &found.entry, closes, now).is_err()
+                && let Err(error) = conntrack::confirm(&packet.tuple, &found.entry, closes, now)
             {
+                log::conntrack_not_confirmed(error);
                 bump(|c| &mut c.errors);
             }
             let tuple = &packet.tuple;
@@ -336,10 +338,10 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
         if ttl_exceeded(packet) {
             return Ok(Flow::TtlExceeded);
         }
-        let node = NODE.get(0).ok_or(Error)?;
-        if node.snat_address == 0 {
+        let Some(node) = NODE.get(0).filter(|node| node.snat_address != 0) else {
+            log::no_snat_address();
             return Err(Error);
-        }
+        };
         entry.flags |= CT_FLAG_SNAT;
         match conntrack::insert_snat(tuple, &mut entry, node, now) {
             Ok(Some(_)) => {}
@@ -348,13 +350,19 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
                 trace::external(&decision, client, false);
                 return Ok(Flow::SnatExhausted);
             }
-            Err(_) => return Err(Error),
+            Err(error) => {
+                log::conntrack_not_written(error);
+                return Err(Error);
+            }
         }
     } else if !forwardable {
         // A backend on this node: translated, and the kernel's path decides.
         return Ok(Flow::To(entry));
     } else {
-        conntrack::insert(tuple, &entry).map_err(|_| Error)?;
+        if let Err(error) = conntrack::insert(tuple, &entry) {
+            log::conntrack_not_written(error);
+            return Err(Error);
+        }
     }
     bump(|c| &mut c.external_flows);
     trace::external(&decision, client, false);
@@ -398,6 +406,12 @@ fn choose_backend(
         }
     };
     let Some(backend) = SERVICES.get_ptr(key) else {
+        log::external_missing_slot(
+            u32::from_be(key.address),
+            u16::from_be(key.port),
+            count,
+            key.slot,
+        );
         return Err(Error);
     };
     // SAFETY: pointer from a successful lookup; copied out at once.
@@ -411,7 +425,10 @@ fn choose_backend(
                 slot: key.slot,
                 pad: 0,
             };
-            AFFINITY.insert(affinity, &entry, 0).map_err(|_| Error)?;
+            if let Err(error) = AFFINITY.insert(affinity, &entry, 0) {
+                log::external_affinity_not_written(error);
+                return Err(Error);
+            }
         }
         _ => {}
     }

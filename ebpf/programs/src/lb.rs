@@ -13,6 +13,7 @@ use crate::{
     PROCEED, REJECT,
     context::SockAddr,
     counters::bump,
+    log,
     maps::{AFFINITY, REVERSE, SERVICES, SOCKETS, socket_slot},
     trace::{self, Decision},
 };
@@ -144,7 +145,14 @@ pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, E
         };
         master = now;
     }
-    let (backend, affinity_hit) = chosen.ok_or(Error)?;
+    let Some((backend, affinity_hit)) = chosen else {
+        log::missing_slots(
+            u32::from_be(frontend_address),
+            u16::from_be(frontend_port),
+            master.count,
+        );
+        return Err(Error);
+    };
     decision.reason = match (affinity_hit, pick) {
         (true, _) => TRACE_REASON_AFFINITY,
         (false, Pick::Random) => TRACE_REASON_RANDOM,
@@ -235,7 +243,8 @@ fn choose_backend(
     };
     // A full LRU that cannot take the entry costs the affinity of this one connection,
     // never the connection: counted, and the draw stands.
-    if AFFINITY.insert(&affinity_key, &entry, 0).is_err() {
+    if let Err(error) = AFFINITY.insert(&affinity_key, &entry, 0) {
+        log::affinity_not_written(error);
         bump(|c| &mut c.errors);
     }
     Some((backend, false))
@@ -299,7 +308,8 @@ fn remember_frontend(call: Call, key: ReverseKey, frontend: ReverseEntry) {
     {
         return;
     }
-    if REVERSE.insert(&key, &frontend, 0).is_err() {
+    if let Err(error) = REVERSE.insert(&key, &frontend, 0) {
+        log::reverse_not_written(error);
         bump(|c| &mut c.errors);
     }
 }

@@ -14,6 +14,7 @@ mod counters;
 mod external;
 mod getpeername;
 mod lb;
+mod log;
 mod maps;
 mod packet;
 mod recvmsg;

@@ -1,11 +1,38 @@
 //! An operator raises a map capacity (as the agent's own warning advises) on a node whose
 //! service map is full: the restarted agent grows the map in place, and the Services that
 //! were serving must keep serving through the restart, ahead of those that never fitted.
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    process::Command,
+    time::{Duration, Instant},
+};
 
 use socklb_tests::{
     Agent, ManifestDir, Sandbox, assert_all_answered_by, monotonic_ns, node_yaml, tcp_backends,
 };
+
+/// Waits until the agent's /metrics has every line of `expected`, failing with what it has.
+fn wait_for_metrics(expected: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let output = Command::new("curl")
+            .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])
+            .output()
+            .expect("prerequisite missing: curl");
+        let metrics = String::from_utf8_lossy(&output.stdout);
+        if expected
+            .iter()
+            .all(|line| metrics.lines().any(|l| l == *line))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {expected:?} in:\n{metrics}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
 
 #[test]
 fn raising_a_capacity_keeps_serving_services_up() {
@@ -32,6 +59,13 @@ fn raising_a_capacity_keeps_serving_services_up() {
         );
     }
     first.wait_for_log("frontend not programmed", 1);
+    // The metric counts every frontend not programmed, whichever sync rejected it: the
+    // first new one got a master without backends (refused), the other four nothing.
+    wait_for_metrics(&[
+        "socklb_rejected_frontends{outcome=\"refused\"} 1",
+        "socklb_rejected_frontends{outcome=\"not_programmed\"} 4",
+        "socklb_rejected_frontends{outcome=\"kept_previous\"} 0",
+    ]);
 
     // Raised, but not enough for everything: 12 entries hold four Services of six.
     let client = sandbox.spawn_probe_for("tcp", serving, Duration::from_secs(6), 1);
