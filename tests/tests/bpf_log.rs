@@ -190,3 +190,40 @@ fn without_bpf_log_level_the_programs_log_nothing_and_carry_no_log_code() {
         size(&on)
     );
 }
+
+/// Programs loaded again over grown maps write to the same (pinned) log buffer, which the
+/// agent keeps reading: a failure after a growth is in the log too.
+#[test]
+fn after_the_maps_grow_program_failures_still_reach_the_agent_log() {
+    let sandbox = Sandbox::new("bpflog-grown");
+    let manifests = cluster(&sandbox, 43);
+    let agent = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node-a",
+        &["--bpf-log-level", "warn", "--sync-period", "1h"],
+    );
+    // 3,200 one-endpoint Services need 6,400 service entries: more than three quarters of
+    // the 8,192 the service map starts with.
+    let mut many = String::new();
+    for i in 0..3_200u32 {
+        let name = format!("grow-{i}");
+        let vip = format!("10.97.{}.{}", i / 250, i % 250 + 1);
+        let endpoint = format!("10.200.{}.{}", i / 250, i % 250 + 1);
+        many.push_str(&service_yaml(&name, &vip, 80, ""));
+        many.push_str("---\n");
+        many.push_str(&slice_yaml(
+            &format!("{name}-1"),
+            &name,
+            8080,
+            &[(&endpoint, "node-a", "zone-a", "")],
+            false,
+        ));
+        many.push_str("---\n");
+    }
+    manifests.write("many.yaml", &many);
+    agent.wait_for_log("maps grown", 1);
+    write_broken_frontend(&sandbox);
+    hit_the_failure_path(&sandbox);
+    agent.wait_for_log(LOGGED, 1);
+}
