@@ -760,6 +760,11 @@ impl ManifestDir {
         fs::remove_file(self.path.join(file)).expect("remove a manifest");
     }
 
+    /// A Service and its EndpointSlice in one file, `<name>.yaml`.
+    pub fn service(&self, name: &str, service: &str, slice: &str) {
+        self.write(&format!("{name}.yaml"), &format!("{service}---\n{slice}"));
+    }
+
     /// Service `name` (port 80 on `vip`, `default` namespace) with one EndpointSlice of two
     /// endpoints on port 8080, `first` on node-a and `second` on node-b: files `<name>.yaml`
     /// and `<name>-slice.yaml`.

@@ -124,13 +124,10 @@ fn local_services(sandbox: &Sandbox) -> ManifestDir {
         ),
         ("empty", "10.96.0.33", "", &[][..]),
     ] {
-        manifests.write(
-            &format!("{name}.yaml"),
-            &format!(
-                "{}---\n{}",
-                service_yaml(name, vip, 80, extra),
-                slice_yaml(&format!("{name}-1"), name, 8080, endpoints, false)
-            ),
+        manifests.service(
+            name,
+            &service_yaml(name, vip, 80, extra),
+            &slice_yaml(&format!("{name}-1"), name, 8080, endpoints, false),
         );
     }
     manifests
@@ -208,28 +205,27 @@ fn flows_from_outside_show_the_client_and_a_denied_source() {
     let _pod = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080));
     let manifests = ManifestDir::new(&sandbox);
     nodes(&manifests);
-    for (name, node_port, kind) in [
-        ("np", 30131, "  type: NodePort".to_owned()),
+    for (name, vip, node_port, kind, lb_ip) in [
+        ("np", "10.96.0.131", 30131, "  type: NodePort", None),
         (
             "guarded",
+            "10.96.0.132",
             30132,
-            "  type: LoadBalancer\n  loadBalancerSourceRanges: [192.0.2.0/24]".to_owned(),
+            "  type: LoadBalancer\n  loadBalancerSourceRanges: [192.0.2.0/24]",
+            Some(LB_IP),
         ),
     ] {
-        manifests.write(
-            &format!("{name}.yaml"),
-            &format!(
-                "{}---\n{}",
-                service(
-                    name,
-                    if name == "np" { "10.96.0.131" } else { "10.96.0.132" },
-                    &format!(
-                        "[{{name: http, port: 80, targetPort: 8080, nodePort: {node_port}, protocol: TCP}}]"
-                    ),
-                    &kind,
-                    (name == "guarded").then_some(LB_IP)
-                ),
-                slice(&format!("{name}-1"), name, ("http", 8080, "TCP"), &[POD1_ENDPOINT])
+        let ports = format!(
+            "[{{name: http, port: 80, targetPort: 8080, nodePort: {node_port}, protocol: TCP}}]"
+        );
+        manifests.service(
+            name,
+            &service(name, vip, &ports, kind, lb_ip),
+            &slice(
+                &format!("{name}-1"),
+                name,
+                ("http", 8080, "TCP"),
+                &[POD1_ENDPOINT],
             ),
         );
     }

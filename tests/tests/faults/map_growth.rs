@@ -51,21 +51,18 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
     nodes(&manifests);
     let pods = [POD1_ENDPOINT, POD2_ENDPOINT];
     // Reached from outside through its NodePort; its backend is on node2 (SNAT, conntrack).
-    manifests.write(
-        "echo.yaml",
-        &format!(
-            "{}---\n{}",
-            service(
-                "echo",
-                "10.96.0.140",
-                &format!(
-                    "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
-                ),
-                "  type: NodePort",
-                None
+    manifests.service(
+        "echo",
+        &service(
+            "echo",
+            "10.96.0.140",
+            &format!(
+                "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
             ),
-            slice("echo-1", "echo", ("http", 8080, "TCP"), &[POD2_ENDPOINT])
+            "  type: NodePort",
+            None,
         ),
+        &slice("echo-1", "echo", ("http", 8080, "TCP"), &[POD2_ENDPOINT]),
     );
     // Reached from local sockets: Services that spread (TCP and UDP), one that sticks
     // (ClientIP affinity).
@@ -80,19 +77,11 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
             "  sessionAffinity: ClientIP\n",
         ),
     ] {
-        manifests.write(
-            &format!("{name}.yaml"),
-            &format!(
-                "{}---\n{}",
-                service(
-                    name,
-                    vip,
-                    &format!("[{{name: p, port: 80, targetPort: {port}, protocol: {protocol}}}]"),
-                    extra,
-                    None
-                ),
-                slice(&format!("{name}-1"), name, ("p", port, protocol), &pods)
-            ),
+        let ports = format!("[{{name: p, port: 80, targetPort: {port}, protocol: {protocol}}}]");
+        manifests.service(
+            name,
+            &service(name, vip, &ports, extra, None),
+            &slice(&format!("{name}-1"), name, ("p", port, protocol), &pods),
         );
     }
     manifests.write("fillers.yaml", &fillers(STAGES[0]));
