@@ -311,3 +311,39 @@ fn ring(pin_dir: &Path) -> RingBuf<MapData> {
 fn monotonic_ns() -> u64 {
     socklb_tests::monotonic_ns()
 }
+
+#[test]
+fn reverse_translations_show_only_on_request() {
+    let sandbox = Sandbox::new("trace-reverse");
+    let _servers = tcp_backends([127, 0, 31], 2, 8080);
+    let manifests = local_services(&sandbox);
+    let _agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    let web: SocketAddr = "10.96.0.31:80".parse().expect("address");
+
+    // The probe asks getpeername() of every connection: a reverse translation.
+    let plain = Trace::start(&sandbox, &[]);
+    sandbox.probe("tcp", web, 1);
+    assert_eq!(text(&plain.next("the connect"), "/source"), "connect");
+    assert!(
+        plain
+            .events
+            .recv_timeout(Duration::from_millis(300))
+            .is_err(),
+        "a reverse translation was shown without --reverse"
+    );
+    drop(plain);
+
+    let reverse = Trace::start(&sandbox, &["--reverse"]);
+    sandbox.probe("tcp", web, 1);
+    let connect = reverse.next("the connect");
+    let answer = reverse.next("the getpeername answer");
+    assert_eq!(text(&connect, "/source"), "connect");
+    assert_eq!(text(&answer, "/source"), "reverse", "{answer}");
+    assert_eq!(text(&answer, "/reason"), "reverse");
+    assert_eq!(text(&answer, "/frontend"), "10.96.0.31:80");
+    assert_eq!(answer["backend"], connect["backend"]);
+    assert_eq!(
+        answer["process"]["socket_cookie"],
+        connect["process"]["socket_cookie"]
+    );
+}
