@@ -7,7 +7,7 @@ use aya_ebpf::{
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FragmentKey, FragmentPorts,
-    FrontendName, MaglevKey, NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey,
+    FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey,
     SocketFrontend, SourceRange, SourceVerdict,
 };
 
@@ -87,3 +87,8 @@ pub static MAGLEV: HashMap<MaglevKey, u32, 262144, { BPF_F_NO_PREALLOC as usize 
 #[btf_map(name = "socklb_names_v1", pin_by_name)]
 pub static NAMES: HashMap<u32, FrontendName, 65536, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();
+
+/// The (frontend, backend) pairs whose sockets the destroy iterators close; filled by the
+/// agent for one sweep. Not pinned: it belongs to the agent that loaded the iterators.
+#[btf_map(name = "socklb_gone_v1")]
+pub static GONE: HashMap<GoneKey, u8, { GONE_CAPACITY as usize }> = HashMap::new();
