@@ -22,6 +22,7 @@ use crate::{
         kube::{self, KubeSource},
     },
     state::ClusterState,
+    sweep::Sweeper,
 };
 
 #[derive(Debug, Parser)]
@@ -112,6 +113,11 @@ pub struct RunArgs {
     /// Address for /metrics (kube-proxy's metrics port).
     #[arg(long, default_value = "127.0.0.1:10249")]
     pub metrics_bind_address: SocketAddr,
+    /// Also close the TCP connections still open to a backend that left its Service
+    /// (connected UDP sockets are always closed). Off by default: kube-proxy lets TCP
+    /// connections drain.
+    #[arg(long)]
+    pub destroy_tcp_on_backend_removal: bool,
     #[command(flatten)]
     pub capacities: CapacityArgs,
     #[command(flatten)]
@@ -361,7 +367,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     let pin_dir_existed = pin_dir.exists();
     dataplane::prepare_pin_dir(pin_dir)?;
     let _pin_lock = dataplane::lock_pin_dir(pin_dir, args.handover_wait)?;
-    let dataplane = Dataplane::load(Config {
+    let mut dataplane = Dataplane::load(Config {
         pin_dir: pin_dir.clone(),
         cgroup: args.cgroup_path.clone(),
         capacities: Capacities::from(&args.capacities),
@@ -395,6 +401,11 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
 
         let (events, source) = start_source(&args.source, &node_name).await?;
+        let sweeper = Sweeper::start(
+            dataplane.take_destroy_programs(),
+            args.destroy_tcp_on_backend_removal,
+            metrics.clone(),
+        );
         let runner = Runner::new(
             &node_name,
             dataplane,
@@ -405,7 +416,8 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             health,
             metrics,
         )
-        .with_external(external_traffic(&args.external));
+        .with_external(external_traffic(&args.external))
+        .with_sweeper(sweeper);
         let result = runner.run(events, shutdown_signal()).await;
         let _ = stop_tx.send(true);
         source.abort();

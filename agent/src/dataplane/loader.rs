@@ -23,7 +23,7 @@ use aya::{
 use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
 
-use super::{Capacities, object::OBJECT, tc};
+use super::{Capacities, tc};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -86,16 +86,17 @@ pub struct Loaded {
     pub replaced_masters: Vec<ServiceKey>,
 }
 
-/// Loads the object, adopting compatible pinned maps, and loads every program into the
-/// kernel (verifier included); nothing is attached yet. When loading fails, the maps this
+/// Loads `object` (the embedded one, its kfunc call patched), adopting compatible pinned
+/// maps, and loads every program into the kernel (verifier included) but the socket
+/// iterators, which are optional (`destroy`); nothing is attached yet. When loading fails, the maps this
 /// call pinned are unpinned again: a failed start leaves what it found, nothing more.
-pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
+pub fn load(pin_dir: &Path, capacities: &Capacities, object: &[u8]) -> Result<Loaded, LoadError> {
     let unpinned: Vec<PathBuf> = map_names::ALL
         .iter()
         .map(|name| pin_dir.join(name))
         .filter(|path| !path.exists())
         .collect();
-    load_pinning(pin_dir, capacities).inspect_err(|_| {
+    load_pinning(pin_dir, capacities, object).inspect_err(|_| {
         for path in unpinned.iter().filter(|path| path.exists()) {
             if let Err(error) = fs::remove_file(path) {
                 warn!(path = %path.display(), %error, "cannot unpin a map of the failed load");
@@ -104,7 +105,11 @@ pub fn load(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError
     })
 }
 
-fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadError> {
+fn load_pinning(
+    pin_dir: &Path,
+    capacities: &Capacities,
+    object: &[u8],
+) -> Result<Loaded, LoadError> {
     // An older agent's service map, under its old name: the frontends it holds were serving.
     let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
     let socket_slots = capacities.socket_slots();
@@ -124,7 +129,7 @@ fn load_pinning(pin_dir: &Path, capacities: &Capacities) -> Result<Loaded, LoadE
             .map_max_entries(map_names::CONNTRACK_NEW, capacities.conntrack_new)
             .map_max_entries(map_names::SOURCE_RANGES, capacities.source_ranges)
             .map_max_entries(map_names::MAGLEV, capacities.maglev_entries);
-        match loader.load(OBJECT) {
+        match loader.load(object) {
             Ok(mut ebpf) => {
                 load_programs(&mut ebpf)?;
                 // Only now: a failed load leaves the older agent's maps pinned as it found

@@ -1,6 +1,8 @@
 //! The datapath as the control plane sees it: load and attach the kernel programs, and
 //! `apply` a desired state to their maps.
 mod desired;
+mod destroy;
+mod gone;
 mod host;
 mod layout;
 mod loader;
@@ -26,6 +28,8 @@ use aya::{
     maps::{Array, MapData, MapError, PerCpuArray},
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
+pub use destroy::{DestroyPrograms, Unavailable as DestroyUnavailable};
+pub use gone::Gone;
 pub use host::{
     HostError, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses, prepare_pin_dir,
 };
@@ -232,6 +236,8 @@ pub struct Dataplane {
     /// The cgroup v2 directory the programs attach to.
     cgroup: PathBuf,
     config: Config,
+    /// The socket iterators, until the sweeper takes them, or why there are none.
+    destroy: Option<Result<DestroyPrograms, DestroyUnavailable>>,
 }
 
 impl Dataplane {
@@ -247,10 +253,17 @@ impl Dataplane {
         host::check_cgroup2(&cgroup)?;
         let pin_dir_existed = config.pin_dir.exists();
         host::prepare_pin_dir(&config.pin_dir)?;
+        let kfunc = destroy::kfunc_id();
+        let (object, kfunc) =
+            match destroy::patch_kfunc_call(object::OBJECT, kfunc.as_ref().ok().map(|(_, id)| *id))
+            {
+                Ok(object) => (object, kfunc),
+                Err(error) => (std::borrow::Cow::Borrowed(object::OBJECT), Err(error)),
+            };
         let loader::Loaded {
             mut ebpf,
             replaced_masters,
-        } = loader::load(&config.pin_dir, &config.capacities).map_err(|error| {
+        } = loader::load(&config.pin_dir, &config.capacities, &object).map_err(|error| {
             // The loader unpinned its maps; the directory goes too if this load made it.
             if !pin_dir_existed {
                 let _ = std::fs::remove_dir(&config.pin_dir);
@@ -302,6 +315,7 @@ impl Dataplane {
             name: map_names::SERVICES,
             source,
         })?;
+        let destroy = kfunc.and_then(|(btf, _)| destroy::load(&mut ebpf, &btf));
         let adopted = contents.services.len();
         let mut writer = Writer::adopt(kernel_maps, capacity(&config.capacities), contents);
         writer.prefer(replaced_masters.iter().filter_map(writer::frontend_of));
@@ -320,14 +334,34 @@ impl Dataplane {
             node,
             cgroup,
             config,
+            destroy: Some(destroy),
         })
+    }
+
+    /// The socket iterators that close the sockets of backends that left, or why they
+    /// could not be loaded; once.
+    pub fn take_destroy_programs(&mut self) -> Option<Result<DestroyPrograms, DestroyUnavailable>> {
+        self.destroy.take()
+    }
+
+    /// Backends programmed for local sockets' frontends among `frontends`.
+    fn internal_backends<'a>(
+        &self,
+        frontends: impl Iterator<Item = &'a Frontend>,
+    ) -> gone::Programmed {
+        frontends
+            .filter(|f| f.scope == Scope::Internal)
+            .filter_map(|f| Some((*f, self.writer.programmed(f)?.1)))
+            .collect()
     }
 
     /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
     /// does not fit are left as they were and listed in the report.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+        let before = self.internal_backends(self.writer.frontends());
         let result = self.writer.apply(desired);
-        let report = self.report(result)?;
+        let mut report = self.report(result)?;
+        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
         let ranges = self.source_ranges.apply_all(&desired.frontends);
         self.report_ranges(ranges)?;
         let writer = &self.writer;
@@ -350,8 +384,10 @@ impl Dataplane {
         &mut self,
         changes: &std::collections::BTreeMap<Frontend, Option<&FrontendSpec>>,
     ) -> Result<ApplyReport, DataplaneError> {
+        let before = self.internal_backends(changes.keys());
         let result = self.writer.apply_changes(changes);
-        let report = self.report(result)?;
+        let mut report = self.report(result)?;
+        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
         let ranges = self.source_ranges.apply(changes);
         self.report_ranges(ranges)?;
         let writer = &self.writer;

@@ -7,8 +7,8 @@ use aya_ebpf::{
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FragmentKey, FragmentPorts,
-    FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey,
-    SocketFrontend, SourceRange, SourceVerdict,
+    FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry, ReverseKey,
+    ServiceEntry, ServiceKey, SocketFrontend, SourceRange, SourceVerdict,
 };
 
 /// Not preallocated, as the backend map: the agent writes both, so their memory follows the

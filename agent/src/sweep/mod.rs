@@ -1,0 +1,286 @@
+//! Closing the sockets still connected to a backend that left its frontend, in every
+//! network namespace of the node, right after the sync that removed it (issue #13).
+//!
+//! Connected UDP sockets always (a UDP client never notices a dead peer by itself);
+//! TCP connections only with `--destroy-tcp-on-backend-removal` (kube-proxy lets them
+//! drain). The application's next call fails (ECONNABORTED), and its reconnect through
+//! the frontend reaches a live backend. Only sockets socklb translated are touched: a
+//! socket's socket-map entry (keyed by its cookie) must name the gone (frontend, backend)
+//! pair and its peer must still be that backend.
+//!
+//! The work runs on a thread of its own, which enters each namespace in turn (setns needs
+//! CAP_SYS_ADMIN; without it, only the agent's own namespace is swept and a warning says
+//! so once). The removals of one sync make one sweep; syncs queued meanwhile join it.
+mod iterator;
+pub mod netns;
+
+use std::{
+    fmt, io,
+    sync::{Arc, mpsc},
+    time::{Duration, Instant},
+};
+
+use socklb_abi::GONE_CAPACITY;
+use tracing::{error, info, warn};
+
+use self::iterator::Iterators;
+use crate::{
+    dataplane::{DestroyPrograms, DestroyUnavailable, Gone, Protocol},
+    metrics::{Metrics, ModeLabels, ProtocolLabels},
+};
+
+/// How sockets are closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// BPF socket iterators calling the `bpf_sock_destroy` kfunc (Linux >= 6.5, and
+    /// CAP_PERFMON to load them).
+    BpfIterator,
+    /// Nothing closes sockets (the iterators could not be loaded).
+    Off,
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::BpfIterator => "bpf-iterator",
+            Self::Off => "off",
+        })
+    }
+}
+
+/// The kernel side of a mode.
+enum Kernel {
+    Iterators(Iterators),
+}
+
+/// Hands the removals of each sync to the sweeping thread.
+pub struct Sweeper {
+    requests: Option<mpsc::Sender<Vec<Gone>>>,
+    mode: Mode,
+    destroy_tcp: bool,
+}
+
+impl Sweeper {
+    /// Picks the mode from what the datapath could load, logs it, and starts the thread.
+    pub fn start(
+        programs: Option<Result<DestroyPrograms, DestroyUnavailable>>,
+        destroy_tcp: bool,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let kernel = match programs {
+            Some(Ok(programs)) => match Iterators::new(programs) {
+                Ok(iterators) => Ok(Kernel::Iterators(iterators)),
+                Err(error) => Err(format!("cannot create the iterator links: {error}")),
+            },
+            Some(Err(unavailable)) => Err(chain(&unavailable)),
+            None => Err("the iterators were taken already".to_owned()),
+        };
+        let (mode, kernel) = match kernel {
+            Ok(kernel) => {
+                info!(
+                    mode = %Mode::BpfIterator,
+                    tcp = destroy_tcp,
+                    "sockets of removed backends are closed with BPF socket iterators"
+                );
+                (Mode::BpfIterator, Some(kernel))
+            }
+            Err(reason) => {
+                warn!(
+                    mode = %Mode::Off,
+                    %reason,
+                    "sockets of removed backends are not closed: clients keep sending to a \
+                     removed backend until they reconnect by themselves"
+                );
+                (Mode::Off, None)
+            }
+        };
+        metrics
+            .socket_destroy_mode
+            .get_or_create(&ModeLabels {
+                mode: mode.to_string(),
+            })
+            .set(1);
+        let requests = kernel.and_then(|kernel| {
+            let (requests, receiver) = mpsc::channel();
+            let spawned = std::thread::Builder::new()
+                .name("socklb-sweep".to_owned())
+                .spawn(move || run(kernel, receiver, mode, &metrics));
+            match spawned {
+                Ok(_) => Some(requests),
+                Err(error) => {
+                    error!(%error, "cannot start the sweeping thread: sockets are not closed");
+                    None
+                }
+            }
+        });
+        Self {
+            requests,
+            mode,
+            destroy_tcp,
+        }
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// Queues one sync's removals: UDP always, TCP only when configured.
+    pub fn sweep(&self, gone: &[Gone]) {
+        let Some(requests) = &self.requests else {
+            return;
+        };
+        let pairs: Vec<Gone> = gone
+            .iter()
+            .filter(|pair| pair.protocol() == Protocol::Udp || self.destroy_tcp)
+            .copied()
+            .collect();
+        if !pairs.is_empty() {
+            // The thread only stops with the process.
+            let _ = requests.send(pairs);
+        }
+    }
+}
+
+/// The sweeping thread: one sweep per batch of removals.
+fn run(mut kernel: Kernel, requests: mpsc::Receiver<Vec<Gone>>, mode: Mode, metrics: &Metrics) {
+    let home = match netns::current() {
+        Ok(home) => home,
+        Err(error) => {
+            error!(%error, "cannot open the agent's network namespace: sockets are not closed");
+            return;
+        }
+    };
+    let mut warned = false;
+    while let Ok(mut pairs) = requests.recv() {
+        while let Ok(more) = requests.try_recv() {
+            pairs.extend(more);
+        }
+        pairs.sort();
+        pairs.dedup();
+        for chunk in pairs.chunks(GONE_CAPACITY as usize) {
+            let report = sweep(&mut kernel, chunk, &home);
+            for (protocol, count) in [("udp", report.udp), ("tcp", report.tcp)] {
+                metrics
+                    .sockets_destroyed
+                    .get_or_create(&ProtocolLabels {
+                        protocol: protocol.to_owned(),
+                    })
+                    .inc_by(count);
+            }
+            if report.denied > 0 && !warned {
+                warned = true;
+                warn!(
+                    namespaces = report.denied,
+                    "cannot enter the other network namespaces (setns needs CAP_SYS_ADMIN): \
+                     only the agent's own namespace is swept; add SYS_ADMIN to the Helm value \
+                     `capabilities` to close the sockets of pods too"
+                );
+            }
+            info!(
+                %mode,
+                pairs = chunk.len(),
+                namespaces = report.namespaces,
+                skipped_namespaces = report.denied + report.failed,
+                udp = report.udp,
+                tcp = report.tcp,
+                took = ?report.took,
+                cpu = ?report.cpu,
+                "closed the sockets of removed backends"
+            );
+        }
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Default)]
+struct Report {
+    namespaces: usize,
+    /// Namespaces setns refused for lack of privilege.
+    denied: usize,
+    /// Namespaces that could not be swept for another reason (gone meanwhile).
+    failed: usize,
+    udp: u64,
+    tcp: u64,
+    took: Duration,
+    /// This thread's CPU time.
+    cpu: Duration,
+}
+
+fn sweep(kernel: &mut Kernel, pairs: &[Gone], home: &netns::Namespace) -> Report {
+    let started = Instant::now();
+    let cpu_started = thread_cpu_time();
+    let mut report = Report::default();
+    let protocols: Vec<Protocol> = [Protocol::Udp, Protocol::Tcp]
+        .into_iter()
+        .filter(|p| pairs.iter().any(|pair| pair.protocol() == *p))
+        .collect();
+    let Kernel::Iterators(iterators) = kernel;
+    if let Err(error) = iterators.prepare(pairs) {
+        error!(%error, "cannot fill the gone map: this sweep is skipped");
+        iterators.finish(pairs);
+        return report;
+    }
+    // The thread is at home between sweeps; the first namespace listed is its own.
+    let here = match netns::current() {
+        Ok(here) => here,
+        Err(error) => {
+            error!(%error, "cannot open the sweeping thread's network namespace");
+            iterators.finish(pairs);
+            return report;
+        }
+    };
+    let mut inside = here.inode;
+    let found = netns::enumerate(here);
+    for namespace in &found.namespaces {
+        if namespace.inode != inside {
+            match netns::enter(namespace) {
+                Ok(()) => inside = namespace.inode,
+                Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+                    report.denied += 1;
+                    continue;
+                }
+                Err(_) => {
+                    report.failed += 1;
+                    continue;
+                }
+            }
+        }
+        for protocol in &protocols {
+            match iterators.sweep(*protocol) {
+                Ok(count) if *protocol == Protocol::Udp => report.udp += count,
+                Ok(count) => report.tcp += count,
+                Err(error) => {
+                    warn!(%error, namespace = %namespace.path.display(), ?protocol, "sweep failed");
+                }
+            }
+        }
+        report.namespaces += 1;
+    }
+    if inside != home.inode
+        && let Err(error) = netns::enter(home)
+    {
+        error!(%error, "cannot return to the agent's network namespace");
+    }
+    iterators.finish(pairs);
+    report.took = started.elapsed();
+    report.cpu = thread_cpu_time().saturating_sub(cpu_started);
+    report
+}
+
+fn thread_cpu_time() -> Duration {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
+        .map(Duration::from)
+        .unwrap_or_default()
+}
+
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
