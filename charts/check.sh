@@ -76,7 +76,7 @@ cat >"$WORK/value-sets.json" <<'EOF'
                    "maxConntrackEntries": 524288, "maxSourceRanges": 1024, "maxMaglevEntries": 65536},
     "external": {"devices": ["eth0", "bond0"], "tcAttachMode": "netlink",
                  "snatPortRange": "62000-64999", "maglevTableSize": 4093},
-    "minSyncPeriod": "100ms", "syncPeriod": "1m30s",
+    "minSyncPeriod": "100ms", "syncPeriod": "1m30s", "destroyTcpOnBackendRemoval": true,
     "logLevel": "debug,kube=info",
     "healthz": {"bindAddress": "[::]:10266"},
     "metrics": {"bindAddress": "127.0.0.1:10267"},
@@ -387,6 +387,7 @@ def check_agent(name, values, docs):
     expected_args = {
         "min-sync-period": values["minSyncPeriod"],
         "sync-period": values["syncPeriod"],
+        "destroy-tcp-on-backend-removal": str(values["destroyTcpOnBackendRemoval"]).lower(),
         "healthz-bind-address": values["healthz"]["bindAddress"],
         "metrics-bind-address": values["metrics"]["bindAddress"],
         "max-service-entries": str(values["capacities"]["maxServiceEntries"]),

@@ -115,8 +115,15 @@ pub struct RunArgs {
     pub metrics_bind_address: SocketAddr,
     /// Also close the TCP connections still open to a backend that left its Service
     /// (connected UDP sockets are always closed). Off by default: kube-proxy lets TCP
-    /// connections drain.
-    #[arg(long)]
+    /// connections drain. Given alone, or as =true / =false (the chart's form).
+    #[arg(
+        long,
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
     pub destroy_tcp_on_backend_removal: bool,
     #[command(flatten)]
     pub capacities: CapacityArgs,

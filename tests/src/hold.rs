@@ -58,7 +58,7 @@ impl Holder {
             stdin,
             lines,
         };
-        let first = holder.next();
+        let first = holder.line();
         (holder, first)
     }
 
@@ -70,7 +70,7 @@ impl Holder {
     }
 
     /// The next line, within the deadline.
-    pub fn next(&mut self) -> Held {
+    pub fn line(&mut self) -> Held {
         let line = self
             .lines
             .recv_timeout(LINE_DEADLINE)
@@ -82,7 +82,7 @@ impl Holder {
     /// Sends `command` and returns its line.
     pub fn ask(&mut self, command: &str) -> Held {
         self.send(command);
-        self.next()
+        self.line()
     }
 }
 

@@ -200,7 +200,7 @@ fn connected_udp_clients_in_every_namespace_fail_and_reconnect_to_the_new_backen
     // b1 leaves (it keeps running: only the Service lost it).
     world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
     for client in &mut clients {
-        let line = client.next();
+        let line = client.line();
         assert_eq!(
             line.error.as_deref(),
             Some("ECONNABORTED"),
@@ -245,7 +245,7 @@ fn sockets_connected_straight_to_the_backend_or_through_another_frontend_survive
 
     world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
     // The sweep happened: the socket of the removed pair was closed...
-    let line = through_dns.next();
+    let line = through_dns.line();
     assert_eq!(line.error.as_deref(), Some("ECONNABORTED"), "{line:?}\n{}", agent.log());
     // ... and nothing else was.
     for (client, _) in &mut survivors {
@@ -359,7 +359,7 @@ fn with_the_flag_an_idle_tcp_connection_to_a_removed_backend_is_reset() {
         tcp_world("dst-tcp-on", &["--destroy-tcp-on-backend-removal"]);
     client.send("wait");
     world.endpoints("web", "TCP", 8080, &[BACKEND_2]);
-    let line = client.next();
+    let line = client.line();
     assert_eq!(
         line.error.as_deref(),
         Some("ECONNABORTED"),

@@ -75,8 +75,8 @@ pub fn patch_kfunc_call(object: &[u8], id: Option<u32>) -> Result<Cow<'_, [u8]>,
     let mut patched = object.to_vec();
     let mut found = 0;
     // Instructions are 8-byte aligned in the ELF, as is the file's start.
-    for chunk in patched.chunks_exact_mut(8) {
-        if chunk == placeholder {
+    for chunk in patched.as_chunks_mut::<8>().0 {
+        if *chunk == placeholder {
             chunk.copy_from_slice(&call);
             found += 1;
         }
@@ -130,9 +130,9 @@ mod tests {
         let mut object = vec![0u8; 8];
         object.extend(SOCK_DESTROY_CALL.to_le_bytes());
         object.extend([0x85, 0, 0, 0, 1, 0, 0, 0]);
-        let patched = patch_kfunc_call(&object, Some(65_750)).unwrap();
+        let patched = patch_kfunc_call(&object, Some(65_750)).expect("patched");
         assert_eq!(&patched[..8], &[0; 8]);
-        let call = u64::from_le_bytes(patched[8..16].try_into().unwrap());
+        let call = u64::from_le_bytes(patched[8..16].try_into().expect("8 bytes"));
         assert_eq!(call & 0xff, 0x85, "still a call");
         assert_eq!((call >> 12) & 0xf, 2, "to a kfunc");
         assert_eq!(call >> 32, 65_750);

@@ -50,6 +50,11 @@ use self::{
     writer::Writer,
 };
 
+/// Whether this kernel has the kfunc the socket iterators call (for `socklb inspect`).
+pub fn probe_destroy_kfunc() -> Result<(), DestroyUnavailable> {
+    destroy::kfunc_id().map(|_| ())
+}
+
 /// Default directory of socklb's pins on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/socklb";
 

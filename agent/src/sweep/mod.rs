@@ -49,6 +49,40 @@ impl fmt::Display for Mode {
     }
 }
 
+/// How sockets would be closed by an agent with this process's capabilities on this
+/// kernel: what `socklb inspect` (run in the agent's container) shows. The agent logs the
+/// mode it picked and exports it as `socklb_socket_destroy_mode`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Expected {
+    pub mode: Mode,
+    /// Whether the sweep can enter other network namespaces (CAP_SYS_ADMIN).
+    pub every_namespace: bool,
+    /// Why the mode is not the fastest one, if it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl Expected {
+    pub fn probe() -> Self {
+        use caps::{CapSet, Capability, has_cap};
+        let has = |cap| has_cap(None, CapSet::Effective, cap).unwrap_or(false);
+        let every_namespace = has(Capability::CAP_SYS_ADMIN);
+        let (mode, reason) = match crate::dataplane::probe_destroy_kfunc() {
+            Err(unavailable) => (Mode::Off, Some(chain(&unavailable))),
+            Ok(()) if !has(Capability::CAP_PERFMON) => (
+                Mode::Off,
+                Some("no CAP_PERFMON to load the socket iterators".to_owned()),
+            ),
+            Ok(()) => (Mode::BpfIterator, None),
+        };
+        Self {
+            mode,
+            every_namespace,
+            reason,
+        }
+    }
+}
+
 /// The kernel side of a mode.
 enum Kernel {
     Iterators(Iterators),
