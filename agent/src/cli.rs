@@ -22,7 +22,7 @@ use crate::{
         kube::{self, KubeSource},
     },
     state::ClusterState,
-    sweep::Sweeper,
+    sweep::{Requested, Sweeper},
 };
 
 #[derive(Debug, Parser)]
@@ -125,6 +125,11 @@ pub struct RunArgs {
         action = clap::ArgAction::Set
     )]
     pub destroy_tcp_on_backend_removal: bool,
+    /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,
+    /// CAP_PERFMON or CAP_SYS_ADMIN), netlink SOCK_DESTROY, auto (the iterators if they
+    /// load, else netlink), or off.
+    #[arg(long, value_enum, default_value_t = Requested::Auto)]
+    pub socket_destroy_mode: Requested,
     #[command(flatten)]
     pub capacities: CapacityArgs,
     #[command(flatten)]
@@ -410,9 +415,11 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         let (events, source) = start_source(&args.source, &node_name).await?;
         let sweeper = Sweeper::start(
             dataplane.take_destroy_programs(),
+            pin_dir,
+            args.socket_destroy_mode,
             args.destroy_tcp_on_backend_removal,
             metrics.clone(),
-        );
+        )?;
         let runner = Runner::new(
             &node_name,
             dataplane,

@@ -22,7 +22,9 @@ use std::{
 
 use socklb_tests::{
     Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, command_in_cgroup, hold::Holder,
-    hold_bin, netns::Netns, node_yaml, privileges::chart_agent, run,
+    hold_bin, netns::Netns, node_yaml,
+    privileges::{ContainerPrivileges, chart_agent},
+    run,
 };
 
 const PODS: u8 = 3;
@@ -79,19 +81,33 @@ impl World {
         }
     }
 
-    /// The agent as an operator who grants the sweep its capabilities runs it.
-    fn agent(&self, extra: &[&str]) -> Agent {
-        let privileges = chart_agent().with("PERFMON").with("SYS_ADMIN");
+    /// The agent as an operator who grants the sweep its capabilities runs it: SYS_ADMIN,
+    /// and PERFMON for `bpf-iterator` (without it: `netlink`).
+    fn agent(&self, mode: &str, extra: &[&str]) -> Agent {
+        let privileges = match mode {
+            "bpf-iterator" => chart_agent().with("PERFMON").with("SYS_ADMIN"),
+            // SYS_ADMIN would let the iterators load too: the mode is asked for.
+            "netlink" => chart_agent().with("SYS_ADMIN"),
+            other => panic!("no mode {other}"),
+        };
+        let mut args = vec!["--socket-destroy-mode", mode];
+        args.extend(extra);
+        self.agent_as(&privileges, mode, &args)
+    }
+
+    fn agent_as(&self, privileges: &ContainerPrivileges, mode: &str, extra: &[&str]) -> Agent {
         let agent = Agent::start_as(
-            &privileges,
+            privileges,
             &self.sandbox,
             &self.manifests.path,
             "node-a",
             extra,
         );
         assert!(
-            agent.log().contains("bpf-iterator"),
-            "the agent did not pick the BPF iterators:\n{}",
+            agent
+                .log()
+                .contains(&format!("mode={mode} tcp=")),
+            "the agent did not pick the {mode} mode:\n{}",
             agent.log()
         );
         agent
@@ -186,10 +202,19 @@ fn udp_servers(port: u16) -> [NamedServer; 2] {
 
 #[test]
 fn connected_udp_clients_in_every_namespace_fail_and_reconnect_to_the_new_backend() {
-    let world = World::new("dst-udp");
+    udp_clients_in_every_namespace("dst-udp", "bpf-iterator");
+}
+
+#[test]
+fn netlink_mode_connected_udp_clients_in_every_namespace_fail_and_reconnect() {
+    udp_clients_in_every_namespace("dst-udp-nl", "netlink");
+}
+
+fn udp_clients_in_every_namespace(test: &str, mode: &str) {
+    let world = World::new(test);
     let _servers = udp_servers(5353);
     world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
-    let agent = world.agent(&[]);
+    let agent = world.agent(mode, &[]);
     let target = format!("{DNS_VIP}:53");
     let mut clients = world.clients("udp", &target);
     // Each client idles in recv() on its socket, as a resolver waiting for an answer.
@@ -228,7 +253,7 @@ fn sockets_connected_straight_to_the_backend_or_through_another_frontend_survive
     world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
     // Another frontend with the same backend, which keeps it.
     world.service("other", OTHER_VIP, 53, "UDP", 5353, &[BACKEND_1]);
-    let agent = world.agent(&[]);
+    let agent = world.agent("bpf-iterator", &[]);
     let (mut through_dns, _) = world.host_client("udp", &format!("{DNS_VIP}:53"));
     let direct = format!("{BACKEND_1}:5353");
     let other = format!("{OTHER_VIP}:53");
@@ -264,7 +289,7 @@ fn a_resolver_recovers_when_its_dns_server_is_replaced() {
     let world = World::new("dst-dns");
     let _first = Dnsmasq::start(BACKEND_1, Ipv4Addr::new(10, 0, 0, 1));
     world.service("dns", DNS_VIP, 53, "UDP", 53, &[BACKEND_1]);
-    let agent = world.agent(&[]);
+    let agent = world.agent("bpf-iterator", &[]);
     let (mut resolver, first) = world.pod_client(0, "dns", &format!("{DNS_VIP}:53"));
     assert_eq!(first.reply.as_deref(), Some("10.0.0.1"), "{first:?}");
 
@@ -340,14 +365,18 @@ impl Drop for HoldingServer {
 
 /// A TCP connection to b1 through the web Service, b1 then replaced by b2; returns the
 /// agent, the world and the client idle on its connection.
-fn tcp_world(test: &str, extra: &[&str]) -> (World, Agent, Holder, [HoldingServer; 2]) {
+fn tcp_world(
+    test: &str,
+    mode: &str,
+    extra: &[&str],
+) -> (World, Agent, Holder, [HoldingServer; 2]) {
     let world = World::new(test);
     let servers = [
         HoldingServer::new("b1", SocketAddrV4::new(BACKEND_1, 8080)),
         HoldingServer::new("b2", SocketAddrV4::new(BACKEND_2, 8080)),
     ];
     world.service("web", WEB_VIP, 80, "TCP", 8080, &[BACKEND_1]);
-    let agent = world.agent(extra);
+    let agent = world.agent(mode, extra);
     let (client, first) = world.pod_client(0, "tcp", &format!("{WEB_VIP}:80"));
     assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
     (world, agent, client, servers)
@@ -355,8 +384,17 @@ fn tcp_world(test: &str, extra: &[&str]) -> (World, Agent, Holder, [HoldingServe
 
 #[test]
 fn with_the_flag_an_idle_tcp_connection_to_a_removed_backend_is_reset() {
+    tcp_reset("dst-tcp-on", "bpf-iterator");
+}
+
+#[test]
+fn netlink_mode_with_the_flag_an_idle_tcp_connection_is_reset() {
+    tcp_reset("dst-tcp-on-nl", "netlink");
+}
+
+fn tcp_reset(test: &str, mode: &str) {
     let (world, agent, mut client, _servers) =
-        tcp_world("dst-tcp-on", &["--destroy-tcp-on-backend-removal"]);
+        tcp_world(test, mode, &["--destroy-tcp-on-backend-removal"]);
     client.send("wait");
     world.endpoints("web", "TCP", 8080, &[BACKEND_2]);
     let line = client.line();
@@ -372,7 +410,7 @@ fn with_the_flag_an_idle_tcp_connection_to_a_removed_backend_is_reset() {
 
 #[test]
 fn without_the_flag_tcp_connections_to_a_removed_backend_drain() {
-    let (world, agent, mut client, _servers) = tcp_world("dst-tcp-off", &[]);
+    let (world, agent, mut client, _servers) = tcp_world("dst-tcp-off", "bpf-iterator", &[]);
     world.endpoints("web", "TCP", 8080, &[BACKEND_2]);
     // Synced once a new connection reaches b2.
     let started = Instant::now();
@@ -395,5 +433,31 @@ fn without_the_flag_tcp_connections_to_a_removed_backend_drain() {
         !agent.log().contains("closed the sockets of removed backends"),
         "no sweep without UDP removals and without the flag:\n{}",
         agent.log()
+    );
+}
+
+#[test]
+fn with_the_charts_default_capabilities_only_the_agents_namespace_is_swept() {
+    let world = World::new("dst-default");
+    let _servers = udp_servers(5353);
+    world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    // BPF and NET_ADMIN: no PERFMON for the iterators, no SYS_ADMIN for setns.
+    let agent = world.agent_as(chart_agent(), "netlink", &[]);
+    let target = format!("{DNS_VIP}:53");
+    let (mut host, first) = world.host_client("udp", &target);
+    assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
+    let (mut pod, first) = world.pod_client(0, "udp", &target);
+    assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
+    host.send("wait");
+
+    world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
+    let line = host.line();
+    assert_eq!(line.error.as_deref(), Some("ECONNABORTED"), "{line:?}\n{}", agent.log());
+    agent.wait_for_log("SYS_ADMIN", 1);
+    let line = pod.ask("ping");
+    assert_eq!(
+        line.reply.as_deref(),
+        Some("b1"),
+        "the pod's socket is out of reach without SYS_ADMIN: {line:?}"
     );
 }

@@ -12,10 +12,12 @@
 //! CAP_SYS_ADMIN; without it, only the agent's own namespace is swept and a warning says
 //! so once). The removals of one sync make one sweep; syncs queued meanwhile join it.
 mod iterator;
+mod netlink;
 pub mod netns;
 
 use std::{
     fmt, io,
+    path::Path,
     sync::{Arc, mpsc},
     time::{Duration, Instant},
 };
@@ -23,7 +25,7 @@ use std::{
 use socklb_abi::GONE_CAPACITY;
 use tracing::{error, info, warn};
 
-use self::iterator::Iterators;
+use self::{iterator::Iterators, netlink::Netlink};
 use crate::{
     dataplane::{DestroyPrograms, DestroyUnavailable, Gone, Protocol},
     metrics::{Metrics, ModeLabels, ProtocolLabels},
@@ -36,7 +38,10 @@ pub enum Mode {
     /// BPF socket iterators calling the `bpf_sock_destroy` kfunc (Linux >= 6.5, and
     /// CAP_PERFMON to load them).
     BpfIterator,
-    /// Nothing closes sockets (the iterators could not be loaded).
+    /// sock_diag dumps and SOCK_DESTROY (CONFIG_INET_DIAG_DESTROY), when the iterators
+    /// cannot be loaded.
+    Netlink,
+    /// Nothing closes sockets (neither mode is available).
     Off,
 }
 
@@ -44,13 +49,38 @@ impl fmt::Display for Mode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::BpfIterator => "bpf-iterator",
+            Self::Netlink => "netlink",
             Self::Off => "off",
         })
     }
 }
 
+/// The `--socket-destroy-mode` an operator asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Requested {
+    /// BPF socket iterators if they load, else netlink.
+    #[default]
+    Auto,
+    BpfIterator,
+    Netlink,
+    /// Never close sockets.
+    Off,
+}
+
+/// The mode asked for is not available.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--socket-destroy-mode {requested:?} is not available: {reason}; use \
+     --socket-destroy-mode auto to fall back"
+)]
+pub struct StartError {
+    requested: Requested,
+    reason: String,
+}
+
 /// How sockets would be closed by an agent with this process's capabilities on this
-/// kernel: what `socklb inspect` (run in the agent's container) shows. The agent logs the
+/// kernel and `--socket-destroy-mode auto`: what `socklb inspect` (run in the agent's
+/// container) shows. The agent logs the
 /// mode it picked and exports it as `socklb_socket_destroy_mode`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Expected {
@@ -67,10 +97,12 @@ impl Expected {
         use caps::{CapSet, Capability, has_cap};
         let has = |cap| has_cap(None, CapSet::Effective, cap).unwrap_or(false);
         let every_namespace = has(Capability::CAP_SYS_ADMIN);
+        // Loading a tracing program needs CAP_PERFMON, which CAP_SYS_ADMIN implies.
+        let perfmon = has(Capability::CAP_PERFMON) || every_namespace;
         let (mode, reason) = match crate::dataplane::probe_destroy_kfunc() {
-            Err(unavailable) => (Mode::Off, Some(chain(&unavailable))),
-            Ok(()) if !has(Capability::CAP_PERFMON) => (
-                Mode::Off,
+            Err(unavailable) => (Mode::Netlink, Some(chain(&unavailable))),
+            Ok(()) if !perfmon => (
+                Mode::Netlink,
                 Some("no CAP_PERFMON to load the socket iterators".to_owned()),
             ),
             Ok(()) => (Mode::BpfIterator, None),
@@ -86,6 +118,36 @@ impl Expected {
 /// The kernel side of a mode.
 enum Kernel {
     Iterators(Iterators),
+    Netlink(Netlink),
+}
+
+impl Kernel {
+    fn mode(&self) -> Mode {
+        match self {
+            Self::Iterators(_) => Mode::BpfIterator,
+            Self::Netlink(_) => Mode::Netlink,
+        }
+    }
+
+    fn prepare(&mut self, pairs: &[Gone]) -> Result<(), aya::maps::MapError> {
+        match self {
+            Self::Iterators(iterators) => iterators.prepare(pairs),
+            Self::Netlink(_) => Ok(()),
+        }
+    }
+
+    fn finish(&mut self, pairs: &[Gone]) {
+        if let Self::Iterators(iterators) = self {
+            iterators.finish(pairs);
+        }
+    }
+
+    fn sweep(&self, protocol: Protocol, pairs: &[Gone]) -> io::Result<u64> {
+        match self {
+            Self::Iterators(iterators) => iterators.sweep(protocol),
+            Self::Netlink(netlink) => netlink.sweep(protocol, pairs),
+        }
+    }
 }
 
 /// Hands the removals of each sync to the sweeping thread.
@@ -96,28 +158,59 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
-    /// Picks the mode from what the datapath could load, logs it, and starts the thread.
+    /// Picks the mode from what the datapath could load (the iterators, else netlink with
+    /// the socket map pinned in `pin_dir`), logs it, and starts the thread.
     pub fn start(
         programs: Option<Result<DestroyPrograms, DestroyUnavailable>>,
+        pin_dir: &Path,
+        requested: Requested,
         destroy_tcp: bool,
         metrics: Arc<Metrics>,
-    ) -> Self {
-        let kernel = match programs {
-            Some(Ok(programs)) => match Iterators::new(programs) {
-                Ok(iterators) => Ok(Kernel::Iterators(iterators)),
-                Err(error) => Err(format!("cannot create the iterator links: {error}")),
-            },
-            Some(Err(unavailable)) => Err(chain(&unavailable)),
-            None => Err("the iterators were taken already".to_owned()),
+    ) -> Result<Self, StartError> {
+        let iterators = match (requested, programs) {
+            (Requested::Netlink, _) => Err("--socket-destroy-mode netlink".to_owned()),
+            (Requested::Off, _) => Err("--socket-destroy-mode off".to_owned()),
+            (_, Some(Ok(programs))) => Iterators::new(programs)
+                .map(Kernel::Iterators)
+                .map_err(|error| format!("cannot create the iterator links: {error}")),
+            (_, Some(Err(unavailable))) => Err(chain(&unavailable)),
+            (_, None) => Err("the iterators were taken already".to_owned()),
         };
+        let iterators = match (requested, iterators) {
+            (Requested::BpfIterator, Err(reason)) => {
+                return Err(StartError { requested, reason });
+            }
+            (Requested::Off, Err(reason)) => Err(reason),
+            (_, iterators) => iterators,
+        };
+        let kernel = iterators.or_else(|why_not| match Netlink::new(pin_dir) {
+            _ if requested == Requested::Off => Err(why_not),
+            Ok(netlink) => {
+                info!(
+                    reason = %why_not,
+                    "the BPF socket iterators are not available: netlink SOCK_DESTROY closes \
+                     the sockets of removed backends instead (slower)"
+                );
+                Ok(Kernel::Netlink(netlink))
+            }
+            Err(error) => Err(format!("{why_not}; netlink: cannot open the socket map: {error}")),
+        });
+        if requested == Requested::Netlink
+            && let Err(reason) = &kernel
+        {
+            return Err(StartError {
+                requested,
+                reason: reason.clone(),
+            });
+        }
         let (mode, kernel) = match kernel {
             Ok(kernel) => {
                 info!(
-                    mode = %Mode::BpfIterator,
+                    mode = %kernel.mode(),
                     tcp = destroy_tcp,
-                    "sockets of removed backends are closed with BPF socket iterators"
+                    "sockets of removed backends are closed"
                 );
-                (Mode::BpfIterator, Some(kernel))
+                (kernel.mode(), Some(kernel))
             }
             Err(reason) => {
                 warn!(
@@ -148,11 +241,11 @@ impl Sweeper {
                 }
             }
         });
-        Self {
+        Ok(Self {
             requests,
             mode,
             destroy_tcp,
-        }
+        })
     }
 
     pub fn mode(&self) -> Mode {
@@ -249,10 +342,9 @@ fn sweep(kernel: &mut Kernel, pairs: &[Gone], home: &netns::Namespace) -> Report
         .into_iter()
         .filter(|p| pairs.iter().any(|pair| pair.protocol() == *p))
         .collect();
-    let Kernel::Iterators(iterators) = kernel;
-    if let Err(error) = iterators.prepare(pairs) {
+    if let Err(error) = kernel.prepare(pairs) {
         error!(%error, "cannot fill the gone map: this sweep is skipped");
-        iterators.finish(pairs);
+        kernel.finish(pairs);
         return report;
     }
     // The thread is at home between sweeps; the first namespace listed is its own.
@@ -260,7 +352,7 @@ fn sweep(kernel: &mut Kernel, pairs: &[Gone], home: &netns::Namespace) -> Report
         Ok(here) => here,
         Err(error) => {
             error!(%error, "cannot open the sweeping thread's network namespace");
-            iterators.finish(pairs);
+            kernel.finish(pairs);
             return report;
         }
     };
@@ -281,7 +373,7 @@ fn sweep(kernel: &mut Kernel, pairs: &[Gone], home: &netns::Namespace) -> Report
             }
         }
         for protocol in &protocols {
-            match iterators.sweep(*protocol) {
+            match kernel.sweep(*protocol, pairs) {
                 Ok(count) if *protocol == Protocol::Udp => report.udp += count,
                 Ok(count) => report.tcp += count,
                 Err(error) => {
@@ -296,7 +388,7 @@ fn sweep(kernel: &mut Kernel, pairs: &[Gone], home: &netns::Namespace) -> Report
     {
         error!(%error, "cannot return to the agent's network namespace");
     }
-    iterators.finish(pairs);
+    kernel.finish(pairs);
     report.took = started.elapsed();
     report.cpu = thread_cpu_time().saturating_sub(cpu_started);
     report
