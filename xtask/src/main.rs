@@ -92,6 +92,19 @@ enum Bench {
         #[arg(long, default_value_t = 20)]
         changes: u32,
     },
+    /// Closing the sockets of a removed backend: the agent's sweep (CPU and wall time) with
+    /// this many connected UDP sockets open, in each socket-destroy mode.
+    Destroy {
+        /// Connected UDP sockets open during each sweep.
+        #[arg(long, default_value_t = 50_000)]
+        sockets: u32,
+        /// Sweeps measured per mode.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// Modes to measure.
+        #[arg(long, default_value = "bpf-iterator,netlink")]
+        modes: String,
+    },
     /// Traffic from outside through a NodePort: socklb's TC programs vs kube-proxy's
     /// iptables and nftables rules vs the direct path (connection setup, iperf3).
     Nodeport {
@@ -219,6 +232,16 @@ fn main() -> anyhow::Result<()> {
                             changes.to_string(),
                         ],
                     )
+                }
+                Bench::Destroy {
+                    sockets,
+                    rounds,
+                    modes,
+                } => {
+                    require_root("the socket destroy benchmark")?;
+                    let mut args = flag_args(&[("--sockets", sockets), ("--rounds", rounds)]);
+                    args.extend(["--modes".to_owned(), modes]);
+                    run_with_agent("socklb-bench-destroy", &args)
                 }
                 Bench::Nodeport {
                     connections,

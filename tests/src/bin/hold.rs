@@ -8,6 +8,9 @@
 //!   one, replaces its socket after an error and asks again (`reconnected`).
 //!
 //! socklb-hold udp|tcp|dns ADDR:PORT
+//!
+//! `socklb-hold many-udp ADDR:PORT COUNT` instead connects COUNT UDP sockets (no exchange),
+//! prints one line, and holds them until stdin closes: the benchmark's open sockets.
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::{SocketAddr, TcpStream, UdpSocket},
@@ -38,6 +41,12 @@ enum Socket {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let [_, mode, target, count] = args.as_slice()
+        && mode == "many-udp"
+    {
+        many(target, count);
+        return;
+    }
     let [_, mode, target] = args.as_slice() else {
         eprintln!("usage: socklb-hold udp|tcp|dns ADDR:PORT");
         std::process::exit(2);
@@ -240,3 +249,32 @@ fn print(line: &Line) {
     let _ = out.flush();
 }
 
+
+/// COUNT connected UDP sockets to ADDR:PORT, held until stdin closes.
+fn many(target: &str, count: &str) {
+    let (Ok(target), Ok(count)) = (target.parse::<SocketAddr>(), count.parse::<usize>()) else {
+        eprintln!("usage: socklb-hold many-udp ADDR:PORT COUNT");
+        std::process::exit(2);
+    };
+    let mut sockets = Vec::with_capacity(count);
+    for _ in 0..count {
+        match UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect(target).map(|()| s)) {
+            Ok(socket) => sockets.push(socket),
+            Err(error) => {
+                print(&Line {
+                    event: "connected".to_owned(),
+                    error: Some(format!("after {} sockets: {}", sockets.len(), errno(&error))),
+                    ..Line::default()
+                });
+                std::process::exit(1);
+            }
+        }
+    }
+    print(&Line {
+        event: "connected".to_owned(),
+        reply: Some(sockets.len().to_string()),
+        ..Line::default()
+    });
+    // Until the benchmark closes stdin (or dies).
+    for _ in std::io::stdin().lock().lines() {}
+}
