@@ -373,6 +373,12 @@ def check_agent(name, values, docs):
           and arg_value(args, "cgroup-path") == cgroup["mountPath"] and cgroup.get("readOnly") is True
           and not bpffs.get("readOnly"),
           json.dumps({"args": args, "mounts": list(mounts.values()), "volumes": list(volumes.values())}))
+    netns = mounts.get("netns", {})
+    check(f"{name}: the pods' pinned network namespaces mounted read-only, new pins propagated",
+          netns.get("mountPath") == "/var/run/netns" and netns.get("readOnly") is True
+          and netns.get("mountPropagation") == "HostToContainer"
+          and volumes.get("netns", {}).get("hostPath", {}).get("path") == values["hostPaths"]["netns"],
+          json.dumps({"mounts": list(mounts.values()), "volumes": list(volumes.values())}))
     writable_in_sys = [m["mountPath"] for m in mounts.values()
                        if m["mountPath"].startswith("/sys") and not m.get("readOnly")]
     check(f"{name}: nothing written under /sys, which default AppArmor profiles refuse",
