@@ -21,8 +21,11 @@ use std::{
 };
 
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, command_in_cgroup, hold::Holder,
-    hold_bin, netns::Netns, node_yaml,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, command_in_cgroup,
+    hold::Holder,
+    hold_bin,
+    netns::Netns,
+    node_yaml,
     privileges::{ContainerPrivileges, chart_agent},
     run,
 };
@@ -104,9 +107,7 @@ impl World {
             extra,
         );
         assert!(
-            agent
-                .log()
-                .contains(&format!("mode={mode} tcp=")),
+            agent.log().contains(&format!("mode={mode} tcp=")),
             "the agent did not pick the {mode} mode:\n{}",
             agent.log()
         );
@@ -115,7 +116,15 @@ impl World {
 
     /// Service `name` on `vip:port` whose endpoints (on node-a) are `backends` at
     /// `target_port`.
-    fn service(&self, name: &str, vip: &str, port: u16, protocol: &str, target_port: u16, backends: &[Ipv4Addr]) {
+    fn service(
+        &self,
+        name: &str,
+        vip: &str,
+        port: u16,
+        protocol: &str,
+        target_port: u16,
+        backends: &[Ipv4Addr],
+    ) {
         self.manifests.write(
             &format!("{name}.yaml"),
             &format!(
@@ -264,14 +273,24 @@ fn sockets_connected_straight_to_the_backend_or_through_another_frontend_survive
         world.pod_client(1, "udp", &other),
     ];
     for (client, first) in &survivors {
-        assert_eq!(first.reply.as_deref(), Some("b1"), "{}: {first:?}", client.what);
+        assert_eq!(
+            first.reply.as_deref(),
+            Some("b1"),
+            "{}: {first:?}",
+            client.what
+        );
     }
     through_dns.send("wait");
 
     world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
     // The sweep happened: the socket of the removed pair was closed...
     let line = through_dns.line();
-    assert_eq!(line.error.as_deref(), Some("ECONNABORTED"), "{line:?}\n{}", agent.log());
+    assert_eq!(
+        line.error.as_deref(),
+        Some("ECONNABORTED"),
+        "{line:?}\n{}",
+        agent.log()
+    );
     // ... and nothing else was.
     for (client, _) in &mut survivors {
         let line = client.ask("ping");
@@ -365,11 +384,7 @@ impl Drop for HoldingServer {
 
 /// A TCP connection to b1 through the web Service, b1 then replaced by b2; returns the
 /// agent, the world and the client idle on its connection.
-fn tcp_world(
-    test: &str,
-    mode: &str,
-    extra: &[&str],
-) -> (World, Agent, Holder, [HoldingServer; 2]) {
+fn tcp_world(test: &str, mode: &str, extra: &[&str]) -> (World, Agent, Holder, [HoldingServer; 2]) {
     let world = World::new(test);
     let servers = [
         HoldingServer::new("b1", SocketAddrV4::new(BACKEND_1, 8080)),
@@ -419,7 +434,11 @@ fn without_the_flag_tcp_connections_to_a_removed_backend_drain() {
         if fresh.reply.as_deref() == Some("b2") {
             break;
         }
-        assert!(started.elapsed() < DEADLINE, "b2 never answered: {fresh:?}\n{}", agent.log());
+        assert!(
+            started.elapsed() < DEADLINE,
+            "b2 never answered: {fresh:?}\n{}",
+            agent.log()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     let line = client.ask("ping");
@@ -430,7 +449,9 @@ fn without_the_flag_tcp_connections_to_a_removed_backend_drain() {
         agent.log()
     );
     assert!(
-        !agent.log().contains("closed the sockets of removed backends"),
+        !agent
+            .log()
+            .contains("closed the sockets of removed backends"),
         "no sweep without UDP removals and without the flag:\n{}",
         agent.log()
     );
@@ -452,7 +473,12 @@ fn with_the_charts_default_capabilities_only_the_agents_namespace_is_swept() {
 
     world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
     let line = host.line();
-    assert_eq!(line.error.as_deref(), Some("ECONNABORTED"), "{line:?}\n{}", agent.log());
+    assert_eq!(
+        line.error.as_deref(),
+        Some("ECONNABORTED"),
+        "{line:?}\n{}",
+        agent.log()
+    );
     agent.wait_for_log("SYS_ADMIN", 1);
     let line = pod.ask("ping");
     assert_eq!(

@@ -193,7 +193,9 @@ impl Sweeper {
                 );
                 Ok(Kernel::Netlink(netlink))
             }
-            Err(error) => Err(format!("{why_not}; netlink: cannot open the socket map: {error}")),
+            Err(error) => Err(format!(
+                "{why_not}; netlink: cannot open the socket map: {error}"
+            )),
         });
         if requested == Requested::Netlink
             && let Err(reason) = &kernel

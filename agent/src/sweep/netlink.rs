@@ -38,8 +38,7 @@ type Backend = (Ipv4Addr, u16);
 impl Netlink {
     pub fn new(pin_dir: &Path) -> Result<Self, MapError> {
         let data = MapData::from_pin(pin_dir.join(map_names::SOCKETS))?;
-        let ring: Array<MapData, SocketFrontend> =
-            Array::try_from(aya::maps::Map::Array(data))?;
+        let ring: Array<MapData, SocketFrontend> = Array::try_from(aya::maps::Map::Array(data))?;
         // A power of two (see Capacities::socket_slots).
         let mask = ring.len().saturating_sub(1);
         Ok(Self { ring, mask })
@@ -98,7 +97,8 @@ impl Netlink {
                     .is_some_and(|address| gone.contains_key(&(address, id.destination_port)))
             })?;
             for (family, id) in candidates {
-                if self.translated_to_gone(&id, &gone) && destroy(&mut socket, family, number, id)? {
+                if self.translated_to_gone(&id, &gone) && destroy(&mut socket, family, number, id)?
+                {
                     closed += 1;
                 }
             }
@@ -107,9 +107,22 @@ impl Netlink {
     }
 
     /// Whether the socket's map entry holds its cookie and names a gone pair.
-    fn translated_to_gone(&self, id: &SocketId, gone: &HashMap<Backend, HashSet<(u32, u16)>>) -> bool {
-        let cookie = u64::from(u32::from_ne_bytes([id.cookie[0], id.cookie[1], id.cookie[2], id.cookie[3]]))
-            | (u64::from(u32::from_ne_bytes([id.cookie[4], id.cookie[5], id.cookie[6], id.cookie[7]])) << 32);
+    fn translated_to_gone(
+        &self,
+        id: &SocketId,
+        gone: &HashMap<Backend, HashSet<(u32, u16)>>,
+    ) -> bool {
+        let cookie = u64::from(u32::from_ne_bytes([
+            id.cookie[0],
+            id.cookie[1],
+            id.cookie[2],
+            id.cookie[3],
+        ])) | (u64::from(u32::from_ne_bytes([
+            id.cookie[4],
+            id.cookie[5],
+            id.cookie[6],
+            id.cookie[7],
+        ])) << 32);
         // Truncating is the point, as in the programs' socket_slot.
         let Ok(slot) = self.ring.get(&((cookie as u32) & self.mask), 0) else {
             return false;
@@ -136,7 +149,12 @@ fn backend_of(address: &IpAddr) -> Option<Ipv4Addr> {
     }
 }
 
-fn send(socket: &mut Socket, flags: u16, message_type: Option<u16>, request: InetRequest) -> io::Result<()> {
+fn send(
+    socket: &mut Socket,
+    flags: u16,
+    message_type: Option<u16>,
+    request: InetRequest,
+) -> io::Result<()> {
     let mut header = NetlinkHeader::default();
     header.flags = flags;
     let mut packet = NetlinkMessage::new(header, SockDiagMessage::InetRequest(request).into());
@@ -198,7 +216,12 @@ fn destroy(socket: &mut Socket, family: u8, protocol: u8, id: SocketId) -> io::R
         states: StateFlags::all(),
         socket_id: id,
     };
-    send(socket, NLM_F_REQUEST | NLM_F_ACK, Some(SOCK_DESTROY), request)?;
+    send(
+        socket,
+        NLM_F_REQUEST | NLM_F_ACK,
+        Some(SOCK_DESTROY),
+        request,
+    )?;
     let mut buffer = vec![0u8; 4096];
     let size = socket.recv(&mut &mut buffer[..], 0)?;
     let message = NetlinkMessage::<SockDiagMessage>::deserialize(&buffer[..size])

@@ -59,7 +59,9 @@ fn main() {
          round, {} rounds per mode\n",
         options.sockets, options.rounds
     );
-    println!("| mode | sockets open | closed per sweep | namespaces swept | sweep CPU median (max) | sweep wall median (max) |");
+    println!(
+        "| mode | sockets open | closed per sweep | namespaces swept | sweep CPU median (max) | sweep wall median (max) |"
+    );
     println!("|---|---:|---:|---:|---:|---:|");
     for mode in &options.modes {
         let mut sweeps = measure(mode, &options);
@@ -163,7 +165,11 @@ endpoints:
         manifests.write("dns-slice.yaml", &slice(&backends[1..]));
         let started = Instant::now();
         while agent.log().matches(SWEEP_LINE).count() == before {
-            assert!(started.elapsed() < DEADLINE, "no sweep logged:\n{}", agent.log());
+            assert!(
+                started.elapsed() < DEADLINE,
+                "no sweep logged:\n{}",
+                agent.log()
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         sweeps.push(last_sweep(&agent));
@@ -208,7 +214,9 @@ fn parse_options(args: &[String]) -> Options {
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
-        let value = args.next().unwrap_or_else(|| fail(&format!("{flag} needs a value")));
+        let value = args
+            .next()
+            .unwrap_or_else(|| fail(&format!("{flag} needs a value")));
         match flag.as_str() {
             "--sockets" => options.sockets = value.parse().unwrap_or_else(|_| fail(value)),
             "--rounds" => {

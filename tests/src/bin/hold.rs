@@ -158,10 +158,7 @@ fn ping(socket: &mut Socket, dns: bool) -> Line {
             s.recv(&mut buffer)
                 .map(|n| String::from_utf8_lossy(&buffer[..n]).into_owned())
         }),
-        Socket::Tcp(s) => s
-            .get_mut()
-            .write_all(b"ping\n")
-            .and_then(|()| read_line(s)),
+        Socket::Tcp(s) => s.get_mut().write_all(b"ping\n").and_then(|()| read_line(s)),
     };
     outcome(result, socket)
 }
@@ -249,7 +246,6 @@ fn print(line: &Line) {
     let _ = out.flush();
 }
 
-
 /// COUNT connected UDP sockets to ADDR:PORT, held until stdin closes.
 fn many(target: &str, count: &str) {
     let (Ok(target), Ok(count)) = (target.parse::<SocketAddr>(), count.parse::<usize>()) else {
@@ -263,7 +259,11 @@ fn many(target: &str, count: &str) {
             Err(error) => {
                 print(&Line {
                     event: "connected".to_owned(),
-                    error: Some(format!("after {} sockets: {}", sockets.len(), errno(&error))),
+                    error: Some(format!(
+                        "after {} sockets: {}",
+                        sockets.len(),
+                        errno(&error)
+                    )),
                     ..Line::default()
                 });
                 std::process::exit(1);
