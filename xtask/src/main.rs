@@ -104,6 +104,10 @@ enum Bench {
         /// Modes to measure.
         #[arg(long, default_value = "bpf-iterator,netlink")]
         modes: String,
+        /// The agent's socket map (ring) size: below the sockets open, the oldest are
+        /// forgotten and not closed.
+        #[arg(long, default_value_t = 131_072)]
+        max_reverse_entries: u32,
     },
     /// Traffic from outside through a NodePort: socklb's TC programs vs kube-proxy's
     /// iptables and nftables rules vs the direct path (connection setup, iperf3).
@@ -237,9 +241,26 @@ fn main() -> anyhow::Result<()> {
                     sockets,
                     rounds,
                     modes,
+                    max_reverse_entries,
                 } => {
                     require_root("the socket destroy benchmark")?;
-                    let mut args = flag_args(&[("--sockets", sockets), ("--rounds", rounds)]);
+                    // The client that holds the sockets, next to the benchmark.
+                    step(
+                        "build the socket holder (release)",
+                        &[
+                            "build",
+                            "--release",
+                            "--package",
+                            "socklb-tests",
+                            "--bin",
+                            "socklb-hold",
+                        ],
+                    )?;
+                    let mut args = flag_args(&[
+                        ("--sockets", sockets),
+                        ("--rounds", rounds),
+                        ("--max-reverse-entries", max_reverse_entries),
+                    ]);
                     args.extend(["--modes".to_owned(), modes]);
                     run_with_agent("socklb-bench-destroy", &args)
                 }

@@ -2,10 +2,12 @@
 //! many sockets are open on the node (issue #13: < 50 ms of agent CPU with 50,000).
 //!
 //! socklb-bench-destroy [--sockets N] [--rounds N] [--modes bpf-iterator,netlink]
+//!                      [--max-reverse-entries N]
 //!
 //! Per mode: a fresh sandbox (the node's namespace), a UDP Service with two backends and
 //! the real agent (`--socket-destroy-mode MODE`, the chart's capabilities plus PERFMON and
-//! SYS_ADMIN). Each round opens `--sockets` connected UDP sockets to the Service (holder
+//! SYS_ADMIN, a socket map of `--max-reverse-entries` slots, 131,072 by default: a ring
+//! smaller than the sockets open forgets the oldest, whose sockets are then not closed). Each round opens `--sockets` connected UDP sockets to the Service (holder
 //! processes in the sandbox's cgroup, about half on each backend), removes one backend, and
 //! reads the sweep's own log line: its wall time (`took`), the sweeping thread's CPU time
 //! (`cpu`), the sockets closed and the namespaces swept (every namespace of the machine).
@@ -19,8 +21,8 @@ use socklb_tests::{
     parse_debug_duration, privileges::chart_agent, run,
 };
 
-const USAGE: &str =
-    "usage: socklb-bench-destroy [--sockets N] [--rounds N] [--modes bpf-iterator,netlink]";
+const USAGE: &str = "usage: socklb-bench-destroy [--sockets N] [--rounds N] \
+                     [--modes bpf-iterator,netlink] [--max-reverse-entries N]";
 /// Sockets per holder process: RLIMIT_NOFILE is 20,000 here and cannot be raised without
 /// CAP_SYS_RESOURCE.
 const PER_HOLDER: u32 = 18_000;
@@ -32,6 +34,7 @@ struct Options {
     sockets: u32,
     rounds: u32,
     modes: Vec<String>,
+    ring: u32,
 }
 
 /// One sweep, as the agent logged it.
@@ -56,8 +59,8 @@ fn main() {
     println!("{}", socklb_tests::machine_context());
     println!(
         "{} connected UDP sockets to one Service of two backends; one backend removed per \
-         round, {} rounds per mode\n",
-        options.sockets, options.rounds
+         round, {} rounds per mode; socket map of {} slots\n",
+        options.sockets, options.rounds, options.ring
     );
     println!(
         "| mode | sockets open | closed per sweep | namespaces swept | sweep CPU median (max) | sweep wall median (max) |"
@@ -136,7 +139,12 @@ endpoints:
         &sandbox,
         &manifests.path,
         "node-a",
-        &["--socket-destroy-mode", mode],
+        &[
+            "--socket-destroy-mode",
+            mode,
+            "--max-reverse-entries",
+            &options.ring.to_string(),
+        ],
     );
     let mut sweeps = Vec::new();
     for round in 0..options.rounds {
@@ -211,6 +219,7 @@ fn parse_options(args: &[String]) -> Options {
         sockets: 50_000,
         rounds: 5,
         modes: vec!["bpf-iterator".to_owned(), "netlink".to_owned()],
+        ring: 131_072,
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
@@ -227,6 +236,9 @@ fn parse_options(args: &[String]) -> Options {
                     .unwrap_or_else(|| fail(value));
             }
             "--modes" => options.modes = value.split(',').map(str::to_owned).collect(),
+            "--max-reverse-entries" => {
+                options.ring = value.parse().unwrap_or_else(|_| fail(value));
+            }
             _ => fail(&format!("unknown flag {flag}")),
         }
     }
