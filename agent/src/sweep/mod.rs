@@ -311,6 +311,7 @@ fn run(mut kernel: Kernel, requests: mpsc::Receiver<Vec<Gone>>, mode: Mode, metr
                 pairs = chunk.len(),
                 namespaces = report.namespaces,
                 skipped_namespaces = report.denied + report.failed,
+                unreadable_processes = report.unreadable,
                 udp = report.udp,
                 tcp = report.tcp,
                 took = ?report.took,
@@ -329,6 +330,9 @@ struct Report {
     denied: usize,
     /// Namespaces that could not be swept for another reason (gone meanwhile).
     failed: usize,
+    /// Processes whose namespace could not be read (no ptrace-read access): their
+    /// namespaces are swept only if pinned or shared with a readable process.
+    unreadable: usize,
     udp: u64,
     tcp: u64,
     took: Duration,
@@ -360,6 +364,7 @@ fn sweep(kernel: &mut Kernel, pairs: &[Gone], home: &netns::Namespace) -> Report
     };
     let mut inside = here.inode;
     let found = netns::enumerate(here);
+    report.unreadable = found.unreadable;
     for namespace in &found.namespaces {
         if namespace.inode != inside {
             match netns::enter(namespace) {
