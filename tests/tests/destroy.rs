@@ -257,12 +257,21 @@ fn udp_clients_in_every_namespace(test: &str, mode: &str) {
 
 #[test]
 fn sockets_connected_straight_to_the_backend_or_through_another_frontend_survive() {
-    let world = World::new("dst-coll");
+    collateral("dst-coll", "bpf-iterator");
+}
+
+#[test]
+fn netlink_mode_sockets_connected_straight_or_through_another_frontend_survive() {
+    collateral("dst-coll-nl", "netlink");
+}
+
+fn collateral(test: &str, mode: &str) {
+    let world = World::new(test);
     let _servers = udp_servers(5353);
     world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
     // Another frontend with the same backend, which keeps it.
     world.service("other", OTHER_VIP, 53, "UDP", 5353, &[BACKEND_1]);
-    let agent = world.agent("bpf-iterator", &[]);
+    let agent = world.agent(mode, &[]);
     let (mut through_dns, _) = world.host_client("udp", &format!("{DNS_VIP}:53"));
     let direct = format!("{BACKEND_1}:5353");
     let other = format!("{OTHER_VIP}:53");
