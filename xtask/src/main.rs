@@ -485,6 +485,14 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
             let smokes = [
                 ("compare", compare(None, 500, "legacy", true)),
                 ("nodeport", nodeport(&[], "legacy", true)),
+                // The debug socket holder is built by `cargo test` (every binary).
+                (
+                    "destroy",
+                    smoke_run(
+                        "socklb-bench-destroy",
+                        &["--sockets", "2000", "--rounds", "1"].map(str::to_owned),
+                    ),
+                ),
             ];
             let mut all_ok = true;
             for (name, result) in smokes {
