@@ -496,3 +496,14 @@ fn with_the_charts_default_capabilities_only_the_agents_namespace_is_swept() {
         "the pod's socket is out of reach without SYS_ADMIN: {line:?}"
     );
 }
+
+#[test]
+fn the_iterators_read_cookies_without_handing_them_out() {
+    // Where the kernel keeps a socket's cookie, from its BTF: 0 would make the iterators
+    // fall back to the helper, which gives every socket it visits a cookie.
+    let offset = socklb_agent::dataplane::skc_cookie_offset();
+    assert!(
+        offset > 0 && offset.is_multiple_of(8),
+        "skc_cookie not found in struct sock_common of /sys/kernel/btf/vmlinux: {offset}"
+    );
+}

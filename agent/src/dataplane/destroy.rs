@@ -64,6 +64,72 @@ pub fn kfunc_id() -> Result<(Btf, u32), Unavailable> {
     Ok((btf, id))
 }
 
+/// The byte offset of `skc_cookie` in the running kernel's `struct sock_common`, read from
+/// its BTF; 0 if it cannot be found (the programs then use the helper).
+pub fn skc_cookie_offset() -> u32 {
+    std::fs::read("/sys/kernel/btf/vmlinux")
+        .ok()
+        .and_then(|btf| member_offset(&btf, "sock_common", "skc_cookie"))
+        .unwrap_or(0)
+}
+
+/// The byte offset of the direct member `member` of the struct `name` in raw BTF (the
+/// format of /sys/kernel/btf/vmlinux: a header, then the types, then the strings).
+fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u32> {
+    let u32_at = |at: usize| -> Option<u32> {
+        Some(u32::from_le_bytes(btf.get(at..at + 4)?.try_into().ok()?))
+    };
+    if btf.get(0..2)? != [0x9f, 0xeb] {
+        return None;
+    }
+    let header_len = u32_at(4)? as usize;
+    let (type_off, type_len) = (u32_at(8)? as usize, u32_at(12)? as usize);
+    let string_off = u32_at(16)? as usize;
+    let strings = header_len + string_off;
+    let string = |offset: u32| -> Option<&[u8]> {
+        let start = strings + offset as usize;
+        let rest = btf.get(start..)?;
+        Some(&rest[..rest.iter().position(|b| *b == 0)?])
+    };
+    let mut at = header_len + type_off;
+    let end = at + type_len;
+    while at + 12 <= end {
+        let (name_off, info) = (u32_at(at)?, u32_at(at + 4)?);
+        let vlen = (info & 0xffff) as usize;
+        let kind = (info >> 24) & 0x1f;
+        let kind_flag = info >> 31 == 1;
+        at += 12;
+        // Bytes after the common header, per kind (uapi/linux/btf.h).
+        let extra = match kind {
+            1 | 14 | 17 => 4,
+            3 => 12,
+            4 | 5 | 15 | 19 => 12 * vlen,
+            6 | 13 => 8 * vlen,
+            _ => 0,
+        };
+        // A struct named `name`: its members are (name, type, offset in bits).
+        if kind == 4 && string(name_off)? == name.as_bytes() {
+            for i in 0..vlen {
+                let entry = at + 12 * i;
+                if string(u32_at(entry)?)? == member.as_bytes() {
+                    let offset = u32_at(entry + 8)?;
+                    // With kind_flag the low 24 bits are the offset (the high 8 a
+                    // bitfield's size).
+                    let bits = if kind_flag {
+                        offset & 0xff_ffff
+                    } else {
+                        offset
+                    };
+                    return bits.is_multiple_of(8).then_some(bits / 8);
+                }
+            }
+            return None;
+        }
+        at += extra;
+    }
+    None
+}
+
 /// The object with every placeholder kfunc call aimed at `id`; `object` itself when `id`
 /// is `None` (the iterators then fail to load, and nothing else calls the kfunc).
 pub fn patch_kfunc_call(object: &[u8], id: Option<u32>) -> Result<Cow<'_, [u8]>, Unavailable> {
@@ -142,6 +208,48 @@ mod tests {
             "other instructions untouched"
         );
         assert_ne!(socklb_abi::SOCK_DESTROY_PLACEHOLDER, 65_750);
+    }
+
+    /// Raw BTF: an int, then `struct sock_common { int a; int b; long skc_cookie; }` with
+    /// skc_cookie at byte 8.
+    fn btf() -> Vec<u8> {
+        let strings = b"\0int\0sock_common\0a\0b\0skc_cookie\0".to_vec();
+        let mut types = Vec::new();
+        let mut put = |words: &[u32]| {
+            for word in words {
+                types.extend(word.to_le_bytes());
+            }
+        };
+        // [1] INT "int" size 4, encoding word.
+        put(&[1, 1 << 24, 4, 32]);
+        // [2] STRUCT "sock_common", 3 members, size 16.
+        put(&[5, (4 << 24) | 3, 16]);
+        put(&[17, 1, 0]);
+        put(&[19, 1, 32]);
+        put(&[21, 1, 64]);
+        let mut btf = vec![0x9f, 0xeb, 1, 0];
+        for word in [
+            24,
+            0,
+            types.len() as u32,
+            types.len() as u32,
+            strings.len() as u32,
+        ] {
+            btf.extend(word.to_le_bytes());
+        }
+        btf.extend(types);
+        btf.extend(strings);
+        btf
+    }
+
+    #[test]
+    fn the_cookie_offset_comes_from_the_btf() {
+        let btf = btf();
+        assert_eq!(member_offset(&btf, "sock_common", "skc_cookie"), Some(8));
+        assert_eq!(member_offset(&btf, "sock_common", "b"), Some(4));
+        assert_eq!(member_offset(&btf, "sock_common", "skc_daddr"), None);
+        assert_eq!(member_offset(&btf, "sock", "skc_cookie"), None);
+        assert_eq!(member_offset(&btf[..20], "sock_common", "skc_cookie"), None);
     }
 
     #[test]

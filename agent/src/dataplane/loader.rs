@@ -114,12 +114,20 @@ fn load_pinning(
     let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
     let socket_slots = capacities.socket_slots();
     let socket_slot_mask = socket_slots - 1;
+    let skc_cookie_offset = super::destroy::skc_cookie_offset();
+    if skc_cookie_offset == 0 {
+        warn!(
+            "struct sock_common has no skc_cookie in the kernel's BTF: the socket iterators \
+             ask the cookie helper, which hands a cookie to every socket they visit"
+        );
+    }
     // Each round replaces at most one incompatible map; there are only so many maps.
     for _ in 0..=map_names::ALL.len() {
         let mut loader = EbpfLoader::new();
         loader
             .default_map_pin_directory(pin_dir)
             .override_global(globals::SOCKET_SLOT_MASK, &socket_slot_mask, true)
+            .override_global(globals::SKC_COOKIE_OFFSET, &skc_cookie_offset, true)
             .map_max_entries(map_names::SOCKETS, socket_slots)
             .map_max_entries(map_names::SERVICES, capacities.service_entries)
             .map_max_entries(map_names::BACKENDS, capacities.backends)

@@ -28,7 +28,7 @@ use aya::{
     maps::{Array, MapData, MapError, PerCpuArray},
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
-pub use destroy::{DestroyPrograms, Unavailable as DestroyUnavailable};
+pub use destroy::{DestroyPrograms, Unavailable as DestroyUnavailable, skc_cookie_offset};
 pub use gone::Gone;
 pub use host::{
     HostError, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses, prepare_pin_dir,

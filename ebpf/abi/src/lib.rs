@@ -300,6 +300,10 @@ pub const SOCK_DESTROY_PLACEHOLDER: u32 = 0x5eed_de57;
 pub mod globals {
     /// `u32`: the socket map's size minus one (the size is a power of two).
     pub const SOCKET_SLOT_MASK: &str = "SOCKET_SLOT_MASK";
+    /// `u32`: the byte offset of `skc_cookie` in the running kernel's `struct sock_common`
+    /// (from its BTF), so that the destroy iterators read a socket's cookie without handing
+    /// one out to every socket they visit; 0: unknown, the programs ask the helper.
+    pub const SKC_COOKIE_OFFSET: &str = "SKC_COOKIE_OFFSET";
 }
 
 /// Key of the affinity map: a client (its network namespace, i.e. its pod or the host)

@@ -63,6 +63,12 @@ const SKC_DADDR: usize = 0;
 const SKC_DPORT: usize = 12;
 const SKC_STATE: usize = 18;
 
+/// The byte offset of `skc_cookie` in `struct sock_common`, set by the agent from the
+/// kernel's BTF (socklb-abi `globals`); 0 when unknown. A read-only global: the verifier
+/// sees it as a constant.
+#[unsafe(no_mangle)]
+static SKC_COOKIE_OFFSET: u32 = 0;
+
 /// TCP states that are not a full socket or not a client's: a TIME_WAIT or request mini
 /// socket keeps its parent's cookie but cannot be destroyed; a listener was never
 /// translated.
@@ -82,6 +88,22 @@ pub fn socklb_destroy_udp(ctx: *mut c_void) -> i32 {
 pub fn socklb_destroy_tcp(ctx: *mut c_void) -> i32 {
     visit(ctx, PROTO_TCP);
     0
+}
+
+/// The socket's cookie, 0 if it has none yet. Read from the socket where the agent knows
+/// the field's offset: the helper would hand a cookie to every socket without one, which
+/// spreads the cookies of translated sockets over more socket map slots.
+#[inline(always)]
+fn cookie(sock: *mut c_void) -> u64 {
+    // SAFETY: a read of an initialised static; volatile so the agent's value is used.
+    let offset = unsafe { core::ptr::read_volatile(&SKC_COOKIE_OFFSET) };
+    if offset == 0 {
+        // SAFETY: the helper takes the socket pointer the kernel gave.
+        return unsafe { bpf_get_socket_cookie(sock) };
+    }
+    // SAFETY: a trusted socket pointer; the verifier checks the read against the BTF
+    // (`skc_cookie`, an atomic64_t).
+    unsafe { *((sock as *const u8).add(offset as usize) as *const u64) }
 }
 
 #[inline(always)]
@@ -107,8 +129,11 @@ fn visit(ctx: *mut c_void, protocol: u8) {
     {
         return;
     }
-    // SAFETY: the helper takes the socket pointer the kernel gave.
-    let cookie = unsafe { bpf_get_socket_cookie(sock) };
+    let cookie = cookie(sock);
+    // A socket that never had a cookie was never translated (connect4 asked for it).
+    if cookie == 0 {
+        return;
+    }
     let Some(slot) = SOCKETS.get_ptr(socket_slot(cookie)) else {
         return;
     };
