@@ -78,7 +78,7 @@ cat >"$WORK/value-sets.json" <<'EOF'
                    "maxConntrackEntries": 524288, "maxSourceRanges": 1024, "maxMaglevEntries": 65536},
     "external": {"devices": ["eth0", "bond0"], "tcAttachMode": "netlink",
                  "snatPortRange": "62000-64999", "maglevTableSize": 4093},
-    "minSyncPeriod": "100ms", "syncPeriod": "1m30s",
+    "minSyncPeriod": "100ms", "syncPeriod": "1m30s", "destroyTcpOnBackendRemoval": true,
     "logLevel": "debug,kube=info",
     "healthz": {"bindAddress": "[::]:10266"},
     "metrics": {"bindAddress": "127.0.0.1:10267"},
@@ -385,6 +385,12 @@ def check_agent(name, values, docs):
           and arg_value(args, "cgroup-path") == cgroup["mountPath"] and cgroup.get("readOnly") is True
           and not bpffs.get("readOnly"),
           json.dumps({"args": args, "mounts": list(mounts.values()), "volumes": list(volumes.values())}))
+    netns = mounts.get("netns", {})
+    check(f"{name}: the pods' pinned network namespaces mounted read-only, new pins propagated",
+          netns.get("mountPath") == "/var/run/netns" and netns.get("readOnly") is True
+          and netns.get("mountPropagation") == "HostToContainer"
+          and volumes.get("netns", {}).get("hostPath", {}).get("path") == values["hostPaths"]["netns"],
+          json.dumps({"mounts": list(mounts.values()), "volumes": list(volumes.values())}))
     writable_in_sys = [m["mountPath"] for m in mounts.values()
                        if m["mountPath"].startswith("/sys") and not m.get("readOnly")]
     check(f"{name}: nothing written under /sys, which default AppArmor profiles refuse",
@@ -399,6 +405,7 @@ def check_agent(name, values, docs):
     expected_args = {
         "min-sync-period": values["minSyncPeriod"],
         "sync-period": values["syncPeriod"],
+        "destroy-tcp-on-backend-removal": str(values["destroyTcpOnBackendRemoval"]).lower(),
         "healthz-bind-address": values["healthz"]["bindAddress"],
         "metrics-bind-address": values["metrics"]["bindAddress"],
         "bpf-log-level": values["bpfLogLevel"],

@@ -22,6 +22,7 @@ use crate::{
         kube::{self, KubeSource},
     },
     state::ClusterState,
+    sweep::{Requested, Sweeper},
     trace,
 };
 
@@ -123,6 +124,23 @@ pub struct RunArgs {
     /// into this log. Off costs nothing: the verifier removes the log calls at load.
     #[arg(long, value_enum, default_value_t = ProgramLogLevel::Off)]
     pub bpf_log_level: ProgramLogLevel,
+    /// Also close the TCP connections still open to a backend that left its Service
+    /// (connected UDP sockets are always closed). Off by default: kube-proxy lets TCP
+    /// connections drain. Given alone, or as =true / =false (the chart's form).
+    #[arg(
+        long,
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub destroy_tcp_on_backend_removal: bool,
+    /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,
+    /// CAP_PERFMON or CAP_SYS_ADMIN), netlink SOCK_DESTROY, auto (the iterators if they
+    /// load, else netlink), or off.
+    #[arg(long, value_enum, default_value_t = Requested::Auto)]
+    pub socket_destroy_mode: Requested,
     #[command(flatten)]
     pub capacities: CapacityArgs,
     #[command(flatten)]
@@ -455,6 +473,13 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
 
         let (events, source) = start_source(&args.source, &node_name).await?;
+        let sweeper = Sweeper::start(
+            dataplane.take_destroy_programs(),
+            pin_dir,
+            args.socket_destroy_mode,
+            args.destroy_tcp_on_backend_removal,
+            metrics.clone(),
+        )?;
         let runner = Runner::new(
             &node_name,
             dataplane,
@@ -465,7 +490,8 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             health,
             metrics,
         )
-        .with_external(external_traffic(&args.external));
+        .with_external(external_traffic(&args.external))
+        .with_sweeper(sweeper);
         let result = runner.run(events, shutdown_signal()).await;
         let _ = stop_tx.send(true);
         source.abort();

@@ -123,6 +123,8 @@ pub struct Inspection {
     /// Datagrams whose first fragment's ports are remembered for their later fragments.
     pub fragments: usize,
     pub counters: CountersView,
+    /// How an agent in this container closes the sockets of removed backends.
+    pub socket_destroy: crate::sweep::Expected,
 }
 
 /// The counters as `socklb inspect -o json` shows them (and tests and tools read them back):
@@ -282,6 +284,7 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         conntrack,
         fragments,
         counters: sum,
+        socket_destroy: crate::sweep::Expected::probe(),
     })
 }
 
@@ -428,6 +431,20 @@ pub fn table(inspection: &Inspection) -> String {
     );
     for (name, value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
         let _ = write!(out, " {name} {value}");
+    }
+    let destroy = &inspection.socket_destroy;
+    let _ = write!(
+        out,
+        "\nsocket destroy: {} ({})",
+        destroy.mode,
+        if destroy.every_namespace {
+            "every network namespace"
+        } else {
+            "the agent's network namespace only: no CAP_SYS_ADMIN"
+        }
+    );
+    if let Some(reason) = &destroy.reason {
+        let _ = write!(out, "; {reason}");
     }
     out.push('\n');
     out

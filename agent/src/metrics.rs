@@ -39,6 +39,16 @@ pub struct StateLabels {
     pub state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProtocolLabels {
+    pub protocol: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabels {
+    pub mode: String,
+}
+
 pub struct Metrics {
     /// Behind [`Families`], which records what is registered.
     registry: Families,
@@ -58,6 +68,10 @@ pub struct Metrics {
     pub rejected_frontends: Family<OutcomeLabels, Gauge>,
     /// healthCheckNodePorts by state: `serving`, or `failed` (could not be bound).
     pub health_check_ports: Family<StateLabels, Gauge>,
+    /// Sockets closed because their backend left, by protocol (`udp`, `tcp`).
+    pub sockets_destroyed: Family<ProtocolLabels, Counter>,
+    /// How sockets of removed backends are closed: 1 for the mode in use.
+    pub socket_destroy_mode: Family<ModeLabels, Gauge>,
 }
 
 /// The registry and every family registered in it: an empty family exports no series (not
@@ -101,6 +115,8 @@ impl Metrics {
             skipped_services: Family::default(),
             rejected_frontends: Family::default(),
             health_check_ports: Family::default(),
+            sockets_destroyed: Family::default(),
+            socket_destroy_mode: Family::default(),
             registry: Families::default(),
         };
         registry.register(
@@ -179,6 +195,17 @@ impl Metrics {
             "healthCheckNodePorts of LoadBalancer Services with externalTrafficPolicy Local: \
              serving, or failed (the port could not be bound; retried at every sync)",
             metrics.health_check_ports.clone(),
+        );
+        registry.register(
+            "socklb_sockets_destroyed",
+            "Sockets socklb translated to a backend that left, closed by the agent, by protocol",
+            metrics.sockets_destroyed.clone(),
+        );
+        registry.register(
+            "socklb_socket_destroy_mode",
+            "How the sockets of removed backends are closed (bpf-iterator, netlink, off): 1 \
+             for the mode in use",
+            metrics.socket_destroy_mode.clone(),
         );
         Self {
             registry,
@@ -299,12 +326,19 @@ mod tests {
         let metrics = Metrics::new();
         metrics.endpoint_changes.inc();
         metrics.sync_duration.observe(0.002);
+        metrics
+            .sockets_destroyed
+            .get_or_create(&ProtocolLabels {
+                protocol: "udp".to_owned(),
+            })
+            .inc_by(2);
         let text = metrics.encode();
         for name in [
             "kubeproxy_sync_proxy_rules_duration_seconds_bucket",
             "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
             "kubeproxy_network_programming_duration_seconds",
+            "socklb_sockets_destroyed_total{protocol=\"udp\"} 2",
         ] {
             assert!(text.contains(name), "{name} missing in:\n{text}");
         }

@@ -33,6 +33,7 @@ use crate::{
     server::Health,
     source::{Event, Kind, Object},
     state::{ClusterState, convert},
+    sweep::Sweeper,
 };
 
 /// How soon a failed sync is retried (as a full sync).
@@ -98,6 +99,8 @@ pub struct Runner {
     /// The last sync rejected frontends while entries wait to be deleted by the next apply:
     /// a sync soon frees that room and retries them.
     retry_soon: bool,
+    /// Closes the sockets of the backends each sync removed.
+    sweeper: Option<Sweeper>,
 }
 
 impl Runner {
@@ -122,6 +125,7 @@ impl Runner {
             logged_skips: HashMap::new(),
             rejected: BTreeSet::new(),
             retry_soon: false,
+            sweeper: None,
             health_checks: HealthChecks::new(
                 std::net::Ipv4Addr::UNSPECIFIED.into(),
                 health.clone(),
@@ -134,6 +138,11 @@ impl Runner {
 
     pub fn with_external(mut self, external: ExternalTraffic) -> Self {
         self.external = external;
+        self
+    }
+
+    pub fn with_sweeper(mut self, sweeper: Sweeper) -> Self {
+        self.sweeper = Some(sweeper);
         self
     }
 
@@ -272,6 +281,10 @@ impl Runner {
                 return Ok(false);
             }
         };
+        // The maps no longer lead to the backends that left: their sockets can go.
+        if let Some(sweeper) = &self.sweeper {
+            sweeper.sweep(&report.gone);
+        }
         // Every sync: a change of this Node's addresses marks every Service, so it is
         // applied by the next incremental sync; a device change, by the next sync of any kind.
         match self.program_external() {

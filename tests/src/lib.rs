@@ -9,6 +9,7 @@ pub mod boom_server;
 pub mod cluster;
 pub mod echo;
 pub mod fake_apiserver;
+pub mod hold;
 pub mod lan;
 pub mod netns;
 pub mod privileges;
@@ -372,6 +373,11 @@ fn parse_attempts(stdout: &[u8], stderr: &[u8]) -> Vec<Attempt> {
 }
 
 /// The probe client; cargo builds this package's binaries before its integration tests.
+/// The `socklb-hold` client (see [`hold`]).
+pub fn hold_bin() -> PathBuf {
+    target_bin("socklb-hold", "SOCKLB_HOLD_BIN")
+}
+
 fn probe_bin() -> PathBuf {
     target_bin("socklb-probe", "SOCKLB_PROBE_BIN")
 }

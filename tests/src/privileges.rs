@@ -107,6 +107,16 @@ impl ContainerPrivileges {
         }
     }
 
+    /// The same container with one capability more (a value of `capabilities` an operator
+    /// may choose).
+    pub fn with(&self, capability: &str) -> Self {
+        let mut more = self.clone();
+        if !more.capabilities.iter().any(|c| c == capability) {
+            more.capabilities.push(capability.to_owned());
+        }
+        more
+    }
+
     /// Runs `f` on this thread with exactly the container's capabilities effective (a
     /// thread's capabilities are its own), e.g. to load the datapath in a test's process as
     /// the agent would; the full set is restored afterwards.

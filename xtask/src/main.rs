@@ -96,6 +96,23 @@ enum Bench {
         #[arg(long, default_value_t = 20)]
         changes: u32,
     },
+    /// Closing the sockets of a removed backend: the agent's sweep (CPU and wall time) with
+    /// this many connected UDP sockets open, in each socket-destroy mode.
+    Destroy {
+        /// Connected UDP sockets open during each sweep.
+        #[arg(long, default_value_t = 50_000)]
+        sockets: u32,
+        /// Sweeps measured per mode.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// Modes to measure.
+        #[arg(long, default_value = "bpf-iterator,netlink")]
+        modes: String,
+        /// The agent's socket map (ring) size: below the sockets open, the oldest are
+        /// forgotten and not closed.
+        #[arg(long, default_value_t = 131_072)]
+        max_reverse_entries: u32,
+    },
     /// Traffic from outside through a NodePort: socklb's TC programs vs kube-proxy's
     /// iptables and nftables rules vs the direct path (connection setup, iperf3).
     Nodeport {
@@ -241,6 +258,33 @@ fn main() -> anyhow::Result<()> {
                             changes.to_string(),
                         ],
                     )
+                }
+                Bench::Destroy {
+                    sockets,
+                    rounds,
+                    modes,
+                    max_reverse_entries,
+                } => {
+                    require_root("the socket destroy benchmark")?;
+                    // The client that holds the sockets, next to the benchmark.
+                    step(
+                        "build the socket holder (release)",
+                        &[
+                            "build",
+                            "--release",
+                            "--package",
+                            "socklb-tests",
+                            "--bin",
+                            "socklb-hold",
+                        ],
+                    )?;
+                    let mut args = flag_args(&[
+                        ("--sockets", sockets),
+                        ("--rounds", rounds),
+                        ("--max-reverse-entries", max_reverse_entries),
+                    ]);
+                    args.extend(["--modes".to_owned(), modes]);
+                    run_with_agent("socklb-bench-destroy", &args)
                 }
                 Bench::Nodeport {
                     connections,
@@ -463,6 +507,14 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
             let smokes = [
                 ("compare", compare(None, 500, "legacy", true)),
                 ("nodeport", nodeport(&[], "legacy", true)),
+                // The debug socket holder is built by `cargo test` (every binary).
+                (
+                    "destroy",
+                    smoke_run(
+                        "socklb-bench-destroy",
+                        &["--sockets", "2000", "--rounds", "1"].map(str::to_owned),
+                    ),
+                ),
             ];
             let mut all_ok = true;
             for (name, result) in smokes {

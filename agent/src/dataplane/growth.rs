@@ -113,6 +113,7 @@ impl Dataplane {
             &pin_dir,
             &self.config.capacities,
             self.config.program_log_level,
+            &self.object,
             &target,
             &grown,
         )

@@ -27,7 +27,6 @@ use tracing::{info, warn};
 
 use super::{
     Capacities,
-    object::OBJECT,
     program_logs::ProgramLogLevel,
     sizing::{self, Sizes},
     tc,
@@ -96,13 +95,16 @@ pub struct Loaded {
     pub sizes: Sizes,
 }
 
-/// Loads the object, adopting compatible pinned maps, and loads every program into the
-/// kernel (verifier included); nothing is attached yet. When loading fails, the maps this
-/// call pinned are unpinned again: a failed start leaves what it found, nothing more.
+/// Loads `object` (the embedded one, its kfunc call patched), adopting compatible pinned
+/// maps, and loads every program into the kernel (verifier included) but the socket
+/// iterators, which are optional (`destroy`); nothing is attached yet. When loading fails,
+/// the maps this call pinned are unpinned again: a failed start leaves what it found,
+/// nothing more.
 pub fn load(
     pin_dir: &Path,
     capacities: &Capacities,
     log_level: ProgramLogLevel,
+    object: &[u8],
 ) -> Result<Loaded, LoadError> {
     let unpinned: Vec<PathBuf> = map_names::ALL
         .iter()
@@ -110,7 +112,7 @@ pub fn load(
         .filter(|path| !path.exists())
         .collect();
     remove_staging(pin_dir);
-    load_pinning(pin_dir, capacities, log_level).inspect_err(|_| {
+    load_pinning(pin_dir, capacities, log_level, object).inspect_err(|_| {
         for path in unpinned.iter().filter(|path| path.exists()) {
             if let Err(error) = fs::remove_file(path) {
                 warn!(path = %path.display(), %error, "cannot unpin a map of the failed load");
@@ -123,16 +125,23 @@ fn load_pinning(
     pin_dir: &Path,
     capacities: &Capacities,
     log_level: ProgramLogLevel,
+    object: &[u8],
 ) -> Result<Loaded, LoadError> {
     // An older agent's service map, under its old name: the frontends it holds were serving.
     let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
     let sizes = starting_sizes(pin_dir, capacities);
     let globals = Globals::new(capacities, log_level);
+    if globals.skc_cookie_offset == 0 {
+        warn!(
+            "struct sock_common has no skc_cookie in the kernel's BTF: the socket iterators \
+             ask the cookie helper, which hands a cookie to every socket they visit"
+        );
+    }
     // Each round replaces at most one incompatible map; there are only so many maps.
     for _ in 0..=map_names::ALL.len() {
         let mut loader = EbpfLoader::new();
         configure(&mut loader, pin_dir, capacities, &sizes, &globals);
-        match loader.load(OBJECT) {
+        match loader.load(object) {
             Ok(mut ebpf) => {
                 load_programs(&mut ebpf)?;
                 // Only now: a failed load leaves the older agent's maps pinned as it found
@@ -176,6 +185,7 @@ pub fn load_grown(
     pin_dir: &Path,
     capacities: &Capacities,
     log_level: ProgramLogLevel,
+    object: &[u8],
     sizes: &Sizes,
     grown: &[&'static str],
 ) -> Result<Ebpf, LoadError> {
@@ -192,7 +202,7 @@ pub fn load_grown(
         loader.map_pin_path(name, staging.join(name));
     }
     let result = loader
-        .load(OBJECT)
+        .load(object)
         .map_err(LoadError::Load)
         .and_then(|mut ebpf| load_programs(&mut ebpf).map(|()| ebpf));
     if result.is_err() {
@@ -220,6 +230,8 @@ struct Globals {
     socket_slot_mask: u32,
     /// aya-log's level: 0 (off) lets the verifier remove every log call.
     log_level: u8,
+    /// Where the socket iterators find a socket's cookie (0: they ask the helper).
+    skc_cookie_offset: u32,
 }
 
 impl Globals {
@@ -227,6 +239,7 @@ impl Globals {
         Self {
             socket_slot_mask: capacities.socket_slots() - 1,
             log_level: log_level.global(),
+            skc_cookie_offset: super::destroy::skc_cookie_offset(),
         }
     }
 }
@@ -248,6 +261,7 @@ fn configure<'a>(
         .map_pin_path(PROGRAM_LOGS_MAP, pin_dir.join(map_names::PROGRAM_LOGS))
         .override_global(globals::SOCKET_SLOT_MASK, &values.socket_slot_mask, true)
         .override_global(aya_log::LEVEL, &values.log_level, true)
+        .override_global(globals::SKC_COOKIE_OFFSET, &values.skc_cookie_offset, true)
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         .map_max_entries(map_names::SERVICES, sizes.services)
         .map_max_entries(map_names::BACKENDS, sizes.backends)

@@ -1,6 +1,8 @@
 //! The datapath as the control plane sees it: load and attach the kernel programs, and
 //! `apply` a desired state to their maps.
 mod desired;
+mod destroy;
+mod gone;
 mod growth;
 mod host;
 mod layout;
@@ -29,6 +31,8 @@ use aya::{
     maps::{Array, MapData, MapError, PerCpuArray},
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
+pub use destroy::{DestroyPrograms, Unavailable as DestroyUnavailable, skc_cookie_offset};
+pub use gone::Gone;
 pub use host::{
     HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses,
     prepare_pin_dir,
@@ -50,6 +54,11 @@ use self::{
     source_ranges::{SourceRangeError, SourceRangeWriter},
     writer::Writer,
 };
+
+/// Whether this kernel has the kfunc the socket iterators call (for `socklb inspect`).
+pub fn probe_destroy_kfunc() -> Result<(), DestroyUnavailable> {
+    destroy::kfunc_id().map(|_| ())
+}
 
 /// Default directory of socklb's pins on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/socklb";
@@ -258,6 +267,10 @@ pub struct Dataplane {
     sizes: sizing::Sizes,
     /// After a failed growth: when to try again.
     growth_retry_at: Option<std::time::Instant>,
+    /// The object loaded (its kfunc call patched), for loading it again when maps grow.
+    object: std::borrow::Cow<'static, [u8]>,
+    /// The socket iterators, until the sweeper takes them, or why there are none.
+    destroy: Option<Result<DestroyPrograms, DestroyUnavailable>>,
 }
 
 impl Dataplane {
@@ -273,6 +286,13 @@ impl Dataplane {
         host::check_cgroup2(&cgroup)?;
         let pin_dir_existed = config.pin_dir.exists();
         host::prepare_pin_dir(&config.pin_dir)?;
+        let kfunc = destroy::kfunc_id();
+        let (object, kfunc) =
+            match destroy::patch_kfunc_call(object::OBJECT, kfunc.as_ref().ok().map(|(_, id)| *id))
+            {
+                Ok(object) => (object, kfunc),
+                Err(error) => (std::borrow::Cow::Borrowed(object::OBJECT), Err(error)),
+            };
         let loader::Loaded {
             mut ebpf,
             replaced_masters,
@@ -281,6 +301,7 @@ impl Dataplane {
             &config.pin_dir,
             &config.capacities,
             config.program_log_level,
+            &object,
         )
         .map_err(|error| {
             // The loader unpinned its maps; the directory goes too if this load made it.
@@ -334,6 +355,7 @@ impl Dataplane {
             name: map_names::SERVICES,
             source,
         })?;
+        let destroy = kfunc.and_then(|(btf, _)| destroy::load(&mut ebpf, &btf));
         let adopted = contents.services.len();
         let capacity = Capacity {
             service_entries: sizes.services,
@@ -359,6 +381,8 @@ impl Dataplane {
             config,
             sizes,
             growth_retry_at: None,
+            object,
+            destroy: Some(destroy),
         })
     }
 
@@ -370,13 +394,32 @@ impl Dataplane {
         )?)
     }
 
+    /// The socket iterators that close the sockets of backends that left, or why they
+    /// could not be loaded; once.
+    pub fn take_destroy_programs(&mut self) -> Option<Result<DestroyPrograms, DestroyUnavailable>> {
+        self.destroy.take()
+    }
+
+    /// Backends programmed for local sockets' frontends among `frontends`.
+    fn internal_backends<'a>(
+        &self,
+        frontends: impl Iterator<Item = &'a Frontend>,
+    ) -> gone::Programmed {
+        frontends
+            .filter(|f| f.scope == Scope::Internal)
+            .filter_map(|f| Some((*f, self.writer.programmed(f)?.1)))
+            .collect()
+    }
+
     /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
     /// does not fit are left as they were and listed in the report.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
         let changes = || desired.frontends.iter().map(|(f, spec)| (f, Some(spec)));
         self.make_room(self.writer.demand(changes()), self.maglev.demand(changes()));
+        let before = self.internal_backends(self.writer.frontends());
         let result = self.writer.apply(desired);
-        let report = self.report(result)?;
+        let mut report = self.report(result)?;
+        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
         let ranges = self.source_ranges.apply_all(&desired.frontends);
         self.report_ranges(ranges)?;
         let writer = &self.writer;
@@ -407,8 +450,10 @@ impl Dataplane {
     ) -> Result<ApplyReport, DataplaneError> {
         let changed = || changes.iter().map(|(f, spec)| (f, *spec));
         self.make_room(self.writer.demand(changed()), self.maglev.demand(changed()));
+        let before = self.internal_backends(changes.keys());
         let result = self.writer.apply_changes(changes);
-        let report = self.report(result)?;
+        let mut report = self.report(result)?;
+        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
         let ranges = self.source_ranges.apply(changes);
         self.report_ranges(ranges)?;
         let writer = &self.writer;

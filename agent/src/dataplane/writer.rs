@@ -159,6 +159,8 @@ pub struct ApplyReport {
     pub writes: usize,
     /// Frontends left unchanged because their change could not be applied.
     pub rejected: Vec<Rejected>,
+    /// Backends that left their frontend (filled by the [`super::Dataplane`]).
+    pub gone: Vec<super::Gone>,
 }
 
 /// The writer's mirror of one frontend in the maps.
@@ -380,6 +382,11 @@ impl<S: Store> Writer<S> {
     /// Number of service-map entries the mirror accounts for.
     pub fn service_entries(&self) -> u32 {
         u32::try_from(self.service_entries).unwrap_or(u32::MAX)
+    }
+
+    /// Every programmed frontend.
+    pub fn frontends(&self) -> impl Iterator<Item = &Frontend> {
+        self.frontends.keys()
     }
 
     /// A programmed frontend's service id and its backends by slot (index 0 is slot 1);

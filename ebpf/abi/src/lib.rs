@@ -62,6 +62,10 @@ pub mod map_names {
     /// pinned so that programs loaded again over grown maps keep writing where the agent
     /// reads. Written only with `--bpf-log-level`.
     pub const PROGRAM_LOGS: &str = "socklb_logs_v1";
+    /// [`super::GoneKey`] -> `u8` (hash, small): the (frontend, backend) pairs of one sync
+    /// whose backend left, read by the socket iterators that close their sockets. Not
+    /// pinned: it belongs to the running agent and is empty between sweeps.
+    pub const GONE: &str = "socklb_gone_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
     pub const ALL: [&str; 16] = [
@@ -133,6 +137,11 @@ pub mod program_names {
 
     /// The TC programs.
     pub const TC: [&str; 2] = [TC_INGRESS, TC_EGRESS];
+
+    /// Socket iterators (`iter/udp`, `iter/tcp`) that close the sockets translated to a
+    /// backend that left. Loaded by the agent for itself only, never pinned.
+    pub const DESTROY_UDP: &str = "socklb_destroy_udp";
+    pub const DESTROY_TCP: &str = "socklb_destroy_tcp";
 }
 
 /// IP protocol numbers as found in `bpf_sock_addr.protocol`.
@@ -270,10 +279,45 @@ pub struct SocketFrontend {
     pub pad3: u32,
 }
 
+/// Key of the gone map: a frontend and one of its backends that left it. A socket whose
+/// socket map entry names this pair (and whose peer is still that backend) is closed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GoneKey {
+    /// Frontend address, network byte order.
+    pub frontend_address: u32,
+    /// Frontend port, network byte order.
+    pub frontend_port: u16,
+    /// [`PROTO_TCP`] or [`PROTO_UDP`].
+    pub protocol: u8,
+    pub pad: u8,
+    /// Backend address, network byte order.
+    pub backend_address: u32,
+    /// Backend port, network byte order.
+    pub backend_port: u16,
+    pub pad2: u16,
+}
+
+/// Capacity of the gone map: removals of one sync beyond it are swept in several passes.
+pub const GONE_CAPACITY: u32 = 4096;
+
+/// The raw `bpf_sock_destroy` kfunc call in the destroy iterators, as one little-endian
+/// instruction word: opcode `BPF_JMP | BPF_CALL` (0x85), source register
+/// `BPF_PSEUDO_KFUNC_CALL` (2), offset 0 (vmlinux), and in the immediate (high 32 bits) a
+/// placeholder that the agent replaces with the kfunc's BTF id in the running kernel.
+pub const SOCK_DESTROY_CALL: u64 = ((SOCK_DESTROY_PLACEHOLDER as u64) << 32) | 0x2085;
+/// The immediate of [`SOCK_DESTROY_CALL`] before the agent patches it; no BTF id is this
+/// large.
+pub const SOCK_DESTROY_PLACEHOLDER: u32 = 0x5eed_de57;
+
 /// Names of the programs' read-only globals that the agent sets at load time.
 pub mod globals {
     /// `u32`: the socket map's size minus one (the size is a power of two).
     pub const SOCKET_SLOT_MASK: &str = "SOCKET_SLOT_MASK";
+    /// `u32`: the byte offset of `skc_cookie` in the running kernel's `struct sock_common`
+    /// (from its BTF), so that the destroy iterators read a socket's cookie without handing
+    /// one out to every socket they visit; 0: unknown, the programs ask the helper.
+    pub const SKC_COOKIE_OFFSET: &str = "SKC_COOKIE_OFFSET";
 }
 
 /// Key of the affinity map: a client (its network namespace, i.e. its pod or the host)
@@ -712,6 +756,7 @@ const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<ReverseKey>() == 16);
 const _: () = assert!(size_of::<ReverseEntry>() == 12);
 const _: () = assert!(size_of::<SocketFrontend>() == 32);
+const _: () = assert!(size_of::<GoneKey>() == 16);
 const _: () = assert!(size_of::<AffinityKey>() == 16);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
 const _: () = assert!(size_of::<Counters>() == Counters::NAMES.len() * 8);
@@ -736,6 +781,7 @@ mod pod {
     unsafe impl aya::Pod for super::ReverseKey {}
     unsafe impl aya::Pod for super::ReverseEntry {}
     unsafe impl aya::Pod for super::SocketFrontend {}
+    unsafe impl aya::Pod for super::GoneKey {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::Counters {}

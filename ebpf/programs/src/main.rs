@@ -6,11 +6,14 @@
 //! proceed untranslated (the safe verdict for a socket hook) and is counted.
 #![no_std]
 #![no_main]
+// The raw kfunc call of `destroy` (see there).
+#![feature(asm_experimental_arch)]
 
 mod connect;
 mod conntrack;
 mod context;
 mod counters;
+mod destroy;
 mod external;
 mod getpeername;
 mod lb;

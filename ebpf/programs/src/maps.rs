@@ -7,8 +7,8 @@ use aya_ebpf::{
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FragmentKey, FragmentPorts,
-    FrontendName, MaglevKey, NodeConfig, ReverseEntry, ReverseKey, ServiceEntry, ServiceKey,
-    SocketFrontend, SourceRange, SourceVerdict, TraceControl, TraceEvent,
+    FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry, ReverseKey,
+    ServiceEntry, ServiceKey, SocketFrontend, SourceRange, SourceVerdict, TraceControl, TraceEvent,
 };
 
 /// Not preallocated, as the backend map: the agent writes both, so their memory follows the
@@ -95,3 +95,8 @@ pub static TRACE: RingBuf<TraceEvent, { 256 * 1024 }> = RingBuf::new();
 
 #[btf_map(name = "socklb_trctl_v1", pin_by_name)]
 pub static TRACE_CONTROL: Array<TraceControl, 1> = Array::new();
+
+/// The (frontend, backend) pairs whose sockets the destroy iterators close; filled by the
+/// agent for one sweep. Not pinned: it belongs to the agent that loaded the iterators.
+#[btf_map(name = "socklb_gone_v1")]
+pub static GONE: HashMap<GoneKey, u8, { GONE_CAPACITY as usize }> = HashMap::new();

@@ -1,0 +1,193 @@
+//! Which backends left which frontends in one apply: the sockets socklb translated to
+//! them are closed afterwards (the `sweep` module).
+//!
+//! A backend *leaves* a frontend when a sync removes it from the backends programmed for
+//! that frontend: its endpoint was deleted, or is no longer selected (not ready while ready
+//! ones exist, moved out by topology, on another node under a Local policy), or the
+//! Service or port itself went away. A terminating endpoint that is still serving and still
+//! selected (the fallback when no endpoint is ready) has not left. Only the frontends of
+//! local sockets (scope internal) count: those are the ones whose sockets socklb
+//! translates at connect().
+use std::collections::{BTreeMap, BTreeSet};
+
+use socklb_abi::GoneKey;
+
+use super::{BackendAddr, Frontend, Protocol, Scope};
+
+/// A (frontend, backend) pair whose backend left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Gone {
+    pub frontend: Frontend,
+    pub backend: BackendAddr,
+}
+
+impl Gone {
+    pub fn protocol(&self) -> Protocol {
+        self.frontend.protocol
+    }
+
+    /// The gone map's key (network byte order), as the iterators compare it with a socket
+    /// map entry.
+    pub fn key(&self) -> GoneKey {
+        GoneKey {
+            frontend_address: u32::from(self.frontend.address).to_be(),
+            frontend_port: self.frontend.port.to_be(),
+            protocol: self.frontend.protocol.number(),
+            pad: 0,
+            backend_address: u32::from(self.backend.address).to_be(),
+            backend_port: self.backend.port.to_be(),
+            pad2: 0,
+        }
+    }
+}
+
+/// Backends programmed per frontend, before or after an apply (absent: not programmed).
+pub type Programmed = BTreeMap<Frontend, Vec<BackendAddr>>;
+
+/// The pairs programmed `before` and not `after`, for local sockets' frontends. Backends
+/// are compared by address and port only (a `remote` flag change does not move sockets);
+/// an unreadable slot (unspecified address) names no backend.
+pub fn gone(before: &Programmed, after: &Programmed) -> Vec<Gone> {
+    let mut gone = BTreeSet::new();
+    for (frontend, backends) in before {
+        if frontend.scope != Scope::Internal {
+            continue;
+        }
+        let kept: BTreeSet<(std::net::Ipv4Addr, u16)> = after
+            .get(frontend)
+            .into_iter()
+            .flatten()
+            .map(|b| (b.address, b.port))
+            .collect();
+        for backend in backends {
+            if backend.address.is_unspecified() || kept.contains(&(backend.address, backend.port)) {
+                continue;
+            }
+            gone.insert(Gone {
+                frontend: *frontend,
+                backend: BackendAddr::local(backend.address, backend.port),
+            });
+        }
+    }
+    gone.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use super::*;
+
+    fn frontend(port: u16, scope: Scope) -> Frontend {
+        Frontend {
+            address: Ipv4Addr::new(10, 96, 0, 10),
+            port,
+            protocol: Protocol::Udp,
+            scope,
+        }
+    }
+
+    fn backend(last: u8) -> BackendAddr {
+        BackendAddr::local(Ipv4Addr::new(10, 0, 0, last), 53)
+    }
+
+    fn programmed(rows: &[(Frontend, &[BackendAddr])]) -> Programmed {
+        rows.iter().map(|(f, b)| (*f, b.to_vec())).collect()
+    }
+
+    #[test]
+    fn which_backends_left() {
+        let dns = frontend(53, Scope::Internal);
+        let external = frontend(53, Scope::External);
+        let remote = BackendAddr {
+            remote: true,
+            ..backend(2)
+        };
+        let unreadable = BackendAddr::local(Ipv4Addr::UNSPECIFIED, 0);
+        // (what, before, after, gone)
+        let rows: Vec<(&str, Programmed, Programmed, Vec<Gone>)> = vec![
+            (
+                "a removed backend left",
+                programmed(&[(dns, &[backend(1), backend(2)])]),
+                programmed(&[(dns, &[backend(2)])]),
+                vec![Gone {
+                    frontend: dns,
+                    backend: backend(1),
+                }],
+            ),
+            (
+                "a replaced backend left, its successor did not",
+                programmed(&[(dns, &[backend(1)])]),
+                programmed(&[(dns, &[backend(3)])]),
+                vec![Gone {
+                    frontend: dns,
+                    backend: backend(1),
+                }],
+            ),
+            (
+                "every backend of a removed frontend left",
+                programmed(&[(dns, &[backend(1), backend(2)])]),
+                programmed(&[]),
+                vec![
+                    Gone {
+                        frontend: dns,
+                        backend: backend(1),
+                    },
+                    Gone {
+                        frontend: dns,
+                        backend: backend(2),
+                    },
+                ],
+            ),
+            (
+                "a frontend without backends now: all left",
+                programmed(&[(dns, &[backend(1)])]),
+                programmed(&[(dns, &[])]),
+                vec![Gone {
+                    frontend: dns,
+                    backend: backend(1),
+                }],
+            ),
+            (
+                "a backend still selected (e.g. terminating, the fallback) has not left",
+                programmed(&[(dns, &[backend(1)])]),
+                programmed(&[(dns, &[backend(1), backend(3)])]),
+                vec![],
+            ),
+            (
+                "a backend that became remote has not left",
+                programmed(&[(dns, &[backend(2)])]),
+                programmed(&[(dns, &[remote])]),
+                vec![],
+            ),
+            (
+                "frontends of traffic from outside have no sockets to close",
+                programmed(&[(external, &[backend(1)])]),
+                programmed(&[]),
+                vec![],
+            ),
+            (
+                "an unreadable slot names no backend",
+                programmed(&[(dns, &[unreadable])]),
+                programmed(&[]),
+                vec![],
+            ),
+        ];
+        for (what, before, after, expected) in rows {
+            assert_eq!(gone(&before, &after), expected, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_key_is_in_network_byte_order() {
+        let pair = Gone {
+            frontend: frontend(53, Scope::Internal),
+            backend: backend(7),
+        };
+        let key = pair.key();
+        assert_eq!(key.frontend_address.to_ne_bytes(), [10, 96, 0, 10]);
+        assert_eq!(key.frontend_port.to_ne_bytes(), 53u16.to_be_bytes());
+        assert_eq!(key.backend_address.to_ne_bytes(), [10, 0, 0, 7]);
+        assert_eq!(key.protocol, socklb_abi::PROTO_UDP);
+    }
+}

@@ -1,0 +1,143 @@
+//! The network namespaces of the node, and entering them.
+//!
+//! A namespace is found through a process inside it (`/proc/<pid>/ns/net`, which needs
+//! ptrace-read access to that process: same user, or CAP_SYS_PTRACE) or through a bind
+//! mount (`/run/netns`, `/var/run/netns`: where CNI plugins and `ip netns add` pin pod
+//! namespaces). Each is kept once, by inode.
+//!
+//! Why a sweep that enumerates after the maps were written misses no namespace that matters:
+//! a socket belongs to the namespace it was created in, for life. A socket translated to a
+//! backend before that backend left was created before the sweep began, in a namespace
+//! that existed then; a namespace created later only ever holds sockets created later,
+//! which connect() after the maps changed and so never to the gone backend. And a namespace
+//! stays alive only while something holds it: a process or a bind mount, both found here,
+//! or an open file or socket (a socket passed to a process in another namespace, or a
+//! namespace held open by an fd alone): those are not found, a documented limit.
+use std::{
+    collections::HashSet,
+    fs::{self, File},
+    io,
+    os::{fd::AsFd as _, unix::fs::MetadataExt as _},
+    path::{Path, PathBuf},
+};
+
+/// Directories of pinned network namespaces.
+const PIN_DIRS: [&str; 2] = ["/run/netns", "/var/run/netns"];
+
+/// An open network namespace.
+#[derive(Debug)]
+pub struct Namespace {
+    pub inode: u64,
+    /// Where it was found, for logs.
+    pub path: PathBuf,
+    pub file: File,
+}
+
+/// What one enumeration found.
+#[derive(Debug, Default)]
+pub struct Found {
+    pub namespaces: Vec<Namespace>,
+    /// Processes whose namespace could not be read (ptrace access denied).
+    pub unreadable: usize,
+}
+
+/// The calling thread's namespace.
+pub fn current() -> io::Result<Namespace> {
+    open(Path::new("/proc/thread-self/ns/net"))
+}
+
+fn open(path: &Path) -> io::Result<Namespace> {
+    let file = File::open(path)?;
+    let inode = file.metadata()?.ino();
+    Ok(Namespace {
+        inode,
+        path: path.to_owned(),
+        file,
+    })
+}
+
+/// The inode in a `net:[4026531840]` link.
+fn link_inode(path: &Path) -> io::Result<u64> {
+    let link = fs::read_link(path)?;
+    link.to_str()
+        .and_then(|l| l.strip_prefix("net:["))
+        .and_then(|l| l.strip_suffix(']'))
+        .and_then(|l| l.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "not a net namespace link"))
+}
+
+/// Every network namespace found, `first` (the caller's own) first.
+pub fn enumerate(first: Namespace) -> Found {
+    let mut seen = HashSet::from([first.inode]);
+    let mut found = Found {
+        namespaces: vec![first],
+        unreadable: 0,
+    };
+    for dir in PIN_DIRS {
+        let Ok(entries) = fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            // A file there that is not a namespace (nothing mounted on it) is skipped by
+            // the kernel refusing setns; it costs one open here.
+            if let Ok(namespace) = open(&entry.path())
+                && is_net_namespace(&namespace.file)
+                && seen.insert(namespace.inode)
+            {
+                found.namespaces.push(namespace);
+            }
+        }
+    }
+    let Ok(processes) = fs::read_dir("/proc") else {
+        return found;
+    };
+    for entry in processes.flatten() {
+        if !entry
+            .file_name()
+            .as_encoded_bytes()
+            .iter()
+            .all(u8::is_ascii_digit)
+        {
+            continue;
+        }
+        let path = entry.path().join("ns/net");
+        // readlink first: most processes share a namespace already seen, and it opens
+        // nothing.
+        match link_inode(&path) {
+            Ok(inode) if seen.contains(&inode) => continue,
+            Ok(_) => {}
+            Err(error) if error.kind() == io::ErrorKind::PermissionDenied => {
+                found.unreadable += 1;
+                continue;
+            }
+            // The process exited meanwhile, or is a kernel thread without one.
+            Err(_) => continue,
+        }
+        if let Ok(namespace) = open(&path)
+            && seen.insert(namespace.inode)
+        {
+            found.namespaces.push(namespace);
+        }
+    }
+    found
+}
+
+/// Whether `file` is a network namespace (NS_GET_NSTYPE), not any file under a pin dir.
+fn is_net_namespace(file: &File) -> bool {
+    // _IO(0xb7, 0x3): NS_GET_NSTYPE.
+    const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+    // SAFETY: an ioctl without argument on a file we own.
+    let kind = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&file.as_fd()),
+            NS_GET_NSTYPE as _,
+        )
+    };
+    kind == libc::CLONE_NEWNET
+}
+
+/// Moves the calling thread into `namespace`: needs CAP_SYS_ADMIN.
+pub fn enter(namespace: &Namespace) -> io::Result<()> {
+    nix::sched::setns(namespace.file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(io::Error::from)
+}
