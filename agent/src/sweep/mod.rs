@@ -100,7 +100,7 @@ impl Expected {
         // Loading a tracing program needs CAP_PERFMON, which CAP_SYS_ADMIN implies.
         let perfmon = has(Capability::CAP_PERFMON) || every_namespace;
         let (mode, reason) = match crate::dataplane::probe_destroy_kfunc() {
-            Err(unavailable) => (Mode::Netlink, Some(chain(&unavailable))),
+            Err(unavailable) => (Mode::Netlink, Some(crate::error_chain(&unavailable))),
             Ok(()) if !perfmon => (
                 Mode::Netlink,
                 Some("no CAP_PERFMON to load the socket iterators".to_owned()),
@@ -173,7 +173,7 @@ impl Sweeper {
             (_, Some(Ok(programs))) => Iterators::new(programs)
                 .map(Kernel::Iterators)
                 .map_err(|error| format!("cannot create the iterator links: {error}")),
-            (_, Some(Err(unavailable))) => Err(chain(&unavailable)),
+            (_, Some(Err(unavailable))) => Err(crate::error_chain(&unavailable)),
             (_, None) => Err("the iterators were taken already".to_owned()),
         };
         let iterators = match (requested, iterators) {
@@ -405,15 +405,4 @@ fn thread_cpu_time() -> Duration {
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)
         .map(Duration::from)
         .unwrap_or_default()
-}
-
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
