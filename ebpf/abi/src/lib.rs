@@ -67,6 +67,34 @@ pub mod map_names {
     /// pinned: it belongs to the running agent and is empty between sweeps.
     pub const GONE: &str = "socklb_gone_v1";
 
+    /// [`super::ServiceKey6`] -> [`super::ServiceEntry6`]: IPv6 frontends and their backend
+    /// slots. Service and backend ids are one space across both families, so the affinity,
+    /// Maglev and names maps serve both.
+    pub const SERVICES6: &str = "socklb_svc6_v1";
+    /// backend id (`u32`) -> [`super::Backend6`].
+    pub const BACKENDS6: &str = "socklb_be6_v1";
+    /// [`super::ReverseKey6`] -> [`super::ReverseEntry6`] (LRU): [`REVERSE`] for IPv6.
+    pub const REVERSE6: &str = "socklb_rev6_v1";
+    /// Array of [`super::SocketFrontend6`]: [`SOCKETS`] for IPv6 sockets.
+    pub const SOCKETS6: &str = "socklb_sock6_v1";
+    /// [`super::AffinityKey6`] -> [`super::AffinityEntry`] (LRU): ClientIP affinity of IPv6
+    /// clients outside the node (local sockets use [`AFFINITY`], keyed by netns cookie).
+    pub const AFFINITY6: &str = "socklb_aff6_v1";
+    /// [`super::CtKey6`] -> [`super::CtEntry6`] (LRU): [`CONNTRACK`] for IPv6.
+    pub const CONNTRACK6: &str = "socklb_ct6_v1";
+    /// [`super::CtKey6`] -> [`super::CtEntry6`] (LRU): [`CONNTRACK_NEW`] for IPv6.
+    pub const CONNTRACK_NEW6: &str = "socklb_ctn6_v1";
+    /// [`super::FragmentKey6`] -> [`super::FragmentPorts`] (LRU): [`FRAGMENTS`] for IPv6.
+    pub const FRAGMENTS6: &str = "socklb_frag6_v1";
+    /// LPM trie of [`super::SourceRange6`] -> [`super::SourceVerdict`]: IPv6
+    /// loadBalancerSourceRanges.
+    pub const SOURCE_RANGES6: &str = "socklb_src6_v1";
+    /// [`super::NodeConfig6`], a single entry at index 0: this node's IPv6 settings (the
+    /// family-independent ones stay in [`NODE`]).
+    pub const NODE6: &str = "socklb_node6_v1";
+    /// [`super::GoneKey6`] -> `u8`: [`GONE`] for IPv6 sockets. Not pinned.
+    pub const GONE6: &str = "socklb_gone6_v1";
+
     /// Every map socklb pins, in the order the agent reports them.
     pub const ALL: [&str; 16] = [
         SERVICES,
@@ -548,6 +576,213 @@ impl CtTimeouts {
     }
 }
 
+/// An IPv6 address as the programs hold it: the 16 bytes in network order, as four words
+/// (the shape of `bpf_sock_addr.user_ip6`, so a socket address is copied, never converted).
+/// The agent converts with [`ipv6_words`] and [`ipv6_octets`].
+pub type Ipv6Words = [u32; 4];
+
+/// The words of an IPv6 address given as its 16 octets (network order).
+#[must_use]
+pub const fn ipv6_words(octets: [u8; 16]) -> Ipv6Words {
+    let mut words = [0u32; 4];
+    let mut i = 0;
+    while i < 4 {
+        words[i] = u32::from_ne_bytes([
+            octets[4 * i],
+            octets[4 * i + 1],
+            octets[4 * i + 2],
+            octets[4 * i + 3],
+        ]);
+        i += 1;
+    }
+    words
+}
+
+/// The 16 octets (network order) of an IPv6 address held as [`Ipv6Words`].
+#[must_use]
+pub const fn ipv6_octets(words: Ipv6Words) -> [u8; 16] {
+    let mut octets = [0u8; 16];
+    let mut i = 0;
+    while i < 4 {
+        let bytes = words[i].to_ne_bytes();
+        octets[4 * i] = bytes[0];
+        octets[4 * i + 1] = bytes[1];
+        octets[4 * i + 2] = bytes[2];
+        octets[4 * i + 3] = bytes[3];
+        i += 1;
+    }
+    octets
+}
+
+/// [`ServiceKey`] of an IPv6 frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey6 {
+    pub address: Ipv6Words,
+    /// Network byte order.
+    pub port: u16,
+    pub protocol: u8,
+    pub scope: u8,
+    pub slot: u16,
+    pub pad: u16,
+}
+
+/// [`ServiceEntry`] of an IPv6 frontend: the same fields, with the backend's address
+/// 16 bytes wide.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ServiceEntry6 {
+    pub backend_id: u32,
+    pub backend_address: Ipv6Words,
+    pub backend_port: u16,
+    pub count: u16,
+    pub flags: u16,
+    pub pad: u16,
+    pub service_id: u32,
+    pub affinity_timeout_s: u32,
+}
+
+/// [`Backend`] of an IPv6 endpoint (key: backend id, from the same space as IPv4's).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Backend6 {
+    pub address: Ipv6Words,
+    pub port: u16,
+    pub protocol: u8,
+    pub flags: u8,
+}
+
+/// [`ReverseKey`] of an IPv6 socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReverseKey6 {
+    pub cookie: u64,
+    pub address: Ipv6Words,
+    pub port: u16,
+    pub pad: u16,
+    pub pad2: u32,
+}
+
+/// [`ReverseEntry`] of an IPv6 socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ReverseEntry6 {
+    pub address: Ipv6Words,
+    pub port: u16,
+    pub pad: u16,
+    pub service_id: u32,
+}
+
+/// [`SocketFrontend`] of an IPv6 socket.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SocketFrontend6 {
+    pub cookie: u64,
+    pub backend_address: Ipv6Words,
+    pub backend_port: u16,
+    pub pad: u16,
+    pub frontend_address: Ipv6Words,
+    pub frontend_port: u16,
+    pub pad2: u16,
+    pub service_id: u32,
+    pub pad3: u32,
+}
+
+/// [`GoneKey`] of an IPv6 frontend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GoneKey6 {
+    pub frontend_address: Ipv6Words,
+    pub frontend_port: u16,
+    pub protocol: u8,
+    pub pad: u8,
+    pub backend_address: Ipv6Words,
+    pub backend_port: u16,
+    pub pad2: u16,
+}
+
+/// Key of the IPv6 affinity map: a client outside the node (local sockets are keyed by
+/// netns cookie in the shared [`AffinityKey`] map) and a service.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityKey6 {
+    pub client: Ipv6Words,
+    pub service_id: u32,
+    pub pad: u32,
+}
+
+/// [`CtKey`] of an IPv6 packet.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey6 {
+    pub source: Ipv6Words,
+    pub destination: Ipv6Words,
+    pub source_port: u16,
+    pub destination_port: u16,
+    pub protocol: u8,
+    pub direction: u8,
+    pub pad: u16,
+}
+
+/// [`CtEntry`] of an IPv6 flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtEntry6 {
+    pub source: Ipv6Words,
+    pub destination: Ipv6Words,
+    pub source_port: u16,
+    pub destination_port: u16,
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub last_seen_s: u32,
+    pub flags: u16,
+    pub pad: u16,
+}
+
+impl CtEntry6 {
+    /// As [`CtEntry::expired`].
+    #[must_use]
+    pub fn expired(&self, now_s: u32, timeout_s: u32) -> bool {
+        now_s.wrapping_sub(self.last_seen_s) > timeout_s
+    }
+}
+
+/// [`FragmentKey`] of an IPv6 datagram (its Fragment header's 32-bit identification).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FragmentKey6 {
+    pub source: Ipv6Words,
+    pub destination: Ipv6Words,
+    pub id: u32,
+    pub protocol: u8,
+    pub pad: u8,
+    pub pad2: u16,
+}
+
+/// [`SourceRange`] of an IPv6 LoadBalancer frontend and client.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceRange6 {
+    pub frontend: Ipv6Words,
+    pub port: u16,
+    pub protocol: u8,
+    pub pad: u8,
+    pub client: Ipv6Words,
+}
+
+/// Bits of [`SourceRange6`] that name the frontend (address, port, protocol, pad).
+pub const SOURCE_RANGE6_FRONTEND_BITS: u32 = 160;
+
+/// Value of the IPv6 node map (index 0).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NodeConfig6 {
+    /// Address IPv6 flows to remote backends are SNATed to (the node's IPv6 InternalIP);
+    /// all zero = none known, such flows are dropped and counted as errors. The SNAT port
+    /// range is [`NodeConfig`]'s.
+    pub snat_address: Ipv6Words,
+}
+
 /// Value of the names map: the Service a frontend belongs to, NUL-padded UTF-8.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -770,6 +1005,19 @@ const _: () = assert!(size_of::<TraceControl>() == 24);
 const _: () = assert!(size_of::<FragmentPorts>() == 4);
 const _: () = assert!(size_of::<MaglevKey>() == 8);
 const _: () = assert!(size_of::<FrontendName>() == 152);
+const _: () = assert!(size_of::<ServiceKey6>() == 24);
+const _: () = assert!(size_of::<ServiceEntry6>() == 36);
+const _: () = assert!(size_of::<Backend6>() == 20);
+const _: () = assert!(size_of::<ReverseKey6>() == 32);
+const _: () = assert!(size_of::<ReverseEntry6>() == 24);
+const _: () = assert!(size_of::<SocketFrontend6>() == 56);
+const _: () = assert!(size_of::<GoneKey6>() == 40);
+const _: () = assert!(size_of::<AffinityKey6>() == 24);
+const _: () = assert!(size_of::<CtKey6>() == 40);
+const _: () = assert!(size_of::<CtEntry6>() == 52);
+const _: () = assert!(size_of::<FragmentKey6>() == 40);
+const _: () = assert!(size_of::<SourceRange6>() == 36);
+const _: () = assert!(size_of::<NodeConfig6>() == 16);
 
 #[cfg(feature = "user")]
 mod pod {
@@ -795,6 +1043,19 @@ mod pod {
     unsafe impl aya::Pod for super::FrontendName {}
     unsafe impl aya::Pod for super::TraceEvent {}
     unsafe impl aya::Pod for super::TraceControl {}
+    unsafe impl aya::Pod for super::ServiceKey6 {}
+    unsafe impl aya::Pod for super::ServiceEntry6 {}
+    unsafe impl aya::Pod for super::Backend6 {}
+    unsafe impl aya::Pod for super::ReverseKey6 {}
+    unsafe impl aya::Pod for super::ReverseEntry6 {}
+    unsafe impl aya::Pod for super::SocketFrontend6 {}
+    unsafe impl aya::Pod for super::GoneKey6 {}
+    unsafe impl aya::Pod for super::AffinityKey6 {}
+    unsafe impl aya::Pod for super::CtKey6 {}
+    unsafe impl aya::Pod for super::CtEntry6 {}
+    unsafe impl aya::Pod for super::FragmentKey6 {}
+    unsafe impl aya::Pod for super::SourceRange6 {}
+    unsafe impl aya::Pod for super::NodeConfig6 {}
 }
 
 #[cfg(test)]
@@ -897,6 +1158,36 @@ mod tests {
         };
         assert!(!entry.expired(103, 3));
         assert!(entry.expired(104, 3));
+    }
+
+    #[test]
+    fn ipv6_words_keep_network_order_in_memory() {
+        let octets = core::array::from_fn(|i| i as u8 + 1);
+        let words = ipv6_words(octets);
+        // SAFETY: [u32; 4] and [u8; 16] have the same size and no padding.
+        let bytes: [u8; 16] = unsafe { core::mem::transmute(words) };
+        assert_eq!(bytes, octets);
+        assert_eq!(ipv6_octets(words), octets);
+    }
+
+    #[test]
+    fn ipv6_map_names_fit_the_kernel_limit_and_carry_the_version() {
+        for name in [
+            map_names::SERVICES6,
+            map_names::BACKENDS6,
+            map_names::REVERSE6,
+            map_names::SOCKETS6,
+            map_names::AFFINITY6,
+            map_names::CONNTRACK6,
+            map_names::CONNTRACK_NEW6,
+            map_names::FRAGMENTS6,
+            map_names::SOURCE_RANGES6,
+            map_names::NODE6,
+            map_names::GONE6,
+        ] {
+            assert!(name.len() <= 15, "{name} is longer than 15 bytes");
+            assert!(name.rsplit_once("_v").is_some(), "{name} lacks the layout version");
+        }
     }
 
     #[test]
