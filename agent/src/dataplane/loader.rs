@@ -265,7 +265,14 @@ fn configure<'a>(
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         .map_max_entries(map_names::SERVICES, sizes.services)
         .map_max_entries(map_names::BACKENDS, sizes.backends)
+        // Each family's map has the size of the pair: the writer counts both families'
+        // entries against one capacity, so neither can overflow.
+        .map_max_entries(map_names::SERVICES6, sizes.services)
+        .map_max_entries(map_names::BACKENDS6, sizes.backends)
         .map_max_entries(map_names::REVERSE, capacities.reverse)
+        // The socket maps of both families share one slot mask.
+        .map_max_entries(map_names::SOCKETS6, capacities.socket_slots())
+        .map_max_entries(map_names::REVERSE6, capacities.reverse)
         .map_max_entries(map_names::AFFINITY, capacities.affinity)
         .map_max_entries(map_names::CONNTRACK, capacities.conntrack)
         .map_max_entries(map_names::CONNTRACK_NEW, capacities.conntrack_new)

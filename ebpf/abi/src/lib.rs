@@ -96,9 +96,11 @@ pub mod map_names {
     pub const GONE6: &str = "socklb_gone6_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 20] = [
         SERVICES,
         BACKENDS,
+        SERVICES6,
+        BACKENDS6,
         REVERSE,
         SOCKETS,
         AFFINITY,
@@ -113,6 +115,8 @@ pub mod map_names {
         TRACE,
         TRACE_CONTROL,
         PROGRAM_LOGS,
+        REVERSE6,
+        SOCKETS6,
     ];
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and

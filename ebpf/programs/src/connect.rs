@@ -4,32 +4,33 @@ use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
 use crate::{
     PROCEED,
-    context::SockAddr,
+    context::{Inet6, SockAddr},
+    family::{Family, V4, V6},
     lb::{self, Call, Forward},
 };
 
 #[cgroup_sock_addr(connect4)]
 pub fn socklb_connect4(ctx: SockAddrContext) -> i32 {
-    on_connect(&SockAddr::v4(&ctx))
+    on_connect::<V4>(&SockAddr::v4(&ctx))
 }
 
 #[cgroup_sock_addr(connect6)]
 pub fn socklb_connect6(ctx: SockAddrContext) -> i32 {
-    match SockAddr::v4_mapped(&ctx) {
-        Some(sock) => on_connect(&sock),
-        None => PROCEED,
+    match SockAddr::v6(&ctx) {
+        Inet6::V4Mapped(sock) => on_connect::<V4>(&sock),
+        Inet6::Native(sock) => on_connect::<V6>(&sock),
     }
 }
 
 #[inline(always)]
-fn on_connect(sock: &SockAddr) -> i32 {
+fn on_connect<F: Family>(sock: &SockAddr) -> i32 {
     let Some(protocol) = lb::served_protocol(sock) else {
         return PROCEED;
     };
-    lb::forward_verdict(try_connect(sock, protocol))
+    lb::forward_verdict(try_connect::<F>(sock, protocol))
 }
 
 #[inline(always)]
-fn try_connect(sock: &SockAddr, protocol: u8) -> Result<Forward, lb::Error> {
-    lb::translate(sock, protocol, Call::Connect)
+fn try_connect<F: Family>(sock: &SockAddr, protocol: u8) -> Result<Forward, lb::Error> {
+    lb::translate::<F>(sock, protocol, Call::Connect)
 }

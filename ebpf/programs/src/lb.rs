@@ -1,21 +1,22 @@
-//! Forward translation shared by connect4 and sendmsg4: frontend lookup, backend choice
+//! Forward translation shared by connect and sendmsg: frontend lookup, backend choice
 //! (session affinity, then random or per-socket), and the reverse entry that later lets
-//! recvmsg4/getpeername4 show the frontend again.
+//! recvmsg/getpeername show the frontend again. Written once for both address families
+//! (see `family`).
 use aya_ebpf::helpers;
 use socklb_abi::{
-    AffinityEntry, AffinityKey, PROTO_TCP, PROTO_UDP, ReverseEntry, ReverseKey, SCOPE_INTERNAL,
-    SERVICE_FLAG_AFFINITY, ServiceEntry, ServiceKey, SocketFrontend, TRACE_REASON_AFFINITY,
-    TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET, TRACE_REASON_RANDOM, TRACE_REASON_REVERSE,
-    TRACE_SOURCE_CONNECT, TRACE_SOURCE_REVERSE, TRACE_SOURCE_SENDMSG,
+    AffinityEntry, AffinityKey, PROTO_TCP, PROTO_UDP, SERVICE_FLAG_AFFINITY,
+    TRACE_REASON_AFFINITY, TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET, TRACE_REASON_RANDOM,
+    TRACE_REASON_REVERSE, TRACE_SOURCE_CONNECT, TRACE_SOURCE_REVERSE, TRACE_SOURCE_SENDMSG,
 };
 
 use crate::{
     PROCEED, REJECT,
     context::SockAddr,
     counters::bump,
+    family::{Address as _, Family, Frontend, Master, Slot},
     log,
-    maps::{AFFINITY, REVERSE, SERVICES, SOCKETS, socket_slot},
-    trace::{self, Decision},
+    maps::{AFFINITY, socket_slot},
+    trace::Decision,
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -94,26 +95,20 @@ pub fn served_protocol(sock: &SockAddr) -> Option<u8> {
     }
 }
 
-/// Rewrites the socket's destination from a frontend to one of its backends.
+/// Rewrites the socket's destination from a frontend to one of its backends, in the maps
+/// of family `F`.
 #[inline(always)]
-pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, Error> {
+pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, Error> {
     let pick = if protocol == PROTO_TCP {
         Pick::Random
     } else {
         Pick::PerSocket
     };
-    let frontend_address = sock.address();
+    let frontend_address = F::destination(sock);
     let frontend_port = sock.port();
-    let mut key = ServiceKey {
-        address: frontend_address,
-        port: frontend_port,
-        protocol,
-        scope: SCOPE_INTERNAL,
-        slot: 0,
-        pad: 0,
-    };
+    let mut key = F::service_key(frontend_address, frontend_port, protocol);
     // The one lookup every non-frontend destination pays.
-    let Some(mut master) = master_entry(&mut key) else {
+    let Some(mut master) = master_entry::<F>(&mut key) else {
         return Ok(Forward::Untouched);
     };
     let cookie = sock.socket_cookie();
@@ -131,26 +126,22 @@ pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, E
         if master.count == 0 {
             decision.reason = TRACE_REASON_NO_BACKEND;
             decision.service_id = master.service_id;
-            trace::socket(&decision, sock, cookie);
+            F::trace(&decision, sock, cookie);
             return Ok(Forward::NoBackend);
         }
-        chosen = choose_backend(sock, &master, &mut key, cookie, pick);
+        chosen = choose_backend::<F>(sock, &master, &mut key, cookie, pick);
         if chosen.is_some() {
             break;
         }
         // The slot drawn is gone: the backend set changed since the master was read.
         // Read it again and draw from the new set.
-        let Some(now) = master_entry(&mut key) else {
+        let Some(now) = master_entry::<F>(&mut key) else {
             return Ok(Forward::Untouched);
         };
         master = now;
     }
-    let Some((backend, affinity_hit)) = chosen else {
-        log::missing_slots(
-            u32::from_be(frontend_address),
-            u16::from_be(frontend_port),
-            master.count,
-        );
+    let Some((backend, slot, affinity_hit)) = chosen else {
+        F::log_missing_slots(frontend_address, frontend_port, master.count);
         return Err(Error);
     };
     decision.reason = match (affinity_hit, pick) {
@@ -159,57 +150,55 @@ pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, E
         (false, Pick::PerSocket) => TRACE_REASON_PER_SOCKET,
     };
     decision.service_id = master.service_id;
-    decision.backend = (backend.backend_address, backend.backend_port);
-    decision.slot = key.slot;
+    decision.backend = (backend.address, backend.port);
+    decision.slot = slot;
     decision.count = master.count;
-    trace::socket(&decision, sock, cookie);
+    F::trace(&decision, sock, cookie);
 
-    remember_frontend(
+    remember_frontend::<F>(
         call,
-        ReverseKey {
-            cookie,
-            address: backend.backend_address,
-            port: backend.backend_port,
-            pad: 0,
-        },
-        ReverseEntry {
+        cookie,
+        &backend,
+        &Frontend {
             address: frontend_address,
             port: frontend_port,
-            pad: 0,
             service_id: master.service_id,
         },
     );
-    sock.set_destination(backend.backend_address, backend.backend_port);
+    F::set_destination(sock, backend.address, backend.port);
     Ok(Forward::Translated { affinity_hit })
 }
 
 /// The frontend's master entry (slot 0), copied out.
 #[inline(always)]
-fn master_entry(key: &mut ServiceKey) -> Option<ServiceEntry> {
-    key.slot = 0;
-    let master = SERVICES.get_ptr(key)?;
+fn master_entry<F: Family>(key: &mut F::ServiceKey) -> Option<Master> {
+    F::set_slot(key, 0);
+    let master = F::services().get_ptr(key)?;
     // SAFETY: pointer from a successful lookup; copied out at once.
-    Some(unsafe { *master })
+    Some(F::master(unsafe { &*master }))
 }
 
 /// Chooses a backend slot: the affinity entry's if it is fresh and its backend still holds
-/// that slot, else a new draw (recorded for affinity when the service asks for it). `None`
-/// when the slot drawn does not exist (any more).
+/// that slot, else a new draw (recorded for affinity when the service asks for it). Gives
+/// the backend, its slot and whether affinity chose it; `None` when the slot drawn does
+/// not exist (any more).
 #[inline(always)]
-fn choose_backend(
+fn choose_backend<F: Family>(
     sock: &SockAddr,
-    master: &ServiceEntry,
-    key: &mut ServiceKey,
+    master: &Master,
+    key: &mut F::ServiceKey,
     cookie: u64,
     pick: Pick,
-) -> Option<(ServiceEntry, bool)> {
+) -> Option<(Slot<F::Address>, u16, bool)> {
     let count = master.count;
     if master.flags & SERVICE_FLAG_AFFINITY == 0 {
-        return Some((backend_in_slot(key, pick_slot(pick, count, cookie))?, false));
+        let slot = pick_slot(pick, count, cookie);
+        return Some((backend_in_slot::<F>(key, slot)?, slot, false));
     }
 
     // SAFETY: helper without arguments.
     let now = unsafe { helpers::bpf_ktime_get_ns() };
+    // One affinity map for both families: service ids are one space.
     let affinity_key = AffinityKey {
         netns_cookie: sock.netns_cookie(),
         service_id: master.service_id,
@@ -221,20 +210,20 @@ fn choose_backend(
         let timeout_ns = u64::from(master.affinity_timeout_s) * NANOS_PER_SECOND;
         let fresh = now.wrapping_sub(entry.last_used_ns) <= timeout_ns;
         if fresh && entry.slot >= 1 && entry.slot <= count {
-            key.slot = entry.slot;
-            if let Some(slot) = SERVICES.get_ptr(key) {
+            F::set_slot(key, entry.slot);
+            if let Some(slot) = F::services().get_ptr(key) {
                 // SAFETY: as above.
-                let slot = unsafe { *slot };
-                if slot.backend_id == entry.backend_id {
+                let backend = F::slot(unsafe { &*slot });
+                if backend.backend_id == entry.backend_id {
                     entry.last_used_ns = now;
-                    return Some((slot, true));
+                    return Some((backend, entry.slot, true));
                 }
             }
         }
     }
 
     let slot = pick_slot(pick, count, cookie);
-    let backend = backend_in_slot(key, slot)?;
+    let backend = backend_in_slot::<F>(key, slot)?;
     let entry = AffinityEntry {
         last_used_ns: now,
         backend_id: backend.backend_id,
@@ -247,16 +236,16 @@ fn choose_backend(
         log::affinity_not_written(error);
         bump(|c| &mut c.errors);
     }
-    Some((backend, false))
+    Some((backend, slot, false))
 }
 
 /// The slot entry: backend id, address and port.
 #[inline(always)]
-fn backend_in_slot(key: &mut ServiceKey, slot: u16) -> Option<ServiceEntry> {
-    key.slot = slot;
-    let entry = SERVICES.get_ptr(key)?;
+fn backend_in_slot<F: Family>(key: &mut F::ServiceKey, slot: u16) -> Option<Slot<F::Address>> {
+    F::set_slot(key, slot);
+    let entry = F::services().get_ptr(key)?;
     // SAFETY: pointer from a successful lookup; copied out at once.
-    Some(unsafe { *entry })
+    Some(F::slot(unsafe { &*entry }))
 }
 
 /// A slot in `1..=count`; `count` is never 0 here, and the guard keeps the modulo free of
@@ -292,23 +281,29 @@ pub fn mix(cookie: u64) -> u32 {
 /// here, so the write is skipped when the entry is already there. A record that cannot be
 /// written is counted; the translation stands (the socket would see the backend's address).
 #[inline(always)]
-fn remember_frontend(call: Call, key: ReverseKey, frontend: ReverseEntry) {
+fn remember_frontend<F: Family>(
+    call: Call,
+    cookie: u64,
+    backend: &Slot<F::Address>,
+    frontend: &Frontend<F::Address>,
+) {
     if call == Call::Connect {
-        let Some(slot) = SOCKETS.get_ptr_mut(socket_slot(key.cookie)) else {
+        let Some(slot) = F::sockets().get_ptr_mut(socket_slot(cookie)) else {
             bump(|c| &mut c.errors);
             return;
         };
         // SAFETY: pointer from a successful lookup, valid for this run.
-        unsafe { publish(slot, key, frontend) };
+        unsafe { publish::<F>(slot, cookie, backend, frontend) };
         return;
     }
-    if let Some(existing) = REVERSE.get_ptr(&key)
+    let key = F::reverse_key(cookie, backend.address, backend.port);
+    if let Some(existing) = F::reverse().get_ptr(&key)
         // SAFETY: pointer from a successful lookup.
-        && unsafe { *existing } == frontend
+        && F::frontend(unsafe { &*existing }).same(frontend)
     {
         return;
     }
-    if let Err(error) = REVERSE.insert(&key, &frontend, 0) {
+    if let Err(error) = F::reverse().insert(&key, &F::reverse_entry(frontend), 0) {
         log::reverse_not_written(error);
         bump(|c| &mut c.errors);
     }
@@ -322,49 +317,64 @@ fn remember_frontend(call: Call, key: ReverseKey, frontend: ReverseEntry) {
 /// instruction set than these programs are built for).
 ///
 /// # Safety
-/// `slot` must be a valid pointer into the socket map.
+/// `slot` must be a valid pointer into the family's socket map.
 #[inline(always)]
-unsafe fn publish(slot: *mut SocketFrontend, key: ReverseKey, frontend: ReverseEntry) {
+unsafe fn publish<F: Family>(
+    slot: *mut F::SocketFrontend,
+    cookie: u64,
+    backend: &Slot<F::Address>,
+    frontend: &Frontend<F::Address>,
+) {
     // SAFETY: the caller's pointer; field pointers stay inside the entry.
     unsafe {
-        core::ptr::addr_of_mut!((*slot).cookie).write_volatile(0);
-        core::ptr::addr_of_mut!((*slot).backend_address).write_volatile(key.address);
-        core::ptr::addr_of_mut!((*slot).backend_port).write_volatile(key.port);
-        core::ptr::addr_of_mut!((*slot).frontend_address).write_volatile(frontend.address);
-        core::ptr::addr_of_mut!((*slot).frontend_port).write_volatile(frontend.port);
-        core::ptr::addr_of_mut!((*slot).service_id).write_volatile(frontend.service_id);
-        core::ptr::addr_of_mut!((*slot).cookie).write_volatile(key.cookie);
+        let fields = F::ring_fields(slot);
+        fields.cookie.write_volatile(0);
+        F::Address::write_volatile(fields.backend_address, backend.address);
+        fields.backend_port.write_volatile(backend.port);
+        F::Address::write_volatile(fields.frontend_address, frontend.address);
+        fields.frontend_port.write_volatile(frontend.port);
+        fields.service_id.write_volatile(frontend.service_id);
+        fields.cookie.write_volatile(cookie);
     }
 }
 
-/// A socket ring slot if it holds a whole entry for `cookie`: the cookie read before and
-/// after the copy (see [`publish`]).
+/// A whole socket ring entry, copied out.
+struct RingEntry<A> {
+    backend_address: A,
+    backend_port: u16,
+    frontend: Frontend<A>,
+}
+
+/// A socket ring slot if it holds a whole entry for `cookie`: the backend and the frontend,
+/// the cookie read before and after the copy (see [`publish`]).
 #[inline(always)]
-fn read_slot(cookie: u64) -> Option<SocketFrontend> {
-    let slot = SOCKETS.get_ptr(socket_slot(cookie))?;
+fn read_slot<F: Family>(cookie: u64) -> Option<RingEntry<F::Address>> {
+    // Mutable only because the field pointers are shared with `publish`; only read here.
+    let slot = F::sockets().get_ptr(socket_slot(cookie))?.cast_mut();
     // SAFETY: pointer from a successful lookup, valid for this run; field pointers stay
     // inside the entry.
     unsafe {
-        if core::ptr::addr_of!((*slot).cookie).read_volatile() != cookie {
+        let fields = F::ring_fields(slot);
+        if fields.cookie.read_volatile() != cookie {
             return None;
         }
-        let copy = SocketFrontend {
-            cookie,
-            backend_address: core::ptr::addr_of!((*slot).backend_address).read_volatile(),
-            backend_port: core::ptr::addr_of!((*slot).backend_port).read_volatile(),
-            frontend_address: core::ptr::addr_of!((*slot).frontend_address).read_volatile(),
-            frontend_port: core::ptr::addr_of!((*slot).frontend_port).read_volatile(),
-            service_id: core::ptr::addr_of!((*slot).service_id).read_volatile(),
-            ..SocketFrontend::default()
+        let entry = RingEntry {
+            backend_address: F::Address::read_volatile(fields.backend_address),
+            backend_port: fields.backend_port.read_volatile(),
+            frontend: Frontend {
+                address: F::Address::read_volatile(fields.frontend_address),
+                port: fields.frontend_port.read_volatile(),
+                service_id: fields.service_id.read_volatile(),
+            },
         };
-        (core::ptr::addr_of!((*slot).cookie).read_volatile() == cookie).then_some(copy)
+        (fields.cookie.read_volatile() == cookie).then_some(entry)
     }
 }
 
 /// recvmsg/getpeername: shows the frontend instead of the backend, counted; always allows.
 #[inline(always)]
-pub fn reverse_verdict(sock: &SockAddr) -> i32 {
-    if reverse(sock) {
+pub fn reverse_verdict<F: Family>(sock: &SockAddr) -> i32 {
+    if reverse::<F>(sock) {
         bump(|c| &mut c.reverse_translated);
     }
     PROCEED
@@ -374,40 +384,32 @@ pub fn reverse_verdict(sock: &SockAddr) -> i32 {
 /// socket ring for a connect()ed socket, else the LRU entries of unconnected UDP (and of
 /// sockets connected under an agent older than the ring). Returns whether it rewrote.
 #[inline(always)]
-fn reverse(sock: &SockAddr) -> bool {
-    let key = ReverseKey {
-        cookie: sock.socket_cookie(),
-        address: sock.address(),
-        port: sock.port(),
-        pad: 0,
-    };
-    let frontend = if let Some(slot) = read_slot(key.cookie)
-        && slot.backend_address == key.address
-        && slot.backend_port == key.port
+fn reverse<F: Family>(sock: &SockAddr) -> bool {
+    let cookie = sock.socket_cookie();
+    let peer = F::destination(sock);
+    let port = sock.port();
+    let frontend = if let Some(slot) = read_slot::<F>(cookie)
+        && slot.backend_address.same(&peer)
+        && slot.backend_port == port
     {
-        ReverseEntry {
-            address: slot.frontend_address,
-            port: slot.frontend_port,
-            pad: 0,
-            service_id: slot.service_id,
-        }
+        slot.frontend
     } else {
-        let Some(frontend) = REVERSE.get_ptr(&key) else {
+        let Some(frontend) = F::reverse().get_ptr(&F::reverse_key(cookie, peer, port)) else {
             return false;
         };
         // SAFETY: pointer from a successful lookup.
-        unsafe { *frontend }
+        F::frontend(unsafe { &*frontend })
     };
-    sock.set_destination(frontend.address, frontend.port);
+    F::set_destination(sock, frontend.address, frontend.port);
     let decision = Decision {
         source: TRACE_SOURCE_REVERSE,
         reason: TRACE_REASON_REVERSE,
         protocol: served_protocol(sock).unwrap_or(0),
         service_id: frontend.service_id,
         frontend: (frontend.address, frontend.port),
-        backend: (key.address, key.port),
+        backend: (peer, port),
         ..Decision::default()
     };
-    trace::socket(&decision, sock, key.cookie);
+    F::trace(&decision, sock, cookie);
     true
 }

@@ -25,6 +25,20 @@ pub fn missing_slots(address: u32, port: u16, count: u16) {
     );
 }
 
+/// [`missing_slots`] of an IPv6 frontend (its address is left out: one fewer argument
+/// than the five a BPF call passes in registers).
+#[inline(never)]
+pub fn missing_slots6(port: u16, count: u16) {
+    warn!(
+        &(),
+        target: LB,
+        "IPv6 frontend on port {} lists {} backends but the slots drawn are missing: \
+         proceeding untranslated",
+        port,
+        count
+    );
+}
+
 #[inline(never)]
 pub fn affinity_not_written(error: i32) {
     warn!(

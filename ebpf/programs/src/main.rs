@@ -1,5 +1,5 @@
 //! socklb's kernel programs: socket-level service translation at the cgroup hooks, for
-//! IPv4 sockets and for IPv6 sockets talking to IPv4-mapped addresses, and packet-level
+//! IPv4 and IPv6 sockets (an IPv4-mapped address takes the IPv4 maps), and packet-level
 //! translation at TC for traffic from outside the node.
 //!
 //! Every hook is a thin entry that calls a `try_*` function; an error lets the operation
@@ -15,6 +15,7 @@ mod context;
 mod counters;
 mod destroy;
 mod external;
+mod family;
 mod getpeername;
 mod lb;
 mod log;

@@ -6,10 +6,17 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FragmentKey, FragmentPorts,
-    FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry, ReverseKey,
-    ServiceEntry, ServiceKey, SocketFrontend, SourceRange, SourceVerdict, TraceControl, TraceEvent,
+    AffinityEntry, AffinityKey, Backend, Backend6, Counters, CtEntry, CtKey, FragmentKey,
+    FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry,
+    ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6,
+    SocketFrontend, SocketFrontend6, SourceRange, SourceVerdict, TraceControl, TraceEvent,
 };
+
+/// The shapes the service, reverse and socket maps of both families share, so that `lb`
+/// names them once (see `family`).
+pub type ServiceMap<K, V> = HashMap<K, V, 65536, { BPF_F_NO_PREALLOC as usize }>;
+pub type ReverseMap<K, V> = LruHashMap<K, V, 65536>;
+pub type SocketRing<T> = Array<T, 262144>;
 
 /// Not preallocated, as the backend map: the agent writes both, so their memory follows the
 /// entries it programmed and `--max-*` is only an upper bound (the bucket array, 16 bytes per
@@ -22,22 +29,38 @@ use socklb_abi::{
 /// the count, deletions one sync later) with the programs' bounded re-read is what keeps a
 /// lookup consistent, whichever way the elements are allocated.
 #[btf_map(name = "socklb_svc_v2", pin_by_name)]
-pub static SERVICES: HashMap<ServiceKey, ServiceEntry, 65536, { BPF_F_NO_PREALLOC as usize }> =
-    HashMap::new();
+pub static SERVICES: ServiceMap<ServiceKey, ServiceEntry> = HashMap::new();
 
 /// Not preallocated: see [`SERVICES`].
 #[btf_map(name = "socklb_be_v2", pin_by_name)]
 pub static BACKENDS: HashMap<u32, Backend, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
 
 #[btf_map(name = "socklb_rev_v1", pin_by_name)]
-pub static REVERSE: LruHashMap<ReverseKey, ReverseEntry, 65536> = LruHashMap::new();
+pub static REVERSE: ReverseMap<ReverseKey, ReverseEntry> = LruHashMap::new();
 
 /// A ring indexed by socket cookie (see [`socket_slot`]): connect() writes its slot with
 /// one store, where an insert into a hash or LRU map would take a lock and cold memory.
 #[btf_map(name = "socklb_sock_v1", pin_by_name)]
-pub static SOCKETS: Array<SocketFrontend, 262144> = Array::new();
+pub static SOCKETS: SocketRing<SocketFrontend> = Array::new();
 
-/// The socket map's size minus one, set by the agent at load time (socklb-abi `globals`).
+/// [`SERVICES`] of IPv6 frontends. Not preallocated, as the IPv4 maps.
+#[btf_map(name = "socklb_svc6_v1", pin_by_name)]
+pub static SERVICES6: ServiceMap<ServiceKey6, ServiceEntry6> = HashMap::new();
+
+/// [`BACKENDS`] of IPv6 endpoints. No program reads it; declared so that the agent's
+/// loader creates and pins it with the others.
+#[btf_map(name = "socklb_be6_v1", pin_by_name)]
+pub static BACKENDS6: HashMap<u32, Backend6, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
+
+#[btf_map(name = "socklb_rev6_v1", pin_by_name)]
+pub static REVERSE6: ReverseMap<ReverseKey6, ReverseEntry6> = LruHashMap::new();
+
+/// [`SOCKETS`] of IPv6 sockets: the same size, so [`socket_slot`] serves both.
+#[btf_map(name = "socklb_sock6_v1", pin_by_name)]
+pub static SOCKETS6: SocketRing<SocketFrontend6> = Array::new();
+
+/// The socket maps' size minus one, set by the agent at load time (socklb-abi `globals`).
 /// A read-only global: the verifier sees it as a constant.
 #[unsafe(no_mangle)]
 static SOCKET_SLOT_MASK: u32 = 262_143;

@@ -2,17 +2,21 @@
 //! frontend the socket sent to. These programs must always allow.
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
-use crate::{PROCEED, context::SockAddr, lb};
+use crate::{
+    context::{Inet6, SockAddr},
+    family::{V4, V6},
+    lb,
+};
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn socklb_recvmsg4(ctx: SockAddrContext) -> i32 {
-    lb::reverse_verdict(&SockAddr::v4(&ctx))
+    lb::reverse_verdict::<V4>(&SockAddr::v4(&ctx))
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn socklb_recvmsg6(ctx: SockAddrContext) -> i32 {
-    match SockAddr::v4_mapped(&ctx) {
-        Some(sock) => lb::reverse_verdict(&sock),
-        None => PROCEED,
+    match SockAddr::v6(&ctx) {
+        Inet6::V4Mapped(sock) => lb::reverse_verdict::<V4>(&sock),
+        Inet6::Native(sock) => lb::reverse_verdict::<V6>(&sock),
     }
 }

@@ -5,32 +5,33 @@ use socklb_abi::PROTO_UDP;
 
 use crate::{
     PROCEED,
-    context::SockAddr,
+    context::{Inet6, SockAddr},
+    family::{Family, V4, V6},
     lb::{self, Call, Forward},
 };
 
 #[cgroup_sock_addr(sendmsg4)]
 pub fn socklb_sendmsg4(ctx: SockAddrContext) -> i32 {
-    on_sendmsg(&SockAddr::v4(&ctx))
+    on_sendmsg::<V4>(&SockAddr::v4(&ctx))
 }
 
 #[cgroup_sock_addr(sendmsg6)]
 pub fn socklb_sendmsg6(ctx: SockAddrContext) -> i32 {
-    match SockAddr::v4_mapped(&ctx) {
-        Some(sock) => on_sendmsg(&sock),
-        None => PROCEED,
+    match SockAddr::v6(&ctx) {
+        Inet6::V4Mapped(sock) => on_sendmsg::<V4>(&sock),
+        Inet6::Native(sock) => on_sendmsg::<V6>(&sock),
     }
 }
 
 #[inline(always)]
-fn on_sendmsg(sock: &SockAddr) -> i32 {
+fn on_sendmsg<F: Family>(sock: &SockAddr) -> i32 {
     if lb::served_protocol(sock) != Some(PROTO_UDP) {
         return PROCEED;
     }
-    lb::forward_verdict(try_sendmsg(sock))
+    lb::forward_verdict(try_sendmsg::<F>(sock))
 }
 
 #[inline(always)]
-fn try_sendmsg(sock: &SockAddr) -> Result<Forward, lb::Error> {
-    lb::translate(sock, PROTO_UDP, Call::SendMsg)
+fn try_sendmsg<F: Family>(sock: &SockAddr) -> Result<Forward, lb::Error> {
+    lb::translate::<F>(sock, PROTO_UDP, Call::SendMsg)
 }

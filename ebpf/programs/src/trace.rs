@@ -16,15 +16,17 @@ use crate::{
     maps::{TRACE, TRACE_CONTROL},
 };
 
-/// What was decided, as the event records it; the caller's context adds the rest.
+/// What was decided, as the event records it; the caller's context adds the rest. Events
+/// hold IPv4 addresses (`A = u32`); `lb` builds the same decision for IPv6, which its
+/// family does not send.
 #[derive(Clone, Copy, Default)]
-pub struct Decision {
+pub struct Decision<A = u32> {
     pub source: u8,
     pub reason: u8,
     pub protocol: u8,
     pub service_id: u32,
-    pub frontend: (u32, u16),
-    pub backend: (u32, u16),
+    pub frontend: (A, u16),
+    pub backend: (A, u16),
     pub slot: u16,
     pub count: u16,
 }
