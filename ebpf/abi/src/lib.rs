@@ -96,9 +96,11 @@ pub mod map_names {
     pub const GONE6: &str = "socklb_gone6_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 18] = [
         SERVICES,
         BACKENDS,
+        SERVICES6,
+        BACKENDS6,
         REVERSE,
         SOCKETS,
         AFFINITY,
@@ -1186,7 +1188,10 @@ mod tests {
             map_names::GONE6,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 bytes");
-            assert!(name.rsplit_once("_v").is_some(), "{name} lacks the layout version");
+            assert!(
+                name.rsplit_once("_v").is_some(),
+                "{name} lacks the layout version"
+            );
         }
     }
 

@@ -6,9 +6,10 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FragmentKey, FragmentPorts,
-    FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry, ReverseKey,
-    ServiceEntry, ServiceKey, SocketFrontend, SourceRange, SourceVerdict, TraceControl, TraceEvent,
+    AffinityEntry, AffinityKey, Backend, Backend6, Counters, CtEntry, CtKey, FragmentKey,
+    FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry,
+    ReverseKey, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend, SourceRange,
+    SourceVerdict, TraceControl, TraceEvent,
 };
 
 /// Not preallocated, as the backend map: the agent writes both, so their memory follows the
@@ -28,6 +29,16 @@ pub static SERVICES: HashMap<ServiceKey, ServiceEntry, 65536, { BPF_F_NO_PREALLO
 /// Not preallocated: see [`SERVICES`].
 #[btf_map(name = "socklb_be_v2", pin_by_name)]
 pub static BACKENDS: HashMap<u32, Backend, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
+
+/// IPv6 frontends: [`SERVICES`] with 16-byte addresses. The agent sizes it as [`SERVICES`].
+#[btf_map(name = "socklb_svc6_v1", pin_by_name)]
+pub static SERVICES6: HashMap<ServiceKey6, ServiceEntry6, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
+
+/// IPv6 backends, ids from the same space as [`BACKENDS`]'.
+#[btf_map(name = "socklb_be6_v1", pin_by_name)]
+pub static BACKENDS6: HashMap<u32, Backend6, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
 
 #[btf_map(name = "socklb_rev_v1", pin_by_name)]
 pub static REVERSE: LruHashMap<ReverseKey, ReverseEntry, 65536> = LruHashMap::new();
