@@ -102,7 +102,9 @@ pub mod map_names {
         SERVICES6,
         BACKENDS6,
         REVERSE,
+        REVERSE6,
         SOCKETS,
+        SOCKETS6,
         AFFINITY,
         COUNTERS,
         CONNTRACK,
@@ -115,8 +117,6 @@ pub mod map_names {
         TRACE,
         TRACE_CONTROL,
         PROGRAM_LOGS,
-        REVERSE6,
-        SOCKETS6,
     ];
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
@@ -1190,7 +1190,10 @@ mod tests {
             map_names::GONE6,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 bytes");
-            assert!(name.rsplit_once("_v").is_some(), "{name} lacks the layout version");
+            assert!(
+                name.rsplit_once("_v").is_some(),
+                "{name} lacks the layout version"
+            );
         }
     }
 

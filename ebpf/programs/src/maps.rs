@@ -35,6 +35,15 @@ pub static SERVICES: ServiceMap<ServiceKey, ServiceEntry> = HashMap::new();
 #[btf_map(name = "socklb_be_v2", pin_by_name)]
 pub static BACKENDS: HashMap<u32, Backend, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
 
+/// IPv6 frontends: [`SERVICES`] with 16-byte addresses. The agent sizes it as [`SERVICES`].
+#[btf_map(name = "socklb_svc6_v1", pin_by_name)]
+pub static SERVICES6: ServiceMap<ServiceKey6, ServiceEntry6> = HashMap::new();
+
+/// IPv6 backends, ids from the same space as [`BACKENDS`]'.
+#[btf_map(name = "socklb_be6_v1", pin_by_name)]
+pub static BACKENDS6: HashMap<u32, Backend6, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
+
 #[btf_map(name = "socklb_rev_v1", pin_by_name)]
 pub static REVERSE: ReverseMap<ReverseKey, ReverseEntry> = LruHashMap::new();
 
@@ -42,16 +51,6 @@ pub static REVERSE: ReverseMap<ReverseKey, ReverseEntry> = LruHashMap::new();
 /// one store, where an insert into a hash or LRU map would take a lock and cold memory.
 #[btf_map(name = "socklb_sock_v1", pin_by_name)]
 pub static SOCKETS: SocketRing<SocketFrontend> = Array::new();
-
-/// [`SERVICES`] of IPv6 frontends. Not preallocated, as the IPv4 maps.
-#[btf_map(name = "socklb_svc6_v1", pin_by_name)]
-pub static SERVICES6: ServiceMap<ServiceKey6, ServiceEntry6> = HashMap::new();
-
-/// [`BACKENDS`] of IPv6 endpoints. No program reads it; declared so that the agent's
-/// loader creates and pins it with the others.
-#[btf_map(name = "socklb_be6_v1", pin_by_name)]
-pub static BACKENDS6: HashMap<u32, Backend6, 65536, { BPF_F_NO_PREALLOC as usize }> =
-    HashMap::new();
 
 #[btf_map(name = "socklb_rev6_v1", pin_by_name)]
 pub static REVERSE6: ReverseMap<ReverseKey6, ReverseEntry6> = LruHashMap::new();
