@@ -7,6 +7,8 @@ use std::{
     process::Command,
 };
 
+use socklb_agent::dataplane::{Frontend, Protocol, Scope};
+
 use crate::{NamedServer, Sandbox, run};
 
 /// The test's IPv6 service CIDR, blackholed in the sandbox so that a VIP the programs did
@@ -36,6 +38,16 @@ impl Family {
         }
     }
 
+    /// An internal frontend on [`vip`](Self::vip)(`host`).
+    pub fn frontend(self, host: u8, port: u16, protocol: Protocol) -> Frontend {
+        Frontend {
+            address: self.vip(host),
+            port,
+            protocol,
+            scope: Scope::Internal,
+        }
+    }
+
     /// An address of this sandbox's own, for servers: 127.0.`net`.`host`, or
     /// fd00:0:0:`net`::`host`, which this call adds to `lo` (and blackholes the IPv6
     /// service CIDR, once).
@@ -45,7 +57,7 @@ impl Family {
             Self::V6 => {
                 let address = Ipv6Addr::new(0xfd00, 0, 0, u16::from(net), 0, 0, 0, u16::from(host));
                 sandbox.ipv6_ready();
-                // Loopback has no duplicate address detection: usable at once.
+                // Without duplicate address detection: usable at once, not tentative.
                 run(Command::new("ip").args([
                     "-6",
                     "addr",
@@ -53,6 +65,7 @@ impl Family {
                     &format!("{address}/128"),
                     "dev",
                     "lo",
+                    "nodad",
                 ]));
                 address.into()
             }

@@ -568,12 +568,9 @@ impl NamedServer {
         }
     }
 
-    /// The server as a backend; only IPv4 servers can be backends.
+    /// The server as a backend.
     pub fn backend(&self) -> BackendAddr {
-        let SocketAddr::V4(addr) = self.addr else {
-            panic!("{} is not an IPv4 server", self.name);
-        };
-        BackendAddr::local(*addr.ip(), addr.port())
+        BackendAddr::local(self.addr.ip(), self.addr.port())
     }
 }
 

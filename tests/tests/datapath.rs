@@ -1,5 +1,6 @@
 //! The socket datapath on the real kernel: programs loaded and attached to a test cgroup,
-//! real servers and clients in a private network namespace.
+//! real servers and clients in a private network namespace. The scenarios of the
+//! translation itself run once per address family (`v4::*`, `v6::*`) from one body.
 use std::{
     collections::BTreeSet,
     net::{Ipv4Addr, SocketAddr, SocketAddrV4},
@@ -9,18 +10,46 @@ use std::{
 
 use socklb_abi::{ServiceEntry, ServiceKey, map_names};
 use socklb_agent::dataplane::{
-    Capacities, Config, Dataplane, DataplaneError, Desired, FrontendSpec, Protocol,
+    BackendAddr, Capacities, Config, Dataplane, DataplaneError, Desired, Frontend, FrontendSpec,
+    Protocol, Scope,
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, frontend, node_yaml, spec,
-    tally, tcp_backends,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, family::Family, frontend,
+    node_yaml, spec, tally, tcp_backends,
 };
 
-#[test]
-fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
-    let sandbox = Sandbox::new("tcp");
-    let servers = tcp_backends([127, 0, 1], 3, 8080);
-    let vip = frontend([10, 96, 0, 10], 80, Protocol::Tcp);
+/// Each scenario as a test per family: `v4::<scenario>` and `v6::<scenario>`.
+macro_rules! for_each_family {
+    ($($scenario:ident),* $(,)?) => {
+        mod v4 {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario(super::Family::V4);
+            })*
+        }
+        mod v6 {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario(super::Family::V6);
+            })*
+        }
+    };
+}
+
+for_each_family!(
+    tcp_spreads_over_backends_and_getpeername_shows_the_vip,
+    a_reused_socket_slot_never_shows_another_sockets_vip,
+    dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip,
+    udp_replies_appear_from_the_vip_connected_or_not,
+    a_frontend_without_backends_refuses_like_kube_proxy,
+    a_process_outside_the_cgroup_is_not_translated,
+    session_affinity_sticks_within_the_timeout_and_reselects_after,
+);
+
+fn tcp_spreads_over_backends_and_getpeername_shows_the_vip(family: Family) {
+    let sandbox = Sandbox::new(&format!("tcp{}", family.tag()));
+    let servers = family.tcp_servers(&sandbox, 1, 3, 8080);
+    let vip = family.frontend(10, 80, Protocol::Tcp);
     let mut desired = Desired::default();
     desired.insert(vip, spec(&servers));
     let dataplane = sandbox.programmed(&desired);
@@ -37,12 +66,9 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
             server.name
         );
     }
+    let shown = addr(&vip).to_string();
     for attempt in &attempts {
-        assert_eq!(
-            attempt.peer.as_deref(),
-            Some("10.96.0.10:80"),
-            "{attempt:?}"
-        );
+        assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
     }
 
     // A direct connection to a backend is neither rewritten nor shown as the VIP.
@@ -50,48 +76,52 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
     for attempt in &direct {
         assert_eq!(attempt.reply.as_deref(), Some("b2"), "{attempt:?}");
         assert_eq!(
-            attempt.peer.as_deref(),
-            Some("127.0.1.2:8080"),
+            attempt.peer,
+            Some(servers[1].addr.to_string()),
             "{attempt:?}"
         );
     }
 
-    // A dual-stack (AF_INET6) socket talking to the IPv4-mapped VIP is served the same way.
-    let mapped: SocketAddr = "[::ffff:10.96.0.10]:80".parse().expect("address");
-    let attempts = sandbox.probe("tcp", mapped, 30);
-    assert_eq!(attempts.len(), 30);
-    for attempt in &attempts {
-        assert!(
-            attempt.reply.as_deref().is_some_and(|r| r.starts_with('b')),
-            "{attempt:?}"
-        );
-        assert_eq!(
-            attempt.peer.as_deref(),
-            Some("[::ffff:10.96.0.10]:80"),
-            "{attempt:?}"
-        );
-    }
-    // A genuine IPv6 destination passes through the connect6 program untouched.
-    let v6 = NamedServer::tcp_at("v6", "[::1]:8080".parse().expect("address"));
-    for attempt in sandbox.probe("tcp", v6.addr, 3) {
-        assert_eq!(attempt.reply.as_deref(), Some("v6"), "{attempt:?}");
+    let mut translated = 300;
+    if family == Family::V4 {
+        // A dual-stack (AF_INET6) socket talking to the IPv4-mapped VIP is served by the
+        // IPv4 maps.
+        let mapped: SocketAddr = "[::ffff:10.96.0.10]:80".parse().expect("address");
+        let attempts = sandbox.probe("tcp", mapped, 30);
+        assert_eq!(attempts.len(), 30);
+        for attempt in &attempts {
+            assert!(
+                attempt.reply.as_deref().is_some_and(|r| r.starts_with('b')),
+                "{attempt:?}"
+            );
+            assert_eq!(
+                attempt.peer.as_deref(),
+                Some("[::ffff:10.96.0.10]:80"),
+                "{attempt:?}"
+            );
+        }
+        translated += 30;
+        // An IPv6 destination that is no frontend passes through connect6 untouched.
+        let v6 = NamedServer::tcp_at("v6", "[::1]:8080".parse().expect("address"));
+        for attempt in sandbox.probe("tcp", v6.addr, 3) {
+            assert_eq!(attempt.reply.as_deref(), Some("v6"), "{attempt:?}");
+        }
     }
 
     let counters = dataplane.counters().expect("counters");
-    assert!(counters.translated >= 330, "{counters:?}");
+    assert!(counters.translated >= translated, "{counters:?}");
     assert!(counters.reverse_translated >= 300, "{counters:?}");
     assert_eq!(counters.errors, 0, "{counters:?}");
 }
 
-#[test]
-fn a_reused_socket_slot_never_shows_another_sockets_vip() {
-    let sandbox = Sandbox::new("ring");
-    let server = NamedServer::tcp("b1", "127.0.1.41:8080".parse().expect("address"));
+fn a_reused_socket_slot_never_shows_another_sockets_vip(family: Family) {
+    let sandbox = Sandbox::new(&format!("ring{}", family.tag()));
+    let server = NamedServer::tcp_at("b1", SocketAddr::new(family.local(&sandbox, 1, 41), 8080));
     // Two VIPs on the same backend, and a socket ring of one slot: every connect() takes
     // the slot of the one before, so only the cookie tells the sockets apart.
     let vips = [
-        frontend([10, 96, 0, 41], 80, Protocol::Tcp),
-        frontend([10, 96, 0, 42], 80, Protocol::Tcp),
+        family.frontend(41, 80, Protocol::Tcp),
+        family.frontend(42, 80, Protocol::Tcp),
     ];
     let mut dataplane = sandbox
         .load(Config {
@@ -127,7 +157,7 @@ fn a_reused_socket_slot_never_shows_another_sockets_vip() {
             .collect();
         // Its own VIP, or (once another socket took the slot) the backend; never the other
         // VIP, and a direct connection never a VIP at all.
-        let allowed = BTreeSet::from([target.to_string(), "127.0.1.41:8080".to_owned()]);
+        let allowed = BTreeSet::from([target.to_string(), server.addr.to_string()]);
         assert!(peers.is_subset(&allowed), "{target}: {peers:?}");
     }
     let counters = dataplane.counters().expect("counters");
@@ -136,22 +166,21 @@ fn a_reused_socket_slot_never_shows_another_sockets_vip() {
     assert_eq!(counters.errors, 0, "{counters:?}");
 }
 
-#[test]
-fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip() {
-    let sandbox = Sandbox::new("dns");
+fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(family: Family) {
+    let sandbox = Sandbox::new(&format!("dns{}", family.tag()));
+    let listen: Vec<_> = (1..=2).map(|i| family.local(&sandbox, 2, i)).collect();
     let servers = [
-        Dnsmasq::start(Ipv4Addr::new(127, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 1)),
-        Dnsmasq::start(Ipv4Addr::new(127, 0, 2, 2), Ipv4Addr::new(192, 0, 2, 2)),
+        Dnsmasq::start(listen[0], Ipv4Addr::new(192, 0, 2, 1)),
+        Dnsmasq::start(listen[1], Ipv4Addr::new(192, 0, 2, 2)),
     ];
-    let vip = frontend([10, 96, 0, 53], 53, Protocol::Udp);
+    let vip = family.frontend(53, 53, Protocol::Udp);
     let mut desired = Desired::default();
     desired.insert(
         vip,
         FrontendSpec {
-            backends: (1..=2)
-                .map(|i| {
-                    socklb_agent::dataplane::BackendAddr::local(Ipv4Addr::new(127, 0, 2, i), 53)
-                })
+            backends: listen
+                .iter()
+                .map(|&address| BackendAddr::local(address, 53))
                 .collect(),
             affinity_timeout_seconds: None,
             source_ranges: None,
@@ -163,24 +192,21 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
     let mut answers = BTreeSet::new();
     for _ in 0..20 {
         // dig checks that the reply comes from the address it asked: without the
-        // recvmsg4 translation it would discard the backend's reply and time out.
+        // recvmsg translation it would discard the backend's reply and time out.
         let output = sandbox
             .in_cgroup("dig")
+            .arg(format!("@{}", vip.address))
             .args([
-                "@10.96.0.53",
-                "who.test",
-                "A",
-                "+time=2",
-                "+tries=1",
-                "+noall",
-                "+answer",
-                "+stats",
+                "who.test", "A", "+time=2", "+tries=1", "+noall", "+answer", "+stats",
             ])
             .output()
             .expect("prerequisite missing: dig (apt-get install bind9-dnsutils; ./x setup does)");
         let text = String::from_utf8_lossy(&output.stdout);
         assert!(output.status.success(), "dig failed: {text}");
-        assert!(text.contains("SERVER: 10.96.0.53#53"), "{text}");
+        assert!(
+            text.contains(&format!("SERVER: {}#53", vip.address)),
+            "{text}"
+        );
         let answer = text
             .lines()
             .find(|line| line.starts_with("who.test."))
@@ -197,30 +223,26 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
     drop(servers);
 }
 
-#[test]
-fn udp_replies_appear_from_the_vip_connected_or_not() {
-    let sandbox = Sandbox::new("udp");
-    let servers: Vec<NamedServer> = (1..=2)
-        .map(|i| {
-            NamedServer::udp(
-                &format!("u{i}"),
-                SocketAddrV4::new(Ipv4Addr::new(127, 0, 3, i), 9000),
-            )
-        })
-        .collect();
-    let vip = frontend([10, 96, 0, 20], 90, Protocol::Udp);
+fn udp_replies_appear_from_the_vip_connected_or_not(family: Family) {
+    let sandbox = Sandbox::new(&format!("udp{}", family.tag()));
+    let servers = family.udp_servers(&sandbox, 3, 2, 9000);
+    let vip = family.frontend(20, 90, Protocol::Udp);
     let mut desired = Desired::default();
     desired.insert(vip, spec(&servers));
     let _dataplane = sandbox.programmed(&desired);
 
-    let mapped: SocketAddr = "[::ffff:10.96.0.20]:90".parse().expect("address");
-    for (mode, target, peer) in [
-        ("udp", addr(&vip), "10.96.0.20:90"),
-        ("udp-connected", addr(&vip), "10.96.0.20:90"),
+    let shown = addr(&vip).to_string();
+    let mut cases = vec![
+        ("udp", addr(&vip), shown.clone()),
+        ("udp-connected", addr(&vip), shown),
+    ];
+    if family == Family::V4 {
         // Dual-stack sockets to the IPv4-mapped VIP (sendmsg6/recvmsg6/connect6).
-        ("udp", mapped, "[::ffff:10.96.0.20]:90"),
-        ("udp-connected", mapped, "[::ffff:10.96.0.20]:90"),
-    ] {
+        let mapped: SocketAddr = "[::ffff:10.96.0.20]:90".parse().expect("address");
+        cases.push(("udp", mapped, mapped.to_string()));
+        cases.push(("udp-connected", mapped, mapped.to_string()));
+    }
+    for (mode, target, peer) in cases {
         let attempts = sandbox.probe(mode, target, 40);
         let tally = tally(&attempts);
         assert!(
@@ -230,7 +252,7 @@ fn udp_replies_appear_from_the_vip_connected_or_not() {
         for attempt in &attempts {
             assert_eq!(
                 attempt.peer.as_deref(),
-                Some(peer),
+                Some(peer.as_str()),
                 "{mode} {target}: {attempt:?}"
             );
         }
@@ -238,18 +260,17 @@ fn udp_replies_appear_from_the_vip_connected_or_not() {
     // Direct datagrams to a backend keep the backend as their source.
     for attempt in sandbox.probe("udp", servers[0].addr, 5) {
         assert_eq!(
-            attempt.peer.as_deref(),
-            Some("127.0.3.1:9000"),
+            attempt.peer,
+            Some(servers[0].addr.to_string()),
             "{attempt:?}"
         );
     }
 }
 
-#[test]
-fn a_frontend_without_backends_refuses_like_kube_proxy() {
-    let sandbox = Sandbox::new("refuse");
-    let tcp = frontend([10, 96, 0, 30], 80, Protocol::Tcp);
-    let udp = frontend([10, 96, 0, 30], 53, Protocol::Udp);
+fn a_frontend_without_backends_refuses_like_kube_proxy(family: Family) {
+    let sandbox = Sandbox::new(&format!("refuse{}", family.tag()));
+    let tcp = family.frontend(30, 80, Protocol::Tcp);
+    let udp = family.frontend(30, 53, Protocol::Udp);
     let mut desired = Desired::default();
     desired.insert(tcp, FrontendSpec::default());
     desired.insert(udp, FrontendSpec::default());
@@ -271,13 +292,17 @@ fn a_frontend_without_backends_refuses_like_kube_proxy() {
     assert!(dataplane.counters().expect("counters").no_backend >= 9);
 }
 
-#[test]
-fn a_process_outside_the_cgroup_is_not_translated() {
-    let sandbox = Sandbox::new("outside");
-    let servers = tcp_backends([127, 0, 4], 1, 8080);
+fn a_process_outside_the_cgroup_is_not_translated(family: Family) {
+    let sandbox = Sandbox::new(&format!("outside{}", family.tag()));
+    let servers = family.tcp_servers(&sandbox, 4, 1, 8080);
     // The frontend address is itself served, untranslated, by another server.
-    let _direct = NamedServer::tcp("direct", SocketAddrV4::new(Ipv4Addr::new(127, 0, 9, 9), 80));
-    let vip = frontend([127, 0, 9, 9], 80, Protocol::Tcp);
+    let direct = NamedServer::tcp_at("direct", SocketAddr::new(family.local(&sandbox, 9, 9), 80));
+    let vip = Frontend {
+        address: direct.addr.ip(),
+        port: 80,
+        protocol: Protocol::Tcp,
+        scope: Scope::Internal,
+    };
     let mut desired = Desired::default();
     desired.insert(vip, spec(&servers));
     let _dataplane = sandbox.programmed(&desired);
@@ -288,11 +313,10 @@ fn a_process_outside_the_cgroup_is_not_translated() {
     assert_eq!(outside.get("direct"), Some(&10), "{outside:?}");
 }
 
-#[test]
-fn session_affinity_sticks_within_the_timeout_and_reselects_after() {
-    let sandbox = Sandbox::new("affinity");
-    let servers = tcp_backends([127, 0, 5], 3, 8080);
-    let vip = frontend([10, 96, 0, 40], 80, Protocol::Tcp);
+fn session_affinity_sticks_within_the_timeout_and_reselects_after(family: Family) {
+    let sandbox = Sandbox::new(&format!("affinity{}", family.tag()));
+    let servers = family.tcp_servers(&sandbox, 5, 3, 8080);
+    let vip = family.frontend(40, 80, Protocol::Tcp);
     let mut desired = Desired::default();
     desired.insert(
         vip,

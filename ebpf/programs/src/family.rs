@@ -3,8 +3,8 @@
 //! implementations are a few lines of field copies that the compiler inlines, so IPv4
 //! compiles to what it was before IPv6 existed.
 use socklb_abi::{
-    Ipv6Words, ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, SCOPE_INTERNAL,
-    ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend, SocketFrontend6,
+    Ipv6Words, ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, SCOPE_INTERNAL, ServiceEntry,
+    ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend, SocketFrontend6,
 };
 
 use crate::{
