@@ -63,6 +63,10 @@ enum Bench {
         /// costs each translation).
         #[arg(long, default_value = "off")]
         trace: String,
+        /// `ipv6`: IPv6 Services beside the IPv4 ones, both families measured in the same
+        /// run (connect6 beside connect4).
+        #[arg(long, default_value = "ipv4")]
+        family: String,
     },
     /// The real agent: cold start (file and kube sources), EndpointSlice change to map
     /// latency, and its CPU under a sustained rate of changes.
@@ -199,6 +203,7 @@ fn main() -> anyhow::Result<()> {
                     services,
                     loader,
                     trace,
+                    family,
                 } => {
                     if trace == "on" {
                         // The session is the release agent, next to the benchmark binary.
@@ -226,6 +231,8 @@ fn main() -> anyhow::Result<()> {
                         loader,
                         "--trace".to_owned(),
                         trace,
+                        "--family".to_owned(),
+                        family,
                     ];
                     cargo_run_release("socklb-bench", &args)
                 }

@@ -4,7 +4,11 @@
 //! services of 10 backends in the maps, and reads the programs' kernel run time (BPF stats).
 //!
 //! socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root]
-//!     [--trace on|off]
+//!     [--trace on|off] [--family ipv4|ipv6]
+//!
+//! `--family ipv6` puts as many IPv6 Services as IPv4 ones in the maps and measures both
+//! families in the same run, IPv6 sockets to an IPv6 VIP (connect6) beside IPv4 ones
+//! (connect4): what IPv6 costs, and that IPv4 did not get slower for it.
 //!
 //! `--trace on` runs a `socklb trace -o json` session (its output discarded) during every
 //! measurement: what tracing costs each translation.
@@ -20,7 +24,7 @@
 use std::{
     io,
     mem::size_of,
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     os::fd::AsRawFd as _,
     path::Path,
     process::Stdio,
@@ -43,9 +47,9 @@ use socklb_agent::dataplane::{
     self, BackendAddr, Capacities, Config, Dataplane, Desired, Frontend, FrontendSpec, Protocol,
     Scope,
 };
-use socklb_tests::Sandbox;
+use socklb_tests::{Sandbox, family::Family};
 
-const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root] [--trace on|off]";
+const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root] [--trace on|off] [--family ipv4|ipv6]";
 const BACKENDS_PER_SERVICE: u32 = 10;
 /// Each measurement is split into this many VIP and direct batches, alternating which goes
 /// first, so that drift on a noisy machine hits both sides alike. Short batches matter: with
@@ -83,6 +87,8 @@ struct Options {
     chart_loader: bool,
     /// A trace session runs during the measurements.
     trace: bool,
+    /// The families measured, each with its own Services in the maps.
+    families: Vec<Family>,
 }
 
 fn parse_options(args: &[String]) -> Options {
@@ -91,6 +97,7 @@ fn parse_options(args: &[String]) -> Options {
         services: vec![1, 1_000, 10_000],
         chart_loader: true,
         trace: false,
+        families: vec![Family::V4],
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
@@ -115,6 +122,14 @@ fn parse_options(args: &[String]) -> Options {
                 options.trace = match value.as_str() {
                     "on" => true,
                     "off" => false,
+                    _ => usage(),
+                }
+            }
+            "--family" => {
+                options.families = match value.as_str() {
+                    "ipv4" => vec![Family::V4],
+                    // IPv4 measured in the same run, for comparison.
+                    "ipv6" => vec![Family::V4, Family::V6],
                     _ => usage(),
                 }
             }
@@ -143,11 +158,12 @@ fn parse_options(args: &[String]) -> Options {
 struct Measurement {
     vip: Latency,
     direct: Latency,
-    /// connect4 during the VIP batches (lookup hit and translation).
-    connect4_vip: RunTime,
-    /// connect4 during the direct batches (the lookup miss every other connect pays).
-    connect4_direct: RunTime,
-    getpeername4: RunTime,
+    /// connect4 or connect6 during the VIP batches (lookup hit and translation).
+    connect_vip: RunTime,
+    /// connect4 or connect6 during the direct batches (the lookup miss every other connect
+    /// pays).
+    connect_direct: RunTime,
+    getpeername: RunTime,
     /// Every VIP connection the client made (timed, warm-up and getpeername ones).
     vip_connects: u64,
     /// Every direct connection the client made.
@@ -231,10 +247,16 @@ fn datapath(args: &[String]) {
         },
     );
 
-    let servers = Servers::start(&real_backends());
+    let real: Vec<SocketAddr> = options
+        .families
+        .iter()
+        .flat_map(|&family| real_backends(&sandbox, family))
+        .collect();
+    let servers = Servers::start(&real);
     let max_services = options.services.iter().copied().max().unwrap_or(1);
     let config = Config {
-        capacities: capacities(max_services),
+        // Both families' entries count against one capacity.
+        capacities: capacities(max_services * options.families.len() as u32),
         ..sandbox.config()
     };
     let mut dataplane = if options.chart_loader {
@@ -254,7 +276,7 @@ fn datapath(args: &[String]) {
         let measured = services / 2;
         let started = Instant::now();
         let report = dataplane
-            .apply(&desired(services, measured))
+            .apply(&desired(&sandbox, &options.families, services, measured))
             .expect("apply the services to the maps");
         assert!(
             report.rejected.is_empty(),
@@ -270,26 +292,36 @@ fn datapath(args: &[String]) {
             dataplane.attach().expect("attach the programs");
             attached = true;
         }
-        // Read after every apply: a map that grew swapped new programs into the links.
-        let ids = [
-            program_id(&sandbox.pin_dir, program_names::CONNECT4),
-            program_id(&sandbox.pin_dir, program_names::GETPEERNAME4),
-        ];
+        for &family in &options.families {
+            // Read after every apply: a map that grew swapped new programs into the links.
+            let [connect, getpeername] = programs(family);
+            let ids = [
+                program_id(&sandbox.pin_dir, connect),
+                program_id(&sandbox.pin_dir, getpeername),
+            ];
 
-        let trace = options.trace.then(|| Trace::start(&sandbox.pin_dir));
-        let counters_before = dataplane.counters().expect("read the counters");
-        let accepted_before = servers.accepted();
-        let measurement = run_client(&sandbox, vip(measured), ids, options.connections);
-        if let Some(trace) = trace {
-            trace.stop();
+            let trace = options.trace.then(|| Trace::start(&sandbox.pin_dir));
+            let counters_before = dataplane.counters().expect("read the counters");
+            let accepted_before = servers.accepted();
+            let measurement = run_client(
+                &sandbox,
+                vip(family, measured),
+                &real_backends(&sandbox, family),
+                ids,
+                options.connections,
+            );
+            if let Some(trace) = trace {
+                trace.stop();
+            }
+            let counters = dataplane
+                .counters()
+                .expect("read the counters")
+                .since(&counters_before);
+            check(&measurement, &counters);
+            servers
+                .wait_for(accepted_before + measurement.vip_connects + measurement.direct_connects);
+            rows.push((services, family, measurement));
         }
-        let counters = dataplane
-            .counters()
-            .expect("read the counters")
-            .since(&counters_before);
-        check(&measurement, &counters);
-        servers.wait_for(accepted_before + measurement.vip_connects + measurement.direct_connects);
-        rows.push((services, measurement));
     }
     drop(servers);
 
@@ -334,51 +366,73 @@ impl Trace {
     }
 }
 
-/// The measured service's backends.
-fn real_backends() -> Vec<SocketAddrV4> {
+/// The connect and getpeername programs that serve `family`'s sockets.
+fn programs(family: Family) -> [&'static str; 2] {
+    match family {
+        Family::V4 => [program_names::CONNECT4, program_names::GETPEERNAME4],
+        Family::V6 => [program_names::CONNECT6, program_names::GETPEERNAME6],
+    }
+}
+
+/// The measured service's backends: 127.0.1.1.. or fd00:0:0:1::1.. (on the sandbox's lo).
+fn real_backends(sandbox: &Sandbox, family: Family) -> Vec<SocketAddr> {
     (1..=BACKENDS_PER_SERVICE)
-        .map(|i| SocketAddrV4::new(Ipv4Addr::from(0x7f00_0100 + i), BACKEND_PORT))
+        .map(|i| {
+            let host = u8::try_from(i).expect("fewer than 256 backends");
+            SocketAddr::new(family.local(sandbox, 1, host), BACKEND_PORT)
+        })
         .collect()
 }
 
-/// Service `index`'s VIP, from 10.96.0.1 upwards.
-fn vip(index: u32) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::from(0x0a60_0001 + index), SERVICE_PORT)
+/// Service `index`'s VIP, from 10.96.0.1 or fd00:96::1 upwards.
+fn vip(family: Family, index: u32) -> SocketAddr {
+    let address: IpAddr = match family {
+        Family::V4 => Ipv4Addr::from(0x0a60_0001 + index).into(),
+        Family::V6 => Ipv6Addr::from(0xfd00_0096_u128 << 96 | u128::from(1 + index)).into(),
+    };
+    SocketAddr::new(address, SERVICE_PORT)
 }
 
-/// A distinct backend of every other service: loopback addresses nothing listens on and
-/// nothing connects to (only the measured VIP gets traffic).
-fn placeholder_backend(service: u32, backend: u32) -> SocketAddrV4 {
-    let address = 0x7f80_0000 + service * BACKENDS_PER_SERVICE + backend;
-    SocketAddrV4::new(Ipv4Addr::from(address), BACKEND_PORT)
+/// A distinct backend of every other service: addresses nothing listens on and nothing
+/// connects to (only the measured VIP gets traffic), in 127.128.0.0/9 or fd00:0:0:80::/64.
+fn placeholder_backend(family: Family, service: u32, backend: u32) -> SocketAddr {
+    let index = service * BACKENDS_PER_SERVICE + backend;
+    let address: IpAddr = match family {
+        Family::V4 => Ipv4Addr::from(0x7f80_0000 + index).into(),
+        Family::V6 => Ipv6Addr::from(0xfd00_0000_0000_0080_u128 << 64 | u128::from(index)).into(),
+    };
+    SocketAddr::new(address, BACKEND_PORT)
 }
 
-fn desired(services: u32, measured: u32) -> Desired {
-    let real = real_backends();
+/// `services` Services of each family in `families`.
+fn desired(sandbox: &Sandbox, families: &[Family], services: u32, measured: u32) -> Desired {
     let mut desired = Desired::default();
-    for service in 0..services {
-        let backends = (0..BACKENDS_PER_SERVICE)
-            .map(|backend| match real.get(backend as usize) {
-                Some(addr) if service == measured => *addr,
-                _ => placeholder_backend(service, backend),
-            })
-            .map(|addr| BackendAddr::local(*addr.ip(), addr.port()))
-            .collect();
-        let address = vip(service);
-        desired.insert(
-            Frontend {
-                address: (*address.ip()).into(),
-                port: address.port(),
-                protocol: Protocol::Tcp,
-                scope: Scope::Internal,
-            },
-            FrontendSpec {
-                backends,
-                affinity_timeout_seconds: None,
-                source_ranges: None,
-                maglev: false,
-            },
-        );
+    for &family in families {
+        let real = real_backends(sandbox, family);
+        for service in 0..services {
+            let backends = (0..BACKENDS_PER_SERVICE)
+                .map(|backend| match real.get(backend as usize) {
+                    Some(addr) if service == measured => *addr,
+                    _ => placeholder_backend(family, service, backend),
+                })
+                .map(|addr| BackendAddr::local(addr.ip(), addr.port()))
+                .collect();
+            let address = vip(family, service);
+            desired.insert(
+                Frontend {
+                    address: address.ip(),
+                    port: address.port(),
+                    protocol: Protocol::Tcp,
+                    scope: Scope::Internal,
+                },
+                FrontendSpec {
+                    backends,
+                    affinity_timeout_seconds: None,
+                    source_ranges: None,
+                    maglev: false,
+                },
+            );
+        }
     }
     desired
 }
@@ -408,11 +462,12 @@ fn program_id(pin_dir: &Path, program: &str) -> u32 {
 
 fn run_client(
     sandbox: &Sandbox,
-    vip: SocketAddrV4,
+    vip: SocketAddr,
+    backends: &[SocketAddr],
     ids: [u32; 2],
     connections: u32,
 ) -> Measurement {
-    let backends: Vec<String> = real_backends().iter().map(ToString::to_string).collect();
+    let backends: Vec<String> = backends.iter().map(ToString::to_string).collect();
     let exe = std::env::current_exe().expect("find this executable to run the client");
     let output = sandbox
         .in_cgroup(exe)
@@ -453,24 +508,20 @@ fn check(measurement: &Measurement, counters: &Counters) {
     );
     assert_eq!(counters.no_backend, 0, "{counters:?}");
     for (what, timed, runs) in [
-        (
-            "VIP",
-            measurement.vip.samples,
-            measurement.connect4_vip.runs,
-        ),
+        ("VIP", measurement.vip.samples, measurement.connect_vip.runs),
         (
             "direct",
             measurement.direct.samples,
-            measurement.connect4_direct.runs,
+            measurement.connect_direct.runs,
         ),
     ] {
         if timed != runs {
-            eprintln!("warning: {timed} {what} connects but connect4 ran {runs} times");
+            eprintln!("warning: {timed} {what} connects but the connect program ran {runs} times");
         }
     }
 }
 
-fn print_report(machine: &str, options: &Options, rows: &[(u32, Measurement)]) {
+fn print_report(machine: &str, options: &Options, rows: &[(u32, Family, Measurement)]) {
     let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1_000.0);
     let per_call = |run_time: RunTime| {
         run_time
@@ -493,24 +544,30 @@ fn print_report(machine: &str, options: &Options, rows: &[(u32, Measurement)]) {
             "no trace session"
         }
     );
+    // connect4/getpeername4 for IPv4 rows, connect6/getpeername6 for IPv6 ones.
     println!(
-        "| services | VIP p50 | direct p50 | VIP/direct (p50) | VIP p99 | direct p99 | VIP/direct \
-         (p99) | connect4 ns/call (VIP) | connect4 ns/call (direct) | getpeername4 ns/call |"
+        "| services | family | VIP p50 | direct p50 | VIP/direct (p50) | VIP p99 | direct p99 \
+         | VIP/direct (p99) | connect ns/call (VIP) | connect ns/call (direct) | getpeername \
+         ns/call |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for (services, m) in rows {
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (services, family, m) in rows {
         let ratio = |vip: u64, direct: u64| vip as f64 / direct.max(1) as f64;
+        let family = match family {
+            Family::V4 => "IPv4 (connect4)",
+            Family::V6 => "IPv6 (connect6)",
+        };
         println!(
-            "| {services} | {} | {} | {:.3} | {} | {} | {:.3} | {} | {} | {} |",
+            "| {services} | {family} | {} | {} | {:.3} | {} | {} | {:.3} | {} | {} | {} |",
             us(m.vip.p50_ns),
             us(m.direct.p50_ns),
             ratio(m.vip.p50_ns, m.direct.p50_ns),
             us(m.vip.p99_ns),
             us(m.direct.p99_ns),
             ratio(m.vip.p99_ns, m.direct.p99_ns),
-            per_call(m.connect4_vip),
-            per_call(m.connect4_direct),
-            per_call(m.getpeername4),
+            per_call(m.connect_vip),
+            per_call(m.connect_direct),
+            per_call(m.getpeername),
         );
     }
 }
@@ -525,7 +582,7 @@ struct Servers {
 }
 
 impl Servers {
-    fn start(addrs: &[SocketAddrV4]) -> Self {
+    fn start(addrs: &[SocketAddr]) -> Self {
         let accepted = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let mut servers = Self {
@@ -608,19 +665,19 @@ enum Target {
     Direct,
 }
 
-/// client VIP BACKEND,BACKEND,... CONNECTIONS CONNECT4_ID GETPEERNAME4_ID
+/// client VIP BACKEND,BACKEND,... CONNECTIONS CONNECT_ID GETPEERNAME_ID
 fn client(args: &[String]) {
-    let [vip, backends, connections, connect4, getpeername4] = args else {
+    let [vip, backends, connections, connect, getpeername] = args else {
         usage()
     };
-    let vip: SocketAddrV4 = parse(vip);
-    let backends: Vec<libc::sockaddr_in> = backends
+    let vip: SocketAddr = parse(vip);
+    let backends: Vec<RawAddr> = backends
         .split(',')
-        .map(|backend| sockaddr(parse(backend)))
+        .map(|backend| RawAddr::new(parse(backend)))
         .collect();
     let connections: u32 = parse(connections);
-    let ids: [u32; 2] = [parse(connect4), parse(getpeername4)];
-    let vip_addr = sockaddr(vip);
+    let ids: [u32; 2] = [parse(connect), parse(getpeername)];
+    let vip_addr = RawAddr::new(vip);
     let batch = connections.div_ceil(ROUNDS);
     let mut next_backend = 0usize;
     let mut direct = || {
@@ -636,7 +693,7 @@ fn client(args: &[String]) {
 
     let samples = usize::try_from(batch * ROUNDS).unwrap_or(0);
     let (mut vip_ns, mut direct_ns) = (Vec::with_capacity(samples), Vec::with_capacity(samples));
-    let (mut connect4_vip, mut connect4_direct) = (RunTime::default(), RunTime::default());
+    let (mut connect_vip, mut connect_direct) = (RunTime::default(), RunTime::default());
     for round in 0..ROUNDS {
         let order = if round % 2 == 0 {
             [Target::Vip, Target::Direct]
@@ -654,8 +711,8 @@ fn client(args: &[String]) {
             }
             let spent = run_times(ids)[0].since(before);
             match target {
-                Target::Vip => connect4_vip.add(spent),
-                Target::Direct => connect4_direct.add(spent),
+                Target::Vip => connect_vip.add(spent),
+                Target::Direct => connect_direct.add(spent),
             }
         }
     }
@@ -663,20 +720,20 @@ fn client(args: &[String]) {
     let before = run_times(ids)[1];
     for _ in 0..PEERNAME_CONNECTS {
         let peer = connect_peer(vip);
-        if peer != SocketAddr::V4(vip) {
+        if peer != vip {
             fail(&format!(
                 "getpeername() of a VIP connection says {peer}, not {vip}"
             ));
         }
     }
-    let getpeername4 = run_times(ids)[1].since(before);
+    let getpeername = run_times(ids)[1].since(before);
 
     let measurement = Measurement {
         vip: Latency::of(vip_ns),
         direct: Latency::of(direct_ns),
-        connect4_vip,
-        connect4_direct,
-        getpeername4,
+        connect_vip,
+        connect_direct,
+        getpeername,
         vip_connects: u64::from(batch * (ROUNDS + 1) + PEERNAME_CONNECTS),
         direct_connects: u64::from(batch * (ROUNDS + 1)),
     };
@@ -696,48 +753,84 @@ fn fail(message: &str) -> ! {
     std::process::exit(1);
 }
 
-fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {
-    libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: addr.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*addr.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
+/// A socket address in the kernel's form, of either family.
+struct RawAddr {
+    addr: SocketAddr,
+    storage: libc::sockaddr_storage,
+    len: libc::socklen_t,
+}
+
+impl RawAddr {
+    fn new(addr: SocketAddr) -> Self {
+        // SAFETY: an all-zero sockaddr_storage is valid.
+        let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match addr {
+            SocketAddr::V4(v4) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: v4.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from(*v4.ip()).to_be(),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+                unsafe { ptr::write(ptr::from_mut(&mut storage).cast(), sin) };
+                size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(v6) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: v6.port().to_be(),
+                    sin6_flowinfo: 0,
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: v6.ip().octets(),
+                    },
+                    sin6_scope_id: 0,
+                };
+                // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+                unsafe { ptr::write(ptr::from_mut(&mut storage).cast(), sin6) };
+                size_of::<libc::sockaddr_in6>()
+            }
+        };
+        Self {
+            addr,
+            storage,
+            len: len as libc::socklen_t,
+        }
+    }
+
+    fn domain(&self) -> libc::c_int {
+        match self.addr {
+            SocketAddr::V4(_) => libc::AF_INET,
+            SocketAddr::V6(_) => libc::AF_INET6,
+        }
     }
 }
 
 /// Nanoseconds spent in connect() and close() of a fresh TCP socket; socket() is not timed.
 /// Raw calls rather than `TcpStream`, so that nothing but those two syscalls is measured.
-fn connect_close(target: &libc::sockaddr_in) -> u64 {
+fn connect_close(target: &RawAddr) -> u64 {
     // SAFETY: plain syscall; the fd is checked and closed below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe { libc::socket(target.domain(), libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         fail(&format!("socket(): {}", io::Error::last_os_error()));
     }
     let started = Instant::now();
-    // SAFETY: target is a sockaddr_in of the length passed; fd is our socket.
-    let rc = unsafe {
-        libc::connect(
-            fd,
-            ptr::from_ref(target).cast(),
-            size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
+    // SAFETY: the storage holds a socket address of the length passed; fd is our socket.
+    let rc = unsafe { libc::connect(fd, ptr::from_ref(&target.storage).cast(), target.len) };
     let error = (rc != 0).then(io::Error::last_os_error);
     // SAFETY: fd is ours and closed once.
     unsafe { libc::close(fd) };
     let elapsed = started.elapsed();
     if let Some(error) = error {
-        let port = u16::from_be(target.sin_port);
-        let address = Ipv4Addr::from(u32::from_be(target.sin_addr.s_addr));
-        fail(&format!("connect({address}:{port}): {error}"));
+        fail(&format!("connect({}): {error}", target.addr));
     }
     u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// The peer address a VIP connection reports (getpeername4 shows the VIP again).
-fn connect_peer(vip: SocketAddrV4) -> SocketAddr {
+/// The peer address a VIP connection reports (getpeername shows the VIP again).
+fn connect_peer(vip: SocketAddr) -> SocketAddr {
     let stream = TcpStream::connect(vip).unwrap_or_else(|e| fail(&format!("connect({vip}): {e}")));
     stream
         .peer_addr()
