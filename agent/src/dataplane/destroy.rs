@@ -17,7 +17,7 @@ use aya::{
     programs::Iter,
 };
 use aya_obj::btf::BtfKind;
-use socklb_abi::{GoneKey, SOCK_DESTROY_CALL, map_names, program_names};
+use socklb_abi::{GoneKey, GoneKey6, SOCK_DESTROY_CALL, map_names, program_names};
 
 /// The kernel function the iterators call.
 const KFUNC: &str = "bpf_sock_destroy";
@@ -27,6 +27,7 @@ pub struct DestroyPrograms {
     pub udp: OwnedFd,
     pub tcp: OwnedFd,
     pub gone: HashMap<MapData, GoneKey, u8>,
+    pub gone6: HashMap<MapData, GoneKey6, u8>,
 }
 
 /// Why the iterators are not available; said once, at start.
@@ -67,9 +68,19 @@ pub fn kfunc_id() -> Result<(Btf, u32), Unavailable> {
 /// The byte offset of `skc_cookie` in the running kernel's `struct sock_common`, read from
 /// its BTF; 0 if it cannot be found (the programs then use the helper).
 pub fn skc_cookie_offset() -> u32 {
+    sock_common_offset("skc_cookie")
+}
+
+/// The byte offset of `skc_v6_daddr` in `struct sock_common`; 0 if it cannot be found (the
+/// programs then leave IPv6 sockets alone).
+pub fn skc_v6_daddr_offset() -> u32 {
+    sock_common_offset("skc_v6_daddr")
+}
+
+fn sock_common_offset(member: &str) -> u32 {
     std::fs::read("/sys/kernel/btf/vmlinux")
         .ok()
-        .and_then(|btf| member_offset(&btf, "sock_common", "skc_cookie"))
+        .and_then(|btf| member_offset(&btf, "sock_common", member))
         .unwrap_or(0)
 }
 
@@ -181,10 +192,20 @@ pub fn load(ebpf: &mut Ebpf, btf: &Btf) -> Result<DestroyPrograms, Unavailable> 
         .ok_or(Unavailable::Missing(map_names::GONE))?
         .try_into()
         .map_err(Unavailable::Map)?;
+    let gone6 = ebpf
+        .take_map(map_names::GONE6)
+        .ok_or(Unavailable::Missing(map_names::GONE6))?
+        .try_into()
+        .map_err(Unavailable::Map)?;
     let (Some(tcp), Some(udp)) = (fds.pop(), fds.pop()) else {
         return Err(Unavailable::Missing(program_names::DESTROY_UDP));
     };
-    Ok(DestroyPrograms { udp, tcp, gone })
+    Ok(DestroyPrograms {
+        udp,
+        tcp,
+        gone,
+        gone6,
+    })
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::{
     net::IpAddr,
 };
 
-use socklb_abi::GoneKey;
+use socklb_abi::{GoneKey, GoneKey6, ipv6_words};
 
 use super::{BackendAddr, Frontend, Protocol, Scope};
 
@@ -30,7 +30,7 @@ impl Gone {
     }
 
     /// The gone map's key (network byte order), as the iterators compare it with a socket
-    /// map entry; `None` for an IPv6 pair (not swept yet).
+    /// map entry; `None` for an IPv6 pair (see [`key6`](Self::key6)).
     pub fn key(&self) -> Option<GoneKey> {
         let (IpAddr::V4(frontend), IpAddr::V4(backend)) =
             (self.frontend.address, self.backend.address)
@@ -43,6 +43,24 @@ impl Gone {
             protocol: self.frontend.protocol.number(),
             pad: 0,
             backend_address: u32::from(backend).to_be(),
+            backend_port: self.backend.port.to_be(),
+            pad2: 0,
+        })
+    }
+
+    /// The IPv6 gone map's key; `None` for an IPv4 pair.
+    pub fn key6(&self) -> Option<GoneKey6> {
+        let (IpAddr::V6(frontend), IpAddr::V6(backend)) =
+            (self.frontend.address, self.backend.address)
+        else {
+            return None;
+        };
+        Some(GoneKey6 {
+            frontend_address: ipv6_words(frontend.octets()),
+            frontend_port: self.frontend.port.to_be(),
+            protocol: self.frontend.protocol.number(),
+            pad: 0,
+            backend_address: ipv6_words(backend.octets()),
             backend_port: self.backend.port.to_be(),
             pad2: 0,
         })

@@ -232,6 +232,8 @@ struct Globals {
     log_level: u8,
     /// Where the socket iterators find a socket's cookie (0: they ask the helper).
     skc_cookie_offset: u32,
+    /// Where the socket iterators find an IPv6 socket's peer (0: they skip IPv6 sockets).
+    skc_v6_daddr_offset: u32,
 }
 
 impl Globals {
@@ -240,6 +242,7 @@ impl Globals {
             socket_slot_mask: capacities.socket_slots() - 1,
             log_level: log_level.global(),
             skc_cookie_offset: super::destroy::skc_cookie_offset(),
+            skc_v6_daddr_offset: super::destroy::skc_v6_daddr_offset(),
         }
     }
 }
@@ -262,6 +265,11 @@ fn configure<'a>(
         .override_global(globals::SOCKET_SLOT_MASK, &values.socket_slot_mask, true)
         .override_global(aya_log::LEVEL, &values.log_level, true)
         .override_global(globals::SKC_COOKIE_OFFSET, &values.skc_cookie_offset, true)
+        .override_global(
+            globals::SKC_V6_DADDR_OFFSET,
+            &values.skc_v6_daddr_offset,
+            true,
+        )
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         .map_max_entries(map_names::SERVICES, sizes.services)
         .map_max_entries(map_names::BACKENDS, sizes.backends)

@@ -8,7 +8,7 @@ use std::{
 };
 
 use aya::maps::{HashMap, MapData, MapError};
-use socklb_abi::GoneKey;
+use socklb_abi::{GoneKey, GoneKey6};
 
 use crate::dataplane::{DestroyPrograms, Gone, Protocol};
 
@@ -23,6 +23,7 @@ pub struct Iterators {
     udp: OwnedFd,
     tcp: OwnedFd,
     gone: HashMap<MapData, GoneKey, u8>,
+    gone6: HashMap<MapData, GoneKey6, u8>,
 }
 
 impl Iterators {
@@ -31,22 +32,29 @@ impl Iterators {
             udp: link_create(programs.udp.as_raw_fd())?,
             tcp: link_create(programs.tcp.as_raw_fd())?,
             gone: programs.gone,
+            gone6: programs.gone6,
         })
     }
 
-    /// Names `pairs` in the gone map.
+    /// Names `pairs` in the gone map of their family.
     pub fn prepare(&mut self, pairs: &[Gone]) -> Result<(), MapError> {
         for key in pairs.iter().filter_map(Gone::key) {
             self.gone.insert(&key, &1, 0)?;
         }
+        for key in pairs.iter().filter_map(Gone::key6) {
+            self.gone6.insert(&key, &1, 0)?;
+        }
         Ok(())
     }
 
-    /// Empties the gone map again, so that a sweep never acts on an older sync's pairs.
+    /// Empties the gone maps again, so that a sweep never acts on an older sync's pairs.
     pub fn finish(&mut self, pairs: &[Gone]) {
+        // Absent if prepare stopped early.
         for key in pairs.iter().filter_map(Gone::key) {
-            // Absent if prepare stopped early.
             let _ = self.gone.remove(&key);
+        }
+        for key in pairs.iter().filter_map(Gone::key6) {
+            let _ = self.gone6.remove(&key);
         }
     }
 

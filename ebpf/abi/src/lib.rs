@@ -350,6 +350,12 @@ pub mod globals {
     /// (from its BTF), so that the destroy iterators read a socket's cookie without handing
     /// one out to every socket they visit; 0: unknown, the programs ask the helper.
     pub const SKC_COOKIE_OFFSET: &str = "SKC_COOKIE_OFFSET";
+
+    // Added for IPv6 sockets (sock6).
+    /// `u32`: the byte offset of `skc_v6_daddr` in the running kernel's `struct
+    /// sock_common` (from its BTF), where the destroy iterators read an IPv6 socket's peer;
+    /// 0: unknown, IPv6 sockets are not swept.
+    pub const SKC_V6_DADDR_OFFSET: &str = "SKC_V6_DADDR_OFFSET";
 }
 
 /// Key of the affinity map: a client (its network namespace, i.e. its pod or the host)

@@ -7,9 +7,10 @@ use aya_ebpf::{
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, Backend, Backend6, Counters, CtEntry, CtKey, FragmentKey,
-    FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry,
-    ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6,
-    SocketFrontend, SocketFrontend6, SourceRange, SourceVerdict, TraceControl, TraceEvent,
+    FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey, GoneKey6, MaglevKey, NodeConfig,
+    ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey,
+    ServiceKey6, SocketFrontend, SocketFrontend6, SourceRange, SourceVerdict, TraceControl,
+    TraceEvent,
 };
 
 /// The shapes the service, reverse and socket maps of both families share, so that `lb`
@@ -122,3 +123,7 @@ pub static TRACE_CONTROL: Array<TraceControl, 1> = Array::new();
 /// agent for one sweep. Not pinned: it belongs to the agent that loaded the iterators.
 #[btf_map(name = "socklb_gone_v1")]
 pub static GONE: HashMap<GoneKey, u8, { GONE_CAPACITY as usize }> = HashMap::new();
+
+/// [`GONE`] of IPv6 frontends. Not pinned either.
+#[btf_map(name = "socklb_gone6_v1")]
+pub static GONE6: HashMap<GoneKey6, u8, { GONE_CAPACITY as usize }> = HashMap::new();
