@@ -26,7 +26,7 @@ use socklb_tests::{
     hold_bin,
     netns::Netns,
     node_yaml,
-    privileges::{ContainerPrivileges, chart_agent},
+    privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal},
     run,
 };
 
@@ -84,18 +84,17 @@ impl World {
         }
     }
 
-    /// The agent as an operator who grants the sweep its capabilities runs it: SYS_ADMIN,
-    /// and PERFMON for `bpf-iterator` (without it: `netlink`).
+    /// The agent as the chart's defaults run it (closeSocketsInPods: SYS_ADMIN, which
+    /// lets the iterators load too), in `mode`.
     fn agent(&self, mode: &str, extra: &[&str]) -> Agent {
         let privileges = match mode {
-            "bpf-iterator" => chart_agent().with("PERFMON").with("SYS_ADMIN"),
-            // SYS_ADMIN would let the iterators load too: the mode is asked for.
-            "netlink" => chart_agent().with("SYS_ADMIN"),
+            // The mode is asked for: auto would pick the iterators.
+            "bpf-iterator" | "netlink" => chart_agent(),
             other => panic!("no mode {other}"),
         };
         let mut args = vec!["--socket-destroy-mode", mode];
         args.extend(extra);
-        self.agent_as(&privileges, mode, &args)
+        self.agent_as(privileges, mode, &args)
     }
 
     fn agent_as(&self, privileges: &ContainerPrivileges, mode: &str, extra: &[&str]) -> Agent {
@@ -467,12 +466,13 @@ fn without_the_flag_tcp_connections_to_a_removed_backend_drain() {
 }
 
 #[test]
-fn with_the_charts_default_capabilities_only_the_agents_namespace_is_swept() {
+fn at_the_strict_minimum_capabilities_only_the_agents_namespace_is_swept() {
     let world = World::new("dst-default");
     let _servers = udp_servers(5353);
     world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
-    // BPF and NET_ADMIN: no PERFMON for the iterators, no SYS_ADMIN for setns.
-    let agent = world.agent_as(chart_agent(), "netlink", &[]);
+    // closeSocketsInPods=false: BPF and NET_ADMIN, no PERFMON for the iterators, no
+    // SYS_ADMIN for setns.
+    let agent = world.agent_as(chart_agent_minimal(), "netlink", &[]);
     let target = format!("{DNS_VIP}:53");
     let (mut host, first) = world.host_client("udp", &target);
     assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");

@@ -39,7 +39,10 @@ pub use host::{
 };
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
 pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};
-pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
+pub use privileges::{
+    FOR_FEATURES as FEATURE_CAPABILITIES, ForFeature, NEEDED as NEEDED_CAPABILITIES, Needed,
+    PrivilegeError, diagnose,
+};
 pub use program_logs::{ProgramLogLevel, ProgramLogs, ProgramLogsError};
 use socklb_abi::{Counters, NodeConfig, map_names};
 pub use tc::{TcAttachError, TcMode};
