@@ -10,7 +10,7 @@
 //! and SYS_ADMIN (to enter the pods' namespaces).
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    net::{Ipv4Addr, SocketAddrV4, TcpListener},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener},
     process::Command,
     sync::{
         Arc,
@@ -20,14 +20,20 @@ use std::{
     time::{Duration, Instant},
 };
 
+use socklb_agent::{
+    dataplane::{Desired, Protocol},
+    metrics::Metrics,
+    sweep::{Requested, Sweeper},
+};
 use socklb_tests::{
     Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, command_in_cgroup,
+    family::Family,
     hold::Holder,
     hold_bin,
     netns::Netns,
     node_yaml,
     privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal},
-    run,
+    run, spec,
 };
 
 const PODS: u8 = 3;
@@ -506,4 +512,69 @@ fn the_iterators_read_cookies_without_handing_them_out() {
         offset > 0 && offset.is_multiple_of(8),
         "skc_cookie not found in struct sock_common of /sys/kernel/btf/vmlinux: {offset}"
     );
+}
+
+/// Each family's sweep as a test: `v4::*` and `v6::*`.
+macro_rules! for_each_family {
+    ($($scenario:ident),* $(,)?) => {
+        mod v4 {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario(socklb_tests::family::Family::V4);
+            })*
+        }
+        mod v6 {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario(socklb_tests::family::Family::V6);
+            })*
+        }
+    };
+}
+
+for_each_family!(the_iterators_close_a_connected_udp_socket_whose_backend_left);
+
+/// The iterators of each family's sockets, driven through the agent's library (the
+/// datapath, its apply report and the sweeper) rather than a running agent.
+fn the_iterators_close_a_connected_udp_socket_whose_backend_left(family: Family) {
+    let sandbox = Sandbox::new(&format!("dst-lib{}", family.tag()));
+    let servers = family.udp_servers(&sandbox, 1, 2, 5353);
+    let vip = family.frontend(53, 53, Protocol::Udp);
+    // The chart's defaults (closeSocketsInPods), with which the iterators load.
+    let mut dataplane = chart_agent()
+        .within(|| socklb_agent::dataplane::Dataplane::load(sandbox.config()))
+        .expect("load the datapath");
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers[..1]));
+    dataplane.apply(&desired).expect("apply");
+    sandbox.attach(&mut dataplane);
+    let sweeper = Sweeper::start(
+        dataplane.take_destroy_programs(),
+        &sandbox.pin_dir,
+        Requested::BpfIterator,
+        false,
+        Arc::new(Metrics::new()),
+    )
+    .expect("the iterators load with the chart's capabilities");
+
+    let target = SocketAddr::new(vip.address, vip.port).to_string();
+    let mut command = command_in_cgroup(&sandbox.cgroup, hold_bin());
+    command.args(["udp", &target]);
+    let (mut client, first) = Holder::start(&format!("udp client of {target}"), command);
+    assert_eq!(first.reply.as_deref(), Some("u1"), "{first:?}");
+    // A socket straight to the backend is no business of the sweep.
+    let mut command = command_in_cgroup(&sandbox.cgroup, hold_bin());
+    command.args(["udp", &servers[0].addr.to_string()]);
+    let (mut direct, first) = Holder::start("direct udp client", command);
+    assert_eq!(first.reply.as_deref(), Some("u1"), "{first:?}");
+    client.send("wait");
+
+    desired.insert(vip, spec(&servers[1..]));
+    let report = dataplane.apply(&desired).expect("apply");
+    assert_eq!(report.gone.len(), 1, "{:?}", report.gone);
+    sweeper.sweep(&report.gone);
+    let line = client.line();
+    assert_eq!(line.error.as_deref(), Some("ECONNABORTED"), "{line:?}");
+    let line = direct.ask("ping");
+    assert_eq!(line.reply.as_deref(), Some("u1"), "{line:?}");
 }

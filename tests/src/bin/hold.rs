@@ -92,10 +92,18 @@ fn main() {
     }
 }
 
+/// The unspecified address of `target`'s family, any port.
+fn any(target: SocketAddr) -> SocketAddr {
+    match target {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    }
+}
+
 fn connect(mode: &str, target: SocketAddr) -> std::io::Result<Socket> {
     match mode {
         "udp" | "dns" => {
-            let socket = UdpSocket::bind("0.0.0.0:0")?;
+            let socket = UdpSocket::bind(any(target))?;
             socket.connect(target)?;
             socket.set_read_timeout(Some(TIMEOUT))?;
             Ok(Socket::Udp(socket))
@@ -254,7 +262,7 @@ fn many(target: &str, count: &str) {
     };
     let mut sockets = Vec::with_capacity(count);
     for _ in 0..count {
-        match UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect(target).map(|()| s)) {
+        match UdpSocket::bind(any(target)).and_then(|s| s.connect(target).map(|()| s)) {
             Ok(socket) => sockets.push(socket),
             Err(error) => {
                 print(&Line {
