@@ -205,21 +205,20 @@ fn main() -> anyhow::Result<()> {
                     trace,
                     family,
                 } => {
-                    if trace == "on" {
-                        // The session is the release agent, next to the benchmark binary.
-                        step(
-                            "build the agent",
-                            &[
-                                "build",
-                                "--quiet",
-                                "--release",
-                                "--package",
-                                "socklb-agent",
-                                "--bin",
-                                "socklb",
-                            ],
-                        )?;
-                    }
+                    // The release agent, next to the benchmark binary: the trace session
+                    // runs it, and the sandbox's cleanup (`socklb cleanup`) always does.
+                    step(
+                        "build the agent",
+                        &[
+                            "build",
+                            "--quiet",
+                            "--release",
+                            "--package",
+                            "socklb-agent",
+                            "--bin",
+                            "socklb",
+                        ],
+                    )?;
                     let services: Vec<String> = services.iter().map(u32::to_string).collect();
                     let args = [
                         "datapath".to_owned(),
