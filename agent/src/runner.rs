@@ -278,6 +278,13 @@ impl Runner {
             Ok(report) => report,
             Err(error) => {
                 warn!(error = %crate::error_chain(&error), "sync failed; retrying with a full sync");
+                // Backends it removed before failing are gone from the maps all the same.
+                let unswept = self.dataplane.take_unswept();
+                if let Some(sweeper) = &self.sweeper
+                    && !unswept.is_empty()
+                {
+                    sweeper.sweep(&unswept);
+                }
                 return Ok(false);
             }
         };

@@ -42,7 +42,11 @@ fn without_each_capability_the_kernel_refuses_and_the_agent_names_it() {
     for capability in &chart_agent_minimal().capabilities {
         let sandbox = Sandbox::new(&format!("no-{}", capability.to_lowercase()));
         let manifests = web_manifests(&sandbox, "10.0.1.1");
-        let output = run_agent(&chart_agent_minimal().without(capability), &sandbox, &manifests);
+        let output = run_agent(
+            &chart_agent_minimal().without(capability),
+            &sandbox,
+            &manifests,
+        );
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "started without {capability}");
         let error = stderr
@@ -129,7 +133,11 @@ fn a_seccomp_profile_that_gates_bpf_on_sys_admin_is_named_as_the_cause() {
     let sandbox = Sandbox::new("seccomp-sys-admin");
     let manifests = web_manifests(&sandbox, "10.0.1.1");
     let shipped: PathBuf = CONTAINERS_COMMON.into();
-    let output = run_agent(&chart_agent_minimal().with_seccomp(&shipped), &sandbox, &manifests);
+    let output = run_agent(
+        &chart_agent_minimal().with_seccomp(&shipped),
+        &sandbox,
+        &manifests,
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success(),

@@ -274,6 +274,8 @@ pub struct Dataplane {
     object: std::borrow::Cow<'static, [u8]>,
     /// The socket iterators, until the sweeper takes them, or why there are none.
     destroy: Option<Result<DestroyPrograms, DestroyUnavailable>>,
+    /// Pairs whose backend a failed sync removed: swept after the next sync that succeeds.
+    unswept: Vec<Gone>,
 }
 
 impl Dataplane {
@@ -392,6 +394,7 @@ impl Dataplane {
             growth_retry_at: None,
             object,
             destroy: Some(destroy),
+            unswept: Vec::new(),
         })
     }
 
@@ -427,18 +430,15 @@ impl Dataplane {
         self.make_room(self.writer.demand(changes()), self.maglev.demand(changes()));
         let before = self.internal_backends(self.writer.frontends());
         let result = self.writer.apply(desired);
-        let mut report = self.report(result)?;
-        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
+        let report = self.report_gone(result, &before)?;
         let ranges = self.source_ranges.apply_all(&desired.frontends);
-        self.report_ranges(ranges)?;
-        let writer = &self.writer;
-        let tables = self.maglev.apply(
-            desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
-            |f| writer.programmed(f),
-            true,
-        );
-        self.report_maglev(tables)?;
-        Ok(report)
+        let rest = self.report_ranges(ranges).and_then(|()| {
+            self.apply_maglev(
+                desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
+                true,
+            )
+        });
+        self.finish(report, rest)
     }
 
     /// How many frontends are not programmed as desired now, by outcome, whichever sync
@@ -461,18 +461,71 @@ impl Dataplane {
         self.make_room(self.writer.demand(changed()), self.maglev.demand(changed()));
         let before = self.internal_backends(changes.keys());
         let result = self.writer.apply_changes(changes);
-        let mut report = self.report(result)?;
-        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
+        let report = self.report_gone(result, &before)?;
         let ranges = self.source_ranges.apply(changes);
-        self.report_ranges(ranges)?;
+        let rest = self
+            .report_ranges(ranges)
+            .and_then(|()| self.apply_maglev(changes.iter().map(|(f, spec)| (f, *spec)), false));
+        self.finish(report, rest)
+    }
+
+    /// The Maglev tables of `changes` (of every frontend when `full`).
+    fn apply_maglev<'a>(
+        &mut self,
+        changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
+        full: bool,
+    ) -> Result<(), DataplaneError> {
         let writer = &self.writer;
-        let tables = self.maglev.apply(
-            changes.iter().map(|(f, spec)| (f, *spec)),
-            |f| writer.programmed(f),
-            false,
-        );
-        self.report_maglev(tables)?;
+        let tables = self.maglev.apply(changes, |f| writer.programmed(f), full);
+        self.report_maglev(tables)
+    }
+
+    /// The writer's report with the pairs whose backend left since `before`, and those a
+    /// failed sync left unswept whose backend has not come back. When the writer failed, the
+    /// pairs it removed before failing (seen in the maps read again) wait for the next
+    /// sync that succeeds.
+    fn report_gone(
+        &mut self,
+        result: Result<ApplyReport, StoreError>,
+        before: &gone::Programmed,
+    ) -> Result<ApplyReport, DataplaneError> {
+        let result = self.report(result);
+        let now = self.internal_backends(before.keys());
+        let left = gone::gone(before, &now);
+        let Ok(mut report) = result else {
+            // Kept for take_unswept.
+            self.unswept.extend(left);
+            return result;
+        };
+        let mut pairs: std::collections::BTreeSet<Gone> = left.into_iter().collect();
+        pairs.extend(self.take_unswept());
+        report.gone = pairs.into_iter().collect();
         Ok(report)
+    }
+
+    /// The pairs a failed sync removed from the maps before failing whose backend has not
+    /// come back since: their sockets are closed all the same, since the maps no longer lead
+    /// there (a sync that keeps failing would otherwise never close them).
+    pub fn take_unswept(&mut self) -> Vec<Gone> {
+        let unswept = std::mem::take(&mut self.unswept);
+        let now = self.internal_backends(unswept.iter().map(|pair| &pair.frontend));
+        gone::still_gone(unswept, &now)
+    }
+
+    /// `report` if the rest of the sync (source ranges, Maglev) succeeded; else its gone
+    /// pairs are kept for [`Self::take_unswept`].
+    fn finish(
+        &mut self,
+        report: ApplyReport,
+        rest: Result<(), DataplaneError>,
+    ) -> Result<ApplyReport, DataplaneError> {
+        match rest {
+            Ok(()) => Ok(report),
+            Err(error) => {
+                self.unswept.extend(report.gone);
+                Err(error)
+            }
+        }
     }
 
     /// Records which Service each given frontend belongs to (`None`: gone), for `socklb
