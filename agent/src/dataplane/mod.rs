@@ -508,8 +508,13 @@ impl Dataplane {
     /// there (a sync that keeps failing would otherwise never close them).
     pub fn take_unswept(&mut self) -> Vec<Gone> {
         let unswept = std::mem::take(&mut self.unswept);
-        let now = self.internal_backends(unswept.iter().map(|pair| &pair.frontend));
-        gone::still_gone(unswept, &now)
+        self.still_gone(unswept)
+    }
+
+    /// Those of `pairs` whose backend is not programmed for its frontend now.
+    pub fn still_gone(&self, pairs: Vec<Gone>) -> Vec<Gone> {
+        let now = self.internal_backends(pairs.iter().map(|pair| &pair.frontend));
+        gone::still_gone(pairs, &now)
     }
 
     /// `report` if the rest of the sync (source ranges, Maglev) succeeded; else its gone
