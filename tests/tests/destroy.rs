@@ -262,6 +262,43 @@ fn udp_clients_in_every_namespace(test: &str, mode: &str) {
 }
 
 #[test]
+fn an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too() {
+    ipv4_mapped("dst-mapped", "bpf-iterator");
+}
+
+#[test]
+fn netlink_mode_an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too() {
+    ipv4_mapped("dst-mapped-nl", "netlink");
+}
+
+/// A dual-stack client (Java's default, for one) reaches an IPv4 Service through
+/// `::ffff:VIP` on an AF_INET6 socket; connect6 translates it as connect4 would.
+fn ipv4_mapped(test: &str, mode: &str) {
+    let world = World::new(test);
+    let _servers = udp_servers(5353);
+    world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    let agent = world.agent(mode, &[]);
+    let (mut mapped, first) = world.host_client("udp", &format!("[::ffff:{DNS_VIP}]:53"));
+    assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
+    assert_eq!(
+        first.peer.as_deref(),
+        Some(format!("[::ffff:{DNS_VIP}]:53").as_str()),
+        "getpeername shows the mapped VIP: {first:?}"
+    );
+    mapped.send("wait");
+    world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
+    let line = mapped.line();
+    assert_eq!(
+        line.error.as_deref(),
+        Some("ECONNABORTED"),
+        "{line:?}\n{}",
+        agent.log()
+    );
+    let (_, fresh) = world.host_client("udp", &format!("[::ffff:{DNS_VIP}]:53"));
+    assert_eq!(fresh.reply.as_deref(), Some("b2"), "{fresh:?}");
+}
+
+#[test]
 fn sockets_connected_straight_to_the_backend_or_through_another_frontend_survive() {
     collateral("dst-coll", "bpf-iterator");
 }
