@@ -262,6 +262,33 @@ fn udp_clients_in_every_namespace(test: &str, mode: &str) {
 }
 
 #[test]
+fn a_socket_older_than_the_socket_rings_memory_is_still_closed() {
+    let world = World::new("dst-forgotten");
+    let _servers = udp_servers(5353);
+    world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    world.service("other", OTHER_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    // A ring of 64 slots, which the 200 newer sockets below overwrite entirely.
+    let agent = world.agent("bpf-iterator", &["--max-reverse-entries", "64"]);
+    let target = format!("{DNS_VIP}:53");
+    let (mut old, first) = world.host_client("udp", &target);
+    assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
+    let mut newer = command_in_cgroup(&world.sandbox.cgroup, hold_bin());
+    newer.args(["many-udp", &format!("{OTHER_VIP}:53"), "200"]);
+    let (_newer, held) = Holder::start("200 newer sockets", newer);
+    assert_eq!(held.reply.as_deref(), Some("200"), "{held:?}");
+    old.send("wait");
+
+    world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
+    let line = old.line();
+    assert_eq!(
+        line.error.as_deref(),
+        Some("ECONNABORTED"),
+        "the socket's own record outlives its ring slot: {line:?}\n{}",
+        agent.log()
+    );
+}
+
+#[test]
 fn an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too() {
     ipv4_mapped("dst-mapped", "bpf-iterator");
 }

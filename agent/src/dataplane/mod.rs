@@ -135,6 +135,18 @@ pub struct Config {
     pub maglev_table_size: u32,
     /// The kernel programs' own log lines forwarded (off: compiled out by the verifier).
     pub program_log_level: ProgramLogLevel,
+    /// connect() records TCP sockets too, so that they can be closed when their backend
+    /// leaves (`--destroy-tcp-on-backend-removal`); connected UDP sockets always are.
+    pub record_tcp: bool,
+}
+
+impl Config {
+    fn program_settings(&self) -> loader::ProgramSettings {
+        loader::ProgramSettings {
+            log_level: self.program_log_level,
+            record_tcp: self.record_tcp,
+        }
+    }
 }
 
 /// Cilium's default: about 1% imbalance with 100 backends, 64 KiB per frontend of value.
@@ -148,6 +160,7 @@ impl Default for Config {
             capacities: Capacities::default(),
             maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
             program_log_level: ProgramLogLevel::Off,
+            record_tcp: false,
         }
     }
 }
@@ -305,7 +318,7 @@ impl Dataplane {
         } = loader::load(
             &config.pin_dir,
             &config.capacities,
-            config.program_log_level,
+            config.program_settings(),
             &object,
         )
         .map_err(|error| {
