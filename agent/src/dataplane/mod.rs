@@ -20,7 +20,7 @@ mod tc;
 pub(crate) mod writer;
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     ops::RangeInclusive,
     path::{Path, PathBuf},
     time::Duration,
@@ -34,7 +34,7 @@ pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope}
 pub use destroy::{DestroyPrograms, Unavailable as DestroyUnavailable, skc_cookie_offset};
 pub use gone::Gone;
 pub use host::{
-    HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses,
+    HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding, local_addresses,
     prepare_pin_dir,
 };
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
@@ -44,7 +44,7 @@ pub use privileges::{
     PrivilegeError, diagnose,
 };
 pub use program_logs::{ProgramLogLevel, ProgramLogs, ProgramLogsError};
-use socklb_abi::{Counters, NodeConfig, map_names};
+use socklb_abi::{Counters, NodeConfig, NodeConfig6, map_names};
 pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
 pub use writer::{ApplyReport, Capacity, Outcome, Rejected, StoreError};
@@ -230,7 +230,9 @@ pub struct NodeSettings {
     /// Flows to backends on other nodes are SNATed to this address; `None` drops them
     /// (counted as errors) until the node has an address.
     pub snat_address: Option<Ipv4Addr>,
-    /// Source ports for SNAT.
+    /// The same for IPv6 flows: the node's first IPv6 InternalIP it holds.
+    pub snat_address6: Option<Ipv6Addr>,
+    /// Source ports for SNAT (both families).
     pub snat_ports: RangeInclusive<u16>,
     pub conntrack_timeouts: ConntrackTimeouts,
 }
@@ -276,6 +278,8 @@ pub struct Dataplane {
     names: NamesWriter,
     counters: PerCpuArray<MapData, Counters>,
     node: Array<MapData, NodeConfig>,
+    /// This node's IPv6 settings, when the object has the map (the IPv6 TC programs).
+    node6: Option<Array<MapData, NodeConfig6>>,
     /// The cgroup v2 directory the programs attach to.
     cgroup: PathBuf,
     config: Config,
@@ -371,6 +375,14 @@ impl Dataplane {
                 name: map_names::NODE,
                 source,
             })?;
+        let node6 = ebpf
+            .take_map(map_names::NODE6)
+            .map(Array::try_from)
+            .transpose()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::NODE6,
+                source,
+            })?;
         let contents = kernel_maps.read().map_err(|source| DataplaneError::Map {
             name: map_names::SERVICES,
             source,
@@ -401,6 +413,7 @@ impl Dataplane {
             names,
             counters,
             node,
+            node6,
             cgroup,
             config,
             sizes,
@@ -715,6 +728,24 @@ impl Dataplane {
                 conntrack_timeouts = ?settings.conntrack_timeouts,
                 "node settings for traffic from outside written"
             );
+        }
+        if let Some(node6) = &mut self.node6 {
+            let wanted = NodeConfig6 {
+                snat_address: settings
+                    .snat_address6
+                    .map_or([0; 4], |a| socklb_abi::ipv6_words(a.octets())),
+            };
+            let map_error = |source| DataplaneError::Map {
+                name: map_names::NODE6,
+                source,
+            };
+            if node6.get(&0, 0).map_err(map_error)? != wanted {
+                node6.set(0, &wanted, 0).map_err(map_error)?;
+                info!(
+                    snat_address6 = ?settings.snat_address6,
+                    "IPv6 node settings for traffic from outside written"
+                );
+            }
         }
         Ok(())
     }
