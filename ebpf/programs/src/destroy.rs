@@ -8,17 +8,19 @@
 //! to the backend, or one reconnected elsewhere since, has no such slot or another peer.
 //! Each closed socket's cookie goes to the iterator's output, which the agent counts.
 //!
-//! An IPv6 socket is checked against the IPv6 maps when its peer is a native IPv6 address;
-//! one talking to an IPv4-mapped address was translated by the IPv4 maps, and its
-//! `skc_daddr` holds that IPv4 address, so it takes the IPv4 path.
+//! A native IPv6 socket's record names IPv6 addresses, looked up in the IPv6 gone map
+//! against the socket's `skc_v6_daddr`.
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::{bpf_get_socket_cookie, bpf_seq_write};
-use socklb_abi::{GoneKey, GoneKey6, Ipv6Words, PROTO_TCP, PROTO_UDP, SOCK_DESTROY_CALL};
+use socklb_abi::{
+    GoneKey, GoneKey6, Ipv6Words, PROTO_TCP, PROTO_UDP, SOCK_DESTROY_CALL, SocketRecord,
+};
 
 use crate::{
     family::Address as _,
-    maps::{GONE, GONE6, SOCKETS, SOCKETS6, socket_slot},
+    maps::{GONE, GONE6},
+    record,
 };
 
 /// Calls the `bpf_sock_destroy` kfunc, which aborts the socket with ECONNABORTED so that
@@ -68,16 +70,11 @@ struct IterMeta {
 /// (they are the socket hash tables' lookup key); these programs have no CO-RE.
 const SKC_DADDR: usize = 0;
 const SKC_DPORT: usize = 12;
-const SKC_FAMILY: usize = 16;
 const SKC_STATE: usize = 18;
 
-const AF_INET6: u16 = 10;
-
-/// `::ffff:0:0/96` as the first three words of an IPv6 address, read as host-order u32s.
-const V4_MAPPED_PREFIX: [u32; 3] = [0, 0, u32::from_ne_bytes([0, 0, 0xff, 0xff])];
-
 /// The byte offset of `skc_v6_daddr` in `struct sock_common`, set by the agent from the
-/// kernel's BTF (socklb-abi `globals`); 0 when unknown: IPv6 sockets are then left alone.
+/// kernel's BTF (socklb-abi `globals`); 0 when unknown: IPv6 records are then left alone.
+/// A read-only global: the verifier sees it as a constant.
 #[unsafe(no_mangle)]
 static SKC_V6_DADDR_OFFSET: u32 = 0;
 
@@ -134,12 +131,11 @@ fn visit(ctx: *mut c_void, protocol: u8) {
         return;
     }
     // SAFETY: a trusted socket pointer; the verifier checks each read against the BTF.
-    let (daddr, dport, family, state) = unsafe {
+    let (daddr, dport, state) = unsafe {
         let base = sock as *const u8;
         (
             *(base.add(SKC_DADDR) as *const u32),
             *(base.add(SKC_DPORT) as *const u16),
-            *(base.add(SKC_FAMILY) as *const u16),
             *base.add(SKC_STATE),
         )
     };
@@ -148,82 +144,64 @@ fn visit(ctx: *mut c_void, protocol: u8) {
     {
         return;
     }
-    let cookie = cookie(sock);
-    // A socket that never had a cookie was never translated (connect4 asked for it).
-    if cookie == 0 {
+    // Only sockets socklb translated have a record; its backend must still be the peer
+    // (a socket may have connected elsewhere since).
+    let Some(record) = record::of(sock) else {
+        return;
+    };
+    if record.protocol != protocol || record.backend_port != dport {
         return;
     }
-    if family == AF_INET6
-        && let Some(daddr6) = native_v6_peer(sock)
-    {
-        if gone6(cookie, daddr6, dport, protocol) {
-            destroy(ctx, sock, cookie);
+    // A socket talking to an IPv4-mapped address was translated by the IPv4 maps and has
+    // an IPv4 record; its `skc_daddr` holds that IPv4 address.
+    if record.family == 6 {
+        if gone6(sock, &record, protocol) {
+            destroy(ctx, sock);
         }
         return;
     }
-    let Some(slot) = SOCKETS.get_ptr(socket_slot(cookie)) else {
-        return;
-    };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let slot = unsafe { *slot };
-    if slot.cookie != cookie || slot.backend_address != daddr || slot.backend_port != dport {
+    if record.family != 4 || record.backend_address[3] != daddr {
         return;
     }
     let key = GoneKey {
-        frontend_address: slot.frontend_address,
-        frontend_port: slot.frontend_port,
+        frontend_address: record.frontend_address[3],
+        frontend_port: record.frontend_port,
         protocol,
         pad: 0,
-        backend_address: slot.backend_address,
-        backend_port: slot.backend_port,
+        backend_address: record.backend_address[3],
+        backend_port: record.backend_port,
         pad2: 0,
     };
     if GONE.get_ptr(&key).is_none() {
         return;
     }
-    destroy(ctx, sock, cookie);
+    destroy(ctx, sock);
 }
 
-/// The peer of an IPv6 socket if it is a native IPv6 address (and the agent told where it
-/// is); `None` for an IPv4-mapped one.
+/// Whether an IPv6 record names a gone pair whose backend is still the socket's peer.
 #[inline(always)]
-fn native_v6_peer(sock: *mut c_void) -> Option<Ipv6Words> {
+fn gone6(sock: *mut c_void, record: &SocketRecord, protocol: u8) -> bool {
     // SAFETY: a read of an initialised static; volatile so the agent's value is used.
     let offset = unsafe { core::ptr::read_volatile(&SKC_V6_DADDR_OFFSET) };
     if offset == 0 {
-        return None;
+        return false;
     }
     // SAFETY: a trusted socket pointer; the verifier checks each read against the BTF
     // (`skc_v6_daddr`, a `struct in6_addr`).
-    let words = unsafe {
-        let base = (sock as *const u8).add(offset as usize) as *const u32;
-        [*base, *base.add(1), *base.add(2), *base.add(3)]
+    let peer: Ipv6Words = unsafe {
+        let word = (sock as *const u8).add(offset as usize) as *const u32;
+        [*word, *word.add(1), *word.add(2), *word.add(3)]
     };
-    let mapped = words[0] == V4_MAPPED_PREFIX[0]
-        && words[1] == V4_MAPPED_PREFIX[1]
-        && words[2] == V4_MAPPED_PREFIX[2];
-    (!mapped).then_some(words)
-}
-
-/// Whether the IPv6 socket map slot of `cookie` names a gone pair whose backend is still
-/// the socket's peer.
-#[inline(always)]
-fn gone6(cookie: u64, daddr: Ipv6Words, dport: u16, protocol: u8) -> bool {
-    let Some(slot) = SOCKETS6.get_ptr(socket_slot(cookie)) else {
-        return false;
-    };
-    // SAFETY: pointer from a successful lookup; fields copied out at once.
-    let slot = unsafe { &*slot };
-    if slot.cookie != cookie || !slot.backend_address.same(&daddr) || slot.backend_port != dport {
+    if !record.backend_address.same(&peer) {
         return false;
     }
     let key = GoneKey6 {
-        frontend_address: slot.frontend_address,
-        frontend_port: slot.frontend_port,
+        frontend_address: record.frontend_address,
+        frontend_port: record.frontend_port,
         protocol,
         pad: 0,
-        backend_address: slot.backend_address,
-        backend_port: slot.backend_port,
+        backend_address: record.backend_address,
+        backend_port: record.backend_port,
         pad2: 0,
     };
     GONE6.get_ptr(&key).is_some()
@@ -231,11 +209,12 @@ fn gone6(cookie: u64, daddr: Ipv6Words, dport: u16, protocol: u8) -> bool {
 
 /// Closes the socket and writes its cookie to the iterator's output.
 #[inline(always)]
-fn destroy(ctx: &IterContext, sock: *mut c_void, cookie: u64) {
+fn destroy(ctx: &IterContext, sock: *mut c_void) {
     // SAFETY: the socket pointer the kernel gave; the kfunc is allowed in these iterators.
     if unsafe { sock_destroy(sock) } != 0 {
         return;
     }
+    let cookie = cookie(sock);
     // SAFETY: `ctx.meta` and its output are valid during this call; 8 bytes from a local.
     unsafe {
         let seq = (*ctx.meta).seq;

@@ -156,6 +156,11 @@ pub trait Family {
     /// `entry` must point into the socket ring.
     unsafe fn ring_fields(entry: *mut Self::SocketFrontend) -> RingFields<Self::Address>;
 
+    /// `SocketRecord::family` of this family's sockets.
+    const RECORD_FAMILY: u8;
+    /// An address as a socket record holds it (IPv4 in the last word).
+    fn words(address: Self::Address) -> Ipv6Words;
+
     /// A trace event for a `socklb trace` session, if the family has them.
     fn trace(decision: &Decision<Self::Address>, sock: &SockAddr, cookie: u64);
     fn log_missing_slots(address: Self::Address, port: u16, count: u16);
@@ -174,6 +179,13 @@ impl Family for V4 {
     type ReverseKey = ReverseKey;
     type ReverseEntry = ReverseEntry;
     type SocketFrontend = SocketFrontend;
+
+    const RECORD_FAMILY: u8 = 4;
+
+    #[inline(always)]
+    fn words(address: u32) -> Ipv6Words {
+        [0, 0, 0, address]
+    }
 
     #[inline(always)]
     fn services() -> &'static ServiceMap<ServiceKey, ServiceEntry> {
@@ -299,6 +311,13 @@ impl Family for V6 {
     type ReverseKey = ReverseKey6;
     type ReverseEntry = ReverseEntry6;
     type SocketFrontend = SocketFrontend6;
+
+    const RECORD_FAMILY: u8 = 6;
+
+    #[inline(always)]
+    fn words(address: Ipv6Words) -> Ipv6Words {
+        address
+    }
 
     #[inline(always)]
     fn services() -> &'static ServiceMap<ServiceKey6, ServiceEntry6> {

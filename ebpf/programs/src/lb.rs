@@ -16,6 +16,7 @@ use crate::{
     family::{Address as _, Family, Frontend, Master, Slot},
     log,
     maps::{AFFINITY, socket_slot},
+    record,
     trace::Decision,
 };
 
@@ -165,6 +166,15 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
             service_id: master.service_id,
         },
     );
+    if call == Call::Connect {
+        record::remember(
+            sock,
+            protocol,
+            F::RECORD_FAMILY,
+            (F::words(frontend_address), frontend_port),
+            (F::words(backend.address), backend.port),
+        );
+    }
     F::set_destination(sock, backend.address, backend.port);
     Ok(Forward::Translated { affinity_hit })
 }
