@@ -99,3 +99,23 @@ impl Sandbox {
         run(Command::new("ip").args(["-6", "route", "replace", "blackhole", SERVICE_CIDR6]));
     }
 }
+
+/// Each scenario as one test per family: `v4::<scenario>` and `v6::<scenario>`, each
+/// calling `<scenario>(Family::V4 | Family::V6)` of the invoking module.
+#[macro_export]
+macro_rules! for_each_family {
+    ($($scenario:ident),* $(,)?) => {
+        mod v4 {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario($crate::family::Family::V4);
+            })*
+        }
+        mod v6 {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario($crate::family::Family::V6);
+            })*
+        }
+    };
+}

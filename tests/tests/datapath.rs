@@ -18,25 +18,7 @@ use socklb_tests::{
     node_yaml, spec, tally, tcp_backends,
 };
 
-/// Each scenario as a test per family: `v4::<scenario>` and `v6::<scenario>`.
-macro_rules! for_each_family {
-    ($($scenario:ident),* $(,)?) => {
-        mod v4 {
-            $(#[test]
-            fn $scenario() {
-                super::$scenario(super::Family::V4);
-            })*
-        }
-        mod v6 {
-            $(#[test]
-            fn $scenario() {
-                super::$scenario(super::Family::V6);
-            })*
-        }
-    };
-}
-
-for_each_family!(
+socklb_tests::for_each_family!(
     tcp_spreads_over_backends_and_getpeername_shows_the_vip,
     a_reused_socket_slot_never_shows_another_sockets_vip,
     dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip,

@@ -635,25 +635,7 @@ fn the_iterators_read_cookies_without_handing_them_out() {
     );
 }
 
-/// Each family's sweep as a test: `v4::*` and `v6::*`.
-macro_rules! for_each_family {
-    ($($scenario:ident),* $(,)?) => {
-        mod v4 {
-            $(#[test]
-            fn $scenario() {
-                super::$scenario(socklb_tests::family::Family::V4);
-            })*
-        }
-        mod v6 {
-            $(#[test]
-            fn $scenario() {
-                super::$scenario(socklb_tests::family::Family::V6);
-            })*
-        }
-    };
-}
-
-for_each_family!(the_iterators_close_a_connected_udp_socket_whose_backend_left);
+socklb_tests::for_each_family!(the_iterators_close_a_connected_udp_socket_whose_backend_left);
 
 /// The iterators of each family's sockets, driven through the agent's library (the
 /// datapath, its apply report and the sweeper) rather than a running agent.
