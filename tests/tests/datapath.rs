@@ -26,6 +26,7 @@ socklb_tests::for_each_family!(
     a_frontend_without_backends_refuses_like_kube_proxy,
     a_process_outside_the_cgroup_is_not_translated,
     session_affinity_sticks_within_the_timeout_and_reselects_after,
+    the_real_agent_serves_a_service_of_the_family_from_manifests,
 );
 
 fn tcp_spreads_over_backends_and_getpeername_shows_the_vip(family: Family) {
@@ -325,6 +326,70 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after(family: Family
         "never re-selected after the timeout: {chosen:?}"
     );
     assert!(dataplane.counters().expect("counters").affinity_hits >= 8 * 14);
+}
+
+/// The whole path for one family: a Service (`ipFamilies` of that family) and its
+/// EndpointSlice (`addressType` of that family) read by `socklb run` from manifests, then
+/// real connections to the ClusterIP.
+fn the_real_agent_serves_a_service_of_the_family_from_manifests(family: Family) {
+    let sandbox = Sandbox::new(&format!("agent{}", family.tag()));
+    let servers = family.tcp_servers(&sandbox, 13, 2, 8080);
+    let vip = family.frontend(0x60, 80, Protocol::Tcp);
+    let kind = match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    };
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
+    let endpoints: String = servers
+        .iter()
+        .map(|server| {
+            format!(
+                "- addresses: [\"{}\"]\n  nodeName: node-a\n",
+                server.addr.ip()
+            )
+        })
+        .collect();
+    manifests.service(
+        "web",
+        &format!(
+            "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  ipFamilies: [{kind}]
+  clusterIP: \"{vip}\"
+  clusterIPs: [\"{vip}\"]
+  ports: [{{name: http, port: 80, protocol: TCP}}]
+",
+            vip = vip.address
+        ),
+        &format!(
+            "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: web}}
+addressType: {kind}
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+{endpoints}"
+        ),
+    );
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+
+    let attempts = sandbox.probe("tcp", addr(&vip), 40);
+    let tally = tally(&attempts);
+    assert!(
+        tally.contains_key("b1") && tally.contains_key("b2") && tally.len() == 2,
+        "{tally:?}\n{}",
+        agent.log()
+    );
+    let shown = addr(&vip).to_string();
+    for attempt in &attempts {
+        assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
+    }
 }
 
 #[test]
