@@ -113,10 +113,12 @@ impl FrontendTable {
     /// How many frontends are claimed, per family and scope (every pair, zeros included).
     pub fn counts(&self) -> impl Iterator<Item = (Family, Scope, usize)> + '_ {
         Family::ALL.into_iter().flat_map(move |family| {
-            [Scope::Internal, Scope::External].into_iter().map(move |scope| {
-                let count = self.counts.get(&(family, scope)).copied().unwrap_or(0);
-                (family, scope, count)
-            })
+            [Scope::Internal, Scope::External]
+                .into_iter()
+                .map(move |scope| {
+                    let count = self.counts.get(&(family, scope)).copied().unwrap_or(0);
+                    (family, scope, count)
+                })
         })
     }
 

@@ -214,7 +214,10 @@ impl HealthChecks {
                     let address = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
                     (listen(address, false), address)
                 }
-                listened => (listened, SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port)),
+                listened => (
+                    listened,
+                    SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
+                ),
             }
         } else {
             let address = SocketAddr::new(self.address, port);
@@ -435,7 +438,10 @@ mod tests {
         let port = free_port();
         checks.sync(&BTreeMap::from([(port, served("web", 1))]), &[]);
         assert_eq!(checks.ports().collect::<Vec<_>>(), [port]);
-        for address in [IpAddr::from(Ipv4Addr::LOCALHOST), Ipv6Addr::LOCALHOST.into()] {
+        for address in [
+            IpAddr::from(Ipv4Addr::LOCALHOST),
+            Ipv6Addr::LOCALHOST.into(),
+        ] {
             let answer = get_from(address, port)
                 .await
                 .unwrap_or_else(|e| panic!("{address}: {e}"));

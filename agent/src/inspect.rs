@@ -20,8 +20,8 @@ use socklb_abi::{
 };
 
 use crate::dataplane::{
-    BackendAddr, Frontend, FrontendLabel, Protocol, Scope, decode_key4, decode_key6,
-    decode_value4, decode_value6,
+    BackendAddr, Frontend, FrontendLabel, Protocol, Scope, decode_key4, decode_key6, decode_value4,
+    decode_value6,
     writer::{SlotKey, SlotValue},
 };
 
@@ -228,9 +228,8 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         }
     }
     if let Some(trie) = open6(pin_dir, map_names::SOURCE_RANGES6)? {
-        let trie: LpmTrie<MapData, SourceRange6, SourceVerdict> = trie
-            .try_into()
-            .map_err(read(map_names::SOURCE_RANGES6))?;
+        let trie: LpmTrie<MapData, SourceRange6, SourceVerdict> =
+            trie.try_into().map_err(read(map_names::SOURCE_RANGES6))?;
         for key in trie.keys().filter_map(Result::ok) {
             let data = key.data();
             let held = ranges
@@ -281,11 +280,7 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
             source_ranges: (frontend.scope == Scope::External)
                 .then(|| {
                     ranges
-                        .get(&(
-                            frontend.address,
-                            frontend.port,
-                            frontend.protocol.number(),
-                        ))
+                        .get(&(frontend.address, frontend.port, frontend.protocol.number()))
                         .cloned()
                 })
                 .flatten(),
