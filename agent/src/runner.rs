@@ -23,7 +23,7 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::{
     dataplane::{
-        ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec,
+        ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, Gone,
         NodeSettings, Rejected, Scope, TcMode, ipv4_forwarding, ipv6_forwarding, local_addresses,
     },
     frontends::FrontendTable,
@@ -102,6 +102,8 @@ pub struct Runner {
     retry_soon: bool,
     /// Closes the sockets of the backends each sync removed.
     sweeper: Option<Sweeper>,
+    /// The pairs the last sync swept, swept again by the next one (see `sync`).
+    recheck: Vec<Gone>,
 }
 
 impl Runner {
@@ -127,6 +129,7 @@ impl Runner {
             rejected: BTreeSet::new(),
             retry_soon: false,
             sweeper: None,
+            recheck: Vec::new(),
             health_checks: HealthChecks::new(
                 std::net::Ipv4Addr::UNSPECIFIED.into(),
                 health.clone(),
@@ -279,12 +282,24 @@ impl Runner {
             Ok(report) => report,
             Err(error) => {
                 warn!(error = %crate::error_chain(&error), "sync failed; retrying with a full sync");
+                // Backends it removed before failing are gone from the maps all the same.
+                let unswept = self.dataplane.take_unswept();
+                if let Some(sweeper) = &self.sweeper
+                    && !unswept.is_empty()
+                {
+                    sweeper.sweep(&unswept);
+                }
                 return Ok(false);
             }
         };
-        // The maps no longer lead to the backends that left: their sockets can go.
+        // The maps no longer lead to the backends that left: their sockets can go. The last
+        // sync's pairs go once more: a connect() that read a slot just before that sync
+        // wrote its socket's record after the sweep had passed.
         if let Some(sweeper) = &self.sweeper {
-            sweeper.sweep(&report.gone);
+            let recheck = self.dataplane.still_gone(std::mem::take(&mut self.recheck));
+            let pairs: BTreeSet<Gone> = report.gone.iter().copied().chain(recheck).collect();
+            sweeper.sweep(&pairs.into_iter().collect::<Vec<_>>());
+            self.recheck.clone_from(&report.gone);
         }
         // Every sync: a change of this Node's addresses marks every Service, so it is
         // applied by the next incremental sync; a device change, by the next sync of any kind.

@@ -39,7 +39,10 @@ pub use host::{
 };
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
 pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};
-pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
+pub use privileges::{
+    FOR_FEATURES as FEATURE_CAPABILITIES, ForFeature, NEEDED as NEEDED_CAPABILITIES, Needed,
+    PrivilegeError, diagnose,
+};
 pub use program_logs::{ProgramLogLevel, ProgramLogs, ProgramLogsError};
 use socklb_abi::{Counters, NodeConfig, NodeConfig6, map_names};
 pub use tc::{TcAttachError, TcMode};
@@ -134,6 +137,18 @@ pub struct Config {
     pub maglev_table_size: u32,
     /// The kernel programs' own log lines forwarded (off: compiled out by the verifier).
     pub program_log_level: ProgramLogLevel,
+    /// connect() records TCP sockets too, so that they can be closed when their backend
+    /// leaves (`--destroy-tcp-on-backend-removal`); connected UDP sockets always are.
+    pub record_tcp: bool,
+}
+
+impl Config {
+    fn program_settings(&self) -> loader::ProgramSettings {
+        loader::ProgramSettings {
+            log_level: self.program_log_level,
+            record_tcp: self.record_tcp,
+        }
+    }
 }
 
 /// Cilium's default: about 1% imbalance with 100 backends, 64 KiB per frontend of value.
@@ -147,6 +162,7 @@ impl Default for Config {
             capacities: Capacities::default(),
             maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
             program_log_level: ProgramLogLevel::Off,
+            record_tcp: false,
         }
     }
 }
@@ -277,6 +293,8 @@ pub struct Dataplane {
     object: std::borrow::Cow<'static, [u8]>,
     /// The socket iterators, until the sweeper takes them, or why there are none.
     destroy: Option<Result<DestroyPrograms, DestroyUnavailable>>,
+    /// Pairs whose backend a failed sync removed: swept after the next sync that succeeds.
+    unswept: Vec<Gone>,
 }
 
 impl Dataplane {
@@ -306,7 +324,7 @@ impl Dataplane {
         } = loader::load(
             &config.pin_dir,
             &config.capacities,
-            config.program_log_level,
+            config.program_settings(),
             &object,
         )
         .map_err(|error| {
@@ -404,6 +422,7 @@ impl Dataplane {
             growth_retry_at: None,
             object,
             destroy: Some(destroy),
+            unswept: Vec::new(),
         })
     }
 
@@ -439,18 +458,15 @@ impl Dataplane {
         self.make_room(self.writer.demand(changes()), self.maglev.demand(changes()));
         let before = self.internal_backends(self.writer.frontends());
         let result = self.writer.apply(desired);
-        let mut report = self.report(result)?;
-        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
+        let report = self.report_gone(result, &before)?;
         let ranges = self.source_ranges.apply_all(&desired.frontends);
-        self.report_ranges(ranges)?;
-        let writer = &self.writer;
-        let tables = self.maglev.apply(
-            desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
-            |f| writer.programmed(f),
-            true,
-        );
-        self.report_maglev(tables)?;
-        Ok(report)
+        let rest = self.report_ranges(ranges).and_then(|()| {
+            self.apply_maglev(
+                desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
+                true,
+            )
+        });
+        self.finish(report, rest)
     }
 
     /// How many frontends are not programmed as desired now, by outcome, whichever sync
@@ -473,18 +489,76 @@ impl Dataplane {
         self.make_room(self.writer.demand(changed()), self.maglev.demand(changed()));
         let before = self.internal_backends(changes.keys());
         let result = self.writer.apply_changes(changes);
-        let mut report = self.report(result)?;
-        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
+        let report = self.report_gone(result, &before)?;
         let ranges = self.source_ranges.apply(changes);
-        self.report_ranges(ranges)?;
+        let rest = self
+            .report_ranges(ranges)
+            .and_then(|()| self.apply_maglev(changes.iter().map(|(f, spec)| (f, *spec)), false));
+        self.finish(report, rest)
+    }
+
+    /// The Maglev tables of `changes` (of every frontend when `full`).
+    fn apply_maglev<'a>(
+        &mut self,
+        changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
+        full: bool,
+    ) -> Result<(), DataplaneError> {
         let writer = &self.writer;
-        let tables = self.maglev.apply(
-            changes.iter().map(|(f, spec)| (f, *spec)),
-            |f| writer.programmed(f),
-            false,
-        );
-        self.report_maglev(tables)?;
+        let tables = self.maglev.apply(changes, |f| writer.programmed(f), full);
+        self.report_maglev(tables)
+    }
+
+    /// The writer's report with the pairs whose backend left since `before`, and those a
+    /// failed sync left unswept whose backend has not come back. When the writer failed, the
+    /// pairs it removed before failing (seen in the maps read again) wait for the next
+    /// sync that succeeds.
+    fn report_gone(
+        &mut self,
+        result: Result<ApplyReport, StoreError>,
+        before: &gone::Programmed,
+    ) -> Result<ApplyReport, DataplaneError> {
+        let result = self.report(result);
+        let now = self.internal_backends(before.keys());
+        let left = gone::gone(before, &now);
+        let Ok(mut report) = result else {
+            // Kept for take_unswept.
+            self.unswept.extend(left);
+            return result;
+        };
+        let mut pairs: std::collections::BTreeSet<Gone> = left.into_iter().collect();
+        pairs.extend(self.take_unswept());
+        report.gone = pairs.into_iter().collect();
         Ok(report)
+    }
+
+    /// The pairs a failed sync removed from the maps before failing whose backend has not
+    /// come back since: their sockets are closed all the same, since the maps no longer lead
+    /// there (a sync that keeps failing would otherwise never close them).
+    pub fn take_unswept(&mut self) -> Vec<Gone> {
+        let unswept = std::mem::take(&mut self.unswept);
+        self.still_gone(unswept)
+    }
+
+    /// Those of `pairs` whose backend is not programmed for its frontend now.
+    pub fn still_gone(&self, pairs: Vec<Gone>) -> Vec<Gone> {
+        let now = self.internal_backends(pairs.iter().map(|pair| &pair.frontend));
+        gone::still_gone(pairs, &now)
+    }
+
+    /// `report` if the rest of the sync (source ranges, Maglev) succeeded; else its gone
+    /// pairs are kept for [`Self::take_unswept`].
+    fn finish(
+        &mut self,
+        report: ApplyReport,
+        rest: Result<(), DataplaneError>,
+    ) -> Result<ApplyReport, DataplaneError> {
+        match rest {
+            Ok(()) => Ok(report),
+            Err(error) => {
+                self.unswept.extend(report.gone);
+                Err(error)
+            }
+        }
     }
 
     /// Records which Service each given frontend belongs to (`None`: gone), for `socklb

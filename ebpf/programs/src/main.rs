@@ -20,6 +20,7 @@ mod lb;
 mod log;
 mod maps;
 mod packet;
+mod record;
 mod recvmsg;
 mod sendmsg;
 mod trace;

@@ -2,14 +2,14 @@
 //! the real ones at load time from its flags.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, SkStorage},
     macros::btf_map,
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, Backend, Backend6, Counters, CtEntry, CtKey, FragmentKey,
     FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry,
-    ReverseKey, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend, SourceRange,
-    SourceVerdict, TraceControl, TraceEvent,
+    ReverseKey, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend, SocketRecord,
+    SourceRange, SourceVerdict, TraceControl, TraceEvent,
 };
 
 /// Not preallocated, as the backend map: the agent writes both, so their memory follows the
@@ -62,6 +62,10 @@ pub fn socket_slot(cookie: u64) -> u32 {
     // Truncating is the point: the low bits of the cookie pick the slot.
     (cookie as u32) & mask
 }
+
+/// Each translated socket's own record, for the destroy iterators (see `record`).
+#[btf_map(name = "socklb_skrec_v1", pin_by_name)]
+pub static SOCKET_RECORDS: SkStorage<SocketRecord> = SkStorage::new();
 
 #[btf_map(name = "socklb_aff_v1", pin_by_name)]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
