@@ -658,6 +658,15 @@ fn a_dual_stack_service_is_served_per_family_and_a_stray_ipv6_slice_is_skipped()
     // What explain shows is what the agent programmed, each family in its own maps.
     wait_for_programmed(&sandbox, "10.96.1.10", Some(&["127.0.26.1 8080"]));
     wait_for_programmed(&sandbox, "fd00:96::10", Some(&["fd00:26::11 8080"]));
+    let metrics = Command::new("curl")
+        .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])
+        .output()
+        .expect("prerequisite missing: curl");
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    for family in ["ipv4", "ipv6"] {
+        let series = format!("socklb_frontends{{family=\"{family}\",scope=\"internal\"}} 1");
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
 
     // IPv4 only now: the IPv6 slice is skipped with its reason, the IPv6 frontend goes,
     // and the IPv4 one is as it was.
