@@ -635,12 +635,23 @@ fn the_iterators_read_cookies_without_handing_them_out() {
     );
 }
 
-socklb_tests::for_each_family!(the_iterators_close_a_connected_udp_socket_whose_backend_left);
+socklb_tests::for_each_family!(
+    the_iterators_close_a_connected_udp_socket_whose_backend_left,
+    netlink_closes_a_connected_udp_socket_whose_backend_left,
+);
 
-/// The iterators of each family's sockets, driven through the agent's library (the
-/// datapath, its apply report and the sweeper) rather than a running agent.
 fn the_iterators_close_a_connected_udp_socket_whose_backend_left(family: Family) {
-    let sandbox = Sandbox::new(&format!("dst-lib{}", family.tag()));
+    a_connected_udp_socket_whose_backend_left_is_closed(family, Requested::BpfIterator, "it");
+}
+
+fn netlink_closes_a_connected_udp_socket_whose_backend_left(family: Family) {
+    a_connected_udp_socket_whose_backend_left_is_closed(family, Requested::Netlink, "nl");
+}
+
+/// A sweep of each family's sockets in `mode`, driven through the agent's library (the
+/// datapath, its apply report and the sweeper) rather than a running agent.
+fn a_connected_udp_socket_whose_backend_left_is_closed(family: Family, mode: Requested, tag: &str) {
+    let sandbox = Sandbox::new(&format!("dst-{tag}{}", family.tag()));
     let servers = family.udp_servers(&sandbox, 1, 2, 5353);
     let vip = family.frontend(53, 53, Protocol::Udp);
     // The chart's defaults (closeSocketsInPods), with which the iterators load.
@@ -654,11 +665,11 @@ fn the_iterators_close_a_connected_udp_socket_whose_backend_left(family: Family)
     let sweeper = Sweeper::start(
         dataplane.take_destroy_programs(),
         &sandbox.pin_dir,
-        Requested::BpfIterator,
+        mode,
         false,
         Arc::new(Metrics::new()),
     )
-    .expect("the iterators load with the chart's capabilities");
+    .expect("the sweeper starts with the chart's capabilities");
 
     let target = SocketAddr::new(vip.address, vip.port).to_string();
     let mut command = command_in_cgroup(&sandbox.cgroup, hold_bin());

@@ -8,7 +8,7 @@
 use std::{
     collections::{HashMap, HashSet},
     io,
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     path::Path,
 };
 
@@ -22,43 +22,41 @@ use netlink_packet_sock_diag::{
     inet::{ExtensionFlags, InetRequest, SocketId, StateFlags},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
-use socklb_abi::{SocketFrontend, map_names};
+use socklb_abi::{SocketFrontend, SocketFrontend6, ipv6_words, map_names};
 
 use crate::dataplane::{Gone, Protocol};
 
-/// The socket map, read to tell sockets socklb translated from all others.
+/// The socket maps of both families, read to tell sockets socklb translated from all
+/// others.
 pub struct Netlink {
     ring: Array<MapData, SocketFrontend>,
+    ring6: Array<MapData, SocketFrontend6>,
     mask: u32,
 }
 
-/// A backend (address, port), host order.
-type Backend = (Ipv4Addr, u16);
+/// A backend or frontend (address, port), host order; an IPv4-mapped peer as IPv4.
+type Endpoint = (IpAddr, u16);
 
 impl Netlink {
     pub fn new(pin_dir: &Path) -> Result<Self, MapError> {
         let data = MapData::from_pin(pin_dir.join(map_names::SOCKETS))?;
         let ring: Array<MapData, SocketFrontend> = Array::try_from(aya::maps::Map::Array(data))?;
-        // A power of two (see Capacities::socket_slots).
+        let data = MapData::from_pin(pin_dir.join(map_names::SOCKETS6))?;
+        let ring6: Array<MapData, SocketFrontend6> = Array::try_from(aya::maps::Map::Array(data))?;
+        // A power of two (see Capacities::socket_slots), the same for both.
         let mask = ring.len().saturating_sub(1);
-        Ok(Self { ring, mask })
+        Ok(Self { ring, ring6, mask })
     }
 
     /// Closes the `protocol` sockets of the gone pairs in the calling thread's namespace;
     /// returns how many.
     pub fn sweep(&self, protocol: Protocol, pairs: &[Gone]) -> io::Result<u64> {
-        // Backend -> the frontends it left (network order, as in the socket map).
-        let mut gone: HashMap<Backend, HashSet<(u32, u16)>> = HashMap::new();
+        // Backend -> the frontends it left.
+        let mut gone: HashMap<Endpoint, HashSet<Endpoint>> = HashMap::new();
         for pair in pairs.iter().filter(|p| p.protocol() == protocol) {
-            // IPv6 pairs are not swept yet.
-            let (IpAddr::V4(frontend), IpAddr::V4(backend)) =
-                (pair.frontend.address, pair.backend.address)
-            else {
-                continue;
-            };
-            gone.entry((backend, pair.backend.port))
+            gone.entry((pair.backend.address, pair.backend.port))
                 .or_default()
-                .insert((u32::from(frontend).to_be(), pair.frontend.port.to_be()));
+                .insert((pair.frontend.address, pair.frontend.port));
         }
         if gone.is_empty() {
             return Ok(0);
@@ -82,7 +80,8 @@ impl Netlink {
             ),
         };
         let mut closed = 0;
-        // IPv6 sockets talk to IPv4 frontends through IPv4-mapped addresses.
+        // IPv6 sockets talk to IPv6 frontends, or to IPv4 ones through IPv4-mapped
+        // addresses.
         for family in [AF_INET, AF_INET6] {
             let request = InetRequest {
                 family,
@@ -96,8 +95,7 @@ impl Netlink {
                 },
             };
             let candidates = dump(&mut socket, request, |id| {
-                backend_of(&id.destination_address)
-                    .is_some_and(|address| gone.contains_key(&(address, id.destination_port)))
+                gone.contains_key(&(peer_of(id.destination_address), id.destination_port))
             })?;
             for (family, id) in candidates {
                 if self.translated_to_gone(&id, &gone) && destroy(&mut socket, family, number, id)?
@@ -109,11 +107,12 @@ impl Netlink {
         Ok(closed)
     }
 
-    /// Whether the socket's map entry holds its cookie and names a gone pair.
+    /// Whether the socket's map entry (in its peer's family's ring) holds its cookie and
+    /// names a gone pair.
     fn translated_to_gone(
         &self,
         id: &SocketId,
-        gone: &HashMap<Backend, HashSet<(u32, u16)>>,
+        gone: &HashMap<Endpoint, HashSet<Endpoint>>,
     ) -> bool {
         let cookie = u64::from(u32::from_ne_bytes([
             id.cookie[0],
@@ -127,28 +126,41 @@ impl Netlink {
             id.cookie[7],
         ])) << 32);
         // Truncating is the point, as in the programs' socket_slot.
-        let Ok(slot) = self.ring.get(&((cookie as u32) & self.mask), 0) else {
-            return false;
+        let index = (cookie as u32) & self.mask;
+        let peer = peer_of(id.destination_address);
+        let port = id.destination_port.to_be();
+        let frontend = match peer {
+            IpAddr::V4(address) => self.ring.get(&index, 0).ok().and_then(|slot| {
+                (slot.cookie == cookie
+                    && slot.backend_address == u32::from(address).to_be()
+                    && slot.backend_port == port)
+                    .then(|| {
+                        let octets = u32::from_be(slot.frontend_address);
+                        (IpAddr::from(octets.to_be_bytes()), slot.frontend_port)
+                    })
+            }),
+            IpAddr::V6(address) => self.ring6.get(&index, 0).ok().and_then(|slot| {
+                (slot.cookie == cookie
+                    && slot.backend_address == ipv6_words(address.octets())
+                    && slot.backend_port == port)
+                    .then(|| {
+                        let octets = socklb_abi::ipv6_octets(slot.frontend_address);
+                        (IpAddr::from(octets), slot.frontend_port)
+                    })
+            }),
         };
-        let Some(address) = backend_of(&id.destination_address) else {
-            return false;
-        };
-        slot.cookie == cookie
-            && slot.backend_address == u32::from(address).to_be()
-            && slot.backend_port == id.destination_port.to_be()
-            && gone
-                .get(&(address, id.destination_port))
-                .is_some_and(|frontends| {
-                    frontends.contains(&(slot.frontend_address, slot.frontend_port))
-                })
+        frontend.is_some_and(|(address, port)| {
+            gone.get(&(peer, id.destination_port))
+                .is_some_and(|frontends| frontends.contains(&(address, u16::from_be(port))))
+        })
     }
 }
 
-/// The IPv4 address of a peer (IPv4-mapped for an IPv6 socket).
-fn backend_of(address: &IpAddr) -> Option<Ipv4Addr> {
+/// A socket's peer as socklb's maps name it: an IPv4-mapped address as IPv4.
+fn peer_of(address: IpAddr) -> IpAddr {
     match address {
-        IpAddr::V4(v4) => Some(*v4),
-        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
     }
 }
 
