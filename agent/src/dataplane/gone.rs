@@ -243,5 +243,39 @@ mod tests {
         assert_eq!(key.frontend_port.to_ne_bytes(), 53u16.to_be_bytes());
         assert_eq!(key.backend_address.to_ne_bytes(), [10, 0, 0, 7]);
         assert_eq!(key.protocol, socklb_abi::PROTO_UDP);
+        assert_eq!(pair.key6(), None);
+    }
+
+    #[test]
+    fn an_ipv6_pair_has_the_ipv6_key_only() {
+        let pair = Gone {
+            frontend: Frontend {
+                address: "fd00:96::a"
+                    .parse::<std::net::Ipv6Addr>()
+                    .expect("address")
+                    .into(),
+                ..frontend(53, Scope::Internal)
+            },
+            backend: BackendAddr::local(
+                "fd00::7".parse::<std::net::Ipv6Addr>().expect("address"),
+                53,
+            ),
+        };
+        assert_eq!(pair.key(), None);
+        let key = pair.key6().expect("an IPv6 pair");
+        assert_eq!(
+            socklb_abi::ipv6_octets(key.frontend_address),
+            "fd00:96::a"
+                .parse::<std::net::Ipv6Addr>()
+                .expect("address")
+                .octets()
+        );
+        assert_eq!(
+            socklb_abi::ipv6_octets(key.backend_address)[15],
+            7,
+            "the last octet"
+        );
+        assert_eq!(key.frontend_port.to_ne_bytes(), 53u16.to_be_bytes());
+        assert_eq!(key.protocol, socklb_abi::PROTO_UDP);
     }
 }
