@@ -166,6 +166,83 @@ pub trait Family {
     fn log_missing_slots(address: Self::Address, port: u16, count: u16);
 }
 
+/// The methods whose bodies are the same for both families: the ABI gives the IPv4 and
+/// IPv6 entries the same field names, only the address type differs.
+macro_rules! same_fields {
+    ($key:ident, $entry:ident, $reverse_entry:ident, $socket:ident) => {
+        #[inline(always)]
+        fn service_key(address: Self::Address, port: u16, protocol: u8) -> $key {
+            $key {
+                address,
+                port,
+                protocol,
+                scope: SCOPE_INTERNAL,
+                slot: 0,
+                pad: 0,
+            }
+        }
+
+        #[inline(always)]
+        fn set_slot(key: &mut $key, slot: u16) {
+            key.slot = slot;
+        }
+
+        #[inline(always)]
+        fn master(entry: &$entry) -> Master {
+            Master {
+                count: entry.count,
+                flags: entry.flags,
+                service_id: entry.service_id,
+                affinity_timeout_s: entry.affinity_timeout_s,
+            }
+        }
+
+        #[inline(always)]
+        fn slot(entry: &$entry) -> Slot<Self::Address> {
+            Slot {
+                backend_id: entry.backend_id,
+                address: entry.backend_address,
+                port: entry.backend_port,
+            }
+        }
+
+        #[inline(always)]
+        fn reverse_entry(frontend: &Frontend<Self::Address>) -> $reverse_entry {
+            $reverse_entry {
+                address: frontend.address,
+                port: frontend.port,
+                pad: 0,
+                service_id: frontend.service_id,
+            }
+        }
+
+        #[inline(always)]
+        fn frontend(entry: &$reverse_entry) -> Frontend<Self::Address> {
+            Frontend {
+                address: entry.address,
+                port: entry.port,
+                service_id: entry.service_id,
+            }
+        }
+
+        #[inline(always)]
+        unsafe fn ring_fields(entry: *mut $socket) -> RingFields<Self::Address> {
+            use core::ptr::addr_of_mut;
+            // SAFETY: the caller's pointer; field pointers stay inside the entry.
+            unsafe {
+                RingFields {
+                    cookie: addr_of_mut!((*entry).cookie),
+                    backend_address: addr_of_mut!((*entry).backend_address),
+                    backend_port: addr_of_mut!((*entry).backend_port),
+                    frontend_address: addr_of_mut!((*entry).frontend_address),
+                    frontend_port: addr_of_mut!((*entry).frontend_port),
+                    service_id: addr_of_mut!((*entry).service_id),
+                }
+            }
+        }
+    };
+}
+
 /// IPv4 sockets, and IPv6 sockets talking to IPv4-mapped addresses.
 pub struct V4;
 
@@ -181,6 +258,8 @@ impl Family for V4 {
     type SocketFrontend = SocketFrontend;
 
     const RECORD_FAMILY: u8 = 4;
+
+    same_fields!(ServiceKey, ServiceEntry, ReverseEntry, SocketFrontend);
 
     #[inline(always)]
     fn words(address: u32) -> Ipv6Words {
@@ -213,83 +292,12 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn service_key(address: u32, port: u16, protocol: u8) -> ServiceKey {
-        ServiceKey {
-            address,
-            port,
-            protocol,
-            scope: SCOPE_INTERNAL,
-            slot: 0,
-            pad: 0,
-        }
-    }
-
-    #[inline(always)]
-    fn set_slot(key: &mut ServiceKey, slot: u16) {
-        key.slot = slot;
-    }
-
-    #[inline(always)]
-    fn master(entry: &ServiceEntry) -> Master {
-        Master {
-            count: entry.count,
-            flags: entry.flags,
-            service_id: entry.service_id,
-            affinity_timeout_s: entry.affinity_timeout_s,
-        }
-    }
-
-    #[inline(always)]
-    fn slot(entry: &ServiceEntry) -> Slot<u32> {
-        Slot {
-            backend_id: entry.backend_id,
-            address: entry.backend_address,
-            port: entry.backend_port,
-        }
-    }
-
-    #[inline(always)]
     fn reverse_key(cookie: u64, backend: u32, port: u16) -> ReverseKey {
         ReverseKey {
             cookie,
             address: backend,
             port,
             pad: 0,
-        }
-    }
-
-    #[inline(always)]
-    fn reverse_entry(frontend: &Frontend<u32>) -> ReverseEntry {
-        ReverseEntry {
-            address: frontend.address,
-            port: frontend.port,
-            pad: 0,
-            service_id: frontend.service_id,
-        }
-    }
-
-    #[inline(always)]
-    fn frontend(entry: &ReverseEntry) -> Frontend<u32> {
-        Frontend {
-            address: entry.address,
-            port: entry.port,
-            service_id: entry.service_id,
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn ring_fields(entry: *mut SocketFrontend) -> RingFields<u32> {
-        use core::ptr::addr_of_mut;
-        // SAFETY: the caller's pointer; field pointers stay inside the entry.
-        unsafe {
-            RingFields {
-                cookie: addr_of_mut!((*entry).cookie),
-                backend_address: addr_of_mut!((*entry).backend_address),
-                backend_port: addr_of_mut!((*entry).backend_port),
-                frontend_address: addr_of_mut!((*entry).frontend_address),
-                frontend_port: addr_of_mut!((*entry).frontend_port),
-                service_id: addr_of_mut!((*entry).service_id),
-            }
         }
     }
 
@@ -313,6 +321,8 @@ impl Family for V6 {
     type SocketFrontend = SocketFrontend6;
 
     const RECORD_FAMILY: u8 = 6;
+
+    same_fields!(ServiceKey6, ServiceEntry6, ReverseEntry6, SocketFrontend6);
 
     #[inline(always)]
     fn words(address: Ipv6Words) -> Ipv6Words {
@@ -345,42 +355,6 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn service_key(address: Ipv6Words, port: u16, protocol: u8) -> ServiceKey6 {
-        ServiceKey6 {
-            address,
-            port,
-            protocol,
-            scope: SCOPE_INTERNAL,
-            slot: 0,
-            pad: 0,
-        }
-    }
-
-    #[inline(always)]
-    fn set_slot(key: &mut ServiceKey6, slot: u16) {
-        key.slot = slot;
-    }
-
-    #[inline(always)]
-    fn master(entry: &ServiceEntry6) -> Master {
-        Master {
-            count: entry.count,
-            flags: entry.flags,
-            service_id: entry.service_id,
-            affinity_timeout_s: entry.affinity_timeout_s,
-        }
-    }
-
-    #[inline(always)]
-    fn slot(entry: &ServiceEntry6) -> Slot<Ipv6Words> {
-        Slot {
-            backend_id: entry.backend_id,
-            address: entry.backend_address,
-            port: entry.backend_port,
-        }
-    }
-
-    #[inline(always)]
     fn reverse_key(cookie: u64, backend: Ipv6Words, port: u16) -> ReverseKey6 {
         ReverseKey6 {
             cookie,
@@ -388,41 +362,6 @@ impl Family for V6 {
             port,
             pad: 0,
             pad2: 0,
-        }
-    }
-
-    #[inline(always)]
-    fn reverse_entry(frontend: &Frontend<Ipv6Words>) -> ReverseEntry6 {
-        ReverseEntry6 {
-            address: frontend.address,
-            port: frontend.port,
-            pad: 0,
-            service_id: frontend.service_id,
-        }
-    }
-
-    #[inline(always)]
-    fn frontend(entry: &ReverseEntry6) -> Frontend<Ipv6Words> {
-        Frontend {
-            address: entry.address,
-            port: entry.port,
-            service_id: entry.service_id,
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn ring_fields(entry: *mut SocketFrontend6) -> RingFields<Ipv6Words> {
-        use core::ptr::addr_of_mut;
-        // SAFETY: the caller's pointer; field pointers stay inside the entry.
-        unsafe {
-            RingFields {
-                cookie: addr_of_mut!((*entry).cookie),
-                backend_address: addr_of_mut!((*entry).backend_address),
-                backend_port: addr_of_mut!((*entry).backend_port),
-                frontend_address: addr_of_mut!((*entry).frontend_address),
-                frontend_port: addr_of_mut!((*entry).frontend_port),
-                service_id: addr_of_mut!((*entry).service_id),
-            }
         }
     }
 
