@@ -5,8 +5,8 @@ use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use crate::{
     PROCEED,
     context::{Inet6, SockAddr},
-    family::{Family, V4, V6},
     lb::{self, Call, Forward},
+    socket_family::{Family, V4, V6},
 };
 
 #[cgroup_sock_addr(connect4)]

@@ -18,9 +18,9 @@ use socklb_abi::{
 };
 
 use crate::{
-    family::Address as _,
     maps::{GONE, GONE6},
     record,
+    socket_family::Address as _,
 };
 
 /// Calls the `bpf_sock_destroy` kfunc, which aborts the socket with ECONNABORTED so that

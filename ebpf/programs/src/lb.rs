@@ -1,7 +1,7 @@
 //! Forward translation shared by connect and sendmsg: frontend lookup, backend choice
 //! (session affinity, then random or per-socket), and the reverse entry that later lets
 //! recvmsg/getpeername show the frontend again. Written once for both address families
-//! (see `family`).
+//! (see `socket_family`).
 use aya_ebpf::helpers;
 use socklb_abi::{
     AffinityEntry, AffinityKey, PROTO_TCP, PROTO_UDP, SERVICE_FLAG_AFFINITY, TRACE_REASON_AFFINITY,
@@ -13,10 +13,10 @@ use crate::{
     PROCEED, REJECT,
     context::SockAddr,
     counters::bump,
-    family::{Address as _, Family, Frontend, Master, Slot},
     log,
     maps::{AFFINITY, socket_slot},
     record,
+    socket_family::{Address as _, Family, Frontend, Master, Slot},
     trace::Decision,
 };
 

@@ -15,7 +15,6 @@ mod context;
 mod counters;
 mod destroy;
 mod external;
-mod family;
 mod getpeername;
 mod lb;
 mod log;
@@ -24,6 +23,7 @@ mod packet;
 mod record;
 mod recvmsg;
 mod sendmsg;
+mod socket_family;
 mod trace;
 
 /// Verdicts of cgroup sock_addr programs.

@@ -14,7 +14,7 @@ use socklb_abi::{
 };
 
 /// The shapes the service, reverse and socket maps of both families share, so that `lb`
-/// names them once (see `family`).
+/// names them once (see `socket_family`).
 pub type ServiceMap<K, V> = HashMap<K, V, 65536, { BPF_F_NO_PREALLOC as usize }>;
 pub type ReverseMap<K, V> = LruHashMap<K, V, 65536>;
 pub type SocketRing<T> = Array<T, 262144>;

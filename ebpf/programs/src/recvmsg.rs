@@ -4,8 +4,8 @@ use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
 use crate::{
     context::{Inet6, SockAddr},
-    family::{V4, V6},
     lb,
+    socket_family::{V4, V6},
 };
 
 #[cgroup_sock_addr(recvmsg4)]

@@ -6,8 +6,8 @@ use socklb_abi::PROTO_UDP;
 use crate::{
     PROCEED,
     context::{Inet6, SockAddr},
-    family::{Family, V4, V6},
     lb::{self, Call, Forward},
+    socket_family::{Family, V4, V6},
 };
 
 #[cgroup_sock_addr(sendmsg4)]

@@ -1,7 +1,7 @@
 //! The address families of the socket programs. `lb` is written once over [`Family`]; each
 //! family says which maps serve it and how its map entries are read and built. Both
-//! implementations are a few lines of field copies that the compiler inlines, so IPv4
-//! compiles to what it was before IPv6 existed.
+//! implementations are a few lines of field copies that the compiler inlines, so the IPv4
+//! path does the same work as before IPv6 existed.
 use socklb_abi::{
     Ipv6Words, ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, SCOPE_INTERNAL, ServiceEntry,
     ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend, SocketFrontend6,
