@@ -270,7 +270,12 @@ fn configure<'a>(
         .map_max_entries(map_names::CONNTRACK, capacities.conntrack)
         .map_max_entries(map_names::CONNTRACK_NEW, capacities.conntrack_new)
         .map_max_entries(map_names::SOURCE_RANGES, capacities.source_ranges)
-        .map_max_entries(map_names::MAGLEV, sizes.maglev);
+        .map_max_entries(map_names::MAGLEV, sizes.maglev)
+        // IPv6 flows from outside: the same capacities as IPv4's.
+        .map_max_entries(map_names::AFFINITY6, capacities.affinity)
+        .map_max_entries(map_names::CONNTRACK6, capacities.conntrack)
+        .map_max_entries(map_names::CONNTRACK_NEW6, capacities.conntrack_new)
+        .map_max_entries(map_names::SOURCE_RANGES6, capacities.source_ranges);
 }
 
 /// A growable map keeps the size an earlier agent grew it to, within its flag; a new one

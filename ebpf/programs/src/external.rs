@@ -23,35 +23,37 @@
 //!   to a hostNetwork backend).
 //! - A packet whose rewrite fails half-way is dropped: once any byte changed, passing it
 //!   on would send a half-translated packet.
+//!
+//! IPv4 and IPv6 take the same path, written once over [`Family`], each with its own maps
+//! (IPv6: no header checksum, the hop limit for the TTL, extension headers walked by
+//! `packet`). Anything else, ICMPv6 and neighbour discovery included, passes untouched.
 use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{__sk_buff, bpf_fib_lookup},
-    btf_maps::lpm_trie::Key,
     helpers,
     macros::classifier,
     programs::TcContext,
 };
 use socklb_abi::{
-    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
-    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CtEntry, CtTimeouts, MaglevKey, PROTO_TCP, SCOPE_EXTERNAL,
-    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS,
-    ServiceEntry, ServiceKey, SourceRange, TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK,
-    TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND, TRACE_REASON_RANDOM, TRACE_REASON_SNAT_EXHAUSTED,
-    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
+    AffinityEntry, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT,
+    CtTimeouts, Ipv6Words, MaglevKey, PROTO_TCP, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV,
+    TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND,
+    TRACE_REASON_RANDOM, TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED,
+    TRACE_SOURCE_EXTERNAL,
 };
 
 use crate::{
     conntrack::{self, Found},
     counters::bump,
-    lb, log,
-    maps::{AFFINITY, BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
-    packet::{Packet, PacketError, Tuple},
+    family::{Family, FlowEntry, Slot, V4, V6},
+    log,
+    maps::{MAGLEV, NODE},
+    packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Packet, PacketError, Tuple},
     trace::{self, Decision},
 };
 
-const AF_INET: u8 = 2;
 const ETH_ALEN: usize = 6;
 /// TC verdicts.
 const TC_ACT_OK: i32 = 0;
@@ -70,7 +72,7 @@ impl From<PacketError> for Error {
     }
 }
 
-enum Flow {
+enum Flow<A> {
     /// Not addressed to an external frontend: untouched.
     NotOurs,
     /// A frontend without a usable backend on this node's external selection.
@@ -83,32 +85,62 @@ enum Flow {
     /// less.
     TtlExceeded,
     /// Rewrite the packet to this.
-    To(CtEntry),
+    To(FlowEntry<A>),
 }
 
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
-    let Some(mut packet) = Packet::parse(&ctx) else {
+    match packet::ether_type(&ctx) {
+        Some(ETH_P_IP) => {
+            let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
+                return TC_ACT_OK;
+            };
+            verdict(try_ingress::<V4>(&ctx, &mut packet), &packet)
+        }
+        Some(ETH_P_IPV6) => ingress6(ctx),
+        _ => TC_ACT_OK,
+    }
+}
+
+/// IPv6 out of line: its own stack frame, so that the IPv4 path keeps the stack (and the
+/// instructions) it had.
+#[inline(never)]
+fn ingress6(ctx: TcContext) -> i32 {
+    let Some(mut packet) = Packet::<Ipv6Words>::parse(&ctx) else {
         return TC_ACT_OK;
     };
-    verdict(try_ingress(&ctx, &mut packet), &packet)
+    verdict(try_ingress::<V6>(&ctx, &mut packet), &packet)
 }
 
 #[classifier]
 pub fn socklb_tc_out(ctx: TcContext) -> i32 {
-    let Some(mut packet) = Packet::parse(&ctx) else {
+    match packet::ether_type(&ctx) {
+        Some(ETH_P_IP) => {
+            let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
+                return TC_ACT_OK;
+            };
+            verdict(try_egress::<V4>(&mut packet), &packet)
+        }
+        Some(ETH_P_IPV6) => egress6(ctx),
+        _ => TC_ACT_OK,
+    }
+}
+
+#[inline(never)]
+fn egress6(ctx: TcContext) -> i32 {
+    let Some(mut packet) = Packet::<Ipv6Words>::parse(&ctx) else {
         return TC_ACT_OK;
     };
-    verdict(try_egress(&mut packet), &packet)
+    verdict(try_egress::<V6>(&mut packet), &packet)
 }
 
 /// An error before the packet changed lets it pass untranslated; after, it is dropped.
 #[inline(always)]
-fn verdict(result: Result<i32, Error>, packet: &Packet) -> i32 {
+fn verdict<A: Address>(result: Result<i32, Error>, packet: &Packet<A>) -> i32 {
     match result {
         Ok(verdict) => verdict,
         Err(Error) if packet.mangled() => {
-            log::rewrite_failed(u32::from_be(packet.tuple.source));
+            packet.tuple.source.log_rewrite_failed();
             bump(|c| &mut c.rewrite_failed);
             TC_ACT_SHOT
         }
@@ -121,7 +153,7 @@ fn verdict(result: Result<i32, Error>, packet: &Packet) -> i32 {
 
 /// Drops a packet of ours that cannot be forwarded, before anything in it changes.
 #[inline(always)]
-fn ttl_exceeded(packet: &Packet) -> bool {
+fn ttl_exceeded<A>(packet: &Packet<A>) -> bool {
     if packet.ttl <= 1 {
         bump(|c| &mut c.ttl_exceeded);
         return true;
@@ -130,20 +162,20 @@ fn ttl_exceeded(packet: &Packet) -> bool {
 }
 
 #[inline(always)]
-fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
+fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let closes = packet.closes_connection();
     // A remote backend answering a SNATed flow, addressed to this node.
     if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
-        && let Some(reply) = conntrack::lookup_reply(&packet.tuple, closes, now)
+        && let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, closes, now)
     {
         if ttl_exceeded(packet) {
             return Ok(TC_ACT_SHOT);
         }
         rewrite(packet, &reply)?;
-        return forward(ctx, packet);
+        return forward::<F>(ctx, packet);
     }
-    let entry = match flow(packet, closes, now)? {
+    let entry = match flow::<F>(packet, closes, now)? {
         Flow::NotOurs => return Ok(TC_ACT_OK),
         Flow::NoBackend => {
             bump(|c| &mut c.external_no_backend);
@@ -170,14 +202,16 @@ fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
         return Ok(TC_ACT_SHOT);
     }
     rewrite(packet, &entry)?;
-    forward(ctx, packet)
+    forward::<F>(ctx, packet)
 }
 
 /// Replies of local backends leaving the node: shown as coming from the frontend.
 #[inline(always)]
-fn try_egress(packet: &mut Packet) -> Result<i32, Error> {
+fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
-    if let Some(reply) = conntrack::lookup_reply(&packet.tuple, packet.closes_connection(), now) {
+    if let Some(reply) =
+        conntrack::lookup_reply::<F>(&packet.tuple, packet.closes_connection(), now)
+    {
         rewrite(packet, &reply)?;
     }
     Ok(TC_ACT_OK)
@@ -185,7 +219,7 @@ fn try_egress(packet: &mut Packet) -> Result<i32, Error> {
 
 /// Rewrites the packet to what its flow's conntrack entry says.
 #[inline(always)]
-fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
+fn rewrite<A: Address>(packet: &mut Packet<A>, entry: &FlowEntry<A>) -> Result<(), Error> {
     Ok(packet.rewrite(
         entry.source,
         entry.source_port,
@@ -198,19 +232,23 @@ fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
 /// backend answered is confirmed by the client's next packet that is neither a SYN nor a
 /// FIN or RST.
 #[inline(always)]
-fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
-    if let Some(mut found) = conntrack::lookup_forward(&packet.tuple, closes, now) {
+fn flow<F: Family>(
+    packet: &Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+) -> Result<Flow<F::Addr>, Error> {
+    if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, closes, now) {
         if !found.confirmed
             && found.entry.flags & CT_FLAG_CLOSING != 0
             && packet.opens_connection()
             && !expired(&found, packet, now)
         {
-            conntrack::reopen(&packet.tuple, &mut found.entry);
+            conntrack::reopen::<F>(&packet.tuple, &mut found.entry);
         }
-        if !keeps_backend(&found, packet, now) {
+        if !keeps_backend::<F>(&found, packet, now) {
             // Chosen afresh below; the old entries must neither shadow the new ones nor
             // hold their SNAT port.
-            conntrack::forget(&packet.tuple, &found);
+            conntrack::forget::<F>(&packet.tuple, &found);
         } else {
             // The client's ACK to the SYN-ACK (a RST or FIN confirms nothing). A failed move
             // leaves the flow unconfirmed (a later packet tries again); this packet is
@@ -220,7 +258,8 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
                 && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
                 && !packet.opens_connection()
                 && !closes
-                && let Err(error) = conntrack::confirm(&packet.tuple, &found.entry, closes, now)
+                && let Err(error) =
+                    conntrack::confirm::<F>(&packet.tuple, &found.entry, closes, now)
             {
                 log::conntrack_not_confirmed(error);
                 bump(|c| &mut c.errors);
@@ -231,15 +270,27 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
                 reason: TRACE_REASON_CONNTRACK,
                 protocol: tuple.protocol,
                 service_id: found.entry.service_id,
-                frontend: (tuple.destination, tuple.destination_port),
-                backend: (found.entry.destination, found.entry.destination_port),
+                frontend: (F::trace_address(tuple.destination), tuple.destination_port),
+                backend: (
+                    F::trace_address(found.entry.destination),
+                    found.entry.destination_port,
+                ),
                 ..Decision::default()
             };
-            trace::external(&decision, (tuple.source, tuple.source_port), true);
+            trace_external::<F>(&decision, tuple, true);
             return Ok(Flow::To(found.entry));
         }
     }
-    new_flow(packet, now)
+    new_flow::<F>(packet, now)
+}
+
+/// A trace event of a packet from outside, for the families trace events can show.
+#[inline(always)]
+fn trace_external<F: Family>(decision: &Decision, tuple: &Tuple<F::Addr>, packet: bool) {
+    if F::TRACED {
+        let client = (F::trace_address(tuple.source), tuple.source_port);
+        trace::external(decision, client, packet);
+    }
 }
 
 /// Whether a known flow stays with its backend. An idle-expired flow starts afresh, and so
@@ -250,7 +301,7 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
 /// datagram whose backend is gone chooses again, so new flows never reach a removed
 /// backend.
 #[inline(always)]
-fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
+fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>, now: u32) -> bool {
     let entry = &found.entry;
     if expired(found, packet, now) {
         return false;
@@ -261,68 +312,56 @@ fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
     if entry.flags & CT_FLAG_CLOSING != 0 {
         return false;
     }
-    match BACKENDS.get_ptr(&entry.backend_id) {
-        Some(backend) => {
-            // SAFETY: pointer from a successful lookup; copied out at once.
-            let backend = unsafe { *backend };
-            backend.address == entry.destination && backend.port == entry.destination_port
-        }
-        None => false,
-    }
+    F::backend(entry.backend_id).is_some_and(|(address, port)| {
+        address == entry.destination && port == entry.destination_port
+    })
 }
 
 /// Whether a known flow was idle past its timeout before this packet.
 #[inline(always)]
-fn expired(found: &Found, packet: &Packet, now: u32) -> bool {
+fn expired<A>(found: &Found<A>, packet: &Packet<A>, now: u32) -> bool {
     let timeouts = CtTimeouts::of(NODE.get(0));
     let timeout = timeouts.timeout_s(packet.tuple.protocol, found.entry.flags, found.confirmed);
     found.entry.expired(now, timeout)
 }
 
 #[inline(always)]
-fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
+fn new_flow<F: Family>(packet: &Packet<F::Addr>, now: u32) -> Result<Flow<F::Addr>, Error> {
     let tuple = &packet.tuple;
-    let mut key = ServiceKey {
-        address: tuple.destination,
-        port: tuple.destination_port,
-        protocol: tuple.protocol,
-        scope: SCOPE_EXTERNAL,
-        slot: 0,
-        pad: 0,
-    };
-    let Some(master) = SERVICES.get_ptr(&key) else {
+    let Some(master) = F::service(tuple.destination, tuple.destination_port, tuple.protocol, 0)
+    else {
         return Ok(Flow::NotOurs);
     };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let master: ServiceEntry = unsafe { *master };
-    let client = (tuple.source, tuple.source_port);
     let mut decision = Decision {
         source: TRACE_SOURCE_EXTERNAL,
         protocol: tuple.protocol,
         service_id: master.service_id,
-        frontend: (tuple.destination, tuple.destination_port),
+        frontend: (F::trace_address(tuple.destination), tuple.destination_port),
         count: master.count,
         ..Decision::default()
     };
-    if !source_allowed(tuple) {
+    if !F::source_allowed(tuple) {
         decision.reason = TRACE_REASON_SOURCE_DENIED;
-        trace::external(&decision, client, false);
+        trace_external::<F>(&decision, tuple, false);
         return Ok(Flow::Denied);
     }
     let count = u32::from(master.count);
     if count == 0 {
         decision.reason = TRACE_REASON_NO_BACKEND;
-        trace::external(&decision, client, false);
+        trace_external::<F>(&decision, tuple, false);
         return Ok(Flow::NoBackend);
     }
     // A packet that cannot be forwarded (TTL 1 or less) makes no affinity or conntrack
     // entry, whatever becomes of it.
     let forwardable = packet.ttl > 1;
-    let (backend, reason) = choose_backend(&master, &mut key, tuple, count, forwardable)?;
+    let (backend, slot, reason) = choose_backend::<F>(&master, tuple, count, forwardable)?;
     decision.reason = reason;
-    decision.backend = (backend.backend_address, backend.backend_port);
-    decision.slot = key.slot;
-    let mut entry = CtEntry {
+    decision.backend = (
+        F::trace_address(backend.backend_address),
+        backend.backend_port,
+    );
+    decision.slot = slot;
+    let mut entry = FlowEntry {
         source: tuple.source,
         destination: backend.backend_address,
         source_port: tuple.source_port,
@@ -331,23 +370,22 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
         service_id: master.service_id,
         last_seen_s: now,
         flags: 0,
-        pad: 0,
     };
     if backend.flags & u16::from(BACKEND_FLAG_REMOTE) != 0 {
         // Before the SNAT port is taken.
         if ttl_exceeded(packet) {
             return Ok(Flow::TtlExceeded);
         }
-        let Some(node) = NODE.get(0).filter(|node| node.snat_address != 0) else {
+        let (Some(node), Some(snat_address)) = (NODE.get(0), F::snat_address()) else {
             log::no_snat_address();
             return Err(Error);
         };
         entry.flags |= CT_FLAG_SNAT;
-        match conntrack::insert_snat(tuple, &mut entry, node, now) {
+        match conntrack::insert_snat::<F>(tuple, &mut entry, snat_address, node, now) {
             Ok(Some(_)) => {}
             Ok(None) => {
                 decision.reason = TRACE_REASON_SNAT_EXHAUSTED;
-                trace::external(&decision, client, false);
+                trace_external::<F>(&decision, tuple, false);
                 return Ok(Flow::SnatExhausted);
             }
             Err(error) => {
@@ -359,43 +397,38 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
         // A backend on this node: translated, and the kernel's path decides.
         return Ok(Flow::To(entry));
     } else {
-        if let Err(error) = conntrack::insert(tuple, &entry) {
+        if let Err(error) = conntrack::insert::<F>(tuple, &entry) {
             log::conntrack_not_written(error);
             return Err(Error);
         }
     }
     bump(|c| &mut c.external_flows);
-    trace::external(&decision, client, false);
+    trace_external::<F>(&decision, tuple, false);
     Ok(Flow::To(entry))
 }
 
-/// The backend slot of a new flow: the client's session-affinity choice if fresh, else its
-/// Maglev position, else a random slot (with the `TRACE_REASON_*` saying which); the
-/// affinity entry is recorded or refreshed only if `record`.
+/// The backend slot of a new flow, and its number: the client's session-affinity choice
+/// if fresh, else its Maglev position, else a random slot (with the `TRACE_REASON_*`
+/// saying which); the affinity entry is recorded or refreshed only if `record`.
 #[inline(always)]
-fn choose_backend(
-    master: &ServiceEntry,
-    key: &mut ServiceKey,
-    tuple: &Tuple,
+fn choose_backend<F: Family>(
+    master: &Slot<F::Addr>,
+    tuple: &Tuple<F::Addr>,
     count: u32,
     record: bool,
-) -> Result<(ServiceEntry, u8), Error> {
-    let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0).then(|| AffinityKey {
-        netns_cookie: AFFINITY_EXTERNAL_CLIENT | u64::from(tuple.source),
-        service_id: master.service_id,
-        pad: 0,
-    });
+) -> Result<(Slot<F::Addr>, u16, u8), Error> {
+    let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0)
+        .then(|| F::affinity_key(tuple.source, master.service_id));
     // SAFETY: helper without arguments.
     let now_ns = unsafe { helpers::bpf_ktime_get_ns() };
     let remembered = affinity
         .as_ref()
-        .and_then(|affinity| affinity_slot(affinity, master, key, now_ns, record));
+        .and_then(|affinity| affinity_slot::<F>(affinity, master, tuple, now_ns, record));
     let maglev = remembered
         .is_none()
-        .then(|| maglev_slot(master, tuple, count))
+        .then(|| maglev_slot::<F>(master, tuple, count))
         .flatten();
-    let reason;
-    (key.slot, reason) = match (remembered, maglev) {
+    let (slot, reason) = match (remembered, maglev) {
         (Some(slot), _) => (slot, TRACE_REASON_AFFINITY),
         (None, Some(slot)) => (slot, TRACE_REASON_MAGLEV),
         (None, None) => {
@@ -405,48 +438,46 @@ fn choose_backend(
             ((draw % count + 1) as u16, TRACE_REASON_RANDOM)
         }
     };
-    let Some(backend) = SERVICES.get_ptr(key) else {
-        log::external_missing_slot(
-            u32::from_be(key.address),
-            u16::from_be(key.port),
-            count,
-            key.slot,
-        );
+    let Some(backend) = F::service(
+        tuple.destination,
+        tuple.destination_port,
+        tuple.protocol,
+        slot,
+    ) else {
+        F::log_missing_slot(tuple.destination, tuple.destination_port, count, slot);
         return Err(Error);
     };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let backend: ServiceEntry = unsafe { *backend };
     match (&affinity, remembered) {
         (Some(_), Some(_)) => bump(|c| &mut c.affinity_hits),
         (Some(affinity), None) if record => {
             let entry = AffinityEntry {
                 last_used_ns: now_ns,
                 backend_id: backend.backend_id,
-                slot: key.slot,
+                slot,
                 pad: 0,
             };
-            if let Err(error) = AFFINITY.insert(affinity, &entry, 0) {
+            if let Err(error) = F::affinity().insert(affinity, &entry, 0) {
                 log::external_affinity_not_written(error);
                 return Err(Error);
             }
         }
         _ => {}
     }
-    Ok((backend, reason))
+    Ok((backend, slot, reason))
 }
 
 /// sessionAffinity ClientIP for a client outside the node: the slot it used last, if that
 /// was within the timeout and the slot still holds the same backend (refreshing the entry
 /// if `refresh`).
 #[inline(always)]
-fn affinity_slot(
-    affinity: &AffinityKey,
-    master: &ServiceEntry,
-    key: &mut ServiceKey,
+fn affinity_slot<F: Family>(
+    affinity: &F::AffinityKey,
+    master: &Slot<F::Addr>,
+    tuple: &Tuple<F::Addr>,
     now_ns: u64,
     refresh: bool,
 ) -> Option<u16> {
-    let entry = AFFINITY.get_ptr_mut(affinity)?;
+    let entry = F::affinity().get_ptr_mut(affinity)?;
     // SAFETY: pointer from a successful lookup, valid for this run.
     let entry = unsafe { &mut *entry };
     let timeout_ns = u64::from(master.affinity_timeout_s) * 1_000_000_000;
@@ -456,9 +487,12 @@ fn affinity_slot(
     {
         return None;
     }
-    key.slot = entry.slot;
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let slot = unsafe { *SERVICES.get_ptr(key)? };
+    let slot = F::service(
+        tuple.destination,
+        tuple.destination_port,
+        tuple.protocol,
+        entry.slot,
+    )?;
     if slot.backend_id != entry.backend_id {
         return None;
     }
@@ -468,12 +502,15 @@ fn affinity_slot(
     Some(entry.slot)
 }
 
-/// The slot at the flow's position in the frontend's Maglev table, if it has one. The hash
-/// covers only what every node sees alike (not the node address a NodePort flow arrives
-/// at), so that every node picks the same backend. A missing entry or a slot beyond the
-/// current count (a table being rewritten) falls back to a random slot.
+/// The slot at the flow's position in the frontend's Maglev table, if it has one (the
+/// hash: [`Family::flow_hash`]). A missing entry or a slot beyond the current count (a
+/// table being rewritten) falls back to a random slot.
 #[inline(always)]
-fn maglev_slot(master: &ServiceEntry, tuple: &Tuple, count: u32) -> Option<u16> {
+fn maglev_slot<F: Family>(
+    master: &Slot<F::Addr>,
+    tuple: &Tuple<F::Addr>,
+    count: u32,
+) -> Option<u16> {
     if master.flags & SERVICE_FLAG_MAGLEV == 0 {
         return None;
     }
@@ -481,36 +518,13 @@ fn maglev_slot(master: &ServiceEntry, tuple: &Tuple, count: u32) -> Option<u16> 
     if size == 0 {
         return None;
     }
-    let flow = (u64::from(tuple.source) << 32)
-        | (u64::from(tuple.source_port) << 16)
-        | u64::from(tuple.destination_port);
-    let hash = lb::mix(flow ^ u64::from(tuple.protocol).rotate_left(40));
     let key = MaglevKey {
         service_id: master.service_id,
-        index: hash % size,
+        index: F::flow_hash(tuple) % size,
     };
     // SAFETY: pointer from a successful lookup; copied out at once.
     let slot = unsafe { *MAGLEV.get_ptr(&key)? };
     (slot >= 1 && slot <= count).then_some(slot as u16)
-}
-
-/// loadBalancerSourceRanges: the longest match of (frontend, client) decides; a frontend
-/// without ranges has no entry and lets everyone in.
-#[inline(always)]
-fn source_allowed(tuple: &Tuple) -> bool {
-    let key = Key::new(
-        SOURCE_RANGE_FRONTEND_BITS + 32,
-        SourceRange {
-            frontend: tuple.destination,
-            port: tuple.destination_port,
-            protocol: tuple.protocol,
-            pad: 0,
-            client: tuple.source,
-        },
-    );
-    SOURCE_RANGES
-        .get(&key)
-        .is_none_or(|verdict| *verdict == SOURCE_ALLOW)
 }
 
 /// Zeroes `buffer` with eight 8-byte stores and returns it as an all-zero
@@ -544,15 +558,14 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
 /// device the FIB names, or to the kernel's own path when the destination is local or
 /// unroutable (its usual errors then apply).
 #[inline(always)]
-fn forward(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
+fn forward<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let mut buffer = MaybeUninit::uninit();
     let fib = zeroed_fib_params(&mut buffer);
-    fib.family = AF_INET;
+    fib.family = F::AF;
     fib.l4_protocol = packet.tuple.protocol;
     fib.sport = packet.tuple.source_port;
     fib.dport = packet.tuple.destination_port;
-    fib.__bindgen_anon_3.ipv4_src = packet.tuple.source;
-    fib.__bindgen_anon_4.ipv4_dst = packet.tuple.destination;
+    F::fib_addresses(fib, packet.tuple.source, packet.tuple.destination);
     // SAFETY: the context is the valid __sk_buff of this run.
     fib.ifindex = unsafe { (*ctx.as_ptr().cast::<__sk_buff>()).ingress_ifindex };
     // SAFETY: fib is a valid, writable bpf_fib_lookup of the size passed.

@@ -6,9 +6,11 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, Counters, CtEntry, CtKey, FragmentKey, FragmentPorts,
-    FrontendName, GONE_CAPACITY, GoneKey, MaglevKey, NodeConfig, ReverseEntry, ReverseKey,
-    ServiceEntry, ServiceKey, SocketFrontend, SourceRange, SourceVerdict, TraceControl, TraceEvent,
+    AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Counters, CtEntry, CtEntry6,
+    CtKey, CtKey6, FragmentKey, FragmentKey6, FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey,
+    MaglevKey, NodeConfig, NodeConfig6, ReverseEntry, ReverseKey, ServiceEntry, ServiceEntry6,
+    ServiceKey, ServiceKey6, SocketFrontend, SourceRange, SourceRange6, SourceVerdict,
+    TraceControl, TraceEvent,
 };
 
 /// Not preallocated, as the backend map: the agent writes both, so their memory follows the
@@ -52,10 +54,13 @@ pub fn socket_slot(cookie: u64) -> u32 {
     (cookie as u32) & mask
 }
 
-#[btf_map(name = "socklb_aff_v1", pin_by_name)]
-pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
+/// Placeholder capacity of the affinity maps of both families.
+pub const AFFINITY_CAPACITY: usize = 65536;
 
-#[btf_map(name = "socklb_cnt_v4", pin_by_name)]
+#[btf_map(name = "socklb_aff_v1", pin_by_name)]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, AFFINITY_CAPACITY> = LruHashMap::new();
+
+#[btf_map(name = "socklb_cnt_v5", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
 
 /// Placeholder capacity of both conntrack tables, which share one type.
@@ -100,3 +105,39 @@ pub static TRACE_CONTROL: Array<TraceControl, 1> = Array::new();
 /// agent for one sweep. Not pinned: it belongs to the agent that loaded the iterators.
 #[btf_map(name = "socklb_gone_v1")]
 pub static GONE: HashMap<GoneKey, u8, { GONE_CAPACITY as usize }> = HashMap::new();
+
+// IPv6 (socklb-abi `map_names::*6`): the same roles as the IPv4 maps above, keyed by 16-byte
+// addresses. Service and backend ids are one space across both families.
+
+/// Not preallocated: see [`SERVICES`].
+#[btf_map(name = "socklb_svc6_v1", pin_by_name)]
+pub static SERVICES6: HashMap<ServiceKey6, ServiceEntry6, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
+
+/// Not preallocated: see [`SERVICES`].
+#[btf_map(name = "socklb_be6_v1", pin_by_name)]
+pub static BACKENDS6: HashMap<u32, Backend6, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
+
+/// ClientIP affinity of IPv6 clients outside the node.
+#[btf_map(name = "socklb_aff6_v1", pin_by_name)]
+pub static AFFINITY6: LruHashMap<AffinityKey6, AffinityEntry, AFFINITY_CAPACITY> =
+    LruHashMap::new();
+
+/// Confirmed IPv6 flows from outside (see `conntrack`).
+#[btf_map(name = "socklb_ct6_v1", pin_by_name)]
+pub static CONNTRACK6: LruHashMap<CtKey6, CtEntry6, CT_CAPACITY> = LruHashMap::new();
+
+/// IPv6 flows from outside not yet confirmed.
+#[btf_map(name = "socklb_ctn6_v1", pin_by_name)]
+pub static CONNTRACK_NEW6: LruHashMap<CtKey6, CtEntry6, CT_CAPACITY> = LruHashMap::new();
+
+/// Ports of first IPv6 fragments (see `packet`).
+#[btf_map(name = "socklb_frag6_v1", pin_by_name)]
+pub static FRAGMENTS6: LruHashMap<FragmentKey6, FragmentPorts, 8192> = LruHashMap::new();
+
+#[btf_map(name = "socklb_node6_v1", pin_by_name)]
+pub static NODE6: Array<NodeConfig6, 1> = Array::new();
+
+#[btf_map(name = "socklb_src6_v1", pin_by_name)]
+pub static SOURCE_RANGES6: LpmTrie<SourceRange6, SourceVerdict, 65536> = LpmTrie::new();
