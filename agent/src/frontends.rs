@@ -151,7 +151,7 @@ mod tests {
 
     fn frontend(last: u8) -> Frontend {
         Frontend {
-            address: Ipv4Addr::new(203, 0, 113, last),
+            address: Ipv4Addr::new(203, 0, 113, last).into(),
             port: 80,
             protocol: Protocol::Tcp,
             scope: Scope::Internal,
@@ -161,7 +161,7 @@ mod tests {
     fn backend_of(table: &FrontendTable, vip: u8) -> Option<u8> {
         table
             .spec(&frontend(vip))
-            .map(|spec| spec.backends[0].address.octets()[3])
+            .map(|spec| spec.backends[0].last_octet())
     }
 
     #[test]

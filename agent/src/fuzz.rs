@@ -483,7 +483,7 @@ proptest! {
 /// shrink, empty and vanish.
 fn desired_states() -> impl Strategy<Value = Vec<Desired>> {
     let frontend = (0..4u8).prop_map(|last| Frontend {
-        address: Ipv4Addr::new(10, 96, 0, last),
+        address: Ipv4Addr::new(10, 96, 0, last).into(),
         port: 80,
         protocol: Protocol::Tcp,
         scope: Scope::Internal,

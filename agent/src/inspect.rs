@@ -194,7 +194,7 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
                 entries
                     .get(&ServiceKey { slot, ..*key })
                     .map(|entry| BackendAddr {
-                        address: Ipv4Addr::from(u32::from_be(entry.backend_address)),
+                        address: Ipv4Addr::from(u32::from_be(entry.backend_address)).into(),
                         port: u16::from_be(entry.backend_port),
                         remote: entry.flags & u16::from(BACKEND_FLAG_REMOTE) != 0,
                     })
@@ -327,7 +327,7 @@ fn monotonic_seconds() -> u32 {
 
 fn frontend_of(key: &ServiceKey) -> Option<Frontend> {
     Some(Frontend {
-        address: Ipv4Addr::from(u32::from_be(key.address)),
+        address: Ipv4Addr::from(u32::from_be(key.address)).into(),
         port: u16::from_be(key.port),
         protocol: Protocol::from_number(key.protocol)?,
         scope: Scope::from_number(key.scope)?,

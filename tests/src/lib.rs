@@ -717,7 +717,7 @@ impl SetChanges {
 /// A TCP frontend on a "cluster IP" that nothing else answers in the sandbox.
 pub fn frontend(address: [u8; 4], port: u16, protocol: Protocol) -> Frontend {
     Frontend {
-        address: Ipv4Addr::from(address),
+        address: Ipv4Addr::from(address).into(),
         port,
         protocol,
         scope: Scope::Internal,

@@ -577,8 +577,11 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
         aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&old).expect("open the old map"))
             .try_into()
             .expect("the old service map");
+    let std::net::IpAddr::V4(serving_address) = serving.address else {
+        panic!("the serving frontend is IPv4");
+    };
     let master = ServiceKey {
-        address: u32::from(serving.address).to_be(),
+        address: u32::from(serving_address).to_be(),
         port: serving.port.to_be(),
         protocol: socklb_abi::PROTO_TCP,
         scope: socklb_abi::SCOPE_INTERNAL,

@@ -1,6 +1,10 @@
 //! What the control plane asks the datapath to do: every frontend with its ordered backends.
 //! Plain data, no kernel types; the writer turns it into map entries.
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, SocketAddr},
+};
 
 use serde::{Deserialize, Serialize};
 use socklb_abi::{PROTO_TCP, PROTO_UDP, SCOPE_EXTERNAL, SCOPE_INTERNAL};
@@ -58,10 +62,10 @@ impl Scope {
     }
 }
 
-/// A service frontend: an address and port a client may connect to.
+/// A service frontend: an address (of either family) and port a client may connect to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frontend {
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub port: u16,
     pub protocol: Protocol,
     #[serde(default)]
@@ -72,16 +76,18 @@ impl fmt::Display for Frontend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}:{}/{:?} ({:?})",
-            self.address, self.port, self.protocol, self.scope
+            "{}/{:?} ({:?})",
+            SocketAddr::new(self.address, self.port),
+            self.protocol,
+            self.scope
         )
     }
 }
 
-/// A backend endpoint; its protocol is its frontend's.
+/// A backend endpoint; its protocol and its address family are its frontend's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BackendAddr {
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub port: u16,
     /// The endpoint runs on another node: traffic from outside reaching it through this
     /// node is SNATed, so that its replies come back through this node.
@@ -91,18 +97,29 @@ pub struct BackendAddr {
 
 impl BackendAddr {
     /// A backend on this node (or one whose node does not matter, as for local sockets).
-    pub fn local(address: Ipv4Addr, port: u16) -> Self {
+    pub fn local(address: impl Into<IpAddr>, port: u16) -> Self {
         Self {
-            address,
+            address: address.into(),
             port,
             remote: false,
         }
     }
 }
 
+#[cfg(test)]
+impl BackendAddr {
+    /// The last octet of the address: how table tests name their backends.
+    pub fn last_octet(&self) -> u8 {
+        match self.address {
+            IpAddr::V4(address) => address.octets()[3],
+            IpAddr::V6(address) => address.octets()[15],
+        }
+    }
+}
+
 impl fmt::Display for BackendAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.address, self.port)
+        write!(f, "{}", SocketAddr::new(self.address, self.port))
     }
 }
 
@@ -117,7 +134,7 @@ pub struct FrontendSpec {
     /// loadBalancerSourceRanges of a LoadBalancer IP for traffic from outside: only these
     /// clients may open flows (an empty list: none may). `None`: unrestricted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_ranges: Option<Vec<ipnet::Ipv4Net>>,
+    pub source_ranges: Option<Vec<ipnet::IpNet>>,
     /// Traffic from outside chooses by Maglev hashing (the same backend on every node)
     /// instead of at random.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

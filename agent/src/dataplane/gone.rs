@@ -8,7 +8,10 @@
 //! selected (the fallback when no endpoint is ready) has not left. Only the frontends of
 //! local sockets (scope internal) count: those are the ones whose sockets socklb
 //! translates at connect().
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use socklb_abi::GoneKey;
 
@@ -27,17 +30,22 @@ impl Gone {
     }
 
     /// The gone map's key (network byte order), as the iterators compare it with a socket
-    /// map entry.
-    pub fn key(&self) -> GoneKey {
-        GoneKey {
-            frontend_address: u32::from(self.frontend.address).to_be(),
+    /// map entry; `None` for an IPv6 pair (not swept yet).
+    pub fn key(&self) -> Option<GoneKey> {
+        let (IpAddr::V4(frontend), IpAddr::V4(backend)) =
+            (self.frontend.address, self.backend.address)
+        else {
+            return None;
+        };
+        Some(GoneKey {
+            frontend_address: u32::from(frontend).to_be(),
             frontend_port: self.frontend.port.to_be(),
             protocol: self.frontend.protocol.number(),
             pad: 0,
-            backend_address: u32::from(self.backend.address).to_be(),
+            backend_address: u32::from(backend).to_be(),
             backend_port: self.backend.port.to_be(),
             pad2: 0,
-        }
+        })
     }
 }
 
@@ -53,7 +61,7 @@ pub fn gone(before: &Programmed, after: &Programmed) -> Vec<Gone> {
         if frontend.scope != Scope::Internal {
             continue;
         }
-        let kept: BTreeSet<(std::net::Ipv4Addr, u16)> = after
+        let kept: BTreeSet<(IpAddr, u16)> = after
             .get(frontend)
             .into_iter()
             .flatten()
@@ -80,7 +88,7 @@ mod tests {
 
     fn frontend(port: u16, scope: Scope) -> Frontend {
         Frontend {
-            address: Ipv4Addr::new(10, 96, 0, 10),
+            address: Ipv4Addr::new(10, 96, 0, 10).into(),
             port,
             protocol: Protocol::Udp,
             scope,
@@ -184,7 +192,7 @@ mod tests {
             frontend: frontend(53, Scope::Internal),
             backend: backend(7),
         };
-        let key = pair.key();
+        let key = pair.key().expect("an IPv4 pair");
         assert_eq!(key.frontend_address.to_ne_bytes(), [10, 96, 0, 10]);
         assert_eq!(key.frontend_port.to_ne_bytes(), 53u16.to_be_bytes());
         assert_eq!(key.backend_address.to_ne_bytes(), [10, 0, 0, 7]);

@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 
 use super::{
     Dataplane, LoadError, TcAttachError, loader,
-    maps::KernelMaps,
+    maps::{KernelMaps, RawMaps},
     sizing::{self, Sizes},
     take_map, tc,
     writer::Capacity,
@@ -101,9 +101,12 @@ impl Dataplane {
     /// programs in. Returns how many links now run the new programs.
     fn grow(&mut self, target: Sizes) -> Result<usize, GrowError> {
         let pin_dir = self.config.pin_dir.clone();
+        // Each family's service and backend maps grow together (they share one size).
         let grown: Vec<&'static str> = [
             (map_names::SERVICES, target.services != self.sizes.services),
+            (map_names::SERVICES6, target.services != self.sizes.services),
             (map_names::BACKENDS, target.backends != self.sizes.backends),
+            (map_names::BACKENDS6, target.backends != self.sizes.backends),
             (map_names::MAGLEV, target.maglev != self.sizes.maglev),
         ]
         .into_iter()
@@ -177,14 +180,17 @@ impl Dataplane {
     ) -> Result<(KernelMaps, HashMap<MapData, MaglevKey, u32>), GrowError> {
         let mut take =
             |name| take_map(ebpf, name).map_err(|error| GrowError::Load(Box::new(error)));
-        let services = take(map_names::SERVICES)?;
-        let backends = take(map_names::BACKENDS)?;
+        let raw = RawMaps {
+            services: take(map_names::SERVICES)?,
+            backends: take(map_names::BACKENDS)?,
+            services6: take(map_names::SERVICES6)?,
+            backends6: take(map_names::BACKENDS6)?,
+        };
         let maglev = take(map_names::MAGLEV)?;
-        let mut kernel_maps =
-            KernelMaps::new(services, backends).map_err(|source| GrowError::Map {
-                name: map_names::SERVICES,
-                source,
-            })?;
+        let mut kernel_maps = KernelMaps::new(raw).map_err(|source| GrowError::Map {
+            name: map_names::SERVICES,
+            source,
+        })?;
         let mut maglev: HashMap<MapData, MaglevKey, u32> =
             maglev.try_into().map_err(|source| GrowError::Map {
                 name: map_names::MAGLEV,
@@ -198,11 +204,25 @@ impl Dataplane {
                 &mut kernel_maps.services,
             )?;
         }
+        if grown.contains(&map_names::SERVICES6) {
+            copy(
+                map_names::SERVICES6,
+                &old.services6,
+                &mut kernel_maps.services6,
+            )?;
+        }
         if grown.contains(&map_names::BACKENDS) {
             copy(
                 map_names::BACKENDS,
                 &old.backends,
                 &mut kernel_maps.backends,
+            )?;
+        }
+        if grown.contains(&map_names::BACKENDS6) {
+            copy(
+                map_names::BACKENDS6,
+                &old.backends6,
+                &mut kernel_maps.backends6,
             )?;
         }
         if grown.contains(&map_names::MAGLEV) {

@@ -265,6 +265,10 @@ fn configure<'a>(
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         .map_max_entries(map_names::SERVICES, sizes.services)
         .map_max_entries(map_names::BACKENDS, sizes.backends)
+        // Each family's map has the size of the pair: the writer counts both families'
+        // entries against one capacity, so neither can overflow.
+        .map_max_entries(map_names::SERVICES6, sizes.services)
+        .map_max_entries(map_names::BACKENDS6, sizes.backends)
         .map_max_entries(map_names::REVERSE, capacities.reverse)
         .map_max_entries(map_names::AFFINITY, capacities.affinity)
         .map_max_entries(map_names::CONNTRACK, capacities.conntrack)

@@ -49,7 +49,7 @@ pub use writer::{ApplyReport, Capacity, Outcome, Rejected, StoreError};
 pub use self::{maglev::TABLE_SIZES as MAGLEV_TABLE_SIZES, names::FrontendLabel};
 use self::{
     maglev::{MaglevError, MaglevWriter},
-    maps::KernelMaps,
+    maps::{KernelMaps, RawMaps},
     names::{NamesError, NamesWriter},
     source_ranges::{SourceRangeError, SourceRangeWriter},
     writer::Writer,
@@ -310,10 +310,12 @@ impl Dataplane {
             }
             DataplaneError::from(error).explain_refusal()
         })?;
-        let kernel_maps = KernelMaps::new(
-            take_map(&mut ebpf, map_names::SERVICES)?,
-            take_map(&mut ebpf, map_names::BACKENDS)?,
-        )
+        let kernel_maps = KernelMaps::new(RawMaps {
+            services: take_map(&mut ebpf, map_names::SERVICES)?,
+            backends: take_map(&mut ebpf, map_names::BACKENDS)?,
+            services6: take_map(&mut ebpf, map_names::SERVICES6)?,
+            backends6: take_map(&mut ebpf, map_names::BACKENDS6)?,
+        })
         .map_err(|source| DataplaneError::Map {
             name: map_names::SERVICES,
             source,
@@ -362,7 +364,11 @@ impl Dataplane {
             backends: sizes.backends,
         };
         let mut writer = Writer::adopt(kernel_maps, capacity, contents);
-        writer.prefer(replaced_masters.iter().filter_map(writer::frontend_of));
+        writer.prefer(
+            replaced_masters
+                .iter()
+                .filter_map(|key| Some(self::maps::decode_key4(key)?.frontend)),
+        );
         info!(
             pin_dir = %config.pin_dir.display(),
             adopted_service_entries = adopted,

@@ -5,13 +5,16 @@
 //! Write order: a frontend that becomes restricted gets its deny entry before its allowed
 //! ranges, so it is never open on the way (nor after a failed write); changed ranges are
 //! added before the old ones go, so no client allowed before and after is dropped.
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use aya::maps::{
     MapData, MapError,
     lpm_trie::{Key, LpmTrie},
 };
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net};
 use socklb_abi::{
     SOURCE_ALLOW, SOURCE_DENY, SOURCE_RANGE_FRONTEND_BITS, SourceRange, SourceVerdict,
 };
@@ -39,7 +42,7 @@ impl RangeKey {
 
     fn frontend(self) -> Option<Frontend> {
         Some(Frontend {
-            address: u32::from_be(self.data.frontend).into(),
+            address: std::net::Ipv4Addr::from(u32::from_be(self.data.frontend)).into(),
             port: u16::from_be(self.data.port),
             protocol: Protocol::from_number(self.data.protocol)?,
             scope: Scope::External,
@@ -48,9 +51,20 @@ impl RangeKey {
 }
 
 /// The entries that restrict `frontend` to `ranges`.
-pub fn entries(frontend: &Frontend, ranges: &[Ipv4Net]) -> BTreeSet<RangeKey> {
+pub fn entries(frontend: &Frontend, ranges: &[IpNet]) -> BTreeSet<RangeKey> {
+    // IPv6 frontends are not restricted yet.
+    let IpAddr::V4(address) = frontend.address else {
+        return BTreeSet::new();
+    };
+    let ranges: Vec<Ipv4Net> = ranges
+        .iter()
+        .filter_map(|range| match range {
+            IpNet::V4(range) => Some(*range),
+            IpNet::V6(_) => None,
+        })
+        .collect();
     let data = |client: u32| SourceRange {
-        frontend: u32::from(frontend.address).to_be(),
+        frontend: u32::from(address).to_be(),
         port: frontend.port.to_be(),
         protocol: frontend.protocol.number(),
         pad: 0,
@@ -148,7 +162,7 @@ impl SourceRangeWriter {
             // An entry of an unknown protocol is kept under a placeholder frontend so that
             // a full apply removes it.
             let frontend = key.frontend().unwrap_or(Frontend {
-                address: std::net::Ipv4Addr::UNSPECIFIED,
+                address: std::net::Ipv4Addr::UNSPECIFIED.into(),
                 port: 0,
                 protocol: Protocol::Tcp,
                 scope: Scope::External,
@@ -240,14 +254,14 @@ mod tests {
 
     fn frontend() -> Frontend {
         Frontend {
-            address: Ipv4Addr::new(192, 0, 2, 100),
+            address: Ipv4Addr::new(192, 0, 2, 100).into(),
             port: 80,
             protocol: Protocol::Tcp,
             scope: Scope::External,
         }
     }
 
-    fn net(text: &str) -> Ipv4Net {
+    fn net(text: &str) -> IpNet {
         text.parse().expect("CIDR")
     }
 

@@ -17,34 +17,77 @@
 //! without backends, so that connections to it are refused rather than left untranslated
 //! (an untranslated VIP could leave the node). Frontends already programmed (or that were
 //! programmed in maps this agent replaced) get the room before new ones.
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-
-use socklb_abi::{
-    BACKEND_FLAG_REMOTE, Backend, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, ServiceEntry,
-    ServiceKey,
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    net::IpAddr,
 };
+
+use socklb_abi::{SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, ServiceKey, ServiceKey6};
 
 use super::{
-    desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope},
+    desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol},
     layout::assign_slots,
 };
+
+/// A service-map key of either address family: a frontend and a slot (0: its master).
+/// The store encodes it into the map of the frontend's family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotKey {
+    pub frontend: Frontend,
+    pub slot: u16,
+}
+
+/// A service-map value in the agent's terms; the store encodes it for the key's family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotValue {
+    /// Slot 0.
+    Master(Master),
+    /// Slots `1..=count`: the backend's id, and the address and port the programs connect
+    /// to (so that a translation needs no backend-map lookup).
+    Backend { id: u32, backend: BackendAddr },
+}
+
+/// A frontend's master entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Master {
+    /// Backend slots; 0: known frontend without a usable backend (refused).
+    pub count: u16,
+    /// `SERVICE_FLAG_*` bits.
+    pub flags: u16,
+    pub service_id: u32,
+    pub affinity_timeout_s: u32,
+}
+
+/// A service-map key read back that names no frontend this agent knows (an unknown
+/// protocol or scope): deleted at the next apply, in the map it was found in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum StrayKey {
+    V4(ServiceKey),
+    V6(ServiceKey6),
+}
 
 /// One write to the maps, in the order the writer issues them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
     PutBackend {
         id: u32,
-        backend: Backend,
+        backend: BackendAddr,
+        protocol: Protocol,
     },
     PutService {
-        key: ServiceKey,
-        entry: ServiceEntry,
+        key: SlotKey,
+        value: SlotValue,
     },
     DeleteService {
-        key: ServiceKey,
+        key: SlotKey,
     },
+    DeleteStray {
+        key: StrayKey,
+    },
+    /// `address` says which family's backend map holds the id.
     DeleteBackend {
         id: u32,
+        address: IpAddr,
     },
 }
 
@@ -179,13 +222,12 @@ impl Programmed {
         1 + self.slots.len()
     }
 
-    fn master(&self) -> ServiceEntry {
-        ServiceEntry {
+    fn master(&self) -> Master {
+        Master {
             count: u16::try_from(self.slots.len()).unwrap_or(u16::MAX),
             flags: self.flags,
             service_id: self.service_id,
             affinity_timeout_s: self.affinity_timeout_s,
-            ..ServiceEntry::default()
         }
     }
 }
@@ -200,7 +242,9 @@ pub struct Writer<S> {
     /// Service-map entries no count covers any more, deleted at the start of the next
     /// apply: slots above a lowered count, a removed frontend's slots, and what adoption
     /// found without a master or above its count.
-    pending_deletes: BTreeSet<ServiceKey>,
+    pending_deletes: BTreeSet<SlotKey>,
+    /// Entries found in the maps that name no frontend, deleted at the next apply.
+    strays: BTreeSet<StrayKey>,
     /// Service-map entries the mirror accounts for (pending deletes included), kept up to
     /// date (not recounted).
     service_entries: usize,
@@ -218,11 +262,14 @@ pub struct Writer<S> {
     rejected: BTreeMap<Frontend, Outcome>,
 }
 
-/// Contents of the service and backend maps, as read back from the kernel.
+/// Contents of the service and backend maps of both families, as read back from the
+/// kernel and decoded by the store.
 #[derive(Debug, Default)]
 pub struct MapContents {
-    pub services: Vec<(ServiceKey, ServiceEntry)>,
-    pub backends: Vec<(u32, Backend)>,
+    pub services: Vec<(SlotKey, SlotValue)>,
+    pub strays: Vec<StrayKey>,
+    /// `None`: a protocol this agent does not know (the entry goes at the next apply).
+    pub backends: Vec<(u32, BackendAddr, Option<Protocol>)>,
 }
 
 impl<S: Store> Writer<S> {
@@ -235,6 +282,7 @@ impl<S: Store> Writer<S> {
             backends: HashMap::new(),
             backend_ids: HashMap::new(),
             pending_deletes: BTreeSet::new(),
+            strays: BTreeSet::new(),
             service_entries: 0,
             refs: HashMap::new(),
             unreferenced: BTreeSet::new(),
@@ -254,73 +302,75 @@ impl<S: Store> Writer<S> {
         self.backends.clear();
         self.backend_ids.clear();
         self.pending_deletes.clear();
+        self.strays = contents.strays.into_iter().collect();
         self.next_backend_id = 1;
         self.next_service_id = 1;
-        let backend_entries: HashMap<u32, Backend> = contents.backends.iter().copied().collect();
-        for (id, backend) in contents.backends {
-            let Some(protocol) = Protocol::from_number(backend.protocol) else {
+        let backend_entries: HashMap<u32, BackendAddr> = contents
+            .backends
+            .iter()
+            .map(|(id, addr, _)| (*id, *addr))
+            .collect();
+        for (id, addr, protocol) in contents.backends {
+            let Some(protocol) = protocol else {
                 // Unknown protocol: not ours to interpret; dropped at the next apply.
-                self.backends
-                    .insert(id, (from_backend(&backend), Protocol::Tcp));
+                self.backends.insert(id, (addr, Protocol::Tcp));
                 continue;
             };
-            let addr = from_backend(&backend);
             self.backends.insert(id, (addr, protocol));
             self.backend_ids.entry((addr, protocol)).or_insert(id);
             self.next_backend_id = self.next_backend_id.max(id.saturating_add(1));
         }
 
-        let mut slots: HashMap<ServiceKey, BTreeMap<u16, u32>> = HashMap::new();
+        let mut slots: HashMap<Frontend, BTreeMap<u16, u32>> = HashMap::new();
         let mut masters = Vec::new();
-        for (key, entry) in contents.services {
-            let master_key = ServiceKey { slot: 0, ..key };
-            match (key.slot, frontend_of(&key)) {
-                (_, None) => {
-                    self.pending_deletes.insert(key);
-                }
-                (0, Some(frontend)) => masters.push((frontend, master_key, entry)),
-                (slot, Some(_)) => {
+        for (key, value) in contents.services {
+            match value {
+                SlotValue::Master(master) if key.slot == 0 => masters.push((key.frontend, master)),
+                SlotValue::Backend { id, backend } if key.slot != 0 => {
                     // A slot must agree with its backend; one that does not (edited by
                     // hand) is a hole, rewritten at the next apply.
-                    let agrees = backend_entries.get(&entry.backend_id).is_some_and(|b| {
-                        b.address == entry.backend_address && b.port == entry.backend_port
-                    });
-                    let id = if agrees { entry.backend_id } else { 0 };
-                    slots.entry(master_key).or_default().insert(slot, id);
+                    let agrees = backend_entries
+                        .get(&id)
+                        .is_some_and(|b| (b.address, b.port) == (backend.address, backend.port));
+                    let id = if agrees { id } else { 0 };
+                    slots.entry(key.frontend).or_default().insert(key.slot, id);
+                }
+                // Decoded as the other kind: cannot happen, the store decodes by slot.
+                _ => {
+                    self.pending_deletes.insert(key);
                 }
             }
         }
-        for (frontend, master_key, entry) in masters {
-            let mut held = slots.remove(&master_key).unwrap_or_default();
+        for (frontend, master) in masters {
+            let mut held = slots.remove(&frontend).unwrap_or_default();
             let programmed = Programmed {
-                service_id: entry.service_id,
-                flags: entry.flags,
-                affinity_timeout_s: entry.affinity_timeout_s,
-                slots: (1..=entry.count)
+                service_id: master.service_id,
+                flags: master.flags,
+                affinity_timeout_s: master.affinity_timeout_s,
+                slots: (1..=master.count)
                     .map(|slot| held.remove(&slot).unwrap_or(0))
                     .collect(),
             };
             // Entries above the count.
-            self.pending_deletes.extend(
-                held.into_keys()
-                    .map(|slot| ServiceKey { slot, ..master_key }),
-            );
-            self.next_service_id = self.next_service_id.max(entry.service_id.saturating_add(1));
+            self.pending_deletes
+                .extend(held.into_keys().map(|slot| SlotKey { frontend, slot }));
+            self.next_service_id = self
+                .next_service_id
+                .max(master.service_id.saturating_add(1));
             self.frontends.insert(frontend, programmed);
         }
         // Slots whose master is gone.
-        for (master_key, held) in slots {
-            self.pending_deletes.extend(
-                held.into_keys()
-                    .map(|slot| ServiceKey { slot, ..master_key }),
-            );
+        for (frontend, held) in slots {
+            self.pending_deletes
+                .extend(held.into_keys().map(|slot| SlotKey { frontend, slot }));
         }
         self.service_entries = self
             .frontends
             .values()
             .map(Programmed::entries)
             .sum::<usize>()
-            + self.pending_deletes.len();
+            + self.pending_deletes.len()
+            + self.strays.len();
         self.service_ids = self.frontends.values().map(|p| p.service_id).collect();
         self.refs.clear();
         for id in self.frontends.values().flat_map(|p| p.slots.iter()) {
@@ -376,7 +426,7 @@ impl<S: Store> Writer<S> {
     }
 
     pub fn has_pending_deletes(&self) -> bool {
-        !self.pending_deletes.is_empty()
+        !self.pending_deletes.is_empty() || !self.strays.is_empty()
     }
 
     /// Number of service-map entries the mirror accounts for.
@@ -398,7 +448,7 @@ impl<S: Store> Writer<S> {
             .iter()
             .map(|id| {
                 self.backends.get(id).map_or(
-                    BackendAddr::local(std::net::Ipv4Addr::UNSPECIFIED, 0),
+                    BackendAddr::local(unspecified_like(frontend.address), 0),
                     |(addr, _)| *addr,
                 )
             })
@@ -486,6 +536,13 @@ impl<S: Store> Writer<S> {
             }
             self.service_entries -= 1;
         }
+        while let Some(key) = self.strays.pop_first() {
+            if let Err(error) = self.write(&mut report, Op::DeleteStray { key }) {
+                self.strays.insert(key);
+                return Err(error);
+            }
+            self.service_entries -= 1;
+        }
 
         for (frontend, _) in changes.iter().filter(|(_, spec)| spec.is_none()) {
             self.rejected.remove(frontend);
@@ -539,7 +596,7 @@ impl<S: Store> Writer<S> {
     }
 
     /// Leaves `keys` in the map until the next apply, accounted for until then.
-    fn delete_later(&mut self, keys: impl IntoIterator<Item = ServiceKey>) {
+    fn delete_later(&mut self, keys: impl IntoIterator<Item = SlotKey>) {
         for key in keys {
             if self.pending_deletes.insert(key) {
                 self.service_entries += 1;
@@ -641,22 +698,18 @@ impl<S: Store> Writer<S> {
             return self.refuse(report, frontend, flags, affinity_timeout_s, rejected);
         }
 
-        let new_entries: Vec<(u32, Backend)> = new_backends
-            .iter()
-            .map(|(id, addr)| (*id, to_backend(addr, frontend.protocol)))
-            .collect();
-        let new_entry: HashMap<u32, Backend> = new_entries.iter().copied().collect();
+        let new_entry: HashMap<u32, BackendAddr> = new_backends.iter().copied().collect();
         let backend_of = |id: u32| {
-            new_entry.get(&id).copied().or_else(|| {
-                let (addr, protocol) = self.backends.get(&id)?;
-                Some(to_backend(addr, *protocol))
-            })
+            new_entry
+                .get(&id)
+                .or_else(|| Some(&self.backends.get(&id)?.0))
+                .copied()
         };
         let ops = frontend_ops(
             &frontend,
             old.as_ref(),
             &programmed,
-            &new_entries,
+            &new_backends,
             backend_of,
         );
         for op in ops {
@@ -724,7 +777,7 @@ impl<S: Store> Writer<S> {
             report,
             Op::PutService {
                 key: service_key(&frontend, 0),
-                entry: programmed.master(),
+                value: SlotValue::Master(programmed.master()),
             },
         )?;
         self.service_entries += programmed.entries();
@@ -775,10 +828,11 @@ impl<S: Store> Writer<S> {
     /// Deletes backends that no frontend's slot refers to any more.
     fn collect_backends(&mut self, report: &mut ApplyReport) -> Result<(), StoreError> {
         for id in std::mem::take(&mut self.unreferenced) {
-            if !self.backends.contains_key(&id) {
+            let Some((addr, _)) = self.backends.get(&id) else {
                 continue;
-            }
-            self.write(report, Op::DeleteBackend { id })?;
+            };
+            let address = addr.address;
+            self.write(report, Op::DeleteBackend { id, address })?;
             if let Some(key) = self.backends.remove(&id)
                 && self.backend_ids.get(&key) == Some(&id)
             {
@@ -816,14 +870,15 @@ fn frontend_ops(
     frontend: &Frontend,
     old: Option<&Programmed>,
     new: &Programmed,
-    new_backends: &[(u32, Backend)],
-    backend_of: impl Fn(u32) -> Option<Backend>,
+    new_backends: &[(u32, BackendAddr)],
+    backend_of: impl Fn(u32) -> Option<BackendAddr>,
 ) -> Vec<Op> {
     let mut ops: Vec<Op> = new_backends
         .iter()
         .map(|(id, backend)| Op::PutBackend {
             id: *id,
             backend: *backend,
+            protocol: frontend.protocol,
         })
         .collect();
     let old_slots = old.map_or(&[][..], |p| &p.slots[..]);
@@ -831,10 +886,11 @@ fn frontend_ops(
     for (index, id) in new.slots.iter().enumerate() {
         if old_slots.get(index) != Some(id) {
             // Every slot id comes from the mirror or the new backends.
-            let backend = backend_of(*id).unwrap_or_default();
+            let backend = backend_of(*id)
+                .unwrap_or_else(|| BackendAddr::local(unspecified_like(frontend.address), 0));
             ops.push(Op::PutService {
                 key: service_key(frontend, slot_number(index)),
-                entry: slot_entry(*id, &backend),
+                value: SlotValue::Backend { id: *id, backend },
             });
         }
     }
@@ -843,29 +899,17 @@ fn frontend_ops(
     if old.map(Programmed::master) != Some(new.master()) {
         ops.push(Op::PutService {
             key: service_key(frontend, 0),
-            entry: new.master(),
+            value: SlotValue::Master(new.master()),
         });
     }
     ops
 }
 
-/// A backend slot: the id, and the address, port and flags the programs act on.
-pub fn slot_entry(id: u32, backend: &Backend) -> ServiceEntry {
-    ServiceEntry {
-        backend_id: id,
-        backend_address: backend.address,
-        backend_port: backend.port,
-        flags: u16::from(backend.flags),
-        ..ServiceEntry::default()
-    }
-}
-
-fn to_backend(addr: &BackendAddr, protocol: Protocol) -> Backend {
-    Backend {
-        address: u32::from(addr.address).to_be(),
-        port: addr.port.to_be(),
-        protocol: protocol.number(),
-        flags: if addr.remote { BACKEND_FLAG_REMOTE } else { 0 },
+/// The unspecified address of `address`'s family: what a slot that could not be read shows.
+pub fn unspecified_like(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
     }
 }
 
@@ -874,31 +918,10 @@ fn slot_number(index: usize) -> u16 {
     u16::try_from(index + 1).unwrap_or(u16::MAX)
 }
 
-pub fn service_key(frontend: &Frontend, slot: u16) -> ServiceKey {
-    ServiceKey {
-        address: u32::from(frontend.address).to_be(),
-        port: frontend.port.to_be(),
-        protocol: frontend.protocol.number(),
-        scope: frontend.scope.number(),
+pub fn service_key(frontend: &Frontend, slot: u16) -> SlotKey {
+    SlotKey {
+        frontend: *frontend,
         slot,
-        pad: 0,
-    }
-}
-
-pub fn frontend_of(key: &ServiceKey) -> Option<Frontend> {
-    Some(Frontend {
-        address: u32::from_be(key.address).into(),
-        port: u16::from_be(key.port),
-        protocol: Protocol::from_number(key.protocol)?,
-        scope: Scope::from_number(key.scope)?,
-    })
-}
-
-pub fn from_backend(backend: &Backend) -> BackendAddr {
-    BackendAddr {
-        address: u32::from_be(backend.address).into(),
-        port: u16::from_be(backend.port),
-        remote: backend.flags & BACKEND_FLAG_REMOTE != 0,
     }
 }
 
@@ -908,15 +931,13 @@ pub fn from_backend(backend: &Backend) -> BackendAddr {
 pub(crate) mod recorder {
     use std::collections::BTreeMap;
 
-    use socklb_abi::{Backend, ServiceEntry, ServiceKey};
-
-    use super::{Op, Store, StoreError};
+    use super::{BackendAddr, Op, Protocol, SlotKey, SlotValue, Store, StoreError};
 
     /// Records operations and keeps the resulting map contents.
     pub struct Recorder {
         pub ops: Vec<Op>,
-        pub services: BTreeMap<ServiceKey, ServiceEntry>,
-        pub backends: BTreeMap<u32, Backend>,
+        pub services: BTreeMap<SlotKey, SlotValue>,
+        pub backends: BTreeMap<u32, (BackendAddr, Protocol)>,
         pub check_every_write: bool,
         /// The most entries each map held at once, since the start or `reset_peaks`.
         pub peak_services: usize,
@@ -928,6 +949,19 @@ pub(crate) mod recorder {
         pub fn reset_peaks(&mut self) {
             self.peak_services = self.services.len();
             self.peak_backends = self.backends.len();
+        }
+
+        /// What the maps hold, as a store would read it back.
+        pub fn contents(&self) -> super::MapContents {
+            super::MapContents {
+                services: self.services.iter().map(|(k, v)| (*k, *v)).collect(),
+                strays: Vec::new(),
+                backends: self
+                    .backends
+                    .iter()
+                    .map(|(id, (addr, protocol))| (*id, *addr, Some(*protocol)))
+                    .collect(),
+            }
         }
     }
 
@@ -948,16 +982,21 @@ pub(crate) mod recorder {
         fn write(&mut self, op: &Op) -> Result<(), StoreError> {
             self.ops.push(op.clone());
             match op {
-                Op::PutBackend { id, backend } => {
-                    self.backends.insert(*id, *backend);
+                Op::PutBackend {
+                    id,
+                    backend,
+                    protocol,
+                } => {
+                    self.backends.insert(*id, (*backend, *protocol));
                 }
-                Op::PutService { key, entry } => {
-                    self.services.insert(*key, *entry);
+                Op::PutService { key, value } => {
+                    self.services.insert(*key, *value);
                 }
                 Op::DeleteService { key } => {
                     self.services.remove(key);
                 }
-                Op::DeleteBackend { id } => {
+                Op::DeleteStray { .. } => {}
+                Op::DeleteBackend { id, .. } => {
                     self.backends.remove(id);
                 }
             }
@@ -971,27 +1010,33 @@ pub(crate) mod recorder {
         }
     }
 
-    /// Every slot a master entry's count covers exists and names an existing backend.
+    /// Every slot a master entry's count covers exists and names an existing backend of
+    /// the frontend's family.
     pub fn assert_consistent(
-        services: &BTreeMap<ServiceKey, ServiceEntry>,
-        backends: &BTreeMap<u32, Backend>,
+        services: &BTreeMap<SlotKey, SlotValue>,
+        backends: &BTreeMap<u32, (BackendAddr, Protocol)>,
     ) {
-        for (key, entry) in services.iter().filter(|(k, _)| k.slot == 0) {
-            for slot in 1..=entry.count {
-                let slot_key = ServiceKey { slot, ..*key };
-                let Some(slot_entry) = services.get(&slot_key) else {
+        for (key, value) in services {
+            let SlotValue::Master(master) = value else {
+                continue;
+            };
+            for slot in 1..=master.count {
+                let slot_key = SlotKey { slot, ..*key };
+                let Some(SlotValue::Backend { id, backend }) = services.get(&slot_key) else {
                     panic!("slot {slot} of {key:?} is covered by count but missing");
                 };
-                let Some(backend) = backends.get(&slot_entry.backend_id) else {
-                    panic!(
-                        "slot {slot} of {key:?} names missing backend {}",
-                        slot_entry.backend_id
-                    );
+                let Some((entry, _)) = backends.get(id) else {
+                    panic!("slot {slot} of {key:?} names missing backend {id}");
                 };
                 assert_eq!(
-                    (slot_entry.backend_address, slot_entry.backend_port),
                     (backend.address, backend.port),
+                    (entry.address, entry.port),
                     "slot {slot} of {key:?} disagrees with its backend"
+                );
+                assert_eq!(
+                    backend.address.is_ipv4(),
+                    key.frontend.address.is_ipv4(),
+                    "slot {slot} of {key:?} crosses address families"
                 );
             }
         }
@@ -999,13 +1044,14 @@ pub(crate) mod recorder {
 
     impl Recorder {
         /// Every slot some master entry's count covers.
-        pub fn covered(&self) -> Vec<ServiceKey> {
+        pub fn covered(&self) -> Vec<SlotKey> {
             self.services
                 .iter()
-                .filter(|(key, _)| key.slot == 0)
-                .flat_map(|(key, master)| {
-                    (1..=master.count).map(|slot| ServiceKey { slot, ..*key })
+                .filter_map(|(key, value)| match value {
+                    SlotValue::Master(master) => Some((key, master.count)),
+                    SlotValue::Backend { .. } => None,
                 })
+                .flat_map(|(key, count)| (1..=count).map(|slot| SlotKey { slot, ..*key }))
                 .collect()
         }
     }
@@ -1020,6 +1066,16 @@ mod tests {
         *,
     };
 
+    use crate::dataplane::Scope;
+
+    /// The count of a test frontend's master entry.
+    fn master_count(w: &Writer<Recorder>, last: u8) -> u16 {
+        match w.store.services[&service_key(&frontend(last), 0)] {
+            SlotValue::Master(master) => master.count,
+            SlotValue::Backend { .. } => panic!("slot 0 holds a backend"),
+        }
+    }
+
     const CAPACITY: Capacity = Capacity {
         service_entries: 1000,
         backends: 1000,
@@ -1027,7 +1083,7 @@ mod tests {
 
     fn frontend(last: u8) -> Frontend {
         Frontend {
-            address: Ipv4Addr::new(10, 96, 0, last),
+            address: Ipv4Addr::new(10, 96, 0, last).into(),
             port: 80,
             protocol: Protocol::Tcp,
             scope: Scope::Internal,
@@ -1072,15 +1128,18 @@ mod tests {
         ops.iter()
             .map(|op| match op {
                 Op::PutBackend { id, .. } => format!("+be{id}"),
-                Op::DeleteBackend { id } => format!("-be{id}"),
-                Op::PutService { key, entry } if key.slot == 0 => {
-                    format!("+master(count={})", entry.count)
-                }
-                Op::PutService { key, entry } => {
-                    format!("+slot{}=be{}", key.slot, entry.backend_id)
-                }
+                Op::DeleteBackend { id, .. } => format!("-be{id}"),
+                Op::PutService {
+                    value: SlotValue::Master(master),
+                    ..
+                } => format!("+master(count={})", master.count),
+                Op::PutService {
+                    key,
+                    value: SlotValue::Backend { id, .. },
+                } => format!("+slot{}=be{id}", key.slot),
                 Op::DeleteService { key } if key.slot == 0 => "-master".to_owned(),
                 Op::DeleteService { key } => format!("-slot{}", key.slot),
+                Op::DeleteStray { key } => format!("-stray{key:?}"),
             })
             .collect()
     }
@@ -1187,14 +1246,16 @@ mod tests {
             spec.backends[1].remote = true;
         }
         w.apply(&d).expect("apply");
-        let slot_flags: Vec<u16> = (1..=2)
-            .map(|slot| w.store.services[&service_key(&frontend(1), slot)].flags)
+        let remote: Vec<bool> = (1..=2)
+            .map(
+                |slot| match w.store.services[&service_key(&frontend(1), slot)] {
+                    SlotValue::Backend { backend, .. } => backend.remote,
+                    SlotValue::Master(_) => panic!("slot {slot} holds a master"),
+                },
+            )
             .collect();
-        assert_eq!(slot_flags, [0, u16::from(BACKEND_FLAG_REMOTE)]);
-        let contents = MapContents {
-            services: w.store.services.clone().into_iter().collect(),
-            backends: w.store.backends.clone().into_iter().collect(),
-        };
+        assert_eq!(remote, [false, true]);
+        let contents = w.store.contents();
         let recorder = Recorder {
             services: w.store.services.clone(),
             backends: w.store.backends.clone(),
@@ -1216,7 +1277,9 @@ mod tests {
             .affinity_timeout_seconds = Some(30);
         w.apply(&d).expect("apply");
         assert_eq!(kinds(&w.store.ops), ["+master(count=1)"]);
-        let master = w.store.services[&service_key(&frontend(1), 0)];
+        let SlotValue::Master(master) = w.store.services[&service_key(&frontend(1), 0)] else {
+            panic!("no master");
+        };
         assert_eq!(master.flags, SERVICE_FLAG_AFFINITY);
         assert_eq!(master.affinity_timeout_s, 30);
     }
@@ -1226,10 +1289,7 @@ mod tests {
         let mut first = writer();
         let d = desired(&[(1, &[1, 2, 3]), (2, &[2]), (3, &[])]);
         first.apply(&d).expect("apply");
-        let contents = MapContents {
-            services: first.store.services.clone().into_iter().collect(),
-            backends: first.store.backends.clone().into_iter().collect(),
-        };
+        let contents = first.store.contents();
         let recorder = Recorder {
             services: first.store.services.clone(),
             backends: first.store.backends.clone(),
@@ -1243,60 +1303,70 @@ mod tests {
     #[test]
     fn adopting_repairs_strays_orphans_holes_and_edited_slots() {
         let f = frontend(1);
-        let backend = |id: u32| Backend {
-            address: u32::from(Ipv4Addr::new(10, 0, 0, id as u8)).to_be(),
-            port: 8080u16.to_be(),
-            protocol: 6,
-            flags: 0,
-        };
-        let master = ServiceEntry {
+        let backend = |id: u32| BackendAddr::local(Ipv4Addr::new(10, 0, 0, id as u8), 8080);
+        let slot = |id: u32, backend: BackendAddr| SlotValue::Backend { id, backend };
+        let master = SlotValue::Master(Master {
             count: 3,
             service_id: 7,
-            ..ServiceEntry::default()
-        };
-        let edited = ServiceEntry {
-            backend_port: 9999u16.to_be(),
-            ..slot_entry(3, &backend(3))
-        };
+            ..Master::default()
+        });
+        let stray = StrayKey::V4(socklb_abi::ServiceKey {
+            protocol: 99,
+            ..socklb_abi::ServiceKey::default()
+        });
         let contents = MapContents {
             services: vec![
                 (service_key(&f, 0), master),
-                (service_key(&f, 1), slot_entry(1, &backend(1))),
+                (service_key(&f, 1), slot(1, backend(1))),
                 // slot 2 missing (a hole), slot 3 edited by hand (wrong port)
-                (service_key(&f, 3), edited),
-                // a stray above the count
-                (service_key(&f, 5), slot_entry(2, &backend(2))),
+                (
+                    service_key(&f, 3),
+                    slot(
+                        3,
+                        BackendAddr {
+                            port: 9999,
+                            ..backend(3)
+                        },
+                    ),
+                ),
+                // above the count
+                (service_key(&f, 5), slot(2, backend(2))),
                 // an orphan slot of a frontend without master
-                (service_key(&frontend(9), 1), ServiceEntry::default()),
+                (service_key(&frontend(9), 1), slot(1, backend(1))),
             ],
-            backends: (1..=3).map(|id| (id, backend(id))).collect(),
+            // a key of a protocol this agent does not know
+            strays: vec![stray],
+            backends: (1..=3)
+                .map(|id| (id, backend(id), Some(Protocol::Tcp)))
+                .collect(),
         };
         // The adopted maps are inconsistent on purpose: check only the end state.
         let recorder = Recorder {
             services: contents.services.iter().copied().collect(),
-            backends: contents.backends.iter().copied().collect(),
+            backends: contents
+                .backends
+                .iter()
+                .map(|(id, addr, _)| (*id, (*addr, Protocol::Tcp)))
+                .collect(),
             check_every_write: false,
             ..Recorder::default()
         };
         let mut w = Writer::adopt(recorder, CAPACITY, contents);
         w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
+        assert!(w.store.ops.contains(&Op::DeleteStray { key: stray }));
         assert_consistent(&w.store.services, &w.store.backends);
         let slots: Vec<_> = w
             .store
             .services
             .keys()
-            .map(|k| (k.address, k.slot))
+            .map(|k| (k.frontend, k.slot))
             .collect();
-        let address = service_key(&f, 0).address;
-        assert_eq!(
-            slots,
-            [(address, 0), (address, 1), (address, 2), (address, 3)]
-        );
-        assert_eq!(w.store.services[&service_key(&f, 0)].service_id, 7);
-        assert_eq!(
-            w.store.services[&service_key(&f, 3)].backend_port,
-            8080u16.to_be()
-        );
+        assert_eq!(slots, [(f, 0), (f, 1), (f, 2), (f, 3)]);
+        let SlotValue::Master(master) = w.store.services[&service_key(&f, 0)] else {
+            panic!("no master");
+        };
+        assert_eq!(master.service_id, 7);
+        assert_eq!(w.store.services[&service_key(&f, 3)], slot(3, backend(3)));
         assert_eq!(w.store.backends.len(), 3);
         assert_eq!(w.service_entries() as usize, w.store.services.len());
     }
@@ -1392,10 +1462,9 @@ mod tests {
         assert_eq!(report.rejected[0].frontend(), frontend(1));
         let message = report.rejected[0].to_string();
         assert!(message.contains("refused until it fits"), "{message}");
-        assert_eq!(w.store.services[&service_key(&frontend(2), 0)].count, 4);
+        assert_eq!(master_count(&w, 2), 4);
         // Frontend 1 refuses connections (count 0) instead of leaving its VIP untranslated.
-        assert_eq!(w.store.services[&service_key(&frontend(1), 0)].count, 0);
-        assert_eq!(w.service_entries(), 6);
+        assert_eq!(master_count(&w, 1), 0);
         // Once there is room, it is programmed in full.
         w.apply(&desired(&[(1, &[5, 6]), (2, &[1])]))
             .expect("apply");
@@ -1403,7 +1472,7 @@ mod tests {
             .apply(&desired(&[(1, &[5, 6]), (2, &[1])]))
             .expect("apply");
         assert!(report.rejected.is_empty(), "{:?}", report.rejected);
-        assert_eq!(w.store.services[&service_key(&frontend(1), 0)].count, 2);
+        assert_eq!(master_count(&w, 1), 2);
     }
 
     /// The writer's count of rejected frontends is the current state: a frontend rejected
@@ -1506,7 +1575,7 @@ mod tests {
             .expect("apply");
         assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
         assert_eq!(report.rejected[0].frontend(), frontend(1));
-        assert_eq!(w.store.services[&service_key(&frontend(2), 0)].count, 2);
+        assert_eq!(master_count(&w, 2), 2);
     }
 
     #[test]

@@ -8,7 +8,7 @@ mod topology;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
 };
 
 use serde::Serialize;
@@ -99,10 +99,11 @@ pub fn select(
             // Source ranges guard LoadBalancer IPs against traffic from outside.
             let source_ranges = (kind == FrontendKind::LoadBalancer && scope == Scope::External)
                 .then(|| service.load_balancer_source_ranges.clone())
-                .flatten();
+                .flatten()
+                .map(|ranges| ranges.into_iter().map(Into::into).collect());
             frontends.push(FrontendChoice {
                 frontend: Frontend {
-                    address,
+                    address: address.into(),
                     port: port_number,
                     protocol: port.protocol,
                     scope,
@@ -201,7 +202,7 @@ pub fn local_ready_endpoints(
         .flat_map(|slice| slice.ports.iter())
         .map(|port| (port.name.as_str(), port.protocol))
         .collect();
-    let addresses: BTreeSet<Ipv4Addr> = ports
+    let addresses: BTreeSet<IpAddr> = ports
         .into_iter()
         .flat_map(|(name, protocol)| endpoints_for_port(slices, name, protocol, node))
         .filter(|e| e.is_local(node) && e.ready(service))
@@ -255,7 +256,7 @@ fn endpoints_for_port<'a>(
                 continue;
             };
             let backend = BackendAddr {
-                address,
+                address: address.into(),
                 port: slice_port.port,
                 remote: endpoint.node_name.as_deref() != Some(node.name.as_str()),
             };

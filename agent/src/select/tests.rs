@@ -126,7 +126,7 @@ fn backends_of(selection: &ServiceSelection, kind: FrontendKind, scope: Scope) -
         .spec
         .backends
         .iter()
-        .map(|b| b.address.octets()[3])
+        .map(|b| b.last_octet())
         .collect();
     lasts.sort_unstable();
     lasts
@@ -529,7 +529,7 @@ fn backends_on_other_nodes_or_no_node_are_remote() {
         .spec
         .backends
         .iter()
-        .map(|b| (b.address.octets()[3], b.remote))
+        .map(|b| (b.last_octet(), b.remote))
         .collect();
     assert_eq!(remote, [(1, false), (2, true), (3, true)]);
 }

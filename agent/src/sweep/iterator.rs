@@ -36,17 +36,17 @@ impl Iterators {
 
     /// Names `pairs` in the gone map.
     pub fn prepare(&mut self, pairs: &[Gone]) -> Result<(), MapError> {
-        for pair in pairs {
-            self.gone.insert(&pair.key(), &1, 0)?;
+        for key in pairs.iter().filter_map(Gone::key) {
+            self.gone.insert(&key, &1, 0)?;
         }
         Ok(())
     }
 
     /// Empties the gone map again, so that a sweep never acts on an older sync's pairs.
     pub fn finish(&mut self, pairs: &[Gone]) {
-        for pair in pairs {
+        for key in pairs.iter().filter_map(Gone::key) {
             // Absent if prepare stopped early.
-            let _ = self.gone.remove(&pair.key());
+            let _ = self.gone.remove(&key);
         }
     }
 

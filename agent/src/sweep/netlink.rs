@@ -50,12 +50,15 @@ impl Netlink {
         // Backend -> the frontends it left (network order, as in the socket map).
         let mut gone: HashMap<Backend, HashSet<(u32, u16)>> = HashMap::new();
         for pair in pairs.iter().filter(|p| p.protocol() == protocol) {
-            gone.entry((pair.backend.address, pair.backend.port))
+            // IPv6 pairs are not swept yet.
+            let (IpAddr::V4(frontend), IpAddr::V4(backend)) =
+                (pair.frontend.address, pair.backend.address)
+            else {
+                continue;
+            };
+            gone.entry((backend, pair.backend.port))
                 .or_default()
-                .insert((
-                    u32::from(pair.frontend.address).to_be(),
-                    pair.frontend.port.to_be(),
-                ));
+                .insert((u32::from(frontend).to_be(), pair.frontend.port.to_be()));
         }
         if gone.is_empty() {
             return Ok(0);

@@ -99,6 +99,8 @@ pub mod map_names {
     pub const ALL: [&str; 24] = [
         SERVICES,
         BACKENDS,
+        SERVICES6,
+        BACKENDS6,
         REVERSE,
         SOCKETS,
         AFFINITY,
@@ -113,8 +115,6 @@ pub mod map_names {
         TRACE,
         TRACE_CONTROL,
         PROGRAM_LOGS,
-        SERVICES6,
-        BACKENDS6,
         AFFINITY6,
         CONNTRACK6,
         CONNTRACK_NEW6,

@@ -31,6 +31,16 @@ pub static SERVICES: HashMap<ServiceKey, ServiceEntry, 65536, { BPF_F_NO_PREALLO
 #[btf_map(name = "socklb_be_v2", pin_by_name)]
 pub static BACKENDS: HashMap<u32, Backend, 65536, { BPF_F_NO_PREALLOC as usize }> = HashMap::new();
 
+/// IPv6 frontends: [`SERVICES`] with 16-byte addresses. The agent sizes it as [`SERVICES`].
+#[btf_map(name = "socklb_svc6_v1", pin_by_name)]
+pub static SERVICES6: HashMap<ServiceKey6, ServiceEntry6, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
+
+/// IPv6 backends, ids from the same space as [`BACKENDS`]'.
+#[btf_map(name = "socklb_be6_v1", pin_by_name)]
+pub static BACKENDS6: HashMap<u32, Backend6, 65536, { BPF_F_NO_PREALLOC as usize }> =
+    HashMap::new();
+
 #[btf_map(name = "socklb_rev_v1", pin_by_name)]
 pub static REVERSE: LruHashMap<ReverseKey, ReverseEntry, 65536> = LruHashMap::new();
 
@@ -106,18 +116,8 @@ pub static TRACE_CONTROL: Array<TraceControl, 1> = Array::new();
 #[btf_map(name = "socklb_gone_v1")]
 pub static GONE: HashMap<GoneKey, u8, { GONE_CAPACITY as usize }> = HashMap::new();
 
-// IPv6 (socklb-abi `map_names::*6`): the same roles as the IPv4 maps above, keyed by 16-byte
-// addresses. Service and backend ids are one space across both families.
-
-/// Not preallocated: see [`SERVICES`].
-#[btf_map(name = "socklb_svc6_v1", pin_by_name)]
-pub static SERVICES6: HashMap<ServiceKey6, ServiceEntry6, 65536, { BPF_F_NO_PREALLOC as usize }> =
-    HashMap::new();
-
-/// Not preallocated: see [`SERVICES`].
-#[btf_map(name = "socklb_be6_v1", pin_by_name)]
-pub static BACKENDS6: HashMap<u32, Backend6, 65536, { BPF_F_NO_PREALLOC as usize }> =
-    HashMap::new();
+// IPv6 flows from outside (socklb-abi `map_names::*6`): the same roles as the IPv4 maps
+// above, keyed by 16-byte addresses.
 
 /// ClientIP affinity of IPv6 clients outside the node.
 #[btf_map(name = "socklb_aff6_v1", pin_by_name)]

@@ -367,7 +367,7 @@ fn desired(services: u32, measured: u32) -> Desired {
         let address = vip(service);
         desired.insert(
             Frontend {
-                address: *address.ip(),
+                address: (*address.ip()).into(),
                 port: address.port(),
                 protocol: Protocol::Tcp,
                 scope: Scope::Internal,
