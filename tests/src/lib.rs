@@ -9,6 +9,7 @@ pub mod boom_server;
 pub mod cluster;
 pub mod echo;
 pub mod fake_apiserver;
+pub mod family;
 pub mod hold;
 pub mod lan;
 pub mod netns;
@@ -19,7 +20,7 @@ use std::{
     ffi::CString,
     fs,
     io::{BufRead as _, BufReader, Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket},
+    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, UdpSocket},
     os::{fd::AsRawFd as _, unix::process::CommandExt as _},
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -461,8 +462,8 @@ impl NamedServer {
             .collect()
     }
 
-    /// A TCP server on an IPv6 address.
-    pub fn tcp6(name: &str, addr: SocketAddr) -> Self {
+    /// A TCP server on an address of either family.
+    pub fn tcp_at(name: &str, addr: SocketAddr) -> Self {
         Self::serve_tcp(name, addr, name)
     }
 
@@ -525,6 +526,11 @@ impl NamedServer {
     }
 
     pub fn udp(name: &str, addr: SocketAddrV4) -> Self {
+        Self::udp_at(name, SocketAddr::V4(addr))
+    }
+
+    /// A UDP server on an address of either family.
+    pub fn udp_at(name: &str, addr: SocketAddr) -> Self {
         let socket = UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
         Self::serve_udp(name, socket, name)
     }
@@ -586,7 +592,8 @@ pub struct Dnsmasq {
 }
 
 impl Dnsmasq {
-    pub fn start(listen: Ipv4Addr, answer: Ipv4Addr) -> Self {
+    pub fn start(listen: impl Into<IpAddr>, answer: Ipv4Addr) -> Self {
+        let listen = listen.into();
         let mut child = Command::new("dnsmasq")
             .args([
                 "--keep-in-foreground",

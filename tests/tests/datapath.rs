@@ -72,7 +72,7 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip() {
         );
     }
     // A genuine IPv6 destination passes through the connect6 program untouched.
-    let v6 = NamedServer::tcp6("v6", "[::1]:8080".parse().expect("address"));
+    let v6 = NamedServer::tcp_at("v6", "[::1]:8080".parse().expect("address"));
     for attempt in sandbox.probe("tcp", v6.addr, 3) {
         assert_eq!(attempt.reply.as_deref(), Some("v6"), "{attempt:?}");
     }

@@ -1,0 +1,88 @@
+//! The address family a scenario runs over: one test body, run once per family, with the
+//! addresses chosen here. IPv4 servers listen on loopback aliases (127.0.<net>.<host>);
+//! IPv6 has a single loopback address, so its servers listen on ULA addresses
+//! (fd00:0:0:<net>::<host>) that [`Family::local`] puts on the sandbox's `lo`.
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    process::Command,
+};
+
+use crate::{NamedServer, Sandbox, run};
+
+/// The test's IPv6 service CIDR, blackholed in the sandbox so that a VIP the programs did
+/// not translate never leaves.
+pub const SERVICE_CIDR6: &str = "fd00:96::/64";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// Short tag for sandbox names: tests of both families run side by side.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Self::V4 => "4",
+            Self::V6 => "6",
+        }
+    }
+
+    /// A cluster IP: 10.96.0.`host` or fd00:96::`host` (in hex).
+    pub fn vip(self, host: u8) -> IpAddr {
+        match self {
+            Self::V4 => Ipv4Addr::new(10, 96, 0, host).into(),
+            Self::V6 => Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, u16::from(host)).into(),
+        }
+    }
+
+    /// An address of this sandbox's own, for servers: 127.0.`net`.`host`, or
+    /// fd00:0:0:`net`::`host`, which this call adds to `lo` (and blackholes the IPv6
+    /// service CIDR, once).
+    pub fn local(self, sandbox: &Sandbox, net: u8, host: u8) -> IpAddr {
+        match self {
+            Self::V4 => Ipv4Addr::new(127, 0, net, host).into(),
+            Self::V6 => {
+                let address = Ipv6Addr::new(0xfd00, 0, 0, u16::from(net), 0, 0, 0, u16::from(host));
+                sandbox.ipv6_ready();
+                // Loopback has no duplicate address detection: usable at once.
+                run(Command::new("ip").args([
+                    "-6",
+                    "addr",
+                    "replace",
+                    &format!("{address}/128"),
+                    "dev",
+                    "lo",
+                ]));
+                address.into()
+            }
+        }
+    }
+
+    /// TCP servers b1..b`count` on [`local`](Self::local)(`net`, 1..=`count`):`port`.
+    pub fn tcp_servers(self, sandbox: &Sandbox, net: u8, count: u8, port: u16) -> Vec<NamedServer> {
+        (1..=count)
+            .map(|i| {
+                let address = SocketAddr::new(self.local(sandbox, net, i), port);
+                NamedServer::tcp_at(&format!("b{i}"), address)
+            })
+            .collect()
+    }
+
+    /// UDP servers u1..u`count` on [`local`](Self::local)(`net`, 1..=`count`):`port`.
+    pub fn udp_servers(self, sandbox: &Sandbox, net: u8, count: u8, port: u16) -> Vec<NamedServer> {
+        (1..=count)
+            .map(|i| {
+                let address = SocketAddr::new(self.local(sandbox, net, i), port);
+                NamedServer::udp_at(&format!("u{i}"), address)
+            })
+            .collect()
+    }
+}
+
+impl Sandbox {
+    /// Blackholes the IPv6 service CIDR in the sandbox (idempotent).
+    fn ipv6_ready(&self) {
+        run(Command::new("ip").args(["-6", "route", "replace", "blackhole", SERVICE_CIDR6]));
+    }
+}
