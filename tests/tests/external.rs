@@ -712,7 +712,7 @@ impl Drop for KillOnDrop {
 fn a_cni_s_netfilter_rules_leave_every_external_path_working() {
     let sandbox = Sandbox::new("ext-cni");
     let lan = lan("n");
-    cni_netfilter_rules();
+    cni_netfilter_rules(socklb_tests::family::Family::V4);
     let _servers = [
         NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
         NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),

@@ -60,6 +60,7 @@ pub fn key<A: Copy>(tuple: &Tuple<A>, direction: u8) -> FlowKey<A> {
         destination_port: tuple.destination_port,
         protocol: tuple.protocol,
         direction,
+        pad: 0,
     }
 }
 
@@ -79,6 +80,7 @@ fn other_direction<A: Copy>(key: &FlowKey<A>, entry: &FlowEntry<A>) -> FlowKey<A
         } else {
             CT_FORWARD
         },
+        pad: 0,
     }
 }
 
@@ -97,7 +99,7 @@ fn points_to<A: PartialEq>(entry: &FlowEntry<A>, other: &FlowKey<A>) -> bool {
 /// forward entry is under `forward_key` (and not another flow's, holding the port now).
 #[inline(always)]
 fn reply_is_ours<F: Family>(table: &CtTable<F>, reply_key: &Key<F>, forward_key: &Key<F>) -> bool {
-    let Some(reply) = table.get_ptr(&F::ct_key(reply_key)) else {
+    let Some(reply) = table.get_ptr(F::ct_key(reply_key)) else {
         return false;
     };
     // SAFETY: pointer from a successful lookup; read at once.
@@ -115,18 +117,18 @@ fn touch<F: Family>(
     now: u32,
     set: u16,
 ) -> Option<Entry<F>> {
-    let entry = table.get_ptr_mut(&F::ct_key(key))?;
+    let entry = table.get_ptr_mut(F::ct_key(key))?;
     // SAFETY: pointer from a successful lookup, valid for this run; racing writers only
     // move the timestamp or add flags, both idempotent.
     let entry = unsafe { &mut *entry };
-    let before = F::flow_entry(entry);
-    let (last_seen_s, held_flags) = F::stamps(entry);
-    if *last_seen_s != now {
-        *last_seen_s = now;
+    let entry = F::flow_entry_mut(entry);
+    let before = *entry;
+    if entry.last_seen_s != now {
+        entry.last_seen_s = now;
     }
     let flags = before.flags | set | if closes { CT_FLAG_CLOSING } else { 0 };
     if flags != before.flags {
-        *held_flags = flags;
+        entry.flags = flags;
     }
     Some(before)
 }
@@ -134,10 +136,9 @@ fn touch<F: Family>(
 /// Adds `flags` to the entry under `key` in `table`, if there is one.
 #[inline(always)]
 fn add_flags<F: Family>(table: &CtTable<F>, key: &Key<F>, flags: u16) {
-    if let Some(held) = table.get_ptr_mut(&F::ct_key(key)) {
+    if let Some(held) = table.get_ptr_mut(F::ct_key(key)) {
         // SAFETY: pointer from a successful lookup, valid for this run.
-        let (_, held_flags) = F::stamps(unsafe { &mut *held });
-        *held_flags |= flags;
+        F::flow_entry_mut(unsafe { &mut *held }).flags |= flags;
     }
 }
 
@@ -190,12 +191,46 @@ pub fn confirm<F: Family>(
     closes: bool,
     now: u32,
 ) -> Result<(), i32> {
-    let forward_key = F::ct_key(&key(arrived, CT_FORWARD));
+    if F::SPLIT_FRAMES {
+        match confirm_apart::<F>(arrived, forward, closes, now) {
+            0 => Ok(()),
+            error => Err(error),
+        }
+    } else {
+        confirm_here::<F>(arrived, forward, closes, now)
+    }
+}
+
+/// [`confirm`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]): 0 or a negative
+/// error (a plain integer, as [`insert_snat_apart`] says why).
+#[inline(never)]
+fn confirm_apart<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &Entry<F>,
+    closes: bool,
+    now: u32,
+) -> i32 {
+    match confirm_here::<F>(arrived, forward, closes, now) {
+        Ok(()) => 0,
+        Err(error) => error.min(-1),
+    }
+}
+
+#[inline(always)]
+fn confirm_here<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &Entry<F>,
+    closes: bool,
+    now: u32,
+) -> Result<(), i32> {
+    // Keys and entries go to the maps through `F::ct_key`/`F::ct_entry` at each call: for
+    // IPv6 they are per-CPU scratch room, overwritten by the next call.
+    let forward_key = key(arrived, CT_FORWARD);
     let (reply_key, built) = reply_of(arrived, forward);
-    let reply_key = F::ct_key(&reply_key);
-    let reply = match F::conntrack_new().get_ptr(&reply_key) {
-        // SAFETY: pointer from a successful lookup; copied out at once.
-        Some(held) => unsafe { *held },
+    let reply = match F::conntrack_new().get_ptr(F::ct_key(&reply_key)) {
+        // SAFETY: pointer from a successful lookup, valid for this run (the insert below
+        // copies it).
+        Some(held) => unsafe { &*held },
         None => F::ct_entry(&built),
     };
     let mut forward = *forward;
@@ -203,10 +238,10 @@ pub fn confirm<F: Family>(
     if closes {
         forward.flags |= CT_FLAG_CLOSING;
     }
-    F::conntrack().insert(&reply_key, &reply, 0)?;
-    F::conntrack().insert(&forward_key, &F::ct_entry(&forward), 0)?;
-    let _ = F::conntrack_new().remove(&forward_key);
-    let _ = F::conntrack_new().remove(&reply_key);
+    F::conntrack().insert(F::ct_key(&reply_key), reply, 0)?;
+    F::conntrack().insert(F::ct_key(&forward_key), F::ct_entry(&forward), 0)?;
+    let _ = F::conntrack_new().remove(F::ct_key(&forward_key));
+    let _ = F::conntrack_new().remove(F::ct_key(&reply_key));
     Ok(())
 }
 
@@ -218,14 +253,29 @@ pub fn confirm<F: Family>(
 /// reopened only if it is still this flow's.
 #[inline(always)]
 pub fn reopen<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
+    if F::SPLIT_FRAMES {
+        reopen_apart::<F>(arrived, entry);
+    } else {
+        reopen_here::<F>(arrived, entry);
+    }
+}
+
+/// [`reopen`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]).
+#[inline(never)]
+fn reopen_apart<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
+    reopen_here::<F>(arrived, entry);
+}
+
+#[inline(always)]
+fn reopen_here<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
     let forward_key = key(arrived, CT_FORWARD);
     let reply_key = other_direction(&forward_key, entry);
     entry.flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
     let clear = |key: &Key<F>| {
-        if let Some(held) = F::conntrack_new().get_ptr_mut(&F::ct_key(key)) {
+        if let Some(held) = F::conntrack_new().get_ptr_mut(F::ct_key(key)) {
             // SAFETY: pointer from a successful lookup, valid for this run.
-            let (_, flags) = F::stamps(unsafe { &mut *held });
-            *flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
+            F::flow_entry_mut(unsafe { &mut *held }).flags &=
+                !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
         }
     };
     if reply_is_ours::<F>(F::conntrack_new(), &reply_key, &forward_key) {
@@ -239,6 +289,21 @@ pub fn reopen<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
 /// entry goes only if it is still this flow's: another flow may hold the port now.
 #[inline(always)]
 pub fn forget<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
+    if F::SPLIT_FRAMES {
+        forget_apart::<F>(arrived, found);
+    } else {
+        forget_here::<F>(arrived, found);
+    }
+}
+
+/// [`forget`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]).
+#[inline(never)]
+fn forget_apart<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
+    forget_here::<F>(arrived, found);
+}
+
+#[inline(always)]
+fn forget_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
     let table = if found.confirmed {
         F::conntrack()
     } else {
@@ -247,9 +312,9 @@ pub fn forget<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
     let forward_key = key(arrived, CT_FORWARD);
     let reply_key = other_direction(&forward_key, &found.entry);
     if reply_is_ours::<F>(table, &reply_key, &forward_key) {
-        let _ = table.remove(&F::ct_key(&reply_key));
+        let _ = table.remove(F::ct_key(&reply_key));
     }
-    let _ = table.remove(&F::ct_key(&forward_key));
+    let _ = table.remove(F::ct_key(&forward_key));
 }
 
 /// The reply direction of a forward entry: the key a backend's answer arrives with, and
@@ -274,10 +339,10 @@ pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &FlowEntry<A>) -> (FlowKey
 pub fn insert<F: Family>(arrived: &Tuple<F::Addr>, forward: &Entry<F>) -> Result<(), i32> {
     let (reply_key, reply) = reply_of(arrived, forward);
     let table = F::conntrack_new();
-    table.insert(&F::ct_key(&reply_key), &F::ct_entry(&reply), 0)?;
+    table.insert(F::ct_key(&reply_key), F::ct_entry(&reply), 0)?;
     table.insert(
-        &F::ct_key(&key(arrived, CT_FORWARD)),
-        &F::ct_entry(forward),
+        F::ct_key(&key(arrived, CT_FORWARD)),
+        F::ct_entry(forward),
         0,
     )
 }
@@ -288,6 +353,46 @@ pub fn insert<F: Family>(arrived: &Tuple<F::Addr>, forward: &Entry<F>) -> Result
 /// up). `None` when every attempt found a live flow.
 #[inline(always)]
 pub fn insert_snat<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &mut Entry<F>,
+    snat_address: F::Addr,
+    node: &NodeConfig,
+    now: u32,
+) -> Result<Option<u16>, i32> {
+    if F::SPLIT_FRAMES {
+        match insert_snat_apart::<F>(arrived, forward, snat_address, node, now) {
+            NO_PORT => Ok(None),
+            port @ 0..=0xffff => Ok(Some(port as u16)),
+            error => Err(error as i32),
+        }
+    } else {
+        insert_snat_here::<F>(arrived, forward, snat_address, node, now)
+    }
+}
+
+/// [`insert_snat_apart`]'s "no port free".
+const NO_PORT: i64 = 0x1_0000;
+
+/// [`insert_snat`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]), returning a
+/// plain integer (the port, [`NO_PORT`], or a negative error): the caller of a `Result`
+/// returned through memory reads payloads never written, which the verifier refuses.
+#[inline(never)]
+fn insert_snat_apart<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &mut Entry<F>,
+    snat_address: F::Addr,
+    node: &NodeConfig,
+    now: u32,
+) -> i64 {
+    match insert_snat_here::<F>(arrived, forward, snat_address, node, now) {
+        Ok(Some(port)) => i64::from(port),
+        Ok(None) => NO_PORT,
+        Err(error) => i64::from(error.min(-1)),
+    }
+}
+
+#[inline(always)]
+fn insert_snat_here<F: Family>(
     arrived: &Tuple<F::Addr>,
     forward: &mut Entry<F>,
     snat_address: F::Addr,
@@ -319,14 +424,14 @@ pub fn insert_snat<F: Family>(
         };
         let table = F::conntrack_new();
         if table
-            .insert(&F::ct_key(&reply_key), &F::ct_entry(&reply), flags)
+            .insert(F::ct_key(&reply_key), F::ct_entry(&reply), flags)
             .is_err()
         {
             continue;
         }
         table.insert(
-            &F::ct_key(&key(arrived, CT_FORWARD)),
-            &F::ct_entry(forward),
+            F::ct_key(&key(arrived, CT_FORWARD)),
+            F::ct_entry(forward),
             0,
         )?;
         return Ok(Some(port));
@@ -357,37 +462,41 @@ fn held<F: Family>(
     timeouts: CtTimeouts,
     now: u32,
 ) -> Holder {
-    let Some(reply) = table.get_ptr(&F::ct_key(reply_key)) else {
+    let Some(reply) = table.get_ptr(F::ct_key(reply_key)) else {
         return Holder::None;
     };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let reply = F::flow_entry(unsafe { &*reply });
+    // Entries are read in place, field by field (no copy: IPv6's would not fit the stack
+    // frame); a racing writer only moves a timestamp or adds flags.
     let live = |entry: &Entry<F>| {
         let timeout = timeouts.timeout_s(reply_key.protocol, entry.flags, confirmed);
         !entry.expired(now, timeout)
     };
+    // SAFETY: pointer from a successful lookup, valid for this run.
+    let reply = F::flow_entry(unsafe { &*reply });
+    let reply_live = live(reply);
     // The held flow's forward entry: its client tuple is what the reply rewrites to. An
     // entry there that names another reply key is another flow's.
-    let forward_key = other_direction(reply_key, &reply);
+    let forward_key = other_direction(reply_key, reply);
     // SAFETY: as above.
     let forward = table
-        .get_ptr(&F::ct_key(&forward_key))
-        .map(|entry| F::flow_entry(unsafe { &*entry }));
-    let forward = forward.filter(|entry| points_to(entry, reply_key));
-    let forward_live = forward.is_some_and(|forward| live(&forward));
+        .get_ptr(F::ct_key(&forward_key))
+        .map(|entry| F::flow_entry(unsafe { &*entry }))
+        .filter(|entry| points_to(entry, reply_key));
+    let forward_found = forward.is_some();
+    let forward_live = forward.is_some_and(|forward| live(forward));
     let is_live = if !confirmed && reply_key.protocol == PROTO_TCP {
         forward_live
     } else {
-        forward_live || live(&reply)
+        forward_live || reply_live
     };
     if is_live {
         return Holder::Live;
     }
-    if forward.is_some() {
-        let _ = table.remove(&F::ct_key(&forward_key));
+    if forward_found {
+        let _ = table.remove(F::ct_key(&forward_key));
     }
     if confirmed {
-        let _ = table.remove(&F::ct_key(reply_key));
+        let _ = table.remove(F::ct_key(reply_key));
     }
     Holder::Expired
 }

@@ -72,7 +72,10 @@ impl From<PacketError> for Error {
     }
 }
 
-enum Flow<A> {
+/// What becomes of a packet from outside; the entry it is rewritten to is written where
+/// the caller said.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flow {
     /// Not addressed to an external frontend: untouched.
     NotOurs,
     /// A frontend without a usable backend on this node's external selection.
@@ -84,53 +87,114 @@ enum Flow<A> {
     /// A new flow to a remote backend whose first packet cannot be forwarded: TTL 1 or
     /// less.
     TtlExceeded,
-    /// Rewrite the packet to this.
-    To(FlowEntry<A>),
+    /// Rewrite the packet to the entry.
+    To,
+    /// A new flow to a remote backend ([`Family::SPLIT_FRAMES`]): the caller takes its SNAT
+    /// port, then rewrites the packet to the entry.
+    NeedsSnat,
+}
+
+impl Flow {
+    const ALL: [Self; 7] = [
+        Self::NotOurs,
+        Self::NoBackend,
+        Self::SnatExhausted,
+        Self::Denied,
+        Self::TtlExceeded,
+        Self::To,
+        Self::NeedsSnat,
+    ];
+
+    /// Across an out-of-line call: the flow's number, or -1 for an error (a plain integer;
+    /// see [`forward_apart`]).
+    #[inline(always)]
+    fn code(result: Result<Self, Error>) -> i32 {
+        match result {
+            Ok(flow) => flow as i32,
+            Err(Error) => -1,
+        }
+    }
+
+    #[inline(always)]
+    fn decode(code: i32) -> Result<Self, Error> {
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| Self::ALL.get(i).copied())
+            .ok_or(Error)
+    }
+}
+
+/// A conntrack entry for an out-of-line step to fill: every field written, with a zero the
+/// compiler cannot see (zero stores in a row become a memset loop, which the verifier
+/// refuses without CAP_PERFMON).
+#[inline(always)]
+fn blank_entry<F: Family>() -> FlowEntry<F::Addr> {
+    // SAFETY: a read of a valid constant.
+    let zero = unsafe { core::ptr::read_volatile(&0u32) };
+    FlowEntry {
+        source: F::addr_from(zero),
+        destination: F::addr_from(zero),
+        source_port: zero as u16,
+        destination_port: zero as u16,
+        backend_id: zero,
+        service_id: zero,
+        last_seen_s: zero,
+        flags: zero as u16,
+        pad: zero as u16,
+    }
 }
 
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
     match packet::ether_type(&ctx) {
-        Some(ETH_P_IP) => {
-            let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
-                return TC_ACT_OK;
-            };
-            verdict(try_ingress::<V4>(&ctx, &mut packet), &packet)
-        }
+        Some(ETH_P_IP) => ingress4(ctx),
         Some(ETH_P_IPV6) => ingress6(ctx),
         _ => TC_ACT_OK,
     }
 }
 
-/// IPv6 out of line: its own stack frame, so that the IPv4 path keeps the stack (and the
-/// instructions) it had.
+/// Each family out of line, in a stack frame of its own: the verifier bounds the stack of
+/// a call chain, which then holds one family's path, not both.
 #[inline(never)]
-fn ingress6(ctx: TcContext) -> i32 {
-    let Some(mut packet) = Packet::<Ipv6Words>::parse(&ctx) else {
+fn ingress4(ctx: TcContext) -> i32 {
+    let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
         return TC_ACT_OK;
     };
+    verdict(try_ingress::<V4>(&ctx, &mut packet), &packet)
+}
+
+#[inline(never)]
+fn ingress6(ctx: TcContext) -> i32 {
+    let mut packet = Packet::<Ipv6Words>::empty(&ctx);
+    if !Packet::parse_into(&ctx, &mut packet) {
+        return TC_ACT_OK;
+    }
     verdict(try_ingress::<V6>(&ctx, &mut packet), &packet)
 }
 
 #[classifier]
 pub fn socklb_tc_out(ctx: TcContext) -> i32 {
     match packet::ether_type(&ctx) {
-        Some(ETH_P_IP) => {
-            let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
-                return TC_ACT_OK;
-            };
-            verdict(try_egress::<V4>(&mut packet), &packet)
-        }
+        Some(ETH_P_IP) => egress4(ctx),
         Some(ETH_P_IPV6) => egress6(ctx),
         _ => TC_ACT_OK,
     }
 }
 
 #[inline(never)]
-fn egress6(ctx: TcContext) -> i32 {
-    let Some(mut packet) = Packet::<Ipv6Words>::parse(&ctx) else {
+fn egress4(ctx: TcContext) -> i32 {
+    let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
         return TC_ACT_OK;
     };
+    verdict(try_egress::<V4>(&mut packet), &packet)
+}
+
+#[inline(never)]
+fn egress6(ctx: TcContext) -> i32 {
+    let mut packet = Packet::<Ipv6Words>::empty(&ctx);
+    if !Packet::parse_into(&ctx, &mut packet) {
+        return TC_ACT_OK;
+    }
     verdict(try_egress::<V6>(&mut packet), &packet)
 }
 
@@ -167,15 +231,23 @@ fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Resu
     let closes = packet.closes_connection();
     // A remote backend answering a SNATed flow, addressed to this node.
     if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
-        && let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, closes, now)
+        && let Some(verdict) = snat_reply::<F>(ctx, packet, closes, now)?
     {
-        if ttl_exceeded(packet) {
-            return Ok(TC_ACT_SHOT);
-        }
-        rewrite(packet, &reply)?;
-        return forward::<F>(ctx, packet);
+        return Ok(verdict);
     }
-    let entry = match flow::<F>(packet, closes, now)? {
+    let mut local = blank_entry::<F>();
+    let Some(entry) = F::flow_room(&mut local) else {
+        return Err(Error);
+    };
+    let mut outcome = if known_flow::<F>(packet, closes, now, entry)? {
+        Flow::To
+    } else {
+        new_flow::<F>(packet, now, entry)?
+    };
+    if outcome == Flow::NeedsSnat {
+        outcome = snat::<F>(packet, entry, now)?;
+    }
+    match outcome {
         Flow::NotOurs => return Ok(TC_ACT_OK),
         Flow::NoBackend => {
             bump(|c| &mut c.external_no_backend);
@@ -190,19 +262,134 @@ fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Resu
             return Ok(TC_ACT_SHOT);
         }
         Flow::TtlExceeded => return Ok(TC_ACT_SHOT),
-        Flow::To(entry) => entry,
-    };
+        Flow::To | Flow::NeedsSnat => {}
+    }
+    deliver::<F>(ctx, packet, entry)
+}
+
+/// Rewrites the packet to its flow's entry and sends it on: a backend on this node through
+/// the kernel's path, seen by its conntrack, which also decides about a TTL of 1 or less;
+/// a SNATed flow forwarded here.
+#[inline(always)]
+fn deliver<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    entry: &FlowEntry<F::Addr>,
+) -> Result<i32, Error> {
+    if F::SPLIT_FRAMES {
+        match deliver_apart::<F>(ctx, packet, entry) {
+            -1 => Err(Error),
+            verdict => Ok(verdict),
+        }
+    } else {
+        deliver_here::<F>(ctx, packet, entry)
+    }
+}
+
+/// [`deliver`] in a stack frame of its own: the verdict or -1.
+#[inline(never)]
+fn deliver_apart<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    entry: &FlowEntry<F::Addr>,
+) -> i32 {
+    deliver_here::<F>(ctx, packet, entry).unwrap_or(-1)
+}
+
+#[inline(always)]
+fn deliver_here<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    entry: &FlowEntry<F::Addr>,
+) -> Result<i32, Error> {
     if entry.flags & CT_FLAG_SNAT == 0 {
-        // A backend on this node: through the kernel's path, seen by its conntrack, which
-        // also decides about a TTL of 1 or less.
-        rewrite(packet, &entry)?;
+        rewrite(packet, entry)?;
         return Ok(TC_ACT_OK);
     }
     if ttl_exceeded(packet) {
         return Ok(TC_ACT_SHOT);
     }
-    rewrite(packet, &entry)?;
+    rewrite(packet, entry)?;
     forward::<F>(ctx, packet)
+}
+
+/// The reply of a SNATed flow from its remote backend, rewritten and forwarded (its
+/// verdict); `None`: not one.
+#[inline(always)]
+fn snat_reply<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+) -> Result<Option<i32>, Error> {
+    if F::SPLIT_FRAMES {
+        match snat_reply_apart::<F>(ctx, packet, closes, now) {
+            NOT_A_REPLY => Ok(None),
+            -1 => Err(Error),
+            verdict => Ok(Some(verdict)),
+        }
+    } else {
+        snat_reply_here::<F>(ctx, packet, closes, now)
+    }
+}
+
+/// [`snat_reply_apart`]'s "not a reply".
+const NOT_A_REPLY: i32 = -2;
+
+/// [`snat_reply`] in a stack frame of its own: the verdict, [`NOT_A_REPLY`] or -1.
+#[inline(never)]
+fn snat_reply_apart<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+) -> i32 {
+    match snat_reply_here::<F>(ctx, packet, closes, now) {
+        Ok(Some(verdict)) => verdict,
+        Ok(None) => NOT_A_REPLY,
+        Err(Error) => -1,
+    }
+}
+
+#[inline(always)]
+fn snat_reply_here<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+) -> Result<Option<i32>, Error> {
+    let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, closes, now) else {
+        return Ok(None);
+    };
+    if ttl_exceeded(packet) {
+        return Ok(Some(TC_ACT_SHOT));
+    }
+    rewrite(packet, &reply)?;
+    forward::<F>(ctx, packet).map(Some)
+}
+
+/// Takes the SNAT port of a new flow to a remote backend ([`Flow::NeedsSnat`]).
+#[inline(always)]
+fn snat<F: Family>(
+    packet: &Packet<F::Addr>,
+    entry: &mut FlowEntry<F::Addr>,
+    now: u32,
+) -> Result<Flow, Error> {
+    let (Some(node), Some(snat_address)) = (NODE.get(0), F::snat_address()) else {
+        log::no_snat_address();
+        return Err(Error);
+    };
+    match conntrack::insert_snat::<F>(&packet.tuple, entry, snat_address, node, now) {
+        Ok(Some(_)) => {
+            bump(|c| &mut c.external_flows);
+            Ok(Flow::To)
+        }
+        Ok(None) => Ok(Flow::SnatExhausted),
+        Err(error) => {
+            log::conntrack_not_written(error);
+            Err(Error)
+        }
+    }
 }
 
 /// Replies of local backends leaving the node: shown as coming from the frontend.
@@ -228,15 +415,48 @@ fn rewrite<A: Address>(packet: &mut Packet<A>, entry: &FlowEntry<A>) -> Result<(
     )?)
 }
 
-/// The packet's flow: the one conntrack holds, or a new one. An unconfirmed flow whose
-/// backend answered is confirmed by the client's next packet that is neither a SYN nor a
-/// FIN or RST.
+/// The packet's flow if conntrack holds one that keeps its backend (written to `entry`);
+/// `false`: a new flow is chosen. An unconfirmed flow whose backend answered is confirmed
+/// by the client's next packet that is neither a SYN nor a FIN or RST.
 #[inline(always)]
-fn flow<F: Family>(
+fn known_flow<F: Family>(
     packet: &Packet<F::Addr>,
     closes: bool,
     now: u32,
-) -> Result<Flow<F::Addr>, Error> {
+    entry: &mut FlowEntry<F::Addr>,
+) -> Result<bool, Error> {
+    if F::SPLIT_FRAMES {
+        match known_flow_apart::<F>(packet, closes, now, entry) {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(Error),
+        }
+    } else {
+        known_flow_here::<F>(packet, closes, now, entry)
+    }
+}
+
+/// [`known_flow`] in a stack frame of its own: 1, 0 or -1.
+#[inline(never)]
+fn known_flow_apart<F: Family>(
+    packet: &Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+    entry: &mut FlowEntry<F::Addr>,
+) -> i32 {
+    match known_flow_here::<F>(packet, closes, now, entry) {
+        Ok(known) => i32::from(known),
+        Err(Error) => -1,
+    }
+}
+
+#[inline(always)]
+fn known_flow_here<F: Family>(
+    packet: &Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+    entry: &mut FlowEntry<F::Addr>,
+) -> Result<bool, Error> {
     if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, closes, now) {
         if !found.confirmed
             && found.entry.flags & CT_FLAG_CLOSING != 0
@@ -278,10 +498,11 @@ fn flow<F: Family>(
                 ..Decision::default()
             };
             trace_external::<F>(&decision, tuple, true);
-            return Ok(Flow::To(found.entry));
+            *entry = found.entry;
+            return Ok(true);
         }
     }
-    new_flow::<F>(packet, now)
+    Ok(false)
 }
 
 /// A trace event of a packet from outside, for the families trace events can show.
@@ -325,8 +546,36 @@ fn expired<A>(found: &Found<A>, packet: &Packet<A>, now: u32) -> bool {
     found.entry.expired(now, timeout)
 }
 
+/// A new flow: its backend chosen, its conntrack entries made (written to `out`).
 #[inline(always)]
-fn new_flow<F: Family>(packet: &Packet<F::Addr>, now: u32) -> Result<Flow<F::Addr>, Error> {
+fn new_flow<F: Family>(
+    packet: &Packet<F::Addr>,
+    now: u32,
+    out: &mut FlowEntry<F::Addr>,
+) -> Result<Flow, Error> {
+    if F::SPLIT_FRAMES {
+        Flow::decode(new_flow_apart::<F>(packet, now, out))
+    } else {
+        new_flow_here::<F>(packet, now, out)
+    }
+}
+
+/// [`new_flow`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]): [`Flow::code`].
+#[inline(never)]
+fn new_flow_apart<F: Family>(
+    packet: &Packet<F::Addr>,
+    now: u32,
+    out: &mut FlowEntry<F::Addr>,
+) -> i32 {
+    Flow::code(new_flow_here::<F>(packet, now, out))
+}
+
+#[inline(always)]
+fn new_flow_here<F: Family>(
+    packet: &Packet<F::Addr>,
+    now: u32,
+    out: &mut FlowEntry<F::Addr>,
+) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
     let Some(master) = F::service(tuple.destination, tuple.destination_port, tuple.protocol, 0)
     else {
@@ -370,11 +619,19 @@ fn new_flow<F: Family>(packet: &Packet<F::Addr>, now: u32) -> Result<Flow<F::Add
         service_id: master.service_id,
         last_seen_s: now,
         flags: 0,
+        pad: 0,
     };
     if backend.flags & u16::from(BACKEND_FLAG_REMOTE) != 0 {
         // Before the SNAT port is taken.
         if ttl_exceeded(packet) {
             return Ok(Flow::TtlExceeded);
+        }
+        if F::SPLIT_FRAMES {
+            // The port is taken by the caller, in a frame of its own (not traced: only
+            // IPv6 splits, and trace events have no room for its addresses).
+            entry.flags |= CT_FLAG_SNAT;
+            *out = entry;
+            return Ok(Flow::NeedsSnat);
         }
         let (Some(node), Some(snat_address)) = (NODE.get(0), F::snat_address()) else {
             log::no_snat_address();
@@ -395,7 +652,8 @@ fn new_flow<F: Family>(packet: &Packet<F::Addr>, now: u32) -> Result<Flow<F::Add
         }
     } else if !forwardable {
         // A backend on this node: translated, and the kernel's path decides.
-        return Ok(Flow::To(entry));
+        *out = entry;
+        return Ok(Flow::To);
     } else {
         if let Err(error) = conntrack::insert::<F>(tuple, &entry) {
             log::conntrack_not_written(error);
@@ -404,7 +662,8 @@ fn new_flow<F: Family>(packet: &Packet<F::Addr>, now: u32) -> Result<Flow<F::Add
     }
     bump(|c| &mut c.external_flows);
     trace_external::<F>(&decision, tuple, false);
-    Ok(Flow::To(entry))
+    *out = entry;
+    Ok(Flow::To)
 }
 
 /// The backend slot of a new flow, and its number: the client's session-affinity choice
@@ -559,6 +818,27 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
 /// unroutable (its usual errors then apply).
 #[inline(always)]
 fn forward<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
+    if F::SPLIT_FRAMES {
+        // A verdict, or -1 for an error.
+        match forward_apart::<F>(ctx, packet) {
+            -1 => Err(Error),
+            verdict => Ok(verdict),
+        }
+    } else {
+        forward_here::<F>(ctx, packet)
+    }
+}
+
+/// [`forward`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]). It returns a plain
+/// integer: the caller of a `Result` returned through memory reads the payload of an
+/// error too, a read of stack never written, which the verifier refuses.
+#[inline(never)]
+fn forward_apart<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> i32 {
+    forward_here::<F>(ctx, packet).unwrap_or(-1)
+}
+
+#[inline(always)]
+fn forward_here<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let mut buffer = MaybeUninit::uninit();
     let fib = zeroed_fib_params(&mut buffer);
     fib.family = F::AF;

@@ -17,14 +17,16 @@ use crate::{
     lb, log,
     maps::{
         AFFINITY, AFFINITY_CAPACITY, AFFINITY6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK_NEW,
-        CONNTRACK_NEW6, CONNTRACK6, CT_CAPACITY, NODE, NODE6, SERVICES, SERVICES6, SOURCE_RANGES,
-        SOURCE_RANGES6,
+        CONNTRACK_NEW6, CONNTRACK6, CT_CAPACITY, NODE, NODE6, SCRATCH6, SERVICES, SERVICES6,
+        SOURCE_RANGES, SOURCE_RANGES6,
     },
     packet::{Address, Tuple},
 };
 
 /// A conntrack key of either family: a packet's addresses and ports as they arrive, and
-/// which way it goes.
+/// which way it goes. The layout of `CtKey` (`A = u32`) and `CtKey6` (`A = Ipv6Words`),
+/// checked below, so that a key is handed to the maps as it is, never copied.
+#[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FlowKey<A> {
     pub source: A,
@@ -33,10 +35,12 @@ pub struct FlowKey<A> {
     pub destination_port: u16,
     pub protocol: u8,
     pub direction: u8,
+    pub pad: u16,
 }
 
 /// A conntrack entry of either family: what the packets of one direction become, and whose
-/// flow it is.
+/// flow it is. The layout of `CtEntry` and `CtEntry6`, as [`FlowKey`].
+#[repr(C)]
 #[derive(Clone, Copy)]
 pub struct FlowEntry<A> {
     pub source: A,
@@ -47,6 +51,7 @@ pub struct FlowEntry<A> {
     pub service_id: u32,
     pub last_seen_s: u32,
     pub flags: u16,
+    pub pad: u16,
 }
 
 impl<A> FlowEntry<A> {
@@ -83,15 +88,19 @@ pub trait Family: Sized + 'static {
     /// Whether `socklb trace` events carry this family's addresses (their layout is
     /// IPv4's): flows of a family without are not traced.
     const TRACED: bool;
+    /// Whether the larger steps of a flow (SNAT port search, forwarding) run out of line,
+    /// each in a stack frame of its own: IPv6's keys and entries are too large for the
+    /// whole path to fit the 512 bytes of one frame. IPv4 keeps its path inline.
+    const SPLIT_FRAMES: bool;
 
     /// The confirmed and the unconfirmed conntrack table (see `conntrack`).
     fn conntrack() -> &'static CtTable<Self>;
     fn conntrack_new() -> &'static CtTable<Self>;
-    fn ct_key(key: &FlowKey<Self::Addr>) -> Self::CtKey;
-    fn ct_entry(entry: &FlowEntry<Self::Addr>) -> Self::CtEntry;
-    fn flow_entry(raw: &Self::CtEntry) -> FlowEntry<Self::Addr>;
-    /// The fields a packet refreshes in place: last seen, flags.
-    fn stamps(raw: &mut Self::CtEntry) -> (&mut u32, &mut u16);
+    /// The same bytes as the map's types (no copy: the layouts are one).
+    fn ct_key(key: &FlowKey<Self::Addr>) -> &Self::CtKey;
+    fn ct_entry(entry: &FlowEntry<Self::Addr>) -> &Self::CtEntry;
+    fn flow_entry(raw: &Self::CtEntry) -> &FlowEntry<Self::Addr>;
+    fn flow_entry_mut(raw: &mut Self::CtEntry) -> &mut FlowEntry<Self::Addr>;
 
     /// The external-scope service map entry of a frontend at `slot` (0: the master).
     fn service(address: Self::Addr, port: u16, protocol: u8, slot: u16)
@@ -116,6 +125,14 @@ pub trait Family: Sized + 'static {
 
     fn fib_addresses(fib: &mut bpf_fib_lookup, source: Self::Addr, destination: Self::Addr);
 
+    /// Where the entry a packet's flow is rewritten to lives while its steps run: `local`
+    /// (IPv4), or per-CPU scratch room (IPv6, whose stack has no room); `None` if that is
+    /// missing (never: the array's one entry always exists).
+    fn flow_room(local: &mut FlowEntry<Self::Addr>) -> Option<&mut FlowEntry<Self::Addr>>;
+
+    /// An address all of whose words are `word` (to fill a blank entry).
+    fn addr_from(word: u32) -> Self::Addr;
+
     /// The address as trace events hold it (see [`Self::TRACED`]).
     fn trace_address(address: Self::Addr) -> u32;
 
@@ -125,56 +142,96 @@ pub trait Family: Sized + 'static {
 pub struct V4;
 pub struct V6;
 
-/// The conversions between the generic views and a family's ABI types, whose fields have
-/// the same names.
-macro_rules! flow_conversions {
+/// What `V6::ct_key`/`ct_entry` return should the scratch room be missing (never: the
+/// array's one entry always exists).
+static ZERO_KEY6: CtKey6 = CtKey6 {
+    source: [0; 4],
+    destination: [0; 4],
+    source_port: 0,
+    destination_port: 0,
+    protocol: 0,
+    direction: 0,
+    pad: 0,
+};
+static ZERO_ENTRY6: CtEntry6 = CtEntry6 {
+    source: [0; 4],
+    destination: [0; 4],
+    source_port: 0,
+    destination_port: 0,
+    backend_id: 0,
+    service_id: 0,
+    last_seen_s: 0,
+    flags: 0,
+    pad: 0,
+};
+
+/// The views of a family's conntrack key and entry as [`FlowKey`] and [`FlowEntry`]: the
+/// same fields in the same order, checked field by field.
+macro_rules! flow_views {
+    ($addr:ty, $key:ident, $entry:ident) => {
+        const _: () = {
+            use core::mem::{align_of, offset_of, size_of};
+            type K = FlowKey<$addr>;
+            type E = FlowEntry<$addr>;
+            assert!(size_of::<K>() == size_of::<$key>() && align_of::<K>() == align_of::<$key>());
+            assert!(offset_of!(K, destination) == offset_of!($key, destination));
+            assert!(offset_of!(K, source_port) == offset_of!($key, source_port));
+            assert!(offset_of!(K, destination_port) == offset_of!($key, destination_port));
+            assert!(offset_of!(K, protocol) == offset_of!($key, protocol));
+            assert!(offset_of!(K, direction) == offset_of!($key, direction));
+            assert!(offset_of!(K, pad) == offset_of!($key, pad));
+            assert!(
+                size_of::<E>() == size_of::<$entry>() && align_of::<E>() == align_of::<$entry>()
+            );
+            assert!(offset_of!(E, destination) == offset_of!($entry, destination));
+            assert!(offset_of!(E, source_port) == offset_of!($entry, source_port));
+            assert!(offset_of!(E, destination_port) == offset_of!($entry, destination_port));
+            assert!(offset_of!(E, backend_id) == offset_of!($entry, backend_id));
+            assert!(offset_of!(E, service_id) == offset_of!($entry, service_id));
+            assert!(offset_of!(E, last_seen_s) == offset_of!($entry, last_seen_s));
+            assert!(offset_of!(E, flags) == offset_of!($entry, flags));
+            assert!(offset_of!(E, pad) == offset_of!($entry, pad));
+        };
+    };
+}
+
+flow_views!(u32, CtKey, CtEntry);
+flow_views!(Ipv6Words, CtKey6, CtEntry6);
+
+/// The views of map values as [`FlowEntry`] (layouts checked by `flow_views!`).
+macro_rules! flow_views_of_values {
+    ($entry:ident) => {
+        #[inline(always)]
+        fn flow_entry(raw: &$entry) -> &FlowEntry<Self::Addr> {
+            // SAFETY: same size, alignment and field offsets (flow_views!); plain integers.
+            unsafe { &*core::ptr::from_ref(raw).cast::<FlowEntry<Self::Addr>>() }
+        }
+
+        #[inline(always)]
+        fn flow_entry_mut(raw: &mut $entry) -> &mut FlowEntry<Self::Addr> {
+            // SAFETY: as in flow_entry.
+            unsafe { &mut *core::ptr::from_mut(raw).cast::<FlowEntry<Self::Addr>>() }
+        }
+    };
+}
+
+/// The casts between the views and the map types (layouts checked by `flow_views!`): IPv4
+/// hands its (small) keys and entries to the helpers where they are.
+macro_rules! flow_casts {
     ($key:ident, $entry:ident) => {
         #[inline(always)]
-        fn ct_key(key: &FlowKey<Self::Addr>) -> $key {
-            $key {
-                source: key.source,
-                destination: key.destination,
-                source_port: key.source_port,
-                destination_port: key.destination_port,
-                protocol: key.protocol,
-                direction: key.direction,
-                pad: 0,
-            }
+        fn ct_key(key: &FlowKey<Self::Addr>) -> &$key {
+            // SAFETY: same size, alignment and field offsets (flow_views!); plain integers.
+            unsafe { &*core::ptr::from_ref(key).cast::<$key>() }
         }
 
         #[inline(always)]
-        fn ct_entry(entry: &FlowEntry<Self::Addr>) -> $entry {
-            $entry {
-                source: entry.source,
-                destination: entry.destination,
-                source_port: entry.source_port,
-                destination_port: entry.destination_port,
-                backend_id: entry.backend_id,
-                service_id: entry.service_id,
-                last_seen_s: entry.last_seen_s,
-                flags: entry.flags,
-                pad: 0,
-            }
+        fn ct_entry(entry: &FlowEntry<Self::Addr>) -> &$entry {
+            // SAFETY: as in ct_key.
+            unsafe { &*core::ptr::from_ref(entry).cast::<$entry>() }
         }
 
-        #[inline(always)]
-        fn flow_entry(raw: &$entry) -> FlowEntry<Self::Addr> {
-            FlowEntry {
-                source: raw.source,
-                destination: raw.destination,
-                source_port: raw.source_port,
-                destination_port: raw.destination_port,
-                backend_id: raw.backend_id,
-                service_id: raw.service_id,
-                last_seen_s: raw.last_seen_s,
-                flags: raw.flags,
-            }
-        }
-
-        #[inline(always)]
-        fn stamps(raw: &mut $entry) -> (&mut u32, &mut u16) {
-            (&mut raw.last_seen_s, &mut raw.flags)
-        }
+        flow_views_of_values!($entry);
     };
 }
 
@@ -227,6 +284,7 @@ impl Family for V4 {
 
     const AF: u8 = 2;
     const TRACED: bool = true;
+    const SPLIT_FRAMES: bool = false;
 
     #[inline(always)]
     fn conntrack() -> &'static CtTable<Self> {
@@ -238,7 +296,7 @@ impl Family for V4 {
         &CONNTRACK_NEW
     }
 
-    flow_conversions!(CtKey, CtEntry);
+    flow_casts!(CtKey, CtEntry);
 
     service_lookup!(SERVICES, ServiceKey, BACKENDS);
 
@@ -295,6 +353,16 @@ impl Family for V4 {
     }
 
     #[inline(always)]
+    fn flow_room(local: &mut FlowEntry<u32>) -> Option<&mut FlowEntry<u32>> {
+        Some(local)
+    }
+
+    #[inline(always)]
+    fn addr_from(word: u32) -> u32 {
+        word
+    }
+
+    #[inline(always)]
     fn trace_address(address: u32) -> u32 {
         address
     }
@@ -313,6 +381,7 @@ impl Family for V6 {
 
     const AF: u8 = 10;
     const TRACED: bool = false;
+    const SPLIT_FRAMES: bool = true;
 
     #[inline(always)]
     fn conntrack() -> &'static CtTable<Self> {
@@ -324,7 +393,51 @@ impl Family for V6 {
         &CONNTRACK_NEW6
     }
 
-    flow_conversions!(CtKey6, CtEntry6);
+    /// Written into the per-CPU scratch room (`SCRATCH6`): the caller hands the reference
+    /// to a map helper at once, before the next call overwrites it. The fallback (the
+    /// array's one entry always exists) is an all-zero key no flow has.
+    #[inline(always)]
+    fn ct_key(key: &FlowKey<Ipv6Words>) -> &CtKey6 {
+        let Some(scratch) = SCRATCH6.get_ptr_mut(0) else {
+            return &ZERO_KEY6;
+        };
+        // SAFETY: this CPU's scratch entry, used by this run alone.
+        unsafe {
+            let slot = &mut (*scratch).key;
+            slot.source = key.source;
+            slot.destination = key.destination;
+            slot.source_port = key.source_port;
+            slot.destination_port = key.destination_port;
+            slot.protocol = key.protocol;
+            slot.direction = key.direction;
+            slot.pad = 0;
+            &*slot
+        }
+    }
+
+    /// As [`Self::ct_key`]; the fallback is an all-zero entry.
+    #[inline(always)]
+    fn ct_entry(entry: &FlowEntry<Ipv6Words>) -> &CtEntry6 {
+        let Some(scratch) = SCRATCH6.get_ptr_mut(0) else {
+            return &ZERO_ENTRY6;
+        };
+        // SAFETY: as in ct_key.
+        unsafe {
+            let slot = &mut (*scratch).entry;
+            slot.source = entry.source;
+            slot.destination = entry.destination;
+            slot.source_port = entry.source_port;
+            slot.destination_port = entry.destination_port;
+            slot.backend_id = entry.backend_id;
+            slot.service_id = entry.service_id;
+            slot.last_seen_s = entry.last_seen_s;
+            slot.flags = entry.flags;
+            slot.pad = 0;
+            &*slot
+        }
+    }
+
+    flow_views_of_values!(CtEntry6);
 
     service_lookup!(SERVICES6, ServiceKey6, BACKENDS6);
 
@@ -381,6 +494,19 @@ impl Family for V6 {
     fn fib_addresses(fib: &mut bpf_fib_lookup, source: Ipv6Words, destination: Ipv6Words) {
         fib.__bindgen_anon_3.ipv6_src = source;
         fib.__bindgen_anon_4.ipv6_dst = destination;
+    }
+
+    #[inline(always)]
+    fn flow_room(_local: &mut FlowEntry<Ipv6Words>) -> Option<&mut FlowEntry<Ipv6Words>> {
+        let scratch = SCRATCH6.get_ptr_mut(0)?;
+        // SAFETY: this CPU's scratch entry, used by this run alone; the flow field is used
+        // by nothing else.
+        Some(Self::flow_entry_mut(unsafe { &mut (*scratch).flow }))
+    }
+
+    #[inline(always)]
+    fn addr_from(word: u32) -> Ipv6Words {
+        [word; 4]
     }
 
     #[inline(always)]

@@ -141,3 +141,18 @@ pub static NODE6: Array<NodeConfig6, 1> = Array::new();
 
 #[btf_map(name = "socklb_src6_v1", pin_by_name)]
 pub static SOURCE_RANGES6: LpmTrie<SourceRange6, SourceVerdict, 65536> = LpmTrie::new();
+
+/// Per-CPU room for the IPv6 conntrack key and entry handed to a map helper, and for the
+/// packet's flow entry (see `family::V6`): 40-byte keys and 52-byte entries on the stack
+/// would not fit IPv6's path into the 512 bytes the verifier allows. A program run never
+/// interleaves with another on its CPU. Not pinned: scratch of the loaded programs.
+#[repr(C)]
+pub struct Scratch6 {
+    pub key: CtKey6,
+    pub entry: CtEntry6,
+    /// The entry the packet's flow is rewritten to, while its steps run.
+    pub flow: CtEntry6,
+}
+
+#[btf_map(name = "socklb_scr6_v1")]
+pub static SCRATCH6: PerCpuArray<Scratch6, 1> = PerCpuArray::new();

@@ -93,6 +93,16 @@ struct Ipv6FragmentHeader {
 /// Packet access failed (truncated packet, helper error): let it pass untranslated.
 pub struct PacketError;
 
+/// The L4 checksum an address rewrite must fix: its offset and checksum-helper flags, if the
+/// packet carries it. Every field always written (not an `Option`, whose unused payload
+/// LLVM may still load from stack never written, which the verifier refuses).
+#[derive(Clone, Copy)]
+pub struct L4Sum {
+    pub present: bool,
+    pub offset: usize,
+    pub flags: u64,
+}
+
 /// An IP address as a packet carries it (network byte order): where it sits in the header
 /// and how rewriting it keeps the checksums right.
 pub trait Address: Copy + PartialEq {
@@ -106,7 +116,7 @@ pub trait Address: Copy + PartialEq {
         offset: usize,
         old: Self,
         new: Self,
-        l4: Option<(usize, u64)>,
+        l4: L4Sum,
     ) -> Result<(), PacketError>;
 
     /// Writes the TTL (IPv4, with its checksum) or hop limit (IPv6) one lower than
@@ -127,19 +137,19 @@ impl Address for u32 {
         offset: usize,
         old: Self,
         new: Self,
-        l4: Option<(usize, u64)>,
+        l4: L4Sum,
     ) -> Result<(), PacketError> {
         ctx.store(offset, &new, 0).map_err(|_| PacketError)?;
         ctx.l3_csum_replace(IP_CHECK_OFFSET, u64::from(old), u64::from(new), 4)
             .map_err(|_| PacketError)?;
-        let Some((check, flags)) = l4 else {
+        if !l4.present {
             return Ok(());
-        };
+        }
         ctx.l4_csum_replace(
-            check,
+            l4.offset,
             u64::from(old),
             u64::from(new),
-            u64::from(BPF_F_PSEUDO_HDR) | flags | 4,
+            u64::from(BPF_F_PSEUDO_HDR) | l4.flags | 4,
         )
         .map_err(|_| PacketError)
     }
@@ -179,21 +189,21 @@ impl Address for Ipv6Words {
         offset: usize,
         old: Self,
         new: Self,
-        l4: Option<(usize, u64)>,
+        l4: L4Sum,
     ) -> Result<(), PacketError> {
         ctx.store(offset, &new, 0).map_err(|_| PacketError)?;
-        let Some((check, flags)) = l4 else {
+        if !l4.present {
             return Ok(());
-        };
+        }
         let word = |old: u32, new: u32| {
             if old == new {
                 return Ok(());
             }
             ctx.l4_csum_replace(
-                check,
+                l4.offset,
                 u64::from(old),
                 u64::from(new),
-                u64::from(BPF_F_PSEUDO_HDR) | flags | 4,
+                u64::from(BPF_F_PSEUDO_HDR) | l4.flags | 4,
             )
             .map_err(|_| PacketError)
         };
@@ -364,16 +374,69 @@ impl<'a> Packet<'a, Ipv6Words> {
     /// untranslated and is counted. A routing header with segments left means this node is
     /// not the final destination (and the L4 checksum covers another address): not ours.
     /// Fragments are keyed by (source, destination, Fragment header id, protocol).
+    ///
+    /// Fills `packet` (made by [`Self::empty`]) field by field and says whether it is one
+    /// of ours. Out of line: the headers take a stack frame of their own, not the flow's
+    /// (IPv6's whole path does not fit one 512-byte frame); no `Option<Packet>` crosses the
+    /// call, whose BTF the kernel refuses, and no padding byte is copied (a read of stack
+    /// never written, which the verifier refuses).
+    #[inline(never)]
+    pub fn parse_into(ctx: &'a TcContext, packet: &mut Self) -> bool {
+        let Some(parsed) = Self::parse(ctx) else {
+            return false;
+        };
+        packet.tuple.source = parsed.tuple.source;
+        packet.tuple.destination = parsed.tuple.destination;
+        packet.tuple.source_port = parsed.tuple.source_port;
+        packet.tuple.destination_port = parsed.tuple.destination_port;
+        packet.tuple.protocol = parsed.tuple.protocol;
+        packet.tcp_flags = parsed.tcp_flags;
+        packet.ttl = parsed.ttl;
+        packet.l4_offset = parsed.l4_offset;
+        packet.l4_check_offset = parsed.l4_check_offset;
+        packet.mangled = false;
+        packet.has_l4 = parsed.has_l4;
+        true
+    }
+
+    /// A packet for [`Self::parse_into`] to fill.
     #[inline(always)]
-    pub fn parse(ctx: &'a TcContext) -> Option<Self> {
+    pub fn empty(ctx: &'a TcContext) -> Self {
+        // A zero the compiler cannot see: zero stores in a row become a memset loop, whose
+        // pointer arithmetic the verifier refuses without CAP_PERFMON.
+        // SAFETY: a read of a valid constant.
+        let zero = unsafe { core::ptr::read_volatile(&0u32) };
+        Self {
+            ctx,
+            tuple: Tuple {
+                source: [zero; 4],
+                destination: [zero; 4],
+                source_port: zero as u16,
+                destination_port: zero as u16,
+                protocol: zero as u8,
+            },
+            tcp_flags: zero as u8,
+            ttl: zero as u8,
+            l4_offset: zero as usize,
+            l4_check_offset: zero as usize,
+            mangled: false,
+            has_l4: false,
+        }
+    }
+
+    #[inline(always)]
+    fn parse(ctx: &'a TcContext) -> Option<Self> {
         let ip: Ipv6Header = ctx.load(ETH_HLEN).ok()?;
         if ip.version_class_flow.to_ne_bytes()[0] >> 4 != 6 {
             return None;
         }
         let mut next = ip.next_header;
         let mut offset = ETH_HLEN + IPV6_HEADER_LEN;
-        // (id, offset and flags) of the Fragment header, if any.
-        let mut fragment: Option<(u32, u16)> = None;
+        // The Fragment header's id and offset-and-flags (all zero: none). Plain integers,
+        // not an Option: LLVM may read the payload of a `None` it knows unused, and the
+        // verifier refuses a read of stack never written.
+        let mut fragment_id: u32 = 0;
+        let mut fragment_flags: u16 = 0;
         for _ in 0..IPV6_MAX_EXTENSION_HEADERS {
             match next {
                 IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DESTINATION_OPTIONS => {
@@ -390,9 +453,9 @@ impl<'a> Packet<'a, Ipv6Words> {
                     let header: Ipv6FragmentHeader = ctx.load(offset).ok()?;
                     next = header.next_header;
                     offset += size_of::<Ipv6FragmentHeader>();
-                    let offset_flags = u16::from_be(header.offset_flags);
-                    fragment = Some((header.id, offset_flags));
-                    if offset_flags & IPV6_OFFSET_MASK != 0 {
+                    fragment_id = header.id;
+                    fragment_flags = u16::from_be(header.offset_flags);
+                    if fragment_flags & IPV6_OFFSET_MASK != 0 {
                         // A later fragment: what follows is the datagram's data.
                         break;
                     }
@@ -400,7 +463,7 @@ impl<'a> Packet<'a, Ipv6Words> {
                 _ => break,
             }
         }
-        let later_fragment = fragment.is_some_and(|(_, flags)| flags & IPV6_OFFSET_MASK != 0);
+        let later_fragment = fragment_flags & IPV6_OFFSET_MASK != 0;
         if !later_fragment
             && matches!(
                 next,
@@ -416,13 +479,12 @@ impl<'a> Packet<'a, Ipv6Words> {
         let fragment_key = FragmentKey6 {
             source: ip.source,
             destination: ip.destination,
-            id: fragment.map_or(0, |(id, _)| id),
+            id: fragment_id,
             protocol: next,
             pad: 0,
             pad2: 0,
         };
-        let fragmented = fragment
-            .is_some_and(|(_, flags)| flags & (IPV6_OFFSET_MASK | IPV6_MORE_FRAGMENTS) != 0);
+        let fragmented = fragment_flags & (IPV6_OFFSET_MASK | IPV6_MORE_FRAGMENTS) != 0;
         let l3 = Layer3 {
             source: ip.source,
             destination: ip.destination,
@@ -480,7 +542,11 @@ impl<A: Address> Packet<'_, A> {
         }
         // Addresses are part of the L4 pseudo-header (its checksum is in the first
         // fragment, which covers the whole datagram).
-        let l4 = self.has_l4.then(|| (self.l4_check_offset, self.l4_flags()));
+        let l4 = L4Sum {
+            present: self.has_l4,
+            offset: self.l4_check_offset,
+            flags: self.l4_flags(),
+        };
         if source != self.tuple.source {
             A::store(self.ctx, A::SOURCE_OFFSET, self.tuple.source, source, l4)?;
             self.tuple.source = source;
