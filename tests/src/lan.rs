@@ -90,7 +90,7 @@ pub fn addresses(family: Family) -> Addresses {
             pod_cidr: "fd00:244::/32",
             external_ip2: "fd00:198::8",
             other_clients: "fd00:203::/48",
-            client_range: "fd00:77::/124",
+            client_range: "fd00:77::/120",
         },
     }
 }

@@ -902,3 +902,290 @@ fn snat_address(sandbox: &Sandbox) -> Option<Ipv4Addr> {
     let config = map.get(&0, 0).expect("the node settings");
     (config.snat_address != 0).then(|| Ipv4Addr::from(u32::from_be(config.snat_address)))
 }
+
+/// The TC programs alone, for both families: the datapath loaded and programmed through
+/// the library (not the control plane), attached to node1's device, and traffic from the
+/// client on the LAN. NodePort flows to a local and to a remote backend (SNAT),
+/// loadBalancerSourceRanges, and for IPv6 an extension header on the way and ICMPv6 with
+/// neighbour discovery to the node.
+mod programs {
+    use std::{
+        net::{IpAddr, SocketAddr},
+        os::fd::AsRawFd as _,
+        time::Duration,
+    };
+
+    use socklb_agent::dataplane::{
+        BackendAddr, ConntrackTimeouts, Desired, Frontend, FrontendSpec, NodeSettings, Protocol,
+        Scope, TcMode,
+    };
+    use socklb_tests::{
+        NamedServer, Sandbox,
+        family::Family,
+        lan::{Addresses, addresses, counters, lan, servers_of},
+    };
+
+    fn ip(address: &str) -> IpAddr {
+        address.parse().expect("address")
+    }
+
+    fn external(address: &str, port: u16, protocol: Protocol) -> Frontend {
+        Frontend {
+            address: ip(address),
+            port,
+            protocol,
+            scope: Scope::External,
+        }
+    }
+
+    fn spec(backends: Vec<BackendAddr>, ranges: Option<&str>) -> FrontendSpec {
+        FrontendSpec {
+            backends,
+            source_ranges: ranges.map(|range| vec![range.parse().expect("CIDR")]),
+            ..FrontendSpec::default()
+        }
+    }
+
+    /// The IPv6 SNAT address in the pinned node map, as the agent writes it.
+    fn set_snat_address6(sandbox: &Sandbox, address: &str) {
+        let map = aya::maps::Map::Array(
+            aya::maps::MapData::from_pin(sandbox.pin_dir.join(socklb_abi::map_names::NODE6))
+                .expect("open the IPv6 node map"),
+        );
+        let mut map: aya::maps::Array<_, socklb_abi::NodeConfig6> =
+            map.try_into().expect("IPv6 node map");
+        let IpAddr::V6(address) = ip(address) else {
+            panic!("{address} is not IPv6");
+        };
+        let config = socklb_abi::NodeConfig6 {
+            snat_address: socklb_abi::ipv6_words(address.octets()),
+        };
+        map.set(0, &config, 0).expect("write the IPv6 node map");
+    }
+
+    fn scenario(family: Family) {
+        let a: Addresses = addresses(family);
+        let sandbox = Sandbox::new(&format!("ext-prog{}", family.tag()));
+        let lan = lan(&format!("p{}", family.tag()));
+        let _servers = [
+            NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+            NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
+            NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+        ];
+        let pod1 = BackendAddr {
+            address: a.pod1,
+            port: 8080,
+            remote: false,
+        };
+        let pod2 = BackendAddr {
+            address: a.pod2,
+            port: 8080,
+            remote: true,
+        };
+        let mut desired = Desired::default();
+        desired.insert(
+            external(a.node1, 30080, Protocol::Tcp),
+            spec(vec![pod1, pod2], None),
+        );
+        desired.insert(
+            external(a.node1, 30053, Protocol::Udp),
+            spec(vec![BackendAddr { port: 5353, ..pod1 }], None),
+        );
+        desired.insert(
+            external(a.lb_ip, 80, Protocol::Tcp),
+            spec(vec![pod1], Some(a.client_range)),
+        );
+        desired.insert(
+            external(a.lb_ip, 81, Protocol::Tcp),
+            spec(vec![pod1], Some(a.other_clients)),
+        );
+        let mut dataplane = sandbox.dataplane();
+        let report = dataplane.apply(&desired).expect("apply");
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        dataplane
+            .set_node(&NodeSettings {
+                snat_address: Some(socklb_tests::lan::NODE1.parse().expect("address")),
+                snat_ports: 61000..=65535,
+                conntrack_timeouts: ConntrackTimeouts::default(),
+            })
+            .expect("node settings");
+        if family == Family::V6 {
+            set_snat_address6(&sandbox, a.node1);
+        }
+        dataplane
+            .attach_external(&["eth0".to_owned()], TcMode::Auto)
+            .expect("attach the TC programs");
+
+        // NodePort: a local backend keeps the client's address, a remote one sees node1's.
+        let nodeport = Addresses::at(a.node1, 30080);
+        let attempts = lan.client.probe("tcp", &nodeport, 30);
+        a.assert_translated(&attempts, &nodeport);
+        assert_eq!(
+            servers_of(&attempts),
+            ["pod1", "pod2"],
+            "both backends serve"
+        );
+
+        // UDP through the NodePort, each answer from the frontend.
+        let udp = Addresses::at(a.node1, 30053);
+        a.assert_translated(&lan.client.probe("udp", &udp, 5), &udp);
+
+        // loadBalancerSourceRanges of the client's family.
+        let open = Addresses::at(a.lb_ip, 80);
+        a.assert_translated(&lan.client.probe("tcp", &open, 3), &open);
+        let before = counters(&sandbox);
+        let closed = Addresses::at(a.lb_ip, 81);
+        let attempts = lan.client.probe("tcp", &closed, 1);
+        assert!(
+            attempts[0].reply.is_none(),
+            "outside the ranges: {attempts:?}"
+        );
+        let after = counters(&sandbox);
+        assert!(
+            after.external_denied > before.external_denied,
+            "denied by socklb: {before:?} -> {after:?}"
+        );
+
+        if family == Family::V6 {
+            extension_header_is_walked(&lan, &a);
+            icmpv6_and_neighbour_discovery_pass(&lan, &a);
+        }
+        assert_eq!(counters(&sandbox).errors, 0, "{:?}", counters(&sandbox));
+        drop(dataplane);
+    }
+
+    /// A UDP datagram carrying a Destination Options header (IPV6_DSTOPTS) is translated:
+    /// the programs walk the header to the UDP one, and the answer comes back from the
+    /// frontend.
+    fn extension_header_is_walked(lan: &socklb_tests::lan::Lan, a: &Addresses) {
+        let before = lan.client.enter(|| {
+            let socket = std::net::UdpSocket::bind((ip(a.client), 0)).expect("bind");
+            // Next header and length (filled by the kernel), then PadN over 4 bytes.
+            let options: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+            // SAFETY: setsockopt on our socket with a buffer of the size passed.
+            let rc = unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_DSTOPTS,
+                    options.as_ptr().cast(),
+                    options.len() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+            socket
+                .set_read_timeout(Some(Duration::from_secs(3)))
+                .expect("timeout");
+            let frontend: SocketAddr = Addresses::at(a.node1, 30053).parse().expect("address");
+            socket.send_to(b"ping", frontend).expect("send");
+            let mut buffer = [0u8; 128];
+            let (len, from) = socket
+                .recv_from(&mut buffer)
+                .expect("an answer to a datagram with a destination options header");
+            assert_eq!(from, frontend, "the answer comes from the frontend");
+            String::from_utf8_lossy(&buffer[..len]).into_owned()
+        });
+        assert!(before.starts_with("pod1 "), "answered by {before:?}");
+    }
+
+    /// Echo requests to node1 are answered, also after the client forgot node1's link-layer
+    /// address (neighbour solicitation and advertisement cross the programs too).
+    fn icmpv6_and_neighbour_discovery_pass(lan: &socklb_tests::lan::Lan, a: &Addresses) {
+        lan.client.ip(&["-6", "neigh", "flush", "dev", "eth0"]);
+        let IpAddr::V6(node1) = ip(a.node1) else {
+            panic!("{} is not IPv6", a.node1);
+        };
+        lan.client.enter(|| echo(node1));
+        let neighbours = lan
+            .client
+            .output("ip", &["-6", "neigh", "show", "dev", "eth0"]);
+        let neighbours = String::from_utf8_lossy(&neighbours.stdout);
+        assert!(
+            neighbours.contains(a.node1),
+            "the client resolved node1 again: {neighbours}"
+        );
+    }
+
+    /// One ICMPv6 echo request to `target` over a raw socket, and its reply.
+    fn echo(target: std::net::Ipv6Addr) {
+        // SAFETY: plain socket call; the fd is owned below.
+        let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6) };
+        assert!(
+            fd >= 0,
+            "raw ICMPv6 socket: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a fresh fd we own.
+        let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let timeout = libc::timeval {
+            tv_sec: 1,
+            tv_usec: 0,
+        };
+        // SAFETY: setsockopt with a timeval of the size passed.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                std::ptr::from_ref(&timeout).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        // SAFETY: all-zero is a valid sockaddr_in6.
+        let mut address: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        address.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        address.sin6_addr.s6_addr = target.octets();
+        // Echo request (type 128), identifier 0x5eb1, sequence 1; the kernel fills in the
+        // checksum of ICMPv6 raw sockets.
+        let request: [u8; 12] = [128, 0, 0, 0, 0x5e, 0xb1, 0, 1, b's', b'l', b'b', b'6'];
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            // SAFETY: buffers and address of the sizes passed.
+            let sent = unsafe {
+                libc::sendto(
+                    socket.as_raw_fd(),
+                    request.as_ptr().cast(),
+                    request.len(),
+                    0,
+                    std::ptr::from_ref(&address).cast(),
+                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(
+                sent,
+                12,
+                "send the echo request: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut reply = [0u8; 128];
+            // SAFETY: a buffer of the size passed.
+            let len = unsafe {
+                libc::recv(
+                    socket.as_raw_fd(),
+                    reply.as_mut_ptr().cast(),
+                    reply.len(),
+                    0,
+                )
+            };
+            // Echo reply (129) with our identifier; other ICMPv6 (neighbour discovery) is
+            // skipped.
+            if len >= 8 && reply[0] == 129 && reply[4..6] == [0x5e, 0xb1] {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no echo reply from {target} with the programs attached"
+            );
+        }
+    }
+
+    #[test]
+    fn translate_nodeport_flows_over_ipv4() {
+        scenario(Family::V4);
+    }
+
+    #[test]
+    fn translate_nodeport_flows_over_ipv6() {
+        scenario(Family::V6);
+    }
+}
