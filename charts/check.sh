@@ -91,6 +91,7 @@ cat >"$WORK/value-sets.json" <<'EOF'
     "capabilities": ["BPF", "NET_ADMIN", "PERFMON"],
     "seccompProfile": {"type": "Localhost", "localhostProfile": "profiles/socklb.json"}
   },
+  "host-namespace-only": {"closeSocketsInPods": false},
   "dashboard": {
     "dashboard": {"enabled": true},
     "bpfLogLevel": "warn"
@@ -271,6 +272,14 @@ def agent_daemonset(kinds):
     return next(d for d in kinds["DaemonSet"] if container(d, "agent"))
 
 
+def expected_capabilities(values):
+    """The agent's capabilities: the list, and SYS_ADMIN for closeSocketsInPods."""
+    capabilities = list(values["capabilities"])
+    if values["closeSocketsInPods"] and "SYS_ADMIN" not in capabilities:
+        capabilities.append("SYS_ADMIN")
+    return capabilities
+
+
 def arg_value(args, flag):
     values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{flag}=")]
     return values[0] if len(values) == 1 else None
@@ -370,10 +379,10 @@ def check_agent(name, values, docs):
         ok = security.get("privileged") is True and "capabilities" not in security and "seccompProfile" not in security
     else:
         ok = (security.get("privileged") is False and security.get("allowPrivilegeEscalation") is False
-              and security["capabilities"] == {"drop": ["ALL"], "add": values["capabilities"]}
+              and security["capabilities"] == {"drop": ["ALL"], "add": expected_capabilities(values)}
               and security["seccompProfile"]["type"] == values["seccompProfile"]["type"]
               and security["seccompProfile"].get("localhostProfile") == values["seccompProfile"].get("localhostProfile"))
-    what = "privileged" if values["privileged"] else f"only {values['capabilities']}, seccomp {values['seccompProfile']['type']}"
+    what = "privileged" if values["privileged"] else f"only {expected_capabilities(values)}, seccomp {values['seccompProfile']['type']}"
     check(f"{name}: {what}, read-only root",
           ok and security.get("readOnlyRootFilesystem") is True and security.get("runAsUser") == 0,
           json.dumps(security))

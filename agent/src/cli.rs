@@ -436,6 +436,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         capacities: Capacities::from(&args.capacities),
         maglev_table_size: args.external.maglev_table_size,
         program_log_level: args.bpf_log_level,
+        record_tcp: args.destroy_tcp_on_backend_removal,
     })
     .inspect_err(|_| {
         // A failed start leaves nothing behind: the loader unpinned its maps.

@@ -23,7 +23,7 @@ pub struct Explanation {
 pub struct NodeView {
     pub name: String,
     pub zone: Option<String>,
-    pub addresses: Vec<std::net::Ipv4Addr>,
+    pub addresses: Vec<std::net::IpAddr>,
 }
 
 #[derive(Debug, Serialize)]
@@ -90,8 +90,9 @@ pub fn table(explanation: &Explanation) -> String {
                     choice.port_name.clone()
                 },
                 format!(
-                    "{}:{}/{:?}",
-                    frontend.address, frontend.port, frontend.protocol
+                    "{}/{:?}",
+                    std::net::SocketAddr::new(frontend.address, frontend.port),
+                    frontend.protocol
                 )
                 .to_uppercase(),
                 format!(

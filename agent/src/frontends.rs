@@ -129,6 +129,7 @@ mod tests {
                 .iter()
                 .map(|(vip, backend)| FrontendChoice {
                     frontend: frontend(*vip),
+                    family: crate::select::Family::V4,
                     kind: FrontendKind::ExternalIp,
                     port_name: String::new(),
                     spec: FrontendSpec {

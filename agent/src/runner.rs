@@ -11,7 +11,7 @@
 //!   are not programmed (an agent restart keeps the old programs until then).
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     ops::RangeInclusive,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -23,13 +23,13 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::{
     dataplane::{
-        ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec,
-        NodeSettings, Rejected, TcMode, ipv4_forwarding, local_ipv4_addresses,
+        ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, Gone,
+        NodeSettings, Rejected, TcMode, ipv4_forwarding, ipv6_forwarding, local_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
     metrics::{MapLabels, Metrics, ReasonLabels},
-    select::{FrontendKind, ServiceName, SkipReason, SkippedPart},
+    select::{Family, FrontendKind, ServiceName, SkipReason, SkippedPart},
     server::Health,
     source::{Event, Kind, Object},
     state::{ClusterState, convert},
@@ -87,8 +87,9 @@ pub struct Runner {
     external: ExternalTraffic,
     /// Devices the TC programs are attached to.
     external_devices: Option<Vec<String>>,
-    /// The SNAT address last programmed (`None`: not yet), to log only its changes.
-    snat_address: Option<Option<Ipv4Addr>>,
+    /// The SNAT addresses last programmed, per family (`None`: not yet), to log only their
+    /// changes.
+    snat_addresses: Option<(Option<Ipv4Addr>, Option<Ipv6Addr>)>,
     /// What was last logged as not served, per Service, to log only its changes.
     logged_skips: HashMap<ServiceName, Vec<SkippedPart>>,
     /// The healthCheckNodePorts, brought in line with the selections after every sync.
@@ -101,6 +102,8 @@ pub struct Runner {
     retry_soon: bool,
     /// Closes the sockets of the backends each sync removed.
     sweeper: Option<Sweeper>,
+    /// The pairs the last sync swept, swept again by the next one (see `sync`).
+    recheck: Vec<Gone>,
 }
 
 impl Runner {
@@ -121,11 +124,12 @@ impl Runner {
             attached: false,
             external: ExternalTraffic::default(),
             external_devices: None,
-            snat_address: None,
+            snat_addresses: None,
             logged_skips: HashMap::new(),
             rejected: BTreeSet::new(),
             retry_soon: false,
             sweeper: None,
+            recheck: Vec::new(),
             health_checks: HealthChecks::new(
                 std::net::Ipv4Addr::UNSPECIFIED.into(),
                 health.clone(),
@@ -278,12 +282,24 @@ impl Runner {
             Ok(report) => report,
             Err(error) => {
                 warn!(error = %crate::error_chain(&error), "sync failed; retrying with a full sync");
+                // Backends it removed before failing are gone from the maps all the same.
+                let unswept = self.dataplane.take_unswept();
+                if let Some(sweeper) = &self.sweeper
+                    && !unswept.is_empty()
+                {
+                    sweeper.sweep(&unswept);
+                }
                 return Ok(false);
             }
         };
-        // The maps no longer lead to the backends that left: their sockets can go.
+        // The maps no longer lead to the backends that left: their sockets can go. The last
+        // sync's pairs go once more: a connect() that read a slot just before that sync
+        // wrote its socket's record after the sweep had passed.
         if let Some(sweeper) = &self.sweeper {
-            sweeper.sweep(&report.gone);
+            let recheck = self.dataplane.still_gone(std::mem::take(&mut self.recheck));
+            let pairs: BTreeSet<Gone> = report.gone.iter().copied().chain(recheck).collect();
+            sweeper.sweep(&pairs.into_iter().collect::<Vec<_>>());
+            self.recheck.clone_from(&report.gone);
         }
         // Every sync: a change of this Node's addresses marks every Service, so it is
         // applied by the next incremental sync; a device change, by the next sync of any kind.
@@ -431,30 +447,37 @@ impl Runner {
     /// when the devices found from the Node's addresses change).
     fn program_external(&mut self) -> Result<(), DataplaneError> {
         let node = self.state.this_node();
-        let local = match local_ipv4_addresses() {
+        let local = match local_addresses() {
             Ok(local) => local,
             Err(error) => {
                 warn!(%error, "cannot list the network devices; keeping the TC programs as they are");
                 return Ok(());
             }
         };
-        let held: Vec<Ipv4Addr> = local.iter().map(|(address, _)| *address).collect();
-        let snat_address = node.snat_address(&held);
-        if self.snat_address != Some(snat_address) {
-            match snat_address {
-                Some(address) => info!(%address, "SNAT address for flows to other nodes"),
-                None if !node.addresses.is_empty() => warn!(
-                    addresses = ?node.addresses,
-                    "this node holds none of its Node's addresses: flows from outside to a \
-                     backend on another node cannot be SNATed and are dropped; check the Node's \
-                     InternalIP"
-                ),
-                None => {}
+        let held: Vec<IpAddr> = local.iter().map(|(address, _)| *address).collect();
+        let snat_addresses = (node.snat_address4(&held), node.snat_address6(&held));
+        if self.snat_addresses != Some(snat_addresses) {
+            for family in Family::ALL {
+                let wanted: Vec<IpAddr> = node.addresses_of(family).collect();
+                match node.snat_address(family, &held) {
+                    Some(address) => {
+                        info!(%address, %family, "SNAT address for flows to other nodes");
+                    }
+                    None if !wanted.is_empty() => warn!(
+                        addresses = ?wanted,
+                        %family,
+                        "this node holds none of its Node's addresses of this family: flows \
+                         from outside to a backend on another node cannot be SNATed and are \
+                         dropped; check the Node's InternalIP"
+                    ),
+                    None => {}
+                }
             }
-            self.snat_address = Some(snat_address);
+            self.snat_addresses = Some(snat_addresses);
         }
         self.dataplane.set_node(&NodeSettings {
-            snat_address,
+            snat_address: snat_addresses.0,
+            snat_address6: snat_addresses.1,
             snat_ports: self.external.snat_ports.clone(),
             conntrack_timeouts: self.external.conntrack_timeouts,
         })?;
@@ -483,6 +506,17 @@ impl Runner {
                 ?devices,
                 "net.ipv4.ip_forward is 0: NodePort, LoadBalancer and externalIP traffic cannot \
                  reach any pod (kube-proxy needs it too); run `sysctl -w net.ipv4.ip_forward=1` \
+                 on the node, or let the CNI set it"
+            );
+        }
+        if !devices.is_empty()
+            && node.addresses_of(Family::V6).next().is_some()
+            && ipv6_forwarding() == Some(false)
+        {
+            warn!(
+                ?devices,
+                "net.ipv6.conf.all.forwarding is 0: IPv6 NodePort, LoadBalancer and externalIP \
+                 traffic cannot reach any pod; run `sysctl -w net.ipv6.conf.all.forwarding=1` \
                  on the node, or let the CNI set it"
             );
         }

@@ -38,7 +38,7 @@ use socklb_agent::dataplane::{
     Protocol, Scope,
 };
 
-use crate::privileges::{ContainerPrivileges, chart_agent, chart_cleanup};
+use crate::privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal, chart_cleanup};
 
 /// A test's private world. Dropping it detaches the programs, removes the pins, the cgroup
 /// (after killing anything left in it) and returns the thread to its network namespace.
@@ -60,7 +60,7 @@ impl Sandbox {
             "privileged test {test}: must run as root (use `./x test`)"
         );
         // Rendered now, so that a chart that does not render fails the test here, not in Drop.
-        let _ = (chart_agent(), chart_cleanup());
+        let _ = (chart_agent(), chart_agent_minimal(), chart_cleanup());
         let name = format!("socklb-test-{}-{test}", std::process::id());
         let original_netns =
             fs::File::open("/proc/thread-self/ns/net").expect("open /proc/thread-self/ns/net");
@@ -101,7 +101,7 @@ impl Sandbox {
     /// Loads the datapath with exactly the agent container's capabilities, as the agent
     /// would.
     pub fn load(&self, config: Config) -> Result<Dataplane, DataplaneError> {
-        chart_agent().within(|| Dataplane::load(config))
+        chart_agent_minimal().within(|| Dataplane::load(config))
     }
 
     /// Loads the datapath, programs `desired` (every frontend must fit) and attaches it.
@@ -116,7 +116,7 @@ impl Sandbox {
     /// Attaches the programs to this sandbox's cgroup with the agent container's
     /// capabilities.
     pub fn attach(&self, dataplane: &mut Dataplane) {
-        chart_agent()
+        chart_agent_minimal()
             .within(|| dataplane.attach())
             .expect("attach the programs");
     }
@@ -137,7 +137,7 @@ impl Sandbox {
 
     /// `socklb inspect -o json` as an operator runs it in the agent's container.
     pub fn inspect(&self) -> serde_json::Value {
-        self.inspect_as(chart_agent())
+        self.inspect_as(chart_agent_minimal())
     }
 
     /// `socklb inspect -o json` run with `privileges`.
@@ -969,7 +969,7 @@ impl Agent {
         node: &str,
         extra: &[&str],
     ) -> Self {
-        Self::launch(chart_agent(), pin_dir, cgroup, source, node, extra)
+        Self::launch(chart_agent_minimal(), pin_dir, cgroup, source, node, extra)
     }
 
     fn launch(

@@ -36,6 +36,16 @@ pub fn chart_agent() -> &'static ContainerPrivileges {
     })
 }
 
+/// The agent container at the strict minimum: `closeSocketsInPods=false`, so only the
+/// capabilities it needs to run.
+pub fn chart_agent_minimal() -> &'static ContainerPrivileges {
+    static AGENT: OnceLock<ContainerPrivileges> = OnceLock::new();
+    AGENT.get_or_init(|| {
+        let daemonsets = render(r#"{"closeSocketsInPods": false}"#);
+        privileges_of(&daemonsets, "agent")
+    })
+}
+
 /// The cleanup DaemonSet's init container (`socklb cleanup`), as `cleanup.enabled` renders it.
 pub fn chart_cleanup() -> &'static ContainerPrivileges {
     static CLEANUP: OnceLock<ContainerPrivileges> = OnceLock::new();

@@ -11,7 +11,7 @@ use std::{
 
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox, agent_bin, fake_apiserver::FakeApiServer, node_yaml,
-    privileges::chart_agent, service_yaml, slice_yaml,
+    privileges::chart_agent_minimal, service_yaml, slice_yaml,
 };
 
 const VIP: &str = "10.96.1.10:80";
@@ -372,7 +372,7 @@ fn a_health_or_metrics_port_in_use_stops_the_agent_at_start() {
     // kube-proxy's metrics port, held in the sandbox's namespace.
     let _held = std::net::TcpListener::bind("127.0.0.1:10249").expect("hold port 10249");
     let mut child = sandbox
-        .agent_command(chart_agent(), &manifests.path)
+        .agent_command(chart_agent_minimal(), &manifests.path)
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("run socklb");
@@ -461,7 +461,7 @@ fn a_second_agent_on_the_same_pins_waits_for_the_first_or_gives_up() {
     // Another ports pair, so that only the pin directory is shared.
     let second = |wait: &str| {
         sandbox
-            .agent_command(chart_agent(), &manifests.path)
+            .agent_command(chart_agent_minimal(), &manifests.path)
             .args(["--handover-wait", wait, "--min-sync-period", "0s"])
             .args(["--healthz-bind-address", "127.0.0.1:0"])
             .args(["--metrics-bind-address", "127.0.0.1:0"])

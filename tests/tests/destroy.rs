@@ -26,7 +26,7 @@ use socklb_tests::{
     hold_bin,
     netns::Netns,
     node_yaml,
-    privileges::{ContainerPrivileges, chart_agent},
+    privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal},
     run,
 };
 
@@ -84,18 +84,17 @@ impl World {
         }
     }
 
-    /// The agent as an operator who grants the sweep its capabilities runs it: SYS_ADMIN,
-    /// and PERFMON for `bpf-iterator` (without it: `netlink`).
+    /// The agent as the chart's defaults run it (closeSocketsInPods: SYS_ADMIN, which
+    /// lets the iterators load too), in `mode`.
     fn agent(&self, mode: &str, extra: &[&str]) -> Agent {
         let privileges = match mode {
-            "bpf-iterator" => chart_agent().with("PERFMON").with("SYS_ADMIN"),
-            // SYS_ADMIN would let the iterators load too: the mode is asked for.
-            "netlink" => chart_agent().with("SYS_ADMIN"),
+            // The mode is asked for: auto would pick the iterators.
+            "bpf-iterator" | "netlink" => chart_agent(),
             other => panic!("no mode {other}"),
         };
         let mut args = vec!["--socket-destroy-mode", mode];
         args.extend(extra);
-        self.agent_as(&privileges, mode, &args)
+        self.agent_as(privileges, mode, &args)
     }
 
     fn agent_as(&self, privileges: &ContainerPrivileges, mode: &str, extra: &[&str]) -> Agent {
@@ -143,27 +142,11 @@ spec:
 
     /// Replaces the endpoints of Service `name`.
     fn endpoints(&self, name: &str, protocol: &str, port: u16, backends: &[Ipv4Addr]) {
-        let mut yaml = format!(
-            "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {name}-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: {name}}}
-addressType: IPv4
-ports: [{{name: p, port: {port}, protocol: {protocol}}}]
-endpoints:
-"
+        self.manifests.write(
+            &format!("{name}-slice.yaml"),
+            &slice(name, protocol, port, backends),
         );
-        for backend in backends {
-            yaml.push_str(&format!("- addresses: [{backend}]\n  nodeName: node-a\n"));
-        }
-        if backends.is_empty() {
-            yaml = yaml.replace("endpoints:\n", "endpoints: []\n");
-        }
-        self.manifests.write(&format!("{name}-slice.yaml"), &yaml);
     }
-
     /// A client on the node (the host's namespace), holding a socket to `target`.
     fn host_client(&self, mode: &str, target: &str) -> (Holder, socklb_tests::hold::Held) {
         let mut command = command_in_cgroup(&self.sandbox.cgroup, hold_bin());
@@ -200,6 +183,29 @@ endpoints:
         }
         clients
     }
+}
+
+/// The EndpointSlice of Service `name` with `backends` (on node-a) at `port`.
+fn slice(name: &str, protocol: &str, port: u16, backends: &[Ipv4Addr]) -> String {
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {name}-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: {name}}}
+addressType: IPv4
+ports: [{{name: p, port: {port}, protocol: {protocol}}}]
+endpoints:
+"
+    );
+    for backend in backends {
+        yaml.push_str(&format!("- addresses: [{backend}]\n  nodeName: node-a\n"));
+    }
+    if backends.is_empty() {
+        yaml = yaml.replace("endpoints:\n", "endpoints: []\n");
+    }
+    yaml
 }
 
 fn udp_servers(port: u16) -> [NamedServer; 2] {
@@ -253,6 +259,70 @@ fn udp_clients_in_every_namespace(test: &str, mode: &str) {
         log.contains("closed the sockets of removed backends") && log.contains("udp=4"),
         "one sweep closing the four sockets should be logged:\n{log}"
     );
+}
+
+#[test]
+fn a_socket_older_than_the_socket_rings_memory_is_still_closed() {
+    let world = World::new("dst-forgotten");
+    let _servers = udp_servers(5353);
+    world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    world.service("other", OTHER_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    // A ring of 64 slots, which the 200 newer sockets below overwrite entirely.
+    let agent = world.agent("bpf-iterator", &["--max-reverse-entries", "64"]);
+    let target = format!("{DNS_VIP}:53");
+    let (mut old, first) = world.host_client("udp", &target);
+    assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
+    let mut newer = command_in_cgroup(&world.sandbox.cgroup, hold_bin());
+    newer.args(["many-udp", &format!("{OTHER_VIP}:53"), "200"]);
+    let (_newer, held) = Holder::start("200 newer sockets", newer);
+    assert_eq!(held.reply.as_deref(), Some("200"), "{held:?}");
+    old.send("wait");
+
+    world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
+    let line = old.line();
+    assert_eq!(
+        line.error.as_deref(),
+        Some("ECONNABORTED"),
+        "the socket's own record outlives its ring slot: {line:?}\n{}",
+        agent.log()
+    );
+}
+
+#[test]
+fn an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too() {
+    ipv4_mapped("dst-mapped", "bpf-iterator");
+}
+
+#[test]
+fn netlink_mode_an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too() {
+    ipv4_mapped("dst-mapped-nl", "netlink");
+}
+
+/// A dual-stack client (Java's default, for one) reaches an IPv4 Service through
+/// `::ffff:VIP` on an AF_INET6 socket; connect6 translates it as connect4 would.
+fn ipv4_mapped(test: &str, mode: &str) {
+    let world = World::new(test);
+    let _servers = udp_servers(5353);
+    world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    let agent = world.agent(mode, &[]);
+    let (mut mapped, first) = world.host_client("udp", &format!("[::ffff:{DNS_VIP}]:53"));
+    assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
+    assert_eq!(
+        first.peer.as_deref(),
+        Some(format!("[::ffff:{DNS_VIP}]:53").as_str()),
+        "getpeername shows the mapped VIP: {first:?}"
+    );
+    mapped.send("wait");
+    world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
+    let line = mapped.line();
+    assert_eq!(
+        line.error.as_deref(),
+        Some("ECONNABORTED"),
+        "{line:?}\n{}",
+        agent.log()
+    );
+    let (_, fresh) = world.host_client("udp", &format!("[::ffff:{DNS_VIP}]:53"));
+    assert_eq!(fresh.reply.as_deref(), Some("b2"), "{fresh:?}");
 }
 
 #[test]
@@ -467,12 +537,13 @@ fn without_the_flag_tcp_connections_to_a_removed_backend_drain() {
 }
 
 #[test]
-fn with_the_charts_default_capabilities_only_the_agents_namespace_is_swept() {
+fn at_the_strict_minimum_capabilities_only_the_agents_namespace_is_swept() {
     let world = World::new("dst-default");
     let _servers = udp_servers(5353);
     world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
-    // BPF and NET_ADMIN: no PERFMON for the iterators, no SYS_ADMIN for setns.
-    let agent = world.agent_as(chart_agent(), "netlink", &[]);
+    // closeSocketsInPods=false: BPF and NET_ADMIN, no PERFMON for the iterators, no
+    // SYS_ADMIN for setns.
+    let agent = world.agent_as(chart_agent_minimal(), "netlink", &[]);
     let target = format!("{DNS_VIP}:53");
     let (mut host, first) = world.host_client("udp", &target);
     assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
@@ -494,6 +565,56 @@ fn with_the_charts_default_capabilities_only_the_agents_namespace_is_swept() {
         line.reply.as_deref(),
         Some("b1"),
         "the pod's socket is out of reach without SYS_ADMIN: {line:?}"
+    );
+}
+
+#[test]
+fn a_backend_removed_by_a_sync_that_then_fails_still_has_its_sockets_closed() {
+    let world = World::new("dst-failed-sync");
+    let _servers = udp_servers(5353);
+    world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    // Room for no Maglev table (each takes --maglev-table-size entries): from the moment a
+    // Maglev Service exists, every sync fails after the service map is written.
+    let agent = world.agent("netlink", &["--max-maglev-entries", "64"]);
+    let target = format!("{DNS_VIP}:53");
+    let (mut host, first) = world.host_client("udp", &target);
+    assert_eq!(first.reply.as_deref(), Some("b1"), "{first:?}");
+    host.send("wait");
+
+    // One file, so one sync: b1 leaves the DNS Service, and a Maglev Service arrives.
+    world.manifests.write(
+        "dns-slice.yaml",
+        &format!(
+            "{}---
+apiVersion: v1
+kind: Service
+metadata:
+  name: maglev
+  namespace: default
+  annotations: {{socklb.io/lb-algorithm: maglev}}
+spec:
+  clusterIP: 10.96.0.90
+  clusterIPs: [10.96.0.90]
+  externalIPs: [192.0.2.90]
+  ports: [{{name: p, port: 80, protocol: TCP}}]
+---
+{}",
+            slice("dns", "UDP", 5353, &[BACKEND_2]),
+            slice("maglev", "TCP", 8080, &[BACKEND_1])
+        ),
+    );
+    let line = host.line();
+    assert_eq!(
+        line.error.as_deref(),
+        Some("ECONNABORTED"),
+        "the sync that removed b1 failed (Maglev), and the socket must be closed anyway: \
+         {line:?}\n{}",
+        agent.log()
+    );
+    assert!(
+        !agent.log().contains("synced full=false"),
+        "every sync after the change should have failed:\n{}",
+        agent.log()
     );
 }
 

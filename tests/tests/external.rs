@@ -946,23 +946,6 @@ mod programs {
         }
     }
 
-    /// The IPv6 SNAT address in the pinned node map, as the agent writes it.
-    fn set_snat_address6(sandbox: &Sandbox, address: &str) {
-        let map = aya::maps::Map::Array(
-            aya::maps::MapData::from_pin(sandbox.pin_dir.join(socklb_abi::map_names::NODE6))
-                .expect("open the IPv6 node map"),
-        );
-        let mut map: aya::maps::Array<_, socklb_abi::NodeConfig6> =
-            map.try_into().expect("IPv6 node map");
-        let IpAddr::V6(address) = ip(address) else {
-            panic!("{address} is not IPv6");
-        };
-        let config = socklb_abi::NodeConfig6 {
-            snat_address: socklb_abi::ipv6_words(address.octets()),
-        };
-        map.set(0, &config, 0).expect("write the IPv6 node map");
-    }
-
     fn scenario(family: Family) {
         let a: Addresses = addresses(family);
         let sandbox = Sandbox::new(&format!("ext-prog{}", family.tag()));
@@ -1005,13 +988,11 @@ mod programs {
         dataplane
             .set_node(&NodeSettings {
                 snat_address: Some(socklb_tests::lan::NODE1.parse().expect("address")),
+                snat_address6: Some(socklb_tests::lan::lan6::NODE1.parse().expect("address")),
                 snat_ports: 61000..=65535,
                 conntrack_timeouts: ConntrackTimeouts::default(),
             })
             .expect("node settings");
-        if family == Family::V6 {
-            set_snat_address6(&sandbox, a.node1);
-        }
         dataplane
             .attach_external(&["eth0".to_owned()], TcMode::Auto)
             .expect("attach the TC programs");

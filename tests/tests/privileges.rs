@@ -8,10 +8,10 @@ use std::{
     path::PathBuf,
 };
 
-use socklb_agent::dataplane::NEEDED_CAPABILITIES;
+use socklb_agent::dataplane::{FEATURE_CAPABILITIES, NEEDED_CAPABILITIES};
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox, agent_bin, node_yaml,
-    privileges::{ContainerPrivileges, chart_agent, chart_cleanup},
+    privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal, chart_cleanup},
     seccomp::{CONTAINERS_COMMON, Profile},
     service_yaml, slice_yaml,
 };
@@ -20,18 +20,33 @@ use socklb_tests::{
 fn the_chart_grants_exactly_the_capabilities_the_agent_needs() {
     let needed: Vec<&str> = NEEDED_CAPABILITIES.iter().map(|n| n.short_name).collect();
     assert_eq!(
-        chart_agent().capabilities,
+        chart_agent_minimal().capabilities,
         needed,
         "the chart's `capabilities` value and the agent's list of needed capabilities differ"
+    );
+    let with_features: Vec<&str> = needed
+        .iter()
+        .copied()
+        .chain(FEATURE_CAPABILITIES.iter().map(|f| f.short_name))
+        .collect();
+    assert_eq!(
+        chart_agent().capabilities,
+        with_features,
+        "the chart's defaults should grant what the agent needs and what its default features \
+         need, nothing more"
     );
 }
 
 #[test]
 fn without_each_capability_the_kernel_refuses_and_the_agent_names_it() {
-    for capability in &chart_agent().capabilities {
+    for capability in &chart_agent_minimal().capabilities {
         let sandbox = Sandbox::new(&format!("no-{}", capability.to_lowercase()));
         let manifests = web_manifests(&sandbox, "10.0.1.1");
-        let output = run_agent(&chart_agent().without(capability), &sandbox, &manifests);
+        let output = run_agent(
+            &chart_agent_minimal().without(capability),
+            &sandbox,
+            &manifests,
+        );
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "started without {capability}");
         let error = stderr
@@ -72,7 +87,7 @@ fn under_the_runtime_default_seccomp_profile_the_agent_serves_restarts_and_clean
     Profile::read(CONTAINERS_COMMON.as_ref())
         .allowing_bpf_with_cap_bpf()
         .write(&profile.0);
-    let agent_privileges = chart_agent().with_seccomp(&profile.0);
+    let agent_privileges = chart_agent_minimal().with_seccomp(&profile.0);
     let backend: SocketAddrV4 = "127.0.31.1:8080".parse().expect("address");
     let _server = NamedServer::tcp("b1", backend);
     let manifests = web_manifests(&sandbox, &backend.ip().to_string());
@@ -118,7 +133,11 @@ fn a_seccomp_profile_that_gates_bpf_on_sys_admin_is_named_as_the_cause() {
     let sandbox = Sandbox::new("seccomp-sys-admin");
     let manifests = web_manifests(&sandbox, "10.0.1.1");
     let shipped: PathBuf = CONTAINERS_COMMON.into();
-    let output = run_agent(&chart_agent().with_seccomp(&shipped), &sandbox, &manifests);
+    let output = run_agent(
+        &chart_agent_minimal().with_seccomp(&shipped),
+        &sandbox,
+        &manifests,
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         !output.status.success(),

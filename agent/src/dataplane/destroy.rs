@@ -75,6 +75,8 @@ pub fn skc_cookie_offset() -> u32 {
 
 /// The byte offset of the direct member `member` of the struct `name` in raw BTF (the
 /// format of /sys/kernel/btf/vmlinux: a header, then the types, then the strings).
+/// Parsed here because aya-obj 0.6 keeps its type lookup (`type_by_id`) and struct members
+/// crate-private: its public API finds a type's id by name, not a member's offset.
 fn member_offset(btf: &[u8], name: &str, member: &str) -> Option<u32> {
     let u32_at = |at: usize| -> Option<u32> {
         Some(u32::from_le_bytes(btf.get(at..at + 4)?.try_into().ok()?))

@@ -80,6 +80,22 @@ pub fn gone(before: &Programmed, after: &Programmed) -> Vec<Gone> {
     gone.into_iter().collect()
 }
 
+/// Of `pairs` left over from a sync that failed after writing them, those whose backend
+/// has not come back to its frontend since (`now`): a socket translated to a backend that
+/// is programmed again is a good one.
+pub fn still_gone(pairs: impl IntoIterator<Item = Gone>, now: &Programmed) -> Vec<Gone> {
+    pairs
+        .into_iter()
+        .filter(|pair| {
+            !now.get(&pair.frontend).is_some_and(|backends| {
+                backends
+                    .iter()
+                    .any(|b| (b.address, b.port) == (pair.backend.address, pair.backend.port))
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::Ipv4Addr;
@@ -184,6 +200,18 @@ mod tests {
         for (what, before, after, expected) in rows {
             assert_eq!(gone(&before, &after), expected, "{what}");
         }
+    }
+
+    #[test]
+    fn a_pair_left_from_a_failed_sync_is_swept_unless_its_backend_came_back() {
+        let dns = frontend(53, Scope::Internal);
+        let pair = |last| Gone {
+            frontend: dns,
+            backend: backend(last),
+        };
+        let now = programmed(&[(dns, &[backend(2)])]);
+        assert_eq!(still_gone([pair(1), pair(2)], &now), [pair(1)]);
+        assert_eq!(still_gone([pair(1)], &programmed(&[])), [pair(1)]);
     }
 
     #[test]

@@ -115,7 +115,7 @@ impl Dataplane {
         let mut ebpf = loader::load_grown(
             &pin_dir,
             &self.config.capacities,
-            self.config.program_log_level,
+            self.config.program_settings(),
             &self.object,
             &target,
             &grown,

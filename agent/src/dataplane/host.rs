@@ -3,7 +3,7 @@
 use std::{
     ffi::CString,
     fs,
-    net::Ipv4Addr,
+    net::IpAddr,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
 };
@@ -37,13 +37,18 @@ pub enum HostError {
     },
 }
 
-/// This network namespace's IPv4 addresses, each with the device that holds it (getifaddrs,
-/// which reads them over netlink).
-pub fn local_ipv4_addresses() -> std::io::Result<Vec<(Ipv4Addr, String)>> {
+/// This network namespace's addresses of both families, each with the device that holds
+/// it (getifaddrs, which reads them over netlink).
+pub fn local_addresses() -> std::io::Result<Vec<(IpAddr, String)>> {
     Ok(nix::ifaddrs::getifaddrs()
         .map_err(std::io::Error::from)?
         .filter_map(|interface| {
-            let address = interface.address.as_ref()?.as_sockaddr_in()?.ip();
+            let address = interface.address.as_ref()?;
+            let address = match (address.as_sockaddr_in(), address.as_sockaddr_in6()) {
+                (Some(v4), _) => IpAddr::V4(v4.ip()),
+                (None, Some(v6)) => IpAddr::V6(v6.ip()),
+                (None, None) => return None,
+            };
             Some((address, interface.interface_name))
         })
         .collect())
@@ -63,6 +68,13 @@ pub fn ephemeral_ports() -> Option<std::ops::RangeInclusive<u16>> {
 /// remote backend refuses to forward when it is off.
 pub fn ipv4_forwarding() -> Option<bool> {
     let text = fs::read_to_string("/proc/sys/net/ipv4/ip_forward").ok()?;
+    Some(text.trim() != "0")
+}
+
+/// Whether this network namespace forwards IPv6 (`net.ipv6.conf.all.forwarding`); `None`
+/// if unknown (IPv6 disabled). The IPv6 twin of [`ipv4_forwarding`].
+pub fn ipv6_forwarding() -> Option<bool> {
+    let text = fs::read_to_string("/proc/sys/net/ipv6/conf/all/forwarding").ok()?;
     Some(text.trim() != "0")
 }
 

@@ -103,7 +103,7 @@ pub struct Loaded {
 pub fn load(
     pin_dir: &Path,
     capacities: &Capacities,
-    log_level: ProgramLogLevel,
+    programs: ProgramSettings,
     object: &[u8],
 ) -> Result<Loaded, LoadError> {
     let unpinned: Vec<PathBuf> = map_names::ALL
@@ -112,7 +112,7 @@ pub fn load(
         .filter(|path| !path.exists())
         .collect();
     remove_staging(pin_dir);
-    load_pinning(pin_dir, capacities, log_level, object).inspect_err(|_| {
+    load_pinning(pin_dir, capacities, programs, object).inspect_err(|_| {
         for path in unpinned.iter().filter(|path| path.exists()) {
             if let Err(error) = fs::remove_file(path) {
                 warn!(path = %path.display(), %error, "cannot unpin a map of the failed load");
@@ -124,13 +124,13 @@ pub fn load(
 fn load_pinning(
     pin_dir: &Path,
     capacities: &Capacities,
-    log_level: ProgramLogLevel,
+    programs: ProgramSettings,
     object: &[u8],
 ) -> Result<Loaded, LoadError> {
     // An older agent's service map, under its old name: the frontends it holds were serving.
     let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
     let sizes = starting_sizes(pin_dir, capacities);
-    let globals = Globals::new(capacities, log_level);
+    let globals = Globals::new(capacities, programs);
     if globals.skc_cookie_offset == 0 {
         warn!(
             "struct sock_common has no skc_cookie in the kernel's BTF: the socket iterators \
@@ -184,7 +184,7 @@ fn load_pinning(
 pub fn load_grown(
     pin_dir: &Path,
     capacities: &Capacities,
-    log_level: ProgramLogLevel,
+    programs: ProgramSettings,
     object: &[u8],
     sizes: &Sizes,
     grown: &[&'static str],
@@ -195,7 +195,7 @@ pub fn load_grown(
         path: staging.clone(),
         source,
     })?;
-    let globals = Globals::new(capacities, log_level);
+    let globals = Globals::new(capacities, programs);
     let mut loader = EbpfLoader::new();
     configure(&mut loader, pin_dir, capacities, sizes, &globals);
     for name in grown {
@@ -225,6 +225,15 @@ pub fn remove_staging(pin_dir: &Path) {
     let _ = fs::remove_dir(&staging);
 }
 
+/// How the programs behave, set at load time through their globals.
+#[derive(Clone, Copy, Debug)]
+pub struct ProgramSettings {
+    pub log_level: ProgramLogLevel,
+    /// connect() records TCP sockets for the destroy iterators (only when the agent closes
+    /// TCP connections: the record costs an allocation per socket).
+    pub record_tcp: bool,
+}
+
 /// The programs' read-only globals, set at load time.
 struct Globals {
     socket_slot_mask: u32,
@@ -232,14 +241,16 @@ struct Globals {
     log_level: u8,
     /// Where the socket iterators find a socket's cookie (0: they ask the helper).
     skc_cookie_offset: u32,
+    record_tcp: u32,
 }
 
 impl Globals {
-    fn new(capacities: &Capacities, log_level: ProgramLogLevel) -> Self {
+    fn new(capacities: &Capacities, programs: ProgramSettings) -> Self {
         Self {
             socket_slot_mask: capacities.socket_slots() - 1,
-            log_level: log_level.global(),
+            log_level: programs.log_level.global(),
             skc_cookie_offset: super::destroy::skc_cookie_offset(),
+            record_tcp: u32::from(programs.record_tcp),
         }
     }
 }
@@ -262,6 +273,7 @@ fn configure<'a>(
         .override_global(globals::SOCKET_SLOT_MASK, &values.socket_slot_mask, true)
         .override_global(aya_log::LEVEL, &values.log_level, true)
         .override_global(globals::SKC_COOKIE_OFFSET, &values.skc_cookie_offset, true)
+        .override_global(globals::RECORD_TCP, &values.record_tcp, true)
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         .map_max_entries(map_names::SERVICES, sizes.services)
         .map_max_entries(map_names::BACKENDS, sizes.backends)

@@ -20,7 +20,7 @@ mod tc;
 pub(crate) mod writer;
 
 use std::{
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     ops::RangeInclusive,
     path::{Path, PathBuf},
     time::Duration,
@@ -34,14 +34,17 @@ pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope}
 pub use destroy::{DestroyPrograms, Unavailable as DestroyUnavailable, skc_cookie_offset};
 pub use gone::Gone;
 pub use host::{
-    HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, local_ipv4_addresses,
+    HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding, local_addresses,
     prepare_pin_dir,
 };
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
 pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};
-pub use privileges::{NEEDED as NEEDED_CAPABILITIES, Needed, PrivilegeError, diagnose};
+pub use privileges::{
+    FOR_FEATURES as FEATURE_CAPABILITIES, ForFeature, NEEDED as NEEDED_CAPABILITIES, Needed,
+    PrivilegeError, diagnose,
+};
 pub use program_logs::{ProgramLogLevel, ProgramLogs, ProgramLogsError};
-use socklb_abi::{Counters, NodeConfig, map_names};
+use socklb_abi::{Counters, NodeConfig, NodeConfig6, map_names};
 pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
 pub use writer::{ApplyReport, Capacity, Outcome, Rejected, StoreError};
@@ -132,6 +135,18 @@ pub struct Config {
     pub maglev_table_size: u32,
     /// The kernel programs' own log lines forwarded (off: compiled out by the verifier).
     pub program_log_level: ProgramLogLevel,
+    /// connect() records TCP sockets too, so that they can be closed when their backend
+    /// leaves (`--destroy-tcp-on-backend-removal`); connected UDP sockets always are.
+    pub record_tcp: bool,
+}
+
+impl Config {
+    fn program_settings(&self) -> loader::ProgramSettings {
+        loader::ProgramSettings {
+            log_level: self.program_log_level,
+            record_tcp: self.record_tcp,
+        }
+    }
 }
 
 /// Cilium's default: about 1% imbalance with 100 backends, 64 KiB per frontend of value.
@@ -145,6 +160,7 @@ impl Default for Config {
             capacities: Capacities::default(),
             maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
             program_log_level: ProgramLogLevel::Off,
+            record_tcp: false,
         }
     }
 }
@@ -214,7 +230,9 @@ pub struct NodeSettings {
     /// Flows to backends on other nodes are SNATed to this address; `None` drops them
     /// (counted as errors) until the node has an address.
     pub snat_address: Option<Ipv4Addr>,
-    /// Source ports for SNAT.
+    /// The same for IPv6 flows: the node's first IPv6 InternalIP it holds.
+    pub snat_address6: Option<Ipv6Addr>,
+    /// Source ports for SNAT (both families).
     pub snat_ports: RangeInclusive<u16>,
     pub conntrack_timeouts: ConntrackTimeouts,
 }
@@ -260,6 +278,8 @@ pub struct Dataplane {
     names: NamesWriter,
     counters: PerCpuArray<MapData, Counters>,
     node: Array<MapData, NodeConfig>,
+    /// This node's IPv6 settings, when the object has the map (the IPv6 TC programs).
+    node6: Option<Array<MapData, NodeConfig6>>,
     /// The cgroup v2 directory the programs attach to.
     cgroup: PathBuf,
     config: Config,
@@ -271,6 +291,8 @@ pub struct Dataplane {
     object: std::borrow::Cow<'static, [u8]>,
     /// The socket iterators, until the sweeper takes them, or why there are none.
     destroy: Option<Result<DestroyPrograms, DestroyUnavailable>>,
+    /// Pairs whose backend a failed sync removed: swept after the next sync that succeeds.
+    unswept: Vec<Gone>,
 }
 
 impl Dataplane {
@@ -300,7 +322,7 @@ impl Dataplane {
         } = loader::load(
             &config.pin_dir,
             &config.capacities,
-            config.program_log_level,
+            config.program_settings(),
             &object,
         )
         .map_err(|error| {
@@ -355,6 +377,14 @@ impl Dataplane {
                 name: map_names::NODE,
                 source,
             })?;
+        let node6 = ebpf
+            .take_map(map_names::NODE6)
+            .map(Array::try_from)
+            .transpose()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::NODE6,
+                source,
+            })?;
         let contents = kernel_maps.read().map_err(|source| DataplaneError::Map {
             name: map_names::SERVICES,
             source,
@@ -385,12 +415,14 @@ impl Dataplane {
             names,
             counters,
             node,
+            node6,
             cgroup,
             config,
             sizes,
             growth_retry_at: None,
             object,
             destroy: Some(destroy),
+            unswept: Vec::new(),
         })
     }
 
@@ -426,18 +458,15 @@ impl Dataplane {
         self.make_room(self.writer.demand(changes()), self.maglev.demand(changes()));
         let before = self.internal_backends(self.writer.frontends());
         let result = self.writer.apply(desired);
-        let mut report = self.report(result)?;
-        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
+        let report = self.report_gone(result, &before)?;
         let ranges = self.source_ranges.apply_all(&desired.frontends);
-        self.report_ranges(ranges)?;
-        let writer = &self.writer;
-        let tables = self.maglev.apply(
-            desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
-            |f| writer.programmed(f),
-            true,
-        );
-        self.report_maglev(tables)?;
-        Ok(report)
+        let rest = self.report_ranges(ranges).and_then(|()| {
+            self.apply_maglev(
+                desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
+                true,
+            )
+        });
+        self.finish(report, rest)
     }
 
     /// How many frontends are not programmed as desired now, by outcome, whichever sync
@@ -460,18 +489,76 @@ impl Dataplane {
         self.make_room(self.writer.demand(changed()), self.maglev.demand(changed()));
         let before = self.internal_backends(changes.keys());
         let result = self.writer.apply_changes(changes);
-        let mut report = self.report(result)?;
-        report.gone = gone::gone(&before, &self.internal_backends(before.keys()));
+        let report = self.report_gone(result, &before)?;
         let ranges = self.source_ranges.apply(changes);
-        self.report_ranges(ranges)?;
+        let rest = self
+            .report_ranges(ranges)
+            .and_then(|()| self.apply_maglev(changes.iter().map(|(f, spec)| (f, *spec)), false));
+        self.finish(report, rest)
+    }
+
+    /// The Maglev tables of `changes` (of every frontend when `full`).
+    fn apply_maglev<'a>(
+        &mut self,
+        changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
+        full: bool,
+    ) -> Result<(), DataplaneError> {
         let writer = &self.writer;
-        let tables = self.maglev.apply(
-            changes.iter().map(|(f, spec)| (f, *spec)),
-            |f| writer.programmed(f),
-            false,
-        );
-        self.report_maglev(tables)?;
+        let tables = self.maglev.apply(changes, |f| writer.programmed(f), full);
+        self.report_maglev(tables)
+    }
+
+    /// The writer's report with the pairs whose backend left since `before`, and those a
+    /// failed sync left unswept whose backend has not come back. When the writer failed, the
+    /// pairs it removed before failing (seen in the maps read again) wait for the next
+    /// sync that succeeds.
+    fn report_gone(
+        &mut self,
+        result: Result<ApplyReport, StoreError>,
+        before: &gone::Programmed,
+    ) -> Result<ApplyReport, DataplaneError> {
+        let result = self.report(result);
+        let now = self.internal_backends(before.keys());
+        let left = gone::gone(before, &now);
+        let Ok(mut report) = result else {
+            // Kept for take_unswept.
+            self.unswept.extend(left);
+            return result;
+        };
+        let mut pairs: std::collections::BTreeSet<Gone> = left.into_iter().collect();
+        pairs.extend(self.take_unswept());
+        report.gone = pairs.into_iter().collect();
         Ok(report)
+    }
+
+    /// The pairs a failed sync removed from the maps before failing whose backend has not
+    /// come back since: their sockets are closed all the same, since the maps no longer lead
+    /// there (a sync that keeps failing would otherwise never close them).
+    pub fn take_unswept(&mut self) -> Vec<Gone> {
+        let unswept = std::mem::take(&mut self.unswept);
+        self.still_gone(unswept)
+    }
+
+    /// Those of `pairs` whose backend is not programmed for its frontend now.
+    pub fn still_gone(&self, pairs: Vec<Gone>) -> Vec<Gone> {
+        let now = self.internal_backends(pairs.iter().map(|pair| &pair.frontend));
+        gone::still_gone(pairs, &now)
+    }
+
+    /// `report` if the rest of the sync (source ranges, Maglev) succeeded; else its gone
+    /// pairs are kept for [`Self::take_unswept`].
+    fn finish(
+        &mut self,
+        report: ApplyReport,
+        rest: Result<(), DataplaneError>,
+    ) -> Result<ApplyReport, DataplaneError> {
+        match rest {
+            Ok(()) => Ok(report),
+            Err(error) => {
+                self.unswept.extend(report.gone);
+                Err(error)
+            }
+        }
     }
 
     /// Records which Service each given frontend belongs to (`None`: gone), for `socklb
@@ -649,6 +736,24 @@ impl Dataplane {
                 conntrack_timeouts = ?settings.conntrack_timeouts,
                 "node settings for traffic from outside written"
             );
+        }
+        if let Some(node6) = &mut self.node6 {
+            let wanted = NodeConfig6 {
+                snat_address: settings
+                    .snat_address6
+                    .map_or([0; 4], |a| socklb_abi::ipv6_words(a.octets())),
+            };
+            let map_error = |source| DataplaneError::Map {
+                name: map_names::NODE6,
+                source,
+            };
+            if node6.get(&0, 0).map_err(map_error)? != wanted {
+                node6.set(0, &wanted, 0).map_err(map_error)?;
+                info!(
+                    snat_address6 = ?settings.snat_address6,
+                    "IPv6 node settings for traffic from outside written"
+                );
+            }
         }
         Ok(())
     }

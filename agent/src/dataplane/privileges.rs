@@ -32,6 +32,24 @@ pub const NEEDED: [Needed; 2] = [
     },
 ];
 
+/// A capability an optional feature needs: without it the agent runs, and the feature does
+/// less (it says so when it starts).
+pub struct ForFeature {
+    pub capability: Capability,
+    pub short_name: &'static str,
+    pub feature: &'static str,
+    /// The chart value that grants it (on by default).
+    pub chart_value: &'static str,
+}
+
+/// Capabilities the chart grants by default for a feature, after [`NEEDED`].
+pub const FOR_FEATURES: [ForFeature; 1] = [ForFeature {
+    capability: Capability::CAP_SYS_ADMIN,
+    short_name: "SYS_ADMIN",
+    feature: "setns(2) into pods' network namespaces, to close the sockets of removed backends",
+    chart_value: "closeSocketsInPods",
+}];
+
 /// Why the kernel refused, in terms an operator can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegeError {

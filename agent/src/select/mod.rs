@@ -8,7 +8,7 @@ mod topology;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
 };
 
 use serde::Serialize;
@@ -51,6 +51,8 @@ pub struct Why {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct FrontendChoice {
     pub frontend: Frontend,
+    /// The frontend's address family (its backends are of the same).
+    pub family: Family,
     pub kind: FrontendKind,
     pub port_name: String,
     pub spec: FrontendSpec,
@@ -78,7 +80,8 @@ pub struct HealthCheck {
     pub local_endpoints: usize,
 }
 
-/// Selects the backends of every frontend of `service` for `node`.
+/// Selects the backends of every frontend of `service` for `node`: per port, per family
+/// the Service serves, each family's frontends with that family's endpoints only.
 pub fn select(
     service: &ServiceInfo,
     slices: &[SliceInfo],
@@ -87,82 +90,16 @@ pub fn select(
 ) -> ServiceSelection {
     let mut frontends = Vec::new();
     for port in &service.ports {
-        let endpoints = endpoints_for_port(slices, &port.name, port.protocol, node);
-        let cluster = cluster_selection(service, &endpoints, node, node_labels);
-        let local = local_selection(service, &endpoints, node);
-        let choose = |policy: Policy| match policy {
-            Policy::Cluster => &cluster,
-            Policy::Local => &local,
-        };
-        let mut add = |address: Ipv4Addr, port_number: u16, kind, scope, policy| {
-            let selection = choose(policy);
-            // Source ranges guard LoadBalancer IPs against traffic from outside.
-            let source_ranges = (kind == FrontendKind::LoadBalancer && scope == Scope::External)
-                .then(|| service.load_balancer_source_ranges.clone())
-                .flatten()
-                .map(|ranges| ranges.into_iter().map(Into::into).collect());
-            frontends.push(FrontendChoice {
-                frontend: Frontend {
-                    address: address.into(),
-                    port: port_number,
-                    protocol: port.protocol,
-                    scope,
-                },
-                kind,
-                port_name: port.name.clone(),
-                spec: FrontendSpec {
-                    backends: selection.backends.clone(),
-                    affinity_timeout_seconds: service.affinity_timeout_seconds,
-                    source_ranges,
-                    maglev: service.maglev && scope == Scope::External,
-                },
-                why: Why {
-                    policy,
-                    topology: selection.topology.clone(),
-                    terminating_fallback: selection.terminating_fallback,
-                },
-            });
-        };
-
-        // ClusterIP: local sockets only; internalTrafficPolicy decides.
-        let internal = if service.internal_traffic_local {
-            Policy::Local
-        } else {
-            Policy::Cluster
-        };
-        for ip in &service.cluster_ips {
-            add(
-                *ip,
-                port.port,
-                FrontendKind::ClusterIp,
-                Scope::Internal,
-                internal,
+        for &family in &service.families {
+            select_port(
+                service,
+                port,
+                family,
+                slices,
+                node,
+                node_labels,
+                &mut frontends,
             );
-        }
-
-        // Externally reachable frontends: local sockets use the cluster selection (like
-        // kube-proxy, which sends pod and host traffic to them through the cluster chain);
-        // traffic from outside follows externalTrafficPolicy.
-        let external = if service.external_traffic_local {
-            Policy::Local
-        } else {
-            Policy::Cluster
-        };
-        let mut external_frontends: Vec<(Ipv4Addr, u16, FrontendKind)> = Vec::new();
-        if let Some(node_port) = port.node_port {
-            for ip in &node.addresses {
-                external_frontends.push((*ip, node_port, FrontendKind::NodePort));
-            }
-        }
-        for ip in &service.external_ips {
-            external_frontends.push((*ip, port.port, FrontendKind::ExternalIp));
-        }
-        for ip in &service.load_balancer_ips {
-            external_frontends.push((*ip, port.port, FrontendKind::LoadBalancer));
-        }
-        for (ip, port_number, kind) in external_frontends {
-            add(ip, port_number, kind, Scope::Internal, Policy::Cluster);
-            add(ip, port_number, kind, Scope::External, external);
         }
     }
     ServiceSelection {
@@ -175,11 +112,7 @@ pub fn select(
                 part: part.clone(),
                 reason: reason.clone(),
             })
-            .chain(
-                slices
-                    .iter()
-                    .flat_map(|slice| slice.skipped.iter().cloned()),
-            )
+            .chain(slices.iter().flat_map(|slice| slice_skips(service, slice)))
             .collect(),
         health_check: service.health_check_node_port.map(|node_port| HealthCheck {
             node_port,
@@ -188,10 +121,122 @@ pub fn select(
     }
 }
 
+/// What of a slice is not used: all of it when the Service does not serve its family,
+/// else the parts its conversion could not read.
+fn slice_skips(service: &ServiceInfo, slice: &SliceInfo) -> Vec<SkippedPart> {
+    match slice.family {
+        Some(family) if !service.families.contains(&family) => vec![SkippedPart {
+            part: format!("EndpointSlice {}", slice.name),
+            reason: SkipReason::FamilyNotServed(family),
+        }],
+        _ => slice.skipped.clone(),
+    }
+}
+
+/// The frontends of one port of one family, appended to `frontends`.
+fn select_port(
+    service: &ServiceInfo,
+    port: &ServicePort,
+    family: Family,
+    slices: &[SliceInfo],
+    node: &ThisNode,
+    node_labels: &NodeLabels,
+    frontends: &mut Vec<FrontendChoice>,
+) {
+    let of_family = |ip: &&IpAddr| Family::of(**ip) == family;
+    let endpoints = endpoints_for_port(slices, family, &port.name, port.protocol, node);
+    let cluster = cluster_selection(service, &endpoints, node, node_labels);
+    let local = local_selection(service, &endpoints, node);
+    let choose = |policy: Policy| match policy {
+        Policy::Cluster => &cluster,
+        Policy::Local => &local,
+    };
+    let mut add = |address: IpAddr, port_number: u16, kind, scope, policy| {
+        let selection = choose(policy);
+        // Source ranges guard LoadBalancer IPs against traffic from outside; each family's
+        // IPs admit that family's ranges (none of it: nobody, failing closed).
+        let source_ranges = (kind == FrontendKind::LoadBalancer && scope == Scope::External)
+            .then_some(service.load_balancer_source_ranges.as_ref())
+            .flatten()
+            .map(|ranges| {
+                ranges
+                    .iter()
+                    .copied()
+                    .filter(|range| Family::of_net(range) == family)
+                    .collect()
+            });
+        frontends.push(FrontendChoice {
+            frontend: Frontend {
+                address,
+                port: port_number,
+                protocol: port.protocol,
+                scope,
+            },
+            family,
+            kind,
+            port_name: port.name.clone(),
+            spec: FrontendSpec {
+                backends: selection.backends.clone(),
+                affinity_timeout_seconds: service.affinity_timeout_seconds,
+                source_ranges,
+                maglev: service.maglev && scope == Scope::External,
+            },
+            why: Why {
+                policy,
+                topology: selection.topology.clone(),
+                terminating_fallback: selection.terminating_fallback,
+            },
+        });
+    };
+
+    // ClusterIP: local sockets only; internalTrafficPolicy decides.
+    let internal = if service.internal_traffic_local {
+        Policy::Local
+    } else {
+        Policy::Cluster
+    };
+    for ip in service.cluster_ips.iter().filter(of_family) {
+        add(
+            *ip,
+            port.port,
+            FrontendKind::ClusterIp,
+            Scope::Internal,
+            internal,
+        );
+    }
+
+    // Externally reachable frontends: local sockets use the cluster selection (like
+    // kube-proxy, which sends pod and host traffic to them through the cluster chain);
+    // traffic from outside follows externalTrafficPolicy.
+    let external = if service.external_traffic_local {
+        Policy::Local
+    } else {
+        Policy::Cluster
+    };
+    let mut external_frontends: Vec<(IpAddr, u16, FrontendKind)> = Vec::new();
+    if let Some(node_port) = port.node_port {
+        for ip in node.addresses_of(family) {
+            external_frontends.push((ip, node_port, FrontendKind::NodePort));
+        }
+    }
+    for ip in service.external_ips.iter().filter(of_family) {
+        external_frontends.push((*ip, port.port, FrontendKind::ExternalIp));
+    }
+    for ip in service.load_balancer_ips.iter().filter(of_family) {
+        external_frontends.push((*ip, port.port, FrontendKind::LoadBalancer));
+    }
+    for (ip, port_number, kind) in external_frontends {
+        add(ip, port_number, kind, Scope::Internal, Policy::Cluster);
+        add(ip, port_number, kind, Scope::External, external);
+    }
+}
+
 /// kube-proxy's count for health checks (`LocalReadyEndpoints`): the distinct addresses of
 /// this node's ready endpoints over every port of the slices (an endpoint serving two ports
 /// counts once). Serving-and-terminating endpoints do not count: a node left with only
-/// those must fail its health check so that load balancers drain it.
+/// those must fail its health check so that load balancers drain it. Counted per family
+/// served, the larger count wins: a dual-stack pod (one address of each family) counts
+/// once, as it does for each of kube-proxy's per-family proxiers.
 pub fn local_ready_endpoints(
     service: &ServiceInfo,
     slices: &[SliceInfo],
@@ -202,13 +247,22 @@ pub fn local_ready_endpoints(
         .flat_map(|slice| slice.ports.iter())
         .map(|port| (port.name.as_str(), port.protocol))
         .collect();
-    let addresses: BTreeSet<IpAddr> = ports
-        .into_iter()
-        .flat_map(|(name, protocol)| endpoints_for_port(slices, name, protocol, node))
-        .filter(|e| e.is_local(node) && e.ready(service))
-        .map(|e| e.backend.address)
-        .collect();
-    addresses.len()
+    service
+        .families
+        .iter()
+        .map(|&family| {
+            let addresses: BTreeSet<IpAddr> = ports
+                .iter()
+                .flat_map(|(name, protocol)| {
+                    endpoints_for_port(slices, family, name, *protocol, node)
+                })
+                .filter(|e| e.is_local(node) && e.ready(service))
+                .map(|e| e.backend.address)
+                .collect();
+            addresses.len()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// An endpoint of one service port: its backend address and what decides its use.
@@ -232,18 +286,20 @@ impl PortEndpoint<'_> {
     }
 }
 
-/// The endpoints of the service port `name`/`protocol`, merged across slices: the slice
-/// port of the same name and protocol gives the target port; an address:port in several slices counts once, the
-/// non-terminating copy winning (else the first, slices being in name order). A backend
-/// not on `node` (or of no known node) is marked remote.
+/// The endpoints of `family` of the service port `name`/`protocol`, merged across the
+/// slices of that family: the slice port of the same name and protocol gives the target
+/// port; an address:port in several slices counts once, the non-terminating copy winning
+/// (else the first, slices being in name order). A backend not on `node` (or of no known
+/// node) is marked remote.
 fn endpoints_for_port<'a>(
     slices: &'a [SliceInfo],
+    family: Family,
     name: &str,
     protocol: Protocol,
     node: &ThisNode,
 ) -> Vec<PortEndpoint<'a>> {
     let mut merged: BTreeMap<BackendAddr, &'a Endpoint> = BTreeMap::new();
-    for slice in slices {
+    for slice in slices.iter().filter(|s| s.family == Some(family)) {
         let Some(slice_port) = slice
             .ports
             .iter()
@@ -252,11 +308,12 @@ fn endpoints_for_port<'a>(
             continue;
         };
         for endpoint in &slice.endpoints {
-            let Some(address) = endpoint.address else {
+            // An address of the other family never crosses (conversion drops them too).
+            let Some(address) = endpoint.address.filter(|a| Family::of(*a) == family) else {
                 continue;
             };
             let backend = BackendAddr {
-                address: address.into(),
+                address,
                 port: slice_port.port,
                 remote: endpoint.node_name.as_deref() != Some(node.name.as_str()),
             };

@@ -1,7 +1,11 @@
 //! What selection reads: Services, EndpointSlices and Nodes reduced to the fields that
 //! decide which backends a node uses. The state module builds these from the API objects,
 //! so selection never deals with optional-everything API types.
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use serde::Serialize;
 
@@ -20,6 +24,58 @@ impl fmt::Display for ServiceName {
     }
 }
 
+/// An address family. A dual-stack Service is served as two sets of frontends, one per
+/// family, each with the endpoints of its own family only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Family {
+    #[serde(rename = "IPv4")]
+    V4,
+    #[serde(rename = "IPv6")]
+    V6,
+}
+
+impl Family {
+    pub const ALL: [Self; 2] = [Self::V4, Self::V6];
+
+    pub fn of(address: IpAddr) -> Self {
+        match address {
+            IpAddr::V4(_) => Self::V4,
+            IpAddr::V6(_) => Self::V6,
+        }
+    }
+
+    pub fn of_net(range: &ipnet::IpNet) -> Self {
+        Self::of(range.addr())
+    }
+
+    /// The name Kubernetes uses (`ipFamilies`, `addressType`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::V4 => "IPv4",
+            Self::V6 => "IPv6",
+        }
+    }
+
+    /// Parses a Kubernetes family name (`IPv4`, `IPv6`).
+    pub fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|family| family.name() == text)
+    }
+
+    /// Stable lowercase label for metrics.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::V4 => "ipv4",
+            Self::V6 => "ipv6",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Why a whole Service, or one of its ports or addresses, is not served. In JSON:
 /// `{"reason": "<label>", "message": "<text>"}`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,8 +88,10 @@ pub enum SkipReason {
     OtherProxy,
     /// SCTP is not built into this kernel.
     Sctp,
-    /// An IPv6 address: served once dual-stack lands.
-    Ipv6,
+    /// An address, range or EndpointSlice of a family the Service does not serve (not in
+    /// its ipFamilies, or of no clusterIP of it): an IPv6 EndpointSlice for an IPv4-only
+    /// Service, an IPv6 externalIP of an IPv4 Service. Never mixed into the other family.
+    FamilyNotServed(Family),
     /// A LoadBalancer ingress IP with `ipMode: Proxy`: the load balancer delivers its traffic
     /// to the nodes' addresses or the pods, so the IP is not bound on the nodes (KEP-1860),
     /// and connections from the cluster to it go through the load balancer.
@@ -51,7 +109,10 @@ impl fmt::Display for SkipReason {
             Self::Headless => write!(f, "headless (clusterIP None)"),
             Self::OtherProxy => write!(f, "labelled service.kubernetes.io/service-proxy-name"),
             Self::Sctp => write!(f, "SCTP is not supported by this kernel"),
-            Self::Ipv6 => write!(f, "IPv6 is not served yet"),
+            Self::FamilyNotServed(family) => write!(
+                f,
+                "{family}, and the Service does not serve {family} (not in its ipFamilies)"
+            ),
             Self::IpModeProxy => write!(
                 f,
                 "ipMode Proxy: the load balancer proxies this IP, so its traffic goes through it"
@@ -88,7 +149,7 @@ impl SkipReason {
             Self::Headless => "headless",
             Self::OtherProxy => "other-proxy",
             Self::Sctp => "sctp",
-            Self::Ipv6 => "ipv6",
+            Self::FamilyNotServed(_) => "family-not-served",
             Self::IpModeProxy => "ip-mode-proxy",
             Self::Fqdn => "fqdn",
             Self::Invalid(_) => "invalid",
@@ -109,9 +170,12 @@ pub struct ServicePort {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceInfo {
     pub name: ServiceName,
-    pub cluster_ips: Vec<Ipv4Addr>,
-    pub external_ips: Vec<Ipv4Addr>,
-    pub load_balancer_ips: Vec<Ipv4Addr>,
+    /// The families served, primary first: spec.ipFamilies, else the clusterIPs' families,
+    /// else IPv4. Every address below is of one of them.
+    pub families: Vec<Family>,
+    pub cluster_ips: Vec<IpAddr>,
+    pub external_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Vec<IpAddr>,
     pub ports: Vec<ServicePort>,
     /// Ports or addresses not served, with the reason (the rest of the Service is).
     pub partial_skips: Vec<(String, SkipReason)>,
@@ -123,9 +187,10 @@ pub struct ServiceInfo {
     pub publish_not_ready_addresses: bool,
     /// The topology-keys annotation: node label keys in order of preference, `*` = any.
     pub topology_keys: Option<Vec<String>>,
-    /// loadBalancerSourceRanges (or the older annotation): the IPv4 clients allowed to
-    /// reach the LoadBalancer IPs from outside. `None`: no restriction.
-    pub load_balancer_source_ranges: Option<Vec<ipnet::Ipv4Net>>,
+    /// loadBalancerSourceRanges (or the older annotation): the clients allowed to reach the
+    /// LoadBalancer IPs from outside, each range guarding the LoadBalancer IPs of its own
+    /// family. `None`: no restriction.
+    pub load_balancer_source_ranges: Option<Vec<ipnet::IpNet>>,
     /// The `socklb.io/lb-algorithm: maglev` annotation: traffic from outside is spread by
     /// Maglev hashing, consistently across nodes.
     pub maglev: bool,
@@ -145,7 +210,8 @@ pub struct SlicePort {
 /// One endpoint (its first address, as kube-proxy uses) with its conditions and topology.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Endpoint {
-    pub address: Option<Ipv4Addr>,
+    /// `None`: missing, unreadable or not of the slice's family (reported in `skipped`).
+    pub address: Option<IpAddr>,
     /// conditions.ready: nil counts as true.
     pub ready: bool,
     /// conditions.serving: nil counts as true.
@@ -158,10 +224,13 @@ pub struct Endpoint {
     pub hints_for_zones: Vec<String>,
 }
 
-/// An EndpointSlice of a Service: its IPv4 endpoints, and what of it is not used, with why
-/// (an IPv6 or FQDN slice, an endpoint address that is not IPv4), for explain and the log.
+/// An EndpointSlice of a Service: its endpoints, and what of it is not used, with why (an
+/// FQDN slice, an endpoint address not of the slice's family), for explain and the log.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct SliceInfo {
+    pub name: String,
+    /// Its addressType; `None` for a slice without IP endpoints (FQDN, unknown).
+    pub family: Option<Family>,
     pub ports: Vec<SlicePort>,
     pub endpoints: Vec<Endpoint>,
     pub skipped: Vec<SkippedPart>,
@@ -172,8 +241,9 @@ pub struct SliceInfo {
 pub struct ThisNode {
     pub name: String,
     pub labels: BTreeMap<String, String>,
-    /// IPv4 addresses NodePorts are served on: the Node's InternalIPs, then its ExternalIPs.
-    pub addresses: Vec<Ipv4Addr>,
+    /// Addresses NodePorts are served on, of both families: the Node's InternalIPs, then its
+    /// ExternalIPs. A Service's NodePorts are served on those of the families it serves.
+    pub addresses: Vec<IpAddr>,
 }
 
 /// The zone label kube-proxy reads for zone hints.
@@ -187,9 +257,33 @@ impl ThisNode {
     /// The source address of flows SNATed to a backend on another node: an address the
     /// backend's node routes back to this one, and that this node holds (an ExternalIP is
     /// often a cloud NAT's, held by no device). The first InternalIP held locally, else the
-    /// first ExternalIP held locally.
-    pub fn snat_address(&self, local: &[Ipv4Addr]) -> Option<Ipv4Addr> {
-        self.addresses.iter().copied().find(|a| local.contains(a))
+    /// first ExternalIP held locally; one per family.
+    pub fn snat_address(&self, family: Family, local: &[IpAddr]) -> Option<IpAddr> {
+        self.addresses_of(family).find(|a| local.contains(a))
+    }
+
+    /// [`Self::snat_address`] of IPv4 flows.
+    pub fn snat_address4(&self, local: &[IpAddr]) -> Option<Ipv4Addr> {
+        match self.snat_address(Family::V4, local)? {
+            IpAddr::V4(address) => Some(address),
+            IpAddr::V6(_) => None,
+        }
+    }
+
+    /// [`Self::snat_address`] of IPv6 flows.
+    pub fn snat_address6(&self, local: &[IpAddr]) -> Option<Ipv6Addr> {
+        match self.snat_address(Family::V6, local)? {
+            IpAddr::V6(address) => Some(address),
+            IpAddr::V4(_) => None,
+        }
+    }
+
+    /// This node's addresses of `family`, in order.
+    pub fn addresses_of(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+        self.addresses
+            .iter()
+            .copied()
+            .filter(move |a| Family::of(*a) == family)
     }
 }
 

@@ -1,8 +1,27 @@
 //! Selection rules, one table row per rule and per fallback.
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use super::*;
 use crate::dataplane::Protocol;
+
+/// The address `last` of a test network of `family`: 10.0.<net>.<last> or fd00::<net>:<last>.
+fn ip(family: Family, net: u8, last: u8) -> IpAddr {
+    match family {
+        Family::V4 => Ipv4Addr::new(10, 0, net, last).into(),
+        Family::V6 => Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, net.into(), last.into()).into(),
+    }
+}
+
+/// The ClusterIP of `family`: 10.96.0.1 or fd00:96::1.
+fn vip(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => Ipv4Addr::new(10, 96, 0, 1).into(),
+        Family::V6 => "fd00:96::1".parse().expect("address"),
+    }
+}
 
 const NODE: &str = "node-a";
 
@@ -13,7 +32,10 @@ fn this_node() -> ThisNode {
             (ZONE_LABEL.to_owned(), "zone-a".to_owned()),
             ("rack".to_owned(), "r1".to_owned()),
         ]),
-        addresses: vec![Ipv4Addr::new(192, 168, 0, 1)],
+        addresses: vec![
+            Ipv4Addr::new(192, 168, 0, 1).into(),
+            "fd00:168::1".parse().expect("address"),
+        ],
     }
 }
 
@@ -37,7 +59,8 @@ fn service() -> ServiceInfo {
             namespace: "default".to_owned(),
             name: "web".to_owned(),
         },
-        cluster_ips: vec![Ipv4Addr::new(10, 96, 0, 1)],
+        families: vec![Family::V4],
+        cluster_ips: vec![vip(Family::V4)],
         external_ips: Vec::new(),
         load_balancer_ips: Vec::new(),
         ports: vec![ServicePort {
@@ -60,8 +83,13 @@ fn service() -> ServiceInfo {
 
 /// An endpoint 10.0.0.<last> on `node`, ready.
 fn ep(last: u8, node: &str) -> Endpoint {
+    ep_of(Family::V4, last, node)
+}
+
+/// An endpoint 10.0.0.<last> or fd00::<last> on `node`, ready.
+fn ep_of(family: Family, last: u8, node: &str) -> Endpoint {
     Endpoint {
-        address: Some(Ipv4Addr::new(10, 0, 0, last)),
+        address: Some(ip(family, 0, last)),
         ready: true,
         serving: true,
         terminating: false,
@@ -103,8 +131,15 @@ fn nodes(mut e: Endpoint, nodes: &[&str]) -> Endpoint {
     e
 }
 
+/// A slice of the family of its first endpoint (IPv4 if none).
 fn slice(endpoints: Vec<Endpoint>) -> SliceInfo {
+    let family = endpoints
+        .iter()
+        .find_map(|e| e.address)
+        .map_or(Family::V4, Family::of);
     SliceInfo {
+        name: format!("web-{}", family.label()),
+        family: Some(family),
         ports: vec![SlicePort {
             name: "http".to_owned(),
             protocol: Protocol::Tcp,
@@ -366,32 +401,53 @@ fn cluster_ip_selection_table() {
             terminating_fallback: false,
         },
     ];
+    // Every rule holds for either family: the same row over an IPv4-only and an
+    // IPv6-only Service.
     for row in rows {
-        let mut svc = service();
-        (row.service)(&mut svc);
-        let selection = select(&svc, &[slice(row.endpoints)], &this_node(), &node_labels());
-        assert_eq!(
-            backends_of(&selection, FrontendKind::ClusterIp, Scope::Internal),
-            row.expected,
-            "rule: {}",
-            row.rule
-        );
-        let why = &cluster_ip(&selection).why;
-        assert_eq!(why.topology, row.topology, "rule: {}", row.rule);
-        assert_eq!(
-            why.terminating_fallback, row.terminating_fallback,
-            "rule: {}",
-            row.rule
-        );
+        for family in Family::ALL {
+            let rule = format!("{} ({family})", row.rule);
+            let mut svc = service();
+            svc.families = vec![family];
+            svc.cluster_ips = vec![vip(family)];
+            (row.service)(&mut svc);
+            let endpoints = row
+                .endpoints
+                .iter()
+                .cloned()
+                .map(|e| in_family(e, family))
+                .collect();
+            let selection = select(&svc, &[slice(endpoints)], &this_node(), &node_labels());
+            assert_eq!(
+                backends_of(&selection, FrontendKind::ClusterIp, Scope::Internal),
+                row.expected,
+                "rule: {rule}"
+            );
+            let choice = cluster_ip(&selection);
+            assert_eq!(choice.family, family, "rule: {rule}");
+            assert_eq!(choice.why.topology, row.topology, "rule: {rule}");
+            assert_eq!(
+                choice.why.terminating_fallback, row.terminating_fallback,
+                "rule: {rule}"
+            );
+        }
     }
+}
+
+/// The endpoint moved to `family`'s test network (same last octet).
+fn in_family(mut e: Endpoint, family: Family) -> Endpoint {
+    e.address = e.address.map(|a| {
+        let last = BackendAddr::local(a, 0).last_octet();
+        ip(family, 0, last)
+    });
+    e
 }
 
 #[test]
 fn externally_reachable_frontends_use_cluster_inside_and_external_policy_outside() {
     let mut svc = service();
     svc.ports[0].node_port = Some(30080);
-    svc.external_ips = vec![Ipv4Addr::new(203, 0, 113, 5)];
-    svc.load_balancer_ips = vec![Ipv4Addr::new(198, 51, 100, 7)];
+    svc.external_ips = vec![Ipv4Addr::new(203, 0, 113, 5).into()];
+    svc.load_balancer_ips = vec![Ipv4Addr::new(198, 51, 100, 7).into()];
     svc.external_traffic_local = true;
     // internalTrafficPolicy applies to the ClusterIP only.
     svc.internal_traffic_local = true;
@@ -426,7 +482,11 @@ fn externally_reachable_frontends_use_cluster_inside_and_external_policy_outside
         .iter()
         .find(|f| f.kind == FrontendKind::NodePort)
         .expect("node port");
-    assert_eq!(node_port.frontend.address, Ipv4Addr::new(192, 168, 0, 1));
+    assert_eq!(
+        node_port.frontend.address,
+        IpAddr::from(Ipv4Addr::new(192, 168, 0, 1)),
+        "an IPv4 Service's NodePort is served on the node's IPv4 addresses only"
+    );
     assert_eq!(node_port.frontend.port, 30080);
     assert!(
         !selection
@@ -546,6 +606,8 @@ fn slice_with_ports(names: &[&str], endpoints: Vec<Endpoint>) -> SliceInfo {
                 port,
             })
             .collect(),
+        name: "web-ports".to_owned(),
+        family: Some(Family::V4),
         endpoints,
         skipped: Vec::new(),
     }
@@ -669,4 +731,285 @@ fn the_health_check_carries_its_port_and_the_local_count() {
             local_endpoints: 1
         })
     );
+}
+
+/// Every frontend of a selection as one line: `address kind/scope: backends`.
+fn render(selection: &ServiceSelection) -> Vec<String> {
+    selection
+        .frontends
+        .iter()
+        .map(|f| {
+            let backends: Vec<String> = f.spec.backends.iter().map(ToString::to_string).collect();
+            let ranges = f.spec.source_ranges.as_ref().map_or(String::new(), |r| {
+                let r: Vec<String> = r.iter().map(ToString::to_string).collect();
+                format!(" ranges [{}]", r.join(" "))
+            });
+            format!(
+                "{} {:?}/{:?}: {}{ranges}",
+                f.frontend.address,
+                f.kind,
+                f.frontend.scope,
+                backends.join(" ")
+            )
+        })
+        .collect()
+}
+
+fn dual_stack(s: &mut ServiceInfo) {
+    s.families = vec![Family::V4, Family::V6];
+    s.cluster_ips = vec![vip(Family::V4), vip(Family::V6)];
+}
+
+fn ipv6_only(s: &mut ServiceInfo) {
+    s.families = vec![Family::V6];
+    s.cluster_ips = vec![vip(Family::V6)];
+}
+
+#[test]
+fn families_table() {
+    struct FamilyRow {
+        rule: &'static str,
+        service: fn(&mut ServiceInfo),
+        slices: Vec<SliceInfo>,
+        frontends: &'static [&'static str],
+        skipped: Vec<(&'static str, SkipReason)>,
+    }
+    let v4 = |last, node| ep_of(Family::V4, last, node);
+    let v6 = |last, node| ep_of(Family::V6, last, node);
+    let rows = vec![
+        FamilyRow {
+            rule: "dual-stack: each family's ClusterIP gets its own family's endpoints",
+            service: dual_stack,
+            slices: vec![
+                slice(vec![v4(1, "node-a"), v4(2, "node-b")]),
+                slice(vec![v6(1, "node-a"), v6(3, "node-c")]),
+            ],
+            frontends: &[
+                "10.96.0.1 ClusterIp/Internal: 10.0.0.1:8080 10.0.0.2:8080",
+                "fd00:96::1 ClusterIp/Internal: [fd00::1]:8080 [fd00::3]:8080",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "dual-stack without IPv6 endpoints: the IPv6 ClusterIP refuses, never crosses",
+            service: dual_stack,
+            slices: vec![slice(vec![v4(1, "node-a")])],
+            frontends: &[
+                "10.96.0.1 ClusterIp/Internal: 10.0.0.1:8080",
+                "fd00:96::1 ClusterIp/Internal: ",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "an IPv6 slice for an IPv4-only Service is skipped, the rest unchanged",
+            service: unchanged,
+            slices: vec![slice(vec![v4(1, "node-a")]), slice(vec![v6(1, "node-a")])],
+            frontends: &["10.96.0.1 ClusterIp/Internal: 10.0.0.1:8080"],
+            skipped: vec![(
+                "EndpointSlice web-ipv6",
+                SkipReason::FamilyNotServed(Family::V6),
+            )],
+        },
+        FamilyRow {
+            rule: "an IPv4 slice for an IPv6-only Service is skipped",
+            service: ipv6_only,
+            slices: vec![slice(vec![v4(1, "node-a")]), slice(vec![v6(1, "node-a")])],
+            frontends: &["fd00:96::1 ClusterIp/Internal: [fd00::1]:8080"],
+            skipped: vec![(
+                "EndpointSlice web-ipv4",
+                SkipReason::FamilyNotServed(Family::V4),
+            )],
+        },
+        FamilyRow {
+            rule: "an endpoint address of the other family in a slice is never used",
+            service: dual_stack,
+            slices: vec![slice(vec![v4(1, "node-a"), v6(2, "node-a")])],
+            frontends: &[
+                "10.96.0.1 ClusterIp/Internal: 10.0.0.1:8080",
+                "fd00:96::1 ClusterIp/Internal: ",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "NodePorts: on the node's addresses of each family served",
+            service: |s| {
+                dual_stack(s);
+                s.cluster_ips.clear();
+                s.ports[0].node_port = Some(30080);
+            },
+            slices: vec![slice(vec![v4(1, "node-a")]), slice(vec![v6(1, "node-a")])],
+            frontends: &[
+                "192.168.0.1 NodePort/Internal: 10.0.0.1:8080",
+                "192.168.0.1 NodePort/External: 10.0.0.1:8080",
+                "fd00:168::1 NodePort/Internal: [fd00::1]:8080",
+                "fd00:168::1 NodePort/External: [fd00::1]:8080",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "NodePorts of an IPv4-only Service: not on the node's IPv6 addresses",
+            service: |s| {
+                s.cluster_ips.clear();
+                s.ports[0].node_port = Some(30080);
+            },
+            slices: vec![slice(vec![v4(1, "node-a")])],
+            frontends: &[
+                "192.168.0.1 NodePort/Internal: 10.0.0.1:8080",
+                "192.168.0.1 NodePort/External: 10.0.0.1:8080",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "externalTrafficPolicy Local per family: IPv6 has no local endpoint",
+            service: |s| {
+                dual_stack(s);
+                s.cluster_ips.clear();
+                s.external_ips = vec![
+                    Ipv4Addr::new(203, 0, 113, 5).into(),
+                    "fd00:203::5".parse().expect("address"),
+                ];
+                s.external_traffic_local = true;
+            },
+            slices: vec![
+                slice(vec![v4(1, "node-a"), v4(2, "node-b")]),
+                slice(vec![v6(3, "node-b")]),
+            ],
+            frontends: &[
+                "203.0.113.5 ExternalIp/Internal: 10.0.0.1:8080 10.0.0.2:8080",
+                "203.0.113.5 ExternalIp/External: 10.0.0.1:8080",
+                "fd00:203::5 ExternalIp/Internal: [fd00::3]:8080",
+                "fd00:203::5 ExternalIp/External: ",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "terminating fallback per family: IPv6 has only terminating endpoints",
+            service: dual_stack,
+            slices: vec![
+                slice(vec![v4(1, "node-a"), terminating(v4(2, "node-b"))]),
+                slice(vec![terminating(v6(2, "node-b"))]),
+            ],
+            frontends: &[
+                "10.96.0.1 ClusterIp/Internal: 10.0.0.1:8080",
+                "fd00:96::1 ClusterIp/Internal: [fd00::2]:8080",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "zone hints per family: IPv4 hinted, IPv6 not",
+            service: dual_stack,
+            slices: vec![
+                slice(vec![
+                    zones(v4(1, "node-a"), &["zone-a"]),
+                    zones(v4(3, "node-c"), &["zone-b"]),
+                ]),
+                slice(vec![v6(1, "node-a"), v6(3, "node-c")]),
+            ],
+            frontends: &[
+                "10.96.0.1 ClusterIp/Internal: 10.0.0.1:8080",
+                "fd00:96::1 ClusterIp/Internal: [fd00::1]:8080 [fd00::3]:8080",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "source ranges: each family's LoadBalancer IPs admit that family's ranges",
+            service: |s| {
+                dual_stack(s);
+                s.cluster_ips.clear();
+                s.load_balancer_ips = vec![
+                    Ipv4Addr::new(198, 51, 100, 7).into(),
+                    "fd00:198::7".parse().expect("address"),
+                ];
+                s.load_balancer_source_ranges = Some(vec![
+                    "10.0.0.0/8".parse().expect("range"),
+                    "fd00:1::/64".parse().expect("range"),
+                ]);
+            },
+            slices: vec![slice(vec![v4(1, "node-a")]), slice(vec![v6(1, "node-a")])],
+            frontends: &[
+                "198.51.100.7 LoadBalancer/Internal: 10.0.0.1:8080",
+                "198.51.100.7 LoadBalancer/External: 10.0.0.1:8080 ranges [10.0.0.0/8]",
+                "fd00:198::7 LoadBalancer/Internal: [fd00::1]:8080",
+                "fd00:198::7 LoadBalancer/External: [fd00::1]:8080 ranges [fd00:1::/64]",
+            ],
+            skipped: vec![],
+        },
+        FamilyRow {
+            rule: "source ranges of one family only: the other family's LoadBalancer IPs admit nobody",
+            service: |s| {
+                dual_stack(s);
+                s.cluster_ips.clear();
+                s.load_balancer_ips = vec!["fd00:198::7".parse().expect("address")];
+                s.load_balancer_source_ranges = Some(vec!["10.0.0.0/8".parse().expect("range")]);
+            },
+            slices: vec![slice(vec![v6(1, "node-a")])],
+            frontends: &[
+                "fd00:198::7 LoadBalancer/Internal: [fd00::1]:8080",
+                "fd00:198::7 LoadBalancer/External: [fd00::1]:8080 ranges []",
+            ],
+            skipped: vec![],
+        },
+    ];
+    for row in rows {
+        let mut svc = service();
+        (row.service)(&mut svc);
+        let selection = select(&svc, &row.slices, &this_node(), &node_labels());
+        assert_eq!(render(&selection), row.frontends, "rule: {}", row.rule);
+        for choice in &selection.frontends {
+            assert_eq!(choice.family, Family::of(choice.frontend.address));
+            assert!(
+                choice
+                    .spec
+                    .backends
+                    .iter()
+                    .all(|b| Family::of(b.address) == choice.family),
+                "rule: {}: a backend crossed families: {choice:?}",
+                row.rule
+            );
+        }
+        let skipped: Vec<(&str, SkipReason)> = selection
+            .skipped
+            .iter()
+            .map(|s| (s.part.as_str(), s.reason.clone()))
+            .collect();
+        assert_eq!(skipped, row.skipped, "rule: {}", row.rule);
+    }
+}
+
+#[test]
+fn a_slice_of_a_family_not_served_changes_nothing_else() {
+    let svc = service();
+    let v4 = slice(vec![ep(1, "node-a"), ep(2, "node-b")]);
+    let v6 = slice(vec![ep_of(Family::V6, 1, "node-a")]);
+    let without = select(
+        &svc,
+        std::slice::from_ref(&v4),
+        &this_node(),
+        &node_labels(),
+    );
+    let mut with = select(&svc, &[v4, v6], &this_node(), &node_labels());
+    assert_eq!(with.skipped.len(), 1);
+    assert_eq!(with.skipped[0].reason.label(), "family-not-served");
+    with.skipped.clear();
+    assert_eq!(with, without);
+}
+
+#[test]
+fn a_dual_stack_pod_counts_once_for_the_health_check() {
+    let mut svc = service();
+    dual_stack(&mut svc);
+    let slices = [
+        slice(vec![ep_of(Family::V4, 1, "node-a")]),
+        slice(vec![
+            ep_of(Family::V6, 1, "node-a"),
+            not_ready(ep_of(Family::V6, 2, "node-a")),
+        ]),
+    ];
+    assert_eq!(local_ready_endpoints(&svc, &slices, &this_node()), 1);
+    // An IPv4-only Service does not count its IPv6 slice's endpoints.
+    let slices = [slice(vec![
+        ep_of(Family::V6, 1, "node-a"),
+        ep_of(Family::V6, 2, "node-a"),
+    ])];
+    assert_eq!(local_ready_endpoints(&service(), &slices, &this_node()), 0);
 }

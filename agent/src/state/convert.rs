@@ -10,8 +10,8 @@ use k8s_openapi::api::{
 use crate::{
     dataplane::Protocol,
     select::{
-        Endpoint, ServiceInfo, ServiceName, ServicePort, SkipReason, SkippedPart, SliceInfo,
-        SlicePort,
+        Endpoint, Family, ServiceInfo, ServiceName, ServicePort, SkipReason, SkippedPart,
+        SliceInfo, SlicePort,
     },
 };
 
@@ -58,20 +58,32 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
         (_, Some(ip)) if !ip.is_empty() => vec![ip.clone()],
         _ => Vec::new(),
     };
-    let cluster_ips = ipv4s("clusterIPs", &cluster_ip_texts, &mut partial_skips);
+    let parsed_cluster_ips = addresses("clusterIPs", &cluster_ip_texts, &mut partial_skips);
+    let families = families(
+        spec.ip_families.as_deref().unwrap_or_default(),
+        &parsed_cluster_ips,
+        &mut partial_skips,
+    );
+    let cluster_ips = served(
+        "clusterIPs",
+        parsed_cluster_ips,
+        &families,
+        &mut partial_skips,
+    );
     if cluster_ips.is_empty() && !cluster_ip_texts.is_empty() {
-        // Single-stack IPv6 (or unreadable): nothing of it is served by an IPv4 proxy.
+        // No clusterIP is usable (unreadable, or of no family served): not served at all.
         return Err(partial_skips
             .into_iter()
             .map(|(_, reason)| reason)
             .next()
-            .unwrap_or(SkipReason::Ipv6));
+            .unwrap_or_else(|| SkipReason::Invalid("clusterIPs".to_owned())));
     }
-    let external_ips = ipv4s(
+    let external_ips = addresses(
         "externalIPs",
         spec.external_ips.as_deref().unwrap_or_default(),
         &mut partial_skips,
     );
+    let external_ips = served("externalIPs", external_ips, &families, &mut partial_skips);
     let mut ingress_ips: Vec<String> = Vec::new();
     let ingress = service
         .status
@@ -91,7 +103,13 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
             ingress_ips.push(ip.clone());
         }
     }
-    let load_balancer_ips = ipv4s("loadBalancer.ingress", &ingress_ips, &mut partial_skips);
+    let load_balancer_ips = addresses("loadBalancer.ingress", &ingress_ips, &mut partial_skips);
+    let load_balancer_ips = served(
+        "loadBalancer.ingress",
+        load_balancer_ips,
+        &families,
+        &mut partial_skips,
+    );
 
     let mut ports = Vec::new();
     for port in spec.ports.as_deref().unwrap_or_default() {
@@ -219,6 +237,7 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
 
     Ok(ServiceInfo {
         name,
+        families,
         cluster_ips,
         external_ips,
         load_balancer_ips,
@@ -269,14 +288,15 @@ fn health_check_node_port(
 /// The annotation kube-proxy reads when `spec.loadBalancerSourceRanges` is empty.
 const SOURCE_RANGES_ANNOTATION: &str = "service.beta.kubernetes.io/load-balancer-source-ranges";
 
-/// loadBalancerSourceRanges as IPv4 CIDRs. A range that does not parse is skipped with a
-/// reason, and so is an IPv6 one; if ranges were given but none is usable, the result is an
-/// empty list, which admits nobody (failing closed) rather than everybody.
+/// loadBalancerSourceRanges as CIDRs of either family (each guards the LoadBalancer IPs of
+/// its family). A range that does not parse is skipped with a reason; if ranges were given
+/// but none is usable, the result is an empty list, which admits nobody (failing closed)
+/// rather than everybody.
 fn source_ranges(
     spec: &k8s_openapi::api::core::v1::ServiceSpec,
     annotations: Option<&std::collections::BTreeMap<String, String>>,
     skips: &mut Vec<(String, SkipReason)>,
-) -> Option<Vec<ipnet::Ipv4Net>> {
+) -> Option<Vec<ipnet::IpNet>> {
     let texts: Vec<String> = match spec.load_balancer_source_ranges.as_deref() {
         Some(ranges) if !ranges.is_empty() => ranges.to_vec(),
         _ => annotations
@@ -295,10 +315,11 @@ fn source_ranges(
     let mut ranges = Vec::new();
     for text in texts {
         match text.parse::<ipnet::IpNet>() {
-            Ok(ipnet::IpNet::V4(range)) => ranges.push(range),
-            Ok(ipnet::IpNet::V6(_)) => {
-                skips.push((format!("loadBalancerSourceRanges {text}"), SkipReason::Ipv6));
-            }
+            Ok(ipnet::IpNet::V6(range)) if range.addr().to_ipv4_mapped().is_some() => skips.push((
+                format!("loadBalancerSourceRanges {text}"),
+                SkipReason::Invalid("an IPv4-mapped IPv6 range: write it as IPv4".to_owned()),
+            )),
+            Ok(range) => ranges.push(range),
             Err(_) => skips.push((
                 format!("loadBalancerSourceRanges {text}"),
                 SkipReason::Invalid("not a CIDR".to_owned()),
@@ -308,24 +329,81 @@ fn source_ranges(
     Some(ranges)
 }
 
-/// The IPv4 addresses among `texts`; the others are recorded as skipped.
-fn ipv4s(
-    field: &str,
-    texts: &[String],
-    skips: &mut Vec<(String, SkipReason)>,
-) -> Vec<std::net::Ipv4Addr> {
+/// An IP address of either family. IPv4-mapped IPv6 addresses are refused: sockets reach
+/// IPv4 frontends through them already, and an IPv6 frontend or backend with one would
+/// never be matched.
+fn address(text: &str) -> Result<IpAddr, SkipReason> {
+    match text.parse::<IpAddr>() {
+        Ok(IpAddr::V6(ip)) if ip.to_ipv4_mapped().is_some() => Err(SkipReason::Invalid(
+            "an IPv4-mapped IPv6 address: write it as IPv4".to_owned(),
+        )),
+        Ok(ip) => Ok(ip),
+        Err(_) => Err(SkipReason::Invalid("not an IP address".to_owned())),
+    }
+}
+
+/// The addresses among `texts`; the others are recorded as skipped.
+fn addresses(field: &str, texts: &[String], skips: &mut Vec<(String, SkipReason)>) -> Vec<IpAddr> {
     let mut ips = Vec::new();
     for text in texts {
-        match text.parse::<IpAddr>() {
-            Ok(IpAddr::V4(ip)) => ips.push(ip),
-            Ok(IpAddr::V6(_)) => skips.push((format!("{field} {text}"), SkipReason::Ipv6)),
-            Err(_) => skips.push((
-                format!("{field} {text}"),
-                SkipReason::Invalid("not an IP address".to_owned()),
-            )),
+        match address(text) {
+            Ok(ip) => ips.push(ip),
+            Err(reason) => skips.push((format!("{field} {text}"), reason)),
         }
     }
     ips
+}
+
+/// The addresses of the `families` served; the others are recorded as skipped.
+fn served(
+    field: &str,
+    ips: Vec<IpAddr>,
+    families: &[Family],
+    skips: &mut Vec<(String, SkipReason)>,
+) -> Vec<IpAddr> {
+    ips.into_iter()
+        .filter(|ip| {
+            let family = Family::of(*ip);
+            let served = families.contains(&family);
+            if !served {
+                skips.push((format!("{field} {ip}"), SkipReason::FamilyNotServed(family)));
+            }
+            served
+        })
+        .collect()
+}
+
+/// The families a Service serves, primary first: spec.ipFamilies (set by the API server on
+/// every Service), else the families of its clusterIPs (a hand-written manifest), else
+/// IPv4. An unknown family name is skipped with a reason.
+fn families(
+    ip_families: &[String],
+    cluster_ips: &[IpAddr],
+    skips: &mut Vec<(String, SkipReason)>,
+) -> Vec<Family> {
+    let mut families = Vec::new();
+    for text in ip_families {
+        match Family::parse(text) {
+            Some(family) if !families.contains(&family) => families.push(family),
+            Some(_) => {}
+            None => skips.push((
+                format!("ipFamilies {text}"),
+                SkipReason::Invalid("not IPv4 or IPv6".to_owned()),
+            )),
+        }
+    }
+    if families.is_empty() {
+        for ip in cluster_ips {
+            let family = Family::of(*ip);
+            if !families.contains(&family) {
+                families.push(family);
+            }
+        }
+    }
+    if families.is_empty() {
+        families.push(Family::V4);
+    }
+    families
 }
 
 /// The Service an EndpointSlice belongs to, from its label.
@@ -334,29 +412,33 @@ pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceName> {
     service_name(slice.metadata.namespace.as_ref(), Some(service))
 }
 
-/// An EndpointSlice as selection reads it. Only IPv4 slices have endpoints; the others, and
-/// endpoints whose address is not IPv4, are recorded as skipped parts with the reason.
+/// An EndpointSlice as selection reads it. IPv4 and IPv6 slices have endpoints; the
+/// others, and endpoints whose address is not of the slice's family, are recorded as
+/// skipped parts with the reason. Whether the Service serves the slice's family is
+/// selection's to say.
 pub fn slice(slice: &EndpointSlice) -> SliceInfo {
-    let label = format!(
-        "EndpointSlice {}",
-        slice.metadata.name.as_deref().unwrap_or_default()
-    );
-    let reason = match slice.address_type.as_str() {
-        "IPv4" => None,
-        "IPv6" => Some(SkipReason::Ipv6),
+    let name = slice.metadata.name.clone().unwrap_or_default();
+    let label = format!("EndpointSlice {name}");
+    let family = match slice.address_type.as_str() {
         // kube-proxy does not proxy FQDN slices either.
-        "FQDN" => Some(SkipReason::Fqdn),
-        other => Some(SkipReason::Invalid(format!("addressType {other}"))),
+        "FQDN" => Err(SkipReason::Fqdn),
+        other => {
+            Family::parse(other).ok_or_else(|| SkipReason::Invalid(format!("addressType {other}")))
+        }
     };
-    if let Some(reason) = reason {
-        return SliceInfo {
-            skipped: vec![SkippedPart {
-                part: label,
-                reason,
-            }],
-            ..SliceInfo::default()
-        };
-    }
+    let family = match family {
+        Ok(family) => family,
+        Err(reason) => {
+            return SliceInfo {
+                name,
+                skipped: vec![SkippedPart {
+                    part: label,
+                    reason,
+                }],
+                ..SliceInfo::default()
+            };
+        }
+    };
     let mut skipped = Vec::new();
     let ports = slice
         .ports
@@ -384,16 +466,31 @@ pub fn slice(slice: &EndpointSlice) -> SliceInfo {
             let hints = endpoint.hints.clone().unwrap_or_default();
             // Consumers use the first address only (API contract).
             let first = endpoint.addresses.first();
-            let address = first.and_then(|a| a.parse().ok());
-            if address.is_none() {
-                skipped.push(SkippedPart {
-                    part: format!(
-                        "{label} endpoint {}",
-                        first.map_or("(none)", String::as_str)
-                    ),
-                    reason: SkipReason::Invalid("not an IPv4 address".to_owned()),
+            let address = first
+                .ok_or_else(|| SkipReason::Invalid("no address".to_owned()))
+                .and_then(|text| address(text))
+                .and_then(|ip| {
+                    if Family::of(ip) == family {
+                        Ok(ip)
+                    } else {
+                        Err(SkipReason::Invalid(format!(
+                            "not an {family} address, in a slice of addressType {family}"
+                        )))
+                    }
                 });
-            }
+            let address = match address {
+                Ok(ip) => Some(ip),
+                Err(reason) => {
+                    skipped.push(SkippedPart {
+                        part: format!(
+                            "{label} endpoint {}",
+                            first.map_or("(none)", String::as_str)
+                        ),
+                        reason,
+                    });
+                    None
+                }
+            };
             Endpoint {
                 address,
                 ready: conditions.ready.unwrap_or(true),
@@ -417,25 +514,27 @@ pub fn slice(slice: &EndpointSlice) -> SliceInfo {
         })
         .collect();
     SliceInfo {
+        name,
+        family: Some(family),
         ports,
         endpoints,
         skipped,
     }
 }
 
-/// A Node's labels and the IPv4 addresses NodePorts are served on.
-pub fn node(node: &Node) -> (BTreeMap<String, String>, Vec<std::net::Ipv4Addr>) {
+/// A Node's labels and the addresses (of both families) NodePorts are served on.
+pub fn node(node: &Node) -> (BTreeMap<String, String>, Vec<IpAddr>) {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let listed = node
         .status
         .as_ref()
         .and_then(|s| s.addresses.as_deref())
         .unwrap_or_default();
-    // InternalIPs first: the first one this node holds is its SNAT address.
+    // InternalIPs first: the first one of a family this node holds is its SNAT address.
     let addresses = ["InternalIP", "ExternalIP"]
         .iter()
         .flat_map(|kind| listed.iter().filter(move |a| a.type_ == *kind))
-        .filter_map(|a| a.address.parse().ok())
+        .filter_map(|a| address(&a.address).ok())
         .collect();
     (labels, addresses)
 }

@@ -241,7 +241,7 @@ impl ClusterState {
                     );
                     return;
                 };
-                // Not IPv4 slices too: they have no endpoints, but say why (explain, log).
+                // FQDN slices too: they have no endpoints, but say why (explain, log).
                 let info = convert::slice(&slice);
                 let slices = self.slices.entry(owner.clone()).or_default();
                 if slices.get(&key.1) != Some(&info) {

@@ -1,10 +1,12 @@
 //! State: conversion of API objects and change tracking.
 use std::path::Path;
 
+use std::net::IpAddr;
+
 use super::*;
 use crate::{
     dataplane::{Protocol, Scope},
-    select::{FrontendKind, ServiceName, SkipReason, SkippedPart},
+    select::{Family, FrontendKind, ServiceName, SkipReason, SkippedPart},
     source::file::parse,
 };
 
@@ -67,8 +69,12 @@ fn services_that_are_not_served_say_why() {
             SkipReason::OtherProxy,
         ),
         (
-            "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 'fd00::1', clusterIPs: ['fd00::1']}\n",
-            SkipReason::Ipv6,
+            "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 'fd00::1', clusterIPs: ['fd00::1'], ipFamilies: [IPv4]}\n",
+            SkipReason::FamilyNotServed(Family::V6),
+        ),
+        (
+            "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.999}\n",
+            SkipReason::Invalid("not an IP address".to_owned()),
         ),
     ];
     for (yaml, reason) in rows {
@@ -94,6 +100,7 @@ fn parts_that_are_not_served_are_skipped_and_the_rest_is_served() {
 kind: Service
 metadata: {name: mixed, annotations: {socklb.io/topology-keys: 'not json'}}
 spec:
+  ipFamilies: [IPv4]
   clusterIPs: [10.96.0.20, 'fd00::20']
   externalIPs: [203.0.113.9, not-an-ip]
   ports:
@@ -275,7 +282,7 @@ status: {addresses: [{type: InternalIP, address: 192.168.0.1}, {type: Hostname, 
     );
     assert_eq!(
         state.this_node().addresses,
-        [std::net::Ipv4Addr::new(192, 168, 0, 1)]
+        [IpAddr::from(std::net::Ipv4Addr::new(192, 168, 0, 1))]
     );
     assert_eq!(state.this_node().zone(), Some("z1"));
 }
@@ -419,7 +426,7 @@ spec:
 }
 
 #[test]
-fn the_snat_address_is_the_first_internal_ip_this_node_holds() {
+fn the_snat_address_is_the_first_internal_ip_this_node_holds_per_family() {
     let state = state_with(
         "
 kind: Node
@@ -427,30 +434,59 @@ metadata: {name: node-a}
 status:
   addresses:
   - {type: ExternalIP, address: 203.0.113.5}
+  - {type: ExternalIP, address: 'fd00:203::5'}
   - {type: Hostname, address: node-a}
   - {type: InternalIP, address: 10.0.0.5}
+  - {type: InternalIP, address: 'fd00:10::5'}
   - {type: InternalIP, address: 10.0.0.6}
+  - {type: InternalIP, address: not-an-ip}
 ",
     );
-    let ip = |text: &str| -> std::net::Ipv4Addr { text.parse().expect("address") };
+    let ip = |text: &str| -> IpAddr { text.parse().expect("address") };
     let node = state.this_node();
     assert_eq!(
         node.addresses,
-        [ip("10.0.0.5"), ip("10.0.0.6"), ip("203.0.113.5")],
-        "NodePort addresses: InternalIPs first, then ExternalIPs"
+        [
+            ip("10.0.0.5"),
+            ip("fd00:10::5"),
+            ip("10.0.0.6"),
+            ip("203.0.113.5"),
+            ip("fd00:203::5")
+        ],
+        "NodePort addresses: InternalIPs first, then ExternalIPs, both families"
     );
-    let rows: [(&[&str], Option<&str>); 4] = [
-        // The first InternalIP held locally, in the Node's order.
-        (&["203.0.113.5", "10.0.0.6", "10.0.0.5"], Some("10.0.0.5")),
-        (&["203.0.113.5", "10.0.0.6"], Some("10.0.0.6")),
+    // (held locally, IPv4 SNAT address, IPv6 SNAT address)
+    let rows: [(&[&str], Option<&str>, Option<&str>); 5] = [
+        // The first InternalIP of each family held locally, in the Node's order.
+        (
+            &["203.0.113.5", "10.0.0.6", "10.0.0.5", "fd00:10::5"],
+            Some("10.0.0.5"),
+            Some("fd00:10::5"),
+        ),
+        (&["203.0.113.5", "10.0.0.6"], Some("10.0.0.6"), None),
         // No InternalIP held: an ExternalIP held locally.
-        (&["203.0.113.5", "127.0.0.1"], Some("203.0.113.5")),
+        (
+            &["203.0.113.5", "127.0.0.1", "fd00:203::5"],
+            Some("203.0.113.5"),
+            Some("fd00:203::5"),
+        ),
+        // An IPv6-only node.
+        (&["fd00:10::5", "::1"], None, Some("fd00:10::5")),
         // None held (a cloud NAT's ExternalIP, an address not configured yet).
-        (&["127.0.0.1"], None),
+        (&["127.0.0.1", "::1"], None, None),
     ];
-    for (local, wanted) in rows {
-        let local: Vec<_> = local.iter().map(|a| ip(a)).collect();
-        assert_eq!(node.snat_address(&local), wanted.map(ip), "held: {local:?}");
+    for (local, v4, v6) in rows {
+        let local: Vec<IpAddr> = local.iter().map(|a| ip(a)).collect();
+        assert_eq!(
+            node.snat_address4(&local).map(IpAddr::from),
+            v4.map(ip),
+            "held: {local:?}"
+        );
+        assert_eq!(
+            node.snat_address6(&local).map(IpAddr::from),
+            v6.map(ip),
+            "held: {local:?}"
+        );
     }
 }
 
@@ -559,7 +595,10 @@ endpoints: [{{addresses: [10.0.0.3]}}, {{addresses: [10.0.0.999]}}]
                 "invalid".to_owned()
             ),
             ("EndpointSlice web-dns".to_owned(), "fqdn".to_owned()),
-            ("EndpointSlice web-v6".to_owned(), "ipv6".to_owned()),
+            (
+                "EndpointSlice web-v6".to_owned(),
+                "family-not-served".to_owned()
+            ),
         ]
     );
     // The usable endpoints are served as before.
@@ -570,4 +609,200 @@ endpoints: [{{addresses: [10.0.0.3]}}, {{addresses: [10.0.0.999]}}]
         .map(|b| b.address.to_string())
         .collect();
     assert_eq!(backends, ["10.0.0.1", "10.0.0.3"]);
+}
+
+#[test]
+fn the_families_a_service_serves_and_what_it_skips_for_them() {
+    /// Skipped parts with their reason label.
+    type Skips = &'static [(&'static str, &'static str)];
+    // (rule, spec lines, families served, skipped parts)
+    let rows: [(&str, &str, &[Family], Skips); 9] = [
+        (
+            "ipFamilies IPv6",
+            "ipFamilies: [IPv6]\n  clusterIPs: ['fd00:96::10']",
+            &[Family::V6],
+            &[],
+        ),
+        (
+            "dual-stack, IPv6 primary",
+            "ipFamilies: [IPv6, IPv4]\n  clusterIPs: ['fd00:96::10', 10.96.0.10]",
+            &[Family::V6, Family::V4],
+            &[],
+        ),
+        (
+            "no ipFamilies: the clusterIPs' families",
+            "clusterIPs: [10.96.0.10, 'fd00:96::10']",
+            &[Family::V4, Family::V6],
+            &[],
+        ),
+        (
+            "no ipFamilies and no clusterIP: IPv4",
+            "externalIPs: [203.0.113.9]",
+            &[Family::V4],
+            &[],
+        ),
+        (
+            "a clusterIP whose family is not in ipFamilies",
+            "ipFamilies: [IPv4]\n  clusterIPs: [10.96.0.10, 'fd00:96::10']",
+            &[Family::V4],
+            &[("clusterIPs fd00:96::10", "family-not-served")],
+        ),
+        (
+            "an externalIP and a LoadBalancer IP of a family not served",
+            "ipFamilies: [IPv4]\n  clusterIPs: [10.96.0.10]\n  externalIPs: [203.0.113.9, 'fd00:203::9']\nstatus: {loadBalancer: {ingress: [{ip: 'fd00:198::7'}]}}",
+            &[Family::V4],
+            &[
+                ("externalIPs fd00:203::9", "family-not-served"),
+                ("loadBalancer.ingress fd00:198::7", "family-not-served"),
+            ],
+        ),
+        (
+            "an unknown family name",
+            "ipFamilies: [IPv4, IPv7]\n  clusterIPs: [10.96.0.10]",
+            &[Family::V4],
+            &[("ipFamilies IPv7", "invalid")],
+        ),
+        (
+            "an IPv4-mapped IPv6 address is refused",
+            "clusterIPs: [10.96.0.10]\n  externalIPs: ['::ffff:203.0.113.9']",
+            &[Family::V4],
+            &[("externalIPs ::ffff:203.0.113.9", "invalid")],
+        ),
+        (
+            "an IPv6 source range is not skipped (it guards IPv6 LoadBalancer IPs)",
+            "clusterIPs: [10.96.0.10]\n  loadBalancerSourceRanges: ['fd00::/8', bogus]",
+            &[Family::V4],
+            &[("loadBalancerSourceRanges bogus", "invalid")],
+        ),
+    ];
+    for (rule, spec, families, skipped) in rows {
+        let yaml = format!(
+            "kind: Service\nmetadata: {{name: s, namespace: default}}\nspec:\n  ports: [{{name: http, port: 80}}]\n  {spec}\n"
+        );
+        let object = objects(&yaml).remove(0);
+        let Object::Service(service) = object else {
+            panic!("a Service")
+        };
+        let info = convert::service(&service).unwrap_or_else(|r| panic!("{rule}: skipped: {r}"));
+        assert_eq!(info.families, families, "rule: {rule}");
+        let parts: Vec<(&str, &str)> = info
+            .partial_skips
+            .iter()
+            .map(|(part, reason)| (part.as_str(), reason.label()))
+            .collect();
+        assert_eq!(parts, skipped, "rule: {rule}");
+    }
+}
+
+const DUAL_STACK: &str = "
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: NodePort
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10, 'fd00:96::10']
+  ports: [{name: http, port: 80, nodePort: 30080, protocol: TCP}]
+---
+kind: EndpointSlice
+metadata: {name: web-v4, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [10.0.0.1], nodeName: node-a}, {addresses: [10.0.0.2], nodeName: node-b}]
+---
+kind: EndpointSlice
+metadata: {name: web-v6, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv6
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- {addresses: ['fd00::1'], nodeName: node-a}
+- {addresses: [10.0.0.3], nodeName: node-a}
+- {addresses: ['fd00::zz'], nodeName: node-a}
+---
+kind: Node
+metadata: {name: node-a}
+status: {addresses: [{type: InternalIP, address: 192.168.0.1}, {type: InternalIP, address: 'fd00:168::1'}]}
+";
+
+#[test]
+fn a_dual_stack_service_is_two_frontend_sets_that_never_cross() {
+    let state = state_with(DUAL_STACK);
+    let selection = state.select(&name("web")).expect("served");
+    let frontends: Vec<String> = selection
+        .frontends
+        .iter()
+        .filter(|f| f.frontend.scope == Scope::Internal)
+        .map(|f| {
+            let backends: Vec<String> = f.spec.backends.iter().map(ToString::to_string).collect();
+            format!("{} {} -> {}", f.family, f.frontend, backends.join(" "))
+        })
+        .collect();
+    assert_eq!(
+        frontends,
+        [
+            "IPv4 10.96.0.10:80/Tcp (Internal) -> 10.0.0.1:8080 10.0.0.2:8080",
+            "IPv4 192.168.0.1:30080/Tcp (Internal) -> 10.0.0.1:8080 10.0.0.2:8080",
+            "IPv6 [fd00:96::10]:80/Tcp (Internal) -> [fd00::1]:8080",
+            "IPv6 [fd00:168::1]:30080/Tcp (Internal) -> [fd00::1]:8080",
+        ]
+    );
+    let skipped: Vec<(String, String)> = selection
+        .skipped
+        .iter()
+        .map(|s| (s.part.clone(), s.reason.to_string()))
+        .collect();
+    assert_eq!(
+        skipped,
+        [
+            (
+                "EndpointSlice web-v6 endpoint 10.0.0.3".to_owned(),
+                "invalid: not an IPv6 address, in a slice of addressType IPv6".to_owned()
+            ),
+            (
+                "EndpointSlice web-v6 endpoint fd00::zz".to_owned(),
+                "invalid: not an IP address".to_owned()
+            ),
+        ]
+    );
+}
+
+#[test]
+fn an_ipv6_slice_for_an_ipv4_service_is_skipped_and_nothing_else_changes() {
+    let v4_only = DUAL_STACK
+        .replace("ipFamilies: [IPv4, IPv6]", "ipFamilies: [IPv4]")
+        .replace(
+            "ipFamilyPolicy: RequireDualStack",
+            "ipFamilyPolicy: SingleStack",
+        )
+        .replace(
+            "clusterIPs: [10.96.0.10, 'fd00:96::10']",
+            "clusterIPs: [10.96.0.10]",
+        );
+    let with_v6_slice = state_with(&v4_only);
+    // The same objects without the IPv6 slice.
+    let without: String = v4_only
+        .split("---")
+        .filter(|doc| !doc.contains("web-v6"))
+        .collect::<Vec<_>>()
+        .join("---");
+    let without_v6_slice = state_with(&without);
+    let mut selection = with_v6_slice.select(&name("web")).expect("served");
+    assert_eq!(
+        selection.skipped,
+        [SkippedPart {
+            part: "EndpointSlice web-v6".to_owned(),
+            reason: SkipReason::FamilyNotServed(Family::V6),
+        }]
+    );
+    selection.skipped.clear();
+    assert_eq!(
+        Some(selection),
+        without_v6_slice.select(&name("web")),
+        "the IPv4 frontends are as without the slice"
+    );
+    assert!(
+        with_v6_slice.skipped_counts().is_empty(),
+        "the Service is served"
+    );
 }

@@ -302,8 +302,8 @@ fn run(mut kernel: Kernel, requests: mpsc::Receiver<Vec<Gone>>, mode: Mode, metr
                 warn!(
                     namespaces = report.denied,
                     "cannot enter the other network namespaces (setns needs CAP_SYS_ADMIN): \
-                     only the agent's own namespace is swept; add SYS_ADMIN to the Helm value \
-                     `capabilities` to close the sockets of pods too"
+                     only the agent's own namespace is swept; set the Helm value \
+                     closeSocketsInPods=true (it adds SYS_ADMIN) to close the sockets of pods too"
                 );
             }
             info!(

@@ -108,7 +108,11 @@ capabilities:
   drop:
     - ALL
   add:
-    {{- toYaml .Values.capabilities | nindent 4 }}
+    {{- $capabilities := .Values.capabilities }}
+    {{- if and .Values.closeSocketsInPods (not (has "SYS_ADMIN" $capabilities)) }}
+    {{- $capabilities = append $capabilities "SYS_ADMIN" }}
+    {{- end }}
+    {{- toYaml $capabilities | nindent 4 }}
 seccompProfile:
   type: {{ .Values.seccompProfile.type }}
   {{- if eq .Values.seccompProfile.type "Localhost" }}

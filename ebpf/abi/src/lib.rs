@@ -62,6 +62,10 @@ pub mod map_names {
     /// pinned so that programs loaded again over grown maps keep writing where the agent
     /// reads. Written only with `--bpf-log-level`.
     pub const PROGRAM_LOGS: &str = "socklb_logs_v1";
+    /// Socket-local storage of [`super::SocketRecord`]: what each connect()ed socket that
+    /// may have to be closed was translated for. Unlike the socket ring it forgets no live
+    /// socket (the kernel frees a record with its socket), so a sweep finds every one.
+    pub const SOCKET_RECORDS: &str = "socklb_skrec_v1";
     /// [`super::GoneKey`] -> `u8` (hash, small): the (frontend, backend) pairs of one sync
     /// whose backend left, read by the socket iterators that close their sockets. Not
     /// pinned: it belongs to the running agent and is empty between sweeps.
@@ -96,7 +100,7 @@ pub mod map_names {
     pub const GONE6: &str = "socklb_gone6_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 24] = [
+    pub const ALL: [&str; 25] = [
         SERVICES,
         BACKENDS,
         SERVICES6,
@@ -115,6 +119,7 @@ pub mod map_names {
         TRACE,
         TRACE_CONTROL,
         PROGRAM_LOGS,
+        SOCKET_RECORDS,
         AFFINITY6,
         CONNTRACK6,
         CONNTRACK_NEW6,
@@ -316,6 +321,23 @@ pub struct SocketFrontend {
     pub pad3: u32,
 }
 
+/// A socket's record in [`map_names::SOCKET_RECORDS`]: the frontend it asked for and the
+/// backend it got, written by connect() for connected UDP sockets always and for TCP
+/// sockets when the agent closes those too ([`globals::RECORD_TCP`]). Addresses in network
+/// byte order, an IPv4 one in the last word (the others zero).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SocketRecord {
+    pub frontend_address: Ipv6Words,
+    pub backend_address: Ipv6Words,
+    pub frontend_port: u16,
+    pub backend_port: u16,
+    /// 4 or 6.
+    pub family: u8,
+    pub protocol: u8,
+    pub pad: u16,
+}
+
 /// Key of the gone map: a frontend and one of its backends that left it. A socket whose
 /// socket map entry names this pair (and whose peer is still that backend) is closed.
 #[repr(C)]
@@ -351,6 +373,10 @@ pub const SOCK_DESTROY_PLACEHOLDER: u32 = 0x5eed_de57;
 pub mod globals {
     /// `u32`: the socket map's size minus one (the size is a power of two).
     pub const SOCKET_SLOT_MASK: &str = "SOCKET_SLOT_MASK";
+    /// `u32`: 1 when connect() records TCP sockets too (the agent closes them when their
+    /// backend leaves, `--destroy-tcp-on-backend-removal`); 0: UDP only, and a TCP connect
+    /// pays nothing for it.
+    pub const RECORD_TCP: &str = "RECORD_TCP";
     /// `u32`: the byte offset of `skc_cookie` in the running kernel's `struct sock_common`
     /// (from its BTF), so that the destroy iterators read a socket's cookie without handing
     /// one out to every socket they visit; 0: unknown, the programs ask the helper.
@@ -1004,6 +1030,7 @@ const _: () = assert!(size_of::<ReverseKey>() == 16);
 const _: () = assert!(size_of::<ReverseEntry>() == 12);
 const _: () = assert!(size_of::<SocketFrontend>() == 32);
 const _: () = assert!(size_of::<GoneKey>() == 16);
+const _: () = assert!(size_of::<SocketRecord>() == 40);
 const _: () = assert!(size_of::<AffinityKey>() == 16);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
 const _: () = assert!(size_of::<Counters>() == Counters::NAMES.len() * 8);
@@ -1042,6 +1069,7 @@ mod pod {
     unsafe impl aya::Pod for super::ReverseEntry {}
     unsafe impl aya::Pod for super::SocketFrontend {}
     unsafe impl aya::Pod for super::GoneKey {}
+    unsafe impl aya::Pod for super::SocketRecord {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::Counters {}

@@ -44,6 +44,11 @@ impl<'a> SockAddr<'a> {
             })
     }
 
+    /// The hook's context, for helpers that take it (socket storage).
+    pub fn context(&self) -> &SockAddrContext {
+        self.ctx
+    }
+
     fn raw(&self) -> *mut bpf_sock_addr {
         self.ctx.sock_addr
     }

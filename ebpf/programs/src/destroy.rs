@@ -12,7 +12,7 @@ use core::ffi::c_void;
 use aya_ebpf::helpers::generated::{bpf_get_socket_cookie, bpf_seq_write};
 use socklb_abi::{GoneKey, PROTO_TCP, PROTO_UDP, SOCK_DESTROY_CALL};
 
-use crate::maps::{GONE, SOCKETS, socket_slot};
+use crate::{maps::GONE, record};
 
 /// Calls the `bpf_sock_destroy` kfunc, which aborts the socket with ECONNABORTED so that
 /// the application's next call fails. bpf-linker does not emit the BTF of an extern
@@ -129,26 +129,25 @@ fn visit(ctx: *mut c_void, protocol: u8) {
     {
         return;
     }
-    let cookie = cookie(sock);
-    // A socket that never had a cookie was never translated (connect4 asked for it).
-    if cookie == 0 {
-        return;
-    }
-    let Some(slot) = SOCKETS.get_ptr(socket_slot(cookie)) else {
+    // Only sockets socklb translated have a record; its backend must still be the peer
+    // (a socket may have connected elsewhere since).
+    let Some(record) = record::of(sock) else {
         return;
     };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let slot = unsafe { *slot };
-    if slot.cookie != cookie || slot.backend_address != daddr || slot.backend_port != dport {
+    if record.family != 4
+        || record.protocol != protocol
+        || record.backend_address[3] != daddr
+        || record.backend_port != dport
+    {
         return;
     }
     let key = GoneKey {
-        frontend_address: slot.frontend_address,
-        frontend_port: slot.frontend_port,
+        frontend_address: record.frontend_address[3],
+        frontend_port: record.frontend_port,
         protocol,
         pad: 0,
-        backend_address: slot.backend_address,
-        backend_port: slot.backend_port,
+        backend_address: record.backend_address[3],
+        backend_port: record.backend_port,
         pad2: 0,
     };
     if GONE.get_ptr(&key).is_none() {
@@ -158,6 +157,7 @@ fn visit(ctx: *mut c_void, protocol: u8) {
     if unsafe { sock_destroy(sock) } != 0 {
         return;
     }
+    let cookie = cookie(sock);
     // SAFETY: `ctx.meta` and its output are valid during this call; 8 bytes from a local.
     unsafe {
         let seq = (*ctx.meta).seq;

@@ -15,6 +15,7 @@ use crate::{
     counters::bump,
     log,
     maps::{AFFINITY, REVERSE, SERVICES, SOCKETS, socket_slot},
+    record,
     trace::{self, Decision},
 };
 
@@ -179,6 +180,14 @@ pub fn translate(sock: &SockAddr, protocol: u8, call: Call) -> Result<Forward, E
             service_id: master.service_id,
         },
     );
+    if call == Call::Connect {
+        record::remember(
+            sock,
+            protocol,
+            (frontend_address, frontend_port),
+            (backend.backend_address, backend.backend_port),
+        );
+    }
     sock.set_destination(backend.backend_address, backend.backend_port);
     Ok(Forward::Translated { affinity_hit })
 }

@@ -21,6 +21,7 @@ mod lb;
 mod log;
 mod maps;
 mod packet;
+mod record;
 mod recvmsg;
 mod sendmsg;
 mod trace;

@@ -2,15 +2,15 @@
 //! the real ones at load time from its flags.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, SkStorage},
     macros::btf_map,
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Counters, CtEntry, CtEntry6,
     CtKey, CtKey6, FragmentKey, FragmentKey6, FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey,
     MaglevKey, NodeConfig, NodeConfig6, ReverseEntry, ReverseKey, ServiceEntry, ServiceEntry6,
-    ServiceKey, ServiceKey6, SocketFrontend, SourceRange, SourceRange6, SourceVerdict,
-    TraceControl, TraceEvent,
+    ServiceKey, ServiceKey6, SocketFrontend, SocketRecord, SourceRange, SourceRange6,
+    SourceVerdict, TraceControl, TraceEvent,
 };
 
 /// Not preallocated, as the backend map: the agent writes both, so their memory follows the
@@ -63,6 +63,10 @@ pub fn socket_slot(cookie: u64) -> u32 {
     // Truncating is the point: the low bits of the cookie pick the slot.
     (cookie as u32) & mask
 }
+
+/// Each translated socket's own record, for the destroy iterators (see `record`).
+#[btf_map(name = "socklb_skrec_v1", pin_by_name)]
+pub static SOCKET_RECORDS: SkStorage<SocketRecord> = SkStorage::new();
 
 /// Placeholder capacity of the affinity maps of both families.
 pub const AFFINITY_CAPACITY: usize = 65536;

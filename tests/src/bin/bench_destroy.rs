@@ -133,7 +133,7 @@ endpoints:
         yaml
     };
     manifests.write("dns-slice.yaml", &slice(&backends));
-    let privileges = chart_agent().with("PERFMON").with("SYS_ADMIN");
+    let privileges = chart_agent().with("PERFMON");
     let agent = Agent::start_as(
         &privileges,
         &sandbox,

@@ -7,7 +7,8 @@
 //! - `ping`: a request and its reply on the same socket. The `dns` resolver, like a real
 //!   one, replaces its socket after an error and asks again (`reconnected`).
 //!
-//! socklb-hold udp|tcp|dns ADDR:PORT
+//! socklb-hold udp|tcp|dns ADDR:PORT (`[::ffff:a.b.c.d]:PORT`: an AF_INET6 socket talking to
+//! an IPv4-mapped address)
 //!
 //! `socklb-hold many-udp ADDR:PORT COUNT` instead connects COUNT UDP sockets (no exchange),
 //! prints one line, and holds them until stdin closes: the benchmark's open sockets.
@@ -95,7 +96,13 @@ fn main() {
 fn connect(mode: &str, target: SocketAddr) -> std::io::Result<Socket> {
     match mode {
         "udp" | "dns" => {
-            let socket = UdpSocket::bind("0.0.0.0:0")?;
+            // An IPv6 target (an IPv4-mapped one too) takes an AF_INET6 socket.
+            let any: SocketAddr = if target.is_ipv6() {
+                "[::]:0".parse().expect("the IPv6 any address")
+            } else {
+                "0.0.0.0:0".parse().expect("the IPv4 any address")
+            };
+            let socket = UdpSocket::bind(any)?;
             socket.connect(target)?;
             socket.set_read_timeout(Some(TIMEOUT))?;
             Ok(Socket::Udp(socket))
