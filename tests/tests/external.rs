@@ -1,7 +1,7 @@
 //! Traffic from outside the node (TC programs), end to end through the real agent, on the
 //! LAN of `socklb_tests::lan`.
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
     process::Command,
     time::{Duration, Instant},
 };
@@ -9,53 +9,55 @@ use std::{
 use socklb_agent::inspect;
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox,
+    family::Family,
     lan::{
-        CLIENT, EXTERNAL_IP, LB_IP, NODE1, NODE2, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT,
-        answers, assert_translated, cni_netfilter_rules, counters, here, lan, nodes, servers_of,
-        service, slice,
+        Addresses, CLIENT, EXTERNAL_IP, LB_IP, NODE1, NODE2, POD1, POD1_ENDPOINT, POD2,
+        POD2_ENDPOINT, addresses, answers, assert_translated, cni_netfilter_rules, counters, here,
+        lan, nodes, servers_of, service, slice,
     },
     node_yaml, run,
 };
 
 #[test]
-fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends() {
-    let sandbox = Sandbox::new("ext-cluster");
-    let lan = lan("c");
+fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends_over_ipv4() {
+    nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(Family::V4);
+}
+
+#[test]
+fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends_over_ipv6() {
+    nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(Family::V6);
+}
+
+fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-cluster{}", family.tag()));
+    let lan = lan(&format!("c{}", family.tag()));
     let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     manifests.write(
         "web.yaml",
-        &service(
+        &a.service(
             "web",
-            "10.96.0.50",
+            50,
             "[{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}, \
              {name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
-            &format!("  type: LoadBalancer\n  externalIPs: [{EXTERNAL_IP}]"),
-            Some(LB_IP),
+            &format!("  type: LoadBalancer\n  externalIPs: [\"{}\"]", a.external_ip),
+            true,
         ),
     );
+    let endpoints = [a.pod1_endpoint(), a.pod2_endpoint()];
     manifests.write(
         "web-slice.yaml",
         &format!(
             "{}---\n{}",
-            slice(
-                "web-http",
-                "web",
-                ("http", 8080, "TCP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
-            ),
-            slice(
-                "web-dns",
-                "web",
-                ("dns", 5353, "UDP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
-            ),
+            a.slice("web-http", "web", ("http", 8080, "TCP"), &endpoints),
+            a.slice("web-dns", "web", ("dns", 5353, "UDP"), &endpoints),
         ),
     );
     let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
@@ -67,18 +69,18 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends() {
         agent.log()
     );
 
-    let nodeport = format!("{NODE1}:30080");
+    let nodeport = Addresses::at(a.node1, 30080);
     let attempts = lan.client.probe("tcp", &nodeport, 40);
-    assert_translated(&attempts, &nodeport);
+    a.assert_translated(&attempts, &nodeport);
     assert_eq!(
         servers_of(&attempts),
         ["pod1", "pod2"],
         "both backends serve"
     );
 
-    for frontend in [format!("{LB_IP}:80"), format!("{EXTERNAL_IP}:80")] {
+    for frontend in [Addresses::at(a.lb_ip, 80), Addresses::at(a.external_ip, 80)] {
         let attempts = lan.client.probe("tcp", &frontend, 20);
-        assert_translated(&attempts, &frontend);
+        a.assert_translated(&attempts, &frontend);
     }
 
     // A real HTTP client; the servers answer without HTTP headers.
@@ -101,26 +103,38 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends() {
     );
 
     // UDP: every datagram's answer comes back from the frontend.
-    let udp = format!("{NODE1}:30053");
+    let udp = Addresses::at(a.node1, 30053);
     let attempts = lan.client.probe("udp", &udp, 30);
-    assert_translated(&attempts, &udp);
+    a.assert_translated(&attempts, &udp);
     assert_eq!(servers_of(&attempts), ["pod1", "pod2"]);
 
     let seen = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
     // Shown with --nocapture: the samples of docs/operations.md.
     println!("{}", inspect::table(&seen));
+    let conntrack = match family {
+        Family::V4 => socklb_abi::map_names::CONNTRACK,
+        Family::V6 => socklb_abi::map_names::CONNTRACK6,
+    };
     let dump = Command::new("bpftool")
         .args(["map", "dump", "pinned"])
-        .arg(sandbox.pin_dir.join(socklb_abi::map_names::CONNTRACK))
+        .arg(sandbox.pin_dir.join(conntrack))
         .output()
         .expect("prerequisite missing: bpftool (./x setup installs it)");
-    println!("{}", String::from_utf8_lossy(&dump.stdout));
-    assert!(
-        seen.conntrack
-            .iter()
-            .any(|c| c.snat && c.direction == "forward"),
-        "inspect lists SNATed flows"
-    );
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    println!("{dump}");
+    if family == Family::V4 {
+        assert!(
+            seen.conntrack
+                .iter()
+                .any(|c| c.snat && c.direction == "forward"),
+            "inspect lists SNATed flows"
+        );
+    } else {
+        assert!(
+            dump.contains("\"destination_port\""),
+            "bpftool shows the IPv6 conntrack entries by field: {dump}"
+        );
+    }
     assert!(seen.counters.external_flows >= 110, "{:?}", seen.counters);
     assert_eq!(seen.counters.errors, 0, "{:?}", seen.counters);
 }
