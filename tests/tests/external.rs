@@ -140,32 +140,42 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
 }
 
 #[test]
-fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint() {
-    let sandbox = Sandbox::new("ext-local");
-    let lan = lan("l");
+fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint_over_ipv4() {
+    external_traffic_policy_local(Family::V4);
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint_over_ipv6() {
+    external_traffic_policy_local(Family::V6);
+}
+
+fn external_traffic_policy_local(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-local{}", family.tag()));
+    let lan = lan(&format!("l{}", family.tag()));
     let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     let local_spec = "  type: NodePort\n  externalTrafficPolicy: Local";
     manifests.write(
         "local.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "local",
-                "10.96.0.60",
+                60,
                 "[{name: http, port: 80, targetPort: 8080, nodePort: 30081, protocol: TCP}]",
                 local_spec,
-                None
+                false
             ),
-            slice(
+            a.slice(
                 "local-1",
                 "local",
                 ("http", 8080, "TCP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
+                &[a.pod1_endpoint(), a.pod2_endpoint()]
             )
         ),
     );
@@ -173,35 +183,35 @@ fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endp
         "elsewhere.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "elsewhere",
-                "10.96.0.61",
+                61,
                 "[{name: http, port: 80, targetPort: 8080, nodePort: 30082, protocol: TCP}]",
                 local_spec,
-                None
+                false
             ),
-            slice(
+            a.slice(
                 "elsewhere-1",
                 "elsewhere",
                 ("http", 8080, "TCP"),
-                &[POD2_ENDPOINT]
+                &[a.pod2_endpoint()]
             )
         ),
     );
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30081"), 20);
+    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30081), 20);
     for (server, seen) in answers(&attempts) {
         assert_eq!(server, "pod1", "only the local endpoint serves");
         assert_eq!(
             seen.ip().to_string(),
-            CLIENT,
+            a.client,
             "the client's address reaches the pod"
         );
     }
 
     let before = counters(&sandbox);
-    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30082"), 1);
+    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30082), 1);
     assert!(
         attempts[0].reply.is_none(),
         "no local endpoint: {attempts:?}"
@@ -422,44 +432,57 @@ fn client_ip_affinity_holds_for_clients_outside_the_node() {
 }
 
 #[test]
-fn load_balancer_source_ranges_admit_listed_clients_only() {
-    let sandbox = Sandbox::new("ext-ranges");
-    let lan = lan("s");
-    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080));
+fn load_balancer_source_ranges_admit_listed_clients_only_over_ipv4() {
+    load_balancer_source_ranges(Family::V4);
+}
+
+#[test]
+fn load_balancer_source_ranges_admit_listed_clients_only_over_ipv6() {
+    load_balancer_source_ranges(Family::V6);
+}
+
+fn load_balancer_source_ranges(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-ranges{}", family.tag()));
+    let lan = lan(&format!("s{}", family.tag()));
+    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080));
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     let guarded = |name: &str, port: u16, node_port: u16, ranges: &str| {
         format!(
             "{}---\n{}",
-            service(
+            a.service(
                 name,
-                &format!("10.96.1.{}", port - 70),
+                (port - 70) as u8,
                 &format!(
                     "[{{name: http, port: {port}, targetPort: 8080, nodePort: {node_port}, protocol: TCP}}]"
                 ),
                 &format!("  type: LoadBalancer\n  loadBalancerSourceRanges: {ranges}"),
-                Some(LB_IP)
+                true
             ),
-            slice(
+            a.slice(
                 &format!("{name}-1"),
                 name,
                 ("http", 8080, "TCP"),
-                &[POD1_ENDPOINT]
+                &[a.pod1_endpoint()]
             )
         )
     };
-    manifests.write("open.yaml", &guarded("open", 80, 30110, "[10.77.0.0/28]"));
+    manifests.write(
+        "open.yaml",
+        &guarded("open", 80, 30110, &format!("[\"{}\"]", a.client_range)),
+    );
     manifests.write(
         "closed.yaml",
-        &guarded("closed", 81, 30111, "[203.0.113.0/24]"),
+        &guarded("closed", 81, 30111, &format!("[\"{}\"]", a.other_clients)),
     );
     let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let open = format!("{LB_IP}:80");
-    assert_translated(&lan.client.probe("tcp", &open, 5), &open);
+    let open = Addresses::at(a.lb_ip, 80);
+    a.assert_translated(&lan.client.probe("tcp", &open, 5), &open);
 
     let before = counters(&sandbox);
-    let closed = format!("{LB_IP}:81");
+    let closed = Addresses::at(a.lb_ip, 81);
     let attempts = lan.client.probe("tcp", &closed, 1);
     assert!(
         attempts[0].reply.is_none(),
@@ -470,31 +493,40 @@ fn load_balancer_source_ranges_admit_listed_clients_only() {
         after.external_denied > before.external_denied,
         "denied by socklb: {before:?} -> {after:?}"
     );
-    let shown =
-        inspect::inspect(&sandbox.pin_dir, Some(LB_IP.parse().expect("address"))).expect("inspect");
-    assert!(
-        shown
-            .frontends
-            .iter()
-            .any(|f| f.source_ranges.as_deref() == Some(&["203.0.113.0/24".to_owned()][..])),
-        "inspect shows the ranges"
-    );
+    // inspect reads the IPv4 maps (IPv6 frontends in inspect: cp6's part).
+    if family == Family::V4 {
+        let shown = inspect::inspect(&sandbox.pin_dir, Some(a.lb_ip.parse().expect("address")))
+            .expect("inspect");
+        assert!(
+            shown
+                .frontends
+                .iter()
+                .any(|f| f.source_ranges.as_deref() == Some(&[a.other_clients.to_owned()][..])),
+            "inspect shows the ranges: {:?}",
+            shown.frontends
+        );
+    }
 
     // The ranges guard the LoadBalancer IP only, as in kube-proxy: the NodePort is open.
-    let node_port = format!("{NODE1}:30111");
-    assert_translated(&lan.client.probe("tcp", &node_port, 3), &node_port);
+    let node_port = Addresses::at(a.node1, 30111);
+    a.assert_translated(&lan.client.probe("tcp", &node_port, 3), &node_port);
 
     // Widening the ranges lets the client in.
     manifests.write(
         "closed.yaml",
-        &guarded("closed", 81, 30111, "[203.0.113.0/24, 10.77.0.10/32]"),
+        &guarded(
+            "closed",
+            81,
+            30111,
+            &format!("[\"{}\", \"{}\"]", a.other_clients, a.client_range),
+        ),
     );
     agent.wait_for_log("synced", 2);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let attempts = lan.client.probe("tcp", &closed, 1);
         if attempts[0].reply.is_some() {
-            assert_translated(&attempts, &closed);
+            a.assert_translated(&attempts, &closed);
             break;
         }
         assert!(Instant::now() < deadline, "still denied after the change");
