@@ -1,7 +1,7 @@
 //! Traffic from outside the node (TC programs), end to end through the real agent, on the
 //! LAN of `socklb_tests::lan`.
 use std::{
-    net::{Ipv4Addr, SocketAddr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
     process::Command,
     time::{Duration, Instant},
 };
@@ -11,7 +11,7 @@ use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox,
     family::Family,
     lan::{
-        Addresses, CLIENT, EXTERNAL_IP, LB_IP, NODE1, NODE2, POD1, POD1_ENDPOINT, POD2,
+        Addresses, CLIENT, EXTERNAL_IP, LB_IP, NODE1, POD1, POD1_ENDPOINT, POD2,
         POD2_ENDPOINT, addresses, answers, assert_translated, cni_netfilter_rules, counters, here,
         lan, nodes, servers_of, service, slice,
     },
@@ -563,36 +563,46 @@ impl Drop for SecondNode {
 }
 
 #[test]
-fn with_maglev_every_node_sends_a_flow_to_the_same_backend() {
-    let sandbox = Sandbox::new("ext-maglev");
-    let lan = lan("m");
+fn with_maglev_every_node_sends_a_flow_to_the_same_backend_over_ipv4() {
+    with_maglev_every_node_sends_a_flow_to_the_same_backend(Family::V4);
+}
+
+#[test]
+fn with_maglev_every_node_sends_a_flow_to_the_same_backend_over_ipv6() {
+    with_maglev_every_node_sends_a_flow_to_the_same_backend(Family::V6);
+}
+
+fn with_maglev_every_node_sends_a_flow_to_the_same_backend(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-maglev{}", family.tag()));
+    let lan = lan(&format!("m{}", family.tag()));
     let second = SecondNode::new(&sandbox);
     let _servers = [
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     manifests.write(
         "dns.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "dns",
-                "10.96.0.90",
+                90,
                 "[{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
                 "  type: NodePort",
-                None
+                false
             )
             .replace(
                 "namespace: default}",
                 "namespace: default, annotations: {socklb.io/lb-algorithm: maglev}}"
             ),
-            slice(
+            a.slice(
                 "dns-1",
                 "dns",
                 ("dns", 5353, "UDP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
+                &[a.pod1_endpoint(), a.pod2_endpoint()]
             )
         ),
     );
@@ -613,24 +623,27 @@ fn with_maglev_every_node_sends_a_flow_to_the_same_backend() {
     });
 
     // The same flows (client address and port) through either node.
+    let client: IpAddr = a.client.parse().expect("address");
     let chosen: Vec<(u16, String, String)> = lan.client.enter(|| {
         (40000..40020)
             .map(|port| {
-                let socket = std::net::UdpSocket::bind((CLIENT, port)).expect("bind the client");
+                let socket = std::net::UdpSocket::bind((client, port)).expect("bind the client");
                 socket
                     .set_read_timeout(Some(Duration::from_secs(3)))
                     .expect("timeout");
                 let ask = |node: &str| {
-                    socket.send_to(b"ping", (node, 30053)).expect("send");
+                    let frontend: SocketAddr =
+                        Addresses::at(node, 30053).parse().expect("address");
+                    socket.send_to(b"ping", frontend).expect("send");
                     let mut buffer = [0u8; 128];
                     let (len, from) = socket.recv_from(&mut buffer).unwrap_or_else(|e| {
                         panic!("no answer through {node} from port {port}: {e}")
                     });
-                    assert_eq!(from.to_string(), format!("{node}:30053"));
+                    assert_eq!(from, frontend);
                     let reply = String::from_utf8_lossy(&buffer[..len]).into_owned();
                     reply.split(' ').next().unwrap_or_default().to_owned()
                 };
-                (port, ask(NODE1), ask(NODE2))
+                (port, ask(a.node1), ask(a.node2))
             })
             .collect()
     });
@@ -648,11 +661,13 @@ fn with_maglev_every_node_sends_a_flow_to_the_same_backend() {
         ["pod1", "pod2"],
         "flows spread over both backends"
     );
-    let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
-    assert!(
-        shown.frontends.iter().any(|f| f.maglev),
-        "inspect shows Maglev"
-    );
+    if family == Family::V4 {
+        let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
+        assert!(
+            shown.frontends.iter().any(|f| f.maglev),
+            "inspect shows Maglev"
+        );
+    }
 }
 
 #[test]
