@@ -11,9 +11,9 @@ use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox,
     family::Family,
     lan::{
-        Addresses, CLIENT, EXTERNAL_IP, LB_IP, NODE1, POD1, POD1_ENDPOINT, POD2,
-        POD2_ENDPOINT, addresses, answers, assert_translated, cni_netfilter_rules, counters, here,
-        lan, nodes, servers_of, service, slice,
+        Addresses, CLIENT, NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, addresses, answers,
+        assert_translated, cni_netfilter_rules, counters, here, lan, nodes, servers_of, service,
+        slice,
     },
     node_yaml, run,
 };
@@ -47,7 +47,10 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
             50,
             "[{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}, \
              {name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
-            &format!("  type: LoadBalancer\n  externalIPs: [\"{}\"]", a.external_ip),
+            &format!(
+                "  type: LoadBalancer\n  externalIPs: [\"{}\"]",
+                a.external_ip
+            ),
             true,
         ),
     );
@@ -632,8 +635,7 @@ fn with_maglev_every_node_sends_a_flow_to_the_same_backend(family: Family) {
                     .set_read_timeout(Some(Duration::from_secs(3)))
                     .expect("timeout");
                 let ask = |node: &str| {
-                    let frontend: SocketAddr =
-                        Addresses::at(node, 30053).parse().expect("address");
+                    let frontend: SocketAddr = Addresses::at(node, 30053).parse().expect("address");
                     socket.send_to(b"ping", frontend).expect("send");
                     let mut buffer = [0u8; 128];
                     let (len, from) = socket.recv_from(&mut buffer).unwrap_or_else(|e| {
@@ -770,96 +772,114 @@ impl Drop for KillOnDrop {
 }
 
 #[test]
-fn a_cni_s_netfilter_rules_leave_every_external_path_working() {
-    let sandbox = Sandbox::new("ext-cni");
-    let lan = lan("n");
-    cni_netfilter_rules(socklb_tests::family::Family::V4);
+fn a_cni_s_netfilter_rules_leave_every_external_path_working_over_ipv4() {
+    a_cni_s_netfilter_rules_leave_every_external_path_working(Family::V4);
+}
+
+#[test]
+fn a_cni_s_netfilter_rules_leave_every_external_path_working_over_ipv6() {
+    a_cni_s_netfilter_rules_leave_every_external_path_working(Family::V6);
+}
+
+fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-cni{}", family.tag()));
+    let lan = lan(&format!("n{}", family.tag()));
+    cni_netfilter_rules(family);
     let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     // (Service, its endpoint, NodePorts TCP and UDP, externalTrafficPolicy)
     let services = [
-        ("local", POD1_ENDPOINT, 30090, 30055, "Cluster"),
-        ("remote", POD2_ENDPOINT, 30091, 30056, "Cluster"),
-        ("etplocal", POD1_ENDPOINT, 30092, 30057, "Local"),
+        ("local", a.pod1_endpoint(), 30090, 30055, "Cluster"),
+        ("remote", a.pod2_endpoint(), 30091, 30056, "Cluster"),
+        ("etplocal", a.pod1_endpoint(), 30092, 30057, "Local"),
     ];
     for (i, (name, endpoint, tcp, udp, policy)) in services.iter().enumerate() {
-        let cluster_ip = format!("10.96.0.{}", 110 + i);
         manifests.write(
             &format!("{name}.yaml"),
             &format!(
                 "{}---\n{}---\n{}",
-                service(
+                a.service(
                     name,
-                    &cluster_ip,
+                    110 + i as u8,
                     &format!(
                         "[{{name: http, port: 80, targetPort: 8080, nodePort: {tcp}, protocol: TCP}}, \
                          {{name: dns, port: 53, targetPort: 5353, nodePort: {udp}, protocol: UDP}}]"
                     ),
                     &format!(
                         "  type: LoadBalancer\n  externalTrafficPolicy: {policy}\n  \
-                         externalIPs: [{}]",
-                        if i == 0 { EXTERNAL_IP } else { "198.51.100.8" }
+                         externalIPs: [\"{}\"]",
+                        if i == 0 { a.external_ip } else { a.external_ip2 }
                     ),
-                    (i == 0).then_some(LB_IP),
+                    i == 0,
                 ),
-                slice(&format!("{name}-http"), name, ("http", 8080, "TCP"), &[*endpoint]),
-                slice(&format!("{name}-dns"), name, ("dns", 5353, "UDP"), &[*endpoint]),
+                a.slice(&format!("{name}-http"), name, ("http", 8080, "TCP"), &[endpoint.clone()]),
+                a.slice(&format!("{name}-dns"), name, ("dns", 5353, "UDP"), &[endpoint.clone()]),
             ),
         );
     }
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let mut frontends: Vec<String> = services
+    let mut frontends: Vec<(&str, String)> = services
         .iter()
         .flat_map(|(_, _, tcp, udp, _)| {
-            [format!("tcp {NODE1}:{tcp}"), format!("udp {NODE1}:{udp}")]
+            [
+                ("tcp", Addresses::at(a.node1, *tcp)),
+                ("udp", Addresses::at(a.node1, *udp)),
+            ]
         })
         .collect();
     // The local backend behind a LoadBalancer IP and an externalIP too.
     frontends.extend([
-        format!("tcp {LB_IP}:80"),
-        format!("udp {LB_IP}:53"),
-        format!("tcp {EXTERNAL_IP}:80"),
+        ("tcp", Addresses::at(a.lb_ip, 80)),
+        ("udp", Addresses::at(a.lb_ip, 53)),
+        ("tcp", Addresses::at(a.external_ip, 80)),
     ]);
-    for frontend in &frontends {
-        let (mode, address) = frontend.split_once(' ').expect("mode and address");
+    for (mode, address) in &frontends {
         let attempts = lan.client.probe(mode, address, 5);
         let failed = attempts.iter().filter(|a| a.reply.is_none()).count();
-        assert_eq!(failed, 0, "{frontend}: {failed} of 5 failed: {attempts:?}");
+        assert_eq!(
+            failed, 0,
+            "{mode} {address}: {failed} of 5 failed: {attempts:?}"
+        );
         // The client sees the frontend; a local pod sees the client, a remote one the node.
-        assert_translated(&attempts, address);
+        a.assert_translated(&attempts, address);
     }
     assert_eq!(counters(&sandbox).errors, 0);
 
     // A NetworkPolicy-like rule on the local pod's device sees the client's address, so it
     // applies to traffic from outside as well.
-    run(Command::new("iptables").args([
+    let (tool, reset) = match family {
+        Family::V4 => ("iptables", "tcp-reset"),
+        Family::V6 => ("ip6tables", "tcp-reset"),
+    };
+    run(Command::new(tool).args([
         "-I",
         "FORWARD",
         "-o",
         "pod1",
         "-s",
-        CLIENT,
+        a.client,
         "-p",
         "tcp",
         "-j",
         "REJECT",
         "--reject-with",
-        "tcp-reset",
+        reset,
     ]));
-    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30090"), 3);
+    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30090), 3);
     assert!(
         attempts.iter().all(|a| a.reply.is_none()),
         "a FORWARD rule against the client on pod1's device must hold: {attempts:?}"
     );
-    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30091"), 3);
-    assert_translated(&attempts, &format!("{NODE1}:30091"));
+    let remote = Addresses::at(a.node1, 30091);
+    a.assert_translated(&lan.client.probe("tcp", &remote, 3), &remote);
 }
 
 /// A node device eth0 holding `addresses` in this thread's namespace (this kernel has no
