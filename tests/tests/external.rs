@@ -384,53 +384,66 @@ fn udp_without_checksum_passes_and_a_udp_flow_moves_when_its_backend_goes() {
 }
 
 #[test]
-fn client_ip_affinity_holds_for_clients_outside_the_node() {
-    let sandbox = Sandbox::new("ext-sticky");
-    let lan = lan("a");
+fn client_ip_affinity_holds_for_clients_outside_the_node_over_ipv4() {
+    client_ip_affinity_holds_for_clients_outside_the_node(Family::V4);
+}
+
+#[test]
+fn client_ip_affinity_holds_for_clients_outside_the_node_over_ipv6() {
+    client_ip_affinity_holds_for_clients_outside_the_node(Family::V6);
+}
+
+fn client_ip_affinity_holds_for_clients_outside_the_node(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-sticky{}", family.tag()));
+    let lan = lan(&format!("a{}", family.tag()));
     let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     manifests.write(
         "sticky.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "sticky",
-                "10.96.0.97",
+                97,
                 "[{name: http, port: 80, targetPort: 8080, nodePort: 30097, protocol: TCP}]",
                 "  type: NodePort\n  sessionAffinity: ClientIP",
-                None
+                false
             ),
-            slice(
+            a.slice(
                 "sticky-1",
                 "sticky",
                 ("http", 8080, "TCP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
+                &[a.pod1_endpoint(), a.pod2_endpoint()]
             )
         ),
     );
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let nodeport = format!("{NODE1}:30097");
+    let nodeport = Addresses::at(a.node1, 30097);
     let attempts = lan.client.probe("tcp", &nodeport, 20);
-    assert_translated(&attempts, &nodeport);
+    a.assert_translated(&attempts, &nodeport);
     assert_eq!(
         servers_of(&attempts).len(),
         1,
         "every connection of one client goes to one backend: {attempts:?}"
     );
     let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
-    assert!(
-        shown
-            .affinity
-            .iter()
-            .any(|a| a.client.map(|c| c.to_string()).as_deref() == Some(CLIENT)),
-        "inspect shows the client's affinity entry: {:?}",
-        shown.affinity
-    );
+    // inspect lists the IPv4 affinity map (socklb_aff6_v1: bpftool).
+    if family == Family::V4 {
+        assert!(
+            shown
+                .affinity
+                .iter()
+                .any(|e| e.client.map(|c| c.to_string()).as_deref() == Some(a.client)),
+            "inspect shows the client's affinity entry: {:?}",
+            shown.affinity
+        );
+    }
     assert!(shown.counters.affinity_hits >= 19, "{:?}", shown.counters);
 }
 
