@@ -832,8 +832,8 @@ fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
                     ),
                     i == 0,
                 ),
-                a.slice(&format!("{name}-http"), name, ("http", 8080, "TCP"), &[endpoint.clone()]),
-                a.slice(&format!("{name}-dns"), name, ("dns", 5353, "UDP"), &[endpoint.clone()]),
+                a.slice(&format!("{name}-http"), name, ("http", 8080, "TCP"), std::slice::from_ref(endpoint)),
+                a.slice(&format!("{name}-dns"), name, ("dns", 5353, "UDP"), std::slice::from_ref(endpoint)),
             ),
         );
     }

@@ -103,7 +103,7 @@ fn reply_is_ours<F: Family>(table: &CtTable<F>, reply_key: &Key<F>, forward_key:
         return false;
     };
     // SAFETY: pointer from a successful lookup; read at once.
-    points_to(&F::flow_entry(unsafe { &*reply }), forward_key)
+    points_to(F::flow_entry(unsafe { &*reply }), forward_key)
 }
 
 /// The entry under `key` in `table` as it was before this packet, which refreshes it: its
@@ -483,7 +483,7 @@ fn held<F: Family>(
         .map(|entry| F::flow_entry(unsafe { &*entry }))
         .filter(|entry| points_to(entry, reply_key));
     let forward_found = forward.is_some();
-    let forward_live = forward.is_some_and(|forward| live(forward));
+    let forward_live = forward.is_some_and(live);
     let is_live = if !confirmed && reply_key.protocol == PROTO_TCP {
         forward_live
     } else {

@@ -44,7 +44,7 @@ fn fragmented_datagrams(test: &str, tag: &str, cni: bool) {
     let sandbox = Sandbox::new(test);
     let lan = lan(tag);
     if cni {
-        cni_netfilter_rules();
+        cni_netfilter_rules(socklb_tests::family::Family::V4);
     }
     let _echoes = [
         UdpEcho::start(&lan.pod1, SocketAddrV4::new(POD1, 5353)),
