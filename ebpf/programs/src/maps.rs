@@ -136,9 +136,10 @@ pub static CONNTRACK6: LruHashMap<CtKey6, CtEntry6, CT_CAPACITY> = LruHashMap::n
 #[btf_map(name = "socklb_ctn6_v1", pin_by_name)]
 pub static CONNTRACK_NEW6: LruHashMap<CtKey6, CtEntry6, CT_CAPACITY> = LruHashMap::new();
 
-/// Ports of first IPv6 fragments (see `packet`).
+/// Ports of first IPv6 fragments (see `packet`): half of IPv4's, as the agent sizes the
+/// other IPv6 tables of flows from outside.
 #[btf_map(name = "socklb_frag6_v1", pin_by_name)]
-pub static FRAGMENTS6: LruHashMap<FragmentKey6, FragmentPorts, 8192> = LruHashMap::new();
+pub static FRAGMENTS6: LruHashMap<FragmentKey6, FragmentPorts, 4096> = LruHashMap::new();
 
 #[btf_map(name = "socklb_node6_v1", pin_by_name)]
 pub static NODE6: Array<NodeConfig6, 1> = Array::new();
