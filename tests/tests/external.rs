@@ -1123,6 +1123,7 @@ mod programs {
 
         if family == Family::V6 {
             extension_header_is_walked(&lan, &a);
+            too_many_extension_headers_pass_counted(&lan, &a, &sandbox);
             icmpv6_and_neighbour_discovery_pass(&lan, &a);
         }
         assert_eq!(counters(&sandbox).errors, 0, "{:?}", counters(&sandbox));
@@ -1161,6 +1162,82 @@ mod programs {
             String::from_utf8_lossy(&buffer[..len]).into_owned()
         });
         assert!(before.starts_with("pod1 "), "answered by {before:?}");
+    }
+
+    /// A datagram to the UDP NodePort behind five Destination Options headers, one more
+    /// than the programs walk, is passed untranslated and counted (sent whole, headers and
+    /// all, over a raw socket).
+    fn too_many_extension_headers_pass_counted(
+        lan: &socklb_tests::lan::Lan,
+        a: &Addresses,
+        sandbox: &Sandbox,
+    ) {
+        let (IpAddr::V6(client), IpAddr::V6(node1)) = (ip(a.client), ip(a.node1)) else {
+            panic!("IPv6 addresses expected");
+        };
+        const HEADERS: u8 = 5;
+        let mut packet = Vec::new();
+        // IPv6 header: version 6, payload length, next header (destination options), hop
+        // limit, source, destination.
+        let payload = u16::from(HEADERS) * 8 + 8 + 4;
+        packet.extend_from_slice(&[0x60, 0, 0, 0]);
+        packet.extend_from_slice(&payload.to_be_bytes());
+        packet.extend_from_slice(&[60, 64]);
+        packet.extend_from_slice(&client.octets());
+        packet.extend_from_slice(&node1.octets());
+        for i in 0..HEADERS {
+            let next = if i + 1 == HEADERS { 17 } else { 60 };
+            // Next header, length 0 (8 bytes), PadN over the 4 bytes left.
+            packet.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+        }
+        // UDP to the NodePort (no checksum: the datagram is not meant to be delivered).
+        packet.extend_from_slice(&40000u16.to_be_bytes());
+        packet.extend_from_slice(&30053u16.to_be_bytes());
+        packet.extend_from_slice(&12u16.to_be_bytes());
+        packet.extend_from_slice(&[0, 0]);
+        packet.extend_from_slice(b"ping");
+        let before = counters(sandbox);
+        lan.client.enter(|| {
+            // SAFETY: plain socket call; the fd is owned below.
+            let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+            assert!(
+                fd >= 0,
+                "raw IPv6 socket: {}",
+                std::io::Error::last_os_error()
+            );
+            // SAFETY: a fresh fd we own.
+            let socket =
+                unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            // SAFETY: all-zero is a valid sockaddr_in6.
+            let mut address: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            address.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            address.sin6_addr.s6_addr = node1.octets();
+            // SAFETY: buffers and address of the sizes passed.
+            let sent = unsafe {
+                libc::sendto(
+                    socket.as_raw_fd(),
+                    packet.as_ptr().cast(),
+                    packet.len(),
+                    0,
+                    std::ptr::from_ref(&address).cast(),
+                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(
+                usize::try_from(sent).ok(),
+                Some(packet.len()),
+                "send: {}",
+                std::io::Error::last_os_error()
+            );
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while counters(sandbox).ipv6_headers_unwalked == before.ipv6_headers_unwalked {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the packet with {HEADERS} extension headers was not counted"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Echo requests to node1 are answered, also after the client forgot node1's link-layer
