@@ -272,9 +272,9 @@ pub enum Output {
 pub struct InspectArgs {
     #[command(flatten)]
     pub pins: PinArgs,
-    /// Only the frontends on this address (a ClusterIP, node address, ...).
+    /// Only the frontends on this address, IPv4 or IPv6 (a ClusterIP, node address, ...).
     #[arg(long)]
-    pub address: Option<std::net::Ipv4Addr>,
+    pub address: Option<std::net::IpAddr>,
     /// Only the frontends of this Service, NAMESPACE/NAME (and their affinity and
     /// conntrack entries).
     #[arg(long)]
@@ -290,12 +290,13 @@ pub struct TraceArgs {
     /// Only the frontends of this Service, NAMESPACE/NAME.
     #[arg(long)]
     pub service: Option<String>,
-    /// Only this frontend, ADDRESS:PORT (port 0: any port of the address).
+    /// Only this frontend, ADDRESS:PORT (port 0: any port of the address); IPv4 only, as
+    /// the kernel filters it (use --service for an IPv6 frontend).
     #[arg(long)]
-    pub frontend: Option<std::net::SocketAddrV4>,
-    /// Only translations to this backend address.
+    pub frontend: Option<std::net::SocketAddr>,
+    /// Only translations to this backend address; IPv4 only, as the kernel filters it.
     #[arg(long)]
-    pub backend: Option<std::net::Ipv4Addr>,
+    pub backend: Option<std::net::IpAddr>,
     /// Also recvmsg() and getpeername() answers shown as the frontend.
     #[arg(long)]
     pub reverse: bool,
@@ -639,12 +640,28 @@ fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let frontend = match args.frontend {
+        None => None,
+        Some(std::net::SocketAddr::V4(frontend)) => Some(frontend),
+        Some(std::net::SocketAddr::V6(frontend)) => anyhow::bail!(
+            "--frontend {frontend}: the kernel filters IPv4 frontends only; pass --service \
+             NAMESPACE/NAME to trace the Service of an IPv6 frontend"
+        ),
+    };
+    let backend = match args.backend {
+        None => None,
+        Some(std::net::IpAddr::V4(backend)) => Some(backend),
+        Some(std::net::IpAddr::V6(backend)) => anyhow::bail!(
+            "--backend {backend}: the kernel filters IPv4 backends only; pass --service \
+             NAMESPACE/NAME to trace the Service of an IPv6 backend"
+        ),
+    };
     let options = trace::session::Options {
         pin_dir: args.pins.pin_dir.clone(),
         filters: trace::session::Filters {
             service,
-            frontend: args.frontend,
-            backend: args.backend,
+            frontend,
+            backend,
             reverse: args.reverse,
             packets: args.packets,
         },

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use tracing::warn;
 
 use crate::{
-    dataplane::{Desired, Frontend, FrontendSpec},
-    select::{FrontendChoice, ServiceName, ServiceSelection},
+    dataplane::{Desired, Frontend, FrontendSpec, Scope},
+    select::{Family, FrontendChoice, ServiceName, ServiceSelection},
 };
 
 #[derive(Debug, Default)]
@@ -17,6 +17,13 @@ pub struct FrontendTable {
     owners: BTreeMap<Frontend, BTreeSet<ServiceName>>,
     /// Services with a healthCheckNodePort, so that a sync need not walk every selection.
     health_checked: BTreeSet<ServiceName>,
+    /// Frontends claimed, by family and scope, kept up to date for the metrics (a sync
+    /// need not count them).
+    counts: BTreeMap<(Family, Scope), usize>,
+}
+
+fn count_key(frontend: &Frontend) -> (Family, Scope) {
+    (Family::of(frontend.address), frontend.scope)
 }
 
 impl FrontendTable {
@@ -35,6 +42,9 @@ impl FrontendTable {
                     owners.remove(service);
                     if owners.is_empty() {
                         self.owners.remove(&choice.frontend);
+                        if let Some(count) = self.counts.get_mut(&count_key(&choice.frontend)) {
+                            *count = count.saturating_sub(1);
+                        }
                     }
                 }
             }
@@ -47,6 +57,9 @@ impl FrontendTable {
             for choice in &selection.frontends {
                 touched.insert(choice.frontend);
                 let owners = self.owners.entry(choice.frontend).or_default();
+                if owners.is_empty() {
+                    *self.counts.entry(count_key(&choice.frontend)).or_default() += 1;
+                }
                 owners.insert(service.clone());
                 if owners.len() == 2 {
                     warn!(
@@ -95,6 +108,18 @@ impl FrontendTable {
             }
         }
         desired
+    }
+
+    /// How many frontends are claimed, per family and scope (every pair, zeros included).
+    pub fn counts(&self) -> impl Iterator<Item = (Family, Scope, usize)> + '_ {
+        Family::ALL.into_iter().flat_map(move |family| {
+            [Scope::Internal, Scope::External]
+                .into_iter()
+                .map(move |scope| {
+                    let count = self.counts.get(&(family, scope)).copied().unwrap_or(0);
+                    (family, scope, count)
+                })
+        })
     }
 
     /// The selections of the Services with a healthCheckNodePort.
@@ -179,6 +204,29 @@ mod tests {
         let touched = table.update(&service("a"), None);
         assert_eq!(touched, BTreeSet::from([frontend(2), frontend(3)]));
         assert!(table.desired().frontends.is_empty());
+    }
+
+    #[test]
+    fn frontends_are_counted_by_family_and_scope_once_whoever_claims_them() {
+        let mut table = FrontendTable::default();
+        let count = |table: &FrontendTable, family| {
+            table
+                .counts()
+                .find(|(f, scope, _)| *f == family && *scope == Scope::Internal)
+                .map(|(_, _, n)| n)
+        };
+        table.update(&service("a"), Some(selection("a", &[(1, 1), (2, 1)])));
+        table.update(&service("b"), Some(selection("b", &[(2, 2)])));
+        let mut v6 = selection("c", &[(3, 1)]);
+        v6.frontends[0].frontend.address = "fd00:96::3".parse().expect("address");
+        table.update(&service("c"), Some(v6));
+        assert_eq!(count(&table, Family::V4), Some(2));
+        assert_eq!(count(&table, Family::V6), Some(1));
+        table.update(&service("a"), None);
+        assert_eq!(count(&table, Family::V4), Some(1), "b still claims 2");
+        table.update(&service("b"), None);
+        table.update(&service("c"), None);
+        assert!(table.counts().all(|(_, _, n)| n == 0));
     }
 
     #[test]

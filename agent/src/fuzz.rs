@@ -3,7 +3,10 @@
 //! the map writer. None of it may panic, what the writer leaves in the maps stays consistent
 //! for a concurrent reader (also one that read a count just before it changed), and a bad
 //! object never changes another Service's frontends.
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use k8s_openapi::{
     api::{
@@ -64,6 +67,10 @@ const ADDRESSES: &[&str] = &[
     "10.0.0.1",
     "10.0.0.2",
     "192.0.2.1",
+    "fd00:96::10",
+    "fd00::1",
+    "fd00:192::1",
+    "::ffff:10.0.0.1",
 ];
 const PROTOCOLS: &[&str] = &["TCP", "UDP", "SCTP"];
 const NAMES: &[&str] = &["web", "dns", "db", "a", "b"];
@@ -165,8 +172,12 @@ fn service(namespace: Namespaces) -> BoxedStrategy<Service> {
         opt_text(&["Cluster", "Local"]),
         opt_text(&["ClientIP", "None"]),
         option::of(any::<i32>()),
-        option::of(vec(text(&["10.0.0.0/8", "192.0.2.0/24"]), 0..3)),
+        option::of(vec(
+            text(&["10.0.0.0/8", "192.0.2.0/24", "fd00::/8", "::ffff:0:0/96"]),
+            0..3,
+        )),
         option::of(any::<i32>()),
+        option::of(vec(text(&["IPv4", "IPv6"]), 0..3)),
     );
     let status = option::of(vec(
         (opt_text(ADDRESSES), opt_text(&["VIP", "Proxy"])),
@@ -186,6 +197,7 @@ fn service(namespace: Namespaces) -> BoxedStrategy<Service> {
                 timeout,
                 load_balancer_source_ranges,
                 health_check_node_port,
+                ip_families,
             ) = spec;
             Service {
                 metadata,
@@ -205,6 +217,7 @@ fn service(namespace: Namespaces) -> BoxedStrategy<Service> {
                     }),
                     load_balancer_source_ranges,
                     health_check_node_port,
+                    ip_families,
                     ..ServiceSpec::default()
                 }),
                 status: status.map(|ingress| ServiceStatus {
@@ -229,7 +242,10 @@ fn service(namespace: Namespaces) -> BoxedStrategy<Service> {
 
 fn endpoint() -> BoxedStrategy<Endpoint> {
     (
-        vec(text(&["10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::1"]), 0..3),
+        vec(
+            text(&["10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::1", "fd00::2"]),
+            0..3,
+        ),
         option::of((
             option::of(any::<bool>()),
             option::of(any::<bool>()),
@@ -373,11 +389,11 @@ fn sync(
     desired
 }
 
-/// Two well-formed Services of namespace `default` on this node.
+/// Two well-formed Services of namespace `default` on this node, one of them dual-stack.
 const BASELINE: &str = "
 kind: Node
 metadata: {name: node-a, labels: {topology.kubernetes.io/zone: zone-a}}
-status: {addresses: [{type: InternalIP, address: 192.0.2.1}]}
+status: {addresses: [{type: InternalIP, address: 192.0.2.1}, {type: InternalIP, address: 'fd00:192::1'}]}
 ---
 kind: Service
 metadata: {name: web, namespace: default}
@@ -398,15 +414,24 @@ ports: [{name: http, port: 8080, protocol: TCP}]
 kind: Service
 metadata: {name: dns, namespace: default}
 spec:
+  type: NodePort
+  ipFamilies: [IPv4, IPv6]
   clusterIP: 10.96.0.11
-  clusterIPs: [10.96.0.11]
-  ports: [{name: dns, port: 53, protocol: UDP}]
+  clusterIPs: [10.96.0.11, 'fd00:96::11']
+  ports: [{name: dns, port: 53, nodePort: 30053, protocol: UDP}]
 ---
 kind: EndpointSlice
 metadata: {name: dns-1, namespace: default, labels: {kubernetes.io/service-name: dns}}
 addressType: IPv4
 endpoints:
 - {addresses: [10.0.0.3], nodeName: node-c}
+ports: [{name: dns, port: 53, protocol: UDP}]
+---
+kind: EndpointSlice
+metadata: {name: dns-2, namespace: default, labels: {kubernetes.io/service-name: dns}}
+addressType: IPv6
+endpoints:
+- {addresses: ['fd00::3'], nodeName: node-a}
 ports: [{name: dns, port: 53, protocol: UDP}]
 ";
 
@@ -469,7 +494,10 @@ proptest! {
         let (mut state, mut table, mut writer) = fresh();
         let before = sync(&mut state, &mut table, &mut writer, baseline());
         let frontends: Vec<Frontend> = before.frontends.keys().copied().collect();
-        prop_assert!(frontends.len() >= 4, "the baseline has its frontends: {frontends:?}");
+        prop_assert!(
+            frontends.iter().filter(|f| f.address.is_ipv6()).count() >= 3,
+            "the baseline has its frontends of both families: {frontends:?}"
+        );
         let programmed_before = programmed(&writer, &frontends);
         let after = sync(&mut state, &mut table, &mut writer, events);
         for frontend in &frontends {
@@ -479,22 +507,34 @@ proptest! {
     }
 }
 
-/// Backend sets of a few frontends, as successive syncs give them to the writer: sets grow,
-/// shrink, empty and vanish.
+/// The address `last` of a test network of either family (10.<net>.0.<last> or
+/// fd00:<net>::<last>).
+fn address(v6: bool, net: u8, last: u8) -> IpAddr {
+    if v6 {
+        Ipv6Addr::new(0xfd00, net.into(), 0, 0, 0, 0, 0, last.into()).into()
+    } else {
+        Ipv4Addr::new(10, net, 0, last).into()
+    }
+}
+
+/// Backend sets of a few frontends of both families, as successive syncs give them to the
+/// writer: sets grow, shrink, empty and vanish; each frontend's backends are of its family.
 fn desired_states() -> impl Strategy<Value = Vec<Desired>> {
-    let frontend = (0..4u8).prop_map(|last| Frontend {
-        address: Ipv4Addr::new(10, 96, 0, last).into(),
+    let frontend = (any::<bool>(), 0..4u8).prop_map(|(v6, last)| Frontend {
+        address: address(v6, 96, last),
         port: 80,
         protocol: Protocol::Tcp,
         scope: Scope::Internal,
     });
-    let backends = vec(
-        (1..12u8).prop_map(|last| BackendAddr::local(Ipv4Addr::new(10, 0, 0, last), 8080)),
-        0..8,
-    );
+    let backends = vec(1..12u8, 0..8);
     let state = vec((frontend, backends), 0..4).prop_map(|frontends| {
         let mut desired = Desired::default();
-        for (frontend, backends) in frontends {
+        for (frontend, lasts) in frontends {
+            let v6 = frontend.address.is_ipv6();
+            let backends = lasts
+                .into_iter()
+                .map(|last| BackendAddr::local(address(v6, 0, last), 8080))
+                .collect();
             desired.insert(
                 frontend,
                 FrontendSpec {

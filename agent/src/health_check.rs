@@ -16,7 +16,7 @@
 //! it never stops the other ports or the sync.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::{Arc, PoisonError, RwLock},
 };
 
@@ -111,7 +111,9 @@ pub struct HealthChecks {
 }
 
 impl HealthChecks {
-    /// Health checks listening on `address` (0.0.0.0: every address of the node).
+    /// Health checks listening on `address`. An unspecified address (`0.0.0.0` or `::`)
+    /// means every address of the node, of both families: one dual-stack socket on `[::]`,
+    /// or `0.0.0.0` where the node has no IPv6.
     pub fn new(address: IpAddr, health: Arc<Health>, metrics: Arc<Metrics>) -> Self {
         Self {
             address,
@@ -205,22 +207,27 @@ impl HealthChecks {
     }
 
     fn open(&self, port: u16, served: &Served) -> Result<Listener, HealthCheckError> {
-        let address = SocketAddr::new(self.address, port);
-        let bind_error = |source| HealthCheckError::Bind {
+        let (listener, address) = if self.address.is_unspecified() {
+            // Both families on one socket; IPv4 alone on a node without IPv6.
+            match listen(SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port), true) {
+                Err(error) if ipv6_unavailable(&error) => {
+                    let address = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), port);
+                    (listen(address, false), address)
+                }
+                listened => (
+                    listened,
+                    SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port),
+                ),
+            }
+        } else {
+            let address = SocketAddr::new(self.address, port);
+            (listen(address, false), address)
+        };
+        let listener = listener.map_err(|source| HealthCheckError::Bind {
             address,
             service: served.service.clone(),
             source,
-        };
-        let socket = if address.is_ipv4() {
-            tokio::net::TcpSocket::new_v4()
-        } else {
-            tokio::net::TcpSocket::new_v6()
-        }
-        .map_err(bind_error)?;
-        // A restarted agent rebinds while the old one's connections sit in TIME_WAIT.
-        socket.set_reuseaddr(true).map_err(bind_error)?;
-        socket.bind(address).map_err(bind_error)?;
-        let listener = socket.listen(BACKLOG).map_err(bind_error)?;
+        })?;
 
         let served = Arc::new(RwLock::new(served.clone()));
         let router = Router::new().fallback(answer).with_state(Shared {
@@ -245,6 +252,32 @@ impl HealthChecks {
             _stop: stop,
         })
     }
+}
+
+/// A listening socket on `address`; `dual_stack`: an IPv6 socket that takes IPv4 too
+/// (IPV6_V6ONLY off, whatever `net.ipv6.bindv6only` says).
+fn listen(address: SocketAddr, dual_stack: bool) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if address.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()
+    } else {
+        tokio::net::TcpSocket::new_v6()
+    }?;
+    if dual_stack {
+        nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Ipv6V6Only, &false)?;
+    }
+    // A restarted agent rebinds while the old one's connections sit in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(address)?;
+    socket.listen(BACKLOG)
+}
+
+/// The node has no IPv6 (disabled at boot or by sysctl): an IPv6 socket cannot be made or
+/// bound.
+fn ipv6_unavailable(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EAFNOSUPPORT | libc::EADDRNOTAVAIL | libc::EPROTONOSUPPORT)
+    )
 }
 
 fn read(served: &RwLock<Served>) -> Served {
@@ -366,8 +399,13 @@ mod tests {
 
     /// Status line and headers+body of a GET, or the connection error.
     async fn get(port: u16) -> std::io::Result<String> {
+        get_from(Ipv4Addr::LOCALHOST.into(), port).await
+    }
+
+    /// [`get`] to `address`.
+    async fn get_from(address: IpAddr, port: u16) -> std::io::Result<String> {
         tokio::task::spawn_blocking(move || {
-            let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port))?;
+            let mut stream = TcpStream::connect((address, port))?;
             stream.set_read_timeout(Some(Duration::from_secs(5)))?;
             stream.write_all(b"GET /any/path HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
             let mut text = String::new();
@@ -388,6 +426,26 @@ mod tests {
             }
             assert!(Instant::now() < deadline, "{what}: got {answer:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Every address, both families: one port answers over IPv4 and over IPv6 loopback.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_address_means_both_families() {
+        let health = Arc::new(Health::new(Duration::from_secs(3600)));
+        let metrics = Arc::new(Metrics::new());
+        let mut checks = HealthChecks::new(Ipv4Addr::UNSPECIFIED.into(), health, metrics);
+        let port = free_port();
+        checks.sync(&BTreeMap::from([(port, served("web", 1))]), &[]);
+        assert_eq!(checks.ports().collect::<Vec<_>>(), [port]);
+        for address in [
+            IpAddr::from(Ipv4Addr::LOCALHOST),
+            Ipv6Addr::LOCALHOST.into(),
+        ] {
+            let answer = get_from(address, port)
+                .await
+                .unwrap_or_else(|e| panic!("{address}: {e}"));
+            assert!(answer.starts_with("HTTP/1.1 200"), "{address}: {answer}");
         }
     }
 

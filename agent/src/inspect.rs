@@ -4,20 +4,26 @@
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
 };
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
-    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
-    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtKey, FragmentKey,
-    FragmentPorts, FrontendName, SCOPE_EXTERNAL, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV,
-    SOURCE_RANGE_FRONTEND_BITS, ServiceEntry, ServiceKey, SourceRange, SourceVerdict, map_names,
+    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityKey6, CT_FLAG_CLOSING,
+    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtEntry6, CtKey, CtKey6,
+    FragmentKey, FragmentKey6, FragmentPorts, FrontendName, Ipv6Words, SERVICE_FLAG_AFFINITY,
+    SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS, SOURCE_RANGE6_FRONTEND_BITS, ServiceEntry,
+    ServiceEntry6, ServiceKey, ServiceKey6, SourceRange, SourceRange6, SourceVerdict, ipv6_octets,
+    map_names,
 };
 
-use crate::dataplane::{BackendAddr, Frontend, FrontendLabel, Protocol, Scope};
+use crate::dataplane::{
+    BackendAddr, Frontend, FrontendLabel, Protocol, Scope, decode_key4, decode_key6, decode_value4,
+    decode_value6,
+    writer::{SlotKey, SlotValue},
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
@@ -85,7 +91,7 @@ pub struct AffinityState {
     pub netns_cookie: Option<u64>,
     /// A client outside the node, by address.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub client: Option<Ipv4Addr>,
+    pub client: Option<IpAddr>,
     pub service_id: u32,
     pub backend_id: u32,
     pub slot: u16,
@@ -98,10 +104,10 @@ pub struct ConntrackState {
     pub protocol: Option<Protocol>,
     /// "forward" (client to frontend) or "reply" (backend to client).
     pub direction: &'static str,
-    pub from: SocketAddrV4,
-    pub to: SocketAddrV4,
-    pub rewritten_from: SocketAddrV4,
-    pub rewritten_to: SocketAddrV4,
+    pub from: SocketAddr,
+    pub to: SocketAddr,
+    pub rewritten_from: SocketAddr,
+    pub rewritten_to: SocketAddr,
     pub service_id: u32,
     pub backend_id: u32,
     pub snat: bool,
@@ -139,32 +145,79 @@ fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
     })?;
     Ok(match name {
         n if n == map_names::COUNTERS => Map::PerCpuArray(data),
-        n if n == map_names::SOURCE_RANGES => Map::LpmTrie(data),
+        n if n == map_names::SOURCE_RANGES || n == map_names::SOURCE_RANGES6 => Map::LpmTrie(data),
         _ => Map::HashMap(data),
     })
 }
 
-/// Reads the maps under `pin_dir`; `only` keeps the frontends on that address.
-pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, InspectError> {
-    let read = |map| move |source| InspectError::Read { map, source };
-    let services: HashMap<MapData, ServiceKey, ServiceEntry> = open(pin_dir, map_names::SERVICES)?
-        .try_into()
-        .map_err(read(map_names::SERVICES))?;
-    // Keyed, so that finding a frontend's slots costs a lookup each, not a scan of the map.
-    let entries = services
-        .iter()
-        .collect::<Result<std::collections::HashMap<_, _>, _>>()
-        .map_err(read(map_names::SERVICES))?;
+/// An IPv6 map, or `None` when it is not pinned (an agent from before IPv6, or one whose
+/// programs do not have that map yet): its family then simply has no entries.
+fn open6(pin_dir: &Path, name: &str) -> Result<Option<Map>, InspectError> {
+    if !pin_dir.join(name).exists() {
+        return Ok(None);
+    }
+    open(pin_dir, name).map(Some)
+}
 
+/// The entries of a hash map, decoded by `decode`; unreadable entries are left out.
+fn entries_of<K: aya::Pod, V: aya::Pod, T>(
+    map: Option<Map>,
+    name: &'static str,
+    decode: impl Fn(K, V) -> Option<T>,
+) -> Result<Vec<T>, InspectError> {
+    let Some(map) = map else {
+        return Ok(Vec::new());
+    };
+    let map: HashMap<MapData, K, V> = map
+        .try_into()
+        .map_err(|source| InspectError::Read { map: name, source })?;
+    Ok(map
+        .iter()
+        .filter_map(Result::ok)
+        .filter_map(|(key, value)| decode(key, value))
+        .collect())
+}
+
+fn ipv6(words: Ipv6Words) -> IpAddr {
+    Ipv6Addr::from(ipv6_octets(words)).into()
+}
+
+/// Reads the maps under `pin_dir`, both families; `only` keeps the frontends on that
+/// address.
+pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, InspectError> {
+    let read = |map| move |source| InspectError::Read { map, source };
+    // Both families' service maps in the agent's terms, keyed, so that finding a frontend's
+    // slots costs a lookup each, not a scan of the map.
+    let mut entries: std::collections::HashMap<SlotKey, SlotValue> = entries_of(
+        Some(open(pin_dir, map_names::SERVICES)?),
+        map_names::SERVICES,
+        |key: ServiceKey, entry: ServiceEntry| {
+            let key = decode_key4(&key)?;
+            Some((key, decode_value4(&key, &entry)))
+        },
+    )?
+    .into_iter()
+    .collect();
+    entries.extend(entries_of(
+        open6(pin_dir, map_names::SERVICES6)?,
+        map_names::SERVICES6,
+        |key: ServiceKey6, entry: ServiceEntry6| {
+            let key = decode_key6(&key)?;
+            Some((key, decode_value6(&key, &entry)))
+        },
+    )?);
+
+    // Source ranges by frontend (address, port, protocol number).
+    let mut ranges: BTreeMap<(IpAddr, u16, u8), Vec<String>> = BTreeMap::new();
     let trie: LpmTrie<MapData, SourceRange, SourceVerdict> =
         open(pin_dir, map_names::SOURCE_RANGES)?
             .try_into()
             .map_err(read(map_names::SOURCE_RANGES))?;
-    let mut ranges: BTreeMap<(u32, u16, u8), Vec<String>> = BTreeMap::new();
     for key in trie.keys().filter_map(Result::ok) {
         let data = key.data();
+        let frontend = Ipv4Addr::from(u32::from_be(data.frontend)).into();
         let held = ranges
-            .entry((data.frontend, data.port, data.protocol))
+            .entry((frontend, u16::from_be(data.port), data.protocol))
             .or_default();
         if key.prefix_len() > SOURCE_RANGE_FRONTEND_BITS {
             let client = Ipv4Addr::from(u32::from_be(data.client));
@@ -172,6 +225,23 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
                 "{client}/{}",
                 key.prefix_len() - SOURCE_RANGE_FRONTEND_BITS
             ));
+        }
+    }
+    if let Some(trie) = open6(pin_dir, map_names::SOURCE_RANGES6)? {
+        let trie: LpmTrie<MapData, SourceRange6, SourceVerdict> =
+            trie.try_into().map_err(read(map_names::SOURCE_RANGES6))?;
+        for key in trie.keys().filter_map(Result::ok) {
+            let data = key.data();
+            let held = ranges
+                .entry((ipv6(data.frontend), u16::from_be(data.port), data.protocol))
+                .or_default();
+            if key.prefix_len() > SOURCE_RANGE6_FRONTEND_BITS {
+                held.push(format!(
+                    "{}/{}",
+                    ipv6(data.client),
+                    key.prefix_len() - SOURCE_RANGE6_FRONTEND_BITS
+                ));
+            }
         }
     }
 
@@ -182,22 +252,18 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         names_map.iter().filter_map(Result::ok).collect();
 
     let mut frontends = Vec::new();
-    for (key, master) in entries.iter().filter(|(key, _)| key.slot == 0) {
-        let Some(frontend) = frontend_of(key) else {
+    for (key, value) in &entries {
+        let SlotValue::Master(master) = value else {
             continue;
         };
-        if only.is_some_and(|only| only != frontend.address) {
+        let frontend = key.frontend;
+        if key.slot != 0 || only.is_some_and(|only| only != frontend.address) {
             continue;
         }
         let backends = (1..=master.count)
-            .map(|slot| {
-                entries
-                    .get(&ServiceKey { slot, ..*key })
-                    .map(|entry| BackendAddr {
-                        address: Ipv4Addr::from(u32::from_be(entry.backend_address)).into(),
-                        port: u16::from_be(entry.backend_port),
-                        remote: entry.flags & u16::from(BACKEND_FLAG_REMOTE) != 0,
-                    })
+            .map(|slot| match entries.get(&SlotKey { frontend, slot }) {
+                Some(SlotValue::Backend { backend, .. }) => Some(*backend),
+                _ => None,
             })
             .collect();
         frontends.push(FrontendState {
@@ -211,8 +277,12 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
                 .then_some(master.affinity_timeout_s),
             backends,
             maglev: master.flags & SERVICE_FLAG_MAGLEV != 0,
-            source_ranges: (key.scope == SCOPE_EXTERNAL)
-                .then(|| ranges.get(&(key.address, key.port, key.protocol)).cloned())
+            source_ranges: (frontend.scope == Scope::External)
+                .then(|| {
+                    ranges
+                        .get(&(frontend.address, frontend.port, frontend.protocol.number()))
+                        .cloned()
+                })
                 .flatten(),
         });
     }
@@ -232,12 +302,28 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
                 Ipv4Addr::from(u32::from_be(
                     (key.netns_cookie & u64::from(u32::MAX)) as u32,
                 ))
+                .into()
             }),
             service_id: key.service_id,
             backend_id: entry.backend_id,
             slot: entry.slot,
         })
-        .collect();
+        .collect::<Vec<_>>();
+    // IPv6 clients from outside (local sockets of either family share the map above).
+    let mut affinity = affinity;
+    affinity.extend(entries_of(
+        open6(pin_dir, map_names::AFFINITY6)?,
+        map_names::AFFINITY6,
+        |key: AffinityKey6, entry: AffinityEntry| {
+            Some(AffinityState {
+                netns_cookie: None,
+                client: Some(ipv6(key.client)),
+                service_id: key.service_id,
+                backend_id: entry.backend_id,
+                slot: entry.slot,
+            })
+        },
+    )?);
 
     let now = monotonic_seconds();
     let mut conntrack = Vec::new();
@@ -253,6 +339,16 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
                 .map(|(key, entry)| conntrack_state(&key, &entry, confirmed, now)),
         );
     }
+    for (name, confirmed) in [
+        (map_names::CONNTRACK6, true),
+        (map_names::CONNTRACK_NEW6, false),
+    ] {
+        conntrack.extend(entries_of(
+            open6(pin_dir, name)?,
+            name,
+            |key: CtKey6, entry: CtEntry6| Some(conntrack_state6(&key, &entry, confirmed, now)),
+        )?);
+    }
     conntrack.retain(|state| {
         only.is_none_or(|only| {
             [
@@ -262,7 +358,7 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
                 state.rewritten_to,
             ]
             .iter()
-            .any(|a| *a.ip() == only)
+            .any(|a| a.ip() == only)
         })
     });
     conntrack.sort_by_key(|c| (c.from, c.to, c.direction));
@@ -271,7 +367,13 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
         open(pin_dir, map_names::FRAGMENTS)?
             .try_into()
             .map_err(read(map_names::FRAGMENTS))?;
-    let fragments = fragments_map.keys().filter_map(Result::ok).count();
+    let fragments = fragments_map.keys().filter_map(Result::ok).count()
+        + entries_of(
+            open6(pin_dir, map_names::FRAGMENTS6)?,
+            map_names::FRAGMENTS6,
+            |_: FragmentKey6, _: FragmentPorts| Some(()),
+        )?
+        .len();
 
     let counters_map: PerCpuArray<MapData, Counters> = open(pin_dir, map_names::COUNTERS)?
         .try_into()
@@ -288,8 +390,46 @@ pub fn inspect(pin_dir: &Path, only: Option<Ipv4Addr>) -> Result<Inspection, Ins
     })
 }
 
-fn socket(address: u32, port: u16) -> SocketAddrV4 {
-    SocketAddrV4::new(Ipv4Addr::from(u32::from_be(address)), u16::from_be(port))
+fn socket(address: u32, port: u16) -> SocketAddr {
+    SocketAddr::new(
+        Ipv4Addr::from(u32::from_be(address)).into(),
+        u16::from_be(port),
+    )
+}
+
+fn socket6(address: Ipv6Words, port: u16) -> SocketAddr {
+    SocketAddr::new(ipv6(address), u16::from_be(port))
+}
+
+fn conntrack_state6(key: &CtKey6, entry: &CtEntry6, confirmed: bool, now: u32) -> ConntrackState {
+    // The IPv4 view of the same flow, with the addresses swapped for the IPv6 ones.
+    let v4 = conntrack_state(
+        &CtKey {
+            source_port: key.source_port,
+            destination_port: key.destination_port,
+            protocol: key.protocol,
+            direction: key.direction,
+            ..CtKey::default()
+        },
+        &CtEntry {
+            source_port: entry.source_port,
+            destination_port: entry.destination_port,
+            backend_id: entry.backend_id,
+            service_id: entry.service_id,
+            last_seen_s: entry.last_seen_s,
+            flags: entry.flags,
+            ..CtEntry::default()
+        },
+        confirmed,
+        now,
+    );
+    ConntrackState {
+        from: socket6(key.source, key.source_port),
+        to: socket6(key.destination, key.destination_port),
+        rewritten_from: socket6(entry.source, entry.source_port),
+        rewritten_to: socket6(entry.destination, entry.destination_port),
+        ..v4
+    }
 }
 
 fn conntrack_state(key: &CtKey, entry: &CtEntry, confirmed: bool, now: u32) -> ConntrackState {
@@ -323,15 +463,6 @@ fn monotonic_seconds() -> u32 {
     // SAFETY: clock_gettime writes only into the timespec we pass.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
     u32::try_from(now.tv_sec).unwrap_or(u32::MAX)
-}
-
-fn frontend_of(key: &ServiceKey) -> Option<Frontend> {
-    Some(Frontend {
-        address: Ipv4Addr::from(u32::from_be(key.address)).into(),
-        port: u16::from_be(key.port),
-        protocol: Protocol::from_number(key.protocol)?,
-        scope: Scope::from_number(key.scope)?,
-    })
 }
 
 /// Keeps what belongs to the Service `namespace/name`: its frontends, and the affinity and
@@ -380,7 +511,7 @@ pub fn table(inspection: &Inspection) -> String {
         let _ = writeln!(
             out,
             "{:24} {:9} {:<7} {:30} {:9} {}",
-            format!("{}:{}/{:?}", f.address, f.port, f.protocol).to_uppercase(),
+            format!("{}/{:?}", SocketAddr::new(f.address, f.port), f.protocol).to_uppercase(),
             format!("{:?}", f.scope).to_lowercase(),
             state.service_id,
             state.service.as_ref().map_or_else(

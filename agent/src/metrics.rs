@@ -45,6 +45,14 @@ pub struct ProtocolLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FrontendLabels {
+    /// `ipv4` or `ipv6`.
+    pub family: &'static str,
+    /// `internal` (local sockets) or `external` (traffic from outside, TC).
+    pub scope: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ModeLabels {
     pub mode: String,
 }
@@ -64,6 +72,8 @@ pub struct Metrics {
     /// The size a growing map may reach (its `--max-*` flag).
     pub map_max_entries: Family<MapLabels, Gauge>,
     pub skipped_services: Family<ReasonLabels, Gauge>,
+    /// Frontends the selections ask for, by address family and scope.
+    pub frontends: Family<FrontendLabels, Gauge>,
     /// Frontends not programmed as desired, by what became of them.
     pub rejected_frontends: Family<OutcomeLabels, Gauge>,
     /// healthCheckNodePorts by state: `serving`, or `failed` (could not be bound).
@@ -113,6 +123,7 @@ impl Metrics {
             map_capacity: Family::default(),
             map_max_entries: Family::default(),
             skipped_services: Family::default(),
+            frontends: Family::default(),
             rejected_frontends: Family::default(),
             health_check_ports: Family::default(),
             sockets_destroyed: Family::default(),
@@ -173,6 +184,12 @@ impl Metrics {
             "socklb_skipped_services",
             "Services not served, by reason",
             metrics.skipped_services.clone(),
+        );
+        registry.register(
+            "socklb_frontends",
+            "Service frontends the agent programs, by address family (ipv4, ipv6) and scope \
+             (internal: local sockets; external: traffic from outside)",
+            metrics.frontends.clone(),
         );
         registry.register(
             "socklb_rejected_frontends",

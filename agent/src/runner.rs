@@ -24,11 +24,11 @@ use tracing::{debug, info, info_span, warn};
 use crate::{
     dataplane::{
         ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, Gone,
-        NodeSettings, Rejected, TcMode, ipv4_forwarding, ipv6_forwarding, local_addresses,
+        NodeSettings, Rejected, Scope, TcMode, ipv4_forwarding, ipv6_forwarding, local_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
-    metrics::{MapLabels, Metrics, ReasonLabels},
+    metrics::{FrontendLabels, MapLabels, Metrics, ReasonLabels},
     select::{Family, FrontendKind, ServiceName, SkipReason, SkippedPart},
     server::Health,
     source::{Event, Kind, Object},
@@ -547,6 +547,18 @@ impl Runner {
                 .map_max_entries
                 .get_or_create(&labels)
                 .set(usage.max_entries.into());
+        }
+        for (family, scope, count) in self.table.counts() {
+            metrics
+                .frontends
+                .get_or_create(&FrontendLabels {
+                    family: family.label(),
+                    scope: match scope {
+                        Scope::Internal => "internal",
+                        Scope::External => "external",
+                    },
+                })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
         metrics.skipped_services.clear();
         for (reason, count) in self.state.skipped_counts() {

@@ -437,7 +437,7 @@ impl Testbed {
 
     /// What `node`'s maps hold (for one address, if given), read from its pins.
     pub fn inspect(&self, node: NodeId, only: Option<Ipv4Addr>) -> Inspection {
-        inspect::inspect(self.pin_dir(node), only)
+        inspect::inspect(self.pin_dir(node), only.map(Into::into))
             .unwrap_or_else(|e| panic!("inspect {}: {e}", node.name()))
     }
 

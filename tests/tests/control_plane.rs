@@ -497,3 +497,198 @@ fn a_second_agent_on_the_same_pins_waits_for_the_first_or_gives_up() {
     let _ = next.kill();
     let _ = next.wait();
 }
+
+/// `socklb explain -o json` over the manifests, as this node (node-a) sees them.
+fn explain_json(manifests: &ManifestDir) -> serde_json::Value {
+    let out = Command::new(agent_bin())
+        .args([
+            "explain",
+            "-o",
+            "json",
+            "--source",
+            "file",
+            "--node-name",
+            "node-a",
+        ])
+        .arg("--manifests")
+        .arg(&manifests.path)
+        .output()
+        .expect("run socklb explain");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("explain JSON")
+}
+
+/// `(family, frontend address, backends)` of the internal frontends of `service` in an
+/// explanation.
+fn explained(explanation: &serde_json::Value, service: &str) -> Vec<(String, String, Vec<String>)> {
+    let services = explanation["services"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let selection = services
+        .iter()
+        .find(|s| s["service"]["name"] == service)
+        .unwrap_or_else(|| panic!("{service} not explained: {explanation}"));
+    selection["frontends"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|f| f["frontend"]["scope"] == "internal")
+        .map(|f| {
+            let backends = f["spec"]["backends"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|b| format!("{} {}", b["address"], b["port"]).replace('"', ""))
+                .collect();
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            (
+                text(&f["family"]),
+                text(&f["frontend"]["address"]),
+                backends,
+            )
+        })
+        .collect()
+}
+
+/// Backends (address and port) the pinned maps hold for the frontend on `address`, port 80.
+fn programmed(sandbox: &Sandbox, address: &str) -> Option<Vec<String>> {
+    let inspection = sandbox.inspect();
+    let frontend = inspection["frontends"]
+        .as_array()?
+        .iter()
+        .find(|f| f["frontend"]["address"] == address && f["frontend"]["scope"] == "internal")?;
+    Some(
+        frontend["backends"]
+            .as_array()?
+            .iter()
+            .map(|b| format!("{} {}", b["address"], b["port"]).replace('"', ""))
+            .collect(),
+    )
+}
+
+/// Waits until the maps hold `expected` for the frontend on `address` (`None`: no such
+/// frontend).
+fn wait_for_programmed(sandbox: &Sandbox, address: &str, expected: Option<&[&str]>) {
+    let expected: Option<Vec<String>> =
+        expected.map(|e| e.iter().map(|s| (*s).to_owned()).collect());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let got = programmed(sandbox, address);
+        if got == expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{address}: expected {expected:?} in the maps, got {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A dual-stack Service is two frontend sets, one per family, each with its own family's
+/// endpoints (explain shows them, the maps of each family hold them); made IPv4-only, its
+/// IPv6 slice is skipped with its reason and nothing else changes.
+#[test]
+fn a_dual_stack_service_is_served_per_family_and_a_stray_ipv6_slice_is_skipped() {
+    let sandbox = Sandbox::new("cp-dual");
+    let _servers = NamedServer::numbered(26, 1);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write(
+        "node.yaml",
+        &node_yaml("node-a", "zone-a", "192.168.26.1").replace(
+            "address: 192.168.26.1}]",
+            "address: 192.168.26.1}, {type: InternalIP, address: 'fd00:26::1'}]",
+        ),
+    );
+    let v4_only = web_service();
+    let dual_stack = v4_only.replace(
+        "  clusterIPs: [10.96.1.10]\n",
+        "  clusterIPs: [10.96.1.10, 'fd00:96::10']\n  ipFamilies: [IPv4, IPv6]\n  \
+         ipFamilyPolicy: RequireDualStack\n",
+    );
+    manifests.write("web.yaml", &dual_stack);
+    manifests.write(
+        "slice-v4.yaml",
+        &slice_yaml(
+            "web-v4",
+            "web",
+            8080,
+            &[("127.0.26.1", "node-a", "zone-a", "")],
+            false,
+        ),
+    );
+    manifests.write(
+        "slice-v6.yaml",
+        &slice_yaml(
+            "web-v6",
+            "web",
+            8080,
+            &[("'fd00:26::11'", "node-a", "zone-a", "")],
+            false,
+        )
+        .replace("addressType: IPv4", "addressType: IPv6"),
+    );
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    wait_for_answers(&sandbox, &["127.0.26.1"]);
+
+    let explanation = explain_json(&manifests);
+    assert_eq!(
+        explained(&explanation, "web"),
+        [
+            (
+                "IPv4".to_owned(),
+                "10.96.1.10".to_owned(),
+                vec!["127.0.26.1 8080".to_owned()]
+            ),
+            (
+                "IPv6".to_owned(),
+                "fd00:96::10".to_owned(),
+                vec!["fd00:26::11 8080".to_owned()]
+            ),
+        ],
+        "{explanation}"
+    );
+    // What explain shows is what the agent programmed, each family in its own maps.
+    wait_for_programmed(&sandbox, "10.96.1.10", Some(&["127.0.26.1 8080"]));
+    wait_for_programmed(&sandbox, "fd00:96::10", Some(&["fd00:26::11 8080"]));
+    let metrics = Command::new("curl")
+        .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])
+        .output()
+        .expect("prerequisite missing: curl");
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    for family in ["ipv4", "ipv6"] {
+        let series = format!("socklb_frontends{{family=\"{family}\",scope=\"internal\"}} 1");
+        assert!(metrics.contains(&series), "{series} in:\n{metrics}");
+    }
+
+    // IPv4 only now: the IPv6 slice is skipped with its reason, the IPv6 frontend goes,
+    // and the IPv4 one is as it was.
+    let syncs = agent.log().matches("synced").count();
+    manifests.write("web.yaml", &v4_only);
+    wait_for_programmed(&sandbox, "fd00:96::10", None);
+    agent.wait_for_log("synced", syncs + 1);
+    wait_for_programmed(&sandbox, "10.96.1.10", Some(&["127.0.26.1 8080"]));
+    wait_for_answers(&sandbox, &["127.0.26.1"]);
+    let explanation = explain_json(&manifests);
+    assert_eq!(
+        explained(&explanation, "web"),
+        [(
+            "IPv4".to_owned(),
+            "10.96.1.10".to_owned(),
+            vec!["127.0.26.1 8080".to_owned()]
+        )],
+        "{explanation}"
+    );
+    let web = &explanation["services"][0];
+    assert_eq!(web["skipped"][0]["part"], "EndpointSlice web-v6", "{web}");
+    assert_eq!(web["skipped"][0]["reason"], "family-not-served", "{web}");
+    agent.wait_for_log("EndpointSlice web-v6", 1);
+    agent.stop();
+}

@@ -34,9 +34,14 @@ struct Answer {
 
 /// GET http://127.0.0.1:<port>/ with curl: the answer, or curl's error when there is none.
 fn get(port: u16) -> Result<Answer, String> {
+    get_from("127.0.0.1", port)
+}
+
+/// GET http://<host>:<port>/ with curl (host `[::1]` for IPv6).
+fn get_from(host: &str, port: u16) -> Result<Answer, String> {
     let output = Command::new("curl")
         .args(["-sS", "-i", "-m", "5"])
-        .arg(format!("http://127.0.0.1:{port}/"))
+        .arg(format!("http://{host}:{port}/"))
         .output()
         .expect("prerequisite missing: curl (apt-get install curl; ./x setup does)");
     if !output.status.success() {
@@ -136,8 +141,10 @@ fn the_health_check_follows_local_ready_endpoints_and_closes_with_the_service() 
     );
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
 
-    // A ready endpoint on this node: 200.
+    // A ready endpoint on this node: 200, over both families (one dual-stack listener).
     wait_for_status(PORT, "lb", 200, 1);
+    let over_ipv6 = get_from("[::1]", PORT).expect("an answer over IPv6");
+    assert_eq!(over_ipv6.status, 200, "{over_ipv6:?}");
 
     // The endpoint moves to another node: 503.
     manifests.write(
@@ -231,8 +238,9 @@ fn a_busy_port_is_logged_and_retried_without_stopping_the_others() {
     // Service and port, once however many syncs fail.
     wait_for_status(FREE, "free", 200, 1);
     agent.wait_for_log("health check of Service default/busy", 1);
+    // Every address of both families: one dual-stack socket on [::].
     assert!(
-        agent.log().contains(&format!("0.0.0.0:{BUSY}")),
+        agent.log().contains(&format!("[::]:{BUSY}")),
         "{}",
         agent.log()
     );

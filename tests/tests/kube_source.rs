@@ -530,3 +530,80 @@ async fn large_initial_lists_are_paged_into_one_reset() {
         .count();
     assert_eq!(service_lists, 2, "one request per page");
 }
+
+/// A dual-stack Service, an IPv6 EndpointSlice and this Node's IPv6 address come through
+/// the source whole: the state selects each family's frontends with that family's backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dual_stack_objects_come_through_whole() {
+    let api = populated();
+    let mut web = service("web", 80, &[("app", "web")]);
+    if let Some(spec) = web.spec.as_mut() {
+        spec.cluster_ips = Some(vec!["10.96.0.10".to_owned(), "fd00:96::10".to_owned()]);
+        spec.ip_families = Some(vec!["IPv4".to_owned(), "IPv6".to_owned()]);
+        spec.ip_family_policy = Some("RequireDualStack".to_owned());
+    }
+    api.apply(&web);
+    let ports = Some(vec![k8s_openapi::api::discovery::v1::EndpointPort {
+        port: Some(8080),
+        protocol: Some("TCP".to_owned()),
+        ..Default::default()
+    }]);
+    let mut v4 = slice("web-1", "web", &[]);
+    v4.ports.clone_from(&ports);
+    api.apply(&v4);
+    let mut v6 = slice("web-v6", "web", &[]);
+    v6.address_type = "IPv6".to_owned();
+    v6.endpoints[0].addresses = vec!["fd00:244::5".to_owned()];
+    v6.ports = ports;
+    api.apply(&v6);
+    let mut this = node(NODE, &[("topology.kubernetes.io/zone", "z1")]);
+    if let Some(status) = this.status.as_mut() {
+        status.addresses = Some(vec![
+            NodeAddress {
+                type_: "InternalIP".to_owned(),
+                address: "192.168.1.10".to_owned(),
+            },
+            NodeAddress {
+                type_: "InternalIP".to_owned(),
+                address: "fd00:168::10".to_owned(),
+            },
+        ]);
+    }
+    api.apply(&this);
+
+    let mut events = start_source(&api);
+    let mut state = socklb_agent::state::ClusterState::new(NODE);
+    for (kind, objects) in initial(&mut events).await {
+        state.apply(Event::Reset(kind, objects));
+    }
+    assert_eq!(
+        state.this_node().addresses,
+        [
+            "192.168.1.10".parse::<std::net::IpAddr>().expect("address"),
+            "fd00:168::10".parse().expect("address"),
+        ]
+    );
+    let name = socklb_agent::select::ServiceName {
+        namespace: "default".to_owned(),
+        name: "web".to_owned(),
+    };
+    let selection = state.select(&name).expect("web is served");
+    let frontends: Vec<String> = selection
+        .frontends
+        .iter()
+        .map(|f| {
+            let backends: Vec<String> = f
+                .spec
+                .backends
+                .iter()
+                .map(|b| b.address.to_string())
+                .collect();
+            format!("{} {}", f.frontend.address, backends.join(" "))
+        })
+        .collect();
+    assert_eq!(
+        frontends,
+        ["10.96.0.10 10.244.0.5", "fd00:96::10 fd00:244::5"]
+    );
+    assert!(selection.skipped.is_empty(), "{:?}", selection.skipped);
+}

@@ -347,3 +347,24 @@ fn reverse_translations_show_only_on_request() {
         connect["process"]["socket_cookie"]
     );
 }
+
+/// The kernel filters trace events by IPv4 address only: an IPv6 `--frontend` or
+/// `--backend` is refused with a message that says what to use instead, before anything
+/// is opened.
+#[test]
+fn an_ipv6_address_filter_is_refused_with_a_message() {
+    for filter in [["--frontend", "[fd00:96::10]:80"], ["--backend", "fd00::5"]] {
+        let out = Command::new(agent_bin())
+            .arg("trace")
+            .args(filter)
+            .args(["--bpffs", "/nonexistent/socklb"])
+            .output()
+            .expect("run socklb trace");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{filter:?} accepted:\n{stderr}");
+        assert!(
+            stderr.contains("IPv4") && stderr.contains("--service"),
+            "{filter:?}: the message says why and what to use instead:\n{stderr}"
+        );
+    }
+}

@@ -49,6 +49,8 @@ pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
 pub use writer::{ApplyReport, Capacity, Outcome, Rejected, StoreError};
 
+/// The service-map encodings of both families, for `socklb inspect`.
+pub(crate) use self::maps::{decode_key4, decode_key6, decode_value4, decode_value6};
 pub use self::{maglev::TABLE_SIZES as MAGLEV_TABLE_SIZES, names::FrontendLabel};
 use self::{
     maglev::{MaglevError, MaglevWriter},

@@ -1013,3 +1013,45 @@ fn a_dual_stack_pod_counts_once_for_the_health_check() {
     ])];
     assert_eq!(local_ready_endpoints(&service(), &slices, &this_node()), 0);
 }
+
+#[test]
+fn affinity_and_maglev_apply_to_both_families_of_a_dual_stack_service() {
+    let mut svc = service();
+    dual_stack(&mut svc);
+    svc.affinity_timeout_seconds = Some(600);
+    svc.maglev = true;
+    svc.ports[0].node_port = Some(30080);
+    let selection = select(
+        &svc,
+        &[
+            slice(vec![ep_of(Family::V4, 1, "node-a")]),
+            slice(vec![ep_of(Family::V6, 1, "node-a")]),
+        ],
+        &this_node(),
+        &node_labels(),
+    );
+    for family in Family::ALL {
+        let of_family: Vec<&FrontendChoice> = selection
+            .frontends
+            .iter()
+            .filter(|f| f.family == family)
+            .collect();
+        assert_eq!(
+            of_family.len(),
+            3,
+            "{family}: ClusterIP, NodePort inside and outside"
+        );
+        for choice in of_family {
+            assert_eq!(
+                choice.spec.affinity_timeout_seconds,
+                Some(600),
+                "{choice:?}"
+            );
+            assert_eq!(
+                choice.spec.maglev,
+                choice.frontend.scope == Scope::External,
+                "{choice:?}"
+            );
+        }
+    }
+}
