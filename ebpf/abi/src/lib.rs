@@ -98,6 +98,10 @@ pub mod map_names {
     pub const NODE6: &str = "socklb_node6_v1";
     /// [`super::GoneKey6`] -> `u8`: [`GONE`] for IPv6 sockets. Not pinned.
     pub const GONE6: &str = "socklb_gone6_v1";
+    /// Per-CPU scratch room of the TC programs for IPv6 keys and entries (their type is the
+    /// programs' own). Not pinned: it holds nothing between two packets, and each load of
+    /// the programs has its own.
+    pub const SCRATCH6: &str = "socklb_scr6_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
     pub const ALL: [&str; 25] = [
@@ -1224,6 +1228,7 @@ mod tests {
             map_names::SOURCE_RANGES6,
             map_names::NODE6,
             map_names::GONE6,
+            map_names::SCRATCH6,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 bytes");
             assert!(
