@@ -474,7 +474,8 @@ impl NamedServer {
 
     /// A TCP server bound inside `netns` that answers `<name> <client address:port>`: which
     /// backend answered, and the source address it saw.
-    pub fn tcp_in(netns: &netns::Netns, name: &str, addr: SocketAddrV4) -> Self {
+    pub fn tcp_in(netns: &netns::Netns, name: &str, addr: impl Into<SocketAddr>) -> Self {
+        let addr = addr.into();
         let listener = netns.enter(|| {
             TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", netns.name))
         });
@@ -536,7 +537,8 @@ impl NamedServer {
     }
 
     /// A UDP server bound inside `netns` answering `<name> <client address:port>`.
-    pub fn udp_in(netns: &netns::Netns, name: &str, addr: SocketAddrV4) -> Self {
+    pub fn udp_in(netns: &netns::Netns, name: &str, addr: impl Into<SocketAddr>) -> Self {
+        let addr = addr.into();
         let socket = netns.enter(|| {
             UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", netns.name))
         });

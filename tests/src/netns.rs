@@ -27,7 +27,7 @@ impl Netns {
     }
 
     /// Runs `ip -n <name> <args>`, panicking with its output if it fails.
-    pub fn ip(&self, args: &[&str]) {
+    pub fn ip<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) {
         run(Command::new("ip").args(["-n", &self.name]).args(args));
     }
 

@@ -57,10 +57,10 @@ fn answered(attempts: &[Attempt]) -> BTreeSet<String> {
 }
 
 /// The address each answering server saw as the client's.
-fn seen_by_servers(attempts: &[Attempt]) -> BTreeSet<Ipv4Addr> {
+fn seen_by_servers(attempts: &[Attempt]) -> BTreeSet<std::net::IpAddr> {
     lan::answers(attempts)
         .into_iter()
-        .map(|(_, seen)| *seen.ip())
+        .map(|(_, seen)| seen.ip())
         .collect()
 }
 
@@ -746,7 +746,7 @@ fn should_preserve_source_pod_ip_for_traffic_thru_service_cluster_ip() {
         let attempts = tb.probe(At::Pod(client), "tcp", target, 5);
         assert_eq!(
             seen_by_servers(&attempts),
-            BTreeSet::from([client.ip]),
+            BTreeSet::from([client.ip.into()]),
             "the server must see {}'s address",
             client.name
         );
@@ -773,7 +773,7 @@ fn should_allow_pods_to_hairpin_back_to_themselves_through_services() {
     wait_for(&tb, At::Pod(pod), "tcp", target, &["pod11"]);
     assert_eq!(curl_answer(&tb, At::Pod(pod), target), "pod11");
     let attempts = tb.probe(At::Pod(pod), "tcp", target, 3);
-    assert_eq!(seen_by_servers(&attempts), BTreeSet::from([pod.ip]));
+    assert_eq!(seen_by_servers(&attempts), BTreeSet::from([pod.ip.into()]));
     for attempt in &attempts {
         assert_eq!(
             attempt.peer.as_deref(),

@@ -1,7 +1,7 @@
 //! Traffic from outside the node (TC programs), end to end through the real agent, on the
 //! LAN of `socklb_tests::lan`.
 use std::{
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
     process::Command,
     time::{Duration, Instant},
 };
@@ -9,53 +9,58 @@ use std::{
 use socklb_agent::inspect;
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox,
+    family::Family,
     lan::{
-        CLIENT, EXTERNAL_IP, LB_IP, NODE1, NODE2, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT,
-        answers, assert_translated, cni_netfilter_rules, counters, here, lan, nodes, servers_of,
-        service, slice,
+        Addresses, CLIENT, NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, addresses, answers,
+        assert_translated, cni_netfilter_rules, counters, here, lan, nodes, servers_of, service,
+        slice,
     },
     node_yaml, run,
 };
 
 #[test]
-fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends() {
-    let sandbox = Sandbox::new("ext-cluster");
-    let lan = lan("c");
+fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends_over_ipv4() {
+    nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(Family::V4);
+}
+
+#[test]
+fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends_over_ipv6() {
+    nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(Family::V6);
+}
+
+fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-cluster{}", family.tag()));
+    let lan = lan(&format!("c{}", family.tag()));
     let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     manifests.write(
         "web.yaml",
-        &service(
+        &a.service(
             "web",
-            "10.96.0.50",
+            50,
             "[{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}, \
              {name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
-            &format!("  type: LoadBalancer\n  externalIPs: [{EXTERNAL_IP}]"),
-            Some(LB_IP),
+            &format!(
+                "  type: LoadBalancer\n  externalIPs: [\"{}\"]",
+                a.external_ip
+            ),
+            true,
         ),
     );
+    let endpoints = [a.pod1_endpoint(), a.pod2_endpoint()];
     manifests.write(
         "web-slice.yaml",
         &format!(
             "{}---\n{}",
-            slice(
-                "web-http",
-                "web",
-                ("http", 8080, "TCP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
-            ),
-            slice(
-                "web-dns",
-                "web",
-                ("dns", 5353, "UDP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
-            ),
+            a.slice("web-http", "web", ("http", 8080, "TCP"), &endpoints),
+            a.slice("web-dns", "web", ("dns", 5353, "UDP"), &endpoints),
         ),
     );
     let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
@@ -67,18 +72,18 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends() {
         agent.log()
     );
 
-    let nodeport = format!("{NODE1}:30080");
+    let nodeport = Addresses::at(a.node1, 30080);
     let attempts = lan.client.probe("tcp", &nodeport, 40);
-    assert_translated(&attempts, &nodeport);
+    a.assert_translated(&attempts, &nodeport);
     assert_eq!(
         servers_of(&attempts),
         ["pod1", "pod2"],
         "both backends serve"
     );
 
-    for frontend in [format!("{LB_IP}:80"), format!("{EXTERNAL_IP}:80")] {
+    for frontend in [Addresses::at(a.lb_ip, 80), Addresses::at(a.external_ip, 80)] {
         let attempts = lan.client.probe("tcp", &frontend, 20);
-        assert_translated(&attempts, &frontend);
+        a.assert_translated(&attempts, &frontend);
     }
 
     // A real HTTP client; the servers answer without HTTP headers.
@@ -101,57 +106,79 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends() {
     );
 
     // UDP: every datagram's answer comes back from the frontend.
-    let udp = format!("{NODE1}:30053");
+    let udp = Addresses::at(a.node1, 30053);
     let attempts = lan.client.probe("udp", &udp, 30);
-    assert_translated(&attempts, &udp);
+    a.assert_translated(&attempts, &udp);
     assert_eq!(servers_of(&attempts), ["pod1", "pod2"]);
 
     let seen = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
     // Shown with --nocapture: the samples of docs/operations.md.
     println!("{}", inspect::table(&seen));
+    let conntrack = match family {
+        Family::V4 => socklb_abi::map_names::CONNTRACK,
+        Family::V6 => socklb_abi::map_names::CONNTRACK6,
+    };
     let dump = Command::new("bpftool")
         .args(["map", "dump", "pinned"])
-        .arg(sandbox.pin_dir.join(socklb_abi::map_names::CONNTRACK))
+        .arg(sandbox.pin_dir.join(conntrack))
         .output()
         .expect("prerequisite missing: bpftool (./x setup installs it)");
-    println!("{}", String::from_utf8_lossy(&dump.stdout));
-    assert!(
-        seen.conntrack
-            .iter()
-            .any(|c| c.snat && c.direction == "forward"),
-        "inspect lists SNATed flows"
-    );
+    let dump = String::from_utf8_lossy(&dump.stdout);
+    println!("{dump}");
+    if family == Family::V4 {
+        assert!(
+            seen.conntrack
+                .iter()
+                .any(|c| c.snat && c.direction == "forward"),
+            "inspect lists SNATed flows"
+        );
+    } else {
+        assert!(
+            dump.contains("\"destination_port\""),
+            "bpftool shows the IPv6 conntrack entries by field: {dump}"
+        );
+    }
     assert!(seen.counters.external_flows >= 110, "{:?}", seen.counters);
     assert_eq!(seen.counters.errors, 0, "{:?}", seen.counters);
 }
 
 #[test]
-fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint() {
-    let sandbox = Sandbox::new("ext-local");
-    let lan = lan("l");
+fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint_over_ipv4() {
+    external_traffic_policy_local(Family::V4);
+}
+
+#[test]
+fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint_over_ipv6() {
+    external_traffic_policy_local(Family::V6);
+}
+
+fn external_traffic_policy_local(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-local{}", family.tag()));
+    let lan = lan(&format!("l{}", family.tag()));
     let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     let local_spec = "  type: NodePort\n  externalTrafficPolicy: Local";
     manifests.write(
         "local.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "local",
-                "10.96.0.60",
+                60,
                 "[{name: http, port: 80, targetPort: 8080, nodePort: 30081, protocol: TCP}]",
                 local_spec,
-                None
+                false
             ),
-            slice(
+            a.slice(
                 "local-1",
                 "local",
                 ("http", 8080, "TCP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
+                &[a.pod1_endpoint(), a.pod2_endpoint()]
             )
         ),
     );
@@ -159,35 +186,35 @@ fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endp
         "elsewhere.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "elsewhere",
-                "10.96.0.61",
+                61,
                 "[{name: http, port: 80, targetPort: 8080, nodePort: 30082, protocol: TCP}]",
                 local_spec,
-                None
+                false
             ),
-            slice(
+            a.slice(
                 "elsewhere-1",
                 "elsewhere",
                 ("http", 8080, "TCP"),
-                &[POD2_ENDPOINT]
+                &[a.pod2_endpoint()]
             )
         ),
     );
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30081"), 20);
+    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30081), 20);
     for (server, seen) in answers(&attempts) {
         assert_eq!(server, "pod1", "only the local endpoint serves");
         assert_eq!(
             seen.ip().to_string(),
-            CLIENT,
+            a.client,
             "the client's address reaches the pod"
         );
     }
 
     let before = counters(&sandbox);
-    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30082"), 1);
+    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30082), 1);
     assert!(
         attempts[0].reply.is_none(),
         "no local endpoint: {attempts:?}"
@@ -357,95 +384,121 @@ fn udp_without_checksum_passes_and_a_udp_flow_moves_when_its_backend_goes() {
 }
 
 #[test]
-fn client_ip_affinity_holds_for_clients_outside_the_node() {
-    let sandbox = Sandbox::new("ext-sticky");
-    let lan = lan("a");
+fn client_ip_affinity_holds_for_clients_outside_the_node_over_ipv4() {
+    client_ip_affinity_holds_for_clients_outside_the_node(Family::V4);
+}
+
+#[test]
+fn client_ip_affinity_holds_for_clients_outside_the_node_over_ipv6() {
+    client_ip_affinity_holds_for_clients_outside_the_node(Family::V6);
+}
+
+fn client_ip_affinity_holds_for_clients_outside_the_node(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-sticky{}", family.tag()));
+    let lan = lan(&format!("a{}", family.tag()));
     let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     manifests.write(
         "sticky.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "sticky",
-                "10.96.0.97",
+                97,
                 "[{name: http, port: 80, targetPort: 8080, nodePort: 30097, protocol: TCP}]",
                 "  type: NodePort\n  sessionAffinity: ClientIP",
-                None
+                false
             ),
-            slice(
+            a.slice(
                 "sticky-1",
                 "sticky",
                 ("http", 8080, "TCP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
+                &[a.pod1_endpoint(), a.pod2_endpoint()]
             )
         ),
     );
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let nodeport = format!("{NODE1}:30097");
+    let nodeport = Addresses::at(a.node1, 30097);
     let attempts = lan.client.probe("tcp", &nodeport, 20);
-    assert_translated(&attempts, &nodeport);
+    a.assert_translated(&attempts, &nodeport);
     assert_eq!(
         servers_of(&attempts).len(),
         1,
         "every connection of one client goes to one backend: {attempts:?}"
     );
     let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
-    assert!(
-        shown
-            .affinity
-            .iter()
-            .any(|a| a.client.map(|c| c.to_string()).as_deref() == Some(CLIENT)),
-        "inspect shows the client's affinity entry: {:?}",
-        shown.affinity
-    );
+    // inspect lists the IPv4 affinity map (socklb_aff6_v1: bpftool).
+    if family == Family::V4 {
+        assert!(
+            shown
+                .affinity
+                .iter()
+                .any(|e| e.client.map(|c| c.to_string()).as_deref() == Some(a.client)),
+            "inspect shows the client's affinity entry: {:?}",
+            shown.affinity
+        );
+    }
     assert!(shown.counters.affinity_hits >= 19, "{:?}", shown.counters);
 }
 
 #[test]
-fn load_balancer_source_ranges_admit_listed_clients_only() {
-    let sandbox = Sandbox::new("ext-ranges");
-    let lan = lan("s");
-    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080));
+fn load_balancer_source_ranges_admit_listed_clients_only_over_ipv4() {
+    load_balancer_source_ranges(Family::V4);
+}
+
+#[test]
+fn load_balancer_source_ranges_admit_listed_clients_only_over_ipv6() {
+    load_balancer_source_ranges(Family::V6);
+}
+
+fn load_balancer_source_ranges(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-ranges{}", family.tag()));
+    let lan = lan(&format!("s{}", family.tag()));
+    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080));
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     let guarded = |name: &str, port: u16, node_port: u16, ranges: &str| {
         format!(
             "{}---\n{}",
-            service(
+            a.service(
                 name,
-                &format!("10.96.1.{}", port - 70),
+                (port - 70) as u8,
                 &format!(
                     "[{{name: http, port: {port}, targetPort: 8080, nodePort: {node_port}, protocol: TCP}}]"
                 ),
                 &format!("  type: LoadBalancer\n  loadBalancerSourceRanges: {ranges}"),
-                Some(LB_IP)
+                true
             ),
-            slice(
+            a.slice(
                 &format!("{name}-1"),
                 name,
                 ("http", 8080, "TCP"),
-                &[POD1_ENDPOINT]
+                &[a.pod1_endpoint()]
             )
         )
     };
-    manifests.write("open.yaml", &guarded("open", 80, 30110, "[10.77.0.0/28]"));
+    manifests.write(
+        "open.yaml",
+        &guarded("open", 80, 30110, &format!("[\"{}\"]", a.client_range)),
+    );
     manifests.write(
         "closed.yaml",
-        &guarded("closed", 81, 30111, "[203.0.113.0/24]"),
+        &guarded("closed", 81, 30111, &format!("[\"{}\"]", a.other_clients)),
     );
     let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let open = format!("{LB_IP}:80");
-    assert_translated(&lan.client.probe("tcp", &open, 5), &open);
+    let open = Addresses::at(a.lb_ip, 80);
+    a.assert_translated(&lan.client.probe("tcp", &open, 5), &open);
 
     let before = counters(&sandbox);
-    let closed = format!("{LB_IP}:81");
+    let closed = Addresses::at(a.lb_ip, 81);
     let attempts = lan.client.probe("tcp", &closed, 1);
     assert!(
         attempts[0].reply.is_none(),
@@ -456,31 +509,40 @@ fn load_balancer_source_ranges_admit_listed_clients_only() {
         after.external_denied > before.external_denied,
         "denied by socklb: {before:?} -> {after:?}"
     );
-    let shown =
-        inspect::inspect(&sandbox.pin_dir, Some(LB_IP.parse().expect("address"))).expect("inspect");
-    assert!(
-        shown
-            .frontends
-            .iter()
-            .any(|f| f.source_ranges.as_deref() == Some(&["203.0.113.0/24".to_owned()][..])),
-        "inspect shows the ranges"
-    );
+    // inspect reads the IPv4 maps (IPv6 frontends in inspect: cp6's part).
+    if family == Family::V4 {
+        let shown = inspect::inspect(&sandbox.pin_dir, Some(a.lb_ip.parse().expect("address")))
+            .expect("inspect");
+        assert!(
+            shown
+                .frontends
+                .iter()
+                .any(|f| f.source_ranges.as_deref() == Some(&[a.other_clients.to_owned()][..])),
+            "inspect shows the ranges: {:?}",
+            shown.frontends
+        );
+    }
 
     // The ranges guard the LoadBalancer IP only, as in kube-proxy: the NodePort is open.
-    let node_port = format!("{NODE1}:30111");
-    assert_translated(&lan.client.probe("tcp", &node_port, 3), &node_port);
+    let node_port = Addresses::at(a.node1, 30111);
+    a.assert_translated(&lan.client.probe("tcp", &node_port, 3), &node_port);
 
     // Widening the ranges lets the client in.
     manifests.write(
         "closed.yaml",
-        &guarded("closed", 81, 30111, "[203.0.113.0/24, 10.77.0.10/32]"),
+        &guarded(
+            "closed",
+            81,
+            30111,
+            &format!("[\"{}\", \"{}\"]", a.other_clients, a.client_range),
+        ),
     );
     agent.wait_for_log("synced", 2);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let attempts = lan.client.probe("tcp", &closed, 1);
         if attempts[0].reply.is_some() {
-            assert_translated(&attempts, &closed);
+            a.assert_translated(&attempts, &closed);
             break;
         }
         assert!(Instant::now() < deadline, "still denied after the change");
@@ -517,36 +579,46 @@ impl Drop for SecondNode {
 }
 
 #[test]
-fn with_maglev_every_node_sends_a_flow_to_the_same_backend() {
-    let sandbox = Sandbox::new("ext-maglev");
-    let lan = lan("m");
+fn with_maglev_every_node_sends_a_flow_to_the_same_backend_over_ipv4() {
+    with_maglev_every_node_sends_a_flow_to_the_same_backend(Family::V4);
+}
+
+#[test]
+fn with_maglev_every_node_sends_a_flow_to_the_same_backend_over_ipv6() {
+    with_maglev_every_node_sends_a_flow_to_the_same_backend(Family::V6);
+}
+
+fn with_maglev_every_node_sends_a_flow_to_the_same_backend(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-maglev{}", family.tag()));
+    let lan = lan(&format!("m{}", family.tag()));
     let second = SecondNode::new(&sandbox);
     let _servers = [
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     manifests.write(
         "dns.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "dns",
-                "10.96.0.90",
+                90,
                 "[{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
                 "  type: NodePort",
-                None
+                false
             )
             .replace(
                 "namespace: default}",
                 "namespace: default, annotations: {socklb.io/lb-algorithm: maglev}}"
             ),
-            slice(
+            a.slice(
                 "dns-1",
                 "dns",
                 ("dns", 5353, "UDP"),
-                &[POD1_ENDPOINT, POD2_ENDPOINT]
+                &[a.pod1_endpoint(), a.pod2_endpoint()]
             )
         ),
     );
@@ -567,24 +639,26 @@ fn with_maglev_every_node_sends_a_flow_to_the_same_backend() {
     });
 
     // The same flows (client address and port) through either node.
+    let client: IpAddr = a.client.parse().expect("address");
     let chosen: Vec<(u16, String, String)> = lan.client.enter(|| {
         (40000..40020)
             .map(|port| {
-                let socket = std::net::UdpSocket::bind((CLIENT, port)).expect("bind the client");
+                let socket = std::net::UdpSocket::bind((client, port)).expect("bind the client");
                 socket
                     .set_read_timeout(Some(Duration::from_secs(3)))
                     .expect("timeout");
                 let ask = |node: &str| {
-                    socket.send_to(b"ping", (node, 30053)).expect("send");
+                    let frontend: SocketAddr = Addresses::at(node, 30053).parse().expect("address");
+                    socket.send_to(b"ping", frontend).expect("send");
                     let mut buffer = [0u8; 128];
                     let (len, from) = socket.recv_from(&mut buffer).unwrap_or_else(|e| {
                         panic!("no answer through {node} from port {port}: {e}")
                     });
-                    assert_eq!(from.to_string(), format!("{node}:30053"));
+                    assert_eq!(from, frontend);
                     let reply = String::from_utf8_lossy(&buffer[..len]).into_owned();
                     reply.split(' ').next().unwrap_or_default().to_owned()
                 };
-                (port, ask(NODE1), ask(NODE2))
+                (port, ask(a.node1), ask(a.node2))
             })
             .collect()
     });
@@ -602,11 +676,13 @@ fn with_maglev_every_node_sends_a_flow_to_the_same_backend() {
         ["pod1", "pod2"],
         "flows spread over both backends"
     );
-    let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
-    assert!(
-        shown.frontends.iter().any(|f| f.maglev),
-        "inspect shows Maglev"
-    );
+    if family == Family::V4 {
+        let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
+        assert!(
+            shown.frontends.iter().any(|f| f.maglev),
+            "inspect shows Maglev"
+        );
+    }
 }
 
 #[test]
@@ -709,96 +785,114 @@ impl Drop for KillOnDrop {
 }
 
 #[test]
-fn a_cni_s_netfilter_rules_leave_every_external_path_working() {
-    let sandbox = Sandbox::new("ext-cni");
-    let lan = lan("n");
-    cni_netfilter_rules();
+fn a_cni_s_netfilter_rules_leave_every_external_path_working_over_ipv4() {
+    a_cni_s_netfilter_rules_leave_every_external_path_working(Family::V4);
+}
+
+#[test]
+fn a_cni_s_netfilter_rules_leave_every_external_path_working_over_ipv6() {
+    a_cni_s_netfilter_rules_leave_every_external_path_working(Family::V6);
+}
+
+fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-cni{}", family.tag()));
+    let lan = lan(&format!("n{}", family.tag()));
+    cni_netfilter_rules(family);
     let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
+        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
     ];
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     // (Service, its endpoint, NodePorts TCP and UDP, externalTrafficPolicy)
     let services = [
-        ("local", POD1_ENDPOINT, 30090, 30055, "Cluster"),
-        ("remote", POD2_ENDPOINT, 30091, 30056, "Cluster"),
-        ("etplocal", POD1_ENDPOINT, 30092, 30057, "Local"),
+        ("local", a.pod1_endpoint(), 30090, 30055, "Cluster"),
+        ("remote", a.pod2_endpoint(), 30091, 30056, "Cluster"),
+        ("etplocal", a.pod1_endpoint(), 30092, 30057, "Local"),
     ];
     for (i, (name, endpoint, tcp, udp, policy)) in services.iter().enumerate() {
-        let cluster_ip = format!("10.96.0.{}", 110 + i);
         manifests.write(
             &format!("{name}.yaml"),
             &format!(
                 "{}---\n{}---\n{}",
-                service(
+                a.service(
                     name,
-                    &cluster_ip,
+                    110 + i as u8,
                     &format!(
                         "[{{name: http, port: 80, targetPort: 8080, nodePort: {tcp}, protocol: TCP}}, \
                          {{name: dns, port: 53, targetPort: 5353, nodePort: {udp}, protocol: UDP}}]"
                     ),
                     &format!(
                         "  type: LoadBalancer\n  externalTrafficPolicy: {policy}\n  \
-                         externalIPs: [{}]",
-                        if i == 0 { EXTERNAL_IP } else { "198.51.100.8" }
+                         externalIPs: [\"{}\"]",
+                        if i == 0 { a.external_ip } else { a.external_ip2 }
                     ),
-                    (i == 0).then_some(LB_IP),
+                    i == 0,
                 ),
-                slice(&format!("{name}-http"), name, ("http", 8080, "TCP"), &[*endpoint]),
-                slice(&format!("{name}-dns"), name, ("dns", 5353, "UDP"), &[*endpoint]),
+                a.slice(&format!("{name}-http"), name, ("http", 8080, "TCP"), std::slice::from_ref(endpoint)),
+                a.slice(&format!("{name}-dns"), name, ("dns", 5353, "UDP"), std::slice::from_ref(endpoint)),
             ),
         );
     }
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let mut frontends: Vec<String> = services
+    let mut frontends: Vec<(&str, String)> = services
         .iter()
         .flat_map(|(_, _, tcp, udp, _)| {
-            [format!("tcp {NODE1}:{tcp}"), format!("udp {NODE1}:{udp}")]
+            [
+                ("tcp", Addresses::at(a.node1, *tcp)),
+                ("udp", Addresses::at(a.node1, *udp)),
+            ]
         })
         .collect();
     // The local backend behind a LoadBalancer IP and an externalIP too.
     frontends.extend([
-        format!("tcp {LB_IP}:80"),
-        format!("udp {LB_IP}:53"),
-        format!("tcp {EXTERNAL_IP}:80"),
+        ("tcp", Addresses::at(a.lb_ip, 80)),
+        ("udp", Addresses::at(a.lb_ip, 53)),
+        ("tcp", Addresses::at(a.external_ip, 80)),
     ]);
-    for frontend in &frontends {
-        let (mode, address) = frontend.split_once(' ').expect("mode and address");
+    for (mode, address) in &frontends {
         let attempts = lan.client.probe(mode, address, 5);
         let failed = attempts.iter().filter(|a| a.reply.is_none()).count();
-        assert_eq!(failed, 0, "{frontend}: {failed} of 5 failed: {attempts:?}");
+        assert_eq!(
+            failed, 0,
+            "{mode} {address}: {failed} of 5 failed: {attempts:?}"
+        );
         // The client sees the frontend; a local pod sees the client, a remote one the node.
-        assert_translated(&attempts, address);
+        a.assert_translated(&attempts, address);
     }
     assert_eq!(counters(&sandbox).errors, 0);
 
     // A NetworkPolicy-like rule on the local pod's device sees the client's address, so it
     // applies to traffic from outside as well.
-    run(Command::new("iptables").args([
+    let (tool, reset) = match family {
+        Family::V4 => ("iptables", "tcp-reset"),
+        Family::V6 => ("ip6tables", "tcp-reset"),
+    };
+    run(Command::new(tool).args([
         "-I",
         "FORWARD",
         "-o",
         "pod1",
         "-s",
-        CLIENT,
+        a.client,
         "-p",
         "tcp",
         "-j",
         "REJECT",
         "--reject-with",
-        "tcp-reset",
+        reset,
     ]));
-    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30090"), 3);
+    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30090), 3);
     assert!(
         attempts.iter().all(|a| a.reply.is_none()),
         "a FORWARD rule against the client on pod1's device must hold: {attempts:?}"
     );
-    let attempts = lan.client.probe("tcp", &format!("{NODE1}:30091"), 3);
-    assert_translated(&attempts, &format!("{NODE1}:30091"));
+    let remote = Addresses::at(a.node1, 30091);
+    a.assert_translated(&lan.client.probe("tcp", &remote, 3), &remote);
 }
 
 /// A node device eth0 holding `addresses` in this thread's namespace (this kernel has no
@@ -901,4 +995,349 @@ fn snat_address(sandbox: &Sandbox) -> Option<Ipv4Addr> {
     let map: aya::maps::Array<_, socklb_abi::NodeConfig> = map.try_into().expect("node map");
     let config = map.get(&0, 0).expect("the node settings");
     (config.snat_address != 0).then(|| Ipv4Addr::from(u32::from_be(config.snat_address)))
+}
+
+/// The TC programs alone, for both families: the datapath loaded and programmed through
+/// the library (not the control plane), attached to node1's device, and traffic from the
+/// client on the LAN. NodePort flows to a local and to a remote backend (SNAT),
+/// loadBalancerSourceRanges, and for IPv6 an extension header on the way and ICMPv6 with
+/// neighbour discovery to the node.
+mod programs {
+    use std::{
+        net::{IpAddr, SocketAddr},
+        os::fd::AsRawFd as _,
+        time::Duration,
+    };
+
+    use socklb_agent::dataplane::{
+        BackendAddr, ConntrackTimeouts, Desired, Frontend, FrontendSpec, NodeSettings, Protocol,
+        Scope, TcMode,
+    };
+    use socklb_tests::{
+        NamedServer, Sandbox,
+        family::Family,
+        lan::{Addresses, addresses, counters, lan, servers_of},
+    };
+
+    fn ip(address: &str) -> IpAddr {
+        address.parse().expect("address")
+    }
+
+    fn external(address: &str, port: u16, protocol: Protocol) -> Frontend {
+        Frontend {
+            address: ip(address),
+            port,
+            protocol,
+            scope: Scope::External,
+        }
+    }
+
+    fn spec(backends: Vec<BackendAddr>, ranges: Option<&str>) -> FrontendSpec {
+        FrontendSpec {
+            backends,
+            source_ranges: ranges.map(|range| vec![range.parse().expect("CIDR")]),
+            ..FrontendSpec::default()
+        }
+    }
+
+    fn scenario(family: Family) {
+        let a: Addresses = addresses(family);
+        let sandbox = Sandbox::new(&format!("ext-prog{}", family.tag()));
+        let lan = lan(&format!("p{}", family.tag()));
+        let _servers = [
+            NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+            NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
+            NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+        ];
+        let pod1 = BackendAddr {
+            address: a.pod1,
+            port: 8080,
+            remote: false,
+        };
+        let pod2 = BackendAddr {
+            address: a.pod2,
+            port: 8080,
+            remote: true,
+        };
+        let mut desired = Desired::default();
+        desired.insert(
+            external(a.node1, 30080, Protocol::Tcp),
+            spec(vec![pod1, pod2], None),
+        );
+        desired.insert(
+            external(a.node1, 30053, Protocol::Udp),
+            spec(vec![BackendAddr { port: 5353, ..pod1 }], None),
+        );
+        desired.insert(
+            external(a.lb_ip, 80, Protocol::Tcp),
+            spec(vec![pod1], Some(a.client_range)),
+        );
+        desired.insert(
+            external(a.lb_ip, 81, Protocol::Tcp),
+            spec(vec![pod1], Some(a.other_clients)),
+        );
+        let mut dataplane = sandbox.dataplane();
+        let report = dataplane.apply(&desired).expect("apply");
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+        dataplane
+            .set_node(&NodeSettings {
+                snat_address: Some(socklb_tests::lan::NODE1.parse().expect("address")),
+                snat_address6: Some(socklb_tests::lan::lan6::NODE1.parse().expect("address")),
+                snat_ports: 61000..=65535,
+                conntrack_timeouts: ConntrackTimeouts::default(),
+            })
+            .expect("node settings");
+        dataplane
+            .attach_external(&["eth0".to_owned()], TcMode::Auto)
+            .expect("attach the TC programs");
+
+        // NodePort: a local backend keeps the client's address, a remote one sees node1's.
+        let nodeport = Addresses::at(a.node1, 30080);
+        let attempts = lan.client.probe("tcp", &nodeport, 30);
+        a.assert_translated(&attempts, &nodeport);
+        assert_eq!(
+            servers_of(&attempts),
+            ["pod1", "pod2"],
+            "both backends serve"
+        );
+
+        // UDP through the NodePort, each answer from the frontend.
+        let udp = Addresses::at(a.node1, 30053);
+        a.assert_translated(&lan.client.probe("udp", &udp, 5), &udp);
+
+        // loadBalancerSourceRanges of the client's family.
+        let open = Addresses::at(a.lb_ip, 80);
+        a.assert_translated(&lan.client.probe("tcp", &open, 3), &open);
+        let before = counters(&sandbox);
+        let closed = Addresses::at(a.lb_ip, 81);
+        let attempts = lan.client.probe("tcp", &closed, 1);
+        assert!(
+            attempts[0].reply.is_none(),
+            "outside the ranges: {attempts:?}"
+        );
+        let after = counters(&sandbox);
+        assert!(
+            after.external_denied > before.external_denied,
+            "denied by socklb: {before:?} -> {after:?}"
+        );
+
+        if family == Family::V6 {
+            extension_header_is_walked(&lan, &a);
+            too_many_extension_headers_pass_counted(&lan, &a, &sandbox);
+            icmpv6_and_neighbour_discovery_pass(&lan, &a);
+        }
+        assert_eq!(counters(&sandbox).errors, 0, "{:?}", counters(&sandbox));
+        drop(dataplane);
+    }
+
+    /// A UDP datagram carrying a Destination Options header (IPV6_DSTOPTS) is translated:
+    /// the programs walk the header to the UDP one, and the answer comes back from the
+    /// frontend.
+    fn extension_header_is_walked(lan: &socklb_tests::lan::Lan, a: &Addresses) {
+        let before = lan.client.enter(|| {
+            let socket = std::net::UdpSocket::bind((ip(a.client), 0)).expect("bind");
+            // Next header and length (filled by the kernel), then PadN over 4 bytes.
+            let options: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
+            // SAFETY: setsockopt on our socket with a buffer of the size passed.
+            let rc = unsafe {
+                libc::setsockopt(
+                    socket.as_raw_fd(),
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_DSTOPTS,
+                    options.as_ptr().cast(),
+                    options.len() as libc::socklen_t,
+                )
+            };
+            assert_eq!(rc, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+            socket
+                .set_read_timeout(Some(Duration::from_secs(3)))
+                .expect("timeout");
+            let frontend: SocketAddr = Addresses::at(a.node1, 30053).parse().expect("address");
+            socket.send_to(b"ping", frontend).expect("send");
+            let mut buffer = [0u8; 128];
+            let (len, from) = socket
+                .recv_from(&mut buffer)
+                .expect("an answer to a datagram with a destination options header");
+            assert_eq!(from, frontend, "the answer comes from the frontend");
+            String::from_utf8_lossy(&buffer[..len]).into_owned()
+        });
+        assert!(before.starts_with("pod1 "), "answered by {before:?}");
+    }
+
+    /// A datagram to the UDP NodePort behind five Destination Options headers, one more
+    /// than the programs walk, is passed untranslated and counted (sent whole, headers and
+    /// all, over a raw socket).
+    fn too_many_extension_headers_pass_counted(
+        lan: &socklb_tests::lan::Lan,
+        a: &Addresses,
+        sandbox: &Sandbox,
+    ) {
+        let (IpAddr::V6(client), IpAddr::V6(node1)) = (ip(a.client), ip(a.node1)) else {
+            panic!("IPv6 addresses expected");
+        };
+        const HEADERS: u8 = 5;
+        let mut packet = Vec::new();
+        // IPv6 header: version 6, payload length, next header (destination options), hop
+        // limit, source, destination.
+        let payload = u16::from(HEADERS) * 8 + 8 + 4;
+        packet.extend_from_slice(&[0x60, 0, 0, 0]);
+        packet.extend_from_slice(&payload.to_be_bytes());
+        packet.extend_from_slice(&[60, 64]);
+        packet.extend_from_slice(&client.octets());
+        packet.extend_from_slice(&node1.octets());
+        for i in 0..HEADERS {
+            let next = if i + 1 == HEADERS { 17 } else { 60 };
+            // Next header, length 0 (8 bytes), PadN over the 4 bytes left.
+            packet.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]);
+        }
+        // UDP to the NodePort (no checksum: the datagram is not meant to be delivered).
+        packet.extend_from_slice(&40000u16.to_be_bytes());
+        packet.extend_from_slice(&30053u16.to_be_bytes());
+        packet.extend_from_slice(&12u16.to_be_bytes());
+        packet.extend_from_slice(&[0, 0]);
+        packet.extend_from_slice(b"ping");
+        let before = counters(sandbox);
+        lan.client.enter(|| {
+            // SAFETY: plain socket call; the fd is owned below.
+            let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+            assert!(
+                fd >= 0,
+                "raw IPv6 socket: {}",
+                std::io::Error::last_os_error()
+            );
+            // SAFETY: a fresh fd we own.
+            let socket =
+                unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            // SAFETY: all-zero is a valid sockaddr_in6.
+            let mut address: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            address.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            address.sin6_addr.s6_addr = node1.octets();
+            // SAFETY: buffers and address of the sizes passed.
+            let sent = unsafe {
+                libc::sendto(
+                    socket.as_raw_fd(),
+                    packet.as_ptr().cast(),
+                    packet.len(),
+                    0,
+                    std::ptr::from_ref(&address).cast(),
+                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(
+                usize::try_from(sent).ok(),
+                Some(packet.len()),
+                "send: {}",
+                std::io::Error::last_os_error()
+            );
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while counters(sandbox).ipv6_headers_unwalked == before.ipv6_headers_unwalked {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the packet with {HEADERS} extension headers was not counted"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Echo requests to node1 are answered, also after the client forgot node1's link-layer
+    /// address (neighbour solicitation and advertisement cross the programs too).
+    fn icmpv6_and_neighbour_discovery_pass(lan: &socklb_tests::lan::Lan, a: &Addresses) {
+        lan.client.ip(&["-6", "neigh", "flush", "dev", "eth0"]);
+        let IpAddr::V6(node1) = ip(a.node1) else {
+            panic!("{} is not IPv6", a.node1);
+        };
+        lan.client.enter(|| echo(node1));
+        let neighbours = lan
+            .client
+            .output("ip", &["-6", "neigh", "show", "dev", "eth0"]);
+        let neighbours = String::from_utf8_lossy(&neighbours.stdout);
+        assert!(
+            neighbours.contains(a.node1),
+            "the client resolved node1 again: {neighbours}"
+        );
+    }
+
+    /// One ICMPv6 echo request to `target` over a raw socket, and its reply.
+    fn echo(target: std::net::Ipv6Addr) {
+        // SAFETY: plain socket call; the fd is owned below.
+        let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6) };
+        assert!(
+            fd >= 0,
+            "raw ICMPv6 socket: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a fresh fd we own.
+        let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        let timeout = libc::timeval {
+            tv_sec: 1,
+            tv_usec: 0,
+        };
+        // SAFETY: setsockopt with a timeval of the size passed.
+        unsafe {
+            libc::setsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                std::ptr::from_ref(&timeout).cast(),
+                size_of::<libc::timeval>() as libc::socklen_t,
+            )
+        };
+        // SAFETY: all-zero is a valid sockaddr_in6.
+        let mut address: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        address.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        address.sin6_addr.s6_addr = target.octets();
+        // Echo request (type 128), identifier 0x5eb1, sequence 1; the kernel fills in the
+        // checksum of ICMPv6 raw sockets.
+        let request: [u8; 12] = [128, 0, 0, 0, 0x5e, 0xb1, 0, 1, b's', b'l', b'b', b'6'];
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            // SAFETY: buffers and address of the sizes passed.
+            let sent = unsafe {
+                libc::sendto(
+                    socket.as_raw_fd(),
+                    request.as_ptr().cast(),
+                    request.len(),
+                    0,
+                    std::ptr::from_ref(&address).cast(),
+                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            };
+            assert_eq!(
+                sent,
+                12,
+                "send the echo request: {}",
+                std::io::Error::last_os_error()
+            );
+            let mut reply = [0u8; 128];
+            // SAFETY: a buffer of the size passed.
+            let len = unsafe {
+                libc::recv(
+                    socket.as_raw_fd(),
+                    reply.as_mut_ptr().cast(),
+                    reply.len(),
+                    0,
+                )
+            };
+            // Echo reply (129) with our identifier; other ICMPv6 (neighbour discovery) is
+            // skipped.
+            if len >= 8 && reply[0] == 129 && reply[4..6] == [0x5e, 0xb1] {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no echo reply from {target} with the programs attached"
+            );
+        }
+    }
+
+    #[test]
+    fn translate_nodeport_flows_over_ipv4() {
+        scenario(Family::V4);
+    }
+
+    #[test]
+    fn translate_nodeport_flows_over_ipv6() {
+        scenario(Family::V6);
+    }
 }

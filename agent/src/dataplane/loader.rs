@@ -297,7 +297,22 @@ fn configure<'a>(
         .map_max_entries(map_names::CONNTRACK, capacities.conntrack)
         .map_max_entries(map_names::CONNTRACK_NEW, capacities.conntrack_new)
         .map_max_entries(map_names::SOURCE_RANGES, capacities.source_ranges)
-        .map_max_entries(map_names::MAGLEV, sizes.maglev);
+        .map_max_entries(map_names::MAGLEV, sizes.maglev)
+        .map_max_entries(map_names::AFFINITY6, ipv6_share(capacities.affinity))
+        .map_max_entries(map_names::CONNTRACK6, ipv6_share(capacities.conntrack))
+        .map_max_entries(
+            map_names::CONNTRACK_NEW6,
+            ipv6_share(capacities.conntrack_new),
+        )
+        .map_max_entries(map_names::SOURCE_RANGES6, capacities.source_ranges);
+}
+
+/// The capacity of an IPv6 table of flows from outside (conntrack, unconfirmed conntrack,
+/// affinity of clients outside the node) whose IPv4 twin has `ipv4`: half of it. They are
+/// preallocated LRUs whose IPv6 entries are larger (a confirmed-flow entry 152 bytes against
+/// 112), so a node pays for both families up front; the same flag raises both.
+fn ipv6_share(ipv4: u32) -> u32 {
+    (ipv4 / 2).max(1)
 }
 
 /// A growable map keeps the size an earlier agent grew it to, within its flag; a new one

@@ -350,13 +350,15 @@ impl Dataplane {
                 name: map_names::COUNTERS,
                 source,
             })?;
-        let source_ranges = take_map(&mut ebpf, map_names::SOURCE_RANGES)?
-            .try_into()
-            .and_then(|trie| SourceRangeWriter::adopt(trie, config.capacities.source_ranges))
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::SOURCE_RANGES,
-                source,
-            })?;
+        let source_ranges = SourceRangeWriter::adopt(
+            take_trie(&mut ebpf, map_names::SOURCE_RANGES)?,
+            take_trie(&mut ebpf, map_names::SOURCE_RANGES6)?,
+            config.capacities.source_ranges,
+        )
+        .map_err(|source| DataplaneError::Map {
+            name: map_names::SOURCE_RANGES,
+            source,
+        })?;
         let maglev = take_map(&mut ebpf, map_names::MAGLEV)?
             .try_into()
             .and_then(|map| MaglevWriter::adopt(map, config.maglev_table_size))
@@ -622,7 +624,7 @@ impl Dataplane {
 
     /// Entries in use, capacity now and the capacity they may grow to, of the maps the
     /// agent fills, for metrics.
-    pub fn usage(&self) -> [MapUsage; 4] {
+    pub fn usage(&self) -> [MapUsage; 5] {
         let bounds = &self.config.capacities;
         let usage = |map, entries, capacity, max_entries| MapUsage {
             map,
@@ -645,7 +647,13 @@ impl Dataplane {
             ),
             usage(
                 map_names::SOURCE_RANGES,
-                self.source_ranges.entries(),
+                self.source_ranges.entries().0,
+                bounds.source_ranges,
+                bounds.source_ranges,
+            ),
+            usage(
+                map_names::SOURCE_RANGES6,
+                self.source_ranges.entries().1,
                 bounds.source_ranges,
                 bounds.source_ranges,
             ),
@@ -771,6 +779,16 @@ impl Dataplane {
 
 fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<aya::maps::Map, LoadError> {
     ebpf.take_map(name).ok_or(LoadError::MissingMap(name))
+}
+
+/// A source-range trie of either family.
+fn take_trie<K: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<aya::maps::LpmTrie<MapData, K, socklb_abi::SourceVerdict>, DataplaneError> {
+    take_map(ebpf, name)?
+        .try_into()
+        .map_err(|source| DataplaneError::Map { name, source })
 }
 
 #[cfg(test)]

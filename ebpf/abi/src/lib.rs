@@ -31,7 +31,7 @@ pub mod map_names {
     /// [`super::AffinityKey`] -> [`super::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
-    pub const COUNTERS: &str = "socklb_cnt_v4";
+    pub const COUNTERS: &str = "socklb_cnt_v5";
     /// [`super::CtKey`] -> [`super::CtEntry`] (LRU): confirmed flows from outside the node
     /// (TCP past its handshake, UDP answered and continued) and their NAT.
     pub const CONNTRACK: &str = "socklb_ct_v1";
@@ -98,9 +98,13 @@ pub mod map_names {
     pub const NODE6: &str = "socklb_node6_v1";
     /// [`super::GoneKey6`] -> `u8`: [`GONE`] for IPv6 sockets. Not pinned.
     pub const GONE6: &str = "socklb_gone6_v1";
+    /// Per-CPU scratch room of the TC programs for IPv6 keys and entries (their type is the
+    /// programs' own). Not pinned: it holds nothing between two packets, and each load of
+    /// the programs has its own.
+    pub const SCRATCH6: &str = "socklb_scr6_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 21] = [
+    pub const ALL: [&str; 27] = [
         SERVICES,
         BACKENDS,
         SERVICES6,
@@ -122,14 +126,21 @@ pub mod map_names {
         TRACE_CONTROL,
         PROGRAM_LOGS,
         SOCKET_RECORDS,
+        AFFINITY6,
+        CONNTRACK6,
+        CONNTRACK_NEW6,
+        NODE6,
+        FRAGMENTS6,
+        SOURCE_RANGES6,
     ];
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 6] = [
+    pub const RETIRED: [&str; 7] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
+        "socklb_cnt_v4",
         "socklb_node_v1",
         RETIRED_SERVICES,
         "socklb_be_v1",
@@ -1003,6 +1014,9 @@ counters! {
     /// Trace events lost because the trace ring buffer was full (a `socklb trace` session
     /// reading too slowly); the translations themselves are unaffected.
     trace_lost,
+    /// IPv6 packets whose extension headers go on beyond the few the TC programs walk:
+    /// passed untranslated.
+    ipv6_headers_unwalked,
 }
 
 impl Counters {
@@ -1222,6 +1236,7 @@ mod tests {
             map_names::SOURCE_RANGES6,
             map_names::NODE6,
             map_names::GONE6,
+            map_names::SCRATCH6,
         ] {
             assert!(name.len() <= 15, "{name} is longer than 15 bytes");
             assert!(

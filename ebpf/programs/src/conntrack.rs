@@ -7,14 +7,15 @@
 //! datagram) confirms the flow: both entries move to the main table (`CONNTRACK`). Lookups try the main table
 //! first. So a SYN flood, whose flows never complete a handshake, only ever evicts other
 //! unconfirmed flows, and its SNAT ports come back after the SYN timeout.
-use aya_ebpf::{bindings::BPF_NOEXIST, btf_maps::LruHashMap, helpers};
+//!
+//! Written once for both address families ([`Family`]): each has its own two tables.
+use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
 use socklb_abi::{
-    CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FORWARD, CT_REPLY, CtEntry, CtKey, CtTimeouts,
-    NodeConfig, PROTO_TCP,
+    CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FORWARD, CT_REPLY, CtTimeouts, NodeConfig, PROTO_TCP,
 };
 
 use crate::{
-    maps::{CONNTRACK, CONNTRACK_NEW, CT_CAPACITY},
+    family::{CtTable, Family, FlowEntry, FlowKey},
     packet::Tuple,
 };
 
@@ -22,17 +23,18 @@ use crate::{
 const SNAT_ATTEMPTS: u32 = 16;
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
-/// Either conntrack table (they share one type; the agent sizes them at load time).
-pub type Table = LruHashMap<CtKey, CtEntry, CT_CAPACITY>;
+type Addr<F> = <F as Family>::Addr;
+type Entry<F> = FlowEntry<Addr<F>>;
+type Key<F> = FlowKey<Addr<F>>;
 
 /// A flow's entry in one direction, and whether it is in the main table.
 #[derive(Clone, Copy)]
-pub struct Found {
-    pub entry: CtEntry,
+pub struct Found<A> {
+    pub entry: FlowEntry<A>,
     pub confirmed: bool,
 }
 
-/// Seconds since boot, as [`CtEntry::last_seen_s`] counts. The coarse clock (a tick's
+/// Seconds since boot, as [`FlowEntry::last_seen_s`] counts. The coarse clock (a tick's
 /// resolution) is plenty for second-granular timeouts and cheaper than reading the
 /// clocksource on every packet.
 #[inline(always)]
@@ -44,14 +46,14 @@ pub fn now_s() -> u32 {
 /// Whether a packet may be the reply of a SNATed flow: only those are addressed to a port
 /// of the SNAT range, so every other packet skips the reply lookup.
 #[inline(always)]
-pub fn may_be_snat_reply(tuple: &Tuple, node: Option<&NodeConfig>) -> bool {
+pub fn may_be_snat_reply<A>(tuple: &Tuple<A>, node: Option<&NodeConfig>) -> bool {
     let port = u16::from_be(tuple.destination_port);
     node.is_some_and(|node| port >= node.snat_port_min && port <= node.snat_port_max)
 }
 
 #[inline(always)]
-pub fn key(tuple: &Tuple, direction: u8) -> CtKey {
-    CtKey {
+pub fn key<A: Copy>(tuple: &Tuple<A>, direction: u8) -> FlowKey<A> {
+    FlowKey {
         source: tuple.source,
         destination: tuple.destination,
         source_port: tuple.source_port,
@@ -66,8 +68,8 @@ pub fn key(tuple: &Tuple, direction: u8) -> CtKey {
 /// entry says what its packets become, which is what the other direction's packets are
 /// with source and destination swapped.
 #[inline(always)]
-fn other_direction(key: &CtKey, entry: &CtEntry) -> CtKey {
-    CtKey {
+fn other_direction<A: Copy>(key: &FlowKey<A>, entry: &FlowEntry<A>) -> FlowKey<A> {
+    FlowKey {
         source: entry.destination,
         destination: entry.source,
         source_port: entry.destination_port,
@@ -86,7 +88,7 @@ fn other_direction(key: &CtKey, entry: &CtEntry) -> CtKey {
 /// A flow that took over an expired flow's SNAT port overwrote its reply entry, so the old
 /// flow's forward entry (left in place, or still read by a packet) must not act on it.
 #[inline(always)]
-fn points_to(entry: &CtEntry, other: &CtKey) -> bool {
+fn points_to<A: PartialEq>(entry: &FlowEntry<A>, other: &FlowKey<A>) -> bool {
     entry.source == other.destination
         && entry.destination == other.source
         && entry.source_port == other.destination_port
@@ -96,46 +98,66 @@ fn points_to(entry: &CtEntry, other: &CtKey) -> bool {
 /// Whether the entry under `reply_key` in `table` is the other direction of the flow whose
 /// forward entry is under `forward_key` (and not another flow's, holding the port now).
 #[inline(always)]
-fn reply_is_ours(table: &Table, reply_key: &CtKey, forward_key: &CtKey) -> bool {
-    let Some(reply) = table.get_ptr(reply_key) else {
+fn reply_is_ours<F: Family>(table: &CtTable<F>, reply_key: &Key<F>, forward_key: &Key<F>) -> bool {
+    let Some(reply) = table.get_ptr(F::ct_key(reply_key)) else {
         return false;
     };
     // SAFETY: pointer from a successful lookup; read at once.
-    points_to(unsafe { &*reply }, forward_key)
+    points_to(F::flow_entry(unsafe { &*reply }), forward_key)
 }
 
 /// The entry under `key` in `table` as it was before this packet, which refreshes it: its
 /// last-seen time moves on (written at most once a second), a FIN or RST marks it closing,
 /// and `set` flags are added.
 #[inline(always)]
-fn touch(table: &Table, key: &CtKey, closes: bool, now: u32, set: u16) -> Option<CtEntry> {
-    let entry = table.get_ptr_mut(key)?;
+fn touch<F: Family>(
+    table: &CtTable<F>,
+    key: &Key<F>,
+    closes: bool,
+    now: u32,
+    set: u16,
+) -> Option<Entry<F>> {
+    let entry = table.get_ptr_mut(F::ct_key(key))?;
     // SAFETY: pointer from a successful lookup, valid for this run; racing writers only
     // move the timestamp or add flags, both idempotent.
     let entry = unsafe { &mut *entry };
+    let entry = F::flow_entry_mut(entry);
     let before = *entry;
     if entry.last_seen_s != now {
         entry.last_seen_s = now;
     }
-    let flags = entry.flags | set | if closes { CT_FLAG_CLOSING } else { 0 };
-    if flags != entry.flags {
+    let flags = before.flags | set | if closes { CT_FLAG_CLOSING } else { 0 };
+    if flags != before.flags {
         entry.flags = flags;
     }
     Some(before)
 }
 
+/// Adds `flags` to the entry under `key` in `table`, if there is one.
+#[inline(always)]
+fn add_flags<F: Family>(table: &CtTable<F>, key: &Key<F>, flags: u16) {
+    if let Some(held) = table.get_ptr_mut(F::ct_key(key)) {
+        // SAFETY: pointer from a successful lookup, valid for this run.
+        F::flow_entry_mut(unsafe { &mut *held }).flags |= flags;
+    }
+}
+
 /// The forward entry of a packet from the client, main table first (refreshed as
 /// [`touch`] says).
 #[inline(always)]
-pub fn lookup_forward(tuple: &Tuple, closes: bool, now: u32) -> Option<Found> {
+pub fn lookup_forward<F: Family>(
+    tuple: &Tuple<F::Addr>,
+    closes: bool,
+    now: u32,
+) -> Option<Found<F::Addr>> {
     let key = key(tuple, CT_FORWARD);
-    if let Some(entry) = touch(&CONNTRACK, &key, closes, now, 0) {
+    if let Some(entry) = touch::<F>(F::conntrack(), &key, closes, now, 0) {
         return Some(Found {
             entry,
             confirmed: true,
         });
     }
-    touch(&CONNTRACK_NEW, &key, closes, now, 0).map(|entry| Found {
+    touch::<F>(F::conntrack_new(), &key, closes, now, 0).map(|entry| Found {
         entry,
         confirmed: false,
     })
@@ -144,17 +166,18 @@ pub fn lookup_forward(tuple: &Tuple, closes: bool, now: u32) -> Option<Found> {
 /// The reply entry of a packet from a backend, main table first. An unconfirmed flow's
 /// entries are marked: the backend answered.
 #[inline(always)]
-pub fn lookup_reply(tuple: &Tuple, closes: bool, now: u32) -> Option<CtEntry> {
+pub fn lookup_reply<F: Family>(tuple: &Tuple<F::Addr>, closes: bool, now: u32) -> Option<Entry<F>> {
     let key = key(tuple, CT_REPLY);
-    if let Some(entry) = touch(&CONNTRACK, &key, closes, now, 0) {
+    if let Some(entry) = touch::<F>(F::conntrack(), &key, closes, now, 0) {
         return Some(entry);
     }
-    let entry = touch(&CONNTRACK_NEW, &key, closes, now, CT_FLAG_SEEN_REPLY)?;
-    if entry.flags & CT_FLAG_SEEN_REPLY == 0
-        && let Some(forward) = CONNTRACK_NEW.get_ptr_mut(&other_direction(&key, &entry))
-    {
-        // SAFETY: as in touch.
-        unsafe { (*forward).flags |= CT_FLAG_SEEN_REPLY };
+    let entry = touch::<F>(F::conntrack_new(), &key, closes, now, CT_FLAG_SEEN_REPLY)?;
+    if entry.flags & CT_FLAG_SEEN_REPLY == 0 {
+        add_flags::<F>(
+            F::conntrack_new(),
+            &other_direction(&key, &entry),
+            CT_FLAG_SEEN_REPLY,
+        );
     }
     Some(entry)
 }
@@ -162,23 +185,63 @@ pub fn lookup_reply(tuple: &Tuple, closes: bool, now: u32) -> Option<CtEntry> {
 /// Moves a flow that is now confirmed to the main table: both entries written there
 /// first (lookups try it first), then removed from the unconfirmed table.
 #[inline(always)]
-pub fn confirm(arrived: &Tuple, forward: &CtEntry, closes: bool, now: u32) -> Result<(), i32> {
+pub fn confirm<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &Entry<F>,
+    closes: bool,
+    now: u32,
+) -> Result<(), i32> {
+    if F::SPLIT_FRAMES {
+        match confirm_apart::<F>(arrived, forward, closes, now) {
+            0 => Ok(()),
+            error => Err(error),
+        }
+    } else {
+        confirm_here::<F>(arrived, forward, closes, now)
+    }
+}
+
+/// [`confirm`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]): 0 or a negative
+/// error (a plain integer, as [`insert_snat_apart`] says why).
+#[inline(never)]
+fn confirm_apart<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &Entry<F>,
+    closes: bool,
+    now: u32,
+) -> i32 {
+    match confirm_here::<F>(arrived, forward, closes, now) {
+        Ok(()) => 0,
+        Err(error) => error.min(-1),
+    }
+}
+
+#[inline(always)]
+fn confirm_here<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &Entry<F>,
+    closes: bool,
+    now: u32,
+) -> Result<(), i32> {
+    // Keys and entries go to the maps through `F::ct_key`/`F::ct_entry` at each call: for
+    // IPv6 they are per-CPU scratch room, overwritten by the next call.
     let forward_key = key(arrived, CT_FORWARD);
     let (reply_key, built) = reply_of(arrived, forward);
-    let reply = match CONNTRACK_NEW.get_ptr(&reply_key) {
-        // SAFETY: pointer from a successful lookup; copied out at once.
-        Some(held) => unsafe { *held },
-        None => built,
+    let reply = match F::conntrack_new().get_ptr(F::ct_key(&reply_key)) {
+        // SAFETY: pointer from a successful lookup, valid for this run (the insert below
+        // copies it).
+        Some(held) => unsafe { &*held },
+        None => F::ct_entry(&built),
     };
     let mut forward = *forward;
     forward.last_seen_s = now;
     if closes {
         forward.flags |= CT_FLAG_CLOSING;
     }
-    CONNTRACK.insert(&reply_key, &reply, 0)?;
-    CONNTRACK.insert(&forward_key, &forward, 0)?;
-    let _ = CONNTRACK_NEW.remove(&forward_key);
-    let _ = CONNTRACK_NEW.remove(&reply_key);
+    F::conntrack().insert(F::ct_key(&reply_key), reply, 0)?;
+    F::conntrack().insert(F::ct_key(&forward_key), F::ct_entry(&forward), 0)?;
+    let _ = F::conntrack_new().remove(F::ct_key(&forward_key));
+    let _ = F::conntrack_new().remove(F::ct_key(&reply_key));
     Ok(())
 }
 
@@ -189,17 +252,33 @@ pub fn confirm(arrived: &Tuple, forward: &CtEntry, closes: bool, now: u32) -> Re
 /// past its timeout (its port may have gone to another flow since); the reply entry is
 /// reopened only if it is still this flow's.
 #[inline(always)]
-pub fn reopen(arrived: &Tuple, entry: &mut CtEntry) {
+pub fn reopen<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
+    if F::SPLIT_FRAMES {
+        reopen_apart::<F>(arrived, entry);
+    } else {
+        reopen_here::<F>(arrived, entry);
+    }
+}
+
+/// [`reopen`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]).
+#[inline(never)]
+fn reopen_apart<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
+    reopen_here::<F>(arrived, entry);
+}
+
+#[inline(always)]
+fn reopen_here<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
     let forward_key = key(arrived, CT_FORWARD);
     let reply_key = other_direction(&forward_key, entry);
     entry.flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
-    let clear = |key: &CtKey| {
-        if let Some(held) = CONNTRACK_NEW.get_ptr_mut(key) {
+    let clear = |key: &Key<F>| {
+        if let Some(held) = F::conntrack_new().get_ptr_mut(F::ct_key(key)) {
             // SAFETY: pointer from a successful lookup, valid for this run.
-            unsafe { (*held).flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY) };
+            F::flow_entry_mut(unsafe { &mut *held }).flags &=
+                !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
         }
     };
-    if reply_is_ours(&CONNTRACK_NEW, &reply_key, &forward_key) {
+    if reply_is_ours::<F>(F::conntrack_new(), &reply_key, &forward_key) {
         clear(&reply_key);
     }
     clear(&forward_key);
@@ -209,27 +288,42 @@ pub fn reopen(arrived: &Tuple, entry: &mut CtEntry) {
 /// left), so that they can neither shadow a new flow's nor hold a SNAT port. The reply
 /// entry goes only if it is still this flow's: another flow may hold the port now.
 #[inline(always)]
-pub fn forget(arrived: &Tuple, found: &Found) {
-    let table = if found.confirmed {
-        &CONNTRACK
+pub fn forget<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
+    if F::SPLIT_FRAMES {
+        forget_apart::<F>(arrived, found);
     } else {
-        &CONNTRACK_NEW
+        forget_here::<F>(arrived, found);
+    }
+}
+
+/// [`forget`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]).
+#[inline(never)]
+fn forget_apart<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
+    forget_here::<F>(arrived, found);
+}
+
+#[inline(always)]
+fn forget_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
+    let table = if found.confirmed {
+        F::conntrack()
+    } else {
+        F::conntrack_new()
     };
     let forward_key = key(arrived, CT_FORWARD);
     let reply_key = other_direction(&forward_key, &found.entry);
-    if reply_is_ours(table, &reply_key, &forward_key) {
-        let _ = table.remove(&reply_key);
+    if reply_is_ours::<F>(table, &reply_key, &forward_key) {
+        let _ = table.remove(F::ct_key(&reply_key));
     }
-    let _ = table.remove(&forward_key);
+    let _ = table.remove(F::ct_key(&forward_key));
 }
 
 /// The reply direction of a forward entry: the key a backend's answer arrives with, and
 /// what it is rewritten to (the frontend the client asked for, back to the client).
 #[inline(always)]
-pub fn reply_of(arrived: &Tuple, forward: &CtEntry) -> (CtKey, CtEntry) {
+pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &FlowEntry<A>) -> (FlowKey<A>, FlowEntry<A>) {
     (
         other_direction(&key(arrived, CT_FORWARD), forward),
-        CtEntry {
+        FlowEntry {
             source: arrived.destination,
             destination: arrived.source,
             source_port: arrived.destination_port,
@@ -242,20 +336,66 @@ pub fn reply_of(arrived: &Tuple, forward: &CtEntry) -> (CtKey, CtEntry) {
 /// Records both directions of a new flow whose source this node keeps (no SNAT), as not
 /// confirmed.
 #[inline(always)]
-pub fn insert(arrived: &Tuple, forward: &CtEntry) -> Result<(), i32> {
+pub fn insert<F: Family>(arrived: &Tuple<F::Addr>, forward: &Entry<F>) -> Result<(), i32> {
     let (reply_key, reply) = reply_of(arrived, forward);
-    CONNTRACK_NEW.insert(&reply_key, &reply, 0)?;
-    CONNTRACK_NEW.insert(&key(arrived, CT_FORWARD), forward, 0)
+    let table = F::conntrack_new();
+    table.insert(F::ct_key(&reply_key), F::ct_entry(&reply), 0)?;
+    table.insert(
+        F::ct_key(&key(arrived, CT_FORWARD)),
+        F::ct_entry(forward),
+        0,
+    )
 }
 
-/// Records both directions of a new flow SNATed to `node.snat_address`, as not confirmed,
+/// Records both directions of a new flow SNATed to `snat_address`, as not confirmed,
 /// and returns the source port it got: a random port of the configured range whose reply
 /// key no live flow holds in either table (a flow whose entries expired gives its port
 /// up). `None` when every attempt found a live flow.
 #[inline(always)]
-pub fn insert_snat(
-    arrived: &Tuple,
-    forward: &mut CtEntry,
+pub fn insert_snat<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &mut Entry<F>,
+    snat_address: F::Addr,
+    node: &NodeConfig,
+    now: u32,
+) -> Result<Option<u16>, i32> {
+    if F::SPLIT_FRAMES {
+        match insert_snat_apart::<F>(arrived, forward, snat_address, node, now) {
+            NO_PORT => Ok(None),
+            port @ 0..=0xffff => Ok(Some(port as u16)),
+            error => Err(error as i32),
+        }
+    } else {
+        insert_snat_here::<F>(arrived, forward, snat_address, node, now)
+    }
+}
+
+/// [`insert_snat_apart`]'s "no port free".
+const NO_PORT: i64 = 0x1_0000;
+
+/// [`insert_snat`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]), returning a
+/// plain integer (the port, [`NO_PORT`], or a negative error): the caller of a `Result`
+/// returned through memory reads payloads never written, which the verifier refuses.
+#[inline(never)]
+fn insert_snat_apart<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &mut Entry<F>,
+    snat_address: F::Addr,
+    node: &NodeConfig,
+    now: u32,
+) -> i64 {
+    match insert_snat_here::<F>(arrived, forward, snat_address, node, now) {
+        Ok(Some(port)) => i64::from(port),
+        Ok(None) => NO_PORT,
+        Err(error) => i64::from(error.min(-1)),
+    }
+}
+
+#[inline(always)]
+fn insert_snat_here<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &mut Entry<F>,
+    snat_address: F::Addr,
     node: &NodeConfig,
     now: u32,
 ) -> Result<Option<u16>, i32> {
@@ -265,7 +405,7 @@ pub fn insert_snat(
         return Ok(None);
     }
     let span = u32::from(max - min) + 1;
-    forward.source = node.snat_address;
+    forward.source = snat_address;
     for _ in 0..SNAT_ATTEMPTS {
         // SAFETY: helper without arguments.
         let draw = unsafe { helpers::bpf_get_prandom_u32() };
@@ -273,19 +413,27 @@ pub fn insert_snat(
         let port = (u32::from(min) + draw % span) as u16;
         forward.source_port = port.to_be();
         let (reply_key, reply) = reply_of(arrived, forward);
-        if held(&CONNTRACK, true, &reply_key, timeouts, now) == Holder::Live {
+        if held::<F>(F::conntrack(), true, &reply_key, timeouts, now) == Holder::Live {
             continue;
         }
         // Absent: claimed only if no other CPU claims it at the same time.
-        let flags = match held(&CONNTRACK_NEW, false, &reply_key, timeouts, now) {
+        let flags = match held::<F>(F::conntrack_new(), false, &reply_key, timeouts, now) {
             Holder::Live => continue,
             Holder::Expired => 0,
             Holder::None => u64::from(BPF_NOEXIST),
         };
-        if CONNTRACK_NEW.insert(&reply_key, &reply, flags).is_err() {
+        let table = F::conntrack_new();
+        if table
+            .insert(F::ct_key(&reply_key), F::ct_entry(&reply), flags)
+            .is_err()
+        {
             continue;
         }
-        CONNTRACK_NEW.insert(&key(arrived, CT_FORWARD), forward, 0)?;
+        table.insert(
+            F::ct_key(&key(arrived, CT_FORWARD)),
+            F::ct_entry(forward),
+            0,
+        )?;
         return Ok(Some(port));
     }
     Ok(None)
@@ -307,42 +455,48 @@ enum Holder {
 /// Any other flow lives while either direction does: an unconfirmed UDP flow may be a
 /// server streaming to a client that sent once.
 #[inline(always)]
-fn held(
-    table: &Table,
+fn held<F: Family>(
+    table: &CtTable<F>,
     confirmed: bool,
-    reply_key: &CtKey,
+    reply_key: &Key<F>,
     timeouts: CtTimeouts,
     now: u32,
 ) -> Holder {
-    let Some(reply) = table.get_ptr(reply_key) else {
+    let Some(reply) = table.get_ptr(F::ct_key(reply_key)) else {
         return Holder::None;
     };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let reply = unsafe { *reply };
-    let live = |entry: &CtEntry| {
+    // Entries are read in place, field by field (no copy: IPv6's would not fit the stack
+    // frame); a racing writer only moves a timestamp or adds flags.
+    let live = |entry: &Entry<F>| {
         let timeout = timeouts.timeout_s(reply_key.protocol, entry.flags, confirmed);
         !entry.expired(now, timeout)
     };
+    // SAFETY: pointer from a successful lookup, valid for this run.
+    let reply = F::flow_entry(unsafe { &*reply });
+    let reply_live = live(reply);
     // The held flow's forward entry: its client tuple is what the reply rewrites to. An
     // entry there that names another reply key is another flow's.
-    let forward_key = other_direction(reply_key, &reply);
+    let forward_key = other_direction(reply_key, reply);
     // SAFETY: as above.
-    let forward = table.get_ptr(&forward_key).map(|entry| unsafe { *entry });
-    let forward = forward.filter(|entry| points_to(entry, reply_key));
-    let forward_live = forward.is_some_and(|forward| live(&forward));
+    let forward = table
+        .get_ptr(F::ct_key(&forward_key))
+        .map(|entry| F::flow_entry(unsafe { &*entry }))
+        .filter(|entry| points_to(entry, reply_key));
+    let forward_found = forward.is_some();
+    let forward_live = forward.is_some_and(live);
     let is_live = if !confirmed && reply_key.protocol == PROTO_TCP {
         forward_live
     } else {
-        forward_live || live(&reply)
+        forward_live || reply_live
     };
     if is_live {
         return Holder::Live;
     }
-    if forward.is_some() {
-        let _ = table.remove(&forward_key);
+    if forward_found {
+        let _ = table.remove(F::ct_key(&forward_key));
     }
     if confirmed {
-        let _ = table.remove(reply_key);
+        let _ = table.remove(F::ct_key(reply_key));
     }
     Holder::Expired
 }

@@ -23,35 +23,37 @@
 //!   to a hostNetwork backend).
 //! - A packet whose rewrite fails half-way is dropped: once any byte changed, passing it
 //!   on would send a half-translated packet.
+//!
+//! IPv4 and IPv6 take the same path, written once over [`Family`], each with its own maps
+//! (IPv6: no header checksum, the hop limit for the TTL, extension headers walked by
+//! `packet`). Anything else, ICMPv6 and neighbour discovery included, passes untouched.
 use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
     EbpfContext,
     bindings::{__sk_buff, bpf_fib_lookup},
-    btf_maps::lpm_trie::Key,
     helpers,
     macros::classifier,
     programs::TcContext,
 };
 use socklb_abi::{
-    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING,
-    CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CtEntry, CtTimeouts, MaglevKey, PROTO_TCP, SCOPE_EXTERNAL,
-    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS,
-    ServiceEntry, ServiceKey, SourceRange, TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK,
-    TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND, TRACE_REASON_RANDOM, TRACE_REASON_SNAT_EXHAUSTED,
-    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
+    AffinityEntry, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT,
+    CtTimeouts, Ipv6Words, MaglevKey, PROTO_TCP, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV,
+    TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND,
+    TRACE_REASON_RANDOM, TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED,
+    TRACE_SOURCE_EXTERNAL,
 };
 
 use crate::{
     conntrack::{self, Found},
     counters::bump,
-    lb, log,
-    maps::{AFFINITY, BACKENDS, MAGLEV, NODE, SERVICES, SOURCE_RANGES},
-    packet::{Packet, PacketError, Tuple},
+    family::{Family, FlowEntry, Slot, V4, V6},
+    log,
+    maps::{MAGLEV, NODE},
+    packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Packet, PacketError, Tuple},
     trace::{self, Decision},
 };
 
-const AF_INET: u8 = 2;
 const ETH_ALEN: usize = 6;
 /// TC verdicts.
 const TC_ACT_OK: i32 = 0;
@@ -70,6 +72,9 @@ impl From<PacketError> for Error {
     }
 }
 
+/// What becomes of a packet from outside; the entry it is rewritten to is written where
+/// the caller said.
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Flow {
     /// Not addressed to an external frontend: untouched.
     NotOurs,
@@ -82,33 +87,124 @@ enum Flow {
     /// A new flow to a remote backend whose first packet cannot be forwarded: TTL 1 or
     /// less.
     TtlExceeded,
-    /// Rewrite the packet to this.
-    To(CtEntry),
+    /// Rewrite the packet to the entry.
+    To,
+    /// A new flow to a remote backend ([`Family::SPLIT_FRAMES`]): the caller takes its SNAT
+    /// port, then rewrites the packet to the entry.
+    NeedsSnat,
+}
+
+impl Flow {
+    const ALL: [Self; 7] = [
+        Self::NotOurs,
+        Self::NoBackend,
+        Self::SnatExhausted,
+        Self::Denied,
+        Self::TtlExceeded,
+        Self::To,
+        Self::NeedsSnat,
+    ];
+
+    /// Across an out-of-line call: the flow's number, or -1 for an error (a plain integer;
+    /// see [`forward_apart`]).
+    #[inline(always)]
+    fn code(result: Result<Self, Error>) -> i32 {
+        match result {
+            Ok(flow) => flow as i32,
+            Err(Error) => -1,
+        }
+    }
+
+    #[inline(always)]
+    fn decode(code: i32) -> Result<Self, Error> {
+        usize::try_from(code)
+            .ok()
+            .and_then(|i| Self::ALL.get(i).copied())
+            .ok_or(Error)
+    }
+}
+
+/// A conntrack entry for an out-of-line step to fill: every field written, with a zero the
+/// compiler cannot see (zero stores in a row become a memset loop, which the verifier
+/// refuses without CAP_PERFMON).
+#[inline(always)]
+fn blank_entry<F: Family>() -> FlowEntry<F::Addr> {
+    // SAFETY: a read of a valid constant.
+    let zero = unsafe { core::ptr::read_volatile(&0u32) };
+    FlowEntry {
+        source: F::addr_from(zero),
+        destination: F::addr_from(zero),
+        source_port: zero as u16,
+        destination_port: zero as u16,
+        backend_id: zero,
+        service_id: zero,
+        last_seen_s: zero,
+        flags: zero as u16,
+        pad: zero as u16,
+    }
 }
 
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
-    let Some(mut packet) = Packet::parse(&ctx) else {
+    match packet::ether_type(&ctx) {
+        Some(ETH_P_IP) => ingress4(ctx),
+        Some(ETH_P_IPV6) => ingress6(ctx),
+        _ => TC_ACT_OK,
+    }
+}
+
+/// Each family out of line, in a stack frame of its own: the verifier bounds the stack of
+/// a call chain, which then holds one family's path, not both.
+#[inline(never)]
+fn ingress4(ctx: TcContext) -> i32 {
+    let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
         return TC_ACT_OK;
     };
-    verdict(try_ingress(&ctx, &mut packet), &packet)
+    verdict(try_ingress::<V4>(&ctx, &mut packet), &packet)
+}
+
+#[inline(never)]
+fn ingress6(ctx: TcContext) -> i32 {
+    let mut packet = Packet::<Ipv6Words>::empty(&ctx);
+    if !Packet::parse_into(&ctx, &mut packet) {
+        return TC_ACT_OK;
+    }
+    verdict(try_ingress::<V6>(&ctx, &mut packet), &packet)
 }
 
 #[classifier]
 pub fn socklb_tc_out(ctx: TcContext) -> i32 {
-    let Some(mut packet) = Packet::parse(&ctx) else {
+    match packet::ether_type(&ctx) {
+        Some(ETH_P_IP) => egress4(ctx),
+        Some(ETH_P_IPV6) => egress6(ctx),
+        _ => TC_ACT_OK,
+    }
+}
+
+#[inline(never)]
+fn egress4(ctx: TcContext) -> i32 {
+    let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
         return TC_ACT_OK;
     };
-    verdict(try_egress(&mut packet), &packet)
+    verdict(try_egress::<V4>(&mut packet), &packet)
+}
+
+#[inline(never)]
+fn egress6(ctx: TcContext) -> i32 {
+    let mut packet = Packet::<Ipv6Words>::empty(&ctx);
+    if !Packet::parse_into(&ctx, &mut packet) {
+        return TC_ACT_OK;
+    }
+    verdict(try_egress::<V6>(&mut packet), &packet)
 }
 
 /// An error before the packet changed lets it pass untranslated; after, it is dropped.
 #[inline(always)]
-fn verdict(result: Result<i32, Error>, packet: &Packet) -> i32 {
+fn verdict<A: Address>(result: Result<i32, Error>, packet: &Packet<A>) -> i32 {
     match result {
         Ok(verdict) => verdict,
         Err(Error) if packet.mangled() => {
-            log::rewrite_failed(u32::from_be(packet.tuple.source));
+            packet.tuple.source.log_rewrite_failed();
             bump(|c| &mut c.rewrite_failed);
             TC_ACT_SHOT
         }
@@ -121,7 +217,7 @@ fn verdict(result: Result<i32, Error>, packet: &Packet) -> i32 {
 
 /// Drops a packet of ours that cannot be forwarded, before anything in it changes.
 #[inline(always)]
-fn ttl_exceeded(packet: &Packet) -> bool {
+fn ttl_exceeded<A>(packet: &Packet<A>) -> bool {
     if packet.ttl <= 1 {
         bump(|c| &mut c.ttl_exceeded);
         return true;
@@ -130,20 +226,28 @@ fn ttl_exceeded(packet: &Packet) -> bool {
 }
 
 #[inline(always)]
-fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
+fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let closes = packet.closes_connection();
     // A remote backend answering a SNATed flow, addressed to this node.
     if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
-        && let Some(reply) = conntrack::lookup_reply(&packet.tuple, closes, now)
+        && let Some(verdict) = snat_reply::<F>(ctx, packet, closes, now)?
     {
-        if ttl_exceeded(packet) {
-            return Ok(TC_ACT_SHOT);
-        }
-        rewrite(packet, &reply)?;
-        return forward(ctx, packet);
+        return Ok(verdict);
     }
-    let entry = match flow(packet, closes, now)? {
+    let mut local = blank_entry::<F>();
+    let Some(entry) = F::flow_room(&mut local) else {
+        return Err(Error);
+    };
+    let mut outcome = if known_flow::<F>(packet, closes, now, entry)? {
+        Flow::To
+    } else {
+        new_flow::<F>(packet, now, entry)?
+    };
+    if outcome == Flow::NeedsSnat {
+        outcome = snat::<F>(packet, entry, now)?;
+    }
+    match outcome {
         Flow::NotOurs => return Ok(TC_ACT_OK),
         Flow::NoBackend => {
             bump(|c| &mut c.external_no_backend);
@@ -158,26 +262,143 @@ fn try_ingress(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
             return Ok(TC_ACT_SHOT);
         }
         Flow::TtlExceeded => return Ok(TC_ACT_SHOT),
-        Flow::To(entry) => entry,
-    };
+        Flow::To | Flow::NeedsSnat => {}
+    }
+    deliver::<F>(ctx, packet, entry)
+}
+
+/// Rewrites the packet to its flow's entry and sends it on: a backend on this node through
+/// the kernel's path, seen by its conntrack, which also decides about a TTL of 1 or less;
+/// a SNATed flow forwarded here.
+#[inline(always)]
+fn deliver<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    entry: &FlowEntry<F::Addr>,
+) -> Result<i32, Error> {
+    if F::SPLIT_FRAMES {
+        match deliver_apart::<F>(ctx, packet, entry) {
+            -1 => Err(Error),
+            verdict => Ok(verdict),
+        }
+    } else {
+        deliver_here::<F>(ctx, packet, entry)
+    }
+}
+
+/// [`deliver`] in a stack frame of its own: the verdict or -1.
+#[inline(never)]
+fn deliver_apart<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    entry: &FlowEntry<F::Addr>,
+) -> i32 {
+    deliver_here::<F>(ctx, packet, entry).unwrap_or(-1)
+}
+
+#[inline(always)]
+fn deliver_here<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    entry: &FlowEntry<F::Addr>,
+) -> Result<i32, Error> {
     if entry.flags & CT_FLAG_SNAT == 0 {
-        // A backend on this node: through the kernel's path, seen by its conntrack, which
-        // also decides about a TTL of 1 or less.
-        rewrite(packet, &entry)?;
+        rewrite(packet, entry)?;
         return Ok(TC_ACT_OK);
     }
     if ttl_exceeded(packet) {
         return Ok(TC_ACT_SHOT);
     }
-    rewrite(packet, &entry)?;
-    forward(ctx, packet)
+    rewrite(packet, entry)?;
+    forward::<F>(ctx, packet)
+}
+
+/// The reply of a SNATed flow from its remote backend, rewritten and forwarded (its
+/// verdict); `None`: not one.
+#[inline(always)]
+fn snat_reply<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+) -> Result<Option<i32>, Error> {
+    if F::SPLIT_FRAMES {
+        match snat_reply_apart::<F>(ctx, packet, closes, now) {
+            NOT_A_REPLY => Ok(None),
+            -1 => Err(Error),
+            verdict => Ok(Some(verdict)),
+        }
+    } else {
+        snat_reply_here::<F>(ctx, packet, closes, now)
+    }
+}
+
+/// [`snat_reply_apart`]'s "not a reply".
+const NOT_A_REPLY: i32 = -2;
+
+/// [`snat_reply`] in a stack frame of its own: the verdict, [`NOT_A_REPLY`] or -1.
+#[inline(never)]
+fn snat_reply_apart<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+) -> i32 {
+    match snat_reply_here::<F>(ctx, packet, closes, now) {
+        Ok(Some(verdict)) => verdict,
+        Ok(None) => NOT_A_REPLY,
+        Err(Error) => -1,
+    }
+}
+
+#[inline(always)]
+fn snat_reply_here<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+) -> Result<Option<i32>, Error> {
+    let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, closes, now) else {
+        return Ok(None);
+    };
+    if ttl_exceeded(packet) {
+        return Ok(Some(TC_ACT_SHOT));
+    }
+    rewrite(packet, &reply)?;
+    forward::<F>(ctx, packet).map(Some)
+}
+
+/// Takes the SNAT port of a new flow to a remote backend ([`Flow::NeedsSnat`]).
+#[inline(always)]
+fn snat<F: Family>(
+    packet: &Packet<F::Addr>,
+    entry: &mut FlowEntry<F::Addr>,
+    now: u32,
+) -> Result<Flow, Error> {
+    let (Some(node), Some(snat_address)) = (NODE.get(0), F::snat_address()) else {
+        log::no_snat_address();
+        return Err(Error);
+    };
+    match conntrack::insert_snat::<F>(&packet.tuple, entry, snat_address, node, now) {
+        Ok(Some(_)) => {
+            bump(|c| &mut c.external_flows);
+            Ok(Flow::To)
+        }
+        Ok(None) => Ok(Flow::SnatExhausted),
+        Err(error) => {
+            log::conntrack_not_written(error);
+            Err(Error)
+        }
+    }
 }
 
 /// Replies of local backends leaving the node: shown as coming from the frontend.
 #[inline(always)]
-fn try_egress(packet: &mut Packet) -> Result<i32, Error> {
+fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
-    if let Some(reply) = conntrack::lookup_reply(&packet.tuple, packet.closes_connection(), now) {
+    if let Some(reply) =
+        conntrack::lookup_reply::<F>(&packet.tuple, packet.closes_connection(), now)
+    {
         rewrite(packet, &reply)?;
     }
     Ok(TC_ACT_OK)
@@ -185,7 +406,7 @@ fn try_egress(packet: &mut Packet) -> Result<i32, Error> {
 
 /// Rewrites the packet to what its flow's conntrack entry says.
 #[inline(always)]
-fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
+fn rewrite<A: Address>(packet: &mut Packet<A>, entry: &FlowEntry<A>) -> Result<(), Error> {
     Ok(packet.rewrite(
         entry.source,
         entry.source_port,
@@ -194,23 +415,60 @@ fn rewrite(packet: &mut Packet, entry: &CtEntry) -> Result<(), Error> {
     )?)
 }
 
-/// The packet's flow: the one conntrack holds, or a new one. An unconfirmed flow whose
-/// backend answered is confirmed by the client's next packet that is neither a SYN nor a
-/// FIN or RST.
+/// The packet's flow if conntrack holds one that keeps its backend (written to `entry`);
+/// `false`: a new flow is chosen. An unconfirmed flow whose backend answered is confirmed
+/// by the client's next packet that is neither a SYN nor a FIN or RST.
 #[inline(always)]
-fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
-    if let Some(mut found) = conntrack::lookup_forward(&packet.tuple, closes, now) {
+fn known_flow<F: Family>(
+    packet: &Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+    entry: &mut FlowEntry<F::Addr>,
+) -> Result<bool, Error> {
+    if F::SPLIT_FRAMES {
+        match known_flow_apart::<F>(packet, closes, now, entry) {
+            1 => Ok(true),
+            0 => Ok(false),
+            _ => Err(Error),
+        }
+    } else {
+        known_flow_here::<F>(packet, closes, now, entry)
+    }
+}
+
+/// [`known_flow`] in a stack frame of its own: 1, 0 or -1.
+#[inline(never)]
+fn known_flow_apart<F: Family>(
+    packet: &Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+    entry: &mut FlowEntry<F::Addr>,
+) -> i32 {
+    match known_flow_here::<F>(packet, closes, now, entry) {
+        Ok(known) => i32::from(known),
+        Err(Error) => -1,
+    }
+}
+
+#[inline(always)]
+fn known_flow_here<F: Family>(
+    packet: &Packet<F::Addr>,
+    closes: bool,
+    now: u32,
+    entry: &mut FlowEntry<F::Addr>,
+) -> Result<bool, Error> {
+    if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, closes, now) {
         if !found.confirmed
             && found.entry.flags & CT_FLAG_CLOSING != 0
             && packet.opens_connection()
             && !expired(&found, packet, now)
         {
-            conntrack::reopen(&packet.tuple, &mut found.entry);
+            conntrack::reopen::<F>(&packet.tuple, &mut found.entry);
         }
-        if !keeps_backend(&found, packet, now) {
+        if !keeps_backend::<F>(&found, packet, now) {
             // Chosen afresh below; the old entries must neither shadow the new ones nor
             // hold their SNAT port.
-            conntrack::forget(&packet.tuple, &found);
+            conntrack::forget::<F>(&packet.tuple, &found);
         } else {
             // The client's ACK to the SYN-ACK (a RST or FIN confirms nothing). A failed move
             // leaves the flow unconfirmed (a later packet tries again); this packet is
@@ -220,7 +478,8 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
                 && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
                 && !packet.opens_connection()
                 && !closes
-                && let Err(error) = conntrack::confirm(&packet.tuple, &found.entry, closes, now)
+                && let Err(error) =
+                    conntrack::confirm::<F>(&packet.tuple, &found.entry, closes, now)
             {
                 log::conntrack_not_confirmed(error);
                 bump(|c| &mut c.errors);
@@ -231,15 +490,28 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
                 reason: TRACE_REASON_CONNTRACK,
                 protocol: tuple.protocol,
                 service_id: found.entry.service_id,
-                frontend: (tuple.destination, tuple.destination_port),
-                backend: (found.entry.destination, found.entry.destination_port),
+                frontend: (F::trace_address(tuple.destination), tuple.destination_port),
+                backend: (
+                    F::trace_address(found.entry.destination),
+                    found.entry.destination_port,
+                ),
                 ..Decision::default()
             };
-            trace::external(&decision, (tuple.source, tuple.source_port), true);
-            return Ok(Flow::To(found.entry));
+            trace_external::<F>(&decision, tuple, true);
+            *entry = found.entry;
+            return Ok(true);
         }
     }
-    new_flow(packet, now)
+    Ok(false)
+}
+
+/// A trace event of a packet from outside, for the families trace events can show.
+#[inline(always)]
+fn trace_external<F: Family>(decision: &Decision, tuple: &Tuple<F::Addr>, packet: bool) {
+    if F::TRACED {
+        let client = (F::trace_address(tuple.source), tuple.source_port);
+        trace::external(decision, client, packet);
+    }
 }
 
 /// Whether a known flow stays with its backend. An idle-expired flow starts afresh, and so
@@ -250,7 +522,7 @@ fn flow(packet: &Packet, closes: bool, now: u32) -> Result<Flow, Error> {
 /// datagram whose backend is gone chooses again, so new flows never reach a removed
 /// backend.
 #[inline(always)]
-fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
+fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>, now: u32) -> bool {
     let entry = &found.entry;
     if expired(found, packet, now) {
         return false;
@@ -261,68 +533,84 @@ fn keeps_backend(found: &Found, packet: &Packet, now: u32) -> bool {
     if entry.flags & CT_FLAG_CLOSING != 0 {
         return false;
     }
-    match BACKENDS.get_ptr(&entry.backend_id) {
-        Some(backend) => {
-            // SAFETY: pointer from a successful lookup; copied out at once.
-            let backend = unsafe { *backend };
-            backend.address == entry.destination && backend.port == entry.destination_port
-        }
-        None => false,
-    }
+    F::backend(entry.backend_id).is_some_and(|(address, port)| {
+        address == entry.destination && port == entry.destination_port
+    })
 }
 
 /// Whether a known flow was idle past its timeout before this packet.
 #[inline(always)]
-fn expired(found: &Found, packet: &Packet, now: u32) -> bool {
+fn expired<A>(found: &Found<A>, packet: &Packet<A>, now: u32) -> bool {
     let timeouts = CtTimeouts::of(NODE.get(0));
     let timeout = timeouts.timeout_s(packet.tuple.protocol, found.entry.flags, found.confirmed);
     found.entry.expired(now, timeout)
 }
 
+/// A new flow: its backend chosen, its conntrack entries made (written to `out`).
 #[inline(always)]
-fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
+fn new_flow<F: Family>(
+    packet: &Packet<F::Addr>,
+    now: u32,
+    out: &mut FlowEntry<F::Addr>,
+) -> Result<Flow, Error> {
+    if F::SPLIT_FRAMES {
+        Flow::decode(new_flow_apart::<F>(packet, now, out))
+    } else {
+        new_flow_here::<F>(packet, now, out)
+    }
+}
+
+/// [`new_flow`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]): [`Flow::code`].
+#[inline(never)]
+fn new_flow_apart<F: Family>(
+    packet: &Packet<F::Addr>,
+    now: u32,
+    out: &mut FlowEntry<F::Addr>,
+) -> i32 {
+    Flow::code(new_flow_here::<F>(packet, now, out))
+}
+
+#[inline(always)]
+fn new_flow_here<F: Family>(
+    packet: &Packet<F::Addr>,
+    now: u32,
+    out: &mut FlowEntry<F::Addr>,
+) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
-    let mut key = ServiceKey {
-        address: tuple.destination,
-        port: tuple.destination_port,
-        protocol: tuple.protocol,
-        scope: SCOPE_EXTERNAL,
-        slot: 0,
-        pad: 0,
-    };
-    let Some(master) = SERVICES.get_ptr(&key) else {
+    let Some(master) = F::service(tuple.destination, tuple.destination_port, tuple.protocol, 0)
+    else {
         return Ok(Flow::NotOurs);
     };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let master: ServiceEntry = unsafe { *master };
-    let client = (tuple.source, tuple.source_port);
     let mut decision = Decision {
         source: TRACE_SOURCE_EXTERNAL,
         protocol: tuple.protocol,
         service_id: master.service_id,
-        frontend: (tuple.destination, tuple.destination_port),
+        frontend: (F::trace_address(tuple.destination), tuple.destination_port),
         count: master.count,
         ..Decision::default()
     };
-    if !source_allowed(tuple) {
+    if !F::source_allowed(tuple) {
         decision.reason = TRACE_REASON_SOURCE_DENIED;
-        trace::external(&decision, client, false);
+        trace_external::<F>(&decision, tuple, false);
         return Ok(Flow::Denied);
     }
     let count = u32::from(master.count);
     if count == 0 {
         decision.reason = TRACE_REASON_NO_BACKEND;
-        trace::external(&decision, client, false);
+        trace_external::<F>(&decision, tuple, false);
         return Ok(Flow::NoBackend);
     }
     // A packet that cannot be forwarded (TTL 1 or less) makes no affinity or conntrack
     // entry, whatever becomes of it.
     let forwardable = packet.ttl > 1;
-    let (backend, reason) = choose_backend(&master, &mut key, tuple, count, forwardable)?;
+    let (backend, slot, reason) = choose_backend::<F>(&master, tuple, count, forwardable)?;
     decision.reason = reason;
-    decision.backend = (backend.backend_address, backend.backend_port);
-    decision.slot = key.slot;
-    let mut entry = CtEntry {
+    decision.backend = (
+        F::trace_address(backend.backend_address),
+        backend.backend_port,
+    );
+    decision.slot = slot;
+    let mut entry = FlowEntry {
         source: tuple.source,
         destination: backend.backend_address,
         source_port: tuple.source_port,
@@ -338,16 +626,23 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
         if ttl_exceeded(packet) {
             return Ok(Flow::TtlExceeded);
         }
-        let Some(node) = NODE.get(0).filter(|node| node.snat_address != 0) else {
+        if F::SPLIT_FRAMES {
+            // The port is taken by the caller, in a frame of its own (not traced: only
+            // IPv6 splits, and trace events have no room for its addresses).
+            entry.flags |= CT_FLAG_SNAT;
+            *out = entry;
+            return Ok(Flow::NeedsSnat);
+        }
+        let (Some(node), Some(snat_address)) = (NODE.get(0), F::snat_address()) else {
             log::no_snat_address();
             return Err(Error);
         };
         entry.flags |= CT_FLAG_SNAT;
-        match conntrack::insert_snat(tuple, &mut entry, node, now) {
+        match conntrack::insert_snat::<F>(tuple, &mut entry, snat_address, node, now) {
             Ok(Some(_)) => {}
             Ok(None) => {
                 decision.reason = TRACE_REASON_SNAT_EXHAUSTED;
-                trace::external(&decision, client, false);
+                trace_external::<F>(&decision, tuple, false);
                 return Ok(Flow::SnatExhausted);
             }
             Err(error) => {
@@ -357,45 +652,42 @@ fn new_flow(packet: &Packet, now: u32) -> Result<Flow, Error> {
         }
     } else if !forwardable {
         // A backend on this node: translated, and the kernel's path decides.
-        return Ok(Flow::To(entry));
+        *out = entry;
+        return Ok(Flow::To);
     } else {
-        if let Err(error) = conntrack::insert(tuple, &entry) {
+        if let Err(error) = conntrack::insert::<F>(tuple, &entry) {
             log::conntrack_not_written(error);
             return Err(Error);
         }
     }
     bump(|c| &mut c.external_flows);
-    trace::external(&decision, client, false);
-    Ok(Flow::To(entry))
+    trace_external::<F>(&decision, tuple, false);
+    *out = entry;
+    Ok(Flow::To)
 }
 
-/// The backend slot of a new flow: the client's session-affinity choice if fresh, else its
-/// Maglev position, else a random slot (with the `TRACE_REASON_*` saying which); the
-/// affinity entry is recorded or refreshed only if `record`.
+/// The backend slot of a new flow, and its number: the client's session-affinity choice
+/// if fresh, else its Maglev position, else a random slot (with the `TRACE_REASON_*`
+/// saying which); the affinity entry is recorded or refreshed only if `record`.
 #[inline(always)]
-fn choose_backend(
-    master: &ServiceEntry,
-    key: &mut ServiceKey,
-    tuple: &Tuple,
+fn choose_backend<F: Family>(
+    master: &Slot<F::Addr>,
+    tuple: &Tuple<F::Addr>,
     count: u32,
     record: bool,
-) -> Result<(ServiceEntry, u8), Error> {
-    let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0).then(|| AffinityKey {
-        netns_cookie: AFFINITY_EXTERNAL_CLIENT | u64::from(tuple.source),
-        service_id: master.service_id,
-        pad: 0,
-    });
+) -> Result<(Slot<F::Addr>, u16, u8), Error> {
+    let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0)
+        .then(|| F::affinity_key(tuple.source, master.service_id));
     // SAFETY: helper without arguments.
     let now_ns = unsafe { helpers::bpf_ktime_get_ns() };
     let remembered = affinity
         .as_ref()
-        .and_then(|affinity| affinity_slot(affinity, master, key, now_ns, record));
+        .and_then(|affinity| affinity_slot::<F>(affinity, master, tuple, now_ns, record));
     let maglev = remembered
         .is_none()
-        .then(|| maglev_slot(master, tuple, count))
+        .then(|| maglev_slot::<F>(master, tuple, count))
         .flatten();
-    let reason;
-    (key.slot, reason) = match (remembered, maglev) {
+    let (slot, reason) = match (remembered, maglev) {
         (Some(slot), _) => (slot, TRACE_REASON_AFFINITY),
         (None, Some(slot)) => (slot, TRACE_REASON_MAGLEV),
         (None, None) => {
@@ -405,48 +697,46 @@ fn choose_backend(
             ((draw % count + 1) as u16, TRACE_REASON_RANDOM)
         }
     };
-    let Some(backend) = SERVICES.get_ptr(key) else {
-        log::external_missing_slot(
-            u32::from_be(key.address),
-            u16::from_be(key.port),
-            count,
-            key.slot,
-        );
+    let Some(backend) = F::service(
+        tuple.destination,
+        tuple.destination_port,
+        tuple.protocol,
+        slot,
+    ) else {
+        F::log_missing_slot(tuple.destination, tuple.destination_port, count, slot);
         return Err(Error);
     };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let backend: ServiceEntry = unsafe { *backend };
     match (&affinity, remembered) {
         (Some(_), Some(_)) => bump(|c| &mut c.affinity_hits),
         (Some(affinity), None) if record => {
             let entry = AffinityEntry {
                 last_used_ns: now_ns,
                 backend_id: backend.backend_id,
-                slot: key.slot,
+                slot,
                 pad: 0,
             };
-            if let Err(error) = AFFINITY.insert(affinity, &entry, 0) {
+            if let Err(error) = F::affinity().insert(affinity, &entry, 0) {
                 log::external_affinity_not_written(error);
                 return Err(Error);
             }
         }
         _ => {}
     }
-    Ok((backend, reason))
+    Ok((backend, slot, reason))
 }
 
 /// sessionAffinity ClientIP for a client outside the node: the slot it used last, if that
 /// was within the timeout and the slot still holds the same backend (refreshing the entry
 /// if `refresh`).
 #[inline(always)]
-fn affinity_slot(
-    affinity: &AffinityKey,
-    master: &ServiceEntry,
-    key: &mut ServiceKey,
+fn affinity_slot<F: Family>(
+    affinity: &F::AffinityKey,
+    master: &Slot<F::Addr>,
+    tuple: &Tuple<F::Addr>,
     now_ns: u64,
     refresh: bool,
 ) -> Option<u16> {
-    let entry = AFFINITY.get_ptr_mut(affinity)?;
+    let entry = F::affinity().get_ptr_mut(affinity)?;
     // SAFETY: pointer from a successful lookup, valid for this run.
     let entry = unsafe { &mut *entry };
     let timeout_ns = u64::from(master.affinity_timeout_s) * 1_000_000_000;
@@ -456,9 +746,12 @@ fn affinity_slot(
     {
         return None;
     }
-    key.slot = entry.slot;
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let slot = unsafe { *SERVICES.get_ptr(key)? };
+    let slot = F::service(
+        tuple.destination,
+        tuple.destination_port,
+        tuple.protocol,
+        entry.slot,
+    )?;
     if slot.backend_id != entry.backend_id {
         return None;
     }
@@ -468,12 +761,15 @@ fn affinity_slot(
     Some(entry.slot)
 }
 
-/// The slot at the flow's position in the frontend's Maglev table, if it has one. The hash
-/// covers only what every node sees alike (not the node address a NodePort flow arrives
-/// at), so that every node picks the same backend. A missing entry or a slot beyond the
-/// current count (a table being rewritten) falls back to a random slot.
+/// The slot at the flow's position in the frontend's Maglev table, if it has one (the
+/// hash: [`Family::flow_hash`]). A missing entry or a slot beyond the current count (a
+/// table being rewritten) falls back to a random slot.
 #[inline(always)]
-fn maglev_slot(master: &ServiceEntry, tuple: &Tuple, count: u32) -> Option<u16> {
+fn maglev_slot<F: Family>(
+    master: &Slot<F::Addr>,
+    tuple: &Tuple<F::Addr>,
+    count: u32,
+) -> Option<u16> {
     if master.flags & SERVICE_FLAG_MAGLEV == 0 {
         return None;
     }
@@ -481,36 +777,13 @@ fn maglev_slot(master: &ServiceEntry, tuple: &Tuple, count: u32) -> Option<u16> 
     if size == 0 {
         return None;
     }
-    let flow = (u64::from(tuple.source) << 32)
-        | (u64::from(tuple.source_port) << 16)
-        | u64::from(tuple.destination_port);
-    let hash = lb::mix(flow ^ u64::from(tuple.protocol).rotate_left(40));
     let key = MaglevKey {
         service_id: master.service_id,
-        index: hash % size,
+        index: F::flow_hash(tuple) % size,
     };
     // SAFETY: pointer from a successful lookup; copied out at once.
     let slot = unsafe { *MAGLEV.get_ptr(&key)? };
     (slot >= 1 && slot <= count).then_some(slot as u16)
-}
-
-/// loadBalancerSourceRanges: the longest match of (frontend, client) decides; a frontend
-/// without ranges has no entry and lets everyone in.
-#[inline(always)]
-fn source_allowed(tuple: &Tuple) -> bool {
-    let key = Key::new(
-        SOURCE_RANGE_FRONTEND_BITS + 32,
-        SourceRange {
-            frontend: tuple.destination,
-            port: tuple.destination_port,
-            protocol: tuple.protocol,
-            pad: 0,
-            client: tuple.source,
-        },
-    );
-    SOURCE_RANGES
-        .get(&key)
-        .is_none_or(|verdict| *verdict == SOURCE_ALLOW)
 }
 
 /// Zeroes `buffer` with eight 8-byte stores and returns it as an all-zero
@@ -544,15 +817,35 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
 /// device the FIB names, or to the kernel's own path when the destination is local or
 /// unroutable (its usual errors then apply).
 #[inline(always)]
-fn forward(ctx: &TcContext, packet: &mut Packet) -> Result<i32, Error> {
+fn forward<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
+    if F::SPLIT_FRAMES {
+        // A verdict, or -1 for an error.
+        match forward_apart::<F>(ctx, packet) {
+            -1 => Err(Error),
+            verdict => Ok(verdict),
+        }
+    } else {
+        forward_here::<F>(ctx, packet)
+    }
+}
+
+/// [`forward`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]). It returns a plain
+/// integer: the caller of a `Result` returned through memory reads the payload of an
+/// error too, a read of stack never written, which the verifier refuses.
+#[inline(never)]
+fn forward_apart<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> i32 {
+    forward_here::<F>(ctx, packet).unwrap_or(-1)
+}
+
+#[inline(always)]
+fn forward_here<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let mut buffer = MaybeUninit::uninit();
     let fib = zeroed_fib_params(&mut buffer);
-    fib.family = AF_INET;
+    fib.family = F::AF;
     fib.l4_protocol = packet.tuple.protocol;
     fib.sport = packet.tuple.source_port;
     fib.dport = packet.tuple.destination_port;
-    fib.__bindgen_anon_3.ipv4_src = packet.tuple.source;
-    fib.__bindgen_anon_4.ipv4_dst = packet.tuple.destination;
+    F::fib_addresses(fib, packet.tuple.source, packet.tuple.destination);
     // SAFETY: the context is the valid __sk_buff of this run.
     fib.ifindex = unsafe { (*ctx.as_ptr().cast::<__sk_buff>()).ingress_ifindex };
     // SAFETY: fib is a valid, writable bpf_fib_lookup of the size passed.

@@ -123,3 +123,27 @@ pub fn rewrite_failed(source: u32) {
         source
     );
 }
+
+#[inline(never)]
+pub fn rewrite_failed6(source: [u8; 16]) {
+    warn!(
+        &(),
+        target: EXTERNAL,
+        "packet from {:i} dropped: a helper failed after it was partly rewritten",
+        source
+    );
+}
+
+#[inline(never)]
+pub fn external_missing_slot6(address: [u8; 16], port: u16, count: u32, slot: u16) {
+    warn!(
+        &(),
+        target: EXTERNAL,
+        "external frontend [{:i}]:{} lists {} backends but slot {} is missing: passed \
+         untranslated",
+        address,
+        port,
+        count,
+        slot
+    );
+}

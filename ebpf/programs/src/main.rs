@@ -15,6 +15,7 @@ mod context;
 mod counters;
 mod destroy;
 mod external;
+mod family;
 mod getpeername;
 mod lb;
 mod log;

@@ -6,11 +6,12 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use socklb_abi::{
-    AffinityEntry, AffinityKey, Backend, Backend6, Counters, CtEntry, CtKey, FragmentKey,
-    FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey, GoneKey6, MaglevKey, NodeConfig,
-    ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey,
-    ServiceKey6, SocketFrontend, SocketFrontend6, SocketRecord, SourceRange, SourceVerdict,
-    TraceControl, TraceEvent,
+    AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Counters, CtEntry, CtEntry6,
+    CtKey, CtKey6, FragmentKey, FragmentKey6, FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey,
+    GoneKey6, MaglevKey, NodeConfig, NodeConfig6, ReverseEntry, ReverseEntry6, ReverseKey,
+    ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend,
+    SocketFrontend6, SocketRecord, SourceRange, SourceRange6, SourceVerdict, TraceControl,
+    TraceEvent,
 };
 
 /// The shapes the service, reverse and socket maps of both families share, so that `lb`
@@ -79,10 +80,13 @@ pub fn socket_slot(cookie: u64) -> u32 {
 #[btf_map(name = "socklb_skrec_v1", pin_by_name)]
 pub static SOCKET_RECORDS: SkStorage<SocketRecord> = SkStorage::new();
 
-#[btf_map(name = "socklb_aff_v1", pin_by_name)]
-pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, 65536> = LruHashMap::new();
+/// Placeholder capacity of the affinity maps of both families.
+pub const AFFINITY_CAPACITY: usize = 65536;
 
-#[btf_map(name = "socklb_cnt_v4", pin_by_name)]
+#[btf_map(name = "socklb_aff_v1", pin_by_name)]
+pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, AFFINITY_CAPACITY> = LruHashMap::new();
+
+#[btf_map(name = "socklb_cnt_v5", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
 
 /// Placeholder capacity of both conntrack tables, which share one type.
@@ -131,3 +135,45 @@ pub static GONE: HashMap<GoneKey, u8, { GONE_CAPACITY as usize }> = HashMap::new
 /// [`GONE`] of IPv6 frontends. Not pinned either.
 #[btf_map(name = "socklb_gone6_v1")]
 pub static GONE6: HashMap<GoneKey6, u8, { GONE_CAPACITY as usize }> = HashMap::new();
+
+// IPv6 flows from outside (socklb-abi `map_names::*6`): the same roles as the IPv4 maps
+// above, keyed by 16-byte addresses.
+
+/// ClientIP affinity of IPv6 clients outside the node.
+#[btf_map(name = "socklb_aff6_v1", pin_by_name)]
+pub static AFFINITY6: LruHashMap<AffinityKey6, AffinityEntry, AFFINITY_CAPACITY> =
+    LruHashMap::new();
+
+/// Confirmed IPv6 flows from outside (see `conntrack`).
+#[btf_map(name = "socklb_ct6_v1", pin_by_name)]
+pub static CONNTRACK6: LruHashMap<CtKey6, CtEntry6, CT_CAPACITY> = LruHashMap::new();
+
+/// IPv6 flows from outside not yet confirmed.
+#[btf_map(name = "socklb_ctn6_v1", pin_by_name)]
+pub static CONNTRACK_NEW6: LruHashMap<CtKey6, CtEntry6, CT_CAPACITY> = LruHashMap::new();
+
+/// Ports of first IPv6 fragments (see `packet`): half of IPv4's, as the agent sizes the
+/// other IPv6 tables of flows from outside.
+#[btf_map(name = "socklb_frag6_v1", pin_by_name)]
+pub static FRAGMENTS6: LruHashMap<FragmentKey6, FragmentPorts, 4096> = LruHashMap::new();
+
+#[btf_map(name = "socklb_node6_v1", pin_by_name)]
+pub static NODE6: Array<NodeConfig6, 1> = Array::new();
+
+#[btf_map(name = "socklb_src6_v1", pin_by_name)]
+pub static SOURCE_RANGES6: LpmTrie<SourceRange6, SourceVerdict, 65536> = LpmTrie::new();
+
+/// Per-CPU room for the IPv6 conntrack key and entry handed to a map helper, and for the
+/// packet's flow entry (see `family::V6`): 40-byte keys and 52-byte entries on the stack
+/// would not fit IPv6's path into the 512 bytes the verifier allows. A program run never
+/// interleaves with another on its CPU. Not pinned: scratch of the loaded programs.
+#[repr(C)]
+pub struct Scratch6 {
+    pub key: CtKey6,
+    pub entry: CtEntry6,
+    /// The entry the packet's flow is rewritten to, while its steps run.
+    pub flow: CtEntry6,
+}
+
+#[btf_map(name = "socklb_scr6_v1")]
+pub static SCRATCH6: PerCpuArray<Scratch6, 1> = PerCpuArray::new();

@@ -1,5 +1,6 @@
-//! An IPv4 TCP or UDP packet in a TC program: its addresses and ports, and rewrites of them
-//! that keep the IP and L4 checksums right.
+//! A TCP or UDP packet in a TC program, IPv4 or IPv6: its addresses and ports, and rewrites
+//! of them that keep the checksums right (IPv4's header checksum; the L4 checksum, whose
+//! pseudo-header holds the addresses of either family).
 //!
 //! Reads and writes go through `bpf_skb_load_bytes`/`bpf_skb_store_bytes`, so no packet
 //! pointer needs bounds proofs, and the checksum helpers handle every `ip_summed` state
@@ -8,12 +9,20 @@ use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
-use socklb_abi::{FragmentKey, FragmentPorts, PROTO_TCP, PROTO_UDP};
+use socklb_abi::{
+    FragmentKey, FragmentKey6, FragmentPorts, Ipv6Words, PROTO_TCP, PROTO_UDP, ipv6_octets,
+};
 
-use crate::maps::FRAGMENTS;
+use crate::{
+    counters::bump,
+    log,
+    maps::{FRAGMENTS, FRAGMENTS6},
+};
 
 const ETH_HLEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
+/// EtherTypes, host order.
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86dd;
 const IP_TTL_OFFSET: usize = ETH_HLEN + 8;
 const IP_CHECK_OFFSET: usize = ETH_HLEN + 10;
 const IP_SOURCE_OFFSET: usize = ETH_HLEN + 12;
@@ -22,6 +31,22 @@ const IP_DESTINATION_OFFSET: usize = ETH_HLEN + 16;
 const IP_FRAGMENT_MASK: u16 = 0x3fff;
 /// Fragment offset alone.
 const IP_OFFSET_MASK: u16 = 0x1fff;
+const IPV6_HOP_LIMIT_OFFSET: usize = ETH_HLEN + 7;
+const IPV6_SOURCE_OFFSET: usize = ETH_HLEN + 8;
+const IPV6_DESTINATION_OFFSET: usize = ETH_HLEN + 24;
+const IPV6_HEADER_LEN: usize = 40;
+/// IPv6 extension headers socklb walks (next-header values).
+const IPV6_HOP_BY_HOP: u8 = 0;
+const IPV6_ROUTING: u8 = 43;
+const IPV6_FRAGMENT: u8 = 44;
+const IPV6_DESTINATION_OPTIONS: u8 = 60;
+/// Extension headers walked before a packet is given up (passed untranslated, counted):
+/// a bounded loop, and more than real traffic to a Service carries.
+const IPV6_MAX_EXTENSION_HEADERS: usize = 4;
+/// Fragment offset (high 13 bits) and more-fragments flag (bit 0) of an IPv6 Fragment
+/// header's host-order `offset_flags`.
+const IPV6_OFFSET_MASK: u16 = 0xfff8;
+const IPV6_MORE_FRAGMENTS: u16 = 0x0001;
 const TCP_CHECK_OFFSET: usize = 16;
 const TCP_FLAGS_OFFSET: usize = 13;
 const UDP_CHECK_OFFSET: usize = 6;
@@ -45,22 +70,178 @@ struct Ipv4Header {
     destination: u32,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Ipv6Header {
+    version_class_flow: u32,
+    payload_length: u16,
+    next_header: u8,
+    hop_limit: u8,
+    source: Ipv6Words,
+    destination: Ipv6Words,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Ipv6FragmentHeader {
+    next_header: u8,
+    reserved: u8,
+    offset_flags: u16,
+    id: u32,
+}
+
+/// Packet access failed (truncated packet, helper error): let it pass untranslated.
+pub struct PacketError;
+
+/// The L4 checksum an address rewrite must fix: its offset and checksum-helper flags, if the
+/// packet carries it. Every field always written (not an `Option`, whose unused payload
+/// LLVM may still load from stack never written, which the verifier refuses).
+#[derive(Clone, Copy)]
+pub struct L4Sum {
+    pub present: bool,
+    pub offset: usize,
+    pub flags: u64,
+}
+
+/// An IP address as a packet carries it (network byte order): where it sits in the header
+/// and how rewriting it keeps the checksums right.
+pub trait Address: Copy + PartialEq {
+    const SOURCE_OFFSET: usize;
+    const DESTINATION_OFFSET: usize;
+
+    /// Writes `new` over `old` at `offset`, fixing the IP header checksum (IPv4) and, with
+    /// `l4` (the L4 checksum's offset and flags), the L4 pseudo-header sum.
+    fn store(
+        ctx: &TcContext,
+        offset: usize,
+        old: Self,
+        new: Self,
+        l4: L4Sum,
+    ) -> Result<(), PacketError>;
+
+    /// Writes the TTL (IPv4, with its checksum) or hop limit (IPv6) one lower than
+    /// `current`.
+    fn decrement_hop_limit(ctx: &TcContext, current: u8, protocol: u8) -> Result<(), PacketError>;
+
+    /// Logs a packet from `self` dropped after a partial rewrite.
+    fn log_rewrite_failed(self);
+}
+
+impl Address for u32 {
+    const SOURCE_OFFSET: usize = IP_SOURCE_OFFSET;
+    const DESTINATION_OFFSET: usize = IP_DESTINATION_OFFSET;
+
+    #[inline(always)]
+    fn store(
+        ctx: &TcContext,
+        offset: usize,
+        old: Self,
+        new: Self,
+        l4: L4Sum,
+    ) -> Result<(), PacketError> {
+        ctx.store(offset, &new, 0).map_err(|_| PacketError)?;
+        ctx.l3_csum_replace(IP_CHECK_OFFSET, u64::from(old), u64::from(new), 4)
+            .map_err(|_| PacketError)?;
+        if !l4.present {
+            return Ok(());
+        }
+        ctx.l4_csum_replace(
+            l4.offset,
+            u64::from(old),
+            u64::from(new),
+            u64::from(BPF_F_PSEUDO_HDR) | l4.flags | 4,
+        )
+        .map_err(|_| PacketError)
+    }
+
+    #[inline(always)]
+    fn decrement_hop_limit(ctx: &TcContext, current: u8, protocol: u8) -> Result<(), PacketError> {
+        let new_ttl = current.wrapping_sub(1);
+        // The checksum covers TTL as the high byte of a 16-bit word with the protocol.
+        let old_word = u16::from_be_bytes([current, protocol]);
+        let new_word = u16::from_be_bytes([new_ttl, protocol]);
+        ctx.store(IP_TTL_OFFSET, &new_ttl, 0)
+            .map_err(|_| PacketError)?;
+        ctx.l3_csum_replace(
+            IP_CHECK_OFFSET,
+            u64::from(old_word.to_be()),
+            u64::from(new_word.to_be()),
+            2,
+        )
+        .map_err(|_| PacketError)
+    }
+
+    #[inline(always)]
+    fn log_rewrite_failed(self) {
+        log::rewrite_failed(u32::from_be(self));
+    }
+}
+
+impl Address for Ipv6Words {
+    const SOURCE_OFFSET: usize = IPV6_SOURCE_OFFSET;
+    const DESTINATION_OFFSET: usize = IPV6_DESTINATION_OFFSET;
+
+    /// IPv6 has no header checksum; the pseudo-header sum changes word by word (only the
+    /// words that differ: a SNAT within one /64 changes the last two).
+    #[inline(always)]
+    fn store(
+        ctx: &TcContext,
+        offset: usize,
+        old: Self,
+        new: Self,
+        l4: L4Sum,
+    ) -> Result<(), PacketError> {
+        ctx.store(offset, &new, 0).map_err(|_| PacketError)?;
+        if !l4.present {
+            return Ok(());
+        }
+        let word = |old: u32, new: u32| {
+            if old == new {
+                return Ok(());
+            }
+            ctx.l4_csum_replace(
+                l4.offset,
+                u64::from(old),
+                u64::from(new),
+                u64::from(BPF_F_PSEUDO_HDR) | l4.flags | 4,
+            )
+            .map_err(|_| PacketError)
+        };
+        word(old[0], new[0])?;
+        word(old[1], new[1])?;
+        word(old[2], new[2])?;
+        word(old[3], new[3])
+    }
+
+    #[inline(always)]
+    fn decrement_hop_limit(ctx: &TcContext, current: u8, _protocol: u8) -> Result<(), PacketError> {
+        ctx.store(IPV6_HOP_LIMIT_OFFSET, &current.wrapping_sub(1), 0)
+            .map_err(|_| PacketError)
+    }
+
+    #[inline(always)]
+    fn log_rewrite_failed(self) {
+        log::rewrite_failed6(ipv6_octets(self));
+    }
+}
+
 /// A packet's flow identity as it arrives; addresses and ports in network byte order.
 #[derive(Clone, Copy)]
-pub struct Tuple {
-    pub source: u32,
-    pub destination: u32,
+pub struct Tuple<A> {
+    pub source: A,
+    pub destination: A,
     pub source_port: u16,
     pub destination_port: u16,
     pub protocol: u8,
 }
 
-/// A parsed IPv4 TCP/UDP packet on an Ethernet device.
-pub struct Packet<'a> {
+/// A parsed TCP/UDP packet on an Ethernet device, of the family whose addresses are `A`.
+pub struct Packet<'a, A> {
     ctx: &'a TcContext,
-    pub tuple: Tuple,
+    pub tuple: Tuple<A>,
     /// TCP flags; 0 for UDP.
     tcp_flags: u8,
+    /// The IPv4 TTL or IPv6 hop limit.
     pub ttl: u8,
     l4_offset: usize,
     l4_check_offset: usize,
@@ -72,32 +253,91 @@ pub struct Packet<'a> {
     has_l4: bool,
 }
 
-/// Packet access failed (truncated packet, helper error): let it pass untranslated.
-pub struct PacketError;
+/// The EtherType of the frame (host order).
+#[inline(always)]
+pub fn ether_type(ctx: &TcContext) -> Option<u16> {
+    ctx.load::<u16>(12).ok().map(u16::from_be)
+}
 
-impl<'a> Packet<'a> {
-    /// `None` for anything socklb does not translate: not IPv4, not TCP/UDP, or a fragment
-    /// after the first whose first fragment was not seen. A first fragment records its
-    /// ports for the later ones, keyed by (source, destination, IP id, protocol) as they
-    /// arrive; a later fragment takes them from there, so that it follows its datagram's
-    /// flow (its addresses are rewritten, it has no ports or L4 checksum to rewrite).
+/// Where a packet's L4 header is, and what its IP header said.
+struct Layer3<A> {
+    source: A,
+    destination: A,
+    protocol: u8,
+    ttl: u8,
+    l4_offset: usize,
+    /// Part of a fragmented datagram.
+    fragmented: bool,
+    /// Carries the L4 header (not a fragment after the first).
+    has_l4: bool,
+}
+
+/// `None` for anything socklb does not translate: not TCP/UDP, or a fragment after the
+/// first whose first fragment was not seen. A first fragment records its ports for the
+/// later ones (`remember`); a later fragment takes them from there (`recall`), so that it
+/// follows its datagram's flow (its addresses are rewritten, it has no ports or L4
+/// checksum to rewrite).
+#[inline(always)]
+fn finish<'a, A: Address>(
+    ctx: &'a TcContext,
+    l3: Layer3<A>,
+    remember: impl FnOnce(&FragmentPorts),
+    recall: impl FnOnce() -> Option<FragmentPorts>,
+) -> Option<Packet<'a, A>> {
+    let l4_check = match l3.protocol {
+        PROTO_TCP => TCP_CHECK_OFFSET,
+        PROTO_UDP => UDP_CHECK_OFFSET,
+        _ => return None,
+    };
+    let (ports, tcp_flags) = if l3.has_l4 {
+        let ports: [u16; 2] = ctx.load(l3.l4_offset).ok()?;
+        let tcp_flags: u8 = if l3.protocol == PROTO_TCP {
+            ctx.load(l3.l4_offset + TCP_FLAGS_OFFSET).ok()?
+        } else {
+            0
+        };
+        if l3.fragmented {
+            remember(&FragmentPorts {
+                source_port: ports[0],
+                destination_port: ports[1],
+            });
+        }
+        (ports, tcp_flags)
+    } else {
+        let first = recall()?;
+        ([first.source_port, first.destination_port], 0)
+    };
+    Some(Packet {
+        ctx,
+        tuple: Tuple {
+            source: l3.source,
+            destination: l3.destination,
+            source_port: ports[0],
+            destination_port: ports[1],
+            protocol: l3.protocol,
+        },
+        tcp_flags,
+        ttl: l3.ttl,
+        l4_offset: l3.l4_offset,
+        l4_check_offset: l3.l4_offset + l4_check,
+        mangled: false,
+        has_l4: l3.has_l4,
+    })
+}
+
+impl<'a> Packet<'a, u32> {
+    /// An IPv4 TCP/UDP packet (the frame's EtherType already checked); fragments are keyed
+    /// by (source, destination, IP id, protocol) as they arrive.
     #[inline(always)]
     pub fn parse(ctx: &'a TcContext) -> Option<Self> {
-        let ether_type: u16 = ctx.load(12).ok()?;
-        if u16::from_be(ether_type) != ETH_P_IP {
-            return None;
-        }
         let ip: Ipv4Header = ctx.load(ETH_HLEN).ok()?;
         if ip.version_ihl >> 4 != 4 || ip.version_ihl & 0x0f < 5 {
             return None;
         }
-        let l4_check = match ip.protocol {
-            PROTO_TCP => TCP_CHECK_OFFSET,
-            PROTO_UDP => UDP_CHECK_OFFSET,
-            _ => return None,
-        };
+        if ip.protocol != PROTO_TCP && ip.protocol != PROTO_UDP {
+            return None;
+        }
         let fragment = u16::from_be(ip.fragment) & IP_FRAGMENT_MASK;
-        let l4_offset = ETH_HLEN + usize::from(ip.version_ihl & 0x0f) * 4;
         let fragment_key = FragmentKey {
             source: ip.source,
             destination: ip.destination,
@@ -105,45 +345,168 @@ impl<'a> Packet<'a> {
             protocol: ip.protocol,
             pad: 0,
         };
-        let has_l4 = fragment & IP_OFFSET_MASK == 0;
-        let (ports, tcp_flags) = if has_l4 {
-            let ports: [u16; 2] = ctx.load(l4_offset).ok()?;
-            let tcp_flags: u8 = if ip.protocol == PROTO_TCP {
-                ctx.load(l4_offset + TCP_FLAGS_OFFSET).ok()?
-            } else {
-                0
-            };
-            if fragment != 0 {
-                let first = FragmentPorts {
-                    source_port: ports[0],
-                    destination_port: ports[1],
-                };
-                let _ = FRAGMENTS.insert(&fragment_key, &first, 0);
-            }
-            (ports, tcp_flags)
-        } else {
-            // SAFETY: pointer from a successful lookup; copied out at once.
-            let first = unsafe { *FRAGMENTS.get_ptr(&fragment_key)? };
-            ([first.source_port, first.destination_port], 0)
-        };
-        Some(Self {
-            ctx,
-            tuple: Tuple {
-                source: ip.source,
-                destination: ip.destination,
-                source_port: ports[0],
-                destination_port: ports[1],
-                protocol: ip.protocol,
-            },
-            tcp_flags,
+        let l3 = Layer3 {
+            source: ip.source,
+            destination: ip.destination,
+            protocol: ip.protocol,
             ttl: ip.ttl,
-            l4_offset,
-            l4_check_offset: l4_offset + l4_check,
-            mangled: false,
-            has_l4,
-        })
+            l4_offset: ETH_HLEN + usize::from(ip.version_ihl & 0x0f) * 4,
+            fragmented: fragment != 0,
+            has_l4: fragment & IP_OFFSET_MASK == 0,
+        };
+        finish(
+            ctx,
+            l3,
+            |first| {
+                let _ = FRAGMENTS.insert(&fragment_key, first, 0);
+            },
+            // SAFETY: pointer from a successful lookup; copied out at once.
+            || Some(unsafe { *FRAGMENTS.get_ptr(&fragment_key)? }),
+        )
+    }
+}
+
+impl<'a> Packet<'a, Ipv6Words> {
+    /// An IPv6 TCP/UDP packet (the frame's EtherType already checked), after up to
+    /// [`IPV6_MAX_EXTENSION_HEADERS`] extension headers (hop-by-hop, routing, destination
+    /// options, fragment). Anything else (ICMPv6 with neighbour discovery, ESP, AH, no next
+    /// header) is not ours; a packet whose headers go on beyond the bound passes
+    /// untranslated and is counted. A routing header with segments left means this node is
+    /// not the final destination (and the L4 checksum covers another address): not ours.
+    /// Fragments are keyed by (source, destination, Fragment header id, protocol).
+    ///
+    /// Fills `packet` (made by [`Self::empty`]) field by field and says whether it is one
+    /// of ours. Out of line: the headers take a stack frame of their own, not the flow's
+    /// (IPv6's whole path does not fit one 512-byte frame); no `Option<Packet>` crosses the
+    /// call, whose BTF the kernel refuses, and no padding byte is copied (a read of stack
+    /// never written, which the verifier refuses).
+    #[inline(never)]
+    pub fn parse_into(ctx: &'a TcContext, packet: &mut Self) -> bool {
+        let Some(parsed) = Self::parse(ctx) else {
+            return false;
+        };
+        packet.tuple.source = parsed.tuple.source;
+        packet.tuple.destination = parsed.tuple.destination;
+        packet.tuple.source_port = parsed.tuple.source_port;
+        packet.tuple.destination_port = parsed.tuple.destination_port;
+        packet.tuple.protocol = parsed.tuple.protocol;
+        packet.tcp_flags = parsed.tcp_flags;
+        packet.ttl = parsed.ttl;
+        packet.l4_offset = parsed.l4_offset;
+        packet.l4_check_offset = parsed.l4_check_offset;
+        packet.mangled = false;
+        packet.has_l4 = parsed.has_l4;
+        true
     }
 
+    /// A packet for [`Self::parse_into`] to fill.
+    #[inline(always)]
+    pub fn empty(ctx: &'a TcContext) -> Self {
+        // A zero the compiler cannot see: zero stores in a row become a memset loop, whose
+        // pointer arithmetic the verifier refuses without CAP_PERFMON.
+        // SAFETY: a read of a valid constant.
+        let zero = unsafe { core::ptr::read_volatile(&0u32) };
+        Self {
+            ctx,
+            tuple: Tuple {
+                source: [zero; 4],
+                destination: [zero; 4],
+                source_port: zero as u16,
+                destination_port: zero as u16,
+                protocol: zero as u8,
+            },
+            tcp_flags: zero as u8,
+            ttl: zero as u8,
+            l4_offset: zero as usize,
+            l4_check_offset: zero as usize,
+            mangled: false,
+            has_l4: false,
+        }
+    }
+
+    #[inline(always)]
+    fn parse(ctx: &'a TcContext) -> Option<Self> {
+        let ip: Ipv6Header = ctx.load(ETH_HLEN).ok()?;
+        if ip.version_class_flow.to_ne_bytes()[0] >> 4 != 6 {
+            return None;
+        }
+        let mut next = ip.next_header;
+        let mut offset = ETH_HLEN + IPV6_HEADER_LEN;
+        // The Fragment header's id and offset-and-flags (all zero: none). Plain integers,
+        // not an Option: LLVM may read the payload of a `None` it knows unused, and the
+        // verifier refuses a read of stack never written.
+        let mut fragment_id: u32 = 0;
+        let mut fragment_flags: u16 = 0;
+        for _ in 0..IPV6_MAX_EXTENSION_HEADERS {
+            match next {
+                IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DESTINATION_OPTIONS => {
+                    // Next header, length in 8-octet units beyond the first 8, and for a
+                    // routing header its type and segments left.
+                    let header: [u8; 4] = ctx.load(offset).ok()?;
+                    if next == IPV6_ROUTING && header[3] != 0 {
+                        return None;
+                    }
+                    next = header[0];
+                    offset += (usize::from(header[1]) + 1) * 8;
+                }
+                IPV6_FRAGMENT => {
+                    let header: Ipv6FragmentHeader = ctx.load(offset).ok()?;
+                    next = header.next_header;
+                    offset += size_of::<Ipv6FragmentHeader>();
+                    fragment_id = header.id;
+                    fragment_flags = u16::from_be(header.offset_flags);
+                    if fragment_flags & IPV6_OFFSET_MASK != 0 {
+                        // A later fragment: what follows is the datagram's data.
+                        break;
+                    }
+                }
+                _ => break,
+            }
+        }
+        let later_fragment = fragment_flags & IPV6_OFFSET_MASK != 0;
+        if !later_fragment
+            && matches!(
+                next,
+                IPV6_HOP_BY_HOP | IPV6_ROUTING | IPV6_DESTINATION_OPTIONS | IPV6_FRAGMENT
+            )
+        {
+            bump(|c| &mut c.ipv6_headers_unwalked);
+            return None;
+        }
+        if next != PROTO_TCP && next != PROTO_UDP {
+            return None;
+        }
+        let fragment_key = FragmentKey6 {
+            source: ip.source,
+            destination: ip.destination,
+            id: fragment_id,
+            protocol: next,
+            pad: 0,
+            pad2: 0,
+        };
+        let fragmented = fragment_flags & (IPV6_OFFSET_MASK | IPV6_MORE_FRAGMENTS) != 0;
+        let l3 = Layer3 {
+            source: ip.source,
+            destination: ip.destination,
+            protocol: next,
+            ttl: ip.hop_limit,
+            l4_offset: offset,
+            fragmented,
+            has_l4: !later_fragment,
+        };
+        finish(
+            ctx,
+            l3,
+            |first| {
+                let _ = FRAGMENTS6.insert(&fragment_key, first, 0);
+            },
+            // SAFETY: pointer from a successful lookup; copied out at once.
+            || Some(unsafe { *FRAGMENTS6.get_ptr(&fragment_key)? }),
+        )
+    }
+}
+
+impl<A: Address> Packet<'_, A> {
     /// Whether any byte of the packet may have been rewritten.
     pub fn mangled(&self) -> bool {
         self.mangled
@@ -164,9 +527,9 @@ impl<'a> Packet<'a> {
     #[inline(always)]
     pub fn rewrite(
         &mut self,
-        source: u32,
+        source: A,
         source_port: u16,
-        destination: u32,
+        destination: A,
         destination_port: u16,
     ) -> Result<(), PacketError> {
         if source != self.tuple.source
@@ -177,12 +540,25 @@ impl<'a> Packet<'a> {
         {
             self.mangled = true;
         }
+        // Addresses are part of the L4 pseudo-header (its checksum is in the first
+        // fragment, which covers the whole datagram).
+        let l4 = L4Sum {
+            present: self.has_l4,
+            offset: self.l4_check_offset,
+            flags: self.l4_flags(),
+        };
         if source != self.tuple.source {
-            self.set_address(IP_SOURCE_OFFSET, self.tuple.source, source)?;
+            A::store(self.ctx, A::SOURCE_OFFSET, self.tuple.source, source, l4)?;
             self.tuple.source = source;
         }
         if destination != self.tuple.destination {
-            self.set_address(IP_DESTINATION_OFFSET, self.tuple.destination, destination)?;
+            A::store(
+                self.ctx,
+                A::DESTINATION_OFFSET,
+                self.tuple.destination,
+                destination,
+                l4,
+            )?;
             self.tuple.destination = destination;
         }
         if !self.has_l4 {
@@ -206,27 +582,13 @@ impl<'a> Packet<'a> {
         Ok(())
     }
 
-    /// Lowers the TTL by one, as forwarding does; the programs forward by redirect, which
-    /// skips the kernel's own forwarding path.
+    /// Lowers the TTL or hop limit by one, as forwarding does; the programs forward by
+    /// redirect, which skips the kernel's own forwarding path.
     #[inline(always)]
     pub fn decrement_ttl(&mut self) -> Result<(), PacketError> {
-        let new_ttl = self.ttl.wrapping_sub(1);
-        // The checksum covers TTL as the high byte of a 16-bit word with the protocol.
-        let old_word = u16::from_be_bytes([self.ttl, self.tuple.protocol]);
-        let new_word = u16::from_be_bytes([new_ttl, self.tuple.protocol]);
         self.mangled = true;
-        self.ctx
-            .store(IP_TTL_OFFSET, &new_ttl, 0)
-            .map_err(|_| PacketError)?;
-        self.ctx
-            .l3_csum_replace(
-                IP_CHECK_OFFSET,
-                u64::from(old_word.to_be()),
-                u64::from(new_word.to_be()),
-                2,
-            )
-            .map_err(|_| PacketError)?;
-        self.ttl = new_ttl;
+        A::decrement_hop_limit(self.ctx, self.ttl, self.tuple.protocol)?;
+        self.ttl = self.ttl.wrapping_sub(1);
         Ok(())
     }
 
@@ -238,27 +600,6 @@ impl<'a> Packet<'a> {
         } else {
             0
         }
-    }
-
-    #[inline(always)]
-    fn set_address(&self, offset: usize, old: u32, new: u32) -> Result<(), PacketError> {
-        self.ctx.store(offset, &new, 0).map_err(|_| PacketError)?;
-        self.ctx
-            .l3_csum_replace(IP_CHECK_OFFSET, u64::from(old), u64::from(new), 4)
-            .map_err(|_| PacketError)?;
-        if !self.has_l4 {
-            return Ok(());
-        }
-        // Addresses are part of the L4 pseudo-header (its checksum is in the first
-        // fragment, which covers the whole datagram).
-        self.ctx
-            .l4_csum_replace(
-                self.l4_check_offset,
-                u64::from(old),
-                u64::from(new),
-                u64::from(BPF_F_PSEUDO_HDR) | self.l4_flags() | 4,
-            )
-            .map_err(|_| PacketError)
     }
 
     #[inline(always)]

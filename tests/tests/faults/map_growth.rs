@@ -323,7 +323,11 @@ fn is_socklb_map(id: u32) -> bool {
     aya::maps::loaded_maps()
         .filter_map(Result::ok)
         .find(|map| map.id() == id)
-        .and_then(|map| map.name_as_str().map(|name| name.starts_with("socklb_")))
+        .and_then(|map| {
+            // The programs' own scratch room holds nothing between packets: never pinned.
+            map.name_as_str()
+                .map(|name| name.starts_with("socklb_") && name != map_names::SCRATCH6)
+        })
         .unwrap_or(false)
 }
 

@@ -1,0 +1,521 @@
+//! The address family of a packet from outside: which maps its flow uses and how its
+//! addresses fit their keys. The flow logic (`external`, `conntrack`) is written once over
+//! [`Family`]; [`V4`] and [`V6`] map it onto the per-family maps of socklb-abi, whose keys
+//! and values have the same fields with addresses 4 or 16 bytes wide. Service and backend
+//! ids are one space across both, so the Maglev map serves both.
+use aya_ebpf::{
+    bindings::bpf_fib_lookup,
+    btf_maps::{LruHashMap, lpm_trie::Key},
+};
+use socklb_abi::{
+    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityKey6, CtEntry, CtEntry6, CtKey,
+    CtKey6, Ipv6Words, SCOPE_EXTERNAL, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS,
+    SOURCE_RANGE6_FRONTEND_BITS, ServiceKey, ServiceKey6, SourceRange, SourceRange6, ipv6_octets,
+};
+
+use crate::{
+    lb, log,
+    maps::{
+        AFFINITY, AFFINITY_CAPACITY, AFFINITY6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK_NEW,
+        CONNTRACK_NEW6, CONNTRACK6, CT_CAPACITY, NODE, NODE6, SCRATCH6, SERVICES, SERVICES6,
+        SOURCE_RANGES, SOURCE_RANGES6,
+    },
+    packet::{Address, Tuple},
+};
+
+/// A conntrack key of either family: a packet's addresses and ports as they arrive, and
+/// which way it goes. The layout of `CtKey` (`A = u32`) and `CtKey6` (`A = Ipv6Words`),
+/// checked below, so that a key is handed to the maps as it is, never copied.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FlowKey<A> {
+    pub source: A,
+    pub destination: A,
+    pub source_port: u16,
+    pub destination_port: u16,
+    pub protocol: u8,
+    pub direction: u8,
+    pub pad: u16,
+}
+
+/// A conntrack entry of either family: what the packets of one direction become, and whose
+/// flow it is. The layout of `CtEntry` and `CtEntry6`, as [`FlowKey`].
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FlowEntry<A> {
+    pub source: A,
+    pub destination: A,
+    pub source_port: u16,
+    pub destination_port: u16,
+    pub backend_id: u32,
+    pub service_id: u32,
+    pub last_seen_s: u32,
+    pub flags: u16,
+    pub pad: u16,
+}
+
+impl<A> FlowEntry<A> {
+    /// As `CtEntry::expired`.
+    #[inline(always)]
+    pub fn expired(&self, now_s: u32, timeout_s: u32) -> bool {
+        now_s.wrapping_sub(self.last_seen_s) > timeout_s
+    }
+}
+
+/// An entry of the service map (external scope): the master (slot 0) or a backend slot.
+#[derive(Clone, Copy)]
+pub struct Slot<A> {
+    pub backend_id: u32,
+    pub backend_address: A,
+    pub backend_port: u16,
+    pub count: u16,
+    pub flags: u16,
+    pub service_id: u32,
+    pub affinity_timeout_s: u32,
+}
+
+/// A conntrack table of one family.
+pub type CtTable<F> = LruHashMap<<F as Family>::CtKey, <F as Family>::CtEntry, CT_CAPACITY>;
+
+pub trait Family: Sized + 'static {
+    type Addr: Address;
+    type CtKey: Copy;
+    type CtEntry: Copy;
+    type AffinityKey: Copy;
+
+    /// `bpf_fib_lookup`'s family (AF_INET, AF_INET6).
+    const AF: u8;
+    /// Whether `socklb trace` events carry this family's addresses (their layout is
+    /// IPv4's): flows of a family without are not traced.
+    const TRACED: bool;
+    /// Whether the larger steps of a flow (SNAT port search, forwarding) run out of line,
+    /// each in a stack frame of its own: IPv6's keys and entries are too large for the
+    /// whole path to fit the 512 bytes of one frame. IPv4 keeps its path inline.
+    const SPLIT_FRAMES: bool;
+
+    /// The confirmed and the unconfirmed conntrack table (see `conntrack`).
+    fn conntrack() -> &'static CtTable<Self>;
+    fn conntrack_new() -> &'static CtTable<Self>;
+    /// The same bytes as the map's types (no copy: the layouts are one).
+    fn ct_key(key: &FlowKey<Self::Addr>) -> &Self::CtKey;
+    fn ct_entry(entry: &FlowEntry<Self::Addr>) -> &Self::CtEntry;
+    fn flow_entry(raw: &Self::CtEntry) -> &FlowEntry<Self::Addr>;
+    fn flow_entry_mut(raw: &mut Self::CtEntry) -> &mut FlowEntry<Self::Addr>;
+
+    /// The external-scope service map entry of a frontend at `slot` (0: the master).
+    fn service(address: Self::Addr, port: u16, protocol: u8, slot: u16)
+    -> Option<Slot<Self::Addr>>;
+    /// A backend's address and port, by id.
+    fn backend(id: u32) -> Option<(Self::Addr, u16)>;
+
+    /// ClientIP affinity of clients outside the node.
+    fn affinity() -> &'static LruHashMap<Self::AffinityKey, AffinityEntry, AFFINITY_CAPACITY>;
+    fn affinity_key(client: Self::Addr, service_id: u32) -> Self::AffinityKey;
+
+    /// loadBalancerSourceRanges: the longest match of (frontend, client) decides; a
+    /// frontend without ranges has no entry and lets everyone in.
+    fn source_allowed(tuple: &Tuple<Self::Addr>) -> bool;
+
+    /// The Maglev hash of a flow: only what every node sees alike (not the node address a
+    /// NodePort flow arrives at), so that every node picks the same backend.
+    fn flow_hash(tuple: &Tuple<Self::Addr>) -> u32;
+
+    /// The address flows to remote backends are SNATed to; `None` until the agent wrote one.
+    fn snat_address() -> Option<Self::Addr>;
+
+    fn fib_addresses(fib: &mut bpf_fib_lookup, source: Self::Addr, destination: Self::Addr);
+
+    /// Where the entry a packet's flow is rewritten to lives while its steps run: `local`
+    /// (IPv4), or per-CPU scratch room (IPv6, whose stack has no room); `None` if that is
+    /// missing (never: the array's one entry always exists).
+    fn flow_room(local: &mut FlowEntry<Self::Addr>) -> Option<&mut FlowEntry<Self::Addr>>;
+
+    /// An address all of whose words are `word` (to fill a blank entry).
+    fn addr_from(word: u32) -> Self::Addr;
+
+    /// The address as trace events hold it (see [`Self::TRACED`]).
+    fn trace_address(address: Self::Addr) -> u32;
+
+    fn log_missing_slot(address: Self::Addr, port: u16, count: u32, slot: u16);
+}
+
+pub struct V4;
+pub struct V6;
+
+/// What `V6::ct_key`/`ct_entry` return should the scratch room be missing (never: the
+/// array's one entry always exists).
+static ZERO_KEY6: CtKey6 = CtKey6 {
+    source: [0; 4],
+    destination: [0; 4],
+    source_port: 0,
+    destination_port: 0,
+    protocol: 0,
+    direction: 0,
+    pad: 0,
+};
+static ZERO_ENTRY6: CtEntry6 = CtEntry6 {
+    source: [0; 4],
+    destination: [0; 4],
+    source_port: 0,
+    destination_port: 0,
+    backend_id: 0,
+    service_id: 0,
+    last_seen_s: 0,
+    flags: 0,
+    pad: 0,
+};
+
+/// The views of a family's conntrack key and entry as [`FlowKey`] and [`FlowEntry`]: the
+/// same fields in the same order, checked field by field.
+macro_rules! flow_views {
+    ($addr:ty, $key:ident, $entry:ident) => {
+        const _: () = {
+            use core::mem::{align_of, offset_of, size_of};
+            type K = FlowKey<$addr>;
+            type E = FlowEntry<$addr>;
+            assert!(size_of::<K>() == size_of::<$key>() && align_of::<K>() == align_of::<$key>());
+            assert!(offset_of!(K, destination) == offset_of!($key, destination));
+            assert!(offset_of!(K, source_port) == offset_of!($key, source_port));
+            assert!(offset_of!(K, destination_port) == offset_of!($key, destination_port));
+            assert!(offset_of!(K, protocol) == offset_of!($key, protocol));
+            assert!(offset_of!(K, direction) == offset_of!($key, direction));
+            assert!(offset_of!(K, pad) == offset_of!($key, pad));
+            assert!(
+                size_of::<E>() == size_of::<$entry>() && align_of::<E>() == align_of::<$entry>()
+            );
+            assert!(offset_of!(E, destination) == offset_of!($entry, destination));
+            assert!(offset_of!(E, source_port) == offset_of!($entry, source_port));
+            assert!(offset_of!(E, destination_port) == offset_of!($entry, destination_port));
+            assert!(offset_of!(E, backend_id) == offset_of!($entry, backend_id));
+            assert!(offset_of!(E, service_id) == offset_of!($entry, service_id));
+            assert!(offset_of!(E, last_seen_s) == offset_of!($entry, last_seen_s));
+            assert!(offset_of!(E, flags) == offset_of!($entry, flags));
+            assert!(offset_of!(E, pad) == offset_of!($entry, pad));
+        };
+    };
+}
+
+flow_views!(u32, CtKey, CtEntry);
+flow_views!(Ipv6Words, CtKey6, CtEntry6);
+
+/// The views of map values as [`FlowEntry`] (layouts checked by `flow_views!`).
+macro_rules! flow_views_of_values {
+    ($entry:ident) => {
+        #[inline(always)]
+        fn flow_entry(raw: &$entry) -> &FlowEntry<Self::Addr> {
+            // SAFETY: same size, alignment and field offsets (flow_views!); plain integers.
+            unsafe { &*core::ptr::from_ref(raw).cast::<FlowEntry<Self::Addr>>() }
+        }
+
+        #[inline(always)]
+        fn flow_entry_mut(raw: &mut $entry) -> &mut FlowEntry<Self::Addr> {
+            // SAFETY: as in flow_entry.
+            unsafe { &mut *core::ptr::from_mut(raw).cast::<FlowEntry<Self::Addr>>() }
+        }
+    };
+}
+
+/// The casts between the views and the map types (layouts checked by `flow_views!`): IPv4
+/// hands its (small) keys and entries to the helpers where they are.
+macro_rules! flow_casts {
+    ($key:ident, $entry:ident) => {
+        #[inline(always)]
+        fn ct_key(key: &FlowKey<Self::Addr>) -> &$key {
+            // SAFETY: same size, alignment and field offsets (flow_views!); plain integers.
+            unsafe { &*core::ptr::from_ref(key).cast::<$key>() }
+        }
+
+        #[inline(always)]
+        fn ct_entry(entry: &FlowEntry<Self::Addr>) -> &$entry {
+            // SAFETY: as in ct_key.
+            unsafe { &*core::ptr::from_ref(entry).cast::<$entry>() }
+        }
+
+        flow_views_of_values!($entry);
+    };
+}
+
+/// The external-scope service map lookup, copied out at once (the same fields in both
+/// families).
+macro_rules! service_lookup {
+    ($services:ident, $key:ident, $backends:ident) => {
+        #[inline(always)]
+        fn service(
+            address: Self::Addr,
+            port: u16,
+            protocol: u8,
+            slot: u16,
+        ) -> Option<Slot<Self::Addr>> {
+            let key = $key {
+                address,
+                port,
+                protocol,
+                scope: SCOPE_EXTERNAL,
+                slot,
+                pad: 0,
+            };
+            // SAFETY: pointer from a successful lookup; copied out at once.
+            let entry = unsafe { *$services.get_ptr(&key)? };
+            Some(Slot {
+                backend_id: entry.backend_id,
+                backend_address: entry.backend_address,
+                backend_port: entry.backend_port,
+                count: entry.count,
+                flags: entry.flags,
+                service_id: entry.service_id,
+                affinity_timeout_s: entry.affinity_timeout_s,
+            })
+        }
+
+        #[inline(always)]
+        fn backend(id: u32) -> Option<(Self::Addr, u16)> {
+            // SAFETY: pointer from a successful lookup; copied out at once.
+            let backend = unsafe { *$backends.get_ptr(&id)? };
+            Some((backend.address, backend.port))
+        }
+    };
+}
+
+impl Family for V4 {
+    type Addr = u32;
+    type CtKey = CtKey;
+    type CtEntry = CtEntry;
+    type AffinityKey = AffinityKey;
+
+    const AF: u8 = 2;
+    const TRACED: bool = true;
+    const SPLIT_FRAMES: bool = false;
+
+    #[inline(always)]
+    fn conntrack() -> &'static CtTable<Self> {
+        &CONNTRACK
+    }
+
+    #[inline(always)]
+    fn conntrack_new() -> &'static CtTable<Self> {
+        &CONNTRACK_NEW
+    }
+
+    flow_casts!(CtKey, CtEntry);
+
+    service_lookup!(SERVICES, ServiceKey, BACKENDS);
+
+    #[inline(always)]
+    fn affinity() -> &'static LruHashMap<AffinityKey, AffinityEntry, AFFINITY_CAPACITY> {
+        &AFFINITY
+    }
+
+    #[inline(always)]
+    fn affinity_key(client: u32, service_id: u32) -> AffinityKey {
+        AffinityKey {
+            netns_cookie: AFFINITY_EXTERNAL_CLIENT | u64::from(client),
+            service_id,
+            pad: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn source_allowed(tuple: &Tuple<u32>) -> bool {
+        let key = Key::new(
+            SOURCE_RANGE_FRONTEND_BITS + 32,
+            SourceRange {
+                frontend: tuple.destination,
+                port: tuple.destination_port,
+                protocol: tuple.protocol,
+                pad: 0,
+                client: tuple.source,
+            },
+        );
+        SOURCE_RANGES
+            .get(&key)
+            .is_none_or(|verdict| *verdict == SOURCE_ALLOW)
+    }
+
+    #[inline(always)]
+    fn flow_hash(tuple: &Tuple<u32>) -> u32 {
+        let flow = (u64::from(tuple.source) << 32)
+            | (u64::from(tuple.source_port) << 16)
+            | u64::from(tuple.destination_port);
+        lb::mix(flow ^ u64::from(tuple.protocol).rotate_left(40))
+    }
+
+    #[inline(always)]
+    fn snat_address() -> Option<u32> {
+        NODE.get(0)
+            .map(|node| node.snat_address)
+            .filter(|address| *address != 0)
+    }
+
+    #[inline(always)]
+    fn fib_addresses(fib: &mut bpf_fib_lookup, source: u32, destination: u32) {
+        fib.__bindgen_anon_3.ipv4_src = source;
+        fib.__bindgen_anon_4.ipv4_dst = destination;
+    }
+
+    #[inline(always)]
+    fn flow_room(local: &mut FlowEntry<u32>) -> Option<&mut FlowEntry<u32>> {
+        Some(local)
+    }
+
+    #[inline(always)]
+    fn addr_from(word: u32) -> u32 {
+        word
+    }
+
+    #[inline(always)]
+    fn trace_address(address: u32) -> u32 {
+        address
+    }
+
+    #[inline(always)]
+    fn log_missing_slot(address: u32, port: u16, count: u32, slot: u16) {
+        log::external_missing_slot(u32::from_be(address), u16::from_be(port), count, slot);
+    }
+}
+
+impl Family for V6 {
+    type Addr = Ipv6Words;
+    type CtKey = CtKey6;
+    type CtEntry = CtEntry6;
+    type AffinityKey = AffinityKey6;
+
+    const AF: u8 = 10;
+    const TRACED: bool = false;
+    const SPLIT_FRAMES: bool = true;
+
+    #[inline(always)]
+    fn conntrack() -> &'static CtTable<Self> {
+        &CONNTRACK6
+    }
+
+    #[inline(always)]
+    fn conntrack_new() -> &'static CtTable<Self> {
+        &CONNTRACK_NEW6
+    }
+
+    /// Written into the per-CPU scratch room (`SCRATCH6`): the caller hands the reference
+    /// to a map helper at once, before the next call overwrites it. The fallback (the
+    /// array's one entry always exists) is an all-zero key no flow has.
+    #[inline(always)]
+    fn ct_key(key: &FlowKey<Ipv6Words>) -> &CtKey6 {
+        let Some(scratch) = SCRATCH6.get_ptr_mut(0) else {
+            return &ZERO_KEY6;
+        };
+        // SAFETY: this CPU's scratch entry, used by this run alone.
+        unsafe {
+            let slot = &mut (*scratch).key;
+            slot.source = key.source;
+            slot.destination = key.destination;
+            slot.source_port = key.source_port;
+            slot.destination_port = key.destination_port;
+            slot.protocol = key.protocol;
+            slot.direction = key.direction;
+            slot.pad = 0;
+            &*slot
+        }
+    }
+
+    /// As [`Self::ct_key`]; the fallback is an all-zero entry.
+    #[inline(always)]
+    fn ct_entry(entry: &FlowEntry<Ipv6Words>) -> &CtEntry6 {
+        let Some(scratch) = SCRATCH6.get_ptr_mut(0) else {
+            return &ZERO_ENTRY6;
+        };
+        // SAFETY: as in ct_key.
+        unsafe {
+            let slot = &mut (*scratch).entry;
+            slot.source = entry.source;
+            slot.destination = entry.destination;
+            slot.source_port = entry.source_port;
+            slot.destination_port = entry.destination_port;
+            slot.backend_id = entry.backend_id;
+            slot.service_id = entry.service_id;
+            slot.last_seen_s = entry.last_seen_s;
+            slot.flags = entry.flags;
+            slot.pad = 0;
+            &*slot
+        }
+    }
+
+    flow_views_of_values!(CtEntry6);
+
+    service_lookup!(SERVICES6, ServiceKey6, BACKENDS6);
+
+    #[inline(always)]
+    fn affinity() -> &'static LruHashMap<AffinityKey6, AffinityEntry, AFFINITY_CAPACITY> {
+        &AFFINITY6
+    }
+
+    #[inline(always)]
+    fn affinity_key(client: Ipv6Words, service_id: u32) -> AffinityKey6 {
+        AffinityKey6 {
+            client,
+            service_id,
+            pad: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn source_allowed(tuple: &Tuple<Ipv6Words>) -> bool {
+        let key = Key::new(
+            SOURCE_RANGE6_FRONTEND_BITS + 128,
+            SourceRange6 {
+                frontend: tuple.destination,
+                port: tuple.destination_port,
+                protocol: tuple.protocol,
+                pad: 0,
+                client: tuple.source,
+            },
+        );
+        SOURCE_RANGES6
+            .get(&key)
+            .is_none_or(|verdict| *verdict == SOURCE_ALLOW)
+    }
+
+    #[inline(always)]
+    fn flow_hash(tuple: &Tuple<Ipv6Words>) -> u32 {
+        let [a, b, c, d] = tuple.source;
+        let high = (u64::from(a) << 32) | u64::from(b);
+        let low = (u64::from(c) << 32) | u64::from(d);
+        let ports = (u64::from(tuple.source_port) << 16) | u64::from(tuple.destination_port);
+        let address = u64::from(lb::mix(high)) << 32 | u64::from(lb::mix(low));
+        lb::mix(address ^ ports ^ u64::from(tuple.protocol).rotate_left(40))
+    }
+
+    #[inline(always)]
+    fn snat_address() -> Option<Ipv6Words> {
+        NODE6
+            .get(0)
+            .map(|node| node.snat_address)
+            .filter(|address| *address != [0; 4])
+    }
+
+    #[inline(always)]
+    fn fib_addresses(fib: &mut bpf_fib_lookup, source: Ipv6Words, destination: Ipv6Words) {
+        fib.__bindgen_anon_3.ipv6_src = source;
+        fib.__bindgen_anon_4.ipv6_dst = destination;
+    }
+
+    #[inline(always)]
+    fn flow_room(_local: &mut FlowEntry<Ipv6Words>) -> Option<&mut FlowEntry<Ipv6Words>> {
+        let scratch = SCRATCH6.get_ptr_mut(0)?;
+        // SAFETY: this CPU's scratch entry, used by this run alone; the flow field is used
+        // by nothing else.
+        Some(Self::flow_entry_mut(unsafe { &mut (*scratch).flow }))
+    }
+
+    #[inline(always)]
+    fn addr_from(word: u32) -> Ipv6Words {
+        [word; 4]
+    }
+
+    #[inline(always)]
+    fn trace_address(_address: Ipv6Words) -> u32 {
+        0
+    }
+
+    #[inline(always)]
+    fn log_missing_slot(address: Ipv6Words, port: u16, count: u32, slot: u16) {
+        log::external_missing_slot6(ipv6_octets(address), u16::from_be(port), count, slot);
+    }
+}
