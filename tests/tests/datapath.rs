@@ -392,6 +392,83 @@ endpoints:
     }
 }
 
+/// One dual-stack Service (`ipFamilies: [IPv4, IPv6]`, a ClusterIP of each family, an
+/// EndpointSlice of each family) through `socklb run`: IPv4 clients reach only the IPv4
+/// endpoints, IPv6 clients only the IPv6 ones, and each sees its own family's VIP.
+#[test]
+fn a_dual_stack_service_sends_each_family_to_its_own_endpoints() {
+    let sandbox = Sandbox::new("dual-stack");
+    let servers: Vec<NamedServer> = [(Family::V4, "v4-"), (Family::V6, "v6-")]
+        .into_iter()
+        .flat_map(|(family, prefix)| {
+            let sandbox = &sandbox;
+            (1..=2).map(move |host| {
+                let address = SocketAddr::new(family.local(sandbox, 14, host), 8080);
+                NamedServer::tcp_at(&format!("{prefix}{host}"), address)
+            })
+        })
+        .collect();
+    let (vip4, vip6) = (
+        Family::V4.frontend(0x61, 80, Protocol::Tcp),
+        Family::V6.frontend(0x61, 80, Protocol::Tcp),
+    );
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
+    let slice = |family: &str, addresses: &[&NamedServer]| {
+        let endpoints: String = addresses
+            .iter()
+            .map(|s| format!("- addresses: [\"{}\"]\n  nodeName: node-a\n", s.addr.ip()))
+            .collect();
+        format!(
+            "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-{family}
+  namespace: default
+  labels: {{kubernetes.io/service-name: web}}
+addressType: {family}
+ports: [{{name: http, port: 8080, protocol: TCP}}]
+endpoints:
+{endpoints}"
+        )
+    };
+    let (v4, v6): (Vec<&NamedServer>, Vec<&NamedServer>) =
+        servers.iter().partition(|s| s.addr.is_ipv4());
+    manifests.service(
+        "web",
+        &format!(
+            "apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: \"{a}\"
+  clusterIPs: [\"{a}\", \"{b}\"]
+  ports: [{{name: http, port: 80, protocol: TCP}}]
+",
+            a = vip4.address,
+            b = vip6.address
+        ),
+        &format!("{}---\n{}", slice("IPv4", &v4), slice("IPv6", &v6)),
+    );
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+
+    for (vip, prefix) in [(vip4, "v4-"), (vip6, "v6-")] {
+        let attempts = sandbox.probe("tcp", addr(&vip), 40);
+        let tally = tally(&attempts);
+        assert!(
+            tally.len() == 2 && tally.keys().all(|name| name.starts_with(prefix)),
+            "{vip}: {tally:?}\n{}",
+            agent.log()
+        );
+        let shown = addr(&vip).to_string();
+        for attempt in &attempts {
+            assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
+        }
+    }
+}
+
 #[test]
 fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
     let sandbox = Sandbox::new("restart");

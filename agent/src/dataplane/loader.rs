@@ -292,7 +292,7 @@ fn configure<'a>(
         .map_max_entries(map_names::REVERSE, capacities.reverse)
         // The socket maps of both families share one slot mask.
         .map_max_entries(map_names::SOCKETS6, capacities.socket_slots())
-        .map_max_entries(map_names::REVERSE6, capacities.reverse)
+        .map_max_entries(map_names::REVERSE6, ipv6_share(capacities.reverse))
         .map_max_entries(map_names::AFFINITY, capacities.affinity)
         .map_max_entries(map_names::CONNTRACK, capacities.conntrack)
         .map_max_entries(map_names::CONNTRACK_NEW, capacities.conntrack_new)
@@ -307,10 +307,11 @@ fn configure<'a>(
         .map_max_entries(map_names::SOURCE_RANGES6, capacities.source_ranges);
 }
 
-/// The capacity of an IPv6 table of flows from outside (conntrack, unconfirmed conntrack,
-/// affinity of clients outside the node) whose IPv4 twin has `ipv4`: half of it. They are
-/// preallocated LRUs whose IPv6 entries are larger (a confirmed-flow entry 152 bytes against
-/// 112), so a node pays for both families up front; the same flag raises both.
+/// The capacity of an IPv6 table the programs write (conntrack, unconfirmed conntrack,
+/// affinity of clients outside the node, unconnected UDP sockets' reverse entries) whose
+/// IPv4 twin has `ipv4`: half of it. They are preallocated LRUs whose IPv6 entries are
+/// larger (a confirmed-flow entry 152 bytes against 112), so a node pays for both families
+/// up front; the same flag raises both.
 fn ipv6_share(ipv4: u32) -> u32 {
     (ipv4 / 2).max(1)
 }

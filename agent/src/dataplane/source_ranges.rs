@@ -125,9 +125,9 @@ impl<D: RangeData> RangeKey<D> {
 }
 
 /// The entries of family `D` that restrict `frontend` to `ranges`: none if the frontend is
-/// of the other family. Only the ranges of the frontend's family count, as in kube-proxy
-/// (which splits loadBalancerSourceRanges by family): a frontend none of whose ranges is of
-/// its family is not restricted.
+/// of the other family. Only the ranges of the frontend's family can match its clients; a
+/// restricted frontend none of whose ranges is of its family admits nobody (selection hands
+/// each family's frontends that family's ranges, failing closed: README, "how it differs").
 pub fn entries<D: RangeData>(frontend: &Frontend, ranges: &[IpNet]) -> BTreeSet<RangeKey<D>> {
     let allows: BTreeSet<RangeKey<D>> = ranges
         .iter()
@@ -140,7 +140,7 @@ pub fn entries<D: RangeData>(frontend: &Frontend, ranges: &[IpNet]) -> BTreeSet<
             })
         })
         .collect();
-    let deny = D::new(frontend, None).filter(|_| !allows.is_empty());
+    let deny = D::new(frontend, None);
     deny.map(|data| RangeKey {
         prefix_len: D::FRONTEND_BITS,
         data,
@@ -473,7 +473,14 @@ mod tests {
         // A frontend has entries in its own family's trie only.
         assert!(entries::<SourceRange>(&v6, &ranges).is_empty());
         assert!(entries::<SourceRange6>(&frontend(), &ranges).is_empty());
-        // Ranges of the other family alone restrict nothing, as in kube-proxy.
-        assert!(entries::<SourceRange6>(&v6, &[net("10.0.0.0/8")]).is_empty());
+        // Ranges of the other family alone admit nobody (fail closed), nor does an empty list.
+        for ranges in [&[net("10.0.0.0/8")][..], &[]] {
+            let keys = entries::<SourceRange6>(&v6, ranges);
+            assert_eq!(
+                keys.iter().map(|k| k.verdict()).collect::<Vec<_>>(),
+                [SOURCE_DENY],
+                "{ranges:?}"
+            );
+        }
     }
 }
