@@ -40,6 +40,7 @@ impl Iterators {
     pub fn prepare(&mut self, pairs: &[Gone]) -> Result<(), MapError> {
         for key in pairs.iter().filter_map(Gone::key) {
             self.gone.insert(&key, &1, 0)?;
+            self.gone.insert(&peer(&key), &1, 0)?;
         }
         for key in pairs.iter().filter_map(Gone::key6) {
             self.gone6.insert(&key, &1, 0)?;
@@ -52,6 +53,7 @@ impl Iterators {
         // Absent if prepare stopped early.
         for key in pairs.iter().filter_map(Gone::key) {
             let _ = self.gone.remove(&key);
+            let _ = self.gone.remove(&peer(&key));
         }
         for key in pairs.iter().filter_map(Gone::key6) {
             let _ = self.gone6.remove(&key);
@@ -106,4 +108,9 @@ fn iter_create(link: RawFd) -> io::Result<OwnedFd> {
     let mut attr = [0u32; 2];
     attr[0] = link as u32;
     bpf(BPF_ITER_CREATE, &mut attr)
+}
+
+/// The peer key of a pair's key (see `GoneKey::peer`).
+fn peer(key: &GoneKey) -> GoneKey {
+    GoneKey::peer(key.protocol, key.backend_address, key.backend_port)
 }

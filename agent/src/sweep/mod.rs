@@ -22,7 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use socklb_abi::GONE_CAPACITY;
+use socklb_abi::GONE_PAIRS_PER_PASS;
 use tracing::{error, info, warn};
 
 use self::{iterator::Iterators, netlink::Netlink};
@@ -287,7 +287,7 @@ fn run(mut kernel: Kernel, requests: mpsc::Receiver<Vec<Gone>>, mode: Mode, metr
         }
         pairs.sort();
         pairs.dedup();
-        for chunk in pairs.chunks(GONE_CAPACITY as usize) {
+        for chunk in pairs.chunks(GONE_PAIRS_PER_PASS as usize) {
             let report = sweep(&mut kernel, chunk, &home);
             for (protocol, count) in [("udp", report.udp), ("tcp", report.tcp)] {
                 metrics

@@ -344,6 +344,24 @@ pub struct SocketRecord {
     pub pad: u16,
 }
 
+impl GoneKey {
+    /// The key that says a sweep is closing sockets whose peer is this backend (the frontend
+    /// zeroed: no frontend is 0.0.0.0:0). The iterators check it first, so that only the
+    /// sockets of a gone backend pay for reading their record.
+    #[must_use]
+    pub const fn peer(protocol: u8, backend_address: u32, backend_port: u16) -> Self {
+        Self {
+            frontend_address: 0,
+            frontend_port: 0,
+            protocol,
+            pad: 0,
+            backend_address,
+            backend_port,
+            pad2: 0,
+        }
+    }
+}
+
 /// Key of the gone map: a frontend and one of its backends that left it. A socket whose
 /// socket map entry names this pair (and whose peer is still that backend) is closed.
 #[repr(C)]
@@ -363,8 +381,11 @@ pub struct GoneKey {
     pub pad2: u16,
 }
 
-/// Capacity of the gone map: removals of one sync beyond it are swept in several passes.
-pub const GONE_CAPACITY: u32 = 4096;
+/// Pairs of one sweep pass: removals of one sync beyond it are swept in several passes.
+pub const GONE_PAIRS_PER_PASS: u32 = 4096;
+/// Capacity of each gone map: a pass's pairs and, in the IPv4 map, as many peer keys
+/// ([`GoneKey::peer`]).
+pub const GONE_CAPACITY: u32 = 2 * GONE_PAIRS_PER_PASS;
 
 /// The raw `bpf_sock_destroy` kfunc call in the destroy iterators, as one little-endian
 /// instruction word: opcode `BPF_JMP | BPF_CALL` (0x85), source register

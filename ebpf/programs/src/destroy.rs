@@ -18,7 +18,7 @@ use socklb_abi::{
 };
 
 use crate::{
-    maps::{GONE, GONE6},
+    maps::{GONE, GONE6, SOCKETS, socket_slot},
     record,
     socket_family::Address as _,
 };
@@ -70,7 +70,9 @@ struct IterMeta {
 /// (they are the socket hash tables' lookup key); these programs have no CO-RE.
 const SKC_DADDR: usize = 0;
 const SKC_DPORT: usize = 12;
+const SKC_FAMILY: usize = 16;
 const SKC_STATE: usize = 18;
+const AF_INET: u16 = 2;
 
 /// The byte offset of `skc_v6_daddr` in `struct sock_common`, set by the agent from the
 /// kernel's BTF (socklb-abi `globals`); 0 when unknown: IPv6 records are then left alone.
@@ -131,11 +133,12 @@ fn visit(ctx: *mut c_void, protocol: u8) {
         return;
     }
     // SAFETY: a trusted socket pointer; the verifier checks each read against the BTF.
-    let (daddr, dport, state) = unsafe {
+    let (daddr, dport, family, state) = unsafe {
         let base = sock as *const u8;
         (
             *(base.add(SKC_DADDR) as *const u32),
             *(base.add(SKC_DPORT) as *const u16),
+            *(base.add(SKC_FAMILY) as *const u16),
             *base.add(SKC_STATE),
         )
     };
@@ -144,9 +147,17 @@ fn visit(ctx: *mut c_void, protocol: u8) {
     {
         return;
     }
+    // An IPv4 socket whose peer is no gone backend is done with one lookup: the record is
+    // read only for the sockets of gone backends (IPv6 sockets, rarer, read it at once).
+    let ipv4 = family == AF_INET;
+    if ipv4 && GONE.get_ptr(&GoneKey::peer(protocol, daddr, dport)).is_none() {
+        return;
+    }
     // Only sockets socklb translated have a record; its backend must still be the peer
-    // (a socket may have connected elsewhere since).
-    let Some(record) = record::of(sock) else {
+    // (a socket may have connected elsewhere since). The socket ring, one array lookup,
+    // answers for the sockets it still holds.
+    let ring = if ipv4 { from_ring(sock, protocol) } else { None };
+    let Some(record) = ring.or_else(|| record::of(sock)) else {
         return;
     };
     if record.protocol != protocol || record.backend_port != dport {
@@ -176,6 +187,27 @@ fn visit(ctx: *mut c_void, protocol: u8) {
         return;
     }
     destroy(ctx, sock);
+}
+
+/// The record the socket ring holds for an IPv4 socket, if its slot is still the socket's.
+#[inline(always)]
+fn from_ring(sock: *mut c_void, protocol: u8) -> Option<SocketRecord> {
+    let cookie = cookie(sock);
+    if cookie == 0 {
+        return None;
+    }
+    let slot = SOCKETS.get_ptr(socket_slot(cookie))?;
+    // SAFETY: pointer from a successful lookup; copied out at once.
+    let slot = unsafe { *slot };
+    (slot.cookie == cookie).then_some(SocketRecord {
+        frontend_address: [0, 0, 0, slot.frontend_address],
+        backend_address: [0, 0, 0, slot.backend_address],
+        frontend_port: slot.frontend_port,
+        backend_port: slot.backend_port,
+        family: 4,
+        protocol,
+        pad: 0,
+    })
 }
 
 /// Whether an IPv6 record names a gone pair whose backend is still the socket's peer.
