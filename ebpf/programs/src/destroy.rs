@@ -150,13 +150,21 @@ fn visit(ctx: *mut c_void, protocol: u8) {
     // An IPv4 socket whose peer is no gone backend is done with one lookup: the record is
     // read only for the sockets of gone backends (IPv6 sockets, rarer, read it at once).
     let ipv4 = family == AF_INET;
-    if ipv4 && GONE.get_ptr(&GoneKey::peer(protocol, daddr, dport)).is_none() {
+    if ipv4
+        && GONE
+            .get_ptr(&GoneKey::peer(protocol, daddr, dport))
+            .is_none()
+    {
         return;
     }
     // Only sockets socklb translated have a record; its backend must still be the peer
     // (a socket may have connected elsewhere since). The socket ring, one array lookup,
     // answers for the sockets it still holds.
-    let ring = if ipv4 { from_ring(sock, protocol) } else { None };
+    let ring = if ipv4 {
+        from_ring(sock, protocol)
+    } else {
+        None
+    };
     let Some(record) = ring.or_else(|| record::of(sock)) else {
         return;
     };

@@ -62,7 +62,12 @@ fn shrinking_and_growing_backend_sets_lose_no_connect() {
                 ("udp", "udp-connected", side.udp),
             ]
         })
-        .map(|(kind, mode, vip)| (kind, sandbox.spawn_probe_for(mode, addr(&vip), probe_for, 1)))
+        .map(|(kind, mode, vip)| {
+            (
+                kind,
+                sandbox.spawn_probe_for(mode, addr(&vip), probe_for, 1),
+            )
+        })
         .collect();
     let mut changes = SetChanges::new(0);
     let started = Instant::now();
