@@ -546,9 +546,10 @@ fn cleanup_detaches_the_programs_and_removes_only_socklb_pins() {
         Some(&3)
     );
 
-    // Something in the pin directory that socklb did not create.
-    let foreign = sandbox.pin_dir.join("not-socklb");
-    std::fs::create_dir(&foreign).expect("create a foreign directory on bpffs");
+    // Something in the pin directory that socklb did not create; removed again even when
+    // an assertion below fails, so that the sandbox can remove the pin directory.
+    let foreign = RemovedOnDrop(sandbox.pin_dir.join("not-socklb"));
+    std::fs::create_dir(&foreign.0).expect("create a foreign directory on bpffs");
     let output = Command::new(agent_bin())
         .arg("cleanup")
         .arg("--bpffs")
@@ -570,7 +571,7 @@ fn cleanup_detaches_the_programs_and_removes_only_socklb_pins() {
         .map(|entry| entry.expect("entry").file_name())
         .collect();
     assert_eq!(left, ["not-socklb"]);
-    std::fs::remove_dir(&foreign).expect("remove the foreign directory");
+    drop(foreign);
     let attached = Command::new("bpftool")
         .args(["cgroup", "show"])
         .arg(&sandbox.cgroup)
@@ -816,4 +817,13 @@ fn service_entries(sandbox: &Sandbox) -> usize {
     let map: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
         map.try_into().expect("service map");
     map.keys().count()
+}
+
+/// A directory the test made, removed when the test ends however it ends.
+struct RemovedOnDrop(std::path::PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
 }
