@@ -125,19 +125,16 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
         .expect("prerequisite missing: bpftool (./x setup installs it)");
     let dump = String::from_utf8_lossy(&dump.stdout);
     println!("{dump}");
-    if family == Family::V4 {
-        assert!(
-            seen.conntrack
-                .iter()
-                .any(|c| c.snat && c.direction == "forward"),
-            "inspect lists SNATed flows"
-        );
-    } else {
-        assert!(
-            dump.contains("\"destination_port\""),
-            "bpftool shows the IPv6 conntrack entries by field: {dump}"
-        );
-    }
+    assert!(
+        seen.conntrack
+            .iter()
+            .any(|c| c.snat && c.direction == "forward"),
+        "inspect lists SNATed flows"
+    );
+    assert!(
+        dump.contains("\"destination_port\""),
+        "bpftool shows the conntrack entries by field: {dump}"
+    );
     assert!(seen.counters.external_flows >= 110, "{:?}", seen.counters);
     assert_eq!(seen.counters.errors, 0, "{:?}", seen.counters);
 }
@@ -433,17 +430,14 @@ fn client_ip_affinity_holds_for_clients_outside_the_node(family: Family) {
         "every connection of one client goes to one backend: {attempts:?}"
     );
     let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
-    // inspect lists the IPv4 affinity map (socklb_aff6_v1: bpftool).
-    if family == Family::V4 {
-        assert!(
-            shown
-                .affinity
-                .iter()
-                .any(|e| e.client.map(|c| c.to_string()).as_deref() == Some(a.client)),
-            "inspect shows the client's affinity entry: {:?}",
-            shown.affinity
-        );
-    }
+    assert!(
+        shown
+            .affinity
+            .iter()
+            .any(|e| e.client.map(|c| c.to_string()).as_deref() == Some(a.client)),
+        "inspect shows the client's affinity entry: {:?}",
+        shown.affinity
+    );
     assert!(shown.counters.affinity_hits >= 19, "{:?}", shown.counters);
 }
 
@@ -509,19 +503,16 @@ fn load_balancer_source_ranges(family: Family) {
         after.external_denied > before.external_denied,
         "denied by socklb: {before:?} -> {after:?}"
     );
-    // inspect reads the IPv4 maps (IPv6 frontends in inspect: cp6's part).
-    if family == Family::V4 {
-        let shown = inspect::inspect(&sandbox.pin_dir, Some(a.lb_ip.parse().expect("address")))
-            .expect("inspect");
-        assert!(
-            shown
-                .frontends
-                .iter()
-                .any(|f| f.source_ranges.as_deref() == Some(&[a.other_clients.to_owned()][..])),
-            "inspect shows the ranges: {:?}",
-            shown.frontends
-        );
-    }
+    let shown = inspect::inspect(&sandbox.pin_dir, Some(a.lb_ip.parse().expect("address")))
+        .expect("inspect");
+    assert!(
+        shown
+            .frontends
+            .iter()
+            .any(|f| f.source_ranges.as_deref() == Some(&[a.other_clients.to_owned()][..])),
+        "inspect shows the ranges: {:?}",
+        shown.frontends
+    );
 
     // The ranges guard the LoadBalancer IP only, as in kube-proxy: the NodePort is open.
     let node_port = Addresses::at(a.node1, 30111);
@@ -676,13 +667,11 @@ fn with_maglev_every_node_sends_a_flow_to_the_same_backend(family: Family) {
         ["pod1", "pod2"],
         "flows spread over both backends"
     );
-    if family == Family::V4 {
-        let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
-        assert!(
-            shown.frontends.iter().any(|f| f.maglev),
-            "inspect shows Maglev"
-        );
-    }
+    let shown = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
+    assert!(
+        shown.frontends.iter().any(|f| f.maglev),
+        "inspect shows Maglev"
+    );
 }
 
 #[test]
@@ -897,6 +886,80 @@ fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
 
 /// A node device eth0 holding `addresses` in this thread's namespace (this kernel has no
 /// dummy devices: a veth pair, both ends here).
+#[test]
+fn a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it_over_ipv4() {
+    client_port_used_again_through_another_frontend(Family::V4);
+}
+
+#[test]
+fn a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it_over_ipv6() {
+    client_port_used_again_through_another_frontend(Family::V6);
+}
+
+/// A local backend sees the client's own address and port, so two frontends of one
+/// backend give their flows from one client port the same reply key: once the first flow
+/// closed, the second (the client's port used again, as clients do) must get the key, and
+/// its answers must come back from its own frontend.
+fn client_port_used_again_through_another_frontend(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("ext-reuse{}", family.tag()));
+    let lan = lan(&format!("r{}", family.tag()));
+    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080));
+    let manifests = ManifestDir::new(&sandbox);
+    a.nodes(&manifests);
+    manifests.write(
+        "web.yaml",
+        &format!(
+            "{}---\n{}",
+            a.service(
+                "web",
+                60,
+                "[{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}]",
+                &format!("  type: NodePort\n  externalIPs: [\"{}\"]", a.external_ip),
+                false,
+            ),
+            a.slice(
+                "web-http",
+                "web",
+                ("http", 8080, "TCP"),
+                &[a.pod1_endpoint()]
+            ),
+        ),
+    );
+    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+
+    // curl binds the client port; the server closes first, so the backend holds the old
+    // connection in TIME_WAIT and the client nothing.
+    let client_port = "40400";
+    for frontend in [
+        Addresses::at(a.node1, 30080),
+        Addresses::at(a.external_ip, 80),
+    ] {
+        let output = lan.client.output(
+            "curl",
+            &[
+                "--silent",
+                "--show-error",
+                "--http0.9",
+                "--max-time",
+                "5",
+                "--local-port",
+                client_port,
+                &format!("http://{frontend}/"),
+            ],
+        );
+        let body = String::from_utf8_lossy(&output.stdout);
+        let client = Addresses::at(a.client, 40400);
+        assert_eq!(
+            body,
+            format!("pod1 {client}"),
+            "from client port {client_port} through {frontend}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    assert_eq!(counters(&sandbox).errors, 0);
+}
+
 fn node_device(addresses: &[&str]) {
     here(&[
         "link",

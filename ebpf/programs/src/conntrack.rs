@@ -335,9 +335,30 @@ pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &FlowEntry<A>) -> (FlowKey
 
 /// Records both directions of a new flow whose source this node keeps (no SNAT), as not
 /// confirmed.
+///
+/// The backend sees the client's own address and port, so a flow that reached the same
+/// backend from the same client port through another frontend (a NodePort, then an
+/// external IP) has the same reply key. A confirmed one that is over (both directions
+/// closing, or idle past its timeout) gives the key up: its reply entry, found first,
+/// would send this flow's answers back as the other frontend's. A live one keeps it: the
+/// backend cannot tell two such connections apart, and the open one is not broken for the
+/// new one (netfilter drops such a clash too).
 #[inline(always)]
-pub fn insert<F: Family>(arrived: &Tuple<F::Addr>, forward: &Entry<F>) -> Result<(), i32> {
+pub fn insert<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &Entry<F>,
+    timeouts: CtTimeouts,
+    now: u32,
+) -> Result<(), i32> {
     let (reply_key, reply) = reply_of(arrived, forward);
+    let _ = held::<F>(
+        F::conntrack(),
+        true,
+        &reply_key,
+        timeouts,
+        now,
+        Closing::Ends,
+    );
     let table = F::conntrack_new();
     table.insert(F::ct_key(&reply_key), F::ct_entry(&reply), 0)?;
     table.insert(
@@ -413,11 +434,26 @@ fn insert_snat_here<F: Family>(
         let port = (u32::from(min) + draw % span) as u16;
         forward.source_port = port.to_be();
         let (reply_key, reply) = reply_of(arrived, forward);
-        if held::<F>(F::conntrack(), true, &reply_key, timeouts, now) == Holder::Live {
+        if held::<F>(
+            F::conntrack(),
+            true,
+            &reply_key,
+            timeouts,
+            now,
+            Closing::Lives,
+        ) == Holder::Live
+        {
             continue;
         }
         // Absent: claimed only if no other CPU claims it at the same time.
-        let flags = match held::<F>(F::conntrack_new(), false, &reply_key, timeouts, now) {
+        let flags = match held::<F>(
+            F::conntrack_new(),
+            false,
+            &reply_key,
+            timeouts,
+            now,
+            Closing::Lives,
+        ) {
             Holder::Live => continue,
             Holder::Expired => 0,
             Holder::None => u64::from(BPF_NOEXIST),
@@ -449,6 +485,15 @@ enum Holder {
     Live,
 }
 
+/// Whether a flow whose entries are marked closing still holds its reply key until they
+/// time out (a SNAT port is not handed out again at once), or gives it up (the key of a
+/// flow without SNAT, which the client's own port makes, is wanted again by that client).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    Lives,
+    Ends,
+}
+
 /// Who holds the reply key (a SNAT port) in `table`. An unconfirmed TCP flow lives as
 /// long as its client sends (SYN retransmits): a backend that retransmits its SYN-ACK to a
 /// spoofed client does not keep the port, even once a flood evicted the forward entry.
@@ -461,6 +506,7 @@ fn held<F: Family>(
     reply_key: &Key<F>,
     timeouts: CtTimeouts,
     now: u32,
+    closing: Closing,
 ) -> Holder {
     let Some(reply) = table.get_ptr(F::ct_key(reply_key)) else {
         return Holder::None;
@@ -468,6 +514,9 @@ fn held<F: Family>(
     // Entries are read in place, field by field (no copy: IPv6's would not fit the stack
     // frame); a racing writer only moves a timestamp or adds flags.
     let live = |entry: &Entry<F>| {
+        if closing == Closing::Ends && entry.flags & CT_FLAG_CLOSING != 0 {
+            return false;
+        }
         let timeout = timeouts.timeout_s(reply_key.protocol, entry.flags, confirmed);
         !entry.expired(now, timeout)
     };

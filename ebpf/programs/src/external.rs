@@ -655,7 +655,8 @@ fn new_flow_here<F: Family>(
         *out = entry;
         return Ok(Flow::To);
     } else {
-        if let Err(error) = conntrack::insert::<F>(tuple, &entry) {
+        if let Err(error) = conntrack::insert::<F>(tuple, &entry, CtTimeouts::of(NODE.get(0)), now)
+        {
             log::conntrack_not_written(error);
             return Err(Error);
         }
