@@ -494,6 +494,31 @@ pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, LoadEr
     Ok(replaced)
 }
 
+/// Removes the link pinned at `path`, if there is one, and returns once its program is
+/// detached. The pin is the link's last holder but one: our own fd, whose close releases
+/// the link at once. Dropping the pin alone would leave the detach to a kernel work queue,
+/// so that programs could still run for a while after `cleanup` returned.
+fn unpin_link(path: &Path) -> io::Result<bool> {
+    let link = match PinnedLink::from_pin(path) {
+        Ok(link) => link,
+        Err(_) if !path.exists() => return Ok(false),
+        Err(e) => {
+            // Not a link (or not readable as one): removing the pin is all there is to do.
+            warn!(pin = %path.display(), error = %e, "not opened as a link; removing the pin");
+            return match fs::remove_file(path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+            };
+        }
+    };
+    let held = link
+        .unpin()
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    drop(held);
+    Ok(true)
+}
+
 /// What `cleanup` removed.
 #[derive(Debug, Default)]
 pub struct Cleanup {
@@ -514,11 +539,16 @@ pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
         .map_err(io::Error::other)?
         .into_iter()
         .map(|(path, _)| path);
+    for path in links.chain(tc_links) {
+        if unpin_link(&path)? {
+            cleanup.removed.push(path);
+        }
+    }
     let maps = map_names::ALL
         .iter()
         .chain(&map_names::RETIRED)
         .map(|name| pin_dir.join(name));
-    for path in links.chain(tc_links).chain(maps) {
+    for path in maps {
         match fs::remove_file(&path) {
             Ok(()) => cleanup.removed.push(path),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
