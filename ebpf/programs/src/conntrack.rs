@@ -227,11 +227,15 @@ fn confirm_here<F: Family>(
     // IPv6 they are per-CPU scratch room, overwritten by the next call.
     let forward_key = key(arrived, CT_FORWARD);
     let (reply_key, built) = reply_of(arrived, forward);
+    // The unconfirmed reply entry carries what the backend's answers marked, unless another
+    // flow took the key since: then this flow's own reply entry is written.
     let reply = match F::conntrack_new().get_ptr(F::ct_key(&reply_key)) {
         // SAFETY: pointer from a successful lookup, valid for this run (the insert below
         // copies it).
-        Some(held) => unsafe { &*held },
-        None => F::ct_entry(&built),
+        Some(held) if points_to(F::flow_entry(unsafe { &*held }), &forward_key) => unsafe {
+            &*held
+        },
+        _ => F::ct_entry(&built),
     };
     let mut forward = *forward;
     forward.last_seen_s = now;
