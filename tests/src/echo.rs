@@ -2,7 +2,7 @@
 //! must come back (flows that must survive a flood or a map growth).
 use std::{
     io::{ErrorKind, Read as _, Write as _},
-    net::{SocketAddrV4, TcpListener, TcpStream},
+    net::{SocketAddr, TcpListener, TcpStream},
     os::fd::AsRawFd as _,
     sync::{
         Arc,
@@ -35,7 +35,8 @@ pub struct EchoServer {
 }
 
 impl EchoServer {
-    pub fn start(netns: &Netns, addr: SocketAddrV4) -> Self {
+    pub fn start(netns: &Netns, addr: impl Into<SocketAddr>) -> Self {
+        let addr = addr.into();
         let listener = netns.enter(|| {
             let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
             // SAFETY: listen again on our listening socket: only raises its backlog.
