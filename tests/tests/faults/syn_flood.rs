@@ -5,10 +5,12 @@
 //! The SNAT range (2,000 ports) is small enough for the flood to exhaust it once the 1,000
 //! idle connections hold their ports, and the main conntrack table is sized for those
 //! connections with little room to spare, so that flood entries in it would evict them.
-//! The SYN timeout is 3 s instead of 60 s, to keep the test short.
+//! The SYN timeout is 3 s instead of 60 s, to keep the test short. Over IPv6 the flood
+//! fills the IPv6 tables (`socklb_ctn6_v1` for unconfirmed flows), which get half of each
+//! `--max-conntrack-*` flag: the flag is doubled so that the main table has the same size.
 use std::{
     io::{Read as _, Write as _},
-    net::{Ipv4Addr, SocketAddrV4, TcpStream},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream},
     os::fd::AsRawFd as _,
     time::{Duration, Instant},
 };
@@ -16,38 +18,57 @@ use std::{
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
     echo::{EchoServer, echo},
-    lan::{NODE1, POD2, POD2_ENDPOINT, counters, lan, nodes, service, slice},
+    family::Family,
+    lan::{addresses, counters, lan},
 };
 
 const IDLE_CONNECTIONS: usize = 1_000;
 const SPOOFED_SYNS: u32 = 20_000;
 const NODE_PORT: u16 = 30120;
 const SYN_TIMEOUT_S: u64 = 3;
+/// The main conntrack table's size (two entries per idle connection, a little room).
+const CONNTRACK_ENTRIES: u32 = 2_560;
 
 #[test]
-fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports() {
-    let sandbox = Sandbox::new("syn-flood");
-    let lan = lan("y");
-    let _echo = EchoServer::start(&lan.pod2, SocketAddrV4::new(POD2, 8080));
+fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports_over_ipv4() {
+    a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(Family::V4);
+}
+
+#[test]
+fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports_over_ipv6() {
+    a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(Family::V6);
+}
+
+fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("syn-flood{}", family.tag()));
+    let lan = lan(&format!("y{}", family.tag()));
+    let _echo = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
     let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    a.nodes(&manifests);
     manifests.write(
         "web.yaml",
         &format!(
             "{}---\n{}",
-            service(
+            a.service(
                 "web",
-                "10.96.0.120",
+                120,
                 &format!(
                     "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
                 ),
                 "  type: NodePort",
-                None
+                false
             ),
-            slice("web-1", "web", ("http", 8080, "TCP"), &[POD2_ENDPOINT])
+            a.slice("web-1", "web", ("http", 8080, "TCP"), &[a.pod2_endpoint()])
         ),
     );
     let syn_timeout = format!("{SYN_TIMEOUT_S}s");
+    // The IPv6 tables have half the flag's entries.
+    let conntrack_entries = match family {
+        Family::V4 => CONNTRACK_ENTRIES,
+        Family::V6 => 2 * CONNTRACK_ENTRIES,
+    }
+    .to_string();
     let agent = Agent::start(
         &sandbox,
         &manifests.path,
@@ -56,19 +77,18 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports() {
             "--snat-port-range",
             "61000-62999",
             "--max-conntrack-entries",
-            "2560",
+            &conntrack_entries,
             "--conntrack-tcp-timeout-syn",
             &syn_timeout,
         ],
     );
-    let frontend = SocketAddrV4::new(NODE1.parse().expect("node address"), NODE_PORT);
+    let frontend = SocketAddr::new(a.node1.parse().expect("node address"), NODE_PORT);
 
     let mut idle: Vec<TcpStream> = lan.client.enter(|| {
         (0..IDLE_CONNECTIONS)
             .map(|i| {
-                let mut stream =
-                    TcpStream::connect_timeout(&frontend.into(), Duration::from_secs(5))
-                        .unwrap_or_else(|e| panic!("idle connection {i}: {e}"));
+                let mut stream = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+                    .unwrap_or_else(|e| panic!("idle connection {i}: {e}"));
                 echo(&mut stream).unwrap_or_else(|e| panic!("idle connection {i}: {e}"));
                 stream
             })
@@ -122,7 +142,7 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports() {
         let mut attempts = 0;
         loop {
             attempts += 1;
-            match TcpStream::connect_timeout(&frontend.into(), Duration::from_secs(5)) {
+            match TcpStream::connect_timeout(&frontend, Duration::from_secs(5)) {
                 Ok(mut stream) => {
                     echo(&mut stream).expect("the new connection echoes");
                     break attempts;
@@ -144,37 +164,43 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports() {
 }
 
 /// `count` TCP SYNs to `target` from spoofed sources (198.18.0.0/15, the benchmarking
-/// range) through a raw socket of this thread's namespace.
-fn syn_flood(target: SocketAddrV4, count: u32) {
+/// range, or the unrouted ULA range fd00:18::/64) through a raw socket of this thread's
+/// namespace.
+fn syn_flood(target: SocketAddr, count: u32) {
+    let domain = match target {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // IPPROTO_RAW: the packets carry their own IP header (IPv6 too).
     // SAFETY: plain socket creation; the descriptor is owned below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+    let fd = unsafe { libc::socket(domain, libc::SOCK_RAW, libc::IPPROTO_RAW) };
     assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
     // SAFETY: the descriptor was just created and is owned by nobody else.
     let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let destination = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*target.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    let base = u32::from(Ipv4Addr::new(198, 18, 0, 0));
+    let destination = Destination::new(target.ip());
     for i in 0..count {
-        let source = Ipv4Addr::from(base + i);
+        let source = match target {
+            SocketAddr::V4(_) => {
+                IpAddr::from(Ipv4Addr::from(u32::from(Ipv4Addr::new(198, 18, 0, 0)) + i))
+            }
+            SocketAddr::V6(_) => IpAddr::from(Ipv6Addr::from(
+                u128::from(Ipv6Addr::new(0xfd00, 0x18, 0, 0, 0, 0, 0, 0)) + u128::from(i),
+            )),
+        };
         let port = 1024 + u16::try_from(i % 60_000).expect("port");
-        let packet = syn_packet(source, port, target);
+        let packet = syn_packet(source, port, target, i);
         loop {
-            // SAFETY: sendto with our socket, a buffer of the length passed and a
-            // sockaddr_in of the size passed.
+            let (address, length) = destination.sockaddr();
+            // SAFETY: sendto with our socket, a buffer of the length passed and a socket
+            // address of the size passed.
             let sent = unsafe {
                 libc::sendto(
                     socket.as_raw_fd(),
                     packet.as_ptr().cast(),
                     packet.len(),
                     0,
-                    std::ptr::from_ref(&destination).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                    address,
+                    length,
                 )
             };
             if sent == packet.len() as isize {
@@ -188,35 +214,100 @@ fn syn_flood(target: SocketAddrV4, count: u32) {
     }
 }
 
-/// An IPv4 TCP SYN (20-byte headers, no options) with its TCP checksum; the kernel fills
-/// in the IP checksum of a raw IP_HDRINCL packet.
-fn syn_packet(source: Ipv4Addr, source_port: u16, target: SocketAddrV4) -> [u8; 40] {
-    let mut packet = [0u8; 40];
-    packet[0] = 0x45;
-    packet[2..4].copy_from_slice(&40u16.to_be_bytes());
-    packet[8] = 64;
-    packet[9] = libc::IPPROTO_TCP as u8;
-    packet[12..16].copy_from_slice(&source.octets());
-    packet[16..20].copy_from_slice(&target.ip().octets());
-    let tcp = &mut packet[20..];
+/// Where a raw socket sends: the port is unused (the packet carries the TCP header).
+enum Destination {
+    V4(libc::sockaddr_in),
+    V6(libc::sockaddr_in6),
+}
+
+impl Destination {
+    fn new(address: IpAddr) -> Self {
+        match address {
+            IpAddr::V4(address) => Self::V4(libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: 0,
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(address).to_be(),
+                },
+                sin_zero: [0; 8],
+            }),
+            IpAddr::V6(address) => Self::V6(libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: 0,
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: address.octets(),
+                },
+                sin6_scope_id: 0,
+            }),
+        }
+    }
+
+    fn sockaddr(&self) -> (*const libc::sockaddr, libc::socklen_t) {
+        match self {
+            Self::V4(address) => (
+                std::ptr::from_ref(address).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ),
+            Self::V6(address) => (
+                std::ptr::from_ref(address).cast(),
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            ),
+        }
+    }
+}
+
+/// A TCP SYN (20-byte TCP header, no options, no IPv6 extension headers) with its TCP
+/// checksum over the family's pseudo-header; the kernel fills in the IPv4 header checksum
+/// of a raw packet (IPv6 has none).
+fn syn_packet(source: IpAddr, source_port: u16, target: SocketAddr, sequence: u32) -> Vec<u8> {
+    const TCP_LEN: u16 = 20;
+    let tcp_protocol = libc::IPPROTO_TCP as u8;
+    let mut packet = match (source, target.ip()) {
+        (IpAddr::V4(source), IpAddr::V4(destination)) => {
+            let mut header = vec![0u8; 20];
+            header[0] = 0x45;
+            header[2..4].copy_from_slice(&(20 + TCP_LEN).to_be_bytes());
+            header[8] = 64;
+            header[9] = tcp_protocol;
+            header[12..16].copy_from_slice(&source.octets());
+            header[16..20].copy_from_slice(&destination.octets());
+            header
+        }
+        (IpAddr::V6(source), IpAddr::V6(destination)) => {
+            let mut header = vec![0u8; 40];
+            header[0] = 0x60;
+            header[4..6].copy_from_slice(&TCP_LEN.to_be_bytes());
+            header[6] = tcp_protocol;
+            header[7] = 64;
+            header[8..24].copy_from_slice(&source.octets());
+            header[24..40].copy_from_slice(&destination.octets());
+            header
+        }
+        _ => panic!("{source} and {target} are of different families"),
+    };
+    let ip_len = packet.len();
+    packet.resize(ip_len + usize::from(TCP_LEN), 0);
+    let tcp = &mut packet[ip_len..];
     tcp[0..2].copy_from_slice(&source_port.to_be_bytes());
     tcp[2..4].copy_from_slice(&target.port().to_be_bytes());
-    tcp[4..8].copy_from_slice(&u32::from(source).to_be_bytes());
+    tcp[4..8].copy_from_slice(&sequence.to_be_bytes());
     tcp[12] = 5 << 4;
     tcp[13] = 0x02;
     tcp[14..16].copy_from_slice(&64_240u16.to_be_bytes());
-    let mut sum: u32 = 0;
-    for pair in packet[12..20].chunks(2) {
-        sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
-    }
-    sum += u32::from(libc::IPPROTO_TCP as u16) + 20;
-    for pair in packet[20..].chunks(2) {
+    // The pseudo-header: both addresses, the protocol and the TCP length.
+    let addresses = match source {
+        IpAddr::V4(_) => &packet[12..20],
+        IpAddr::V6(_) => &packet[8..40],
+    };
+    let mut sum: u32 = u32::from(tcp_protocol) + u32::from(TCP_LEN);
+    for pair in addresses.chunks(2).chain(packet[ip_len..].chunks(2)) {
         sum += u32::from(u16::from_be_bytes([pair[0], pair[1]]));
     }
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     let checksum = !(sum as u16);
-    packet[36..38].copy_from_slice(&checksum.to_be_bytes());
+    packet[ip_len + 16..ip_len + 18].copy_from_slice(&checksum.to_be_bytes());
     packet
 }
