@@ -15,6 +15,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use socklb_agent::inspect;
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
     echo::{EchoServer, echo},
@@ -102,6 +103,19 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
     assert!(
         after.snat_exhausted > before.snat_exhausted,
         "the flood exhausted the SNAT range: {after:?}"
+    );
+    // The flows it started wait in the family's unconfirmed table.
+    let client: IpAddr = a.client.parse().expect("client address");
+    let flood: Vec<_> = inspect::inspect(&sandbox.pin_dir, None)
+        .expect("inspect")
+        .conntrack
+        .into_iter()
+        .filter(|c| c.direction == "forward" && c.from.ip() != client)
+        .collect();
+    assert!(
+        !flood.is_empty() && flood.iter().all(|c| !c.confirmed),
+        "the flood's flows must be unconfirmed: {:?}",
+        flood.iter().find(|c| c.confirmed)
     );
 
     // Every idle connection echoes a byte; one deadline for all, so that a broken run fails
