@@ -257,6 +257,8 @@ fn words(address: IpAddr) -> Ipv6Words {
 
 impl Lease {
     fn take(pin_dir: &Path, filters: &Filters) -> Result<Self, TraceError> {
+        let pid = std::process::id();
+        let wanted = wanted_control(filters, pid)?;
         let control: Array<MapData, TraceControl> =
             open(pin_dir, map_names::TRACE_CONTROL, Map::Array)?;
         let now = monotonic_ns()?;
@@ -264,7 +266,6 @@ impl Lease {
             map: map_names::TRACE_CONTROL,
             source,
         })?;
-        let pid = std::process::id();
         if current.until_ns > now
             && current.session_pid != pid
             && Path::new(&format!("/proc/{}", current.session_pid)).exists()
@@ -273,7 +274,6 @@ impl Lease {
                 pid: current.session_pid,
             });
         }
-        let wanted = wanted_control(filters, pid)?;
         let mut lease = Self {
             control,
             wanted,
