@@ -132,18 +132,18 @@ impl Local {
         let ports = "[{name: http, port: 80, targetPort: 8080, protocol: TCP}]";
         for (name, host, extra, endpoints) in [
             ("web", 0x31, "", &endpoints[..]),
-            ("sticky", 0x32, "  sessionAffinity: ClientIP", &endpoints[..]),
+            (
+                "sticky",
+                0x32,
+                "  sessionAffinity: ClientIP",
+                &endpoints[..],
+            ),
             ("empty", 0x33, "", &[][..]),
         ] {
             manifests.service(
                 name,
                 &a.service(name, host, ports, extra, false),
-                &a.slice(
-                    &format!("{name}-1"),
-                    name,
-                    ("http", 8080, "TCP"),
-                    endpoints,
-                ),
+                &a.slice(&format!("{name}-1"), name, ("http", 8080, "TCP"), endpoints),
             );
         }
         let at = |host| SocketAddr::new(family.vip(host), 80);
@@ -234,7 +234,11 @@ fn the_address_filters_show_only_their_frontend_and_backend(family: Family) {
         sandbox.probe("tcp", vip, 1);
     }
     let event = frontend.next("the connect to sticky");
-    assert_eq!(text(&event, "/frontend"), local.sticky.to_string(), "{event}");
+    assert_eq!(
+        text(&event, "/frontend"),
+        local.sticky.to_string(),
+        "{event}"
+    );
     assert_no_more(&frontend, "an event of another frontend got through");
     drop(frontend);
 
@@ -256,15 +260,36 @@ fn assert_no_more(trace: &Trace, what: &str) {
     }
 }
 
+/// A new flow to a local and to a remote backend, and one refused by
+/// loadBalancerSourceRanges.
 fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
     let a = addresses(family);
     let sandbox = Sandbox::new(&format!("trace-external{}", family.tag()));
     let lan = lan(&format!("t{}", family.tag()));
-    let _pod = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080));
+    let _pods = [
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
+    ];
     let manifests = ManifestDir::new(&sandbox);
     a.nodes(&manifests);
-    for (name, host, node_port, kind, lb) in [
-        ("np", 0x83, 30131, String::from("  type: NodePort"), false),
+    for (name, host, node_port, kind, lb, endpoint) in [
+        (
+            "np",
+            0x83,
+            30131,
+            String::from("  type: NodePort"),
+            false,
+            a.pod1_endpoint(),
+        ),
+        // Its backend on node2: SNATed (IPv6 takes the port in a frame of its own).
+        (
+            "remote",
+            0x85,
+            30133,
+            String::from("  type: NodePort"),
+            false,
+            a.pod2_endpoint(),
+        ),
         (
             "guarded",
             0x84,
@@ -274,6 +299,7 @@ fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
                 a.other_clients
             ),
             true,
+            a.pod1_endpoint(),
         ),
     ] {
         let ports = format!(
@@ -286,16 +312,14 @@ fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
                 &format!("{name}-1"),
                 name,
                 ("http", 8080, "TCP"),
-                &[a.pod1_endpoint()],
+                &[endpoint],
             ),
         );
     }
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
     let trace = Trace::start(&sandbox, &[]);
 
-    let attempts = lan
-        .client
-        .probe("tcp", &Addresses::at(a.node1, 30131), 1);
+    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30131), 1);
     assert!(attempts.iter().all(|a| a.error.is_none()), "{attempts:?}");
     let event = trace.next("the flow through the NodePort");
     assert_eq!(text(&event, "/source"), "external");
@@ -309,6 +333,16 @@ fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
     let client: SocketAddr = text(&event, "/client").parse().expect("a socket address");
     assert_eq!(client.ip().to_string(), a.client, "{event}");
     assert!(event.get("process").is_none(), "{event}");
+
+    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30133), 1);
+    assert!(attempts.iter().all(|a| a.error.is_none()), "{attempts:?}");
+    let remote = trace.next("the flow to a backend on another node");
+    assert_eq!(text(&remote, "/service/name"), "remote", "{remote}");
+    assert_eq!(text(&remote, "/reason"), "random", "{remote}");
+    assert_eq!(
+        text(&remote, "/backend"),
+        SocketAddr::new(a.pod2, 8080).to_string()
+    );
 
     lan.client.probe("tcp", &Addresses::at(a.lb_ip, 80), 1);
     let denied = trace.next("the denied flow");
@@ -409,7 +443,13 @@ fn reverse_translations_show_only_on_request(family: Family) {
 #[test]
 fn address_filters_of_two_families_are_refused_with_a_message() {
     let out = Command::new(agent_bin())
-        .args(["trace", "--frontend", "[fd00:96::10]:80", "--backend", "10.0.0.5"])
+        .args([
+            "trace",
+            "--frontend",
+            "[fd00:96::10]:80",
+            "--backend",
+            "10.0.0.5",
+        ])
         .args(["--bpffs", "/nonexistent/socklb"])
         .output()
         .expect("run socklb trace");

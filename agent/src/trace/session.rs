@@ -459,7 +459,10 @@ mod tests {
 
         let v6 = wanted_control(&filters(None, Some("fd00::5")), 7).expect("IPv6");
         assert_eq!(v6.family, TRACE_FAMILY_V6);
-        assert_eq!(v6.backend_address, [0xfd00_u32.to_be(), 0, 0, 5u32.to_be()]);
+        assert_eq!(
+            v6.backend_address,
+            [0xfd00_0000_u32.to_be(), 0, 0, 5u32.to_be()]
+        );
         assert_eq!(v6.frontend_address, [0; 4]);
     }
 
