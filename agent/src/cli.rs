@@ -290,11 +290,10 @@ pub struct TraceArgs {
     /// Only the frontends of this Service, NAMESPACE/NAME.
     #[arg(long)]
     pub service: Option<String>,
-    /// Only this frontend, ADDRESS:PORT (port 0: any port of the address); IPv4 only, as
-    /// the kernel filters it (use --service for an IPv6 frontend).
+    /// Only this frontend, ADDRESS:PORT or [IPV6]:PORT (port 0: any port of the address).
     #[arg(long)]
     pub frontend: Option<std::net::SocketAddr>,
-    /// Only translations to this backend address; IPv4 only, as the kernel filters it.
+    /// Only translations to this backend address (IPv4 or IPv6).
     #[arg(long)]
     pub backend: Option<std::net::IpAddr>,
     /// Also recvmsg() and getpeername() answers shown as the frontend.
@@ -640,28 +639,12 @@ fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
         ),
         None => None,
     };
-    let frontend = match args.frontend {
-        None => None,
-        Some(std::net::SocketAddr::V4(frontend)) => Some(frontend),
-        Some(std::net::SocketAddr::V6(frontend)) => anyhow::bail!(
-            "--frontend {frontend}: the kernel filters IPv4 frontends only; pass --service \
-             NAMESPACE/NAME to trace the Service of an IPv6 frontend"
-        ),
-    };
-    let backend = match args.backend {
-        None => None,
-        Some(std::net::IpAddr::V4(backend)) => Some(backend),
-        Some(std::net::IpAddr::V6(backend)) => anyhow::bail!(
-            "--backend {backend}: the kernel filters IPv4 backends only; pass --service \
-             NAMESPACE/NAME to trace the Service of an IPv6 backend"
-        ),
-    };
     let options = trace::session::Options {
         pin_dir: args.pins.pin_dir.clone(),
         filters: trace::session::Filters {
             service,
-            frontend,
-            backend,
+            frontend: args.frontend,
+            backend: args.backend,
             reverse: args.reverse,
             packets: args.packets,
         },

@@ -1,13 +1,14 @@
 //! Trace events as the programs write them, decoded from the ring buffer's bytes. Pure.
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use bytes::Buf;
 use serde::Serialize;
 use socklb_abi::{
-    PROTO_TCP, PROTO_UDP, TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV,
-    TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET, TRACE_REASON_RANDOM, TRACE_REASON_REVERSE,
-    TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_CONNECT,
-    TRACE_SOURCE_EXTERNAL, TRACE_SOURCE_REVERSE, TRACE_SOURCE_SENDMSG, TraceEvent,
+    Ipv6Words, PROTO_TCP, PROTO_UDP, TRACE_FAMILY_V6, TRACE_REASON_AFFINITY,
+    TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET,
+    TRACE_REASON_RANDOM, TRACE_REASON_REVERSE, TRACE_REASON_SNAT_EXHAUSTED,
+    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_CONNECT, TRACE_SOURCE_EXTERNAL, TRACE_SOURCE_REVERSE,
+    TRACE_SOURCE_SENDMSG, TraceEvent, ipv6_octets,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -38,9 +39,9 @@ pub fn decode(mut record: &[u8]) -> Result<TraceEvent, DecodeError> {
         cgroup_id: buf.get_u64_ne(),
         pid: buf.get_u32_ne(),
         service_id: buf.get_u32_ne(),
-        client_address: buf.get_u32_ne(),
-        frontend_address: buf.get_u32_ne(),
-        backend_address: buf.get_u32_ne(),
+        client_address: words(buf),
+        frontend_address: words(buf),
+        backend_address: words(buf),
         client_port: buf.get_u16_ne(),
         frontend_port: buf.get_u16_ne(),
         backend_port: buf.get_u16_ne(),
@@ -49,10 +50,19 @@ pub fn decode(mut record: &[u8]) -> Result<TraceEvent, DecodeError> {
         protocol: buf.get_u8(),
         source: buf.get_u8(),
         reason: buf.get_u8(),
-        pad: buf.get_u8(),
-        pad2: buf.get_u16_ne(),
-        pad3: buf.get_u32_ne(),
+        family: buf.get_u8(),
+        pad: buf.get_u16_ne(),
     })
+}
+
+/// An address's four words, each as stored (network order bytes in native-order words).
+fn words(buf: &mut &[u8]) -> Ipv6Words {
+    [
+        buf.get_u32_ne(),
+        buf.get_u32_ne(),
+        buf.get_u32_ne(),
+        buf.get_u32_ne(),
+    ]
 }
 
 /// Where an event came from.
@@ -90,10 +100,18 @@ fn protocol_name(protocol: u8) -> &'static str {
     }
 }
 
-/// A socket address from the network-order fields; `None` when not set.
-fn endpoint(address: u32, port: u16) -> Option<SocketAddrV4> {
-    (address != 0)
-        .then(|| SocketAddrV4::new(Ipv4Addr::from(u32::from_be(address)), u16::from_be(port)))
+/// A socket address of the event's family from the network-order fields; `None` when not
+/// set. Shown as `addr:port` or `[addr]:port`.
+fn endpoint(family: u8, address: Ipv6Words, port: u16) -> Option<SocketAddr> {
+    if address == [0; 4] {
+        return None;
+    }
+    let ip = if family == TRACE_FAMILY_V6 {
+        IpAddr::V6(Ipv6Addr::from(ipv6_octets(address)))
+    } else {
+        IpAddr::V4(Ipv4Addr::from(u32::from_be(address[3])))
+    };
+    Some(SocketAddr::new(ip, u16::from_be(port)))
 }
 
 /// The Service a frontend belongs to, from the names map.
@@ -127,11 +145,11 @@ pub struct Shown {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub process: Option<Process>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub client: Option<SocketAddrV4>,
-    pub frontend: Option<SocketAddrV4>,
+    pub client: Option<SocketAddr>,
+    pub frontend: Option<SocketAddr>,
     pub service: Option<Service>,
     pub service_id: u32,
-    pub backend: Option<SocketAddrV4>,
+    pub backend: Option<SocketAddr>,
     pub reason: &'static str,
     /// The slot chosen (1-based) of `count`; 0 when none was.
     pub slot: u16,
@@ -153,11 +171,11 @@ impl Shown {
                 socket_cookie: event.socket_cookie,
                 ..Process::default()
             }),
-            client: endpoint(event.client_address, event.client_port),
-            frontend: endpoint(event.frontend_address, event.frontend_port),
+            client: endpoint(event.family, event.client_address, event.client_port),
+            frontend: endpoint(event.family, event.frontend_address, event.frontend_port),
             service,
             service_id: event.service_id,
-            backend: endpoint(event.backend_address, event.backend_port),
+            backend: endpoint(event.family, event.backend_address, event.backend_port),
             reason: reason_name(event.reason),
             slot: event.slot,
             count: event.count,
@@ -218,9 +236,8 @@ mod tests {
             cgroup_id: 99,
             pid: 1234,
             service_id: 3,
-            client_address: 0,
-            frontend_address: u32::from(Ipv4Addr::new(10, 96, 0, 10)).to_be(),
-            backend_address: u32::from(Ipv4Addr::new(10, 0, 1, 5)).to_be(),
+            frontend_address: [0, 0, 0, u32::from(Ipv4Addr::new(10, 96, 0, 10)).to_be()],
+            backend_address: [0, 0, 0, u32::from(Ipv4Addr::new(10, 0, 1, 5)).to_be()],
             client_port: 0,
             frontend_port: 80u16.to_be(),
             backend_port: 8080u16.to_be(),
@@ -229,8 +246,13 @@ mod tests {
             protocol: PROTO_TCP,
             source: TRACE_SOURCE_CONNECT,
             reason: TRACE_REASON_RANDOM,
+            family: socklb_abi::TRACE_FAMILY_V4,
             ..TraceEvent::default()
         }
+    }
+
+    fn words(address: &str) -> Ipv6Words {
+        socklb_abi::ipv6_words(address.parse::<Ipv6Addr>().expect("address").octets())
     }
 
     fn bytes_of(event: &TraceEvent) -> Vec<u8> {
@@ -257,8 +279,8 @@ mod tests {
         assert_eq!(
             error,
             DecodeError {
-                got: 64,
-                expected: 72
+                got: 96,
+                expected: 104
             }
         );
     }
@@ -282,7 +304,7 @@ mod tests {
         );
         let refused = TraceEvent {
             reason: TRACE_REASON_NO_BACKEND,
-            backend_address: 0,
+            backend_address: [0; 4],
             slot: 0,
             ..sample()
         };
@@ -291,5 +313,27 @@ mod tests {
                 .line()
                 .ends_with("(service id 3) -> - no-backend")
         );
+    }
+
+    #[test]
+    fn ipv6_addresses_show_in_brackets() {
+        let event = TraceEvent {
+            source: TRACE_SOURCE_EXTERNAL,
+            family: TRACE_FAMILY_V6,
+            client_address: words("fd00:77::10"),
+            client_port: 40000u16.to_be(),
+            frontend_address: words("fd00:96::a"),
+            backend_address: words("fd00:244:1::10"),
+            ..sample()
+        };
+        let shown = Shown::new(&event, "T".into(), None);
+        assert_eq!(
+            shown.line(),
+            "T external client [fd00:77::10]:40000 tcp [fd00:96::a]:80 (service id 3) -> \
+             [fd00:244:1::10]:8080 random slot 2 of 3"
+        );
+        let json = serde_json::to_value(&shown).expect("json");
+        assert_eq!(json["frontend"], "[fd00:96::a]:80");
+        assert_eq!(json["backend"], "[fd00:244:1::10]:8080");
     }
 }

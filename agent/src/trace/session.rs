@@ -5,7 +5,7 @@
 use std::{
     collections::HashMap,
     io::{self, Write},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, SocketAddr},
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime},
@@ -14,7 +14,8 @@ use std::{
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf};
 use nix::time::{ClockId, clock_gettime};
 use socklb_abi::{
-    Counters, FrontendName, TRACE_FLAG_PACKETS, TRACE_FLAG_REVERSE, TraceControl, map_names,
+    Counters, FrontendName, Ipv6Words, TRACE_FAMILY_V4, TRACE_FAMILY_V6, TRACE_FLAG_PACKETS,
+    TRACE_FLAG_REVERSE, TraceControl, ipv6_words, map_names,
 };
 
 use super::event::{self, DecodeError, Service, Shown};
@@ -24,8 +25,8 @@ use crate::dataplane::FrontendLabel;
 const LEASE: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
 /// How often the ring buffer is read. The programs do not wake the reader (a wakeup per
-/// event would cost each translation an interrupt); 256 KiB hold some 3,200 events, so
-/// this reads up to about 160,000 a second before any is lost.
+/// event would cost each translation an interrupt); 256 KiB hold some 2,300 events, so
+/// this reads up to about 115,000 a second before any is lost.
 const POLL: Duration = Duration::from_millis(20);
 
 #[derive(Debug, thiserror::Error)]
@@ -54,6 +55,14 @@ pub enum TraceError {
     Decode(#[from] DecodeError),
     #[error("cannot read the clock")]
     Clock(#[source] nix::Error),
+    #[error(
+        "--frontend {frontend} and --backend {backend} are of different address families: a \
+         frontend's backends are of its own family, so nothing would match; drop one of them"
+    )]
+    MixedFamilies {
+        frontend: SocketAddr,
+        backend: IpAddr,
+    },
 }
 
 /// What a session shows.
@@ -62,10 +71,10 @@ pub struct Filters {
     /// NAMESPACE/NAME: only that Service's frontends (checked here, not in the kernel: a
     /// Service has several).
     pub service: Option<(String, String)>,
-    /// Only this frontend (in the kernel; port 0: any port).
-    pub frontend: Option<SocketAddrV4>,
-    /// Only this backend address (in the kernel).
-    pub backend: Option<Ipv4Addr>,
+    /// Only this frontend, IPv4 or IPv6 (in the kernel; port 0: any port).
+    pub frontend: Option<SocketAddr>,
+    /// Only this backend address, of the frontend's family (in the kernel).
+    pub backend: Option<IpAddr>,
     /// Also recvmsg/getpeername answers shown as the frontend.
     pub reverse: bool,
     /// Also every packet of known flows from outside (conntrack hits).
@@ -201,8 +210,55 @@ struct Lease {
     held: bool,
 }
 
+/// The control entry a session wants (its lease not yet running): its flags, and the
+/// kernel-side filters with their one family.
+fn wanted_control(filters: &Filters, pid: u32) -> Result<TraceControl, TraceError> {
+    let mut flags = 0;
+    if filters.reverse {
+        flags |= TRACE_FLAG_REVERSE;
+    }
+    if filters.packets {
+        flags |= TRACE_FLAG_PACKETS;
+    }
+    let family = match (filters.frontend, filters.backend) {
+        (Some(frontend), Some(backend)) if frontend.is_ipv4() != backend.is_ipv4() => {
+            return Err(TraceError::MixedFamilies { frontend, backend });
+        }
+        (Some(frontend), _) => family_of(frontend.ip()),
+        (None, Some(backend)) => family_of(backend),
+        (None, None) => 0,
+    };
+    Ok(TraceControl {
+        until_ns: 0,
+        session_pid: pid,
+        frontend_port: filters.frontend.map_or(0, |f| f.port().to_be()),
+        flags,
+        frontend_address: filters.frontend.map_or([0; 4], |f| words(f.ip())),
+        backend_address: filters.backend.map_or([0; 4], words),
+        family,
+        ..TraceControl::default()
+    })
+}
+
+fn family_of(address: IpAddr) -> u8 {
+    match address {
+        IpAddr::V4(_) => TRACE_FAMILY_V4,
+        IpAddr::V6(_) => TRACE_FAMILY_V6,
+    }
+}
+
+/// An address as the control map holds it: IPv4 in the last word.
+fn words(address: IpAddr) -> Ipv6Words {
+    match address {
+        IpAddr::V4(v4) => [0, 0, 0, u32::from(v4).to_be()],
+        IpAddr::V6(v6) => ipv6_words(v6.octets()),
+    }
+}
+
 impl Lease {
     fn take(pin_dir: &Path, filters: &Filters) -> Result<Self, TraceError> {
+        let pid = std::process::id();
+        let wanted = wanted_control(filters, pid)?;
         let control: Array<MapData, TraceControl> =
             open(pin_dir, map_names::TRACE_CONTROL, Map::Array)?;
         let now = monotonic_ns()?;
@@ -210,7 +266,6 @@ impl Lease {
             map: map_names::TRACE_CONTROL,
             source,
         })?;
-        let pid = std::process::id();
         if current.until_ns > now
             && current.session_pid != pid
             && Path::new(&format!("/proc/{}", current.session_pid)).exists()
@@ -219,21 +274,6 @@ impl Lease {
                 pid: current.session_pid,
             });
         }
-        let mut flags = 0;
-        if filters.reverse {
-            flags |= TRACE_FLAG_REVERSE;
-        }
-        if filters.packets {
-            flags |= TRACE_FLAG_PACKETS;
-        }
-        let wanted = TraceControl {
-            until_ns: 0,
-            session_pid: pid,
-            frontend_address: filters.frontend.map_or(0, |f| u32::from(*f.ip()).to_be()),
-            backend_address: filters.backend.map_or(0, |b| u32::from(b).to_be()),
-            frontend_port: filters.frontend.map_or(0, |f| f.port().to_be()),
-            flags,
-        };
         let mut lease = Self {
             control,
             wanted,
@@ -390,5 +430,46 @@ impl CgroupPaths {
                     .map(|entry| entry.path()),
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filters(frontend: Option<&str>, backend: Option<&str>) -> Filters {
+        Filters {
+            frontend: frontend.map(|f| f.parse().expect("frontend")),
+            backend: backend.map(|b| b.parse().expect("backend")),
+            ..Filters::default()
+        }
+    }
+
+    #[test]
+    fn filters_reach_the_kernel_with_their_family() {
+        let none = wanted_control(&filters(None, None), 7).expect("no filter");
+        assert_eq!((none.family, none.frontend_address), (0, [0; 4]));
+
+        let v4 =
+            wanted_control(&filters(Some("10.96.0.10:80"), Some("10.0.1.5")), 7).expect("IPv4");
+        assert_eq!(v4.family, TRACE_FAMILY_V4);
+        assert_eq!(v4.frontend_address, [0, 0, 0, 0x0a60_000a_u32.to_be()]);
+        assert_eq!(v4.backend_address, [0, 0, 0, 0x0a00_0105_u32.to_be()]);
+        assert_eq!(v4.frontend_port, 80u16.to_be());
+
+        let v6 = wanted_control(&filters(None, Some("fd00::5")), 7).expect("IPv6");
+        assert_eq!(v6.family, TRACE_FAMILY_V6);
+        assert_eq!(
+            v6.backend_address,
+            [0xfd00_0000_u32.to_be(), 0, 0, 5u32.to_be()]
+        );
+        assert_eq!(v6.frontend_address, [0; 4]);
+    }
+
+    #[test]
+    fn a_frontend_and_a_backend_of_two_families_are_refused() {
+        let error = wanted_control(&filters(Some("[fd00:96::10]:80"), Some("10.0.1.5")), 7)
+            .expect_err("mixed families");
+        assert!(matches!(error, TraceError::MixedFamilies { .. }), "{error}");
     }
 }

@@ -54,10 +54,10 @@ pub mod map_names {
     pub const NAMES: &str = "socklb_names_v1";
     /// Ring buffer of [`super::TraceEvent`]s: translations as they happen, written only
     /// while a `socklb trace` session holds the lease in [`TRACE_CONTROL`].
-    pub const TRACE: &str = "socklb_trace_v1";
+    pub const TRACE: &str = "socklb_trace_v2";
     /// [`super::TraceControl`], a single entry at index 0: whether, and for what, the
     /// programs write trace events.
-    pub const TRACE_CONTROL: &str = "socklb_trctl_v1";
+    pub const TRACE_CONTROL: &str = "socklb_trctl_v2";
     /// aya-log's ring buffer of the programs' diagnostics (`AYA_LOGS` in the object),
     /// pinned so that programs loaded again over grown maps keep writing where the agent
     /// reads. Written only with `--bpf-log-level`.
@@ -136,7 +136,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 7] = [
+    pub const RETIRED: [&str; 9] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
@@ -144,6 +144,9 @@ pub mod map_names {
         "socklb_node_v1",
         RETIRED_SERVICES,
         "socklb_be_v1",
+        // IPv4-only trace events and filters.
+        "socklb_trace_v1",
+        "socklb_trctl_v1",
     ];
 
     /// The service map of the previous layout (preallocated; same key and value as
@@ -914,10 +917,11 @@ pub struct TraceEvent {
     /// The calling process (thread group id); 0 for packets from outside.
     pub pid: u32,
     pub service_id: u32,
-    /// Addresses and ports in network byte order; 0 where not known.
-    pub client_address: u32,
-    pub frontend_address: u32,
-    pub backend_address: u32,
+    /// Addresses of [`Self::family`] and ports, in network byte order (IPv4 in the last
+    /// word, as elsewhere in the ABI); 0 where not known.
+    pub client_address: Ipv6Words,
+    pub frontend_address: Ipv6Words,
+    pub backend_address: Ipv6Words,
     pub client_port: u16,
     pub frontend_port: u16,
     pub backend_port: u16,
@@ -929,10 +933,16 @@ pub struct TraceEvent {
     pub source: u8,
     /// `TRACE_REASON_*`.
     pub reason: u8,
-    pub pad: u8,
-    pub pad2: u16,
-    pub pad3: u32,
+    /// [`TRACE_FAMILY_V4`] or [`TRACE_FAMILY_V6`].
+    pub family: u8,
+    pub pad: u16,
 }
+
+/// [`TraceEvent::family`] and [`TraceControl::family`]: IPv4 (also IPv6 sockets talking to
+/// IPv4-mapped addresses, translated in the IPv4 maps).
+pub const TRACE_FAMILY_V4: u8 = 4;
+/// Native IPv6.
+pub const TRACE_FAMILY_V6: u8 = 6;
 
 /// Whether the programs emit trace events, and which. A session renews `until_ns` every
 /// second; a session that dies without turning emission off stops it by not renewing.
@@ -944,12 +954,18 @@ pub struct TraceControl {
     pub until_ns: u64,
     /// The session holding the lease (its pid), so that a second one can name it.
     pub session_pid: u32,
-    /// Kernel-side filters, 0 meaning any: frontend address and port, backend address.
-    pub frontend_address: u32,
-    pub backend_address: u32,
     pub frontend_port: u16,
     /// `TRACE_FLAG_*`.
     pub flags: u16,
+    /// Kernel-side filters, 0 meaning any: frontend address and port, backend address, of
+    /// [`Self::family`] (set with either address; IPv4 in the last word).
+    pub frontend_address: Ipv6Words,
+    pub backend_address: Ipv6Words,
+    /// `TRACE_FAMILY_*`, or 0: any.
+    pub family: u8,
+    pub pad: u8,
+    pub pad2: u16,
+    pub pad3: u32,
 }
 
 impl Default for FrontendName {
@@ -1072,8 +1088,8 @@ const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
 const _: () = assert!(size_of::<NodeConfig>() == 28);
 const _: () = assert!(size_of::<FragmentKey>() == 12);
-const _: () = assert!(size_of::<TraceEvent>() == 72);
-const _: () = assert!(size_of::<TraceControl>() == 24);
+const _: () = assert!(size_of::<TraceEvent>() == 104);
+const _: () = assert!(size_of::<TraceControl>() == 56);
 const _: () = assert!(size_of::<FragmentPorts>() == 4);
 const _: () = assert!(size_of::<MaglevKey>() == 8);
 const _: () = assert!(size_of::<FrontendName>() == 152);

@@ -51,7 +51,7 @@ use crate::{
     log,
     maps::{MAGLEV, NODE},
     packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Packet, PacketError, Tuple},
-    trace::{self, Decision},
+    trace::{self, Decision, TracedValue},
 };
 
 const ETH_ALEN: usize = 6;
@@ -384,12 +384,34 @@ fn snat<F: Family>(
             bump(|c| &mut c.external_flows);
             Ok(Flow::To)
         }
-        Ok(None) => Ok(Flow::SnatExhausted),
+        Ok(None) => {
+            if F::SPLIT_FRAMES {
+                trace_snat_exhausted(&packet.tuple, entry);
+            }
+            Ok(Flow::SnatExhausted)
+        }
         Err(error) => {
             log::conntrack_not_written(error);
             Err(Error)
         }
     }
+}
+
+/// The trace event of a flow that found no SNAT port, in a stack frame of its own: the
+/// caller's frame and the port search's are both near the limit of their chain.
+#[inline(never)]
+fn trace_snat_exhausted<A: TracedValue>(tuple: &Tuple<A>, entry: &FlowEntry<A>) {
+    let decision = Decision {
+        reason: TRACE_REASON_SNAT_EXHAUSTED,
+        service_id: entry.service_id,
+        backend: (&entry.destination, entry.destination_port),
+        ..Decision::new(
+            TRACE_SOURCE_EXTERNAL,
+            tuple.protocol,
+            (&tuple.destination, tuple.destination_port),
+        )
+    };
+    trace_external(&decision, tuple, false);
 }
 
 /// Replies of local backends leaving the node: shown as coming from the frontend.
@@ -486,18 +508,16 @@ fn known_flow_here<F: Family>(
             }
             let tuple = &packet.tuple;
             let decision = Decision {
-                source: TRACE_SOURCE_EXTERNAL,
                 reason: TRACE_REASON_CONNTRACK,
-                protocol: tuple.protocol,
                 service_id: found.entry.service_id,
-                frontend: (F::trace_address(tuple.destination), tuple.destination_port),
-                backend: (
-                    F::trace_address(found.entry.destination),
-                    found.entry.destination_port,
-                ),
-                ..Decision::default()
+                backend: (&found.entry.destination, found.entry.destination_port),
+                ..Decision::new(
+                    TRACE_SOURCE_EXTERNAL,
+                    tuple.protocol,
+                    (&tuple.destination, tuple.destination_port),
+                )
             };
-            trace_external::<F>(&decision, tuple, true);
+            trace_external(&decision, tuple, true);
             *entry = found.entry;
             return Ok(true);
         }
@@ -505,13 +525,11 @@ fn known_flow_here<F: Family>(
     Ok(false)
 }
 
-/// A trace event of a packet from outside, for the families trace events can show.
+/// A trace event of a packet from outside. The addresses are read where they are (the
+/// packet's tuple, the flow's entry): IPv6's stack has no room for copies.
 #[inline(always)]
-fn trace_external<F: Family>(decision: &Decision, tuple: &Tuple<F::Addr>, packet: bool) {
-    if F::TRACED {
-        let client = (F::trace_address(tuple.source), tuple.source_port);
-        trace::external(decision, client, packet);
-    }
+fn trace_external<A: TracedValue>(decision: &Decision<&A>, tuple: &Tuple<A>, packet: bool) {
+    trace::external(decision, (&tuple.source, tuple.source_port), packet);
 }
 
 /// Whether a known flow stays with its backend. An idle-expired flow starts afresh, and so
@@ -582,22 +600,23 @@ fn new_flow_here<F: Family>(
         return Ok(Flow::NotOurs);
     };
     let mut decision = Decision {
-        source: TRACE_SOURCE_EXTERNAL,
-        protocol: tuple.protocol,
         service_id: master.service_id,
-        frontend: (F::trace_address(tuple.destination), tuple.destination_port),
         count: master.count,
-        ..Decision::default()
+        ..Decision::new(
+            TRACE_SOURCE_EXTERNAL,
+            tuple.protocol,
+            (&tuple.destination, tuple.destination_port),
+        )
     };
     if !F::source_allowed(tuple) {
         decision.reason = TRACE_REASON_SOURCE_DENIED;
-        trace_external::<F>(&decision, tuple, false);
+        trace_external(&decision, tuple, false);
         return Ok(Flow::Denied);
     }
     let count = u32::from(master.count);
     if count == 0 {
         decision.reason = TRACE_REASON_NO_BACKEND;
-        trace_external::<F>(&decision, tuple, false);
+        trace_external(&decision, tuple, false);
         return Ok(Flow::NoBackend);
     }
     // A packet that cannot be forwarded (TTL 1 or less) makes no affinity or conntrack
@@ -605,10 +624,7 @@ fn new_flow_here<F: Family>(
     let forwardable = packet.ttl > 1;
     let (backend, slot, reason) = choose_backend::<F>(&master, tuple, count, forwardable)?;
     decision.reason = reason;
-    decision.backend = (
-        F::trace_address(backend.backend_address),
-        backend.backend_port,
-    );
+    decision.backend = (&backend.backend_address, backend.backend_port);
     decision.slot = slot;
     let mut entry = FlowEntry {
         source: tuple.source,
@@ -627,8 +643,10 @@ fn new_flow_here<F: Family>(
             return Ok(Flow::TtlExceeded);
         }
         if F::SPLIT_FRAMES {
-            // The port is taken by the caller, in a frame of its own (not traced: only
-            // IPv6 splits, and trace events have no room for its addresses).
+            // The port is taken by the caller, in a frame of its own: the choice is traced
+            // here, where its reason and slot are known, and an exhausted port search again
+            // there.
+            trace_external(&decision, tuple, false);
             entry.flags |= CT_FLAG_SNAT;
             *out = entry;
             return Ok(Flow::NeedsSnat);
@@ -642,7 +660,7 @@ fn new_flow_here<F: Family>(
             Ok(Some(_)) => {}
             Ok(None) => {
                 decision.reason = TRACE_REASON_SNAT_EXHAUSTED;
-                trace_external::<F>(&decision, tuple, false);
+                trace_external(&decision, tuple, false);
                 return Ok(Flow::SnatExhausted);
             }
             Err(error) => {
@@ -662,7 +680,7 @@ fn new_flow_here<F: Family>(
         }
     }
     bump(|c| &mut c.external_flows);
-    trace_external::<F>(&decision, tuple, false);
+    trace_external(&decision, tuple, false);
     *out = entry;
     Ok(Flow::To)
 }

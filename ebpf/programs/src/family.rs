@@ -21,6 +21,7 @@ use crate::{
         SOURCE_RANGES, SOURCE_RANGES6,
     },
     packet::{Address, Tuple},
+    trace::TracedValue,
 };
 
 /// A conntrack key of either family: a packet's addresses and ports as they arrive, and
@@ -78,16 +79,13 @@ pub struct Slot<A> {
 pub type CtTable<F> = LruHashMap<<F as Family>::CtKey, <F as Family>::CtEntry, CT_CAPACITY>;
 
 pub trait Family: Sized + 'static {
-    type Addr: Address;
+    type Addr: Address + TracedValue;
     type CtKey: Copy;
     type CtEntry: Copy;
     type AffinityKey: Copy;
 
     /// `bpf_fib_lookup`'s family (AF_INET, AF_INET6).
     const AF: u8;
-    /// Whether `socklb trace` events carry this family's addresses (their layout is
-    /// IPv4's): flows of a family without are not traced.
-    const TRACED: bool;
     /// Whether the larger steps of a flow (SNAT port search, forwarding) run out of line,
     /// each in a stack frame of its own: IPv6's keys and entries are too large for the
     /// whole path to fit the 512 bytes of one frame. IPv4 keeps its path inline.
@@ -132,9 +130,6 @@ pub trait Family: Sized + 'static {
 
     /// An address all of whose words are `word` (to fill a blank entry).
     fn addr_from(word: u32) -> Self::Addr;
-
-    /// The address as trace events hold it (see [`Self::TRACED`]).
-    fn trace_address(address: Self::Addr) -> u32;
 
     fn log_missing_slot(address: Self::Addr, port: u16, count: u32, slot: u16);
 }
@@ -283,7 +278,6 @@ impl Family for V4 {
     type AffinityKey = AffinityKey;
 
     const AF: u8 = 2;
-    const TRACED: bool = true;
     const SPLIT_FRAMES: bool = false;
 
     #[inline(always)]
@@ -363,11 +357,6 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn trace_address(address: u32) -> u32 {
-        address
-    }
-
-    #[inline(always)]
     fn log_missing_slot(address: u32, port: u16, count: u32, slot: u16) {
         log::external_missing_slot(u32::from_be(address), u16::from_be(port), count, slot);
     }
@@ -380,7 +369,6 @@ impl Family for V6 {
     type AffinityKey = AffinityKey6;
 
     const AF: u8 = 10;
-    const TRACED: bool = false;
     const SPLIT_FRAMES: bool = true;
 
     #[inline(always)]
@@ -507,11 +495,6 @@ impl Family for V6 {
     #[inline(always)]
     fn addr_from(word: u32) -> Ipv6Words {
         [word; 4]
-    }
-
-    #[inline(always)]
-    fn trace_address(_address: Ipv6Words) -> u32 {
-        0
     }
 
     #[inline(always)]

@@ -17,7 +17,7 @@ use crate::{
     maps::{AFFINITY, socket_slot},
     record,
     socket_family::{Address as _, Family, Frontend, Master, Slot},
-    trace::Decision,
+    trace::{self, Decision},
 };
 
 const ECONNREFUSED: i32 = 111;
@@ -113,21 +113,17 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
         return Ok(Forward::Untouched);
     };
     let cookie = sock.socket_cookie();
-    let mut decision = Decision {
-        source: match call {
-            Call::Connect => TRACE_SOURCE_CONNECT,
-            Call::SendMsg => TRACE_SOURCE_SENDMSG,
-        },
-        protocol,
-        frontend: (frontend_address, frontend_port),
-        ..Decision::default()
+    let source = match call {
+        Call::Connect => TRACE_SOURCE_CONNECT,
+        Call::SendMsg => TRACE_SOURCE_SENDMSG,
     };
+    let mut decision = Decision::new(source, protocol, (frontend_address, frontend_port));
     let mut chosen = None;
     for _ in 0..DRAWS {
         if master.count == 0 {
             decision.reason = TRACE_REASON_NO_BACKEND;
             decision.service_id = master.service_id;
-            F::trace(&decision, sock, cookie);
+            trace::socket(&decision, sock, cookie);
             return Ok(Forward::NoBackend);
         }
         chosen = choose_backend::<F>(sock, &master, &mut key, cookie, pick);
@@ -154,7 +150,7 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
     decision.backend = (backend.address, backend.port);
     decision.slot = slot;
     decision.count = master.count;
-    F::trace(&decision, sock, cookie);
+    trace::socket(&decision, sock, cookie);
 
     remember_frontend::<F>(
         call,
@@ -412,14 +408,15 @@ fn reverse<F: Family>(sock: &SockAddr) -> bool {
     };
     F::set_destination(sock, frontend.address, frontend.port);
     let decision = Decision {
-        source: TRACE_SOURCE_REVERSE,
         reason: TRACE_REASON_REVERSE,
-        protocol: served_protocol(sock).unwrap_or(0),
         service_id: frontend.service_id,
-        frontend: (frontend.address, frontend.port),
         backend: (peer, port),
-        ..Decision::default()
+        ..Decision::new(
+            TRACE_SOURCE_REVERSE,
+            served_protocol(sock).unwrap_or(0),
+            (frontend.address, frontend.port),
+        )
     };
-    F::trace(&decision, sock, cookie);
+    trace::socket(&decision, sock, cookie);
     true
 }

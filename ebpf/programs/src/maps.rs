@@ -119,12 +119,12 @@ pub static MAGLEV: HashMap<MaglevKey, u32, 262144, { BPF_F_NO_PREALLOC as usize 
 pub static NAMES: HashMap<u32, FrontendName, 65536, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();
 
-/// Trace events for `socklb trace` (see `trace`): 256 KiB, about 3,200 events between two
+/// Trace events for `socklb trace` (see `trace`): 256 KiB, about 2,300 events between two
 /// reads of the session.
-#[btf_map(name = "socklb_trace_v1", pin_by_name)]
+#[btf_map(name = "socklb_trace_v2", pin_by_name)]
 pub static TRACE: RingBuf<TraceEvent, { 256 * 1024 }> = RingBuf::new();
 
-#[btf_map(name = "socklb_trctl_v1", pin_by_name)]
+#[btf_map(name = "socklb_trctl_v2", pin_by_name)]
 pub static TRACE_CONTROL: Array<TraceControl, 1> = Array::new();
 
 /// The (frontend, backend) pairs whose sockets the destroy iterators close; filled by the

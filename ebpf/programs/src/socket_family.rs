@@ -14,12 +14,12 @@ use crate::{
         REVERSE, REVERSE6, ReverseMap, SERVICES, SERVICES6, SOCKETS, SOCKETS6, ServiceMap,
         SocketRing,
     },
-    trace::{self, Decision},
+    trace::Traced,
 };
 
 /// An address as the maps hold it (network order). Compared and copied word by word: a
 /// whole-array compare or volatile copy of 16 bytes may become a wide or unaligned access.
-pub trait Address: Copy + Default {
+pub trait Address: Copy + Default + Traced {
     fn same(&self, other: &Self) -> bool;
 
     /// # Safety
@@ -161,8 +161,6 @@ pub trait Family {
     /// An address as a socket record holds it (IPv4 in the last word).
     fn words(address: Self::Address) -> Ipv6Words;
 
-    /// A trace event for a `socklb trace` session, if the family has them.
-    fn trace(decision: &Decision<Self::Address>, sock: &SockAddr, cookie: u64);
     fn log_missing_slots(address: Self::Address, port: u16, count: u16);
 }
 
@@ -302,11 +300,6 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn trace(decision: &Decision<u32>, sock: &SockAddr, cookie: u64) {
-        trace::socket(decision, sock, cookie);
-    }
-
-    #[inline(always)]
     fn log_missing_slots(address: u32, port: u16, count: u16) {
         log::missing_slots(u32::from_be(address), u16::from_be(port), count);
     }
@@ -364,11 +357,6 @@ impl Family for V6 {
             pad2: 0,
         }
     }
-
-    /// Trace events carry IPv4 addresses only (`TraceEvent`): native IPv6 translations are
-    /// not traced until the event grows an IPv6 form.
-    #[inline(always)]
-    fn trace(_decision: &Decision<Ipv6Words>, _sock: &SockAddr, _cookie: u64) {}
 
     #[inline(always)]
     fn log_missing_slots(_address: Ipv6Words, port: u16, count: u16) {

@@ -8,7 +8,10 @@
 use core::ptr::addr_of_mut;
 
 use aya_ebpf::{bindings::BPF_RB_NO_WAKEUP, helpers};
-use socklb_abi::{TRACE_FLAG_PACKETS, TRACE_FLAG_REVERSE, TRACE_SOURCE_REVERSE, TraceEvent};
+use socklb_abi::{
+    Ipv6Words, TRACE_FAMILY_V4, TRACE_FAMILY_V6, TRACE_FLAG_PACKETS, TRACE_FLAG_REVERSE,
+    TRACE_SOURCE_REVERSE, TraceEvent,
+};
 
 use crate::{
     context::SockAddr,
@@ -16,11 +19,123 @@ use crate::{
     maps::{TRACE, TRACE_CONTROL},
 };
 
-/// What was decided, as the event records it; the caller's context adds the rest. Events
-/// hold IPv4 addresses (`A = u32`); `lb` builds the same decision for IPv6, which its
-/// family does not send.
-#[derive(Clone, Copy, Default)]
-pub struct Decision<A = u32> {
+/// An address as a decision holds it: by value (socket programs), or by reference to where
+/// it already is (TC: IPv6's stack has no room for copies). Events and filters hold 16
+/// bytes, IPv4 in the last word.
+pub trait Traced: Copy {
+    /// `TRACE_FAMILY_*`.
+    const FAMILY: u8;
+    /// The address of a decision that has none (no backend).
+    fn none() -> Self;
+    /// Whether a filter address of this family (all zero: any) lets the address through.
+    /// The session sets the filter's family with its addresses, so an IPv4 filter's first
+    /// three words are zero.
+    fn passes(&self, filter: &Ipv6Words) -> bool;
+    /// Writes the address word by word (a 16-byte copy may become a wide access).
+    ///
+    /// # Safety
+    /// `to` must be valid for writes.
+    unsafe fn write(&self, to: *mut Ipv6Words);
+}
+
+/// An address type whose references are [`Traced`] too.
+pub trait TracedValue: Traced + 'static {
+    fn none_ref() -> &'static Self;
+}
+
+impl Traced for u32 {
+    const FAMILY: u8 = TRACE_FAMILY_V4;
+
+    #[inline(always)]
+    fn none() -> Self {
+        0
+    }
+
+    #[inline(always)]
+    fn passes(&self, filter: &Ipv6Words) -> bool {
+        filter[3] == 0 || filter[3] == *self
+    }
+
+    #[inline(always)]
+    unsafe fn write(&self, to: *mut Ipv6Words) {
+        let word = to.cast::<u32>();
+        // SAFETY: the caller's pointer; the words stay inside the array.
+        unsafe {
+            word.write_volatile(0);
+            word.add(1).write_volatile(0);
+            word.add(2).write_volatile(0);
+            word.add(3).write_volatile(*self);
+        }
+    }
+}
+
+impl TracedValue for u32 {
+    #[inline(always)]
+    fn none_ref() -> &'static Self {
+        &0
+    }
+}
+
+impl Traced for Ipv6Words {
+    const FAMILY: u8 = TRACE_FAMILY_V6;
+
+    #[inline(always)]
+    fn none() -> Self {
+        [0; 4]
+    }
+
+    #[inline(always)]
+    fn passes(&self, filter: &Ipv6Words) -> bool {
+        (filter[0] | filter[1] | filter[2] | filter[3]) == 0
+            || (filter[0] == self[0]
+                && filter[1] == self[1]
+                && filter[2] == self[2]
+                && filter[3] == self[3])
+    }
+
+    #[inline(always)]
+    unsafe fn write(&self, to: *mut Ipv6Words) {
+        let word = to.cast::<u32>();
+        // SAFETY: as for IPv4.
+        unsafe {
+            word.write_volatile(self[0]);
+            word.add(1).write_volatile(self[1]);
+            word.add(2).write_volatile(self[2]);
+            word.add(3).write_volatile(self[3]);
+        }
+    }
+}
+
+impl TracedValue for Ipv6Words {
+    #[inline(always)]
+    fn none_ref() -> &'static Self {
+        &[0; 4]
+    }
+}
+
+impl<T: TracedValue> Traced for &T {
+    const FAMILY: u8 = T::FAMILY;
+
+    #[inline(always)]
+    fn none() -> Self {
+        T::none_ref()
+    }
+
+    #[inline(always)]
+    fn passes(&self, filter: &Ipv6Words) -> bool {
+        (**self).passes(filter)
+    }
+
+    #[inline(always)]
+    unsafe fn write(&self, to: *mut Ipv6Words) {
+        // SAFETY: the caller's pointer.
+        unsafe { (**self).write(to) }
+    }
+}
+
+/// What was decided, as the event records it; the caller's context adds the rest.
+#[derive(Clone, Copy)]
+pub struct Decision<A> {
     pub source: u8,
     pub reason: u8,
     pub protocol: u8,
@@ -31,10 +146,27 @@ pub struct Decision<A = u32> {
     pub count: u16,
 }
 
+impl<A: Traced> Decision<A> {
+    /// A decision about `frontend`, its backend and reason still to come.
+    #[inline(always)]
+    pub fn new(source: u8, protocol: u8, frontend: (A, u16)) -> Self {
+        Self {
+            source,
+            reason: 0,
+            protocol,
+            service_id: 0,
+            frontend,
+            backend: (A::none(), 0),
+            slot: 0,
+            count: 0,
+        }
+    }
+}
+
 /// Whether a session wants `decision`: the lease is running and the kernel-side filters
 /// let it through. `packet`: a packet of a known flow from outside, wanted only on request.
 #[inline(always)]
-fn wanted(decision: &Decision, packet: bool) -> bool {
+fn wanted<A: Traced>(decision: &Decision<A>, packet: bool) -> bool {
     let Some(control) = TRACE_CONTROL.get(0) else {
         return false;
     };
@@ -44,9 +176,10 @@ fn wanted(decision: &Decision, packet: bool) -> bool {
     let flag = |flag: u16| control.flags & flag != 0;
     if (decision.source == TRACE_SOURCE_REVERSE && !flag(TRACE_FLAG_REVERSE))
         || (packet && !flag(TRACE_FLAG_PACKETS))
-        || (control.frontend_address != 0 && control.frontend_address != decision.frontend.0)
+        || (control.family != 0 && control.family != A::FAMILY)
+        || !decision.frontend.0.passes(&control.frontend_address)
         || (control.frontend_port != 0 && control.frontend_port != decision.frontend.1)
-        || (control.backend_address != 0 && control.backend_address != decision.backend.0)
+        || !decision.backend.0.passes(&control.backend_address)
     {
         return false;
     }
@@ -57,7 +190,7 @@ fn wanted(decision: &Decision, packet: bool) -> bool {
 
 /// A socket translation (connect, sendmsg) or reverse translation, from the calling task.
 #[inline(always)]
-pub fn socket(decision: &Decision, sock: &SockAddr, socket_cookie: u64) {
+pub fn socket<A: Traced>(decision: &Decision<A>, sock: &SockAddr, socket_cookie: u64) {
     if !wanted(decision, false) {
         return;
     }
@@ -78,7 +211,7 @@ pub fn socket(decision: &Decision, sock: &SockAddr, socket_cookie: u64) {
 
 /// A packet from outside: `client` is its source.
 #[inline(always)]
-pub fn external(decision: &Decision, client: (u32, u16), packet: bool) {
+pub fn external<A: Traced>(decision: &Decision<A>, client: (A, u16), packet: bool) {
     if !wanted(decision, packet) {
         return;
     }
@@ -91,9 +224,9 @@ pub fn external(decision: &Decision, client: (u32, u16), packet: bool) {
     entry.submit(u64::from(BPF_RB_NO_WAKEUP));
 }
 
-enum Origin<'a> {
+enum Origin<'a, A> {
     Socket(&'a SockAddr<'a>, u64),
-    External((u32, u16)),
+    External((A, u16)),
 }
 
 /// Writes every field of the entry, one volatile store each: a struct built on the stack
@@ -103,7 +236,7 @@ enum Origin<'a> {
 /// # Safety
 /// `event` must point to a reserved ring buffer entry of a `TraceEvent`.
 #[inline(always)]
-unsafe fn fill(event: *mut TraceEvent, decision: &Decision, origin: Origin) {
+unsafe fn fill<A: Traced>(event: *mut TraceEvent, decision: &Decision<A>, origin: Origin<A>) {
     let (socket_cookie, netns_cookie, pid, cgroup_id, client) = match origin {
         // SAFETY: helpers that read the calling task (cgroup sock_addr programs run in its
         // context).
@@ -113,7 +246,7 @@ unsafe fn fill(event: *mut TraceEvent, decision: &Decision, origin: Origin) {
                 sock.netns_cookie(),
                 (helpers::bpf_get_current_pid_tgid() >> 32) as u32,
                 helpers::bpf_get_current_cgroup_id(),
-                (0, 0),
+                (A::none(), 0),
             )
         },
         Origin::External(client) => (0, 0, 0, 0, client),
@@ -126,9 +259,15 @@ unsafe fn fill(event: *mut TraceEvent, decision: &Decision, origin: Origin) {
         addr_of_mut!((*event).cgroup_id).write_volatile(cgroup_id);
         addr_of_mut!((*event).pid).write_volatile(pid);
         addr_of_mut!((*event).service_id).write_volatile(decision.service_id);
-        addr_of_mut!((*event).client_address).write_volatile(client.0);
-        addr_of_mut!((*event).frontend_address).write_volatile(decision.frontend.0);
-        addr_of_mut!((*event).backend_address).write_volatile(decision.backend.0);
+        client.0.write(addr_of_mut!((*event).client_address));
+        decision
+            .frontend
+            .0
+            .write(addr_of_mut!((*event).frontend_address));
+        decision
+            .backend
+            .0
+            .write(addr_of_mut!((*event).backend_address));
         addr_of_mut!((*event).client_port).write_volatile(client.1);
         addr_of_mut!((*event).frontend_port).write_volatile(decision.frontend.1);
         addr_of_mut!((*event).backend_port).write_volatile(decision.backend.1);
@@ -137,8 +276,7 @@ unsafe fn fill(event: *mut TraceEvent, decision: &Decision, origin: Origin) {
         addr_of_mut!((*event).protocol).write_volatile(decision.protocol);
         addr_of_mut!((*event).source).write_volatile(decision.source);
         addr_of_mut!((*event).reason).write_volatile(decision.reason);
+        addr_of_mut!((*event).family).write_volatile(A::FAMILY);
         addr_of_mut!((*event).pad).write_volatile(0);
-        addr_of_mut!((*event).pad2).write_volatile(0);
-        addr_of_mut!((*event).pad3).write_volatile(0);
     }
 }
