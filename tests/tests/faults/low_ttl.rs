@@ -1,6 +1,7 @@
 //! A packet from outside with a TTL of 1 cannot be forwarded to a backend on another node:
 //! it is dropped (counted as `ttl_exceeded`) before it takes a conntrack entry or a SNAT
-//! port, so that such packets cannot use up the SNAT range. One to a backend on this node is
+//! port, so that such packets cannot use up the SNAT range; one of a flow already known is
+//! dropped too, and the flow keeps its port. One to a backend on this node is
 //! left to the kernel's path, which answers ICMP time exceeded as it would without socklb
 //! (traceroute to a NodePort), and takes no conntrack entry either. Over IPv6 the hop limit
 //! plays the TTL's part.
@@ -69,8 +70,29 @@ fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
     let mut buffer = [0u8; 128];
     let (len, from) = socket.recv_from(&mut buffer).expect("an answer");
     assert_eq!(from.to_string(), node_port);
-    assert!(buffer[..len].starts_with(b"pod2 "));
+    let answer = String::from_utf8_lossy(&buffer[..len]).into_owned();
+    assert!(answer.starts_with("pod2 "), "{answer}");
     assert_eq!(client_flows().len(), 1, "the flow's forward entry");
+
+    // A TTL-1 datagram of the flow now known is dropped and counted too, and the flow
+    // keeps its SNAT port: the backend sees the next datagram from the same address.
+    let counted = counters(&sandbox).ttl_exceeded;
+    set_hop_limit(&socket, family, 1);
+    socket.send_to(b"ping", &node_port).expect("send");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while counters(&sandbox).ttl_exceeded == counted {
+        assert!(
+            Instant::now() < deadline,
+            "the TTL-1 datagram of a known flow was not counted: {:?}",
+            counters(&sandbox)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    set_hop_limit(&socket, family, 64);
+    socket.send_to(b"ping", &node_port).expect("send");
+    let (len, from) = socket.recv_from(&mut buffer).expect("an answer");
+    assert_eq!(from.to_string(), node_port);
+    assert_eq!(String::from_utf8_lossy(&buffer[..len]), answer);
     assert_eq!(counters(&sandbox).errors, 0);
 }
 
