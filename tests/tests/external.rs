@@ -488,21 +488,7 @@ fn load_balancer_source_ranges(family: Family) {
     );
     let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
 
-    let open = Addresses::at(a.lb_ip, 80);
-    a.assert_translated(&lan.client.probe("tcp", &open, 5), &open);
-
-    let before = counters(&sandbox);
-    let closed = Addresses::at(a.lb_ip, 81);
-    let attempts = lan.client.probe("tcp", &closed, 1);
-    assert!(
-        attempts[0].reply.is_none(),
-        "outside the ranges: {attempts:?}"
-    );
-    let after = counters(&sandbox);
-    assert!(
-        after.external_denied > before.external_denied,
-        "denied by socklb: {before:?} -> {after:?}"
-    );
+    assert_source_ranges_enforced(&lan, &a, &sandbox, 5);
     let shown = inspect::inspect(&sandbox.pin_dir, Some(a.lb_ip.parse().expect("address")))
         .expect("inspect");
     assert!(
@@ -529,6 +515,7 @@ fn load_balancer_source_ranges(family: Family) {
         ),
     );
     agent.wait_for_log("synced", 2);
+    let closed = Addresses::at(a.lb_ip, 81);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let attempts = lan.client.probe("tcp", &closed, 1);
@@ -567,6 +554,30 @@ impl Drop for SecondNode {
         }
         let _ = std::fs::remove_dir(&self.cgroup);
     }
+}
+
+/// The LoadBalancer IP's port 80 admits the client (`probes` attempts, all translated) and
+/// its port 81, whose ranges leave the client out, denies it in socklb (counted).
+fn assert_source_ranges_enforced(
+    lan: &socklb_tests::lan::Lan,
+    a: &Addresses,
+    sandbox: &Sandbox,
+    probes: u32,
+) {
+    let open = Addresses::at(a.lb_ip, 80);
+    a.assert_translated(&lan.client.probe("tcp", &open, probes), &open);
+    let before = counters(sandbox);
+    let closed = Addresses::at(a.lb_ip, 81);
+    let attempts = lan.client.probe("tcp", &closed, 1);
+    assert!(
+        attempts[0].reply.is_none(),
+        "outside the ranges: {attempts:?}"
+    );
+    let after = counters(sandbox);
+    assert!(
+        after.external_denied > before.external_denied,
+        "denied by socklb: {before:?} -> {after:?}"
+    );
 }
 
 #[test]
@@ -1169,20 +1180,7 @@ mod programs {
         a.assert_translated(&lan.client.probe("udp", &udp, 5), &udp);
 
         // loadBalancerSourceRanges of the client's family.
-        let open = Addresses::at(a.lb_ip, 80);
-        a.assert_translated(&lan.client.probe("tcp", &open, 3), &open);
-        let before = counters(&sandbox);
-        let closed = Addresses::at(a.lb_ip, 81);
-        let attempts = lan.client.probe("tcp", &closed, 1);
-        assert!(
-            attempts[0].reply.is_none(),
-            "outside the ranges: {attempts:?}"
-        );
-        let after = counters(&sandbox);
-        assert!(
-            after.external_denied > before.external_denied,
-            "denied by socklb: {before:?} -> {after:?}"
-        );
+        super::assert_source_ranges_enforced(&lan, &a, &sandbox, 3);
 
         if family == Family::V6 {
             extension_header_is_walked(&lan, &a);
