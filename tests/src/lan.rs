@@ -120,7 +120,7 @@ pub struct Lan {
     pub pod1: Netns,
     pub pod2: Netns,
     pub node2: Netns,
-    _switch: Netns,
+    switch: Netns,
 }
 
 pub fn lan(test: &str) -> Lan {
@@ -209,7 +209,75 @@ pub fn lan(test: &str) -> Lan {
         pod1,
         pod2,
         node2,
-        _switch: switch,
+        switch,
+    }
+}
+
+/// An outside client behind a router ([`Lan::far_client`]), of either family.
+pub const FAR_CLIENT: &str = "10.78.0.10";
+pub const FAR_CLIENT6: &str = "fd00:78::10";
+
+/// The namespaces of [`Lan::far_client`].
+pub struct FarClient {
+    pub client: Netns,
+    pub router: Netns,
+}
+
+impl Lan {
+    /// An outside client (10.78.0.10, fd00:78::10) behind a router on the LAN (10.77.0.20,
+    /// fd00:77::20) whose link towards the client has an MTU of `mtu`, below every other
+    /// link's: a tunnel or PPPoE somewhere on the path. The client's own interface keeps
+    /// 1,500, so its TCP handshakes offer a segment size the path cannot carry, and the
+    /// router answers larger packets with "fragmentation needed" (Packet Too Big) as real
+    /// routers do. node1 routes the client's network via the router.
+    pub fn far_client(&self, mtu: u32) -> FarClient {
+        let prefix = self.switch.name.trim_end_matches("-sw");
+        let router = Netns::new(&format!("{prefix}-rt"));
+        self.switch.ip(&[
+            "link",
+            "add",
+            "p-rt",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &router.name,
+        ]);
+        self.switch
+            .ip(&["link", "set", "p-rt", "master", "br0", "up"]);
+        router.ip(&["addr", "add", "10.77.0.20/24", "dev", "eth0"]);
+        router.ip(&v6_address("fd00:77::20", 64, "eth0"));
+        router.ip(&["link", "set", "eth0", "up"]);
+        router.sysctl("net.ipv4.ip_forward=1");
+        router.sysctl("net.ipv6.conf.all.forwarding=1");
+
+        let client = Netns::new(&format!("{prefix}-far"));
+        router.ip(&[
+            "link",
+            "add",
+            "far0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            &client.name,
+        ]);
+        router.ip(&["link", "set", "far0", "mtu", &mtu.to_string()]);
+        router.ip(&["addr", "add", "10.78.0.1/24", "dev", "far0"]);
+        router.ip(&v6_address("fd00:78::1", 64, "far0"));
+        router.ip(&["link", "set", "far0", "up"]);
+        client.ip(&["addr", "add", &format!("{FAR_CLIENT}/24"), "dev", "eth0"]);
+        client.ip(&v6_address(FAR_CLIENT6, 64, "eth0"));
+        client.ip(&["link", "set", "eth0", "up"]);
+        client.ip(&["route", "add", "default", "via", "10.78.0.1"]);
+        client.ip(&["-6", "route", "add", "default", "via", "fd00:78::1"]);
+        here(&["route", "add", "10.78.0.0/24", "via", "10.77.0.20"]);
+        here(&["-6", "route", "add", "fd00:78::/64", "via", "fd00:77::20"]);
+        FarClient { client, router }
     }
 }
 

@@ -31,7 +31,7 @@ pub mod map_names {
     /// [`super::AffinityKey`] -> [`super::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
-    pub const COUNTERS: &str = "socklb_cnt_v5";
+    pub const COUNTERS: &str = "socklb_cnt_v6";
     /// [`super::CtKey`] -> [`super::CtEntry`] (LRU): confirmed flows from outside the node
     /// (TCP past its handshake, UDP answered and continued) and their NAT.
     pub const CONNTRACK: &str = "socklb_ct_v1";
@@ -136,11 +136,12 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 9] = [
+    pub const RETIRED: [&str; 10] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
         "socklb_cnt_v4",
+        "socklb_cnt_v5",
         "socklb_node_v1",
         RETIRED_SERVICES,
         "socklb_be_v1",
@@ -469,12 +470,17 @@ pub struct CtKey {
 
 /// [`CtEntry::flags`]: the flow's source was rewritten to this node's address.
 pub const CT_FLAG_SNAT: u16 = 1 << 0;
-/// [`CtEntry::flags`]: a FIN or RST was seen in this direction; the entry expires soon.
+/// [`CtEntry::flags`]: the connection is over (a RST, or a FIN both ways); the entry
+/// expires soon.
 pub const CT_FLAG_CLOSING: u16 = 1 << 1;
 /// [`CtEntry::flags`] of a flow not yet confirmed: the backend has answered. The client's
 /// next packet that is neither a SYN nor a FIN or RST confirms the flow (moves it to the
 /// main table).
 pub const CT_FLAG_SEEN_REPLY: u16 = 1 << 2;
+/// [`CtEntry::flags`]: a FIN was seen in this direction. The other direction may go on
+/// sending (a half-close, `shutdown(SHUT_WR)`), so the flow keeps its timeout; once both
+/// directions sent a FIN, both entries are marked [`CT_FLAG_CLOSING`].
+pub const CT_FLAG_FIN: u16 = 1 << 3;
 
 /// Default idle time after which a flow's entries may be reused (its SNAT port given to a
 /// new flow, its backend chosen afresh), per state; [`NodeConfig`] may set others. The maps
@@ -1054,6 +1060,9 @@ counters! {
     /// IPv6 packets whose extension headers go on beyond the few the TC programs walk:
     /// passed untranslated.
     ipv6_headers_unwalked,
+    /// ICMP errors about a flow from outside ("fragmentation needed", Packet Too Big,
+    /// unreachable, time exceeded) translated back to the flow's frontend or backend.
+    icmp_errors_translated,
 }
 
 impl Counters {

@@ -8,15 +8,21 @@
 //! first. So a SYN flood, whose flows never complete a handshake, only ever evicts other
 //! unconfirmed flows, and its SNAT ports come back after the SYN timeout.
 //!
+//! TCP's end follows netfilter: a RST ends a flow, a FIN only its direction (the other may
+//! go on for as long as an open connection would: a half-close), and FINs both ways end it.
+//! An entry idle past its timeout never translates again.
+//!
 //! Written once for both address families ([`Family`]): each has its own two tables.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
 use socklb_abi::{
-    CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FORWARD, CT_REPLY, CtTimeouts, NodeConfig, PROTO_TCP,
+    CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FORWARD, CT_REPLY, CtTimeouts, NodeConfig,
+    PROTO_TCP,
 };
 
 use crate::{
     family::{CtTable, Family, FlowEntry, FlowKey},
-    packet::Tuple,
+    maps::NODE,
+    packet::{Ending, Tuple},
 };
 
 /// Random ports tried before a flow is refused for lack of a free SNAT port.
@@ -106,14 +112,18 @@ fn reply_is_ours<F: Family>(table: &CtTable<F>, reply_key: &Key<F>, forward_key:
     points_to(F::flow_entry(unsafe { &*reply }), forward_key)
 }
 
-/// The entry under `key` in `table` as it was before this packet, which refreshes it: its
-/// last-seen time moves on (written at most once a second), a FIN or RST marks it closing,
-/// and `set` flags are added.
+/// The entry under `key` in `table` (the main table if `confirmed`) as it was before this
+/// packet, which refreshes it: its last-seen time moves on (written at most once a second),
+/// `set` flags are added, and a RST marks it closing (a FIN is for [`record_fin`]). An
+/// entry idle past its timeout is removed instead and not returned: it must never
+/// translate a packet (a new flow may reuse its tuple, such as a client's direct
+/// connection to the pod from the same port) and must not be kept alive by one.
 #[inline(always)]
 fn touch<F: Family>(
     table: &CtTable<F>,
+    confirmed: bool,
     key: &Key<F>,
-    closes: bool,
+    ending: Ending,
     now: u32,
     set: u16,
 ) -> Option<Entry<F>> {
@@ -122,15 +132,74 @@ fn touch<F: Family>(
     // move the timestamp or add flags, both idempotent.
     let entry = unsafe { &mut *entry };
     let entry = F::flow_entry_mut(entry);
+    let timeout = CtTimeouts::of(NODE.get(0)).timeout_s(key.protocol, entry.flags, confirmed);
+    if entry.expired(now, timeout) {
+        let _ = table.remove(F::ct_key(key));
+        return None;
+    }
     let before = *entry;
     if entry.last_seen_s != now {
         entry.last_seen_s = now;
     }
-    let flags = before.flags | set | if closes { CT_FLAG_CLOSING } else { 0 };
+    let mut flags = before.flags | set;
+    if ending == Ending::Reset {
+        flags |= CT_FLAG_CLOSING;
+    }
     if flags != before.flags {
         entry.flags = flags;
     }
     Some(before)
+}
+
+/// The entry a packet with `tuple` going `direction` would follow, main table first, as it
+/// is: not refreshed (what reads it, an ICMP error about the flow, is no sign of its life),
+/// and none if idle past its timeout.
+#[inline(always)]
+pub fn peek<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, now: u32) -> Option<Entry<F>> {
+    let key = key(tuple, direction);
+    let timeouts = CtTimeouts::of(NODE.get(0));
+    let live = |table: &CtTable<F>, confirmed: bool| {
+        let entry = table.get_ptr(F::ct_key(&key))?;
+        // SAFETY: pointer from a successful lookup; copied out at once.
+        let entry = *F::flow_entry(unsafe { &*entry });
+        let timeout = timeouts.timeout_s(key.protocol, entry.flags, confirmed);
+        (!entry.expired(now, timeout)).then_some(entry)
+    };
+    live(F::conntrack(), true).or_else(|| live(F::conntrack_new(), false))
+}
+
+/// Records a FIN of the packet whose flow's entry is under `key(tuple, direction)`: its
+/// direction is done sending, and once both are, both entries are marked closing. Whether
+/// the flow has an entry there. Out of line, called before the packet's lookups: a FIN is
+/// rare, and the lookup path of IPv6 has no stack to spare for the other direction's key.
+#[inline(never)]
+pub fn record_fin<F: Family>(tuple: &Tuple<F::Addr>, direction: u8) -> bool {
+    let key = key(tuple, direction);
+    fin_in::<F>(F::conntrack(), &key) || fin_in::<F>(F::conntrack_new(), &key)
+}
+
+#[inline(always)]
+fn fin_in<F: Family>(table: &CtTable<F>, key: &Key<F>) -> bool {
+    let Some(entry) = table.get_ptr_mut(F::ct_key(key)) else {
+        return false;
+    };
+    // SAFETY: pointer from a successful lookup, valid for this run; racing writers only add
+    // flags.
+    let entry = F::flow_entry_mut(unsafe { &mut *entry });
+    if entry.flags & CT_FLAG_FIN != 0 {
+        return true;
+    }
+    entry.flags |= CT_FLAG_FIN;
+    let other = other_direction(key, entry);
+    if let Some(held) = table.get_ptr_mut(F::ct_key(&other)) {
+        // SAFETY: as above.
+        let held = F::flow_entry_mut(unsafe { &mut *held });
+        if points_to(held, key) && held.flags & CT_FLAG_FIN != 0 {
+            held.flags |= CT_FLAG_CLOSING;
+            entry.flags |= CT_FLAG_CLOSING;
+        }
+    }
+    true
 }
 
 /// Adds `flags` to the entry under `key` in `table`, if there is one.
@@ -147,17 +216,17 @@ fn add_flags<F: Family>(table: &CtTable<F>, key: &Key<F>, flags: u16) {
 #[inline(always)]
 pub fn lookup_forward<F: Family>(
     tuple: &Tuple<F::Addr>,
-    closes: bool,
+    ending: Ending,
     now: u32,
 ) -> Option<Found<F::Addr>> {
     let key = key(tuple, CT_FORWARD);
-    if let Some(entry) = touch::<F>(F::conntrack(), &key, closes, now, 0) {
+    if let Some(entry) = touch::<F>(F::conntrack(), true, &key, ending, now, 0) {
         return Some(Found {
             entry,
             confirmed: true,
         });
     }
-    touch::<F>(F::conntrack_new(), &key, closes, now, 0).map(|entry| Found {
+    touch::<F>(F::conntrack_new(), false, &key, ending, now, 0).map(|entry| Found {
         entry,
         confirmed: false,
     })
@@ -166,12 +235,23 @@ pub fn lookup_forward<F: Family>(
 /// The reply entry of a packet from a backend, main table first. An unconfirmed flow's
 /// entries are marked: the backend answered.
 #[inline(always)]
-pub fn lookup_reply<F: Family>(tuple: &Tuple<F::Addr>, closes: bool, now: u32) -> Option<Entry<F>> {
+pub fn lookup_reply<F: Family>(
+    tuple: &Tuple<F::Addr>,
+    ending: Ending,
+    now: u32,
+) -> Option<Entry<F>> {
     let key = key(tuple, CT_REPLY);
-    if let Some(entry) = touch::<F>(F::conntrack(), &key, closes, now, 0) {
+    if let Some(entry) = touch::<F>(F::conntrack(), true, &key, ending, now, 0) {
         return Some(entry);
     }
-    let entry = touch::<F>(F::conntrack_new(), &key, closes, now, CT_FLAG_SEEN_REPLY)?;
+    let entry = touch::<F>(
+        F::conntrack_new(),
+        false,
+        &key,
+        ending,
+        now,
+        CT_FLAG_SEEN_REPLY,
+    )?;
     if entry.flags & CT_FLAG_SEEN_REPLY == 0 {
         add_flags::<F>(
             F::conntrack_new(),
@@ -183,34 +263,29 @@ pub fn lookup_reply<F: Family>(tuple: &Tuple<F::Addr>, closes: bool, now: u32) -
 }
 
 /// Moves a flow that is now confirmed to the main table: both entries written there
-/// first (lookups try it first), then removed from the unconfirmed table.
+/// first (lookups try it first), then removed from the unconfirmed table. The packet that
+/// confirms is neither a FIN nor a RST.
 #[inline(always)]
 pub fn confirm<F: Family>(
     arrived: &Tuple<F::Addr>,
     forward: &Entry<F>,
-    closes: bool,
     now: u32,
 ) -> Result<(), i32> {
     if F::SPLIT_FRAMES {
-        match confirm_apart::<F>(arrived, forward, closes, now) {
+        match confirm_apart::<F>(arrived, forward, now) {
             0 => Ok(()),
             error => Err(error),
         }
     } else {
-        confirm_here::<F>(arrived, forward, closes, now)
+        confirm_here::<F>(arrived, forward, now)
     }
 }
 
 /// [`confirm`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]): 0 or a negative
 /// error (a plain integer, as [`insert_snat_apart`] says why).
 #[inline(never)]
-fn confirm_apart<F: Family>(
-    arrived: &Tuple<F::Addr>,
-    forward: &Entry<F>,
-    closes: bool,
-    now: u32,
-) -> i32 {
-    match confirm_here::<F>(arrived, forward, closes, now) {
+fn confirm_apart<F: Family>(arrived: &Tuple<F::Addr>, forward: &Entry<F>, now: u32) -> i32 {
+    match confirm_here::<F>(arrived, forward, now) {
         Ok(()) => 0,
         Err(error) => error.min(-1),
     }
@@ -220,7 +295,6 @@ fn confirm_apart<F: Family>(
 fn confirm_here<F: Family>(
     arrived: &Tuple<F::Addr>,
     forward: &Entry<F>,
-    closes: bool,
     now: u32,
 ) -> Result<(), i32> {
     // Keys and entries go to the maps through `F::ct_key`/`F::ct_entry` at each call: for
@@ -239,9 +313,6 @@ fn confirm_here<F: Family>(
     };
     let mut forward = *forward;
     forward.last_seen_s = now;
-    if closes {
-        forward.flags |= CT_FLAG_CLOSING;
-    }
     F::conntrack().insert(F::ct_key(&reply_key), reply, 0)?;
     F::conntrack().insert(F::ct_key(&forward_key), F::ct_entry(&forward), 0)?;
     let _ = F::conntrack_new().remove(F::ct_key(&forward_key));
@@ -274,12 +345,12 @@ fn reopen_apart<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
 fn reopen_here<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
     let forward_key = key(arrived, CT_FORWARD);
     let reply_key = other_direction(&forward_key, entry);
-    entry.flags &= !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
+    const STATE: u16 = CT_FLAG_CLOSING | CT_FLAG_FIN | CT_FLAG_SEEN_REPLY;
+    entry.flags &= !STATE;
     let clear = |key: &Key<F>| {
         if let Some(held) = F::conntrack_new().get_ptr_mut(F::ct_key(key)) {
             // SAFETY: pointer from a successful lookup, valid for this run.
-            F::flow_entry_mut(unsafe { &mut *held }).flags &=
-                !(CT_FLAG_CLOSING | CT_FLAG_SEEN_REPLY);
+            F::flow_entry_mut(unsafe { &mut *held }).flags &= !STATE;
         }
     };
     if reply_is_ours::<F>(F::conntrack_new(), &reply_key, &forward_key) {

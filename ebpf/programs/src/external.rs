@@ -26,7 +26,8 @@
 //!
 //! IPv4 and IPv6 take the same path, written once over [`Family`], each with its own maps
 //! (IPv6: no header checksum, the hop limit for the TTL, extension headers walked by
-//! `packet`). Anything else, ICMPv6 and neighbour discovery included, passes untouched.
+//! `packet`). An ICMP error about a known flow is translated back (`icmp`); anything else,
+//! neighbour discovery included, passes untouched.
 use core::mem::{MaybeUninit, align_of, size_of};
 
 use aya_ebpf::{
@@ -38,19 +39,20 @@ use aya_ebpf::{
 };
 use socklb_abi::{
     AffinityEntry, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT,
-    CtTimeouts, Ipv6Words, MaglevKey, PROTO_TCP, SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV,
-    TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND,
-    TRACE_REASON_RANDOM, TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED,
-    TRACE_SOURCE_EXTERNAL,
+    CT_FORWARD, CT_REPLY, CtTimeouts, Ipv6Words, MaglevKey, PROTO_TCP, SERVICE_FLAG_AFFINITY,
+    SERVICE_FLAG_MAGLEV, TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV,
+    TRACE_REASON_NO_BACKEND, TRACE_REASON_RANDOM, TRACE_REASON_SNAT_EXHAUSTED,
+    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
 };
 
 use crate::{
     conntrack::{self, Found},
     counters::bump,
     family::{Family, FlowEntry, Slot, V4, V6},
+    icmp::{self, Quoting},
     log,
     maps::{MAGLEV, NODE},
-    packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Packet, PacketError, Tuple},
+    packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Ending, Packet, PacketError, Tuple},
     trace::{self, Decision, TracedValue},
 };
 
@@ -144,11 +146,21 @@ fn blank_entry<F: Family>() -> FlowEntry<F::Addr> {
     }
 }
 
+/// What the TCP and UDP path returns for any other packet: an ICMP error is looked at in a
+/// call of its own from the entry, so that neither path's stack adds to the other's.
+const NOT_TCP_OR_UDP: i32 = -1;
+
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
     match packet::ether_type(&ctx) {
-        Some(ETH_P_IP) => ingress4(ctx),
-        Some(ETH_P_IPV6) => ingress6(ctx),
+        Some(ETH_P_IP) => match ingress4(&ctx) {
+            NOT_TCP_OR_UDP => icmp_error::<V4>(&ctx, true),
+            verdict => verdict,
+        },
+        Some(ETH_P_IPV6) => match ingress6(&ctx) {
+            NOT_TCP_OR_UDP => icmp_error::<V6>(&ctx, true),
+            verdict => verdict,
+        },
         _ => TC_ACT_OK,
     }
 }
@@ -156,46 +168,87 @@ pub fn socklb_tc_in(ctx: TcContext) -> i32 {
 /// Each family out of line, in a stack frame of its own: the verifier bounds the stack of
 /// a call chain, which then holds one family's path, not both.
 #[inline(never)]
-fn ingress4(ctx: TcContext) -> i32 {
-    let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
-        return TC_ACT_OK;
+fn ingress4(ctx: &TcContext) -> i32 {
+    let Some(mut packet) = Packet::<u32>::parse(ctx) else {
+        return NOT_TCP_OR_UDP;
     };
-    verdict(try_ingress::<V4>(&ctx, &mut packet), &packet)
+    verdict(try_ingress::<V4>(ctx, &mut packet), &packet)
 }
 
 #[inline(never)]
-fn ingress6(ctx: TcContext) -> i32 {
-    let mut packet = Packet::<Ipv6Words>::empty(&ctx);
-    if !Packet::parse_into(&ctx, &mut packet) {
-        return TC_ACT_OK;
+fn ingress6(ctx: &TcContext) -> i32 {
+    let mut packet = Packet::<Ipv6Words>::empty(ctx);
+    if !Packet::parse_into(ctx, &mut packet) {
+        return NOT_TCP_OR_UDP;
     }
-    verdict(try_ingress::<V6>(&ctx, &mut packet), &packet)
+    verdict(try_ingress::<V6>(ctx, &mut packet), &packet)
 }
 
 #[classifier]
 pub fn socklb_tc_out(ctx: TcContext) -> i32 {
     match packet::ether_type(&ctx) {
-        Some(ETH_P_IP) => egress4(ctx),
-        Some(ETH_P_IPV6) => egress6(ctx),
+        Some(ETH_P_IP) => match egress4(&ctx) {
+            NOT_TCP_OR_UDP => icmp_error::<V4>(&ctx, false),
+            verdict => verdict,
+        },
+        Some(ETH_P_IPV6) => match egress6(&ctx) {
+            NOT_TCP_OR_UDP => icmp_error::<V6>(&ctx, false),
+            verdict => verdict,
+        },
         _ => TC_ACT_OK,
     }
 }
 
 #[inline(never)]
-fn egress4(ctx: TcContext) -> i32 {
-    let Some(mut packet) = Packet::<u32>::parse(&ctx) else {
-        return TC_ACT_OK;
+fn egress4(ctx: &TcContext) -> i32 {
+    let Some(mut packet) = Packet::<u32>::parse(ctx) else {
+        return NOT_TCP_OR_UDP;
     };
     verdict(try_egress::<V4>(&mut packet), &packet)
 }
 
 #[inline(never)]
-fn egress6(ctx: TcContext) -> i32 {
-    let mut packet = Packet::<Ipv6Words>::empty(&ctx);
-    if !Packet::parse_into(&ctx, &mut packet) {
-        return TC_ACT_OK;
+fn egress6(ctx: &TcContext) -> i32 {
+    let mut packet = Packet::<Ipv6Words>::empty(ctx);
+    if !Packet::parse_into(ctx, &mut packet) {
+        return NOT_TCP_OR_UDP;
     }
     verdict(try_egress::<V6>(&mut packet), &packet)
+}
+
+/// An ICMP error about a flow from outside, arriving (`ingress`) or leaving the node,
+/// translated back (see `icmp`) and sent on as the flow's packets are: forwarded here if
+/// the flow is SNATed, else through the kernel's path. Anything else passes untouched. Out
+/// of line: not a TCP or UDP packet, so it needs none of their path's stack.
+#[inline(never)]
+fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
+    let Some(quote) = <F::Addr as Quoting>::quote(ctx) else {
+        return TC_ACT_OK;
+    };
+    let Some(entry) = icmp::flow_of::<F>(&quote, ingress, NODE.get(0), conntrack::now_s()) else {
+        return TC_ACT_OK;
+    };
+    let mut packet = Packet::icmp_error(
+        ctx,
+        quote.source,
+        quote.destination,
+        quote.protocol,
+        quote.ttl,
+        quote.icmp_check(),
+    );
+    let result = icmp::translate(&mut packet, &quote, &entry)
+        .map_err(Error::from)
+        .and_then(|()| {
+            bump(|c| &mut c.icmp_errors_translated);
+            if !ingress || entry.flags & CT_FLAG_SNAT == 0 {
+                Ok(TC_ACT_OK)
+            } else if ttl_exceeded(&packet) {
+                Ok(TC_ACT_SHOT)
+            } else {
+                forward::<F>(ctx, &mut packet)
+            }
+        });
+    verdict(result, &packet)
 }
 
 /// An error before the packet changed lets it pass untranslated; after, it is dropped.
@@ -228,18 +281,22 @@ fn ttl_exceeded<A>(packet: &Packet<A>) -> bool {
 #[inline(always)]
 fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
-    let closes = packet.closes_connection();
-    // A remote backend answering a SNATed flow, addressed to this node.
-    if conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
-        && let Some(verdict) = snat_reply::<F>(ctx, packet, closes, now)?
+    let ending = packet.ending();
+    let may_be_reply = conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0));
+    if ending == Ending::Fin
+        && !(may_be_reply && conntrack::record_fin::<F>(&packet.tuple, CT_REPLY))
     {
+        conntrack::record_fin::<F>(&packet.tuple, CT_FORWARD);
+    }
+    // A remote backend answering a SNATed flow, addressed to this node.
+    if may_be_reply && let Some(verdict) = snat_reply::<F>(ctx, packet, ending, now)? {
         return Ok(verdict);
     }
     let mut local = blank_entry::<F>();
     let Some(entry) = F::flow_room(&mut local) else {
         return Err(Error);
     };
-    let mut outcome = if known_flow::<F>(packet, closes, now, entry)? {
+    let mut outcome = if known_flow::<F>(packet, ending, now, entry)? {
         Flow::To
     } else {
         new_flow::<F>(packet, now, entry)?
@@ -319,17 +376,17 @@ fn deliver_here<F: Family>(
 fn snat_reply<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    closes: bool,
+    ending: Ending,
     now: u32,
 ) -> Result<Option<i32>, Error> {
     if F::SPLIT_FRAMES {
-        match snat_reply_apart::<F>(ctx, packet, closes, now) {
+        match snat_reply_apart::<F>(ctx, packet, ending, now) {
             NOT_A_REPLY => Ok(None),
             -1 => Err(Error),
             verdict => Ok(Some(verdict)),
         }
     } else {
-        snat_reply_here::<F>(ctx, packet, closes, now)
+        snat_reply_here::<F>(ctx, packet, ending, now)
     }
 }
 
@@ -341,10 +398,10 @@ const NOT_A_REPLY: i32 = -2;
 fn snat_reply_apart<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    closes: bool,
+    ending: Ending,
     now: u32,
 ) -> i32 {
-    match snat_reply_here::<F>(ctx, packet, closes, now) {
+    match snat_reply_here::<F>(ctx, packet, ending, now) {
         Ok(Some(verdict)) => verdict,
         Ok(None) => NOT_A_REPLY,
         Err(Error) => -1,
@@ -355,10 +412,10 @@ fn snat_reply_apart<F: Family>(
 fn snat_reply_here<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    closes: bool,
+    ending: Ending,
     now: u32,
 ) -> Result<Option<i32>, Error> {
-    let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, closes, now) else {
+    let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, ending, now) else {
         return Ok(None);
     };
     if ttl_exceeded(packet) {
@@ -418,9 +475,11 @@ fn trace_snat_exhausted<A: TracedValue>(tuple: &Tuple<A>, entry: &FlowEntry<A>) 
 #[inline(always)]
 fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
-    if let Some(reply) =
-        conntrack::lookup_reply::<F>(&packet.tuple, packet.closes_connection(), now)
-    {
+    let ending = packet.ending();
+    if ending == Ending::Fin {
+        conntrack::record_fin::<F>(&packet.tuple, CT_REPLY);
+    }
+    if let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, ending, now) {
         rewrite(packet, &reply)?;
     }
     Ok(TC_ACT_OK)
@@ -443,18 +502,18 @@ fn rewrite<A: Address>(packet: &mut Packet<A>, entry: &FlowEntry<A>) -> Result<(
 #[inline(always)]
 fn known_flow<F: Family>(
     packet: &Packet<F::Addr>,
-    closes: bool,
+    ending: Ending,
     now: u32,
     entry: &mut FlowEntry<F::Addr>,
 ) -> Result<bool, Error> {
     if F::SPLIT_FRAMES {
-        match known_flow_apart::<F>(packet, closes, now, entry) {
+        match known_flow_apart::<F>(packet, ending, now, entry) {
             1 => Ok(true),
             0 => Ok(false),
             _ => Err(Error),
         }
     } else {
-        known_flow_here::<F>(packet, closes, now, entry)
+        known_flow_here::<F>(packet, ending, now, entry)
     }
 }
 
@@ -462,11 +521,11 @@ fn known_flow<F: Family>(
 #[inline(never)]
 fn known_flow_apart<F: Family>(
     packet: &Packet<F::Addr>,
-    closes: bool,
+    ending: Ending,
     now: u32,
     entry: &mut FlowEntry<F::Addr>,
 ) -> i32 {
-    match known_flow_here::<F>(packet, closes, now, entry) {
+    match known_flow_here::<F>(packet, ending, now, entry) {
         Ok(known) => i32::from(known),
         Err(Error) => -1,
     }
@@ -475,19 +534,16 @@ fn known_flow_apart<F: Family>(
 #[inline(always)]
 fn known_flow_here<F: Family>(
     packet: &Packet<F::Addr>,
-    closes: bool,
+    ending: Ending,
     now: u32,
     entry: &mut FlowEntry<F::Addr>,
 ) -> Result<bool, Error> {
-    if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, closes, now) {
-        if !found.confirmed
-            && found.entry.flags & CT_FLAG_CLOSING != 0
-            && packet.opens_connection()
-            && !expired(&found, packet, now)
+    if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, ending, now) {
+        if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
         {
             conntrack::reopen::<F>(&packet.tuple, &mut found.entry);
         }
-        if !keeps_backend::<F>(&found, packet, now) {
+        if !keeps_backend::<F>(&found, packet) {
             // Chosen afresh below; the old entries must neither shadow the new ones nor
             // hold their SNAT port.
             conntrack::forget::<F>(&packet.tuple, &found);
@@ -499,9 +555,8 @@ fn known_flow_here<F: Family>(
             if !found.confirmed
                 && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
                 && !packet.opens_connection()
-                && !closes
-                && let Err(error) =
-                    conntrack::confirm::<F>(&packet.tuple, &found.entry, closes, now)
+                && ending == Ending::None
+                && let Err(error) = conntrack::confirm::<F>(&packet.tuple, &found.entry, now)
             {
                 log::conntrack_not_confirmed(error);
                 bump(|c| &mut c.errors);
@@ -532,19 +587,16 @@ fn trace_external<A: TracedValue>(decision: &Decision<&A>, tuple: &Tuple<A>, pac
     trace::external(decision, (&tuple.source, tuple.source_port), packet);
 }
 
-/// Whether a known flow stays with its backend. An idle-expired flow starts afresh, and so
-/// does a TCP SYN on a closed connection (the client reuses its port; an unconfirmed flow
+/// Whether a known flow stays with its backend (conntrack never returns one idle past its
+/// timeout). A TCP SYN on a closed connection starts afresh (the client reuses its port; an unconfirmed flow
 /// reset during its handshake was reopened instead, see [`conntrack::reopen`]). An open TCP
 /// connection stays even when its backend left the service, as with kube-proxy's
 /// conntrack: a terminating pod drains its connections. A new connection or a UDP
 /// datagram whose backend is gone chooses again, so new flows never reach a removed
 /// backend.
 #[inline(always)]
-fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>, now: u32) -> bool {
+fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>) -> bool {
     let entry = &found.entry;
-    if expired(found, packet, now) {
-        return false;
-    }
     if packet.tuple.protocol == PROTO_TCP && !packet.opens_connection() {
         return true;
     }
@@ -554,14 +606,6 @@ fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>, no
     F::backend(entry.backend_id).is_some_and(|(address, port)| {
         address == entry.destination && port == entry.destination_port
     })
-}
-
-/// Whether a known flow was idle past its timeout before this packet.
-#[inline(always)]
-fn expired<A>(found: &Found<A>, packet: &Packet<A>, now: u32) -> bool {
-    let timeouts = CtTimeouts::of(NODE.get(0));
-    let timeout = timeouts.timeout_s(packet.tuple.protocol, found.entry.flags, found.confirmed);
-    found.entry.expired(now, timeout)
 }
 
 /// A new flow: its backend chosen, its conntrack entries made (written to `out`).

@@ -14,6 +14,7 @@ use socklb_abi::{
 };
 
 use crate::{
+    icmp::Quoting,
     lb, log,
     maps::{
         AFFINITY, AFFINITY_CAPACITY, AFFINITY6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK_NEW,
@@ -79,7 +80,7 @@ pub struct Slot<A> {
 pub type CtTable<F> = LruHashMap<<F as Family>::CtKey, <F as Family>::CtEntry, CT_CAPACITY>;
 
 pub trait Family: Sized + 'static {
-    type Addr: Address + TracedValue;
+    type Addr: Address + Quoting + TracedValue;
     type CtKey: Copy;
     type CtEntry: Copy;
     type AffinityKey: Copy;

@@ -17,6 +17,7 @@ mod destroy;
 mod external;
 mod family;
 mod getpeername;
+mod icmp;
 mod lb;
 mod log;
 mod maps;

@@ -19,7 +19,7 @@ use crate::{
     maps::{FRAGMENTS, FRAGMENTS6},
 };
 
-const ETH_HLEN: usize = 14;
+pub const ETH_HLEN: usize = 14;
 /// EtherTypes, host order.
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
@@ -28,13 +28,13 @@ const IP_CHECK_OFFSET: usize = ETH_HLEN + 10;
 const IP_SOURCE_OFFSET: usize = ETH_HLEN + 12;
 const IP_DESTINATION_OFFSET: usize = ETH_HLEN + 16;
 /// More-fragments flag and fragment offset, in the host-order `frag_off`.
-const IP_FRAGMENT_MASK: u16 = 0x3fff;
+pub const IP_FRAGMENT_MASK: u16 = 0x3fff;
 /// Fragment offset alone.
-const IP_OFFSET_MASK: u16 = 0x1fff;
+pub const IP_OFFSET_MASK: u16 = 0x1fff;
 const IPV6_HOP_LIMIT_OFFSET: usize = ETH_HLEN + 7;
 const IPV6_SOURCE_OFFSET: usize = ETH_HLEN + 8;
 const IPV6_DESTINATION_OFFSET: usize = ETH_HLEN + 24;
-const IPV6_HEADER_LEN: usize = 40;
+pub const IPV6_HEADER_LEN: usize = 40;
 /// IPv6 extension headers socklb walks (next-header values).
 const IPV6_HOP_BY_HOP: u8 = 0;
 const IPV6_ROUTING: u8 = 43;
@@ -47,6 +47,8 @@ const IPV6_MAX_EXTENSION_HEADERS: usize = 4;
 /// header's host-order `offset_flags`.
 const IPV6_OFFSET_MASK: u16 = 0xfff8;
 const IPV6_MORE_FRAGMENTS: u16 = 0x0001;
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_ICMPV6: u8 = 58;
 const TCP_CHECK_OFFSET: usize = 16;
 const TCP_FLAGS_OFFSET: usize = 13;
 const UDP_CHECK_OFFSET: usize = 6;
@@ -57,28 +59,28 @@ const TCP_ACK: u8 = 0x10;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Ipv4Header {
-    version_ihl: u8,
-    tos: u8,
-    total_length: u16,
-    id: u16,
-    fragment: u16,
-    ttl: u8,
-    protocol: u8,
-    check: u16,
-    source: u32,
-    destination: u32,
+pub struct Ipv4Header {
+    pub version_ihl: u8,
+    pub tos: u8,
+    pub total_length: u16,
+    pub id: u16,
+    pub fragment: u16,
+    pub ttl: u8,
+    pub protocol: u8,
+    pub check: u16,
+    pub source: u32,
+    pub destination: u32,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct Ipv6Header {
-    version_class_flow: u32,
-    payload_length: u16,
-    next_header: u8,
-    hop_limit: u8,
-    source: Ipv6Words,
-    destination: Ipv6Words,
+pub struct Ipv6Header {
+    pub version_class_flow: u32,
+    pub payload_length: u16,
+    pub next_header: u8,
+    pub hop_limit: u8,
+    pub source: Ipv6Words,
+    pub destination: Ipv6Words,
 }
 
 #[repr(C)]
@@ -108,6 +110,21 @@ pub struct L4Sum {
 pub trait Address: Copy + PartialEq {
     const SOURCE_OFFSET: usize;
     const DESTINATION_OFFSET: usize;
+    /// The same offsets within the IP header (where an ICMP error quotes one).
+    const HEADER_SOURCE: usize = Self::SOURCE_OFFSET - ETH_HLEN;
+    const HEADER_DESTINATION: usize = Self::DESTINATION_OFFSET - ETH_HLEN;
+
+    /// Writes `new` over `old` at `offset`, in the IP header an ICMP error quotes (at
+    /// `quoted`): IPv4 fixes the quoted header's checksum, whose change cancels the
+    /// address's in the ICMP checksum; IPv6 fixes the ICMPv6 checksum (at `icmp_check`).
+    fn store_quoted(
+        ctx: &TcContext,
+        offset: usize,
+        old: Self,
+        new: Self,
+        quoted: usize,
+        icmp_check: usize,
+    ) -> Result<(), PacketError>;
 
     /// Writes `new` over `old` at `offset`, fixing the IP header checksum (IPv4) and, with
     /// `l4` (the L4 checksum's offset and flags), the L4 pseudo-header sum.
@@ -150,6 +167,25 @@ impl Address for u32 {
             u64::from(old),
             u64::from(new),
             u64::from(BPF_F_PSEUDO_HDR) | l4.flags | 4,
+        )
+        .map_err(|_| PacketError)
+    }
+
+    #[inline(always)]
+    fn store_quoted(
+        ctx: &TcContext,
+        offset: usize,
+        old: Self,
+        new: Self,
+        quoted: usize,
+        _icmp_check: usize,
+    ) -> Result<(), PacketError> {
+        ctx.store(offset, &new, 0).map_err(|_| PacketError)?;
+        ctx.l3_csum_replace(
+            quoted + IP_CHECK_OFFSET - ETH_HLEN,
+            u64::from(old),
+            u64::from(new),
+            4,
         )
         .map_err(|_| PacketError)
     }
@@ -214,6 +250,25 @@ impl Address for Ipv6Words {
     }
 
     #[inline(always)]
+    fn store_quoted(
+        ctx: &TcContext,
+        offset: usize,
+        old: Self,
+        new: Self,
+        _quoted: usize,
+        icmp_check: usize,
+    ) -> Result<(), PacketError> {
+        ctx.store(offset, &new, 0).map_err(|_| PacketError)?;
+        for i in 0..4 {
+            if old[i] != new[i] {
+                ctx.l4_csum_replace(icmp_check, u64::from(old[i]), u64::from(new[i]), 4)
+                    .map_err(|_| PacketError)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[inline(always)]
     fn decrement_hop_limit(ctx: &TcContext, current: u8, _protocol: u8) -> Result<(), PacketError> {
         ctx.store(IPV6_HOP_LIMIT_OFFSET, &current.wrapping_sub(1), 0)
             .map_err(|_| PacketError)
@@ -223,6 +278,17 @@ impl Address for Ipv6Words {
     fn log_rewrite_failed(self) {
         log::rewrite_failed6(ipv6_octets(self));
     }
+}
+
+/// What a TCP packet says about the end of its connection (`None` for UDP).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Ending {
+    None,
+    /// FIN: this direction is done sending; the other may go on (a half-close).
+    Fin,
+    /// RST: the connection is over.
+    Reset,
 }
 
 /// A packet's flow identity as it arrives; addresses and ports in network byte order.
@@ -251,6 +317,9 @@ pub struct Packet<'a, A> {
     /// The packet carries the L4 header (not a fragment after the first): ports and the L4
     /// checksum are in it.
     has_l4: bool,
+    /// The L4 checksum covers the addresses (a pseudo-header): TCP, UDP and ICMPv6, not
+    /// ICMPv4, and not a fragment after the first.
+    pseudo_sum: bool,
 }
 
 /// The EtherType of the frame (host order).
@@ -322,6 +391,7 @@ fn finish<'a, A: Address>(
         l4_check_offset: l3.l4_offset + l4_check,
         mangled: false,
         has_l4: l3.has_l4,
+        pseudo_sum: l3.has_l4,
     })
 }
 
@@ -396,6 +466,7 @@ impl<'a> Packet<'a, Ipv6Words> {
         packet.l4_check_offset = parsed.l4_check_offset;
         packet.mangled = false;
         packet.has_l4 = parsed.has_l4;
+        packet.pseudo_sum = parsed.pseudo_sum;
         true
     }
 
@@ -421,6 +492,7 @@ impl<'a> Packet<'a, Ipv6Words> {
             l4_check_offset: zero as usize,
             mangled: false,
             has_l4: false,
+            pseudo_sum: false,
         }
     }
 
@@ -506,7 +578,43 @@ impl<'a> Packet<'a, Ipv6Words> {
     }
 }
 
-impl<A: Address> Packet<'_, A> {
+impl<'a, A: Address> Packet<'a, A> {
+    /// An ICMP error (protocol `protocol`: ICMP or ICMPv6) as a packet of its own, for its
+    /// addresses to be rewritten and the packet forwarded like any other: it has no ports,
+    /// and its checksum, at `icmp_check`, covers the addresses only for ICMPv6.
+    #[inline(always)]
+    pub fn icmp_error(
+        ctx: &'a TcContext,
+        source: A,
+        destination: A,
+        protocol: u8,
+        ttl: u8,
+        icmp_check: usize,
+    ) -> Self {
+        Self {
+            ctx,
+            tuple: Tuple {
+                source,
+                destination,
+                source_port: 0,
+                destination_port: 0,
+                protocol,
+            },
+            tcp_flags: 0,
+            ttl,
+            l4_offset: icmp_check,
+            l4_check_offset: icmp_check,
+            mangled: false,
+            has_l4: false,
+            pseudo_sum: protocol == PROTO_ICMPV6,
+        }
+    }
+
+    /// The program context the packet is read from.
+    pub fn context(&self) -> &'a TcContext {
+        self.ctx
+    }
+
     /// Whether any byte of the packet may have been rewritten.
     pub fn mangled(&self) -> bool {
         self.mangled
@@ -517,9 +625,15 @@ impl<A: Address> Packet<'_, A> {
         self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
     }
 
-    /// A TCP FIN or RST: the connection is ending.
-    pub fn closes_connection(&self) -> bool {
-        self.tcp_flags & (TCP_FIN | TCP_RST) != 0
+    /// What the packet says about the end of its TCP connection.
+    pub fn ending(&self) -> Ending {
+        if self.tcp_flags & TCP_RST != 0 {
+            Ending::Reset
+        } else if self.tcp_flags & TCP_FIN != 0 {
+            Ending::Fin
+        } else {
+            Ending::None
+        }
     }
 
     /// Rewrites addresses and ports (network byte order), fixing the checksums. Fields
@@ -543,7 +657,7 @@ impl<A: Address> Packet<'_, A> {
         // Addresses are part of the L4 pseudo-header (its checksum is in the first
         // fragment, which covers the whole datagram).
         let l4 = L4Sum {
-            present: self.has_l4,
+            present: self.pseudo_sum,
             offset: self.l4_check_offset,
             flags: self.l4_flags(),
         };

@@ -1,0 +1,231 @@
+//! Real network paths: ICMP errors about a flow from outside reach the host that can act
+//! on them, quoting what it sent.
+//!
+//! - A hop with an MTU of 1,280 between an outside client and the node (a tunnel, PPPoE, an
+//!   IPv6 router that never fragments): the router's "fragmentation needed" (Packet Too
+//!   Big) quotes the frontend's reply; translated back, it lowers the backend's path MTU,
+//!   and a 1 MiB HTTP response through a NodePort arrives whole, from a local and from a
+//!   remote backend, with no MSS clamping anywhere.
+//! - A backend without a listener on the target port answers UDP with port unreachable;
+//!   translated, it reaches the client's connected socket as ECONNREFUSED at once.
+use std::{
+    io::ErrorKind,
+    net::{SocketAddr, TcpStream, UdpSocket},
+    path::{Path, PathBuf},
+    process::{Child, Stdio},
+    time::{Duration, Instant},
+};
+
+use socklb_tests::{
+    Agent, ManifestDir, Sandbox,
+    family::Family,
+    lan::{Addresses, addresses, counters, lan},
+    netns::Netns,
+};
+
+/// The size of the HTTP response: many segments above the path's MTU.
+const BODY: usize = 1 << 20;
+
+#[test]
+fn a_1280_mtu_hop_before_the_client_leaves_nodeport_transfers_whole_over_ipv4() {
+    a_small_mtu_hop_before_the_client(Family::V4);
+}
+
+#[test]
+fn a_1280_mtu_hop_before_the_client_leaves_nodeport_transfers_whole_over_ipv6() {
+    a_small_mtu_hop_before_the_client(Family::V6);
+}
+
+fn a_small_mtu_hop_before_the_client(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("pmtu{}", family.tag()));
+    let lan = lan(&format!("m{}", family.tag()));
+    let far = lan.far_client(1280);
+    let files = WebRoot::new(&sandbox);
+    let _servers = [
+        HttpServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), &files.0),
+        HttpServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080), &files.0),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    a.nodes(&manifests);
+    let ports = |port: u16| {
+        format!("[{{name: http, port: 80, targetPort: 8080, nodePort: {port}, protocol: TCP}}]")
+    };
+    manifests.write(
+        "web.yaml",
+        &format!(
+            "{}---\n{}---\n{}---\n{}",
+            a.service("local", 61, &ports(30061), "  type: NodePort", false),
+            a.slice(
+                "local-1",
+                "local",
+                ("http", 8080, "TCP"),
+                &[a.pod1_endpoint()]
+            ),
+            a.service("remote", 62, &ports(30062), "  type: NodePort", false),
+            a.slice(
+                "remote-1",
+                "remote",
+                ("http", 8080, "TCP"),
+                &[a.pod2_endpoint()]
+            ),
+        ),
+    );
+    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let before = counters(&sandbox);
+
+    for (backend, port) in [("local", 30061), ("remote", 30062)] {
+        let url = format!("http://{}/big", Addresses::at(a.node1, port));
+        let output = far.client.output(
+            "curl",
+            &[
+                "--silent",
+                "--show-error",
+                "--max-time",
+                "20",
+                "--output",
+                "/dev/null",
+                "--write-out",
+                "%{size_download}",
+                &url,
+            ],
+        );
+        let received = String::from_utf8_lossy(&output.stdout);
+        assert_eq!(
+            received,
+            BODY.to_string(),
+            "{backend} backend: 1 MiB through {url} across a 1,280 MTU hop ({}); {:?}",
+            String::from_utf8_lossy(&output.stderr),
+            counters(&sandbox)
+        );
+    }
+    let after = counters(&sandbox);
+    assert!(
+        after.icmp_errors_translated > before.icmp_errors_translated,
+        "the router's errors were translated: {after:?}"
+    );
+    assert_eq!(after.errors, before.errors, "{after:?}");
+    drop(far);
+}
+
+#[test]
+fn port_unreachable_from_a_backend_refuses_the_client_at_once_over_ipv4() {
+    port_unreachable_from_a_backend(Family::V4);
+}
+
+#[test]
+fn port_unreachable_from_a_backend_refuses_the_client_at_once_over_ipv6() {
+    port_unreachable_from_a_backend(Family::V6);
+}
+
+fn port_unreachable_from_a_backend(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("unreach{}", family.tag()));
+    let lan = lan(&format!("u{}", family.tag()));
+    // No server listens on the target port in either pod.
+    let manifests = ManifestDir::new(&sandbox);
+    a.nodes(&manifests);
+    let ports = |port: u16| {
+        format!("[{{name: dns, port: 53, targetPort: 5999, nodePort: {port}, protocol: UDP}}]")
+    };
+    manifests.write(
+        "dns.yaml",
+        &format!(
+            "{}---\n{}---\n{}---\n{}",
+            a.service("local", 63, &ports(30063), "  type: NodePort", false),
+            a.slice(
+                "local-1",
+                "local",
+                ("dns", 5999, "UDP"),
+                &[a.pod1_endpoint()]
+            ),
+            a.service("remote", 64, &ports(30064), "  type: NodePort", false),
+            a.slice(
+                "remote-1",
+                "remote",
+                ("dns", 5999, "UDP"),
+                &[a.pod2_endpoint()]
+            ),
+        ),
+    );
+    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+
+    for (backend, port) in [("local", 30063), ("remote", 30064)] {
+        let frontend = Addresses::at(a.node1, port);
+        let refused = lan.client.enter(|| {
+            let client = UdpSocket::bind(Addresses::at(a.client, 0)).expect("bind");
+            client.connect(&frontend).expect("connect");
+            client
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            client.send(b"query").expect("send");
+            let mut buffer = [0u8; 64];
+            client.recv(&mut buffer).map_err(|e| e.kind())
+        });
+        assert_eq!(
+            refused,
+            Err(ErrorKind::ConnectionRefused),
+            "{backend} backend without a listener: the client's socket connected to \
+             {frontend} must get the port unreachable as ECONNREFUSED, not wait"
+        );
+    }
+    assert!(counters(&sandbox).icmp_errors_translated >= 2);
+}
+
+/// The servers' directory, holding `big` ([`BODY`] bytes); removed when dropped.
+struct WebRoot(PathBuf);
+
+impl WebRoot {
+    fn new(sandbox: &Sandbox) -> Self {
+        let dir = std::env::temp_dir().join(format!("{}-www", sandbox.name));
+        std::fs::create_dir_all(&dir).expect("create the web root");
+        let root = Self(dir);
+        std::fs::write(root.0.join("big"), vec![b'x'; BODY]).expect("write the response body");
+        root
+    }
+}
+
+impl Drop for WebRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Python's HTTP server in a pod's namespace, serving `root`; killed when dropped.
+struct HttpServer(Child);
+
+impl HttpServer {
+    fn start(pod: &Netns, address: SocketAddr, root: &Path) -> Self {
+        let child = pod
+            .command("python3")
+            .args(["-m", "http.server", "--bind"])
+            .arg(address.ip().to_string())
+            .arg("--directory")
+            .arg(root)
+            .arg(address.port().to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prerequisite missing: python3 (its http.server serves the test's file)");
+        let server = Self(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pod
+            .enter(|| TcpStream::connect_timeout(&address, Duration::from_millis(200)))
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "python3 -m http.server did not listen on {address}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

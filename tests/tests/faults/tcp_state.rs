@@ -1,0 +1,231 @@
+//! TCP state as netfilter keeps it, for flows from outside:
+//!
+//! - A half-closed flow lives on: the client sends its request, shuts down writing (`nc
+//!   -N`, uploaders) and the server answers long after the closing timeout; the answer and
+//!   the close arrive, from a local and from a remote backend.
+//! - A flow's entries stop translating once idle past their timeout: the same client,
+//!   from the same port, then talks to the pod directly and sees the pod, not the
+//!   NodePort it used before.
+use std::{
+    io::{Read as _, Write as _},
+    net::{Shutdown, SocketAddr, TcpListener},
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use socklb_tests::{
+    Agent, ManifestDir, Sandbox,
+    family::Family,
+    lan::{Addresses, addresses, counters, lan},
+    netns::Netns,
+};
+
+/// The closing timeout the agent runs with: short, so that waiting past it is quick.
+const CLOSE_TIMEOUT: &str = "1s";
+/// How long the half-closed flow stays quiet: well past [`CLOSE_TIMEOUT`].
+const QUIET: Duration = Duration::from_secs(4);
+
+#[test]
+fn a_half_closed_flow_gets_its_late_answer_over_ipv4() {
+    a_half_closed_flow_gets_its_late_answer(Family::V4);
+}
+
+#[test]
+fn a_half_closed_flow_gets_its_late_answer_over_ipv6() {
+    a_half_closed_flow_gets_its_late_answer(Family::V6);
+}
+
+fn a_half_closed_flow_gets_its_late_answer(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("halfclose{}", family.tag()));
+    let lan = lan(&format!("h{}", family.tag()));
+    let servers = [
+        AfterFinServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), QUIET, 1),
+        AfterFinServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080), QUIET, 1),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    two_node_ports(&a, &manifests, 8080);
+    let _agent = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node1",
+        &["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT],
+    );
+
+    for (backend, port) in [("local", 30071), ("remote", 30072)] {
+        let frontend: SocketAddr = Addresses::at(a.node1, port).parse().expect("address");
+        let answer = lan.client.enter(|| {
+            let mut stream =
+                std::net::TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+                    .expect("connect through the NodePort");
+            stream
+                .set_read_timeout(Some(QUIET * 3))
+                .expect("read timeout");
+            stream.write_all(b"request").expect("send the request");
+            stream.shutdown(Shutdown::Write).expect("half-close");
+            let mut answer = String::new();
+            stream
+                .read_to_string(&mut answer)
+                .map(|_| answer)
+                .map_err(|e| e.to_string())
+        });
+        assert_eq!(
+            answer.as_deref(),
+            Ok("answer to request"),
+            "{backend} backend: the answer sent {QUIET:?} after the client's FIN, and the \
+             server's close, reach the client; {:?}",
+            counters(&sandbox)
+        );
+    }
+    for server in servers {
+        server.join();
+    }
+}
+
+#[test]
+fn an_idle_flow_s_entries_leave_a_direct_connection_from_the_same_port_alone_over_ipv4() {
+    an_idle_flow_s_entries_leave_a_direct_connection_alone(Family::V4);
+}
+
+#[test]
+fn an_idle_flow_s_entries_leave_a_direct_connection_from_the_same_port_alone_over_ipv6() {
+    an_idle_flow_s_entries_leave_a_direct_connection_alone(Family::V6);
+}
+
+fn an_idle_flow_s_entries_leave_a_direct_connection_alone(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("stale{}", family.tag()));
+    let lan = lan(&format!("s{}", family.tag()));
+    let server = AfterFinServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), Duration::ZERO, 2);
+    let manifests = ManifestDir::new(&sandbox);
+    two_node_ports(&a, &manifests, 8080);
+    let _agent = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node1",
+        &["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT],
+    );
+    // The client reaches the pods directly too, through node1.
+    let family_flag = match family {
+        Family::V4 => "-4",
+        Family::V6 => "-6",
+    };
+    lan.client
+        .ip(&[family_flag, "route", "add", a.pod_cidr, "via", a.node1]);
+    let client_port = 40123;
+    let node_port: SocketAddr = Addresses::at(a.node1, 30071).parse().expect("address");
+    let pod: SocketAddr = SocketAddr::new(a.pod1, 8080);
+
+    let through_node_port = lan
+        .client
+        .enter(|| exchange(a.client, client_port, node_port));
+    assert_eq!(
+        through_node_port.0, node_port,
+        "the NodePort flow: {through_node_port:?}"
+    );
+    assert_eq!(through_node_port.1, "answer to request");
+    // Its entries are closing (FINs both ways; the client closed first, so the pod holds
+    // no TIME_WAIT for the tuple the direct connection uses): idle past the closing
+    // timeout, they must translate nothing.
+    std::thread::sleep(Duration::from_secs(3));
+    let direct = lan.client.enter(|| exchange(a.client, client_port, pod));
+    assert_eq!(
+        direct.0,
+        pod,
+        "a direct connection from the port the NodePort flow used sees the pod: {direct:?}; \
+         {:?}",
+        counters(&sandbox)
+    );
+    assert_eq!(direct.1, "answer to request");
+    server.join();
+}
+
+/// A NodePort Service to pod1 (30071) and one to pod2 (30072), both on `target`.
+fn two_node_ports(a: &Addresses, manifests: &ManifestDir, target: u16) {
+    a.nodes(manifests);
+    let ports = |port: u16| {
+        format!("[{{name: tcp, port: 80, targetPort: {target}, nodePort: {port}, protocol: TCP}}]")
+    };
+    manifests.write(
+        "svc.yaml",
+        &format!(
+            "{}---\n{}---\n{}---\n{}",
+            a.service("local", 71, &ports(30071), "  type: NodePort", false),
+            a.slice(
+                "local-1",
+                "local",
+                ("tcp", target, "TCP"),
+                &[a.pod1_endpoint()]
+            ),
+            a.service("remote", 72, &ports(30072), "  type: NodePort", false),
+            a.slice(
+                "remote-1",
+                "remote",
+                ("tcp", target, "TCP"),
+                &[a.pod2_endpoint()]
+            ),
+        ),
+    );
+}
+
+/// Connects from `client:port` to `target` (in the namespace it is called in), sends a
+/// request and its FIN, and reads the answer to the end: the peer it saw and the answer.
+fn exchange(client: &str, port: u16, target: SocketAddr) -> (SocketAddr, String) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let socket = match target {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+        }
+        .expect("socket");
+        socket.set_reuseaddr(true).expect("SO_REUSEADDR");
+        socket
+            .bind(Addresses::at(client, port).parse().expect("client address"))
+            .expect("bind the client's port");
+        let stream = tokio::time::timeout(Duration::from_secs(5), socket.connect(target))
+            .await
+            .unwrap_or_else(|_| panic!("connect to {target} from port {port} timed out"))
+            .unwrap_or_else(|e| panic!("connect to {target} from port {port}: {e}"));
+        let peer = stream.peer_addr().expect("peer");
+        let mut stream = stream.into_std().expect("std stream");
+        stream.set_nonblocking(false).expect("blocking");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("read timeout");
+        stream.write_all(b"request").expect("send the request");
+        stream.shutdown(Shutdown::Write).expect("half-close");
+        let mut answer = String::new();
+        stream
+            .read_to_string(&mut answer)
+            .unwrap_or_else(|e| panic!("read from {target}: {e}"));
+        (peer, answer)
+    })
+}
+
+/// A server that reads each client's request to the end (the client's FIN), stays quiet
+/// for `quiet`, then answers and closes; it serves `connections` clients, one at a time.
+struct AfterFinServer(JoinHandle<()>);
+
+impl AfterFinServer {
+    fn start(pod: &Netns, address: SocketAddr, quiet: Duration, connections: usize) -> Self {
+        let listener = pod.enter(|| TcpListener::bind(address).expect("bind the server"));
+        Self(std::thread::spawn(move || {
+            for _ in 0..connections {
+                let (mut stream, _) = listener.accept().expect("accept");
+                let mut request = String::new();
+                stream
+                    .read_to_string(&mut request)
+                    .expect("read the request");
+                std::thread::sleep(quiet);
+                let _ = stream.write_all(format!("answer to {request}").as_bytes());
+            }
+        }))
+    }
+
+    fn join(self) {
+        self.0.join().expect("the server");
+    }
+}
