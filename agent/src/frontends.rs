@@ -162,6 +162,7 @@ mod tests {
                         affinity_timeout_seconds: None,
                         source_ranges: None,
                         maglev: false,
+                        no_endpoints: false,
                     },
                     why: Why {
                         policy: Policy::Cluster,

@@ -542,6 +542,7 @@ fn desired_states() -> impl Strategy<Value = Vec<Desired>> {
                     affinity_timeout_seconds: None,
                     source_ranges: None,
                     maglev: false,
+                    no_endpoints: false,
                 },
             );
         }

@@ -14,9 +14,9 @@ use socklb_abi::{
     AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityKey6, CT_FLAG_CLOSING,
     CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtEntry6, CtKey, CtKey6,
     FragmentKey, FragmentKey6, FragmentPorts, FrontendName, Ipv6Words, SERVICE_FLAG_AFFINITY,
-    SERVICE_FLAG_MAGLEV, SOURCE_RANGE_FRONTEND_BITS, SOURCE_RANGE6_FRONTEND_BITS, ServiceEntry,
-    ServiceEntry6, ServiceKey, ServiceKey6, SourceRange, SourceRange6, SourceVerdict, ipv6_octets,
-    map_names,
+    SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, SOURCE_RANGE_FRONTEND_BITS,
+    SOURCE_RANGE6_FRONTEND_BITS, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SourceRange,
+    SourceRange6, SourceVerdict, ipv6_octets, map_names,
 };
 
 use crate::dataplane::{
@@ -63,6 +63,10 @@ pub struct FrontendState {
     /// New flows from outside choose by Maglev hashing.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub maglev: bool,
+    /// Without backends, traffic from outside is refused (ICMP port unreachable): the
+    /// Service has no endpoint at all. Otherwise an empty external frontend drops it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refuses: bool,
 }
 
 #[derive(Debug, Serialize)]
@@ -277,6 +281,7 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
                 .then_some(master.affinity_timeout_s),
             backends,
             maglev: master.flags & SERVICE_FLAG_MAGLEV != 0,
+            refuses: master.flags & SERVICE_FLAG_REJECT != 0,
             source_ranges: (frontend.scope == Scope::External)
                 .then(|| {
                     ranges
@@ -505,6 +510,11 @@ pub fn table(inspection: &Inspection) -> String {
         };
         let backends = if state.maglev {
             format!("{backends}  (maglev)")
+        } else {
+            backends
+        };
+        let backends = if state.refuses {
+            format!("{backends}  (refused: no endpoints)")
         } else {
             backends
         };

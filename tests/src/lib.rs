@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod echo;
 pub mod fake_apiserver;
 pub mod family;
+pub mod forged;
 pub mod hold;
 pub mod lan;
 pub mod netns;
@@ -673,6 +674,7 @@ pub fn spec<'a>(servers: impl IntoIterator<Item = &'a NamedServer>) -> FrontendS
         affinity_timeout_seconds: None,
         source_ranges: None,
         maglev: false,
+        no_endpoints: false,
     }
 }
 

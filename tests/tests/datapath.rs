@@ -168,6 +168,7 @@ fn dns_through_a_vip_reaches_real_dnsmasq_servers_and_replies_come_from_the_vip(
             affinity_timeout_seconds: None,
             source_ranges: None,
             maglev: false,
+            no_endpoints: false,
         },
     );
     let _dataplane = sandbox.programmed(&desired);
@@ -599,6 +600,7 @@ fn bpftool_map_dump_shows_named_fields() {
             affinity_timeout_seconds: Some(30),
             source_ranges: None,
             maglev: false,
+            no_endpoints: false,
         },
     );
     let _dataplane = sandbox.programmed(&desired);

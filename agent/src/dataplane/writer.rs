@@ -22,7 +22,9 @@ use std::{
     net::IpAddr,
 };
 
-use socklb_abi::{SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, ServiceKey, ServiceKey6};
+use socklb_abi::{
+    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, ServiceKey, ServiceKey6,
+};
 
 use super::{
     desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol},
@@ -645,6 +647,9 @@ impl<S: Store> Writer<S> {
         if spec.maglev {
             flags |= SERVICE_FLAG_MAGLEV;
         }
+        if spec.no_endpoints && spec.backends.is_empty() {
+            flags |= SERVICE_FLAG_REJECT;
+        }
 
         // Backend ids: existing ones reused, new ones reserved (written only if accepted).
         let mut new_backends: Vec<(u32, BackendAddr)> = Vec::new();
@@ -1107,6 +1112,7 @@ mod tests {
                     affinity_timeout_seconds: None,
                     source_ranges: None,
                     maglev: false,
+                    no_endpoints: false,
                 },
             );
         }
@@ -1382,6 +1388,7 @@ mod tests {
             affinity_timeout_seconds: None,
             source_ranges: None,
             maglev: false,
+            no_endpoints: false,
         };
         // Frontend 1 now uses backend 3 only; frontend 3 is removed (never existed: no-op).
         let changes = BTreeMap::from([(frontend(1), Some(&spec)), (frontend(3), None)]);

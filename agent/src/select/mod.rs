@@ -147,6 +147,8 @@ fn select_port(
     let endpoints = endpoints_for_port(slices, family, &port.name, port.protocol, node);
     let cluster = cluster_selection(service, &endpoints, node, node_labels);
     let local = local_selection(service, &endpoints, node);
+    // kube-proxy rejects (rather than drops) for a Service with no endpoint it could reach.
+    let no_endpoints = cluster.backends.is_empty() && local.backends.is_empty();
     let choose = |policy: Policy| match policy {
         Policy::Cluster => &cluster,
         Policy::Local => &local,
@@ -180,6 +182,7 @@ fn select_port(
                 affinity_timeout_seconds: service.affinity_timeout_seconds,
                 source_ranges,
                 maglev: service.maglev && scope == Scope::External,
+                no_endpoints,
             },
             why: Why {
                 policy,

@@ -102,6 +102,10 @@ pub mod map_names {
     /// programs' own). Not pinned: it holds nothing between two packets, and each load of
     /// the programs has its own.
     pub const SCRATCH6: &str = "socklb_scr6_v1";
+    /// Per-CPU count of the ICMP answers the TC programs sent in the current second
+    /// (refusals of frontends without endpoints are rate limited). Not pinned: each load
+    /// starts afresh.
+    pub const REJECT_BUDGET: &str = "socklb_rej_v1";
 
     /// Every map socklb pins, in the order the agent reports them.
     pub const ALL: [&str; 27] = [
@@ -210,6 +214,11 @@ pub const SERVICE_FLAG_AFFINITY: u16 = 1 << 0;
 /// [`ServiceEntry::flags`] of an external frontend: new flows take the backend of their
 /// Maglev table position instead of a random one.
 pub const SERVICE_FLAG_MAGLEV: u16 = 1 << 1;
+/// [`ServiceEntry::flags`] of an external frontend without backends: its Service has no
+/// endpoint for the port anywhere, so a packet from outside is refused (ICMP port
+/// unreachable), as kube-proxy's REJECT does. Without it an empty frontend drops
+/// (externalTrafficPolicy Local with endpoints on other nodes only, as kube-proxy's DROP).
+pub const SERVICE_FLAG_REJECT: u16 = 1 << 2;
 
 /// Key of the Maglev map: a frontend (by service id) and a table position.
 #[repr(C)]
@@ -481,6 +490,26 @@ pub const CT_FLAG_SEEN_REPLY: u16 = 1 << 2;
 /// sending (a half-close, `shutdown(SHUT_WR)`), so the flow keeps its timeout; once both
 /// directions sent a FIN, both entries are marked [`CT_FLAG_CLOSING`].
 pub const CT_FLAG_FIN: u16 = 1 << 3;
+/// [`CtEntry::flags`]: [`CtEntry::sequence_high`] holds where this direction's TCP
+/// sequence numbers are. Entries written before it existed lack it and trust any segment.
+pub const CT_FLAG_SEQUENCE: u16 = 1 << 4;
+
+/// How far (in units of 65,536 sequence numbers, either way) a TCP segment's sequence
+/// number may be from the last one its direction sent for the segment to count on a
+/// confirmed flow: 1 MiB, about as wide as the receive window netfilter checks against. A
+/// segment outside (a blind RST, a SYN on a live flow) is passed on, for its receiver to
+/// check again (RFC 5961), but neither ends the flow nor moves where it is, so that a
+/// blind RST and a following SYN cannot tear down a live flow.
+pub const SEQUENCE_WINDOW_HIGH: u16 = 16;
+
+/// Whether a segment whose sequence number has `high` as its high 16 bits is within
+/// [`SEQUENCE_WINDOW_HIGH`] of `sent_high`, its direction's last one.
+#[must_use]
+#[inline(always)]
+pub fn in_sequence_window(sent_high: u16, high: u16) -> bool {
+    let distance = sent_high.wrapping_sub(high);
+    distance <= SEQUENCE_WINDOW_HIGH || distance >= SEQUENCE_WINDOW_HIGH.wrapping_neg()
+}
 
 /// Default idle time after which a flow's entries may be reused (its SNAT port given to a
 /// new flow, its backend chosen afresh), per state; [`NodeConfig`] may set others. The maps
@@ -509,7 +538,9 @@ pub struct CtEntry {
     pub last_seen_s: u32,
     /// `CT_FLAG_*` bits.
     pub flags: u16,
-    pub pad: u16,
+    /// With [`CT_FLAG_SEQUENCE`]: the high 16 bits of the TCP sequence number last sent in
+    /// this direction, which a segment must be near to count (see [`in_sequence_window`]).
+    pub sequence_high: u16,
 }
 
 impl CtEntry {
@@ -813,7 +844,8 @@ pub struct CtEntry6 {
     pub service_id: u32,
     pub last_seen_s: u32,
     pub flags: u16,
-    pub pad: u16,
+    /// As [`CtEntry::sequence_high`].
+    pub sequence_high: u16,
 }
 
 impl CtEntry6 {
@@ -1063,6 +1095,14 @@ counters! {
     /// ICMP errors about a flow from outside ("fragmentation needed", Packet Too Big,
     /// unreachable, time exceeded) translated back to the flow's frontend or backend.
     icmp_errors_translated,
+    /// Packets from outside that started a flow another CPU started at the same moment
+    /// (a retransmit, a second datagram): dropped, for their sender to send again, and
+    /// the first CPU's backend stands.
+    flow_races,
+    /// Packets from outside to a frontend whose Service has no endpoint, answered with
+    /// ICMP port unreachable (as kube-proxy rejects them). Past the rate limit they are
+    /// dropped and counted as `external_no_backend`.
+    rejected,
 }
 
 impl Counters {
@@ -1256,6 +1296,24 @@ mod tests {
         };
         assert!(!entry.expired(103, 3));
         assert!(entry.expired(104, 3));
+    }
+
+    #[test]
+    fn a_segment_counts_only_near_the_sequence_its_direction_sent() {
+        let rows = [
+            (100, 100, true),
+            (100, 116, true),
+            (100, 84, true),
+            (100, 117, false),
+            (100, 83, false),
+            (100, 0x8000, false),
+            // Across the wrap of the sequence space.
+            (0xfffa, 5, true),
+            (5, 0xfffa, true),
+        ];
+        for (sent, rst, counts) in rows {
+            assert_eq!(in_sequence_window(sent, rst), counts, "{sent} {rst}");
+        }
     }
 
     #[test]

@@ -3,26 +3,27 @@
 //!
 //! A new flow's entries go to the table of flows not yet confirmed (`CONNTRACK_NEW`, a
 //! smaller LRU). A reply marks them [`CT_FLAG_SEEN_REPLY`]; the client's next packet that
-//! is neither a SYN nor a FIN or RST (the ACK completing a TCP handshake, a second UDP
-//! datagram) confirms the flow: both entries move to the main table (`CONNTRACK`). Lookups try the main table
-//! first. So a SYN flood, whose flows never complete a handshake, only ever evicts other
+//! is neither a SYN nor a FIN or RST (the ACK completing a TCP handshake) confirms the
+//! flow: both entries move to the main table (`CONNTRACK`). A UDP flow is confirmed by
+//! the reply itself. Lookups try the main table first. So a SYN flood, whose flows never complete a handshake, only ever evicts other
 //! unconfirmed flows, and its SNAT ports come back after the SYN timeout.
 //!
-//! TCP's end follows netfilter: a RST ends a flow, a FIN only its direction (the other may
-//! go on for as long as an open connection would: a half-close), and FINs both ways end it.
+//! TCP's end follows netfilter: a RST ends a flow (on a confirmed flow only one near the
+//! sequence numbers its sender used, see [`touch`]), a FIN only its direction (the other may go on for as
+//! long as an open connection would: a half-close), and FINs both ways end it.
 //! An entry idle past its timeout never translates again.
 //!
 //! Written once for both address families ([`Family`]): each has its own two tables.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
 use socklb_abi::{
-    CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FORWARD, CT_REPLY, CtTimeouts, NodeConfig,
-    PROTO_TCP,
+    CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FORWARD, CT_REPLY,
+    CtTimeouts, NodeConfig, PROTO_TCP, in_sequence_window,
 };
 
 use crate::{
     family::{CtTable, Family, FlowEntry, FlowKey},
     maps::NODE,
-    packet::{Ending, Tuple},
+    packet::{Ending, Segment, Tuple},
 };
 
 /// Random ports tried before a flow is refused for lack of a free SNAT port.
@@ -114,7 +115,11 @@ fn reply_is_ours<F: Family>(table: &CtTable<F>, reply_key: &Key<F>, forward_key:
 
 /// The entry under `key` in `table` (the main table if `confirmed`) as it was before this
 /// packet, which refreshes it: its last-seen time moves on (written at most once a second),
-/// `set` flags are added, and a RST marks it closing (a FIN is for [`record_fin`]). An
+/// `set` flags are added, a TCP segment's sequence number is recorded, and a RST marks it
+/// closing (a FIN is for [`record_fin`]). On a confirmed flow a segment counts only near
+/// the sequence numbers its direction sent, as netfilter checks segments against the
+/// window: a blind RST must not end a live flow (whose next SYN would then start it
+/// afresh), nor a blind segment move the window for one. An
 /// entry idle past its timeout is removed instead and not returned: it must never
 /// translate a packet (a new flow may reuse its tuple, such as a client's direct
 /// connection to the pod from the same port) and must not be kept alive by one.
@@ -123,7 +128,7 @@ fn touch<F: Family>(
     table: &CtTable<F>,
     confirmed: bool,
     key: &Key<F>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
     set: u16,
 ) -> Option<Entry<F>> {
@@ -142,8 +147,18 @@ fn touch<F: Family>(
         entry.last_seen_s = now;
     }
     let mut flags = before.flags | set;
-    if ending == Ending::Reset {
-        flags |= CT_FLAG_CLOSING;
+    let counts = !confirmed
+        || before.flags & CT_FLAG_SEQUENCE == 0
+        || in_sequence_window(before.sequence_high, segment.sequence_high);
+    if segment.tcp && counts {
+        if segment.ending == Ending::Reset {
+            flags |= CT_FLAG_CLOSING;
+        } else {
+            flags |= CT_FLAG_SEQUENCE;
+            if before.sequence_high != segment.sequence_high {
+                entry.sequence_high = segment.sequence_high;
+            }
+        }
     }
     if flags != before.flags {
         entry.flags = flags;
@@ -216,17 +231,17 @@ fn add_flags<F: Family>(table: &CtTable<F>, key: &Key<F>, flags: u16) {
 #[inline(always)]
 pub fn lookup_forward<F: Family>(
     tuple: &Tuple<F::Addr>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
 ) -> Option<Found<F::Addr>> {
     let key = key(tuple, CT_FORWARD);
-    if let Some(entry) = touch::<F>(F::conntrack(), true, &key, ending, now, 0) {
+    if let Some(entry) = touch::<F>(F::conntrack(), true, &key, segment, now, 0) {
         return Some(Found {
             entry,
             confirmed: true,
         });
     }
-    touch::<F>(F::conntrack_new(), false, &key, ending, now, 0).map(|entry| Found {
+    touch::<F>(F::conntrack_new(), false, &key, segment, now, 0).map(|entry| Found {
         entry,
         confirmed: false,
     })
@@ -237,29 +252,83 @@ pub fn lookup_forward<F: Family>(
 #[inline(always)]
 pub fn lookup_reply<F: Family>(
     tuple: &Tuple<F::Addr>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
 ) -> Option<Entry<F>> {
     let key = key(tuple, CT_REPLY);
-    if let Some(entry) = touch::<F>(F::conntrack(), true, &key, ending, now, 0) {
+    if let Some(entry) = touch::<F>(F::conntrack(), true, &key, segment, now, 0) {
         return Some(entry);
     }
     let entry = touch::<F>(
         F::conntrack_new(),
         false,
         &key,
-        ending,
+        segment,
         now,
         CT_FLAG_SEEN_REPLY,
     )?;
     if entry.flags & CT_FLAG_SEEN_REPLY == 0 {
-        add_flags::<F>(
-            F::conntrack_new(),
-            &other_direction(&key, &entry),
-            CT_FLAG_SEEN_REPLY,
-        );
+        let forward_key = other_direction(&key, &entry);
+        add_flags::<F>(F::conntrack_new(), &forward_key, CT_FLAG_SEEN_REPLY);
+        if key.protocol != PROTO_TCP {
+            confirm_on_reply::<F>(&key, &forward_key);
+        }
     }
     Some(entry)
+}
+
+/// A UDP flow is confirmed by its backend's first answer: a request and its response (DNS)
+/// is all most UDP flows are, and they would otherwise come and go in the unconfirmed
+/// table, evicting the TCP handshakes that wait there. A move that fails leaves the flow
+/// unconfirmed (the client's next datagram confirms it).
+#[inline(always)]
+fn confirm_on_reply<F: Family>(reply_key: &Key<F>, forward_key: &Key<F>) {
+    if F::SPLIT_FRAMES {
+        confirm_on_reply_apart::<F>(reply_key, forward_key);
+    } else {
+        confirm_on_reply_here::<F>(reply_key, forward_key);
+    }
+}
+
+/// [`confirm_on_reply`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]), which
+/// holds no key: egress's chain has no room for one.
+#[inline(never)]
+fn confirm_on_reply_apart<F: Family>(reply_key: &Key<F>, forward_key: &Key<F>) {
+    confirm_on_reply_here::<F>(reply_key, forward_key);
+}
+
+#[inline(always)]
+fn confirm_on_reply_here<F: Family>(reply_key: &Key<F>, forward_key: &Key<F>) {
+    let table = F::conntrack_new();
+    // Both entries are copied from where they are (with the marks this packet added).
+    let Some(forward) = table.get_ptr(F::ct_key(forward_key)) else {
+        return;
+    };
+    // SAFETY: pointer from a successful lookup, valid for this run.
+    let forward = unsafe { &*forward };
+    if !points_to(F::flow_entry(forward), reply_key) {
+        return;
+    }
+    let Some(held) = table.get_ptr(F::ct_key(reply_key)) else {
+        return;
+    };
+    // SAFETY: as above.
+    let held = unsafe { &*held };
+    if F::conntrack()
+        .insert(F::ct_key(reply_key), held, 0)
+        .is_err()
+    {
+        return;
+    }
+    if F::conntrack()
+        .insert(F::ct_key(forward_key), forward, 0)
+        .is_err()
+    {
+        let _ = F::conntrack().remove(F::ct_key(reply_key));
+        return;
+    }
+    let _ = table.remove(F::ct_key(forward_key));
+    let _ = table.remove(F::ct_key(reply_key));
 }
 
 /// Moves a flow that is now confirmed to the main table: both entries written there
@@ -393,7 +462,8 @@ fn forget_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
 }
 
 /// The reply direction of a forward entry: the key a backend's answer arrives with, and
-/// what it is rewritten to (the frontend the client asked for, back to the client).
+/// what it is rewritten to (the frontend the client asked for, back to the client). The
+/// backend's sequence numbers are not known until it answers.
 #[inline(always)]
 pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &FlowEntry<A>) -> (FlowKey<A>, FlowEntry<A>) {
     (
@@ -403,13 +473,22 @@ pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &FlowEntry<A>) -> (FlowKey
             destination: arrived.source,
             source_port: arrived.destination_port,
             destination_port: arrived.source_port,
+            flags: forward.flags & !CT_FLAG_SEQUENCE,
+            sequence_high: 0,
             ..*forward
         },
     )
 }
 
+/// What a new flow's forward entry is written with: a flow that another CPU made at the
+/// same time (a SYN's retransmit, two datagrams) keeps that CPU's backend, and the insert
+/// fails with [`EEXIST`].
+const NOEXIST: u64 = BPF_NOEXIST as u64;
+/// The error of an insert with [`NOEXIST`] that found the key taken.
+pub const EEXIST: i32 = -17;
+
 /// Records both directions of a new flow whose source this node keeps (no SNAT), as not
-/// confirmed.
+/// confirmed. [`EEXIST`]: another CPU made the flow first.
 ///
 /// The backend sees the client's own address and port, so a flow that reached the same
 /// backend from the same client port through another frontend (a NodePort, then an
@@ -435,18 +514,21 @@ pub fn insert<F: Family>(
         Closing::Ends,
     );
     let table = F::conntrack_new();
-    table.insert(F::ct_key(&reply_key), F::ct_entry(&reply), 0)?;
-    table.insert(
-        F::ct_key(&key(arrived, CT_FORWARD)),
-        F::ct_entry(forward),
-        0,
-    )
+    let forward_key = key(arrived, CT_FORWARD);
+    table.insert(F::ct_key(&forward_key), F::ct_entry(forward), NOEXIST)?;
+    table
+        .insert(F::ct_key(&reply_key), F::ct_entry(&reply), 0)
+        .inspect_err(|_| {
+            let _ = table.remove(F::ct_key(&forward_key));
+        })
 }
 
 /// Records both directions of a new flow SNATed to `snat_address`, as not confirmed,
 /// and returns the source port it got: a random port of the configured range whose reply
 /// key no live flow holds in either table (a flow whose entries expired gives its port
-/// up). `None` when every attempt found a live flow.
+/// up). `None` when every attempt found a live flow; [`EEXIST`] when another CPU made the
+/// flow first. A port is claimed only by an insert that finds its key free, so two CPUs
+/// never both take one.
 #[inline(always)]
 pub fn insert_snat<F: Family>(
     arrived: &Tuple<F::Addr>,
@@ -520,31 +602,31 @@ fn insert_snat_here<F: Family>(
         {
             continue;
         }
-        // Absent: claimed only if no other CPU claims it at the same time.
-        let flags = match held::<F>(
+        if held::<F>(
             F::conntrack_new(),
             false,
             &reply_key,
             timeouts,
             now,
             Closing::Lives,
-        ) {
-            Holder::Live => continue,
-            Holder::Expired => 0,
-            Holder::None => u64::from(BPF_NOEXIST),
-        };
+        ) == Holder::Live
+        {
+            continue;
+        }
+        // Free (an expired holder's entries are gone): claimed only if no other CPU
+        // claimed it since.
         let table = F::conntrack_new();
         if table
-            .insert(F::ct_key(&reply_key), F::ct_entry(&reply), flags)
+            .insert(F::ct_key(&reply_key), F::ct_entry(&reply), NOEXIST)
             .is_err()
         {
             continue;
         }
-        table.insert(
-            F::ct_key(&key(arrived, CT_FORWARD)),
-            F::ct_entry(forward),
-            0,
-        )?;
+        let forward_key = key(arrived, CT_FORWARD);
+        if let Err(error) = table.insert(F::ct_key(&forward_key), F::ct_entry(forward), NOEXIST) {
+            let _ = table.remove(F::ct_key(&reply_key));
+            return Err(error);
+        }
         return Ok(Some(port));
     }
     Ok(None)
@@ -553,9 +635,9 @@ fn insert_snat_here<F: Family>(
 #[derive(PartialEq, Eq)]
 enum Holder {
     None,
-    /// A flow whose entries both expired. Its forward entry is removed (it would otherwise
-    /// act on the reply entry of the flow that takes the port), and in the main table its
-    /// reply entry too (it would shadow the new one).
+    /// A flow whose entries both expired. Both are removed: the forward entry would act on
+    /// the reply entry of the flow that takes the port, and the reply entry would shadow
+    /// the new one (or, unconfirmed, keep the port from being claimed).
     Expired,
     Live,
 }
@@ -619,8 +701,6 @@ fn held<F: Family>(
     if forward_found {
         let _ = table.remove(F::ct_key(&forward_key));
     }
-    if confirmed {
-        let _ = table.remove(F::ct_key(reply_key));
-    }
+    let _ = table.remove(F::ct_key(reply_key));
     Holder::Expired
 }

@@ -14,7 +14,8 @@
 //! - Ingress also takes the replies of SNATed flows; egress takes the replies of local
 //!   backends on their way out. Both are rewritten to come from the frontend.
 //! - A frontend without a usable backend here drops the packet (externalTrafficPolicy
-//!   Local without a local endpoint, or no endpoint at all).
+//!   Local without a local endpoint), or refuses it if its Service has no endpoint at all
+//!   (`reject`), as kube-proxy does.
 //! - A packet of ours with a TTL of 1 or less that socklb would forward itself (SNATed, or
 //!   the reply of a SNATed flow) is dropped before it changes any state: it could not be
 //!   forwarded, and must not take a conntrack entry or a SNAT port. One to a backend on this
@@ -38,11 +39,11 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use socklb_abi::{
-    AffinityEntry, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT,
-    CT_FORWARD, CT_REPLY, CtTimeouts, Ipv6Words, MaglevKey, PROTO_TCP, SERVICE_FLAG_AFFINITY,
-    SERVICE_FLAG_MAGLEV, TRACE_REASON_AFFINITY, TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV,
-    TRACE_REASON_NO_BACKEND, TRACE_REASON_RANDOM, TRACE_REASON_SNAT_EXHAUSTED,
-    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
+    AffinityEntry, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE,
+    CT_FLAG_SNAT, CT_FORWARD, CT_REPLY, CtTimeouts, Ipv6Words, MaglevKey, PROTO_TCP,
+    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, TRACE_REASON_AFFINITY,
+    TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND, TRACE_REASON_RANDOM,
+    TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
 };
 
 use crate::{
@@ -52,7 +53,8 @@ use crate::{
     icmp::{self, Quoting},
     log,
     maps::{MAGLEV, NODE},
-    packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Ending, Packet, PacketError, Tuple},
+    packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Ending, Packet, PacketError, Segment, Tuple},
+    reject,
     trace::{self, Decision, TracedValue},
 };
 
@@ -94,19 +96,14 @@ enum Flow {
     /// A new flow to a remote backend ([`Family::SPLIT_FRAMES`]): the caller takes its SNAT
     /// port, then rewrites the packet to the entry.
     NeedsSnat,
+    /// Another CPU made this new flow's entries first (a retransmit, a second datagram):
+    /// the packet is dropped, for its sender to send again into that CPU's flow.
+    Raced,
+    /// A frontend whose Service has no endpoint at all: the client is refused.
+    Refused,
 }
 
 impl Flow {
-    const ALL: [Self; 7] = [
-        Self::NotOurs,
-        Self::NoBackend,
-        Self::SnatExhausted,
-        Self::Denied,
-        Self::TtlExceeded,
-        Self::To,
-        Self::NeedsSnat,
-    ];
-
     /// Across an out-of-line call: the flow's number, or -1 for an error (a plain integer;
     /// see [`forward_apart`]).
     #[inline(always)]
@@ -117,12 +114,32 @@ impl Flow {
         }
     }
 
+    /// The flow of a [`Self::code`]. A match, not an index into a table: a table in
+    /// read-only data is indexed by pointer arithmetic the verifier refuses without
+    /// CAP_PERFMON.
     #[inline(always)]
     fn decode(code: i32) -> Result<Self, Error> {
-        usize::try_from(code)
-            .ok()
-            .and_then(|i| Self::ALL.get(i).copied())
-            .ok_or(Error)
+        const NOT_OURS: i32 = Flow::NotOurs as i32;
+        const NO_BACKEND: i32 = Flow::NoBackend as i32;
+        const SNAT_EXHAUSTED: i32 = Flow::SnatExhausted as i32;
+        const DENIED: i32 = Flow::Denied as i32;
+        const TTL_EXCEEDED: i32 = Flow::TtlExceeded as i32;
+        const TO: i32 = Flow::To as i32;
+        const NEEDS_SNAT: i32 = Flow::NeedsSnat as i32;
+        const RACED: i32 = Flow::Raced as i32;
+        const REFUSED: i32 = Flow::Refused as i32;
+        Ok(match code {
+            NOT_OURS => Self::NotOurs,
+            NO_BACKEND => Self::NoBackend,
+            SNAT_EXHAUSTED => Self::SnatExhausted,
+            DENIED => Self::Denied,
+            TTL_EXCEEDED => Self::TtlExceeded,
+            TO => Self::To,
+            NEEDS_SNAT => Self::NeedsSnat,
+            RACED => Self::Raced,
+            REFUSED => Self::Refused,
+            _ => return Err(Error),
+        })
     }
 }
 
@@ -142,23 +159,28 @@ fn blank_entry<F: Family>() -> FlowEntry<F::Addr> {
         service_id: zero,
         last_seen_s: zero,
         flags: zero as u16,
-        pad: zero as u16,
+        sequence_high: zero as u16,
     }
 }
 
 /// What the TCP and UDP path returns for any other packet: an ICMP error is looked at in a
 /// call of its own from the entry, so that neither path's stack adds to the other's.
 const NOT_TCP_OR_UDP: i32 = -1;
+/// What the TCP and UDP path returns for a packet to refuse (see `reject`), answered in a
+/// call of its own from the entry for the same reason.
+const REFUSE: i32 = -3;
 
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
     match packet::ether_type(&ctx) {
         Some(ETH_P_IP) => match ingress4(&ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V4>(&ctx, true),
+            REFUSE => reject::refuse4(&ctx),
             verdict => verdict,
         },
         Some(ETH_P_IPV6) => match ingress6(&ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V6>(&ctx, true),
+            REFUSE => reject::refuse6(&ctx),
             verdict => verdict,
         },
         _ => TC_ACT_OK,
@@ -281,22 +303,22 @@ fn ttl_exceeded<A>(packet: &Packet<A>) -> bool {
 #[inline(always)]
 fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
-    let ending = packet.ending();
+    let segment = packet.segment();
     let may_be_reply = conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0));
-    if ending == Ending::Fin
+    if segment.ending == Ending::Fin
         && !(may_be_reply && conntrack::record_fin::<F>(&packet.tuple, CT_REPLY))
     {
         conntrack::record_fin::<F>(&packet.tuple, CT_FORWARD);
     }
     // A remote backend answering a SNATed flow, addressed to this node.
-    if may_be_reply && let Some(verdict) = snat_reply::<F>(ctx, packet, ending, now)? {
+    if may_be_reply && let Some(verdict) = snat_reply::<F>(ctx, packet, segment, now)? {
         return Ok(verdict);
     }
     let mut local = blank_entry::<F>();
     let Some(entry) = F::flow_room(&mut local) else {
         return Err(Error);
     };
-    let mut outcome = if known_flow::<F>(packet, ending, now, entry)? {
+    let mut outcome = if known_flow::<F>(packet, segment, now, entry)? {
         Flow::To
     } else {
         new_flow::<F>(packet, now, entry)?
@@ -319,6 +341,11 @@ fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Resu
             return Ok(TC_ACT_SHOT);
         }
         Flow::TtlExceeded => return Ok(TC_ACT_SHOT),
+        Flow::Raced => {
+            bump(|c| &mut c.flow_races);
+            return Ok(TC_ACT_SHOT);
+        }
+        Flow::Refused => return Ok(REFUSE),
         Flow::To | Flow::NeedsSnat => {}
     }
     deliver::<F>(ctx, packet, entry)
@@ -376,17 +403,17 @@ fn deliver_here<F: Family>(
 fn snat_reply<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
 ) -> Result<Option<i32>, Error> {
     if F::SPLIT_FRAMES {
-        match snat_reply_apart::<F>(ctx, packet, ending, now) {
+        match snat_reply_apart::<F>(ctx, packet, segment, now) {
             NOT_A_REPLY => Ok(None),
             -1 => Err(Error),
             verdict => Ok(Some(verdict)),
         }
     } else {
-        snat_reply_here::<F>(ctx, packet, ending, now)
+        snat_reply_here::<F>(ctx, packet, segment, now)
     }
 }
 
@@ -398,10 +425,10 @@ const NOT_A_REPLY: i32 = -2;
 fn snat_reply_apart<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
 ) -> i32 {
-    match snat_reply_here::<F>(ctx, packet, ending, now) {
+    match snat_reply_here::<F>(ctx, packet, segment, now) {
         Ok(Some(verdict)) => verdict,
         Ok(None) => NOT_A_REPLY,
         Err(Error) => -1,
@@ -412,10 +439,10 @@ fn snat_reply_apart<F: Family>(
 fn snat_reply_here<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
 ) -> Result<Option<i32>, Error> {
-    let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, ending, now) else {
+    let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, segment, now) else {
         return Ok(None);
     };
     if ttl_exceeded(packet) {
@@ -447,6 +474,7 @@ fn snat<F: Family>(
             }
             Ok(Flow::SnatExhausted)
         }
+        Err(conntrack::EEXIST) => Ok(Flow::Raced),
         Err(error) => {
             log::conntrack_not_written(error);
             Err(Error)
@@ -475,11 +503,11 @@ fn trace_snat_exhausted<A: TracedValue>(tuple: &Tuple<A>, entry: &FlowEntry<A>) 
 #[inline(always)]
 fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
-    let ending = packet.ending();
-    if ending == Ending::Fin {
+    let segment = packet.segment();
+    if segment.ending == Ending::Fin {
         conntrack::record_fin::<F>(&packet.tuple, CT_REPLY);
     }
-    if let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, ending, now) {
+    if let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, segment, now) {
         rewrite(packet, &reply)?;
     }
     Ok(TC_ACT_OK)
@@ -502,18 +530,18 @@ fn rewrite<A: Address>(packet: &mut Packet<A>, entry: &FlowEntry<A>) -> Result<(
 #[inline(always)]
 fn known_flow<F: Family>(
     packet: &Packet<F::Addr>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
     entry: &mut FlowEntry<F::Addr>,
 ) -> Result<bool, Error> {
     if F::SPLIT_FRAMES {
-        match known_flow_apart::<F>(packet, ending, now, entry) {
+        match known_flow_apart::<F>(packet, segment, now, entry) {
             1 => Ok(true),
             0 => Ok(false),
             _ => Err(Error),
         }
     } else {
-        known_flow_here::<F>(packet, ending, now, entry)
+        known_flow_here::<F>(packet, segment, now, entry)
     }
 }
 
@@ -521,11 +549,11 @@ fn known_flow<F: Family>(
 #[inline(never)]
 fn known_flow_apart<F: Family>(
     packet: &Packet<F::Addr>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
     entry: &mut FlowEntry<F::Addr>,
 ) -> i32 {
-    match known_flow_here::<F>(packet, ending, now, entry) {
+    match known_flow_here::<F>(packet, segment, now, entry) {
         Ok(known) => i32::from(known),
         Err(Error) => -1,
     }
@@ -534,11 +562,11 @@ fn known_flow_apart<F: Family>(
 #[inline(always)]
 fn known_flow_here<F: Family>(
     packet: &Packet<F::Addr>,
-    ending: Ending,
+    segment: Segment,
     now: u32,
     entry: &mut FlowEntry<F::Addr>,
 ) -> Result<bool, Error> {
-    if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, ending, now) {
+    if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, segment, now) {
         if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
         {
             conntrack::reopen::<F>(&packet.tuple, &mut found.entry);
@@ -555,7 +583,7 @@ fn known_flow_here<F: Family>(
             if !found.confirmed
                 && found.entry.flags & CT_FLAG_SEEN_REPLY != 0
                 && !packet.opens_connection()
-                && ending == Ending::None
+                && segment.ending == Ending::None
                 && let Err(error) = conntrack::confirm::<F>(&packet.tuple, &found.entry, now)
             {
                 log::conntrack_not_confirmed(error);
@@ -661,6 +689,9 @@ fn new_flow_here<F: Family>(
     if count == 0 {
         decision.reason = TRACE_REASON_NO_BACKEND;
         trace_external(&decision, tuple, false);
+        if master.flags & SERVICE_FLAG_REJECT != 0 {
+            return Ok(Flow::Refused);
+        }
         return Ok(Flow::NoBackend);
     }
     // A packet that cannot be forwarded (TTL 1 or less) makes no affinity or conntrack
@@ -679,8 +710,13 @@ fn new_flow_here<F: Family>(
         service_id: master.service_id,
         last_seen_s: now,
         flags: 0,
-        pad: 0,
+        sequence_high: 0,
     };
+    let segment = packet.segment();
+    if segment.tcp {
+        entry.flags = CT_FLAG_SEQUENCE;
+        entry.sequence_high = segment.sequence_high;
+    }
     if backend.flags & u16::from(BACKEND_FLAG_REMOTE) != 0 {
         // Before the SNAT port is taken.
         if ttl_exceeded(packet) {
@@ -707,6 +743,7 @@ fn new_flow_here<F: Family>(
                 trace_external(&decision, tuple, false);
                 return Ok(Flow::SnatExhausted);
             }
+            Err(conntrack::EEXIST) => return Ok(Flow::Raced),
             Err(error) => {
                 log::conntrack_not_written(error);
                 return Err(Error);
@@ -717,10 +754,13 @@ fn new_flow_here<F: Family>(
         *out = entry;
         return Ok(Flow::To);
     } else {
-        if let Err(error) = conntrack::insert::<F>(tuple, &entry, CtTimeouts::of(NODE.get(0)), now)
-        {
-            log::conntrack_not_written(error);
-            return Err(Error);
+        match conntrack::insert::<F>(tuple, &entry, CtTimeouts::of(NODE.get(0)), now) {
+            Ok(()) => {}
+            Err(conntrack::EEXIST) => return Ok(Flow::Raced),
+            Err(error) => {
+                log::conntrack_not_written(error);
+                return Err(Error);
+            }
         }
     }
     bump(|c| &mut c.external_flows);

@@ -53,7 +53,7 @@ pub struct FlowEntry<A> {
     pub service_id: u32,
     pub last_seen_s: u32,
     pub flags: u16,
-    pub pad: u16,
+    pub sequence_high: u16,
 }
 
 impl<A> FlowEntry<A> {
@@ -158,7 +158,7 @@ static ZERO_ENTRY6: CtEntry6 = CtEntry6 {
     service_id: 0,
     last_seen_s: 0,
     flags: 0,
-    pad: 0,
+    sequence_high: 0,
 };
 
 /// The views of a family's conntrack key and entry as [`FlowKey`] and [`FlowEntry`]: the
@@ -186,7 +186,7 @@ macro_rules! flow_views {
             assert!(offset_of!(E, service_id) == offset_of!($entry, service_id));
             assert!(offset_of!(E, last_seen_s) == offset_of!($entry, last_seen_s));
             assert!(offset_of!(E, flags) == offset_of!($entry, flags));
-            assert!(offset_of!(E, pad) == offset_of!($entry, pad));
+            assert!(offset_of!(E, sequence_high) == offset_of!($entry, sequence_high));
         };
     };
 }
@@ -421,7 +421,7 @@ impl Family for V6 {
             slot.service_id = entry.service_id;
             slot.last_seen_s = entry.last_seen_s;
             slot.flags = entry.flags;
-            slot.pad = 0;
+            slot.sequence_high = entry.sequence_high;
             &*slot
         }
     }

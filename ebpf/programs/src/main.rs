@@ -24,6 +24,7 @@ mod maps;
 mod packet;
 mod record;
 mod recvmsg;
+mod reject;
 mod sendmsg;
 mod socket_family;
 mod trace;

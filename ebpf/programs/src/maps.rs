@@ -177,3 +177,14 @@ pub struct Scratch6 {
 
 #[btf_map(name = "socklb_scr6_v1")]
 pub static SCRATCH6: PerCpuArray<Scratch6, 1> = PerCpuArray::new();
+
+/// What [`REJECT_BUDGET`] holds for one CPU: the second it counts, and the answers sent in
+/// it.
+#[repr(C)]
+pub struct RejectBudget {
+    pub second: u32,
+    pub sent: u32,
+}
+
+#[btf_map(name = "socklb_rej_v1")]
+pub static REJECT_BUDGET: PerCpuArray<RejectBudget, 1> = PerCpuArray::new();

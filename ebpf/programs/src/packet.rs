@@ -51,6 +51,7 @@ pub const PROTO_ICMP: u8 = 1;
 pub const PROTO_ICMPV6: u8 = 58;
 const TCP_CHECK_OFFSET: usize = 16;
 const TCP_FLAGS_OFFSET: usize = 13;
+const TCP_SEQUENCE_OFFSET: usize = 4;
 const UDP_CHECK_OFFSET: usize = 6;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
@@ -289,6 +290,18 @@ pub enum Ending {
     Fin,
     /// RST: the connection is over.
     Reset,
+}
+
+/// What a packet tells its flow's conntrack entry: whether it ends a TCP connection, and
+/// where its TCP sequence number is (so that a RST far from it can be told from a real
+/// one).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub ending: Ending,
+    /// A TCP segment (with its header): `sequence_high` is meaningful.
+    pub tcp: bool,
+    /// The high 16 bits of the sequence number: a RST is checked at that grain.
+    pub sequence_high: u16,
 }
 
 /// A packet's flow identity as it arrives; addresses and ports in network byte order.
@@ -633,6 +646,24 @@ impl<'a, A: Address> Packet<'a, A> {
             Ending::Fin
         } else {
             Ending::None
+        }
+    }
+
+    /// What the packet tells its conntrack entry. The sequence number is read from the
+    /// packet here, not kept in `Packet`: IPv6's stack has no room to spare.
+    pub fn segment(&self) -> Segment {
+        let tcp = self.tuple.protocol == PROTO_TCP && self.has_l4;
+        let sequence_high = if tcp {
+            self.ctx
+                .load::<u16>(self.l4_offset + TCP_SEQUENCE_OFFSET)
+                .map_or(0, u16::from_be)
+        } else {
+            0
+        };
+        Segment {
+            ending: self.ending(),
+            tcp,
+            sequence_high,
         }
     }
 

@@ -430,6 +430,7 @@ fn desired(sandbox: &Sandbox, families: &[Family], services: u32, measured: u32)
                     affinity_timeout_seconds: None,
                     source_ranges: None,
                     maglev: false,
+                    no_endpoints: false,
                 },
             );
         }

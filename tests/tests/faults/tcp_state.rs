@@ -6,16 +6,21 @@
 //! - A flow's entries stop translating once idle past their timeout: the same client,
 //!   from the same port, then talks to the pod directly and sees the pod, not the
 //!   NodePort it used before.
+//! - A blind RST (a sequence number far from the flow's) and a SYN after it leave a live
+//!   flow as it was. The flow goes to a remote backend: its SNAT port is what a flow
+//!   started afresh would lose (to a local backend it would get the same tuple back).
 use std::{
     io::{Read as _, Write as _},
-    net::{Shutdown, SocketAddr, TcpListener},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
     thread::JoinHandle,
     time::Duration,
 };
 
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
+    echo::{EchoServer, echo},
     family::Family,
+    forged::{self, Capture, Flags},
     lan::{Addresses, addresses, counters, lan},
     netns::Netns,
 };
@@ -138,6 +143,49 @@ fn an_idle_flow_s_entries_leave_a_direct_connection_alone(family: Family) {
     );
     assert_eq!(direct.1, "answer to request");
     server.join();
+}
+
+#[test]
+fn a_blind_rst_and_syn_leave_a_live_flow_alone_over_ipv4() {
+    a_blind_rst_and_syn_leave_a_live_flow_alone(Family::V4);
+}
+
+#[test]
+fn a_blind_rst_and_syn_leave_a_live_flow_alone_over_ipv6() {
+    a_blind_rst_and_syn_leave_a_live_flow_alone(Family::V6);
+}
+
+fn a_blind_rst_and_syn_leave_a_live_flow_alone(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("blindrst{}", family.tag()));
+    let lan = lan(&format!("b{}", family.tag()));
+    let _server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
+    let manifests = ManifestDir::new(&sandbox);
+    two_node_ports(&a, &manifests, 8080);
+    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let frontend: SocketAddr = Addresses::at(a.node1, 30072).parse().expect("address");
+
+    let survived = lan.client.enter(|| {
+        let capture = Capture::start();
+        let mut stream = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+            .expect("connect through the NodePort");
+        // The ACK ending the handshake confirmed the flow; the echo shows it works.
+        echo(&mut stream).expect("the first echo");
+        let client = stream.local_addr().expect("client address");
+        let sequence = capture.data_sequence(client, frontend);
+        // Half the sequence space away: outside any window.
+        let blind = sequence.wrapping_add(1 << 31);
+        forged::send(client, frontend, blind, Flags::Rst);
+        forged::send(client, frontend, blind.wrapping_add(1), Flags::Syn);
+        echo(&mut stream).map_err(|e| e.to_string())
+    });
+    assert_eq!(
+        survived,
+        Ok(()),
+        "after a blind RST and SYN from the client's tuple, the flow to the remote backend \
+         still echoes; {:?}",
+        counters(&sandbox)
+    );
 }
 
 /// A NodePort Service to pod1 (30071) and one to pod2 (30072), both on `target`.

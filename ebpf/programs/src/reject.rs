@@ -1,0 +1,254 @@
+//! Refusals of traffic from outside: a packet to a frontend whose Service has no endpoint
+//! at all is answered with ICMP port unreachable (ICMPv6 port unreachable), as
+//! kube-proxy's REJECT answers it, so that the client fails at once (ECONNREFUSED)
+//! instead of waiting out its timeout.
+//!
+//! The packet itself becomes the answer: cut to its IP header and the transport header
+//! (the whole TCP header without options, or the UDP header: at least the 8 bytes an ICMP
+//! error must quote, and never shorter than what a packet whose checksum the sender's
+//! device was to fill must keep), given a new IP and ICMP header in front, and sent back
+//! out of the device it came in on. Only packets without IPv4 options or
+//! IPv6 extension headers are answered (the quote is then of a known size); others, and
+//! answers past [`PER_SECOND`] on one CPU (the kernel limits its own ICMP errors too), are
+//! dropped.
+use core::mem::MaybeUninit;
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::{__sk_buff, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC},
+    helpers,
+    programs::TcContext,
+};
+use socklb_abi::{PROTO_TCP, PROTO_UDP};
+
+use crate::{
+    conntrack,
+    counters::bump,
+    maps::REJECT_BUDGET,
+    packet::{ETH_HLEN, IPV6_HEADER_LEN, PROTO_ICMP, PROTO_ICMPV6},
+};
+
+const TC_ACT_SHOT: i32 = 2;
+/// Answers one CPU sends in a second at most.
+pub const PER_SECOND: u32 = 1000;
+/// What an answer's IP header carries as its TTL or hop limit.
+const TTL: u32 = 64;
+/// The quoted packet's transport bytes: a TCP header without options, a UDP header.
+const QUOTED_TCP: usize = 20;
+const QUOTED_UDP: usize = 8;
+
+const IPV4_HEADER_LEN: usize = 20;
+const ICMP_HEADER_LEN: usize = 8;
+/// IPv4 with its header length field: 20 bytes, no options.
+const VERSION_IHL_PLAIN: u8 = 0x45;
+const ICMP_DEST_UNREACH: u32 = 3;
+const ICMP_PORT_UNREACH: u32 = 3;
+const ICMPV6_DEST_UNREACH: u32 = 1;
+const ICMPV6_PORT_UNREACH: u32 = 4;
+
+/// An IPv4 answer as it is written after the Ethernet header: IP header and ICMP header
+/// (7 words), then the quote. Word-aligned for the checksum helper.
+#[repr(C, align(4))]
+struct Answer4<const QUOTE: usize> {
+    headers: [u32; (IPV4_HEADER_LEN + ICMP_HEADER_LEN) / 4],
+    quote: [u8; QUOTE],
+}
+
+/// [`Answer4`] for IPv6: IPv6 header and ICMPv6 header (12 words), then the quote.
+#[repr(C, align(4))]
+struct Answer6<const QUOTE: usize> {
+    headers: [u32; (IPV6_HEADER_LEN + ICMP_HEADER_LEN) / 4],
+    quote: [u8; QUOTE],
+}
+
+/// Answers the IPv4 packet in `ctx` with ICMP port unreachable; its verdict. Out of line,
+/// called from the program's entry: its stack is not added to the TCP/UDP path's.
+#[inline(never)]
+pub fn refuse4(ctx: &TcContext) -> i32 {
+    let answered = match ctx.load::<u8>(ETH_HLEN + 9).ok() {
+        Some(PROTO_TCP) => answer4::<{ IPV4_HEADER_LEN + QUOTED_TCP }>(ctx),
+        Some(PROTO_UDP) => answer4::<{ IPV4_HEADER_LEN + QUOTED_UDP }>(ctx),
+        _ => None,
+    };
+    match answered {
+        Some(verdict) => {
+            bump(|c| &mut c.rejected);
+            verdict
+        }
+        None => {
+            bump(|c| &mut c.external_no_backend);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+/// [`refuse4`] for IPv6.
+#[inline(never)]
+pub fn refuse6(ctx: &TcContext) -> i32 {
+    // Only a transport header right after the IPv6 header is answered.
+    let answered = match ctx.load::<u8>(ETH_HLEN + 6).ok() {
+        Some(PROTO_TCP) => answer6::<{ IPV6_HEADER_LEN + QUOTED_TCP }>(ctx),
+        Some(PROTO_UDP) => answer6::<{ IPV6_HEADER_LEN + QUOTED_UDP }>(ctx),
+        _ => None,
+    };
+    match answered {
+        Some(verdict) => {
+            bump(|c| &mut c.rejected);
+            verdict
+        }
+        None => {
+            bump(|c| &mut c.external_no_backend);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+#[inline(always)]
+fn answer4<const QUOTE: usize>(ctx: &TcContext) -> Option<i32> {
+    if ctx.load::<u8>(ETH_HLEN).ok()? != VERSION_IHL_PLAIN || !within_budget() {
+        return None;
+    }
+    let source: u32 = ctx.load(ETH_HLEN + 12).ok()?;
+    let destination: u32 = ctx.load(ETH_HLEN + 16).ok()?;
+    let mut answer = MaybeUninit::<Answer4<QUOTE>>::uninit();
+    let answer = answer.as_mut_ptr();
+    // SAFETY: every field of the answer is written below before it is read: the quote by
+    // the load, each header word by its own store.
+    let answer = unsafe {
+        load_quote(ctx, &mut (*answer).quote)?;
+        let total = (IPV4_HEADER_LEN + ICMP_HEADER_LEN + QUOTE) as u32;
+        let headers = &mut (*answer).headers;
+        headers[0] = (u32::from(VERSION_IHL_PLAIN) << 24 | total).to_be();
+        headers[1] = 0;
+        headers[2] = (TTL << 24 | u32::from(PROTO_ICMP) << 16).to_be();
+        headers[3] = destination;
+        headers[4] = source;
+        headers[5] = (ICMP_DEST_UNREACH << 24 | ICMP_PORT_UNREACH << 16).to_be();
+        headers[6] = 0;
+        &mut *answer
+    };
+    let base = core::ptr::from_mut(answer).cast::<u32>();
+    answer.headers[2] |= u32::from(fold(csum(base, IPV4_HEADER_LEN, 0)?)) << 16;
+    // SAFETY: the ICMP header starts at word 5; it and the quote are contiguous in the
+    // repr(C) struct.
+    let icmp = unsafe { base.add(IPV4_HEADER_LEN / 4) };
+    answer.headers[5] |= u32::from(fold(csum(icmp, ICMP_HEADER_LEN + QUOTE, 0)?)) << 16;
+    send(ctx, answer, QUOTE)
+}
+
+#[inline(always)]
+fn answer6<const QUOTE: usize>(ctx: &TcContext) -> Option<i32> {
+    if !within_budget() {
+        return None;
+    }
+    let source: [u32; 4] = ctx.load(ETH_HLEN + 8).ok()?;
+    let destination: [u32; 4] = ctx.load(ETH_HLEN + 24).ok()?;
+    let payload = (ICMP_HEADER_LEN + QUOTE) as u32;
+    let mut answer = MaybeUninit::<Answer6<QUOTE>>::uninit();
+    let answer = answer.as_mut_ptr();
+    // SAFETY: as in answer4.
+    let answer = unsafe {
+        load_quote(ctx, &mut (*answer).quote)?;
+        let headers = &mut (*answer).headers;
+        headers[0] = (6u32 << 28).to_be();
+        headers[1] = (payload << 16 | u32::from(PROTO_ICMPV6) << 8 | TTL).to_be();
+        headers[2] = destination[0];
+        headers[3] = destination[1];
+        headers[4] = destination[2];
+        headers[5] = destination[3];
+        headers[6] = source[0];
+        headers[7] = source[1];
+        headers[8] = source[2];
+        headers[9] = source[3];
+        headers[10] = (ICMPV6_DEST_UNREACH << 24 | ICMPV6_PORT_UNREACH << 16).to_be();
+        headers[11] = 0;
+        &mut *answer
+    };
+    // The ICMPv6 checksum covers a pseudo-header: both addresses, the length and the
+    // next header, then the message.
+    let base = core::ptr::from_mut(answer).cast::<u32>();
+    let mut tail = [payload.to_be(), u32::from(PROTO_ICMPV6).to_be()];
+    // SAFETY: the addresses are words 2 to 9 and the ICMPv6 message starts at word 10,
+    // contiguous with the quote in the repr(C) struct.
+    let (addresses, icmp) = unsafe { (base.add(2), base.add(IPV6_HEADER_LEN / 4)) };
+    let sum = csum(addresses, 32, 0)?;
+    let sum = csum(tail.as_mut_ptr(), 8, sum)?;
+    let sum = csum(icmp, ICMP_HEADER_LEN + QUOTE, sum)?;
+    answer.headers[10] |= u32::from(fold(sum)) << 16;
+    send(ctx, answer, QUOTE)
+}
+
+/// Turns the packet into `answer` (its headers, then the quote it was read from) and
+/// sends it back out of the device it came in on, to the MAC address it came from.
+#[inline(always)]
+fn send<T>(ctx: &TcContext, answer: &T, quote: usize) -> Option<i32> {
+    let macs: [u8; 12] = ctx.load(0).ok()?;
+    // Cut to the quote, then make room for the new headers in front of it.
+    ctx.change_tail((ETH_HLEN + quote) as u32, 0).ok()?;
+    let room = core::mem::size_of::<T>() - quote;
+    ctx.adjust_room(room as i32, BPF_ADJ_ROOM_MAC, 0).ok()?;
+    ctx.store(ETH_HLEN, answer, 0).ok()?;
+    let swapped = [
+        macs[6], macs[7], macs[8], macs[9], macs[10], macs[11], macs[0], macs[1], macs[2], macs[3],
+        macs[4], macs[5],
+    ];
+    ctx.store(0, &swapped, 0).ok()?;
+    // SAFETY: the context is the valid __sk_buff of this run.
+    let ifindex = unsafe { (*ctx.as_ptr().cast::<__sk_buff>()).ingress_ifindex };
+    // SAFETY: plain helper call without pointers.
+    Some(unsafe { helpers::bpf_redirect(ifindex, 0) } as i32)
+}
+
+/// Reads the quote: the `N` bytes after the Ethernet header (a constant length: aya's
+/// `load_bytes` clamps it to the packet, a length the verifier cannot bound away from 0).
+#[inline(always)]
+fn load_quote<const N: usize>(ctx: &TcContext, quote: &mut [u8; N]) -> Option<()> {
+    // SAFETY: `quote` is N writable bytes.
+    let rc = unsafe {
+        helpers::bpf_skb_load_bytes(
+            ctx.as_ptr(),
+            ETH_HLEN as u32,
+            quote.as_mut_ptr().cast(),
+            N as u32,
+        )
+    };
+    (rc == 0).then_some(())
+}
+
+/// The ones' complement sum of `len` bytes (a multiple of 4) at `words`, added to `seed`.
+#[inline(always)]
+fn csum(words: *mut u32, len: usize, seed: u32) -> Option<u32> {
+    // SAFETY: `words` points to `len` readable bytes of this program's stack.
+    let sum = unsafe { helpers::bpf_csum_diff(core::ptr::null_mut(), 0, words, len as u32, seed) };
+    u32::try_from(sum).ok()
+}
+
+/// A 32-bit ones' complement sum folded to the 16-bit checksum, in the byte order of the
+/// words it was summed from (so it is stored as it is).
+#[inline(always)]
+fn fold(sum: u32) -> u16 {
+    let sum = (sum & 0xffff) + (sum >> 16);
+    let sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// Whether this CPU may send another answer in the current second (and counts it).
+#[inline(always)]
+fn within_budget() -> bool {
+    let Some(budget) = REJECT_BUDGET.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's entry, valid for this run; no other program run on this CPU
+    // interleaves with this one.
+    let budget = unsafe { &mut *budget };
+    let now = conntrack::now_s();
+    if budget.second != now {
+        budget.second = now;
+        budget.sent = 0;
+    }
+    if budget.sent >= PER_SECOND {
+        return false;
+    }
+    budget.sent += 1;
+    true
+}
