@@ -24,6 +24,56 @@ use std::{
 /// Directories of pinned network namespaces.
 const PIN_DIRS: [&str; 2] = ["/run/netns", "/var/run/netns"];
 
+/// The inode of the initial PID namespace (the kernel's `PROC_PID_INIT_INO`): a process in
+/// it sees every process of the node in /proc.
+const INIT_PID_NAMESPACE: &str = "pid:[4026531836]";
+
+/// Which network namespaces a sweep with this process's capabilities reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Coverage {
+    /// setns into other namespaces (CAP_SYS_ADMIN); without it, the agent's own only.
+    pub enters_others: bool,
+    /// In the node's PID namespace (hostPID): the namespaces of every process are found,
+    /// not only those of the agent's own pod.
+    pub host_processes: bool,
+    /// CAP_SYS_PTRACE: the namespaces of processes of other users are readable.
+    pub other_users: bool,
+}
+
+impl Coverage {
+    pub fn probe(enters_others: bool, ptrace: bool) -> Self {
+        let host_processes = fs::read_link("/proc/self/ns/pid")
+            .is_ok_and(|link| link.as_os_str() == INIT_PID_NAMESPACE);
+        Self {
+            enters_others,
+            host_processes,
+            other_users: ptrace,
+        }
+    }
+}
+
+impl std::fmt::Display for Coverage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.enters_others {
+            return f.write_str(
+                "the agent's own network namespace only (no CAP_SYS_ADMIN to enter others)",
+            );
+        }
+        f.write_str("the agent's network namespace, those pinned under /run/netns and /var/run/netns (CNI's pod namespaces)")?;
+        match (self.host_processes, self.other_users) {
+            (true, true) => f.write_str(" and those of every process on the node"),
+            (true, false) => f.write_str(
+                " and those of the processes of the agent's user (no CAP_SYS_PTRACE for \
+                 other users' processes)",
+            ),
+            (false, _) => f.write_str(
+                "; not those of processes outside the agent's PID namespace, found only \
+                 with hostPID",
+            ),
+        }
+    }
+}
+
 /// An open network namespace.
 #[derive(Debug)]
 pub struct Namespace {

@@ -53,6 +53,8 @@ pub enum TraceError {
     },
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    #[error("cannot write the trace to standard output")]
+    Output(#[source] io::Error),
     #[error("cannot read the clock")]
     Clock(#[source] nix::Error),
     #[error(
@@ -98,6 +100,8 @@ pub struct Summary {
     pub shown: usize,
     /// Events the programs could not write because the ring buffer was full.
     pub lost: u64,
+    /// The session ended because the output's reader went away (EPIPE).
+    pub reader_gone: bool,
 }
 
 /// Runs a session until `stop` resolves, `count` events were shown or `duration` passed.
@@ -114,7 +118,7 @@ pub async fn run(
         open(pin_dir, map_names::COUNTERS, Map::PerCpuArray)?;
     let lost_before = lost(&counters);
     let mut details = Details::new(pin_dir)?;
-    eprintln!("tracing translations (lease renewed every second; Ctrl-C to stop)");
+    crate::stdout::note("tracing translations (lease renewed every second; Ctrl-C to stop)");
 
     let mut summary = Summary::default();
     let mut renew = tokio::time::interval(RENEW);
@@ -135,11 +139,10 @@ pub async fn run(
                 lease.renew()?;
                 let now_lost = lost(&counters).wrapping_sub(lost_before);
                 if now_lost > summary.lost {
-                    eprintln!(
-                        "{} trace events lost so far: the ring buffer was full (narrow the \
-                         trace with --service, --frontend or --backend)",
-                        now_lost
-                    );
+                    crate::stdout::note(&format!(
+                        "{now_lost} trace events lost so far: the ring buffer was full (narrow \
+                         the trace with --service, --frontend or --backend)"
+                    ));
                     summary.lost = now_lost;
                 }
             }
@@ -157,9 +160,14 @@ pub async fn run(
                     } else {
                         writeln!(out, "{}", shown.line())
                     };
-                    // A closed output (`| head`) ends the session.
-                    if written.and_then(|()| out.flush()).is_err() {
-                        break 'session;
+                    // A closed output (`| head`) ends the session; any other failure to
+                    // write ends it with that error, the lease given back either way.
+                    if let Err(error) = written.and_then(|()| out.flush()) {
+                        if error.kind() == io::ErrorKind::BrokenPipe {
+                            summary.reader_gone = true;
+                            break 'session;
+                        }
+                        return Err(TraceError::Output(error));
                     }
                     summary.shown += 1;
                     if options.count.is_some_and(|count| summary.shown >= count) {
@@ -339,8 +347,12 @@ impl Details {
         }
         let mut shown = Shown::new(event, self.time(event.time_ns), service);
         if let Some(process) = shown.process.as_mut() {
-            process.comm = std::fs::read_to_string(format!("/proc/{}/comm", process.pid))
-                .map(|comm| comm.trim_end().to_owned())
+            // Raw bytes, any of them: the text output escapes what a terminal would act on.
+            process.comm = std::fs::read(format!("/proc/{}/comm", process.pid))
+                .map(|comm| {
+                    let comm = comm.strip_suffix(b"\n").unwrap_or(&comm);
+                    String::from_utf8_lossy(comm).into_owned()
+                })
                 .unwrap_or_default();
             process.cgroup = self.cgroups.path(process.cgroup_id).unwrap_or_default();
         }
