@@ -149,9 +149,9 @@ pub struct RunArgs {
     /// CAP_PERFMON or CAP_SYS_ADMIN), netlink SOCK_DESTROY, auto (the iterators if they
     /// load, else netlink), or off. The sweep enters other network namespaces with
     /// CAP_SYS_ADMIN only (else it covers the agent's own): those pinned under /run/netns
-    /// and /var/run/netns, and those of the processes it sees in /proc (every process with
-    /// hostPID, other users' with CAP_SYS_PTRACE). `run --help` (below) and `socklb inspect`
-    /// say what this process's capabilities give.
+    /// and /var/run/netns, and those of the processes it can read in /proc (the node's only
+    /// with hostPID, other users' only with CAP_SYS_PTRACE). `run --help` (below) and
+    /// `socklb inspect` say what this process's capabilities give.
     #[arg(long, value_enum, default_value_t = Requested::Auto)]
     pub socket_destroy_mode: Requested,
     #[command(flatten)]

@@ -36,7 +36,8 @@ pub struct Coverage {
     /// In the node's PID namespace (hostPID): the namespaces of every process are found,
     /// not only those of the agent's own pod.
     pub host_processes: bool,
-    /// CAP_SYS_PTRACE: the namespaces of processes of other users are readable.
+    /// CAP_SYS_PTRACE: the namespaces of every process are readable, not only those of
+    /// processes of the agent's user with no capability the agent lacks.
     pub other_users: bool,
 }
 
@@ -63,8 +64,8 @@ impl std::fmt::Display for Coverage {
         match (self.host_processes, self.other_users) {
             (true, true) => f.write_str(" and those of every process on the node"),
             (true, false) => f.write_str(
-                " and those of the processes of the agent's user (no CAP_SYS_PTRACE for \
-                 other users' processes)",
+                " and those of the processes of the agent's user with no capability it lacks \
+                 (no CAP_SYS_PTRACE for the others)",
             ),
             (false, _) => f.write_str(
                 "; not those of processes outside the agent's PID namespace, found only \
@@ -190,4 +191,39 @@ fn is_net_namespace(file: &File) -> bool {
 pub fn enter(namespace: &Namespace) -> io::Result<()> {
     nix::sched::setns(namespace.file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod coverage_tests {
+    use super::Coverage;
+
+    #[test]
+    fn coverage_says_which_namespaces_each_capability_set_reaches() {
+        let rows = [
+            // (CAP_SYS_ADMIN, hostPID, CAP_SYS_PTRACE, said)
+            (
+                false,
+                true,
+                true,
+                "own network namespace only (no CAP_SYS_ADMIN",
+            ),
+            (true, true, true, "and those of every process on the node"),
+            (true, true, false, "no CAP_SYS_PTRACE for the others"),
+            (true, false, true, "found only with hostPID"),
+        ];
+        for (enters_others, host_processes, other_users, said) in rows {
+            let coverage = Coverage {
+                enters_others,
+                host_processes,
+                other_users,
+            };
+            let text = coverage.to_string();
+            assert!(text.contains(said), "{coverage:?}: {text}");
+            assert_eq!(
+                text.contains("/run/netns"),
+                enters_others,
+                "{coverage:?}: {text}"
+            );
+        }
+    }
 }
