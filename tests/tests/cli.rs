@@ -112,8 +112,8 @@ fn ended(args: &[&str], child: std::process::Child) -> Ended {
 
 /// Every subcommand that prints, piped into `head -c 10` and into a pipe already closed:
 /// no panic, the conventional status. `trace` is stopped by its reader going away, with
-/// events (it notices at a write) and without (it notices by itself, and gives its lease
-/// back at once).
+/// events (it notices at a write) and without (it notices by itself), and by Ctrl-C; each
+/// time it gives its lease back at once.
 #[test]
 fn every_printing_subcommand_ends_quietly_when_its_reader_goes_away() {
     let sandbox = Sandbox::new("cli-pipes");
@@ -190,6 +190,37 @@ fn every_printing_subcommand_ends_quietly_when_its_reader_goes_away() {
             "socklb trace -o {output} left its lease behind"
         );
     }
+    // `socklb trace | grep` stopped by Ctrl-C: the session gives its lease back at once.
+    let trace = ["trace", "--bpffs", &pins];
+    let child = socklb(&trace)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn socklb trace");
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while control(&sandbox.pin_dir).session_pid != pid {
+        assert!(
+            Instant::now() < deadline,
+            "the trace took no lease within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = libc::pid_t::try_from(pid).expect("a pid");
+    // SAFETY: a signal to our own child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0, "kill -INT");
+    let interrupted = ended(&trace, child);
+    interrupted.assert_quiet();
+    assert!(
+        interrupted.status.success(),
+        "Ctrl-C ends a trace normally: {:?}\n{}",
+        interrupted.status,
+        interrupted.stderr
+    );
+    assert_eq!(
+        control(&sandbox.pin_dir),
+        socklb_abi::TraceControl::default(),
+        "an interrupted trace left its lease behind"
+    );
     agent.stop();
 }
 
