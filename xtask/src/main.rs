@@ -449,7 +449,7 @@ fn require_root(what: &str) -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!(
             "{what} loads BPF programs and creates network namespaces and cgroups: run it as \
-             root (e.g. `sudo ./x ...`)"
+             root, or through `./x`, which asks sudo for root when there is one"
         );
     }
     Ok(())
