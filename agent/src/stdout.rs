@@ -51,15 +51,14 @@ pub fn println(text: &str) -> Result<(), StdoutError> {
     Ok(())
 }
 
-/// Whether `error` (or one of its causes) is standard output's reader going away.
+/// Whether `error` (or one of its causes) is standard output's reader going away. Only
+/// that: a broken pipe elsewhere (a socket, a netlink peer) is an error to report.
 pub fn is_reader_gone(error: &anyhow::Error) -> bool {
     error.chain().any(|cause| {
         matches!(
             cause.downcast_ref::<StdoutError>(),
             Some(StdoutError::ReaderGone)
-        ) || cause
-            .downcast_ref::<io::Error>()
-            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+        )
     })
 }
 
