@@ -5,7 +5,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
@@ -22,6 +22,7 @@ use crate::{
         kube::{self, KubeSource},
     },
     state::ClusterState,
+    stdout,
     sweep::{Requested, Sweeper},
     trace,
 };
@@ -51,6 +52,14 @@ pub enum Command {
     Cleanup(PinArgs),
     /// Print the version and the map layout version.
     Version,
+    /// Print a shell completion script, e.g. `socklb completion bash >
+    /// /etc/bash_completion.d/socklb`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `socklb man > /usr/share/man/man8/socklb.8`.
+    Man,
     /// Print the name of every series the agent exports, one per line (for checks of
     /// dashboards and alerts against the agent itself).
     #[command(hide = true)]
@@ -138,7 +147,11 @@ pub struct RunArgs {
     pub destroy_tcp_on_backend_removal: bool,
     /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,
     /// CAP_PERFMON or CAP_SYS_ADMIN), netlink SOCK_DESTROY, auto (the iterators if they
-    /// load, else netlink), or off.
+    /// load, else netlink), or off. The sweep enters other network namespaces with
+    /// CAP_SYS_ADMIN only (else it covers the agent's own): those pinned under /run/netns
+    /// and /var/run/netns, and those of the processes it can read in /proc (the node's only
+    /// with hostPID, other users' only with CAP_SYS_PTRACE). `run --help` (below) and
+    /// `socklb inspect` say what this process's capabilities give.
     #[arg(long, value_enum, default_value_t = Requested::Auto)]
     pub socket_destroy_mode: Requested,
     #[command(flatten)]
@@ -342,6 +355,41 @@ pub fn init_tracing(cli: &Cli) {
         .init();
 }
 
+/// Parses the command line. `--help` and `--version` are written like any other output
+/// (clap's own printing ignores a closed pipe and exits 0); `run --help` adds what the
+/// socket sweep covers with this process's capabilities.
+pub fn parse() -> Result<Cli, ExitCode> {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut command = Cli::command();
+    let wants_help = args.iter().any(|arg| arg == "--help" || arg == "-h");
+    if wants_help && args.get(1).is_some_and(|arg| arg == "run") {
+        command = command.mut_subcommand("run", |run| {
+            run.after_help(format!(
+                "With this process's capabilities on this kernel:\n  {}",
+                crate::sweep::Expected::probe().describe()
+            ))
+        });
+    }
+    let error = match command.try_get_matches_from(args) {
+        Ok(mut matches) => match Cli::from_arg_matches_mut(&mut matches) {
+            Ok(cli) => return Ok(cli),
+            Err(error) => error,
+        },
+        Err(error) => error,
+    };
+    if error.use_stderr() {
+        error.exit();
+    }
+    Err(match crate::stdout::print(&error.render().to_string()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(crate::stdout::StdoutError::ReaderGone) => crate::stdout::die_of_sigpipe(),
+        Err(write) => {
+            crate::stdout::note(&format!("error: {}", crate::error_chain(&write)));
+            ExitCode::FAILURE
+        }
+    })
+}
+
 pub fn main(cli: Cli) -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run(&args),
@@ -350,27 +398,76 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Trace(args) => trace_command(&args).map_err(privilege_first),
         Command::Cleanup(args) => cleanup(&args).map_err(privilege_first),
         Command::MetricsNames => {
+            let mut names = String::new();
             for name in crate::metrics::exported_names(&crate::metrics::all()) {
-                println!("{name}");
+                names.push_str(&name);
+                names.push('\n');
             }
-            Ok(())
+            stdout::print(&names).map_err(Into::into)
         }
-        Command::Version => {
-            println!(
-                "socklb {} (map layout v{})",
-                env!("CARGO_PKG_VERSION"),
-                socklb_abi::LAYOUT_VERSION
-            );
-            Ok(())
-        }
+        Command::Version => stdout::println(&format!(
+            "socklb {} (map layout v{})",
+            env!("CARGO_PKG_VERSION"),
+            socklb_abi::LAYOUT_VERSION
+        ))
+        .map_err(Into::into),
+        Command::Completion { shell } => completion(shell),
+        Command::Man => man(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(error) if stdout::is_reader_gone(&error) => stdout::die_of_sigpipe(),
         Err(error) => {
-            eprintln!("error: {error:#}");
+            stdout::note(&format!("error: {error:#}"));
             ExitCode::FAILURE
         }
     }
+}
+
+/// A completion script for `shell`, from the parser's own definitions.
+fn completion(shell: clap_complete::Shell) -> anyhow::Result<()> {
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "socklb", &mut script);
+    stdout::print(&String::from_utf8_lossy(&script))?;
+    Ok(())
+}
+
+/// The man page, from the parser's own definitions: the command, then a section for each
+/// subcommand with its synopsis, description and every flag.
+fn man() -> anyhow::Result<()> {
+    let render = |write: &mut dyn FnMut(&mut Vec<u8>) -> std::io::Result<()>| {
+        let mut roff = Vec::new();
+        write(&mut roff).map(|()| String::from_utf8_lossy(&roff).into_owned())
+    };
+    let command = Cli::command();
+    let mut page = render(&mut |out| {
+        clap_mangen::Man::new(command.clone())
+            .section("8")
+            .render(out)
+    })
+    .context("cannot render the man page")?;
+    for sub in command.get_subcommands().filter(|sub| !sub.is_hide_set()) {
+        let name = format!("socklb {}", sub.get_name());
+        let man = clap_mangen::Man::new(sub.clone().bin_name(name.clone()));
+        let text = render(&mut |out| {
+            man.render_synopsis_section(out)?;
+            man.render_description_section(out)?;
+            man.render_options_section(out)
+        })
+        .context("cannot render the man page")?;
+        // One top-level section per subcommand, its parts below it.
+        for line in text.lines() {
+            let line = match line.strip_prefix(".SH ") {
+                Some("SYNOPSIS") => format!(".SH \"{}\"", name.to_uppercase()),
+                Some(heading) => format!(".SS {heading}"),
+                None => line.to_owned(),
+            };
+            page.push_str(&line);
+            page.push('\n');
+        }
+    }
+    stdout::print(&page)?;
+    Ok(())
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -569,8 +666,8 @@ fn explain_command(args: &ExplainArgs) -> anyhow::Result<()> {
     let state = runtime()?.block_on(initial_state(&args.source, &node_name))?;
     let explanation = explain::explain(&state, only.as_ref());
     match args.output {
-        Output::Table => print!("{}", explain::table(&explanation)),
-        Output::Json => println!("{}", serde_json::to_string_pretty(&explanation)?),
+        Output::Table => stdout::print(&explain::table(&explanation))?,
+        Output::Json => stdout::println(&serde_json::to_string_pretty(&explanation)?)?,
     }
     Ok(())
 }
@@ -623,8 +720,8 @@ fn inspect_command(args: &InspectArgs) -> anyhow::Result<()> {
         inspection = inspect::only_service(inspection, service);
     }
     match args.output {
-        Output::Table => print!("{}", inspect::table(&inspection)),
-        Output::Json => println!("{}", serde_json::to_string_pretty(&inspection)?),
+        Output::Table => stdout::print(&inspect::table(&inspection))?,
+        Output::Json => stdout::println(&serde_json::to_string_pretty(&inspection)?)?,
     }
     Ok(())
 }
@@ -652,36 +749,47 @@ fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
         count: args.count,
         duration: args.duration.map(Into::into),
     };
+    // Ctrl-C, SIGTERM, or the reader of a pipe gone (`socklb trace | grep`, grep stopped):
+    // each ends the session, which gives its lease back before returning.
     let summary = runtime()?.block_on(async {
         let stop = async {
             use tokio::signal::unix::{SignalKind, signal};
-            match signal(SignalKind::terminate()) {
-                Ok(mut terminate) => tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = terminate.recv() => {}
-                },
-                Err(_) => {
-                    let _ = tokio::signal::ctrl_c().await;
+            let terminate = async {
+                match signal(SignalKind::terminate()) {
+                    Ok(mut terminate) => {
+                        terminate.recv().await;
+                    }
+                    Err(_) => std::future::pending().await,
                 }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                () = terminate => {}
+                () = stdout::reader_gone() => {}
             }
         };
         trace::session::run(&options, std::io::stdout().lock(), stop).await
     })?;
-    eprintln!(
+    stdout::note(&format!(
         "{} events shown, {} lost (ring buffer full)",
         summary.shown, summary.lost
-    );
+    ));
+    if summary.reader_gone || stdout::reader_gone_now() {
+        return Err(stdout::StdoutError::ReaderGone.into());
+    }
     Ok(())
 }
 
 fn cleanup(args: &PinArgs) -> anyhow::Result<()> {
     let cleanup = dataplane::cleanup(&args.pin_dir)
         .with_context(|| format!("cleaning up {}", args.pin_dir.display()))?;
+    let mut text = String::new();
     if cleanup.removed.is_empty() {
-        println!("nothing to remove under {}", args.pin_dir.display());
+        text = format!("nothing to remove under {}\n", args.pin_dir.display());
     }
     for path in &cleanup.removed {
-        println!("removed {}", path.display());
+        text.push_str(&format!("removed {}\n", path.display()));
     }
+    stdout::print(&text)?;
     Ok(())
 }

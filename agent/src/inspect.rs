@@ -574,19 +574,7 @@ pub fn table(inspection: &Inspection) -> String {
         let _ = write!(out, " {name} {value}");
     }
     let destroy = &inspection.socket_destroy;
-    let _ = write!(
-        out,
-        "\nsocket destroy: {} ({})",
-        destroy.mode,
-        if destroy.every_namespace {
-            "every network namespace"
-        } else {
-            "the agent's network namespace only: no CAP_SYS_ADMIN"
-        }
-    );
-    if let Some(reason) = &destroy.reason {
-        let _ = write!(out, "; {reason}");
-    }
+    let _ = write!(out, "\n{}", destroy.describe());
     out.push('\n');
     out
 }

@@ -16,6 +16,7 @@ pub mod select;
 pub mod server;
 pub mod source;
 pub mod state;
+pub mod stdout;
 pub mod sweep;
 pub mod trace;
 

@@ -1,7 +1,5 @@
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
 /// jemalloc instead of the C library's allocator. With glibc's, an incremental sync right
 /// after a large relist (a file-source reload or a kube watch restart frees and allocates
 /// tens of thousands of objects) took 0.4-4 ms instead of 0.15 ms at 30,000 Services,
@@ -18,7 +16,10 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 static MALLOC_CONF: &[u8; 47] = b"narenas:1,dirty_decay_ms:1000,muzzy_decay_ms:0\0";
 
 fn main() -> ExitCode {
-    let cli = socklb_agent::cli::Cli::parse();
+    let cli = match socklb_agent::cli::parse() {
+        Ok(cli) => cli,
+        Err(status) => return status,
+    };
     socklb_agent::cli::init_tracing(&cli);
     socklb_agent::cli::main(cli)
 }

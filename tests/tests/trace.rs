@@ -460,3 +460,128 @@ fn address_filters_of_two_families_are_refused_with_a_message() {
         "the message says why:\n{stderr}"
     );
 }
+
+/// A `socklb trace` process started raw (stdout a pipe this test holds), killed on drop.
+struct Session(Child);
+
+impl Session {
+    fn spawn(sandbox: &Sandbox) -> Self {
+        Self(
+            Command::new(agent_bin())
+                .arg("trace")
+                .arg("--bpffs")
+                .arg(&sandbox.pin_dir)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn socklb trace"),
+        )
+    }
+
+    fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut stderr) = self.0.stderr.take() {
+            let _ = stderr.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits for `check` with a deadline.
+fn eventually(what: &str, within: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "{what} within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Two sessions started at the same instant: exactly one takes the lease (taking it is
+/// atomic), the other is refused with a message naming the holder's pid, and the refused
+/// one leaves the holder's entry alone. The holder, its reader gone, gives the lease back
+/// at once (cleared, not left to lapse) and dies of SIGPIPE, as `| head` expects.
+#[test]
+fn of_two_concurrent_sessions_one_is_refused_naming_the_holder_and_never_clears_its_lease() {
+    use std::os::unix::process::ExitStatusExt as _;
+
+    let sandbox = Sandbox::new("trace-race");
+    let local = Local::new(&sandbox, Family::V4);
+    let _agent = Agent::start(&sandbox, &local.manifests.path, "node-a", &[]);
+    for round in 0..5 {
+        let mut sessions = [Session::spawn(&sandbox), Session::spawn(&sandbox)];
+        // The loser exits by itself; the holder runs on.
+        let mut refused = None;
+        eventually(
+            &format!("round {round}: one of two sessions is refused"),
+            Duration::from_secs(10),
+            || {
+                for (index, session) in sessions.iter_mut().enumerate() {
+                    if let Ok(Some(status)) = session.0.try_wait() {
+                        refused = Some((index, status));
+                    }
+                }
+                refused.is_some()
+            },
+        );
+        let (loser, status) = refused.expect("a refused session");
+        let winner = 1 - loser;
+        let winner_pid = sessions[winner].0.id();
+        let message = sessions[loser].stderr();
+        assert!(
+            !status.success(),
+            "round {round}: the loser succeeded: {message}"
+        );
+        assert!(
+            message.contains("another trace session")
+                && message.contains(&format!("pid {winner_pid}")),
+            "round {round}: the refusal names the holder (pid {winner_pid}): {message}"
+        );
+        assert_eq!(
+            sessions[winner].0.try_wait().expect("try_wait"),
+            None,
+            "round {round}: both sessions ended"
+        );
+        eventually(
+            &format!("round {round}: the holder's entry is in the control map"),
+            Duration::from_secs(5),
+            || control(&sandbox.pin_dir).session_pid == winner_pid,
+        );
+        let entry = control(&sandbox.pin_dir);
+        assert!(
+            entry.until_ns > monotonic_ns(),
+            "round {round}: the refused session cleared the holder's lease: {entry:?}"
+        );
+
+        // Its reader gone, the holder notices without any event to write.
+        drop(sessions[winner].0.stdout.take());
+        let mut ended = None;
+        eventually(
+            &format!("round {round}: the holder ends after its reader went away"),
+            Duration::from_secs(5),
+            || {
+                ended = sessions[winner].0.try_wait().expect("try_wait");
+                ended.is_some()
+            },
+        );
+        let ended = ended.expect("the holder's status");
+        let stderr = sessions[winner].stderr();
+        assert_eq!(
+            ended.signal(),
+            Some(libc::SIGPIPE),
+            "round {round}: the holder ends as a closed pipe ends a Unix tool: {ended:?}\n{stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        assert_eq!(
+            control(&sandbox.pin_dir),
+            TraceControl::default(),
+            "round {round}: the lease was not given back on leaving"
+        );
+    }
+}

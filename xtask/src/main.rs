@@ -1,4 +1,4 @@
-//! Developer and CI tasks: `cargo xtask setup | build-ebpf | test | bench`.
+//! Developer and CI tasks: `cargo xtask setup | build-ebpf | test | bench | image | dist`.
 mod image;
 mod setup;
 
@@ -26,6 +26,9 @@ enum Task {
     BuildEbpf,
     /// Set up, build, and show the datapath at work on the embedded demo frontends.
     Demo,
+    /// The release build in target/dist: the static binary, its shell completions and man
+    /// page.
+    Dist,
     /// Build the container image (static binary, FROM scratch) with podman, offline.
     Image {
         /// Image name and tag.
@@ -169,6 +172,11 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Task::Test { filter } => test(filter.as_deref()),
+        Task::Dist => {
+            let root = image::dist()?;
+            println!("{}", root.display());
+            Ok(())
+        }
         Task::Image { name } => {
             require_root("building the image with podman")?;
             setup::run()?;
@@ -441,7 +449,7 @@ fn require_root(what: &str) -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         bail!(
             "{what} loads BPF programs and creates network namespaces and cgroups: run it as \
-             root (e.g. `sudo ./x ...`)"
+             root, or through `./x`, which asks sudo for root when there is one"
         );
     }
     Ok(())

@@ -84,6 +84,13 @@ pub fn link_pin(pin_dir: &Path, program: &str) -> PathBuf {
     pin_dir.join("links").join(program)
 }
 
+/// The empty directory a `socklb trace` session holds an exclusive flock on while it runs:
+/// one session per pin directory, taken atomically, and freed by the kernel however the
+/// session ends (bpffs holds no regular files, but its directories lock like any other).
+pub fn trace_lease_dir(pin_dir: &Path) -> PathBuf {
+    pin_dir.join("trace_lease")
+}
+
 /// The loaded object, and what a replaced service map held.
 pub struct Loaded {
     pub ebpf: Ebpf,
@@ -560,7 +567,11 @@ pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
             .into_iter()
             .map(PathBuf::from),
     );
-    for dir in [pin_dir.join("links"), pin_dir.to_owned()] {
+    for dir in [
+        pin_dir.join("links"),
+        trace_lease_dir(pin_dir),
+        pin_dir.to_owned(),
+    ] {
         // Only if empty: anything else in there is not ours.
         match fs::remove_dir(&dir) {
             Ok(()) => cleanup.removed.push(dir),

@@ -37,7 +37,7 @@ pub use host::{
     HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding, local_addresses,
     prepare_pin_dir,
 };
-pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin};
+pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin, trace_lease_dir};
 pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};
 pub use privileges::{
     FOR_FEATURES as FEATURE_CAPABILITIES, ForFeature, NEEDED as NEEDED_CAPABILITIES, Needed,

@@ -87,6 +87,8 @@ pub struct Expected {
     pub mode: Mode,
     /// Whether the sweep can enter other network namespaces (CAP_SYS_ADMIN).
     pub every_namespace: bool,
+    /// Which network namespaces the sweep finds and enters.
+    pub coverage: netns::Coverage,
     /// Why the mode is not the fastest one, if it is not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
@@ -110,8 +112,19 @@ impl Expected {
         Self {
             mode,
             every_namespace,
+            coverage: netns::Coverage::probe(every_namespace, has(Capability::CAP_SYS_PTRACE)),
             reason,
         }
+    }
+
+    /// The mode, why, and the namespaces covered: one line for `run --help` and `inspect`.
+    pub fn describe(&self) -> String {
+        let mut text = format!("socket destroy mode (auto): {}", self.mode);
+        if let Some(reason) = &self.reason {
+            text.push_str(&format!(" ({reason})"));
+        }
+        text.push_str(&format!("; sweeps {}", self.coverage));
+        text
     }
 }
 

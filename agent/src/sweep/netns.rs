@@ -24,6 +24,57 @@ use std::{
 /// Directories of pinned network namespaces.
 const PIN_DIRS: [&str; 2] = ["/run/netns", "/var/run/netns"];
 
+/// The inode of the initial PID namespace (the kernel's `PROC_PID_INIT_INO`): a process in
+/// it sees every process of the node in /proc.
+const INIT_PID_NAMESPACE: &str = "pid:[4026531836]";
+
+/// Which network namespaces a sweep with this process's capabilities reaches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Coverage {
+    /// setns into other namespaces (CAP_SYS_ADMIN); without it, the agent's own only.
+    pub enters_others: bool,
+    /// In the node's PID namespace (hostPID): the namespaces of every process are found,
+    /// not only those of the agent's own pod.
+    pub host_processes: bool,
+    /// CAP_SYS_PTRACE: the namespaces of every process are readable, not only those of
+    /// processes of the agent's user with no capability the agent lacks.
+    pub other_users: bool,
+}
+
+impl Coverage {
+    pub fn probe(enters_others: bool, ptrace: bool) -> Self {
+        let host_processes = fs::read_link("/proc/self/ns/pid")
+            .is_ok_and(|link| link.as_os_str() == INIT_PID_NAMESPACE);
+        Self {
+            enters_others,
+            host_processes,
+            other_users: ptrace,
+        }
+    }
+}
+
+impl std::fmt::Display for Coverage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if !self.enters_others {
+            return f.write_str(
+                "the agent's own network namespace only (no CAP_SYS_ADMIN to enter others)",
+            );
+        }
+        f.write_str("the agent's network namespace, those pinned under /run/netns and /var/run/netns (CNI's pod namespaces)")?;
+        match (self.host_processes, self.other_users) {
+            (true, true) => f.write_str(" and those of every process on the node"),
+            (true, false) => f.write_str(
+                " and those of the processes of the agent's user with no capability it lacks \
+                 (no CAP_SYS_PTRACE for the others)",
+            ),
+            (false, _) => f.write_str(
+                "; not those of processes outside the agent's PID namespace, found only \
+                 with hostPID",
+            ),
+        }
+    }
+}
+
 /// An open network namespace.
 #[derive(Debug)]
 pub struct Namespace {
@@ -140,4 +191,39 @@ fn is_net_namespace(file: &File) -> bool {
 pub fn enter(namespace: &Namespace) -> io::Result<()> {
     nix::sched::setns(namespace.file.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(io::Error::from)
+}
+
+#[cfg(test)]
+mod coverage_tests {
+    use super::Coverage;
+
+    #[test]
+    fn coverage_says_which_namespaces_each_capability_set_reaches() {
+        let rows = [
+            // (CAP_SYS_ADMIN, hostPID, CAP_SYS_PTRACE, said)
+            (
+                false,
+                true,
+                true,
+                "own network namespace only (no CAP_SYS_ADMIN",
+            ),
+            (true, true, true, "and those of every process on the node"),
+            (true, true, false, "no CAP_SYS_PTRACE for the others"),
+            (true, false, true, "found only with hostPID"),
+        ];
+        for (enters_others, host_processes, other_users, said) in rows {
+            let coverage = Coverage {
+                enters_others,
+                host_processes,
+                other_users,
+            };
+            let text = coverage.to_string();
+            assert!(text.contains(said), "{coverage:?}: {text}");
+            assert_eq!(
+                text.contains("/run/netns"),
+                enters_others,
+                "{coverage:?}: {text}"
+            );
+        }
+    }
 }

@@ -188,9 +188,17 @@ impl Shown {
             (Some(p), _) => format!(
                 "pid {} ({}) netns {} cgroup {}",
                 p.pid,
-                if p.comm.is_empty() { "?" } else { &p.comm },
+                if p.comm.is_empty() {
+                    "?".into()
+                } else {
+                    printable(&p.comm)
+                },
                 p.netns_cookie,
-                if p.cgroup.is_empty() { "?" } else { &p.cgroup },
+                if p.cgroup.is_empty() {
+                    "?".into()
+                } else {
+                    printable(&p.cgroup)
+                },
             ),
             (None, Some(client)) => format!("client {client}"),
             (None, None) => String::from("?"),
@@ -222,6 +230,33 @@ impl Shown {
             self.time, self.source, who, self.protocol
         )
     }
+}
+
+/// `text` safe to show on a terminal: any process chooses its own name (`prctl`, or the
+/// name of the file it runs), so control characters (a terminal escape sequence, a newline
+/// that forges a line), invisible and direction-changing characters and the backslash are
+/// shown escaped, Rust style (`\x1b`, `\u{202e}`, `\\`). Everything else is kept as is.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        c == '\\'
+            || c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.into();
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => shown.push_str("\\\\"),
+            c if unsafe_char(c) && u32::from(c) < 0x100 => {
+                shown.push_str(&format!("\\x{:02x}", u32::from(c)));
+            }
+            c if unsafe_char(c) => shown.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => shown.push(c),
+        }
+    }
+    shown.into()
 }
 
 #[cfg(test)]
@@ -313,6 +348,36 @@ mod tests {
                 .line()
                 .ends_with("(service id 3) -> - no-backend")
         );
+    }
+
+    #[test]
+    fn process_names_and_cgroups_reach_the_terminal_escaped() {
+        let cases = [
+            ("curl", "curl"),
+            ("\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"),
+            ("a\nb\r\t", "a\\x0ab\\x0d\\x09"),
+            ("back\\slash", "back\\\\slash"),
+            ("\u{9b}31m", "\\x9b31m"),
+            ("evil\u{202e}gpj", "evil\\u{202e}gpj"),
+            ("naïve", "naïve"),
+        ];
+        for (raw, shown) in cases {
+            assert_eq!(printable(raw), shown, "{raw:?}");
+        }
+        let mut event = Shown::new(&sample(), "T".into(), None);
+        if let Some(process) = event.process.as_mut() {
+            process.comm = "\x1b[2Jx".into();
+            process.cgroup = "/a\nb".into();
+        }
+        let line = event.line();
+        assert!(
+            line.contains("(\\x1b[2Jx)") && line.contains("cgroup /a\\x0ab"),
+            "{line}"
+        );
+        assert!(!line.contains('\x1b') && !line.contains('\n'), "{line}");
+        // JSON keeps the name as it is: serde escapes it.
+        let json = serde_json::to_string(&event).expect("json");
+        assert!(json.contains("\\u001b[2Jx"), "{json}");
     }
 
     #[test]

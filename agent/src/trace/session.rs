@@ -4,22 +4,27 @@
 //! after a session dies, so a killed session leaves no cost behind.
 use std::{
     collections::HashMap,
+    fs::File,
     io::{self, Write},
     net::{IpAddr, SocketAddr},
+    os::unix::fs::DirBuilderExt as _,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime},
 };
 
 use aya::maps::{Array, HashMap as BpfHashMap, Map, MapData, MapError, PerCpuArray, RingBuf};
-use nix::time::{ClockId, clock_gettime};
+use nix::{
+    fcntl::{Flock, FlockArg},
+    time::{ClockId, clock_gettime},
+};
 use socklb_abi::{
     Counters, FrontendName, Ipv6Words, TRACE_FAMILY_V4, TRACE_FAMILY_V6, TRACE_FLAG_PACKETS,
     TRACE_FLAG_REVERSE, TraceControl, ipv6_words, map_names,
 };
 
 use super::event::{self, DecodeError, Service, Shown};
-use crate::dataplane::FrontendLabel;
+use crate::dataplane::{FrontendLabel, trace_lease_dir};
 
 /// How long a lease lasts unless renewed; renewed every [`RENEW`].
 const LEASE: Duration = Duration::from_secs(3);
@@ -41,10 +46,16 @@ pub enum TraceError {
         source: MapError,
     },
     #[error(
-        "another trace session (pid {pid}) is running on this node: the programs write to one \
-         reader; stop it first"
+        "another trace session ({holder}) holds the trace lease of this pin directory: the \
+         programs write to one reader; stop that session first, or wait for it to end"
     )]
-    Busy { pid: u32 },
+    Busy { holder: Holder },
+    #[error("cannot lock {path} to take the trace lease (is --bpffs right, and are you root?)")]
+    Lock {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot write the trace lease to {map}")]
     Lease {
         map: &'static str,
@@ -53,6 +64,8 @@ pub enum TraceError {
     },
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    #[error("cannot write the trace to standard output")]
+    Output(#[source] io::Error),
     #[error("cannot read the clock")]
     Clock(#[source] nix::Error),
     #[error(
@@ -98,6 +111,8 @@ pub struct Summary {
     pub shown: usize,
     /// Events the programs could not write because the ring buffer was full.
     pub lost: u64,
+    /// The session ended because the output's reader went away (EPIPE).
+    pub reader_gone: bool,
 }
 
 /// Runs a session until `stop` resolves, `count` events were shown or `duration` passed.
@@ -114,7 +129,7 @@ pub async fn run(
         open(pin_dir, map_names::COUNTERS, Map::PerCpuArray)?;
     let lost_before = lost(&counters);
     let mut details = Details::new(pin_dir)?;
-    eprintln!("tracing translations (lease renewed every second; Ctrl-C to stop)");
+    crate::stdout::note("tracing translations (lease renewed every second; Ctrl-C to stop)");
 
     let mut summary = Summary::default();
     let mut renew = tokio::time::interval(RENEW);
@@ -135,11 +150,10 @@ pub async fn run(
                 lease.renew()?;
                 let now_lost = lost(&counters).wrapping_sub(lost_before);
                 if now_lost > summary.lost {
-                    eprintln!(
-                        "{} trace events lost so far: the ring buffer was full (narrow the \
-                         trace with --service, --frontend or --backend)",
-                        now_lost
-                    );
+                    crate::stdout::note(&format!(
+                        "{now_lost} trace events lost so far: the ring buffer was full (narrow \
+                         the trace with --service, --frontend or --backend)"
+                    ));
                     summary.lost = now_lost;
                 }
             }
@@ -157,9 +171,14 @@ pub async fn run(
                     } else {
                         writeln!(out, "{}", shown.line())
                     };
-                    // A closed output (`| head`) ends the session.
-                    if written.and_then(|()| out.flush()).is_err() {
-                        break 'session;
+                    // A closed output (`| head`) ends the session; any other failure to
+                    // write ends it with that error, the lease given back either way.
+                    if let Err(error) = written.and_then(|()| out.flush()) {
+                        if error.kind() == io::ErrorKind::BrokenPipe {
+                            summary.reader_gone = true;
+                            break 'session;
+                        }
+                        return Err(TraceError::Output(error));
                     }
                     summary.shown += 1;
                     if options.count.is_some_and(|count| summary.shown >= count) {
@@ -203,11 +222,50 @@ fn monotonic_ns() -> Result<u64, TraceError> {
     Ok(u64::try_from(ns).unwrap_or(0))
 }
 
+/// The session that holds the lease, as far as the control entry tells.
+#[derive(Debug)]
+pub struct Holder {
+    /// 0 while the holder has locked but not yet written its entry.
+    pub pid: u32,
+    pub comm: String,
+}
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.pid {
+            0 => f.write_str("just starting, pid not yet known"),
+            pid if self.comm.is_empty() => write!(f, "pid {pid}"),
+            pid => write!(f, "pid {pid}, {}", super::event::printable(&self.comm)),
+        }
+    }
+}
+
+impl Holder {
+    fn of(control: &TraceControl, now: u64) -> Self {
+        let pid = if control.until_ns > now {
+            control.session_pid
+        } else {
+            0
+        };
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .map(|comm| comm.trim_end().to_owned())
+            .unwrap_or_default();
+        Self { pid, comm }
+    }
+}
+
 /// The session's hold on the control map.
+///
+/// Taking it is atomic: an exclusive, non-blocking flock on [`trace_lease_dir`], which the
+/// kernel gives to one session and takes back when that session exits, however it exits
+/// (no stale holder to judge, so no check-then-set). Only the lock holder writes the
+/// control entry, and it clears the entry on leaving only if the entry is still its own.
 struct Lease {
     control: Array<MapData, TraceControl>,
     wanted: TraceControl,
     held: bool,
+    /// Released after the entry is cleared (fields drop in order).
+    _lock: Flock<File>,
 }
 
 /// The control entry a session wants (its lease not yet running): its flags, and the
@@ -261,23 +319,58 @@ impl Lease {
         let wanted = wanted_control(filters, pid)?;
         let control: Array<MapData, TraceControl> =
             open(pin_dir, map_names::TRACE_CONTROL, Map::Array)?;
-        let now = monotonic_ns()?;
-        let current = control.get(&0, 0).map_err(|source| TraceError::Lease {
-            map: map_names::TRACE_CONTROL,
+        let current = |control: &Array<MapData, TraceControl>| {
+            control.get(&0, 0).map_err(|source| TraceError::Lease {
+                map: map_names::TRACE_CONTROL,
+                source,
+            })
+        };
+        let path = trace_lease_dir(pin_dir);
+        let lock_error = |source| TraceError::Lock {
+            path: path.clone(),
             source,
-        })?;
-        if current.until_ns > now
-            && current.session_pid != pid
-            && Path::new(&format!("/proc/{}", current.session_pid)).exists()
+        };
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Err(error) if error.kind() != io::ErrorKind::AlreadyExists => {
+                return Err(lock_error(error));
+            }
+            _ => {}
+        }
+        let dir = File::open(&path).map_err(lock_error)?;
+        let lock = match Flock::lock(dir, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => lock,
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                // The holder writes its entry right after locking: a session that lost a
+                // race by microseconds waits a moment for it, to name the holder.
+                let deadline = Instant::now() + Duration::from_millis(500);
+                let holder = loop {
+                    let holder = Holder::of(&current(&control)?, monotonic_ns()?);
+                    if holder.pid != 0 || Instant::now() >= deadline {
+                        break holder;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                };
+                return Err(TraceError::Busy { holder });
+            }
+            Err((_, errno)) => return Err(lock_error(io::Error::from(errno))),
+        };
+        // A session of a version before the lock still running (the lease lapses 3 s after
+        // it dies).
+        let now = monotonic_ns()?;
+        let entry = current(&control)?;
+        if entry.until_ns > now
+            && entry.session_pid != pid
+            && Path::new(&format!("/proc/{}", entry.session_pid)).exists()
         {
             return Err(TraceError::Busy {
-                pid: current.session_pid,
+                holder: Holder::of(&entry, now),
             });
         }
         let mut lease = Self {
             control,
             wanted,
             held: true,
+            _lock: lock,
         };
         lease.renew()?;
         Ok(lease)
@@ -294,9 +387,14 @@ impl Lease {
             })
     }
 
-    /// Emission off: the programs stop writing at once.
+    /// Emission off: the programs stop writing at once. Only our own entry is cleared.
     fn give_back(&mut self) {
-        if std::mem::take(&mut self.held) {
+        if std::mem::take(&mut self.held)
+            && self
+                .control
+                .get(&0, 0)
+                .is_ok_and(|entry| entry.session_pid == self.wanted.session_pid)
+        {
             let _ = self.control.set(0, &TraceControl::default(), 0);
         }
     }
@@ -339,8 +437,12 @@ impl Details {
         }
         let mut shown = Shown::new(event, self.time(event.time_ns), service);
         if let Some(process) = shown.process.as_mut() {
-            process.comm = std::fs::read_to_string(format!("/proc/{}/comm", process.pid))
-                .map(|comm| comm.trim_end().to_owned())
+            // Raw bytes, any of them: the text output escapes what a terminal would act on.
+            process.comm = std::fs::read(format!("/proc/{}/comm", process.pid))
+                .map(|comm| {
+                    let comm = comm.strip_suffix(b"\n").unwrap_or(&comm);
+                    String::from_utf8_lossy(comm).into_owned()
+                })
                 .unwrap_or_default();
             process.cgroup = self.cgroups.path(process.cgroup_id).unwrap_or_default();
         }
