@@ -8,6 +8,7 @@ mod fragments;
 mod low_ttl;
 mod map_growth;
 mod map_memory;
+mod netlink_attach;
 mod path_mtu;
 mod raised_capacity;
 mod shrinking_churn;
