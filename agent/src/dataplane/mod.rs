@@ -2,6 +2,7 @@
 //! `apply` a desired state to their maps.
 mod desired;
 mod destroy;
+mod devices;
 mod gone;
 mod growth;
 mod host;
@@ -32,6 +33,7 @@ use aya::{
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
 pub use destroy::{DestroyPrograms, Unavailable as DestroyUnavailable, skc_cookie_offset};
+pub use devices::{DeviceError, check_devices, check_ethernet};
 pub use gone::Gone;
 pub use host::{
     HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding, local_addresses,

@@ -5,6 +5,7 @@ mod agent_killed;
 mod api_outage;
 mod foreign_cleanup;
 mod fragments;
+mod l3_device;
 mod low_ttl;
 mod map_growth;
 mod map_memory;
