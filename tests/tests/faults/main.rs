@@ -3,6 +3,7 @@
 //! holds one fault and checks the guarantee that docs/operations.md states for it.
 mod agent_killed;
 mod api_outage;
+mod conntrack_resize;
 mod foreign_cleanup;
 mod fragments;
 mod l3_device;
