@@ -31,6 +31,7 @@ use socklb_abi::program_names;
 use tracing::{info, warn};
 
 use super::{
+    devices::{self, DeviceError},
     loader::{Attachment, LoadError, link_pin},
     privileges,
 };
@@ -154,6 +155,8 @@ pub enum TcAttachError {
          lists the devices)"
     )]
     NoDevice { device: String },
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     #[error("cannot attach {program} to device {device} ({mode:?})")]
     Attach {
         program: &'static str,
@@ -218,11 +221,8 @@ pub fn attach(
         let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
             device: device.clone(),
         })?;
-        if !device_exists(device) {
-            return Err(TcAttachError::NoDevice {
-                device: device.clone(),
-            });
-        }
+        // Missing, or not Ethernet (the programs would misread every packet).
+        devices::check_ethernet(device)?;
         for (program_name, hook) in HOOKS {
             let program = attachable(ebpf, program_name, device, mode)?;
             let attachment = match mode {
