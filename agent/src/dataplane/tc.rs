@@ -347,7 +347,8 @@ fn attach_netlink(
                 warn!(
                     program = program_name,
                     device,
-                    "replacing a netlink filter of an older agent (by its program name):                      traffic from outside may see a gap of a few milliseconds this once"
+                    "replacing a netlink filter of an older agent (by its program name): \
+                     traffic from outside may see a gap of a few milliseconds this once"
                 );
                 let _ = tc::qdisc_detach_program(name.as_c_str(), hook.into(), program_name);
             }
