@@ -518,6 +518,9 @@ async fn start_source(
 
 fn run(args: &RunArgs) -> anyhow::Result<()> {
     let node_name = node_name(&args.source)?;
+    // Before anything is created: a device the programs cannot serve fails the start.
+    dataplane::check_devices(&args.external.devices)
+        .context("--devices names a device socklb cannot serve: remove it from --devices")?;
     let listeners = [
         server::bind(args.healthz_bind_address, "--healthz-bind-address")?,
         server::bind(args.metrics_bind_address, "--metrics-bind-address")?,

@@ -23,8 +23,9 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::{
     dataplane::{
-        ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec, Gone,
-        NodeSettings, Rejected, Scope, TcMode, ipv4_forwarding, ipv6_forwarding, local_addresses,
+        self, ConntrackTimeouts, Dataplane, DataplaneError, DeviceError, Frontend, FrontendLabel,
+        FrontendSpec, Gone, NodeSettings, Rejected, Scope, TcMode, ipv4_forwarding,
+        ipv6_forwarding, local_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
@@ -35,6 +36,26 @@ use crate::{
     state::{ClusterState, convert},
     sweep::Sweeper,
 };
+
+/// Whether the TC programs can serve `device`, a device found from the Node's addresses.
+/// One that is not Ethernet is skipped, with a warning the first time; one whose link
+/// type cannot be read is tried (attaching then says what is wrong).
+fn servable(device: &str, refused: &mut BTreeSet<String>) -> bool {
+    match dataplane::check_ethernet(device) {
+        Err(error @ DeviceError::NotEthernet { .. }) => {
+            if refused.insert(device.to_owned()) {
+                warn!(
+                    device,
+                    error = %error,
+                    "skipping a device that holds this Node's addresses: traffic from \
+                     outside arriving on it is not translated"
+                );
+            }
+            false
+        }
+        _ => true,
+    }
+}
 
 /// How soon a failed sync is retried (as a full sync).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -87,6 +108,9 @@ pub struct Runner {
     external: ExternalTraffic,
     /// Devices the TC programs are attached to.
     external_devices: Option<Vec<String>>,
+    /// Devices holding the Node's addresses that are not Ethernet, skipped with a warning
+    /// logged once each.
+    refused_devices: BTreeSet<String>,
     /// The SNAT addresses last programmed, per family (`None`: not yet), to log only their
     /// changes.
     snat_addresses: Option<(Option<Ipv4Addr>, Option<Ipv6Addr>)>,
@@ -124,6 +148,7 @@ impl Runner {
             attached: false,
             external: ExternalTraffic::default(),
             external_devices: None,
+            refused_devices: BTreeSet::new(),
             snat_addresses: None,
             logged_skips: HashMap::new(),
             rejected: BTreeSet::new(),
@@ -487,7 +512,10 @@ impl Runner {
                 .filter(|(address, _)| node.addresses.contains(address))
                 .map(|(_, device)| device)
                 .collect();
-            devices.into_iter().collect()
+            devices
+                .into_iter()
+                .filter(|device| servable(device, &mut self.refused_devices))
+                .collect()
         } else {
             self.external.devices.clone()
         };

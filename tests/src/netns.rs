@@ -4,11 +4,11 @@ use std::{
     fs,
     os::fd::AsRawFd as _,
     path::PathBuf,
-    process::{Command, Output},
+    process::{Command, Output, Stdio},
     time::Duration,
 };
 
-use crate::{Attempt, parse_attempts, probe_bin, run};
+use crate::{Attempt, ProbeRun, parse_attempts, probe_bin, run};
 
 pub struct Netns {
     pub name: String,
@@ -59,6 +59,27 @@ impl Netns {
             .output()
             .expect("run socklb-probe");
         parse_attempts(&output.stdout, &output.stderr)
+    }
+
+    /// Starts the probe client inside the namespace in the background: attempts of `mode` to
+    /// `target`, `pause_ms` apart, for `duration` (whole seconds) or until stopped.
+    pub fn spawn_probe_for(
+        &self,
+        mode: &str,
+        target: &str,
+        duration: Duration,
+        pause_ms: u32,
+    ) -> ProbeRun {
+        let child = self
+            .command(probe_bin())
+            .args([mode, target])
+            .arg(format!("{}s", duration.as_secs()))
+            .arg(pause_ms.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn socklb-probe");
+        ProbeRun { child: Some(child) }
     }
 
     /// Runs `f` on a thread inside the namespace: sockets it creates live there (and keep

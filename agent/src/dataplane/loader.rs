@@ -26,7 +26,7 @@ use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
 
 use super::{
-    Capacities,
+    Capacities, carry,
     program_logs::ProgramLogLevel,
     sizing::{self, Sizes},
     tc,
@@ -120,6 +120,7 @@ pub fn load(
         .collect();
     remove_staging(pin_dir);
     load_pinning(pin_dir, capacities, programs, object).inspect_err(|_| {
+        carry::restore(pin_dir);
         for path in unpinned.iter().filter(|path| path.exists()) {
             if let Err(error) = fs::remove_file(path) {
                 warn!(path = %path.display(), %error, "cannot unpin a map of the failed load");
@@ -167,11 +168,21 @@ fn load_pinning(
                 actual,
             })) => {
                 let path = pin_dir.join(&name);
+                if property == "max_entries" && carry::CARRIED.contains(&name.as_str()) {
+                    warn!(
+                        map = %name, property, expected, actual,
+                        "pinned map has another size than its flag asks: replacing it, with \
+                         its entries carried over into the new map"
+                    );
+                    carry::hold(pin_dir, &name)
+                        .map_err(|source| LoadError::ReplaceMap { path, source })?;
+                    continue;
+                }
                 warn!(
                     map = %name, property, expected, actual,
                     "pinned map differs from what this agent needs: replacing it (the running \
-                     programs keep the old map until they are replaced; its entries are \
-                     rewritten, session affinity and reverse entries start empty)"
+                     programs keep the old map until they are replaced; service and backend \
+                     entries are rewritten, reverse entries start empty)"
                 );
                 if name == map_names::SERVICES {
                     replaced_masters.extend(pinned_masters(&path));
@@ -539,6 +550,8 @@ pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     let mut cleanup = Cleanup::default();
     // Maps of a growth an agent did not finish.
     remove_staging(pin_dir);
+    // Maps a start replaced and had not finished carrying over.
+    carry::finish(pin_dir);
     let links = program_names::SOCK_ADDR
         .iter()
         .map(|name| link_pin(pin_dir, name));

@@ -1,7 +1,9 @@
 //! The datapath as the control plane sees it: load and attach the kernel programs, and
 //! `apply` a desired state to their maps.
+mod carry;
 mod desired;
 mod destroy;
+mod devices;
 mod gone;
 mod growth;
 mod host;
@@ -32,6 +34,7 @@ use aya::{
 };
 pub use desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope};
 pub use destroy::{DestroyPrograms, Unavailable as DestroyUnavailable, skc_cookie_offset};
+pub use devices::{DeviceError, check_devices, check_ethernet};
 pub use gone::Gone;
 pub use host::{
     HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding, local_addresses,
@@ -334,6 +337,7 @@ impl Dataplane {
             }
             DataplaneError::from(error).explain_refusal()
         })?;
+        carry_over(&config.pin_dir, "at load");
         let kernel_maps = KernelMaps::new(RawMaps {
             services: take_map(&mut ebpf, map_names::SERVICES)?,
             backends: take_map(&mut ebpf, map_names::BACKENDS)?,
@@ -697,10 +701,15 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Attaches the programs (or replaces those a previous agent left attached).
+    /// Attaches the programs (or replaces those a previous agent left attached). Called
+    /// after [`Self::attach_external`]: from here on only these programs run, so the flow
+    /// entries of maps replaced with another size are carried over a last time.
     pub fn attach(&mut self) -> Result<Vec<(&'static str, Attachment)>, DataplaneError> {
-        loader::attach(&mut self.ebpf, &self.config.pin_dir, &self.cgroup)
-            .map_err(|error| DataplaneError::from(error).explain_refusal())
+        let attached = loader::attach(&mut self.ebpf, &self.config.pin_dir, &self.cgroup)
+            .map_err(|error| DataplaneError::from(error).explain_refusal())?;
+        carry_over(&self.config.pin_dir, "after the programs were swapped");
+        carry::finish(&self.config.pin_dir);
+        Ok(attached)
     }
 
     /// Attaches the TC programs to `devices` (or replaces those a previous agent left), and
@@ -774,6 +783,25 @@ impl Dataplane {
 
     pub fn pin_dir(&self) -> &Path {
         &self.config.pin_dir
+    }
+}
+
+/// Copies the entries of the maps a load replaced with another size into their new maps
+/// (see `carry`). A failure is logged: the flows it misses are reset, as they would be
+/// without the copy, and the agent serves on.
+fn carry_over(pin_dir: &Path, when: &str) {
+    match carry::copy(pin_dir) {
+        Ok(0) => {}
+        Ok(entries) => info!(
+            entries,
+            when, "conntrack and affinity entries carried over into the resized maps"
+        ),
+        Err(error) => warn!(
+            error = %crate::error_chain(&error),
+            when,
+            "cannot carry conntrack and affinity entries over into the resized maps: the \
+             flows they held start anew (SNATed flows from outside are reset)"
+        ),
     }
 }
 

@@ -3,10 +3,13 @@
 //! TCX (kernel >= 6.6) attaches through bpf links, pinned like the cgroup links so that the
 //! programs stay attached while no agent runs and a new agent swaps its programs in
 //! atomically. Older kernels get a clsact qdisc and netlink filters, which outlive the
-//! agent by themselves; a new agent replaces them (remove, then add: a gap of a few
-//! milliseconds for traffic from outside). A netlink filter carries no pin, so the pin
-//! directory keeps a record of each one (an empty `netlink-filters/<program>@<device>/`): cleanup
-//! and a change of devices remove only the filters of this instance, never another's.
+//! agent by themselves. Each instance's filters sit at one priority and a handle derived
+//! from its pin directory ([`NlFilter`]): a new agent (or a growth) replaces the program of
+//! the filter at that priority and handle in place, which is atomic (no moment without a
+//! program), and another instance's filters on the same device are never touched. A netlink
+//! filter carries no pin, so the pin directory keeps a record of each one (an empty
+//! `netlink-filters/<program>@<device>:<priority>:<handle>/`): cleanup and a change of
+//! devices remove exactly the recorded filters.
 use std::{
     ffi::CString,
     fs, io,
@@ -17,6 +20,7 @@ use aya::{
     Ebpf,
     programs::{
         ProgramError, SchedClassifier, TcAttach, TcAttachType,
+        links::Link as _,
         links::{FdLink, LinkError, PinnedLink},
         tc::{self, NlOptions, SchedClassifierLink, TcError},
     },
@@ -27,6 +31,7 @@ use socklb_abi::program_names;
 use tracing::{info, warn};
 
 use super::{
+    devices::{self, DeviceError},
     loader::{Attachment, LoadError, link_pin},
     privileges,
 };
@@ -71,10 +76,59 @@ fn tc_link_pin(pin_dir: &Path, program: &str, device: &str) -> PathBuf {
     link_pin(pin_dir, &format!("{program}@{device}"))
 }
 
-fn netlink_record(pin_dir: &Path, program: &str, device: &str) -> PathBuf {
-    pin_dir
-        .join(NETLINK_RECORDS)
-        .join(format!("{program}@{device}"))
+/// Where this instance's netlink filters sit on a device's clsact hooks. Tools that
+/// attach without a priority get 49152 and below; ours is fixed so that it reads the same in
+/// every instance, and the handle tells instances apart.
+const NETLINK_PRIORITY: u16 = 23_579;
+
+/// One netlink filter: a priority and a handle on a device's ingress or egress hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NlFilter {
+    pub priority: u16,
+    pub handle: u32,
+}
+
+impl NlFilter {
+    /// The filter of the instance whose pins are in `pin_dir`: a hash (FNV-1a, stable
+    /// across builds) of the directory's canonical path, never 0 (which asks the kernel to
+    /// choose). Two instances on one device thus use two handles.
+    pub fn of_instance(pin_dir: &Path) -> Self {
+        let path = fs::canonicalize(pin_dir).unwrap_or_else(|_| pin_dir.to_owned());
+        let hash = path
+            .as_os_str()
+            .as_encoded_bytes()
+            .iter()
+            .fold(0x811c_9dc5_u32, |hash, byte| {
+                (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
+            });
+        Self {
+            priority: NETLINK_PRIORITY,
+            handle: hash.max(1),
+        }
+    }
+}
+
+/// The record's name: `<program>@<device>:<priority>:<handle>` (a device name has no `:`).
+fn netlink_record(pin_dir: &Path, program: &str, device: &str, filter: NlFilter) -> PathBuf {
+    pin_dir.join(NETLINK_RECORDS).join(format!(
+        "{program}@{device}:{}:{:x}",
+        filter.priority, filter.handle
+    ))
+}
+
+/// A record's program, device and filter; `None` as the filter for a record an older agent
+/// wrote (`<program>@<device>`), whose filter has a priority and handle the kernel chose.
+fn parse_record(name: &str) -> Option<(&str, &str, Option<NlFilter>)> {
+    let (program, rest) = name.split_once('@')?;
+    let Some((device, filter)) = rest.split_once(':') else {
+        return Some((program, rest, None));
+    };
+    let (priority, handle) = filter.split_once(':')?;
+    let filter = NlFilter {
+        priority: priority.parse().ok()?,
+        handle: u32::from_str_radix(handle, 16).ok()?,
+    };
+    Some((program, device, Some(filter)))
 }
 
 /// Whether this network namespace has the device. Asked of the kernel (an ioctl on a
@@ -101,6 +155,8 @@ pub enum TcAttachError {
          lists the devices)"
     )]
     NoDevice { device: String },
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     #[error("cannot attach {program} to device {device} ({mode:?})")]
     Attach {
         program: &'static str,
@@ -165,11 +221,8 @@ pub fn attach(
         let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
             device: device.clone(),
         })?;
-        if !device_exists(device) {
-            return Err(TcAttachError::NoDevice {
-                device: device.clone(),
-            });
-        }
+        // Missing, or not Ethernet (the programs would misread every packet).
+        devices::check_ethernet(device)?;
         for (program_name, hook) in HOOKS {
             let program = attachable(ebpf, program_name, device, mode)?;
             let attachment = match mode {
@@ -257,26 +310,75 @@ fn attach_netlink(
             });
         }
     }
-    let replaced = tc::qdisc_detach_program(name.as_c_str(), hook.into(), program_name).is_ok();
-    let id = program
-        .attach(
-            name.as_c_str(),
-            TcAttach::Netlink {
-                parent: hook.into(),
-                options: NlOptions::default(),
-            },
-        )
-        .map_err(|source| TcAttachError::Attach {
-            program: program_name,
-            device: device.to_owned(),
-            mode: TcMode::Netlink,
-            source,
-        })?;
+    let records: Vec<NetlinkRecord> = netlink_records(pin_dir)?
+        .into_iter()
+        .filter(|record| record.program == program_name && record.device == device)
+        .collect();
+    let filter = records
+        .iter()
+        .find_map(|record| record.filter)
+        .unwrap_or_else(|| NlFilter::of_instance(pin_dir));
+    let attach_error = |source| TcAttachError::Attach {
+        program: program_name,
+        device: device.to_owned(),
+        mode: TcMode::Netlink,
+        source,
+    };
+    // Without NLM_F_CREATE the kernel swaps the program of the filter at this priority and
+    // handle in place (atomic: every packet sees the old program or the new one), or
+    // answers that there is none.
+    let ours = SchedClassifierLink::attached(
+        name.as_c_str(),
+        hook.into(),
+        filter.priority,
+        filter.handle.into(),
+        None,
+    )
+    .map_err(|_| TcAttachError::NoDevice {
+        device: device.to_owned(),
+    })?;
+    let (id, attachment) = match program.attach_to_link(ours) {
+        Ok(id) => (id, Attachment::Replaced),
+        Err(_) => {
+            let legacy = records.iter().any(|record| record.filter.is_none());
+            if legacy {
+                // An older agent's filter, at a priority and handle the kernel chose: it
+                // goes first (a gap of milliseconds, once, at the upgrade).
+                warn!(
+                    program = program_name,
+                    device,
+                    "replacing a netlink filter of an older agent (by its program name): \
+                     traffic from outside may see a gap of a few milliseconds this once"
+                );
+                let _ = tc::qdisc_detach_program(name.as_c_str(), hook.into(), program_name);
+            }
+            let options = NlOptions {
+                priority: filter.priority,
+                handle: filter.handle.into(),
+                ..NlOptions::default()
+            };
+            let id = program
+                .attach(
+                    name.as_c_str(),
+                    TcAttach::Netlink {
+                        parent: hook.into(),
+                        options,
+                    },
+                )
+                .map_err(attach_error)?;
+            let attachment = if legacy {
+                Attachment::Replaced
+            } else {
+                Attachment::Attached
+            };
+            (id, attachment)
+        }
+    };
     // Netlink filters stay when the agent exits; forget the handle without detaching.
     let link = program.take_link(id);
     std::mem::forget(link);
     // bpffs holds no regular files: a record is an empty directory.
-    let record = netlink_record(pin_dir, program_name, device);
+    let record = netlink_record(pin_dir, program_name, device, filter);
     match fs::create_dir(&record) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
             return Err(TcAttachError::Pins {
@@ -286,11 +388,10 @@ fn attach_netlink(
         }
         _ => {}
     }
-    Ok(if replaced {
-        Attachment::Replaced
-    } else {
-        Attachment::Attached
-    })
+    for old in records.iter().filter(|r| r.filter != Some(filter)) {
+        let _ = fs::remove_dir(&old.path);
+    }
+    Ok(attachment)
 }
 
 /// Swaps the programs of `ebpf` into every TC attachment this pin directory records (TCX
@@ -315,11 +416,13 @@ pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, TcAtta
             replaced += 1;
         }
     }
-    for (_, program_name, device) in netlink_records(pin_dir)? {
-        let Some((program_name, hook)) = HOOKS.into_iter().find(|(name, _)| *name == program_name)
+    for record in netlink_records(pin_dir)? {
+        let Some((program_name, hook)) =
+            HOOKS.into_iter().find(|(name, _)| *name == record.program)
         else {
             continue;
         };
+        let device = record.device;
         let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
             device: device.clone(),
         })?;
@@ -394,21 +497,31 @@ pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> 
 fn remove_stale_netlink_filters(pin_dir: &Path, devices: &[String]) -> Result<(), TcAttachError> {
     let stale = netlink_records(pin_dir)?
         .into_iter()
-        .filter(|(_, _, device)| !devices.contains(device));
-    for (record, program, device) in stale {
-        warn!(device, "device no longer served: detaching the TC programs");
-        detach_netlink_filter(&record, &program, &device).map_err(|source| {
-            TcAttachError::Pins {
-                path: record.clone(),
-                source,
-            }
+        .filter(|record| !devices.contains(&record.device));
+    for record in stale {
+        warn!(
+            device = record.device,
+            "device no longer served: detaching the TC programs"
+        );
+        detach_netlink_filter(&record).map_err(|source| TcAttachError::Pins {
+            path: record.path.clone(),
+            source,
         })?;
     }
     Ok(())
 }
 
-/// The netlink filters this pin directory's agent attached: (record, program, device).
-fn netlink_records(pin_dir: &Path) -> Result<Vec<(PathBuf, String, String)>, TcAttachError> {
+/// A netlink filter this pin directory's agent attached, as its record says.
+struct NetlinkRecord {
+    path: PathBuf,
+    program: String,
+    device: String,
+    /// `None`: recorded by an older agent, which did not choose the priority and handle.
+    filter: Option<NlFilter>,
+}
+
+/// The netlink filters this pin directory's agent attached.
+fn netlink_records(pin_dir: &Path) -> Result<Vec<NetlinkRecord>, TcAttachError> {
     let dir = pin_dir.join(NETLINK_RECORDS);
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
@@ -422,26 +535,47 @@ fn netlink_records(pin_dir: &Path) -> Result<Vec<(PathBuf, String, String)>, TcA
             source,
         })?;
         let file_name = entry.file_name();
-        if let Some((program, device)) = file_name.to_str().and_then(|n| n.split_once('@'))
+        if let Some((program, device, filter)) = file_name.to_str().and_then(parse_record)
             && HOOKS.iter().any(|(name, _)| *name == program)
         {
-            records.push((entry.path(), program.to_owned(), device.to_owned()));
+            records.push(NetlinkRecord {
+                path: entry.path(),
+                program: program.to_owned(),
+                device: device.to_owned(),
+                filter,
+            });
         }
     }
     Ok(records)
 }
 
-/// Removes one recorded netlink filter, then its record. A filter the kernel refuses to
-/// remove (EPERM without CAP_NET_ADMIN) is an error: it would keep translating with maps
-/// nobody updates. A device that is gone took its filters with it.
-fn detach_netlink_filter(record: &Path, program: &str, device: &str) -> io::Result<()> {
+/// Removes one recorded netlink filter, then its record: the filter at the recorded
+/// priority and handle, whatever else is attached to the device. A filter the kernel
+/// refuses to remove (EPERM without CAP_NET_ADMIN) is an error: it would keep translating
+/// with maps nobody updates. A device that is gone took its filters with it.
+fn detach_netlink_filter(record: &NetlinkRecord) -> io::Result<()> {
+    let (program, device) = (record.program.as_str(), record.device.as_str());
     let hook = HOOKS
         .iter()
         .find_map(|(name, hook)| (*name == program).then_some(*hook));
     if let (Some(hook), Ok(name)) = (hook, CString::new(device))
         && device_exists(device)
     {
-        match tc::qdisc_detach_program(name.as_c_str(), hook.into(), program) {
+        let detached = match record.filter {
+            Some(filter) => SchedClassifierLink::attached(
+                name.as_c_str(),
+                hook.into(),
+                filter.priority,
+                filter.handle.into(),
+                None,
+            )
+            .map_err(ProgramError::from)
+            .and_then(|link| link.detach()),
+            // An older agent's record: its filter is known by the program's name only.
+            None => tc::qdisc_detach_program(name.as_c_str(), hook.into(), program)
+                .map_err(ProgramError::from),
+        };
+        match detached {
             Ok(()) => {}
             Err(error) if privileges::not_permitted(&error) => {
                 return Err(io::Error::new(
@@ -456,20 +590,23 @@ fn detach_netlink_filter(record: &Path, program: &str, device: &str) -> io::Resu
             Err(_) => {}
         }
     }
-    match fs::remove_dir(record) {
+    match fs::remove_dir(&record.path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
 }
 
 /// Removes the netlink filters this pin directory's agent attached (kernels without TCX;
-/// TCX links go with their pins), and their records. Filters of other instances, recorded
-/// in other pin directories, stay.
+/// TCX links go with their pins), and their records. Filters of other instances, at their
+/// own handles, stay.
 pub fn detach_netlink_filters(pin_dir: &Path) -> io::Result<Vec<String>> {
     let mut removed = Vec::new();
-    for (record, program, device) in netlink_records(pin_dir).map_err(io::Error::other)? {
-        detach_netlink_filter(&record, &program, &device)?;
-        removed.push(format!("{program}@{device} (netlink filter)"));
+    for record in netlink_records(pin_dir).map_err(io::Error::other)? {
+        detach_netlink_filter(&record)?;
+        removed.push(format!(
+            "{}@{} (netlink filter)",
+            record.program, record.device
+        ));
     }
     // Only if empty, like the pin directory itself: anything else in there is not ours.
     match fs::remove_dir(pin_dir.join(NETLINK_RECORDS)) {
@@ -479,5 +616,42 @@ pub fn detach_netlink_filters(pin_dir: &Path) -> io::Result<Vec<String>> {
             Err(e)
         }
         _ => Ok(removed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netlink_records_name_their_filter_and_older_ones_do_not() {
+        let filter = NlFilter {
+            priority: 23_579,
+            handle: 0xdead_beef,
+        };
+        let record = netlink_record(Path::new("/p"), "socklb_tc_in", "eth0", filter);
+        let name = record
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("a UTF-8 name");
+        assert_eq!(
+            parse_record(name),
+            Some(("socklb_tc_in", "eth0", Some(filter)))
+        );
+        assert_eq!(
+            parse_record("socklb_tc_in@eth0"),
+            Some(("socklb_tc_in", "eth0", None))
+        );
+        assert_eq!(parse_record("socklb_tc_in@eth0:x:1"), None);
+    }
+
+    #[test]
+    fn instances_get_their_own_handle_at_one_priority() {
+        let a = NlFilter::of_instance(Path::new("/sys/fs/bpf/socklb"));
+        let b = NlFilter::of_instance(Path::new("/sys/fs/bpf/socklb-other"));
+        assert_eq!(a.priority, b.priority);
+        assert_ne!(a.handle, b.handle);
+        assert_ne!(a.handle, 0);
+        assert_eq!(a, NlFilter::of_instance(Path::new("/sys/fs/bpf/socklb")));
     }
 }

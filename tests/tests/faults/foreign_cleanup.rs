@@ -62,6 +62,54 @@ fn cleanup_of_another_pin_dir_leaves_this_instances_netlink_filters() {
     );
 }
 
+#[test]
+fn two_instances_on_one_device_keep_their_own_netlink_filters() {
+    let sandbox = Sandbox::new("shared-device");
+    run(Command::new("ip").args([
+        "link", "add", "ext0", "type", "veth", "peer", "name", "ext1",
+    ]));
+    run(Command::new("ip").args(["link", "set", "ext0", "up"]));
+    let device = ["ext0".to_owned()];
+    let mut this = sandbox.dataplane();
+    this.attach_external(&device, TcMode::Netlink)
+        .expect("attach this instance's TC programs");
+    let other = OtherPins(PathBuf::from(format!(
+        "{}-other",
+        sandbox.pin_dir.display()
+    )));
+    let mut another = sandbox
+        .load(Config {
+            pin_dir: other.0.clone(),
+            ..sandbox.config()
+        })
+        .expect("load another instance");
+    another
+        .attach_external(&device, TcMode::Netlink)
+        .expect("attach the other instance's TC programs");
+    assert_eq!(
+        filters("ext0"),
+        4,
+        "the second instance attached beside the first, not over it"
+    );
+    // Both again, as restarted agents: each replaces its own filters, nobody else's.
+    this.attach_external(&device, TcMode::Netlink)
+        .expect("attach this instance's TC programs again");
+    another
+        .attach_external(&device, TcMode::Netlink)
+        .expect("attach the other instance's TC programs again");
+    drop((this, another));
+    assert_eq!(filters("ext0"), 4, "restarts replaced filters in place");
+
+    cleanup(&other.0);
+    assert_eq!(
+        filters("ext0"),
+        2,
+        "cleanup of the other instance leaves this instance's filters on the shared device"
+    );
+    cleanup(&sandbox.pin_dir);
+    assert_eq!(filters("ext0"), 0, "no program is left on the device");
+}
+
 /// `socklb cleanup` as the chart's cleanup container runs it.
 fn cleanup(pin_dir: &std::path::Path) {
     let output = chart_cleanup()
@@ -80,7 +128,7 @@ fn cleanup(pin_dir: &std::path::Path) {
 }
 
 /// socklb's netlink filters on `device`, as `tc` lists them.
-fn filters(device: &str) -> usize {
+pub fn filters(device: &str) -> usize {
     ["ingress", "egress"]
         .iter()
         .map(|hook| {

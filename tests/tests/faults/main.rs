@@ -3,11 +3,14 @@
 //! holds one fault and checks the guarantee that docs/operations.md states for it.
 mod agent_killed;
 mod api_outage;
+mod conntrack_resize;
 mod foreign_cleanup;
 mod fragments;
+mod l3_device;
 mod low_ttl;
 mod map_growth;
 mod map_memory;
+mod netlink_attach;
 mod no_endpoints;
 mod path_mtu;
 mod raised_capacity;

@@ -1,0 +1,207 @@
+//! Netlink TC filters (kernels without TCX; forced here with `--tc-attach-mode netlink`):
+//! an agent restart and a map growth replace the program of each filter in place, at the
+//! instance's own priority and handle, so four clients looping from outside through a
+//! NodePort see no failed connection, four long-lived flows echoing all along see no reset,
+//! and the device keeps exactly one filter per hook.
+use std::{
+    net::{SocketAddrV4, TcpStream},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use socklb_tests::{
+    Agent, ManifestDir, NamedServer, Sandbox, assert_all_connected,
+    echo::{EchoServer, echo},
+    lan::{NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, answers, lan, nodes, service, slice},
+    service_yaml, slice_yaml,
+};
+
+use crate::foreign_cleanup::filters;
+
+const NODE_PORT: u16 = 30150;
+const ECHO_NODE_PORT: u16 = 30151;
+const NETLINK: [&str; 2] = ["--tc-attach-mode", "netlink"];
+/// ClusterIP Services that fill the service and backend maps past three quarters of their
+/// starting sizes (8,192 and 4,096 entries): 1,100 Services of 5 endpoints each.
+const FILLERS: usize = 1_100;
+
+#[test]
+fn restarts_and_growth_replace_netlink_filters_without_a_failed_connection() {
+    let sandbox = Sandbox::new("nl-attach");
+    let lan = lan("n");
+    let _servers = [
+        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
+        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
+    ];
+    let _echo = [
+        EchoServer::start(&lan.pod1, SocketAddrV4::new(POD1, 9000)),
+        EchoServer::start(&lan.pod2, SocketAddrV4::new(POD2, 9000)),
+    ];
+    let manifests = ManifestDir::new(&sandbox);
+    nodes(&manifests);
+    manifests.service(
+        "echo",
+        &service(
+            "echo",
+            "10.96.0.151",
+            &format!(
+                "[{{name: echo, port: 80, targetPort: 9000, nodePort: {ECHO_NODE_PORT}, \
+                 protocol: TCP}}]"
+            ),
+            "  type: NodePort",
+            None,
+        ),
+        &slice(
+            "echo-1",
+            "echo",
+            ("echo", 9000, "TCP"),
+            &[POD1_ENDPOINT, POD2_ENDPOINT],
+        ),
+    );
+    manifests.service(
+        "web",
+        &service(
+            "web",
+            "10.96.0.150",
+            &format!(
+                "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
+            ),
+            "  type: NodePort",
+            None,
+        ),
+        &slice(
+            "web-1",
+            "web",
+            ("http", 8080, "TCP"),
+            &[POD1_ENDPOINT, POD2_ENDPOINT],
+        ),
+    );
+    let mut agent = Agent::start(&sandbox, &manifests.path, "node1", &NETLINK);
+    agent.wait_for_log("synced", 1);
+    assert_eq!(filters("eth0"), 2, "one filter per hook:\n{}", agent.log());
+
+    let frontend = format!("{NODE1}:{NODE_PORT}");
+    let forever = Duration::from_secs(600);
+    let mut clients: Vec<_> = (0..4)
+        .map(|_| lan.client.spawn_probe_for("tcp", &frontend, forever, 2))
+        .collect();
+    // Flows that send all along: a packet of theirs in a gap between two filters would
+    // meet the host's stack, which has no such connection and resets it.
+    let echo_frontend = SocketAddrV4::new(NODE1.parse().expect("address"), ECHO_NODE_PORT);
+    let flows: Vec<EchoLoop> = (0..4)
+        .map(|_| EchoLoop::start(&lan.client, echo_frontend))
+        .collect();
+    for restart in 1..=3 {
+        drop(agent);
+        agent = Agent::start(&sandbox, &manifests.path, "node1", &NETLINK);
+        agent.wait_for_log("synced", 1);
+        let replaced = agent
+            .log()
+            .lines()
+            .filter(|line| line.contains("mode=Netlink") && line.contains("attachment=Replaced"))
+            .count();
+        assert_eq!(
+            replaced,
+            2,
+            "restart {restart} did not replace the filters in place:\n{}",
+            agent.log()
+        );
+        assert!(
+            clients.iter_mut().all(|c| c.running()),
+            "a client stopped before restart {restart} was recovered from"
+        );
+    }
+    manifests.write("fillers.yaml", &fillers(FILLERS));
+    agent.wait_for_log("maps grown", 1);
+    assert_eq!(
+        filters("eth0"),
+        2,
+        "restarts and growth left one filter per hook:\n{}",
+        agent.log()
+    );
+    agent.stop();
+
+    for (i, flow) in flows.into_iter().enumerate() {
+        let rounds = flow
+            .stop()
+            .unwrap_or_else(|e| panic!("long-lived flow {i} through the NodePort broke: {e}"));
+        assert!(rounds > 0, "flow {i} echoed nothing");
+    }
+    for (i, client) in clients.into_iter().enumerate() {
+        let attempts = client.stop();
+        assert_all_connected(&attempts, &format!("client {i} from outside"));
+        // `answers` fails on any attempt without a reply.
+        assert!(
+            answers(&attempts)
+                .iter()
+                .all(|(server, _)| server == "pod1" || server == "pod2"),
+            "client {i}: answered by someone other than the pods"
+        );
+    }
+}
+
+/// `count` ClusterIP Services of 5 endpoints each (addresses nobody connects to).
+fn fillers(count: usize) -> String {
+    let mut yaml = String::new();
+    for i in 0..count {
+        let name = format!("filler-{i}");
+        let vip = format!("10.100.{}.{}", i / 250, i % 250 + 1);
+        let addresses: Vec<String> = (0..5)
+            .map(|e| {
+                let n = i * 5 + e;
+                format!("10.{}.{}.{}", 200 + n / 65_536, (n / 256) % 256, n % 256)
+            })
+            .collect();
+        let endpoints: Vec<(&str, &str, &str, &str)> = addresses
+            .iter()
+            .map(|address| (address.as_str(), "node2", "z1", ""))
+            .collect();
+        yaml.push_str(&service_yaml(&name, &vip, 80, ""));
+        yaml.push_str("---\n");
+        yaml.push_str(&slice_yaml(
+            &format!("{name}-1"),
+            &name,
+            8080,
+            &endpoints,
+            false,
+        ));
+        yaml.push_str("---\n");
+    }
+    yaml
+}
+
+/// A connection from `netns` that echoes a byte at a time until stopped.
+struct EchoLoop {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<std::io::Result<u64>>,
+}
+
+impl EchoLoop {
+    fn start(netns: &socklb_tests::netns::Netns, frontend: SocketAddrV4) -> Self {
+        let mut stream = netns.enter(|| {
+            TcpStream::connect_timeout(&frontend.into(), Duration::from_secs(5))
+                .expect("connect through the NodePort")
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut rounds = 0;
+            while !stopped.load(Ordering::Relaxed) {
+                echo(&mut stream)?;
+                rounds += 1;
+            }
+            Ok(rounds)
+        });
+        Self { stop, thread }
+    }
+
+    /// The rounds echoed, or the error that ended the flow.
+    fn stop(self) -> std::io::Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("echo thread")
+    }
+}
