@@ -1103,6 +1103,13 @@ counters! {
     /// ICMP port unreachable (as kube-proxy rejects them). Past the rate limit they are
     /// dropped and counted as `external_no_backend`.
     rejected,
+    /// Packets from outside too big for the path to their remote backend (its MTU below
+    /// theirs) with "don't fragment" (always, over IPv6), answered with "fragmentation
+    /// needed" (Packet Too Big) and that MTU.
+    too_big_answered,
+    /// Such packets that could not be answered (past the rate limit, IPv4 options, IPv6
+    /// extension headers): dropped.
+    too_big_dropped,
 }
 
 impl Counters {

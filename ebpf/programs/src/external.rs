@@ -65,6 +65,7 @@ const TC_ACT_SHOT: i32 = 2;
 /// `bpf_fib_lookup` results.
 const FIB_SUCCESS: i64 = 0;
 const FIB_NO_NEIGHBOUR: i64 = 7;
+const FIB_FRAG_NEEDED: i64 = 8;
 
 /// A map or packet operation that should have worked did not: pass untranslated, count it
 /// (or drop the packet, counted, if part of it was already rewritten).
@@ -105,7 +106,7 @@ enum Flow {
 
 impl Flow {
     /// Across an out-of-line call: the flow's number, or -1 for an error (a plain integer;
-    /// see [`forward_apart`]).
+    /// see [`next_hop_here`]).
     #[inline(always)]
     fn code(result: Result<Self, Error>) -> i32 {
         match result {
@@ -169,6 +170,9 @@ const NOT_TCP_OR_UDP: i32 = -1;
 /// What the TCP and UDP path returns for a packet to refuse (see `reject`), answered in a
 /// call of its own from the entry for the same reason.
 const REFUSE: i32 = -3;
+/// Verdicts at or below this one: a packet too big for the path to its backend, answered
+/// from the entry (see `reject`) with the MTU `TOO_BIG - verdict`.
+const TOO_BIG: i32 = -0x1_0000;
 
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
@@ -176,11 +180,13 @@ pub fn socklb_tc_in(ctx: TcContext) -> i32 {
         Some(ETH_P_IP) => match ingress4(&ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V4>(&ctx, true),
             REFUSE => reject::refuse4(&ctx),
+            code if code <= TOO_BIG => reject::too_big4(&ctx, (TOO_BIG - code) as u16),
             verdict => verdict,
         },
         Some(ETH_P_IPV6) => match ingress6(&ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V6>(&ctx, true),
             REFUSE => reject::refuse6(&ctx),
+            code if code <= TOO_BIG => reject::too_big6(&ctx, (TOO_BIG - code) as u16),
             verdict => verdict,
         },
         _ => TC_ACT_OK,
@@ -267,7 +273,7 @@ fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
             } else if ttl_exceeded(&packet) {
                 Ok(TC_ACT_SHOT)
             } else {
-                forward::<F>(ctx, &mut packet)
+                forward::<F>(ctx, &mut packet, None)
             }
         });
     verdict(result, &packet)
@@ -393,8 +399,7 @@ fn deliver_here<F: Family>(
     if ttl_exceeded(packet) {
         return Ok(TC_ACT_SHOT);
     }
-    rewrite(packet, entry)?;
-    forward::<F>(ctx, packet)
+    forward::<F>(ctx, packet, Some(entry))
 }
 
 /// The reply of a SNATed flow from its remote backend, rewritten and forwarded (its
@@ -449,7 +454,7 @@ fn snat_reply_here<F: Family>(
         return Ok(Some(TC_ACT_SHOT));
     }
     rewrite(packet, &reply)?;
-    forward::<F>(ctx, packet).map(Some)
+    forward::<F>(ctx, packet, None).map(Some)
 }
 
 /// Takes the SNAT port of a new flow to a remote backend ([`Flow::NeedsSnat`]).
@@ -916,41 +921,99 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
     }
 }
 
-/// Sends a translated packet on towards its new destination: straight to the egress
-/// device the FIB names, or to the kernel's own path when the destination is local or
-/// unroutable (its usual errors then apply).
+/// Sends a packet on towards its new destination, rewritten first to `to` if given (else
+/// already translated): straight to the egress device the FIB names, or to the kernel's
+/// own path when the destination is local or unroutable (its usual errors then apply).
+/// A packet still to be rewritten is looked up with its size: one too big for the path
+/// (and not to be fragmented) is left as it is and its verdict is [`TOO_BIG`] less the
+/// path's MTU, for the entry to answer.
 #[inline(always)]
-fn forward<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
-    if F::SPLIT_FRAMES {
-        // A verdict, or -1 for an error.
-        match forward_apart::<F>(ctx, packet) {
-            -1 => Err(Error),
-            verdict => Ok(verdict),
-        }
+fn forward<F: Family>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+    to: Option<&FlowEntry<F::Addr>>,
+) -> Result<i32, Error> {
+    let hop = if F::SPLIT_FRAMES {
+        next_hop_apart::<F>(ctx, packet, to)
     } else {
-        forward_here::<F>(ctx, packet)
+        next_hop_here::<F>(ctx, packet, to)
+    };
+    if hop <= HOP_TOO_BIG {
+        return Ok(TOO_BIG - (HOP_TOO_BIG - hop) as i32);
     }
+    if hop == HOP_ERROR {
+        return Err(Error);
+    }
+    if let Some(entry) = to {
+        rewrite(packet, entry)?;
+    }
+    if hop == HOP_STACK {
+        return Ok(TC_ACT_OK);
+    }
+    packet.decrement_ttl()?;
+    let ifindex = hop as u32;
+    if hop & HOP_NEIGHBOUR != 0 {
+        // SAFETY: a null neighbour lets the kernel resolve the next hop itself.
+        return Ok(
+            unsafe { helpers::bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) } as i32,
+        );
+    }
+    // SAFETY: plain helper call without pointers.
+    Ok(unsafe { helpers::bpf_redirect(ifindex, 0) } as i32)
 }
 
-/// [`forward`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]). It returns a plain
-/// integer: the caller of a `Result` returned through memory reads the payload of an
-/// error too, a read of stack never written, which the verifier refuses.
+/// [`next_hop_here`]'s answers besides an egress device's index: the kernel's path.
+const HOP_STACK: i64 = 0;
+/// A helper failed.
+const HOP_ERROR: i64 = -1;
+/// With the device's index: its neighbour is not resolved yet (the kernel resolves it).
+const HOP_NEIGHBOUR: i64 = 1 << 32;
+/// At or below: too big for the path, whose MTU is `HOP_TOO_BIG - hop`.
+const HOP_TOO_BIG: i64 = -2;
+
+/// [`next_hop_here`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]).
 #[inline(never)]
-fn forward_apart<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> i32 {
-    forward_here::<F>(ctx, packet).unwrap_or(-1)
+fn next_hop_apart<F: Family>(
+    ctx: &TcContext,
+    packet: &Packet<F::Addr>,
+    to: Option<&FlowEntry<F::Addr>>,
+) -> i64 {
+    next_hop_here::<F>(ctx, packet, to)
 }
 
+/// Where the packet goes once translated (to `to`, or as it is): the FIB's egress device,
+/// whose MAC addresses are written into the packet (they are not part of a rewrite), or
+/// one of the `HOP_*` answers. A plain integer: the caller of a `Result` returned through
+/// memory reads the payload of an error too, a read of stack never written, which the
+/// verifier refuses.
 #[inline(always)]
-fn forward_here<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
+fn next_hop_here<F: Family>(
+    ctx: &TcContext,
+    packet: &Packet<F::Addr>,
+    to: Option<&FlowEntry<F::Addr>>,
+) -> i64 {
     let mut buffer = MaybeUninit::uninit();
     let fib = zeroed_fib_params(&mut buffer);
     fib.family = F::AF;
     fib.l4_protocol = packet.tuple.protocol;
-    fib.sport = packet.tuple.source_port;
-    fib.dport = packet.tuple.destination_port;
-    F::fib_addresses(fib, packet.tuple.source, packet.tuple.destination);
     // SAFETY: the context is the valid __sk_buff of this run.
-    fib.ifindex = unsafe { (*ctx.as_ptr().cast::<__sk_buff>()).ingress_ifindex };
+    let skb = unsafe { &*ctx.as_ptr().cast::<__sk_buff>() };
+    match to {
+        Some(entry) => {
+            fib.sport = entry.source_port;
+            fib.dport = entry.destination_port;
+            F::fib_addresses(fib, entry.source, entry.destination);
+            // The path's MTU is checked against what the packet leaves as (one segment
+            // of a GSO batch).
+            fib.__bindgen_anon_1.tot_len = packet.wire_length() as u16;
+        }
+        None => {
+            fib.sport = packet.tuple.source_port;
+            fib.dport = packet.tuple.destination_port;
+            F::fib_addresses(fib, packet.tuple.source, packet.tuple.destination);
+        }
+    }
+    fib.ifindex = skb.ingress_ifindex;
     // SAFETY: fib is a valid, writable bpf_fib_lookup of the size passed.
     let rc = unsafe {
         helpers::bpf_fib_lookup(
@@ -962,22 +1025,18 @@ fn forward_here<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Res
     };
     match rc {
         FIB_SUCCESS => {
-            packet.decrement_ttl()?;
             // SAFETY: reading the MAC pair the successful lookup filled in.
             let macs = unsafe { fib.__bindgen_anon_6.__bindgen_anon_2 };
-            ctx.store(0, &macs.dmac, 0).map_err(|_| Error)?;
-            ctx.store(ETH_ALEN, &macs.smac, 0).map_err(|_| Error)?;
-            // SAFETY: plain helper call without pointers.
-            Ok(unsafe { helpers::bpf_redirect(fib.ifindex, 0) } as i32)
+            if ctx.store(0, &macs.dmac, 0).is_err() || ctx.store(ETH_ALEN, &macs.smac, 0).is_err() {
+                return HOP_ERROR;
+            }
+            i64::from(fib.ifindex)
         }
-        FIB_NO_NEIGHBOUR => {
-            packet.decrement_ttl()?;
-            // SAFETY: a null neighbour lets the kernel resolve the next hop itself.
-            Ok(
-                unsafe { helpers::bpf_redirect_neigh(fib.ifindex, core::ptr::null_mut(), 0, 0) }
-                    as i32,
-            )
+        FIB_NO_NEIGHBOUR => HOP_NEIGHBOUR | i64::from(fib.ifindex),
+        FIB_FRAG_NEEDED if to.is_some() && packet.may_not_fragment() => {
+            // SAFETY: the lookup wrote the path's MTU into the union.
+            HOP_TOO_BIG - i64::from(unsafe { fib.__bindgen_anon_1.mtu_result })
         }
-        _ => Ok(TC_ACT_OK),
+        _ => HOP_STACK,
     }
 }

@@ -6,7 +6,8 @@
 //! pointer needs bounds proofs, and the checksum helpers handle every `ip_summed` state
 //! (a packet from a local veth often carries only a partial checksum).
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    EbpfContext,
+    bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
     programs::TcContext,
 };
 use socklb_abi::{
@@ -25,6 +26,9 @@ pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86dd;
 const IP_TTL_OFFSET: usize = ETH_HLEN + 8;
 const IP_CHECK_OFFSET: usize = ETH_HLEN + 10;
+/// The IPv4 flags and fragment offset, and its "don't fragment" bit.
+const IP_FRAGMENT_OFFSET: usize = ETH_HLEN + 6;
+const IP_DONT_FRAGMENT: u16 = 0x4000;
 const IP_SOURCE_OFFSET: usize = ETH_HLEN + 12;
 const IP_DESTINATION_OFFSET: usize = ETH_HLEN + 16;
 /// More-fragments flag and fragment offset, in the host-order `frag_off`.
@@ -52,6 +56,9 @@ pub const PROTO_ICMPV6: u8 = 58;
 const TCP_CHECK_OFFSET: usize = 16;
 const TCP_FLAGS_OFFSET: usize = 13;
 const TCP_SEQUENCE_OFFSET: usize = 4;
+/// The TCP header's length in words, in the high four bits.
+const TCP_DATA_OFFSET: usize = 12;
+const UDP_HEADER_LEN: usize = 8;
 const UDP_CHECK_OFFSET: usize = 6;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
@@ -141,6 +148,10 @@ pub trait Address: Copy + PartialEq {
     /// `current`.
     fn decrement_hop_limit(ctx: &TcContext, current: u8, protocol: u8) -> Result<(), PacketError>;
 
+    /// Whether the packet in `ctx` must not be fragmented: IPv4 with "don't fragment", and
+    /// every IPv6 packet (routers never fragment).
+    fn may_not_fragment(ctx: &TcContext) -> bool;
+
     /// Logs a packet from `self` dropped after a partial rewrite.
     fn log_rewrite_failed(self);
 }
@@ -189,6 +200,12 @@ impl Address for u32 {
             4,
         )
         .map_err(|_| PacketError)
+    }
+
+    #[inline(always)]
+    fn may_not_fragment(ctx: &TcContext) -> bool {
+        ctx.load::<u16>(IP_FRAGMENT_OFFSET)
+            .is_ok_and(|field| u16::from_be(field) & IP_DONT_FRAGMENT != 0)
     }
 
     #[inline(always)]
@@ -267,6 +284,11 @@ impl Address for Ipv6Words {
             }
         }
         Ok(())
+    }
+
+    #[inline(always)]
+    fn may_not_fragment(_ctx: &TcContext) -> bool {
+        true
     }
 
     #[inline(always)]
@@ -647,6 +669,30 @@ impl<'a, A: Address> Packet<'a, A> {
         } else {
             Ending::None
         }
+    }
+
+    /// The length from the IP header on of the largest packet this one leaves the node as:
+    /// itself, or for a batch the sender's device is to segment (GSO) one segment of it.
+    pub fn wire_length(&self) -> usize {
+        // SAFETY: the context is the valid __sk_buff of this run.
+        let skb = unsafe { &*self.ctx.as_ptr().cast::<__sk_buff>() };
+        if skb.gso_segs <= 1 || !self.has_l4 {
+            return (skb.len as usize).saturating_sub(ETH_HLEN);
+        }
+        let l4_header = if self.tuple.protocol == PROTO_TCP {
+            self.ctx
+                .load::<u8>(self.l4_offset + TCP_DATA_OFFSET)
+                .map_or(0, |offset| usize::from(offset >> 4) * 4)
+        } else {
+            UDP_HEADER_LEN
+        };
+        self.l4_offset - ETH_HLEN + l4_header + skb.gso_size as usize
+    }
+
+    /// Whether the packet must not be fragmented on its way: IPv6 (routers never
+    /// fragment), or IPv4 with "don't fragment".
+    pub fn may_not_fragment(&self) -> bool {
+        A::may_not_fragment(self.ctx)
     }
 
     /// What the packet tells its conntrack entry. The sequence number is read from the

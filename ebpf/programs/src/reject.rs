@@ -1,7 +1,13 @@
-//! Refusals of traffic from outside: a packet to a frontend whose Service has no endpoint
-//! at all is answered with ICMP port unreachable (ICMPv6 port unreachable), as
-//! kube-proxy's REJECT answers it, so that the client fails at once (ECONNREFUSED)
-//! instead of waiting out its timeout.
+//! ICMP errors socklb sends itself to a client outside the node, as the kernel's path
+//! would for a packet it forwards:
+//!
+//! - a packet to a frontend whose Service has no endpoint at all is answered with ICMP
+//!   port unreachable (ICMPv6 port unreachable), as kube-proxy's REJECT answers it, so
+//!   that the client fails at once (ECONNREFUSED) instead of waiting out its timeout;
+//! - a packet too big for the path to its remote backend (an overlay's smaller MTU, a
+//!   route's `mtu`) with "don't fragment" (always, over IPv6) is answered with
+//!   "fragmentation needed" (Packet Too Big) and that MTU, as a router answers it, so
+//!   that the client sends smaller packets instead of having them vanish.
 //!
 //! The packet itself becomes the answer: cut to its IP header and the transport header
 //! (the whole TCP header without options, or the UDP header: at least the 8 bytes an ICMP
@@ -45,6 +51,8 @@ const ICMP_DEST_UNREACH: u32 = 3;
 const ICMP_PORT_UNREACH: u32 = 3;
 const ICMPV6_DEST_UNREACH: u32 = 1;
 const ICMPV6_PORT_UNREACH: u32 = 4;
+const ICMP_FRAG_NEEDED: u32 = 4;
+const ICMPV6_PACKET_TOO_BIG: u32 = 2;
 
 /// An IPv4 answer as it is written after the Ethernet header: IP header and ICMP header
 /// (7 words), then the quote. Word-aligned for the checksum helper.
@@ -61,50 +69,119 @@ struct Answer6<const QUOTE: usize> {
     quote: [u8; QUOTE],
 }
 
+/// The ICMP error an answer carries: its first header word (type, code, checksum left 0)
+/// and its second (unused, or the path's MTU).
+#[derive(Clone, Copy)]
+struct IcmpError {
+    kind: u32,
+    rest: u32,
+}
+
+impl IcmpError {
+    const PORT_UNREACHABLE: Self = Self::new(ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0);
+    const PORT_UNREACHABLE6: Self = Self::new(ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0);
+
+    /// A type, a code and the second word, as the header holds them (network order).
+    const fn new(kind: u32, code: u32, rest: u32) -> Self {
+        Self {
+            kind: (kind << 24 | code << 16).to_be(),
+            rest: rest.to_be(),
+        }
+    }
+
+    /// "Fragmentation needed" with the next hop's MTU (the low half of the second word).
+    fn fragmentation_needed(mtu: u16) -> Self {
+        Self::new(ICMP_DEST_UNREACH, ICMP_FRAG_NEEDED, u32::from(mtu))
+    }
+
+    /// Packet Too Big with the path's MTU (the whole second word).
+    fn packet_too_big(mtu: u16) -> Self {
+        Self::new(ICMPV6_PACKET_TOO_BIG, 0, u32::from(mtu))
+    }
+}
+
 /// Answers the IPv4 packet in `ctx` with ICMP port unreachable; its verdict. Out of line,
 /// called from the program's entry: its stack is not added to the TCP/UDP path's.
 #[inline(never)]
 pub fn refuse4(ctx: &TcContext) -> i32 {
-    let answered = match ctx.load::<u8>(ETH_HLEN + 9).ok() {
-        Some(PROTO_TCP) => answer4::<{ IPV4_HEADER_LEN + QUOTED_TCP }>(ctx),
-        Some(PROTO_UDP) => answer4::<{ IPV4_HEADER_LEN + QUOTED_UDP }>(ctx),
-        _ => None,
-    };
-    match answered {
-        Some(verdict) => {
-            bump(|c| &mut c.rejected);
-            verdict
-        }
-        None => {
-            bump(|c| &mut c.external_no_backend);
-            TC_ACT_SHOT
-        }
-    }
+    counted(answer_ipv4(ctx, IcmpError::PORT_UNREACHABLE), Refusal)
 }
 
 /// [`refuse4`] for IPv6.
 #[inline(never)]
 pub fn refuse6(ctx: &TcContext) -> i32 {
-    // Only a transport header right after the IPv6 header is answered.
-    let answered = match ctx.load::<u8>(ETH_HLEN + 6).ok() {
-        Some(PROTO_TCP) => answer6::<{ IPV6_HEADER_LEN + QUOTED_TCP }>(ctx),
-        Some(PROTO_UDP) => answer6::<{ IPV6_HEADER_LEN + QUOTED_UDP }>(ctx),
-        _ => None,
-    };
-    match answered {
-        Some(verdict) => {
+    counted(answer_ipv6(ctx, IcmpError::PORT_UNREACHABLE6), Refusal)
+}
+
+/// Answers the IPv4 packet in `ctx`, too big for the path to its backend, with
+/// "fragmentation needed" and the path's `mtu`, so that the client lowers its path MTU,
+/// as a router would; its verdict.
+#[inline(never)]
+pub fn too_big4(ctx: &TcContext, mtu: u16) -> i32 {
+    counted(
+        answer_ipv4(ctx, IcmpError::fragmentation_needed(mtu)),
+        TooBig,
+    )
+}
+
+/// [`too_big4`] for IPv6: Packet Too Big.
+#[inline(never)]
+pub fn too_big6(ctx: &TcContext, mtu: u16) -> i32 {
+    counted(answer_ipv6(ctx, IcmpError::packet_too_big(mtu)), TooBig)
+}
+
+/// Why a packet is answered, for the counters.
+#[derive(Clone, Copy)]
+enum Why {
+    Refusal,
+    TooBig,
+}
+use Why::{Refusal, TooBig};
+
+/// The verdict of an answer (or the drop of a packet not answered), counted.
+#[inline(always)]
+fn counted(answered: Option<i32>, why: Why) -> i32 {
+    match (answered, why) {
+        (Some(verdict), Refusal) => {
             bump(|c| &mut c.rejected);
             verdict
         }
-        None => {
+        (Some(verdict), TooBig) => {
+            bump(|c| &mut c.too_big_answered);
+            verdict
+        }
+        (None, Refusal) => {
             bump(|c| &mut c.external_no_backend);
+            TC_ACT_SHOT
+        }
+        (None, TooBig) => {
+            bump(|c| &mut c.too_big_dropped);
             TC_ACT_SHOT
         }
     }
 }
 
 #[inline(always)]
-fn answer4<const QUOTE: usize>(ctx: &TcContext) -> Option<i32> {
+fn answer_ipv4(ctx: &TcContext, error: IcmpError) -> Option<i32> {
+    match ctx.load::<u8>(ETH_HLEN + 9).ok()? {
+        PROTO_TCP => answer4::<{ IPV4_HEADER_LEN + QUOTED_TCP }>(ctx, error),
+        PROTO_UDP => answer4::<{ IPV4_HEADER_LEN + QUOTED_UDP }>(ctx, error),
+        _ => None,
+    }
+}
+
+/// Only a transport header right after the IPv6 header is answered.
+#[inline(always)]
+fn answer_ipv6(ctx: &TcContext, error: IcmpError) -> Option<i32> {
+    match ctx.load::<u8>(ETH_HLEN + 6).ok()? {
+        PROTO_TCP => answer6::<{ IPV6_HEADER_LEN + QUOTED_TCP }>(ctx, error),
+        PROTO_UDP => answer6::<{ IPV6_HEADER_LEN + QUOTED_UDP }>(ctx, error),
+        _ => None,
+    }
+}
+
+#[inline(always)]
+fn answer4<const QUOTE: usize>(ctx: &TcContext, error: IcmpError) -> Option<i32> {
     if ctx.load::<u8>(ETH_HLEN).ok()? != VERSION_IHL_PLAIN || !within_budget() {
         return None;
     }
@@ -123,8 +200,8 @@ fn answer4<const QUOTE: usize>(ctx: &TcContext) -> Option<i32> {
         headers[2] = (TTL << 24 | u32::from(PROTO_ICMP) << 16).to_be();
         headers[3] = destination;
         headers[4] = source;
-        headers[5] = (ICMP_DEST_UNREACH << 24 | ICMP_PORT_UNREACH << 16).to_be();
-        headers[6] = 0;
+        headers[5] = error.kind;
+        headers[6] = error.rest;
         &mut *answer
     };
     let base = core::ptr::from_mut(answer).cast::<u32>();
@@ -137,7 +214,7 @@ fn answer4<const QUOTE: usize>(ctx: &TcContext) -> Option<i32> {
 }
 
 #[inline(always)]
-fn answer6<const QUOTE: usize>(ctx: &TcContext) -> Option<i32> {
+fn answer6<const QUOTE: usize>(ctx: &TcContext, error: IcmpError) -> Option<i32> {
     if !within_budget() {
         return None;
     }
@@ -160,8 +237,8 @@ fn answer6<const QUOTE: usize>(ctx: &TcContext) -> Option<i32> {
         headers[7] = source[1];
         headers[8] = source[2];
         headers[9] = source[3];
-        headers[10] = (ICMPV6_DEST_UNREACH << 24 | ICMPV6_PORT_UNREACH << 16).to_be();
-        headers[11] = 0;
+        headers[10] = error.kind;
+        headers[11] = error.rest;
         &mut *answer
     };
     // The ICMPv6 checksum covers a pseudo-header: both addresses, the length and the

@@ -6,11 +6,14 @@
 //!   Big) quotes the frontend's reply; translated back, it lowers the backend's path MTU,
 //!   and a 1 MiB HTTP response through a NodePort arrives whole, from a local and from a
 //!   remote backend, with no MSS clamping anywhere.
+//! - A route with an MTU of 1,280 from the node to a remote backend (an overlay): the
+//!   client's larger segments are answered by socklb with "fragmentation needed" (Packet
+//!   Too Big), as a router answers, and a 1 MiB upload through a NodePort arrives whole.
 //! - A backend without a listener on the target port answers UDP with port unreachable;
 //!   translated, it reaches the client's connected socket as ECONNREFUSED at once.
 use std::{
-    io::ErrorKind,
-    net::{SocketAddr, TcpStream, UdpSocket},
+    io::{ErrorKind, Read as _, Write as _},
+    net::{Shutdown, SocketAddr, TcpStream, UdpSocket},
     path::{Path, PathBuf},
     process::{Child, Stdio},
     time::{Duration, Instant},
@@ -18,8 +21,9 @@ use std::{
 
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
+    echo::EchoServer,
     family::Family,
-    lan::{Addresses, addresses, counters, lan},
+    lan::{self, Addresses, addresses, counters, lan},
     netns::Netns,
 };
 
@@ -170,6 +174,104 @@ fn port_unreachable_from_a_backend(family: Family) {
         );
     }
     assert!(counters(&sandbox).icmp_errors_translated >= 2);
+}
+
+#[test]
+fn a_1280_mtu_route_to_a_remote_backend_leaves_nodeport_uploads_whole_over_ipv4() {
+    a_small_mtu_towards_the_backend(Family::V4);
+}
+
+#[test]
+fn a_1280_mtu_route_to_a_remote_backend_leaves_nodeport_uploads_whole_over_ipv6() {
+    a_small_mtu_towards_the_backend(Family::V6);
+}
+
+/// The path from node1 to pod2 carries 1,280 bytes (node1's route there, as with an
+/// overlay's smaller device MTU), while the client and both pods use 1,500: the client's
+/// segments to the backend are too big for it, and socklb, which forwards them itself,
+/// answers as a router does, so that the client lowers its path MTU.
+fn a_small_mtu_towards_the_backend(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("pmtub{}", family.tag()));
+    let lan = lan(&format!("o{}", family.tag()));
+    let _server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
+    let (version, pod2_net) = match family {
+        Family::V4 => ("-4", "10.244.2.0/24"),
+        Family::V6 => ("-6", "fd00:244:2::/64"),
+    };
+    // node1's route to pod2 carries 1,280 bytes, as an overlay device's MTU would ("lock":
+    // the kernel's forwarding heeds a route's MTU only then, and so does the FIB lookup).
+    lan::here(&[
+        version, "route", "change", pod2_net, "via", a.node2, "mtu", "lock", "1280",
+    ]);
+    let manifests = ManifestDir::new(&sandbox);
+    a.nodes(&manifests);
+    manifests.write(
+        "echo.yaml",
+        &format!(
+            "{}---\n{}",
+            a.service(
+                "remote",
+                65,
+                "[{name: echo, port: 80, targetPort: 8080, nodePort: 30065, protocol: TCP}]",
+                "  type: NodePort",
+                false
+            ),
+            a.slice(
+                "remote-1",
+                "remote",
+                ("echo", 8080, "TCP"),
+                &[a.pod2_endpoint()]
+            ),
+        ),
+    );
+    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let frontend: SocketAddr = Addresses::at(a.node1, 30065).parse().expect("address");
+
+    let echoed = lan.client.enter(|| {
+        let mut stream = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+            .expect("connect through the NodePort");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("read timeout");
+        stream
+            .set_write_timeout(Some(Duration::from_secs(20)))
+            .expect("write timeout");
+        let mut writer = stream.try_clone().expect("clone");
+        let upload = std::thread::spawn(move || {
+            writer.write_all(&vec![b'x'; BODY])?;
+            writer.shutdown(Shutdown::Write)
+        });
+        let mut received = Vec::new();
+        let read = stream.read_to_end(&mut received);
+        let sent = upload.join().expect("the upload");
+        (
+            received.len(),
+            read.err().map(|e| e.to_string()),
+            sent.err().map(|e| e.to_string()),
+        )
+    });
+    assert_eq!(
+        echoed,
+        (BODY, None, None),
+        "1 MiB sent through the NodePort to a backend behind a 1,280 MTU route comes back \
+         whole; {:?}",
+        counters(&sandbox)
+    );
+    assert!(
+        counters(&sandbox).too_big_answered > 0,
+        "socklb answered the too-big segments: {:?}",
+        counters(&sandbox)
+    );
+    // The client's kernel took the answer (checksums, quote and all): it keeps the path
+    // MTU it learned for the node. (Veths carry GSO batches whatever their MTU, so the
+    // upload alone would also complete without it.)
+    let route = lan.client.output("ip", &["route", "get", a.node1]);
+    let route = String::from_utf8_lossy(&route.stdout);
+    assert!(
+        route.contains("mtu 1280"),
+        "the client learned the path MTU from socklb's answer: {route}"
+    );
 }
 
 /// The servers' directory, holding `big` ([`BODY`] bytes); removed when dropped.
