@@ -3,6 +3,7 @@
 //! holds one fault and checks the guarantee that docs/operations.md states for it.
 mod agent_killed;
 mod api_outage;
+mod bad_flags;
 mod foreign_cleanup;
 mod fragments;
 mod low_ttl;

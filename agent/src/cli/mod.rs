@@ -1,4 +1,6 @@
 //! The `socklb` command line.
+mod checks;
+
 use std::{
     net::SocketAddr, ops::RangeInclusive, path::PathBuf, process::ExitCode, sync::Arc,
     time::Duration,
@@ -420,6 +422,8 @@ async fn start_source(
 }
 
 fn run(args: &RunArgs) -> anyhow::Result<()> {
+    // Before anything is created: a bad flag leaves the node as it was.
+    checks::check(args)?;
     let node_name = node_name(&args.source)?;
     let listeners = [
         server::bind(args.healthz_bind_address, "--healthz-bind-address")?,
