@@ -445,6 +445,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     .inspect_err(|_| {
         // A failed start leaves nothing behind: the loader unpinned its maps.
         if !pin_dir_existed {
+            let _ = std::fs::remove_dir(dataplane::pin_lock_path(pin_dir));
             let _ = std::fs::remove_dir(pin_dir);
         }
     })?;

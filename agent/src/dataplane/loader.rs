@@ -560,7 +560,11 @@ pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
             .into_iter()
             .map(PathBuf::from),
     );
-    for dir in [pin_dir.join("links"), pin_dir.to_owned()] {
+    for dir in [
+        pin_dir.join("links"),
+        super::pin_lock::lock_path(pin_dir),
+        pin_dir.to_owned(),
+    ] {
         // Only if empty: anything else in there is not ours.
         match fs::remove_dir(&dir) {
             Ok(()) => cleanup.removed.push(dir),

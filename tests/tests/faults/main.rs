@@ -10,6 +10,7 @@ mod low_ttl;
 mod map_growth;
 mod map_memory;
 mod path_mtu;
+mod pin_dir;
 mod raised_capacity;
 mod shrinking_churn;
 mod slow_manifest;
