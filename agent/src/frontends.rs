@@ -168,6 +168,7 @@ mod tests {
                         topology: Topology::None,
                         terminating_fallback: false,
                     },
+                    refused: None,
                 })
                 .collect(),
             skipped: Vec::new(),

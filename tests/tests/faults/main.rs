@@ -6,6 +6,7 @@ mod api_outage;
 mod bad_flags;
 mod foreign_cleanup;
 mod fragments;
+mod large_service;
 mod low_ttl;
 mod map_growth;
 mod map_memory;
