@@ -15,8 +15,8 @@
 //! were until the writer closes it (inotify's close-write), or until it has not changed for
 //! [`HOLD_MAX`]. An emptied file that held objects is read twice, a debounce apart, before
 //! its objects are deleted, which catches a writer that truncated it just as it was read.
-//! And a file that became shorter than its applied text is read once it has not changed
-//! for [`SETTLE`] (a file written with several opens is closed between its parts).
+//! And a file that lost objects or much of its text is applied once it has not changed for
+//! [`SETTLE`] (a file written with several opens is closed between its parts).
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
@@ -52,11 +52,15 @@ const DEBOUNCE_MAX: Duration = Duration::from_millis(200);
 /// writer that keeps its file open).
 const HOLD_MAX: Duration = Duration::from_secs(10);
 
-/// A file whose new text is shorter than the text applied (it may lose objects or
-/// endpoints) is read only once it has not changed for this long: a file written with
+/// A file whose new text loses objects, or is much shorter than the text applied (it may
+/// lose endpoints), is applied only once it has not changed for this long: a file written with
 /// several opens (`> f`, then `>> f`) is closed between its parts, and its first part alone
 /// would take away what the later parts hold.
 const SETTLE: Duration = Duration::from_secs(2);
+
+/// Bytes a file may shrink by without waiting for [`SETTLE`]: an edited address or port
+/// (an endpoint replaced), which must not be slowed down.
+const SHRINK_MARGIN: usize = 16;
 
 /// A manifest that cannot be read, with where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -195,8 +199,8 @@ pub enum Held {
     Writing,
     /// Found empty though it held objects: read again before they are deleted.
     Emptied,
-    /// Shorter than its applied text and changed less than [`SETTLE`] ago: perhaps the
-    /// first part of a file written with several opens.
+    /// Lost objects or much of its text, and changed less than [`SETTLE`] ago: perhaps
+    /// the first part of a file written with several opens.
     Settling,
 }
 
@@ -292,18 +296,6 @@ impl Manifests {
                 held.push((file, Held::Emptied));
                 continue;
             }
-            let shorter = held_objects
-                && self
-                    .files
-                    .get(&file)
-                    .is_some_and(|old| text.len() < old.text.len());
-            if shorter && !settled(&file) {
-                if emptied.contains(&file) {
-                    self.emptied.insert(file.clone());
-                }
-                held.push((file, Held::Settling));
-                continue;
-            }
             let new = match parse(&file, &text) {
                 Ok(objects) => objects,
                 Err(error) => {
@@ -313,11 +305,24 @@ impl Manifests {
             };
             let ids: HashSet<ObjectId> = new.iter().map(object_id).collect();
             let repeats = ids.len() < new.len();
-            let lost = self
+            let lost: Vec<ObjectId> = self
                 .files
                 .get(&file)
                 .map(|old| old.ids.difference(&ids).cloned().collect())
                 .unwrap_or_default();
+            // Perhaps the first part of a file written with several opens: it lost objects,
+            // or more text than an edited address or port accounts for.
+            let shrank = self
+                .files
+                .get(&file)
+                .is_some_and(|old| old.text.len() > text.len() + SHRINK_MARGIN);
+            if held_objects && (!lost.is_empty() || shrank) && !settled(&file) {
+                if emptied.contains(&file) {
+                    self.emptied.insert(file.clone());
+                }
+                held.push((file, Held::Settling));
+                continue;
+            }
             self.files.insert(file.clone(), ManifestFile { text, ids });
             changed.push(Changed {
                 file,
@@ -583,8 +588,8 @@ fn log_held(held: &[(PathBuf, Held)], logged: &mut HashSet<PathBuf>) {
             ),
             Held::Settling => info!(
                 file = %file.display(),
-                "manifest shorter than what is applied: read once it has not changed for \
-                 {SETTLE:?} (a file written with several opens, `> f` then `>> f`, is \
+                "manifest shorter than what is applied: applied once it has not changed \
+                 for {SETTLE:?} (a file written with several opens, `> f` then `>> f`, is \
                  closed between its parts)"
             ),
         }
@@ -983,6 +988,17 @@ items:
             .reload_settling(&dir.0, |_| false, |_| false)
             .expect("reload");
         assert_eq!(reload.events.len(), 2, "{:?}", reload.events);
+        // Nor is a change a few bytes shorter that loses nothing (an address edited).
+        for ip in ["10.96.0.19", "10.96.0.9"] {
+            dir.write(
+                "svc.yaml",
+                &(service("web", ip) + "---\n" + &service("db", "10.96.0.2")),
+            );
+            let reload = manifests
+                .reload_settling(&dir.0, |_| false, |_| false)
+                .expect("reload");
+            assert_eq!(reload.events.len(), 2, "{ip}: {:?}", reload.events);
+        }
         // Shorter and settled (unchanged for SETTLE): it meant it.
         dir.write("svc.yaml", &service("web", "10.96.0.9"));
         assert_eq!(
