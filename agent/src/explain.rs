@@ -46,6 +46,16 @@ pub fn explain(state: &ClusterState, only: Option<&ServiceName>) -> Explanation 
             .select_all()
             .into_iter()
             .filter(|s| wanted(&s.service))
+            .map(|mut selection| {
+                // A refused frontend uses none of its endpoints (what it had programmed
+                // before, if anything, is in `socklb inspect`).
+                for choice in &mut selection.frontends {
+                    if choice.refused.is_some() {
+                        choice.spec.backends.clear();
+                    }
+                }
+                selection
+            })
             .collect(),
         skipped: state
             .skipped()
@@ -71,7 +81,9 @@ pub fn table(explanation: &Explanation) -> String {
     for service in &explanation.services {
         for choice in &service.frontends {
             let frontend = &choice.frontend;
-            let backends = if choice.spec.backends.is_empty() {
+            let backends = if let Some(refused) = &choice.refused {
+                format!("refused: {refused}")
+            } else if choice.spec.backends.is_empty() {
                 "none: connections refused".to_owned()
             } else {
                 choice

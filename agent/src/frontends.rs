@@ -169,6 +169,7 @@ mod tests {
                         topology: Topology::None,
                         terminating_fallback: false,
                     },
+                    refused: None,
                 })
                 .collect(),
             skipped: Vec::new(),

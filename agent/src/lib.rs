@@ -6,6 +6,7 @@
 //! healthCheckNodePorts, `explain` shows it, `trace` shows each translation live.
 pub mod cli;
 pub mod dataplane;
+pub mod drops;
 pub mod explain;
 pub mod frontends;
 pub mod health_check;

@@ -188,6 +188,9 @@ impl Runner {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), DataplaneError> {
         tokio::pin!(shutdown);
+        let mut drops = crate::drops::Drops::default();
+        let mut check_drops = tokio::time::interval(crate::drops::CHECK_EVERY);
+        check_drops.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sync: Option<Instant> = None;
         let mut next_full = Instant::now();
         loop {
@@ -206,6 +209,13 @@ impl Runner {
             };
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
+                _ = check_drops.tick() => {
+                    if let Ok(counters) = self.dataplane.counters() {
+                        for warning in drops.observe(std::time::Instant::now(), counters) {
+                            warn!("{warning}");
+                        }
+                    }
+                }
                 event = events.recv() => {
                     let Some(event) = event else { return Ok(()) };
                     self.receive(event);

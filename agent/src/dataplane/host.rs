@@ -4,7 +4,10 @@ use std::{
     ffi::CString,
     fs,
     net::IpAddr,
-    os::unix::ffi::OsStrExt as _,
+    os::unix::{
+        ffi::OsStrExt as _,
+        fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _},
+    },
     path::{Path, PathBuf},
 };
 
@@ -35,6 +38,21 @@ pub enum HostError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "the pin directory {path} is owned by uid {owner}, not by this agent (uid {agent}): \
+         another user may have created it to read or replace socklb's pins; check what it \
+         holds and remove it (`rm -r {path}`), or pass another --bpffs"
+    )]
+    PinDirOwner {
+        path: PathBuf,
+        owner: u32,
+        agent: u32,
+    },
+    #[error(
+        "the pin directory {path} is not a directory (a symbolic link or a pinned object): \
+         remove it or pass another --bpffs"
+    )]
+    PinDirNotDirectory { path: PathBuf },
 }
 
 /// This network namespace's addresses of both families, each with the device that holds
@@ -154,11 +172,48 @@ pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), HostError> {
         };
         return Err(HostError::NoBpffs { path: mount });
     }
-    fs::create_dir_all(pin_dir).map_err(|source| HostError::PinDir {
+    let pin_dir_error = |source| HostError::PinDir {
         path: pin_dir.to_owned(),
         source,
-    })
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(PIN_DIR_MODE)
+        .create(pin_dir)
+        .map_err(pin_dir_error)?;
+    // A directory made earlier (a bpffs mounted 1777 lets any user make it first, and
+    // agents before this check made it 0755) is used only if this agent's user owns it,
+    // and only with its own access.
+    let metadata = fs::symlink_metadata(pin_dir).map_err(pin_dir_error)?;
+    if !metadata.is_dir() {
+        return Err(HostError::PinDirNotDirectory {
+            path: pin_dir.to_owned(),
+        });
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let agent = unsafe { libc::geteuid() };
+    if metadata.uid() != agent {
+        return Err(HostError::PinDirOwner {
+            path: pin_dir.to_owned(),
+            owner: metadata.uid(),
+            agent,
+        });
+    }
+    if metadata.mode() & 0o777 != PIN_DIR_MODE {
+        fs::set_permissions(pin_dir, fs::Permissions::from_mode(PIN_DIR_MODE))
+            .map_err(pin_dir_error)?;
+        tracing::info!(
+            pin_dir = %pin_dir.display(),
+            was = format!("{:o}", metadata.mode() & 0o777),
+            "pin directory made private to the agent (0700)"
+        );
+    }
+    Ok(())
 }
+
+/// Only the agent's user reaches the pins: no other user can open the directory, so none
+/// can read the maps, hold its lock or open a pin to keep an old map alive.
+pub const PIN_DIR_MODE: u32 = 0o700;
 
 #[cfg(test)]
 mod tests {

@@ -583,6 +583,7 @@ pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     for dir in [
         pin_dir.join("links"),
         trace_lease_dir(pin_dir),
+        super::pin_lock::lock_path(pin_dir),
         pin_dir.to_owned(),
     ] {
         // Only if empty: anything else in there is not ours.

@@ -41,7 +41,9 @@ pub use host::{
     prepare_pin_dir,
 };
 pub use loader::{Attachment, Cleanup, LoadError, cleanup, link_pin, trace_lease_dir};
-pub use pin_lock::{PinLock, PinLockError, lock as lock_pin_dir};
+pub use pin_lock::{
+    Holder, PinLock, PinLockError, lock as lock_pin_dir, lock_path as pin_lock_path,
+};
 pub use privileges::{
     FOR_FEATURES as FEATURE_CAPABILITIES, ForFeature, NEEDED as NEEDED_CAPABILITIES, Needed,
     PrivilegeError, diagnose,

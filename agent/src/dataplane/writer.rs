@@ -130,8 +130,8 @@ pub enum Rejected {
         outcome: Outcome,
     },
     #[error(
-        "frontend {frontend} has {count} backends, more than the {max} slots a frontend can \
-         hold ({outcome})"
+        "frontend {frontend} has {count} endpoints, more than the {max} a frontend holds: \
+         its change is refused whole, {outcome}; split the Service"
     )]
     TooManyBackends {
         frontend: Frontend,

@@ -57,6 +57,44 @@ pub struct FrontendChoice {
     pub port_name: String,
     pub spec: FrontendSpec,
     pub why: Why,
+    /// Set when the frontend cannot be programmed at all: the agent refuses its change
+    /// whole and the frontend keeps what it had programmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<Refusal>,
+}
+
+/// Why a frontend's selection is not programmed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "reason", rename_all = "snake_case")]
+pub enum Refusal {
+    /// More distinct endpoints than a frontend's slots (a slot number is 16 bits).
+    TooManyEndpoints { endpoints: usize, limit: u16 },
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::TooManyEndpoints { endpoints, limit } => write!(
+                f,
+                "{endpoints} endpoints, more than the {limit} a frontend holds: refused \
+                 whole, the frontend keeps what it had programmed (split the Service)"
+            ),
+        }
+    }
+}
+
+/// The refusal of a frontend with `backends`, if any.
+pub fn refusal(backends: &[BackendAddr]) -> Option<Refusal> {
+    let limit = socklb_abi::MAX_BACKENDS_PER_SERVICE;
+    // At most `limit` listed: at most `limit` distinct (no set built for a common Service).
+    if backends.len() <= usize::from(limit) {
+        return None;
+    }
+    let endpoints = backends
+        .iter()
+        .collect::<std::collections::HashSet<_>>()
+        .len();
+    (endpoints > usize::from(limit)).then_some(Refusal::TooManyEndpoints { endpoints, limit })
 }
 
 /// The outcome of selection for one Service.
@@ -189,6 +227,7 @@ fn select_port(
                 topology: selection.topology.clone(),
                 terminating_fallback: selection.terminating_fallback,
             },
+            refused: refusal(&selection.backends),
         });
     };
 

@@ -1055,3 +1055,41 @@ fn affinity_and_maglev_apply_to_both_families_of_a_dual_stack_service() {
         }
     }
 }
+
+#[test]
+fn a_frontend_with_more_distinct_endpoints_than_slots_is_refused_with_their_count() {
+    let backend = |i: u32| BackendAddr::local(Ipv4Addr::from(0x0a00_0000 + i), 8080);
+    let distinct = |count: u32| (0..count).map(backend).collect::<Vec<_>>();
+    let mut duplicated = distinct(65_535);
+    duplicated.extend(distinct(10));
+    // (backends, refusal)
+    let rows = [
+        (distinct(3), None),
+        (distinct(65_535), None),
+        (duplicated, None),
+        (
+            distinct(65_536),
+            Some(Refusal::TooManyEndpoints {
+                endpoints: 65_536,
+                limit: 65_535,
+            }),
+        ),
+        (
+            distinct(69_999),
+            Some(Refusal::TooManyEndpoints {
+                endpoints: 69_999,
+                limit: 65_535,
+            }),
+        ),
+    ];
+    for (backends, expected) in rows {
+        assert_eq!(refusal(&backends), expected, "{} backends", backends.len());
+    }
+    let message = refusal(&distinct(69_999)).map(|r| r.to_string());
+    assert!(
+        message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("69999 endpoints, more than the 65535")),
+        "{message:?}"
+    );
+}

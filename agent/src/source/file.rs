@@ -15,6 +15,8 @@
 //! were until the writer closes it (inotify's close-write), or until it has not changed for
 //! [`HOLD_MAX`]. An emptied file that held objects is read twice, a debounce apart, before
 //! its objects are deleted, which catches a writer that truncated it just as it was read.
+//! And a file that lost objects or much of its text is applied once it has not changed for
+//! [`SETTLE`] (a file written with several opens is closed between its parts).
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
@@ -49,6 +51,16 @@ const DEBOUNCE_MAX: Duration = Duration::from_millis(200);
 /// A file still open for writing is read anyway once it has not changed for this long (a
 /// writer that keeps its file open).
 const HOLD_MAX: Duration = Duration::from_secs(10);
+
+/// A file whose new text loses objects, or is much shorter than the text applied (it may
+/// lose endpoints), is applied only once it has not changed for this long: a file written with
+/// several opens (`> f`, then `>> f`) is closed between its parts, and its first part alone
+/// would take away what the later parts hold.
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// Bytes a file may shrink by without waiting for [`SETTLE`]: an edited address or port
+/// (an endpoint replaced), which must not be slowed down.
+const SHRINK_MARGIN: usize = 16;
 
 /// A manifest that cannot be read, with where.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -187,6 +199,9 @@ pub enum Held {
     Writing,
     /// Found empty though it held objects: read again before they are deleted.
     Emptied,
+    /// Lost objects or much of its text, and changed less than [`SETTLE`] ago: perhaps
+    /// the first part of a file written with several opens.
+    Settling,
 }
 
 /// A file whose text changed in this read.
@@ -211,6 +226,17 @@ impl Manifests {
         &mut self,
         dir: &Path,
         writing: impl Fn(&Path) -> bool,
+    ) -> Result<Reload, FileSourceError> {
+        self.reload_settling(dir, writing, |_| true)
+    }
+
+    /// Reads the directory again, except the files `writing` says are being written, and
+    /// the files that became shorter unless `settled` says they have not changed for a while.
+    pub fn reload_settling(
+        &mut self,
+        dir: &Path,
+        writing: impl Fn(&Path) -> bool,
+        settled: impl Fn(&Path) -> bool,
     ) -> Result<Reload, FileSourceError> {
         let entries = fs::read_dir(dir).map_err(|source| FileSourceError::ReadDir {
             path: dir.to_owned(),
@@ -279,11 +305,24 @@ impl Manifests {
             };
             let ids: HashSet<ObjectId> = new.iter().map(object_id).collect();
             let repeats = ids.len() < new.len();
-            let lost = self
+            let lost: Vec<ObjectId> = self
                 .files
                 .get(&file)
                 .map(|old| old.ids.difference(&ids).cloned().collect())
                 .unwrap_or_default();
+            // Perhaps the first part of a file written with several opens: it lost objects,
+            // or more text than an edited address or port accounts for.
+            let shrank = self
+                .files
+                .get(&file)
+                .is_some_and(|old| old.text.len() > text.len() + SHRINK_MARGIN);
+            if held_objects && (!lost.is_empty() || shrank) && !settled(&file) {
+                if emptied.contains(&file) {
+                    self.emptied.insert(file.clone());
+                }
+                held.push((file, Held::Settling));
+                continue;
+            }
             self.files.insert(file.clone(), ManifestFile { text, ids });
             changed.push(Changed {
                 file,
@@ -457,7 +496,11 @@ impl FileSource {
                 writers.note(&event, Instant::now());
             }
             let now = Instant::now();
-            let reload = manifests.reload_except(&self.dir, |file| writers.writing(file, now))?;
+            let reload = manifests.reload_settling(
+                &self.dir,
+                |file| writers.writing(file, now),
+                |file| writers.settled(file, now),
+            )?;
             for error in reload.errors {
                 warn!(%error, "manifest not applied; its last good state is kept");
             }
@@ -476,11 +519,21 @@ impl FileSource {
             }
             // Wait for a change (or until a held file is due), then for the burst of changes
             // to end, at most DEBOUNCE_MAX.
-            let due = if reload.held.iter().any(|(_, held)| *held == Held::Emptied) {
-                Some(Instant::now() + DEBOUNCE)
-            } else {
-                writers.due()
-            };
+            let emptied = reload
+                .held
+                .iter()
+                .any(|(_, held)| *held == Held::Emptied)
+                .then(|| Instant::now() + DEBOUNCE);
+            let settling = reload
+                .held
+                .iter()
+                .filter(|(_, held)| *held == Held::Settling)
+                .filter_map(|(file, _)| writers.settled_at(file))
+                .min();
+            let due = [emptied, settling, writers.due()]
+                .into_iter()
+                .flatten()
+                .min();
             let first = match due {
                 Some(due) => match tokio::time::timeout_at(due, changed_rx.recv()).await {
                     Ok(event) => event,
@@ -533,6 +586,12 @@ fn log_held(held: &[(PathBuf, Held)], logged: &mut HashSet<PathBuf>) {
                 file = %file.display(),
                 "manifest emptied: its objects are deleted if it is still empty in {DEBOUNCE:?}"
             ),
+            Held::Settling => info!(
+                file = %file.display(),
+                "manifest shorter than what is applied: applied once it has not changed \
+                 for {SETTLE:?} (a file written with several opens, `> f` then `>> f`, is \
+                 closed between its parts)"
+            ),
         }
     }
 }
@@ -543,6 +602,8 @@ fn log_held(held: &[(PathBuf, Held)], logged: &mut HashSet<PathBuf>) {
 struct Writers {
     /// By file: when its data last changed.
     open: HashMap<PathBuf, Instant>,
+    /// By file, open or closed: when its data last changed.
+    changed: HashMap<PathBuf, Instant>,
     /// Files held past HOLD_MAX that were read anyway (logged once).
     expired: HashSet<PathBuf>,
 }
@@ -557,6 +618,7 @@ impl Writers {
                 EventKind::Create(CreateKind::File | CreateKind::Any)
                 | EventKind::Modify(ModifyKind::Data(_) | ModifyKind::Any) => {
                     self.open.insert(file.clone(), now);
+                    self.changed.insert(file.clone(), now);
                     self.expired.remove(file);
                 }
                 // Closed after writing, moved in complete, moved away or deleted.
@@ -567,10 +629,23 @@ impl Writers {
                 | EventKind::Remove(_) => {
                     self.open.remove(file);
                     self.expired.remove(file);
+                    if matches!(event.kind, EventKind::Remove(_)) {
+                        self.changed.remove(file);
+                    }
                 }
                 _ => {}
             }
         }
+    }
+
+    /// Whether `file` has not changed for [`SETTLE`] at `now`.
+    fn settled(&self, file: &Path, now: Instant) -> bool {
+        self.settled_at(file).is_none_or(|at| now >= at)
+    }
+
+    /// When `file` will have been unchanged for [`SETTLE`].
+    fn settled_at(&self, file: &Path) -> Option<Instant> {
+        self.changed.get(file).map(|changed| *changed + SETTLE)
     }
 
     /// Whether `file` is held back at `now`.
@@ -871,6 +946,65 @@ items:
         // A file that held nothing is read at once.
         dir.write("svc.yaml", "");
         assert_eq!(read(&mut manifests, &dir), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_shorter_file_is_read_only_once_it_settled() {
+        let dir = Dir::new("settling");
+        dir.write(
+            "svc.yaml",
+            &(service("web", "10.96.0.1") + "---\n" + &service("db", "10.96.0.2")),
+        );
+        let mut manifests = Manifests::default();
+        read(&mut manifests, &dir);
+        let path = dir.0.join("svc.yaml");
+
+        // `> svc.yaml` wrote its first part and closed it; `>> svc.yaml` comes later.
+        dir.write("svc.yaml", &service("web", "10.96.0.1"));
+        let reload = manifests
+            .reload_settling(&dir.0, |_| false, |_| false)
+            .expect("reload");
+        assert!(reload.events.is_empty(), "{:?}", reload.events);
+        assert_eq!(reload.held, [(path.clone(), Held::Settling)]);
+        // The second part: the file is whole again, and nothing was lost meanwhile.
+        dir.write(
+            "svc.yaml",
+            &(service("web", "10.96.0.1") + "---\n" + &service("db", "10.96.0.2")),
+        );
+        let reload = manifests
+            .reload_settling(&dir.0, |_| false, |_| false)
+            .expect("reload");
+        assert!(
+            reload.events.is_empty() && reload.held.is_empty(),
+            "{reload:?}"
+        );
+
+        // A change that is not shorter is read at once, settled or not.
+        dir.write(
+            "svc.yaml",
+            &(service("web", "10.96.0.9") + "---\n" + &service("db", "10.96.0.2")),
+        );
+        let reload = manifests
+            .reload_settling(&dir.0, |_| false, |_| false)
+            .expect("reload");
+        assert_eq!(reload.events.len(), 2, "{:?}", reload.events);
+        // Nor is a change a few bytes shorter that loses nothing (an address edited).
+        for ip in ["10.96.0.19", "10.96.0.9"] {
+            dir.write(
+                "svc.yaml",
+                &(service("web", ip) + "---\n" + &service("db", "10.96.0.2")),
+            );
+            let reload = manifests
+                .reload_settling(&dir.0, |_| false, |_| false)
+                .expect("reload");
+            assert_eq!(reload.events.len(), 2, "{ip}: {:?}", reload.events);
+        }
+        // Shorter and settled (unchanged for SETTLE): it meant it.
+        dir.write("svc.yaml", &service("web", "10.96.0.9"));
+        assert_eq!(
+            read(&mut manifests, &dir),
+            ["deleted Service db", "applied Service web"]
+        );
     }
 
     fn event(kind: EventKind, file: &Path) -> WatchEvent {

@@ -152,3 +152,57 @@ fn edits_every_2ms_do_not_hold_other_changes_back() {
     }
     agent.stop();
 }
+
+/// A manifest written with several opens, as a script does: `cmd1 > web.yaml` writes the
+/// Service and closes the file, `cmd2 >> web.yaml` appends its slice a moment later. In
+/// between, the file is closed and parses, but without the slice: applied, it would refuse
+/// every connection until the second part came. It is read once it has not changed for a
+/// short while, and no connection fails.
+#[test]
+fn a_manifest_written_with_several_opens_is_applied_whole() {
+    let net = 42;
+    let sandbox = Sandbox::new("manifest-two-opens");
+    let _servers = NamedServer::numbered(net, 1);
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write(
+        "node.yaml",
+        &node_yaml("node-a", "zone-a", &format!("192.168.{net}.1")),
+    );
+    let service = service_yaml("web", &vip(net).ip().to_string(), 80, "");
+    let whole = format!("{service}---\n{}", slice(net, 1));
+    manifests.write("web.yaml", &whole);
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    wait_for(&sandbox, net, 1, Duration::from_secs(20), "at start");
+    let clients: Vec<_> = (0..2)
+        .map(|_| sandbox.spawn_probe("tcp", vip(net), u32::MAX, 5))
+        .collect();
+
+    let path = manifests.path.join("web.yaml");
+    // `cmd1 > web.yaml`: the Service alone, closed.
+    std::fs::write(&path, format!("{service}---\n")).expect("write the first part");
+    // The gap between the two commands (part of the fault, not a wait for a condition).
+    std::thread::sleep(Duration::from_millis(700));
+    // `cmd2 >> web.yaml`: the slice appended, closed.
+    let mut file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("open for appending");
+    file.write_all(slice(net, 1).as_bytes())
+        .expect("append the second part");
+    drop(file);
+    wait_for(
+        &sandbox,
+        net,
+        1,
+        Duration::from_secs(5),
+        "once written whole",
+    );
+
+    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.stop()).collect();
+    socklb_tests::assert_all_connected(&attempts, "while the manifest was written in two parts");
+    let log = agent.stop();
+    assert!(
+        log.contains("manifest shorter than what is applied") && log.contains("web.yaml"),
+        "one line says that the first part is held back:\n{log}"
+    );
+}

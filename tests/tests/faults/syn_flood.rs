@@ -1,6 +1,6 @@
 //! A SYN flood from spoofed sources against a NodePort whose backend is on another node
 //! (every flow SNATed): established idle connections survive it, the SNAT ports it takes
-//! come back after the SYN timeout, and exhaustion is counted meanwhile.
+//! come back after the SYN timeout, and exhaustion is counted and logged meanwhile.
 //!
 //! The SNAT range (2,000 ports) is small enough for the flood to exhaust it once the 1,000
 //! idle connections hold their ports, and the main conntrack table is sized for those
@@ -104,6 +104,8 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
         after.snat_exhausted > before.snat_exhausted,
         "the flood exhausted the SNAT range: {after:?}"
     );
+    // And the log says so, with what to do (rate limited: one line when drops start).
+    agent.wait_for_log("because no SNAT port was free", 1);
     // The flows it started wait in the family's unconfirmed table.
     let client: IpAddr = a.client.parse().expect("client address");
     let flood: Vec<_> = inspect::inspect(&sandbox.pin_dir, None)

@@ -1,4 +1,6 @@
 //! The `socklb` command line.
+mod checks;
+
 use std::{
     net::SocketAddr, ops::RangeInclusive, path::PathBuf, process::ExitCode, sync::Arc,
     time::Duration,
@@ -517,6 +519,8 @@ async fn start_source(
 }
 
 fn run(args: &RunArgs) -> anyhow::Result<()> {
+    // Before anything is created: a bad flag leaves the node as it was.
+    checks::check(args)?;
     let node_name = node_name(&args.source)?;
     // Before anything is created: a device the programs cannot serve fails the start.
     dataplane::check_devices(&args.external.devices)
@@ -541,6 +545,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     .inspect_err(|_| {
         // A failed start leaves nothing behind: the loader unpinned its maps.
         if !pin_dir_existed {
+            let _ = std::fs::remove_dir(dataplane::pin_lock_path(pin_dir));
             let _ = std::fs::remove_dir(pin_dir);
         }
     })?;

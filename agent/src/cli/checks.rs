@@ -1,0 +1,311 @@
+//! Every `socklb run` flag checked before anything is loaded, pinned or attached: a
+//! mistake fails the start with the flag's name and what to give instead, and leaves the
+//! node as it was (no maps pinned, no programs attached, no busy loop).
+use std::{path::Path, time::Duration};
+
+use super::{RunArgs, SourceKind};
+use crate::dataplane::Capacities;
+
+/// The largest `--max-*` value: the kernel's bound for a hash map (its bucket array of 16
+/// bytes per power-of-two bucket must stay below 4 GiB).
+pub const MAX_CAPACITY: u32 = 1 << 28;
+
+/// Preallocated bytes per unit of each LRU flag (its IPv4 table, plus the IPv6 twin at half
+/// the entries; docs/operations.md, "Map memory and capacities").
+const PREALLOCATED_BYTES: [(&str, u64); 4] = [
+    ("--max-conntrack-entries", 112 + 160 / 2),
+    ("--max-conntrack-new-entries", 112 + 160 / 2),
+    ("--max-reverse-entries", 96 + 120 / 2 + 32 + 56),
+    ("--max-affinity-entries", 96 + 104 / 2),
+];
+
+/// A flag that cannot work, with what to do instead.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{flag} {value}: {problem}")]
+pub struct BadFlag {
+    pub flag: &'static str,
+    pub value: String,
+    pub problem: String,
+}
+
+/// Every problem with `args`, in the order the flags are listed in `--help`; empty if
+/// none. `device_exists` and `memory` (the node's memory in bytes, if known) are the host's
+/// answers, passed in so that the checks stay pure.
+pub fn problems(
+    args: &RunArgs,
+    device_exists: &dyn Fn(&str) -> bool,
+    memory: Option<u64>,
+) -> Vec<BadFlag> {
+    let mut bad = Vec::new();
+    let mut report = |flag: &'static str, value: String, problem: String| {
+        bad.push(BadFlag {
+            flag,
+            value,
+            problem,
+        });
+    };
+    let source = &args.source;
+    if source.source == SourceKind::File {
+        match &source.manifests {
+            Some(dir) if !dir.is_dir() => report(
+                "--manifests",
+                dir.display().to_string(),
+                "not a directory: give the directory that holds the Service, EndpointSlice \
+                 and Node manifests"
+                    .to_owned(),
+            ),
+            _ => {}
+        }
+    }
+    if source.source == SourceKind::Kube
+        && let Some(kubeconfig) = &source.kubeconfig
+        && !std::env::split_paths(kubeconfig).any(|path| path.is_file())
+    {
+        report(
+            "--kubeconfig",
+            kubeconfig.display().to_string(),
+            "no such file (also read from $KUBECONFIG): give a kubeconfig file, or none \
+             in a pod (the in-cluster config)"
+                .to_owned(),
+        );
+    }
+    positive("--api-retry-max", source.api_retry_max, &mut report);
+    if let Some(path) = &args.cgroup_path
+        && !path.is_dir()
+    {
+        report(
+            "--cgroup-path",
+            path.display().to_string(),
+            "not a directory: give the cgroup v2 mount or a cgroup in it".to_owned(),
+        );
+    }
+    positive("--sync-period", args.sync_period, &mut report);
+    if args.min_sync_period > args.sync_period && !args.sync_period.is_zero() {
+        report(
+            "--min-sync-period",
+            humantime::format_duration(args.min_sync_period).to_string(),
+            format!(
+                "longer than --sync-period ({}): give at most that",
+                humantime::format_duration(args.sync_period)
+            ),
+        );
+    }
+    for device in &args.external.devices {
+        if device.is_empty() || !device_exists(device) {
+            report(
+                "--devices",
+                format!("{device:?}"),
+                "no such network device in this network namespace: list the devices \
+                 that receive traffic from outside (`ip link`), comma-separated, or leave \
+                 the flag out to use the devices of the Node's addresses"
+                    .to_owned(),
+            );
+        }
+    }
+    let external = &args.external;
+    for (flag, timeout) in [
+        (
+            "--conntrack-tcp-timeout-syn",
+            external.conntrack_tcp_timeout_syn,
+        ),
+        (
+            "--conntrack-tcp-timeout-established",
+            external.conntrack_tcp_timeout_established,
+        ),
+        (
+            "--conntrack-tcp-timeout-close",
+            external.conntrack_tcp_timeout_close,
+        ),
+        ("--conntrack-udp-timeout", external.conntrack_udp_timeout),
+    ] {
+        if timeout < Duration::from_secs(1) || timeout.as_secs() > u64::from(u32::MAX) {
+            report(
+                flag,
+                humantime::format_duration(timeout).to_string(),
+                format!(
+                    "the programs count idle time in whole seconds: give between 1s and {}",
+                    humantime::format_duration(Duration::from_secs(u64::from(u32::MAX)))
+                ),
+            );
+        }
+    }
+    let capacities = Capacities::from(&args.capacities);
+    for (flag, value) in capacity_flags(&capacities) {
+        if value == 0 || value > MAX_CAPACITY {
+            report(
+                flag,
+                value.to_string(),
+                format!("give between 1 and {MAX_CAPACITY} (the kernel's bound for a map)"),
+            );
+        }
+    }
+    if let Some(memory) = memory {
+        for (flag, per_entry) in PREALLOCATED_BYTES {
+            let Some((_, value)) = capacity_flags(&capacities)
+                .into_iter()
+                .find(|(name, _)| *name == flag)
+            else {
+                continue;
+            };
+            let bytes = u64::from(value) * per_entry;
+            if value <= MAX_CAPACITY && bytes > memory / 2 {
+                report(
+                    flag,
+                    value.to_string(),
+                    format!(
+                        "its tables are preallocated: about {} MiB, more than half of this \
+                         node's memory ({} MiB); give a smaller value",
+                        bytes >> 20,
+                        memory >> 20
+                    ),
+                );
+            }
+        }
+    }
+    bad
+}
+
+fn positive(
+    flag: &'static str,
+    value: Duration,
+    report: &mut impl FnMut(&'static str, String, String),
+) {
+    if value.is_zero() {
+        report(
+            flag,
+            "0s".to_owned(),
+            "must be longer than zero (e.g. 1s)".to_owned(),
+        );
+    }
+}
+
+fn capacity_flags(capacities: &Capacities) -> [(&'static str, u32); 8] {
+    [
+        ("--max-service-entries", capacities.service_entries),
+        ("--max-backends", capacities.backends),
+        ("--max-reverse-entries", capacities.reverse),
+        ("--max-affinity-entries", capacities.affinity),
+        ("--max-conntrack-entries", capacities.conntrack),
+        ("--max-conntrack-new-entries", capacities.conntrack_new),
+        ("--max-source-ranges", capacities.source_ranges),
+        ("--max-maglev-entries", capacities.maglev_entries),
+    ]
+}
+
+/// Checks `args` against this host; the error lists every bad flag, one per line.
+pub fn check(args: &RunArgs) -> anyhow::Result<()> {
+    let bad = problems(
+        args,
+        &|device| nix::net::if_::if_nametoindex(device).is_ok(),
+        memory(),
+    );
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let lines: Vec<String> = bad.iter().map(ToString::to_string).collect();
+    anyhow::bail!(
+        "invalid flags, nothing was started:\n  {}",
+        lines.join("\n  ")
+    )
+}
+
+/// MemTotal from /proc/meminfo, in bytes.
+fn memory() -> Option<u64> {
+    let text = std::fs::read_to_string(Path::new("/proc/meminfo")).ok()?;
+    let line = text.lines().find(|line| line.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn run_args(flags: &[&str]) -> RunArgs {
+        let mut argv = vec!["socklb", "run", "--source", "file"];
+        argv.extend_from_slice(flags);
+        if !flags.contains(&"--manifests") {
+            argv.extend(["--manifests", "/"]);
+        }
+        match Cli::try_parse_from(argv).expect("flags parse").command {
+            Command::Run(args) => *args,
+            _ => unreachable!("a run command"),
+        }
+    }
+
+    fn flags_named(flags: &[&str]) -> Vec<&'static str> {
+        let devices = |device: &str| device == "eth0";
+        problems(&run_args(flags), &devices, Some(8 << 30))
+            .into_iter()
+            .map(|bad| bad.flag)
+            .collect()
+    }
+
+    #[test]
+    fn each_bad_flag_is_named() {
+        // (flags given, the flags named in the error)
+        let rows: &[(&[&str], &[&str])] = &[
+            (&[], &[]),
+            (&["--devices", "eth0"], &[]),
+            (&["--devices", "eth0,nope0"], &["--devices"]),
+            (&["--manifests", "/nonexistent/socklb"], &["--manifests"]),
+            (&["--sync-period", "0s"], &["--sync-period"]),
+            (&["--min-sync-period", "0s"], &[]),
+            (
+                &["--sync-period", "1s", "--min-sync-period", "2s"],
+                &["--min-sync-period"],
+            ),
+            (&["--api-retry-max", "0s"], &["--api-retry-max"]),
+            (
+                &["--conntrack-tcp-timeout-syn", "0s"],
+                &["--conntrack-tcp-timeout-syn"],
+            ),
+            (
+                &["--conntrack-udp-timeout", "500ms"],
+                &["--conntrack-udp-timeout"],
+            ),
+            (
+                &["--conntrack-tcp-timeout-established", "200years"],
+                &["--conntrack-tcp-timeout-established"],
+            ),
+            (&["--max-service-entries", "0"], &["--max-service-entries"]),
+            (&["--max-backends", "4294967295"], &["--max-backends"]),
+            (
+                &["--max-maglev-entries", "268435457"],
+                &["--max-maglev-entries"],
+            ),
+            (&["--max-maglev-entries", "268435456"], &[]),
+            // preallocated: 8 GiB of memory takes at most 4 GiB of conntrack
+            (
+                &["--max-conntrack-entries", "100000000"],
+                &["--max-conntrack-entries"],
+            ),
+            (&["--max-conntrack-entries", "1000000"], &[]),
+            (
+                &["--max-affinity-entries", "0", "--max-reverse-entries", "0"],
+                &["--max-reverse-entries", "--max-affinity-entries"],
+            ),
+            (
+                &["--cgroup-path", "/nonexistent/cgroup"],
+                &["--cgroup-path"],
+            ),
+        ];
+        for (flags, named) in rows {
+            assert_eq!(&flags_named(flags), named, "{flags:?}");
+        }
+    }
+
+    #[test]
+    fn a_missing_kubeconfig_is_named() {
+        let argv = ["socklb", "run", "--kubeconfig", "/nonexistent/kubeconfig"];
+        let Command::Run(args) = Cli::try_parse_from(argv).expect("flags parse").command else {
+            unreachable!("a run command");
+        };
+        let bad = problems(&args, &|_| true, None);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert_eq!(bad[0].flag, "--kubeconfig");
+    }
+}

@@ -1,0 +1,93 @@
+//! Operator mistakes in `socklb run`'s flags: each stops the agent at start with an error
+//! that names the flag, before anything is created (no pin directory, no maps, no program
+//! attached), instead of the kernel's bare error after 27 maps were pinned, or a busy loop.
+use std::time::{Duration, Instant};
+
+use socklb_tests::{ManifestDir, Sandbox, agent_bin, node_yaml, privileges::chart_agent_minimal};
+
+/// Runs the agent as the chart does with `flags` (the sandbox's pins and, unless `flags`
+/// give their own, its cgroup and `manifests`) and returns whether it succeeded and its
+/// stderr; killed if it is still running after 20 s.
+fn start_with(sandbox: &Sandbox, manifests: &ManifestDir, flags: &[&str]) -> (bool, String) {
+    let mut command = chart_agent_minimal().command(agent_bin());
+    command
+        .args([
+            "run",
+            "--source",
+            "file",
+            "--node-name",
+            "node-a",
+            "--bpffs",
+        ])
+        .arg(&sandbox.pin_dir);
+    if !flags.contains(&"--manifests") {
+        command.arg("--manifests").arg(&manifests.path);
+    }
+    if !flags.contains(&"--cgroup-path") {
+        command.arg("--cgroup-path").arg(&sandbox.cgroup);
+    }
+    let mut child = command
+        .args([
+            "--healthz-bind-address",
+            "127.0.0.1:0",
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ])
+        .args(flags)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run socklb");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("wait for socklb").is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("socklb's output");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn each_bad_flag_stops_the_start_naming_the_flag_and_creates_nothing() {
+    let sandbox = Sandbox::new("bad-flags");
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.50.1"));
+    let missing = manifests.path.join("missing");
+    let missing = missing.to_str().expect("a UTF-8 path");
+    // (flags, the flag the error must name)
+    let rows: &[(&[&str], &str)] = &[
+        (&["--manifests", missing], "--manifests"),
+        (&["--devices", "socklb-nope0"], "--devices"),
+        (&["--sync-period", "0s"], "--sync-period"),
+        (&["--max-service-entries", "0"], "--max-service-entries"),
+        (&["--max-backends", "4294967295"], "--max-backends"),
+        (&["--max-conntrack-entries", "0"], "--max-conntrack-entries"),
+        (
+            &["--max-conntrack-entries", "268435456"],
+            "--max-conntrack-entries",
+        ),
+        (&["--max-reverse-entries", "0"], "--max-reverse-entries"),
+        (
+            &["--conntrack-tcp-timeout-close", "0s"],
+            "--conntrack-tcp-timeout-close",
+        ),
+        (&["--cgroup-path", missing], "--cgroup-path"),
+    ];
+    for (flags, flag) in rows {
+        let (started, stderr) = start_with(&sandbox, &manifests, flags);
+        assert!(!started, "{flags:?}: the agent ran:\n{stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("nothing was started"),
+            "{flags:?}: the error names {flag}:\n{stderr}"
+        );
+        assert!(
+            !sandbox.pin_dir.exists(),
+            "{flags:?}: the pin directory {} was created",
+            sandbox.pin_dir.display()
+        );
+    }
+}
