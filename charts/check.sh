@@ -442,7 +442,15 @@ def check_agent(name, values, docs):
           f"unknown: {unknown}")
     # Paths are replaced by a directory that is not on bpffs nor a cgroup: whatever
     # happens, nothing is loaded; without capabilities the agent stops at its first check.
-    safe = [a if not a.startswith(("--bpffs=", "--cgroup-path=")) else a.split("=", 1)[0] + "=" + work for a in args]
+    # The flags naming what a node has (a kubeconfig file, devices) are checked before
+    # anything is created: the kubeconfig becomes a file that exists here, and the devices
+    # (the chart's values name a node's, not this machine's) are left out.
+    kubeconfig = os.path.join(work, "kubeconfig")
+    open(kubeconfig, "w").close()
+    safe = [a.split("=", 1)[0] + "=" + work if a.startswith(("--bpffs=", "--cgroup-path="))
+            else "--kubeconfig=" + kubeconfig if a.startswith("--kubeconfig=")
+            else a
+            for a in args if not a.startswith("--devices=")]
     run = subprocess.run(nocaps + ["env", "-i", "PATH=/usr/bin:/bin", "NODE_NAME=check",
                                    f"RUST_LOG={values['logLevel']}", agent] + safe,
                          capture_output=True, text=True, timeout=30)

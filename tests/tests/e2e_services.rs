@@ -983,11 +983,12 @@ fn should_not_be_able_to_connect_to_terminating_and_unready_endpoints_if_publish
     for target in [at(vip(96), 80), at(TWO.address(), 30114)] {
         wait_for(tb, client, "tcp", target, &[REFUSED]);
     }
-    // ...and node1 drops what arrives at its NodePort from outside.
-    let before = tb.inspect(ONE, None).counters.external_no_backend;
+    // ...and node1 refuses what arrives at its NodePort from outside (no endpoint it could
+    // use: kube-proxy's REJECT).
+    let before = tb.inspect(ONE, None).counters.rejected;
     let failed = tb.curl(client, at(ONE.address(), 30114));
     assert!(failed.is_err(), "{failed:?}");
-    assert!(tb.inspect(ONE, None).counters.external_no_backend > before);
+    assert!(tb.inspect(ONE, None).counters.rejected > before);
 }
 
 #[test]

@@ -106,6 +106,8 @@ pub mod map_names {
     /// (refusals of frontends without endpoints are rate limited). Not pinned: each load
     /// starts afresh.
     pub const REJECT_BUDGET: &str = "socklb_rej_v1";
+    /// The TC programs' own maps, never pinned: they hold nothing that outlives a load.
+    pub const PROGRAM_LOCAL: [&str; 2] = [SCRATCH6, REJECT_BUDGET];
 
     /// Every map socklb pins, in the order the agent reports them.
     pub const ALL: [&str; 27] = [

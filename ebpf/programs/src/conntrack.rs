@@ -5,12 +5,14 @@
 //! smaller LRU). A reply marks them [`CT_FLAG_SEEN_REPLY`]; the client's next packet that
 //! is neither a SYN nor a FIN or RST (the ACK completing a TCP handshake) confirms the
 //! flow: both entries move to the main table (`CONNTRACK`). A UDP flow is confirmed by
-//! the reply itself. Lookups try the main table first. So a SYN flood, whose flows never complete a handshake, only ever evicts other
-//! unconfirmed flows, and its SNAT ports come back after the SYN timeout.
+//! the reply itself. Lookups try the main table first. So a SYN flood, whose flows never
+//! complete a handshake, only ever evicts other unconfirmed flows, and its SNAT ports
+//! come back after the SYN timeout.
 //!
 //! TCP's end follows netfilter: a RST ends a flow (on a confirmed flow only one near the
-//! sequence numbers its sender used, see [`touch`]), a FIN only its direction (the other may go on for as
-//! long as an open connection would: a half-close), and FINs both ways end it.
+//! sequence numbers its sender used, see [`touch`]), a FIN only its direction (the other
+//! may go on for as long as an open connection would: a half-close), and FINs both ways
+//! end it.
 //! An entry idle past its timeout never translates again.
 //!
 //! Written once for both address families ([`Family`]): each has its own two tables.

@@ -621,8 +621,9 @@ fn trace_external<A: TracedValue>(decision: &Decision<&A>, tuple: &Tuple<A>, pac
 }
 
 /// Whether a known flow stays with its backend (conntrack never returns one idle past its
-/// timeout). A TCP SYN on a closed connection starts afresh (the client reuses its port; an unconfirmed flow
-/// reset during its handshake was reopened instead, see [`conntrack::reopen`]). An open TCP
+/// timeout). A TCP SYN on a closed connection starts afresh (the client reuses its port;
+/// an unconfirmed flow reset during its handshake was reopened instead, see
+/// [`conntrack::reopen`]); on a live one it is passed on to its backend. An open TCP
 /// connection stays even when its backend left the service, as with kube-proxy's
 /// conntrack: a terminating pod drains its connections. A new connection or a UDP
 /// datagram whose backend is gone chooses again, so new flows never reach a removed

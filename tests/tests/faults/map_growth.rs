@@ -324,9 +324,10 @@ fn is_socklb_map(id: u32) -> bool {
         .filter_map(Result::ok)
         .find(|map| map.id() == id)
         .and_then(|map| {
-            // The programs' own scratch room holds nothing between packets: never pinned.
-            map.name_as_str()
-                .map(|name| name.starts_with("socklb_") && name != map_names::SCRATCH6)
+            // The programs' own maps hold nothing that outlives a load: never pinned.
+            map.name_as_str().map(|name| {
+                name.starts_with("socklb_") && !map_names::PROGRAM_LOCAL.contains(&name)
+            })
         })
         .unwrap_or(false)
 }
