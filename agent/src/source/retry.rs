@@ -17,8 +17,11 @@
 //! - backs off to [`THROTTLED_MAX`] (client-go's cap) while the server answers 429 Too Many
 //!   Requests: the server is shedding load, and a fleet of agents retrying every 1-2 s
 //!   would add to it;
-//! - relists at once on the first 410 Gone (an expired resource version is part of the
-//!   protocol, not a failure of the server); 410s in a row back off like any failure;
+//! - relists soon on the first 410 Gone (an expired resource version is part of the
+//!   protocol, not a failure of the server), after a delay drawn within [`GONE_SPREAD`]:
+//!   a server that compacted or restarted expires every agent's watch at once, and a
+//!   fleet relisting in the same instant is the load spike client-go's jitter avoids;
+//!   410s in a row back off like any failure;
 //! - forgets the failures once the watch delivers an object again.
 //!
 //! Pure: time and randomness come from the caller, so the policy is unit tested.
@@ -32,6 +35,9 @@ pub const DEFAULT_MAX: Duration = Duration::from_secs(2);
 
 /// The cap while the server throttles (429): the delay client-go's reflector grows to.
 pub const THROTTLED_MAX: Duration = Duration::from_secs(30);
+
+/// The longest wait before the relist that follows a first 410 Gone.
+pub const GONE_SPREAD: Duration = Duration::from_secs(1);
 
 /// Least time between two restarts of the sequence by a server that answers again.
 pub const RESTART_GUARD: Duration = Duration::from_secs(60);
@@ -81,7 +87,7 @@ impl Retry {
         let first_gone = failure == Failure::Gone && self.last != Some(Failure::Gone);
         self.last = Some(failure);
         if first_gone {
-            return Duration::ZERO;
+            return GONE_SPREAD.mul_f64(jitter.clamp(0.0, 1.0));
         }
         let cap = if failure == Failure::Throttled {
             self.max.max(THROTTLED_MAX)
@@ -176,10 +182,11 @@ mod tests {
         // Back, but refusing (403 while its authorizer warms up): quick retries, growing.
         let refused = delays(&mut retry, &[Failure::Refused; 5], now);
         assert_eq!(refused, [ms(250), ms(500), ms(1000), ms(2000), ms(2000)]);
-        // Then 410 Gone on the old resource version: relist at once; again: back off.
+        // Then 410 Gone on the old resource version: relist within a second; again: back
+        // off.
         assert_eq!(
             delays(&mut retry, &[Failure::Gone, Failure::Gone], now),
-            [Duration::ZERO, ms(2000)]
+            [GONE_SPREAD, ms(2000)]
         );
     }
 
@@ -215,9 +222,13 @@ mod tests {
         retry.reset();
         assert_eq!(retry.failures(), 0);
         assert_eq!(delays(&mut retry, &[Failure::Refused], now), [ms(250)]);
-        // A 410 after a working watch relists at once.
+        // A 410 after a working watch relists within a second, spread by the jitter.
         retry.reset();
-        assert_eq!(delays(&mut retry, &[Failure::Gone], now), [Duration::ZERO]);
+        assert_eq!(delays(&mut retry, &[Failure::Gone], now), [GONE_SPREAD]);
+        retry.reset();
+        assert_eq!(retry.delay(Failure::Gone, now, 0.0), Duration::ZERO);
+        retry.reset();
+        assert_eq!(retry.delay(Failure::Gone, now, 0.25), ms(250));
     }
 
     #[test]
