@@ -16,6 +16,7 @@ use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 pub enum Flags {
     Rst,
     Syn,
+    Fin,
 }
 
 /// Sends one TCP segment from `from` to `to` with `sequence`, through a raw socket of the
@@ -34,6 +35,7 @@ pub fn send(from: SocketAddr, to: SocketAddr, sequence: u32, flags: Flags) {
     let builder = match flags {
         Flags::Rst => builder.rst(),
         Flags::Syn => builder.syn(),
+        Flags::Fin => builder.fin(),
     };
     let mut packet = Vec::with_capacity(builder.size(0));
     builder

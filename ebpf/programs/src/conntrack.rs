@@ -186,17 +186,25 @@ pub fn peek<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, now: u32) -> Optio
 }
 
 /// Records a FIN of the packet whose flow's entry is under `key(tuple, direction)`: its
-/// direction is done sending, and once both are, both entries are marked closing. Whether
-/// the flow has an entry there. Out of line, called before the packet's lookups: a FIN is
-/// rare, and the lookup path of IPv6 has no stack to spare for the other direction's key.
+/// direction is done sending, and once both are, both entries are marked closing. On a
+/// confirmed flow only a FIN near the sequence numbers its direction sent counts (see
+/// [`touch`]): blind FINs both ways must not end a live flow. Whether the flow has an
+/// entry there. Out of line, called before the packet's lookups: a FIN is rare, and the
+/// lookup path of IPv6 has no stack to spare for the other direction's key.
 #[inline(never)]
-pub fn record_fin<F: Family>(tuple: &Tuple<F::Addr>, direction: u8) -> bool {
+pub fn record_fin<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_high: u16) -> bool {
     let key = key(tuple, direction);
-    fin_in::<F>(F::conntrack(), &key) || fin_in::<F>(F::conntrack_new(), &key)
+    fin_in::<F>(F::conntrack(), true, &key, sequence_high)
+        || fin_in::<F>(F::conntrack_new(), false, &key, sequence_high)
 }
 
 #[inline(always)]
-fn fin_in<F: Family>(table: &CtTable<F>, key: &Key<F>) -> bool {
+fn fin_in<F: Family>(
+    table: &CtTable<F>,
+    confirmed: bool,
+    key: &Key<F>,
+    sequence_high: u16,
+) -> bool {
     let Some(entry) = table.get_ptr_mut(F::ct_key(key)) else {
         return false;
     };
@@ -204,6 +212,12 @@ fn fin_in<F: Family>(table: &CtTable<F>, key: &Key<F>) -> bool {
     // flags.
     let entry = F::flow_entry_mut(unsafe { &mut *entry });
     if entry.flags & CT_FLAG_FIN != 0 {
+        return true;
+    }
+    if confirmed
+        && entry.flags & CT_FLAG_SEQUENCE != 0
+        && !in_sequence_window(entry.sequence_high, sequence_high)
+    {
         return true;
     }
     entry.flags |= CT_FLAG_FIN;

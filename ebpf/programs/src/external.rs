@@ -312,9 +312,10 @@ fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Resu
     let segment = packet.segment();
     let may_be_reply = conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0));
     if segment.ending == Ending::Fin
-        && !(may_be_reply && conntrack::record_fin::<F>(&packet.tuple, CT_REPLY))
+        && !(may_be_reply
+            && conntrack::record_fin::<F>(&packet.tuple, CT_REPLY, segment.sequence_high))
     {
-        conntrack::record_fin::<F>(&packet.tuple, CT_FORWARD);
+        conntrack::record_fin::<F>(&packet.tuple, CT_FORWARD, segment.sequence_high);
     }
     // A remote backend answering a SNATed flow, addressed to this node.
     if may_be_reply && let Some(verdict) = snat_reply::<F>(ctx, packet, segment, now)? {
@@ -510,7 +511,7 @@ fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let segment = packet.segment();
     if segment.ending == Ending::Fin {
-        conntrack::record_fin::<F>(&packet.tuple, CT_REPLY);
+        conntrack::record_fin::<F>(&packet.tuple, CT_REPLY, segment.sequence_high);
     }
     if let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, segment, now) {
         rewrite(packet, &reply)?;

@@ -7,7 +7,7 @@
 //!   from the same port, then talks to the pod directly and sees the pod, not the
 //!   NodePort it used before.
 //! - A blind RST (a sequence number far from the flow's) and a SYN after it leave a live
-//!   flow as it was. The flow goes to a remote backend: its SNAT port is what a flow
+//!   flow as it was, and so do blind FINs both ways. The flow goes to a remote backend: its SNAT port is what a flow
 //!   started afresh would lose (to a local backend it would get the same tuple back).
 use std::{
     io::{Read as _, Write as _},
@@ -16,6 +16,7 @@ use std::{
     time::Duration,
 };
 
+use socklb_agent::inspect;
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
     echo::{EchoServer, echo},
@@ -184,6 +185,76 @@ fn a_blind_rst_and_syn_leave_a_live_flow_alone(family: Family) {
         Ok(()),
         "after a blind RST and SYN from the client's tuple, the flow to the remote backend \
          still echoes; {:?}",
+        counters(&sandbox)
+    );
+}
+
+#[test]
+fn blind_fins_both_ways_leave_a_live_flow_alone_over_ipv4() {
+    blind_fins_both_ways_leave_a_live_flow_alone(Family::V4);
+}
+
+#[test]
+fn blind_fins_both_ways_leave_a_live_flow_alone_over_ipv6() {
+    blind_fins_both_ways_leave_a_live_flow_alone(Family::V6);
+}
+
+/// FINs both ways mark a flow closing, whose entries then expire after the closing
+/// timeout: forged ones, far from the flow's sequence numbers, must not.
+fn blind_fins_both_ways_leave_a_live_flow_alone(family: Family) {
+    let a = addresses(family);
+    let sandbox = Sandbox::new(&format!("blindfin{}", family.tag()));
+    let lan = lan(&format!("f{}", family.tag()));
+    let _server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
+    let manifests = ManifestDir::new(&sandbox);
+    two_node_ports(&a, &manifests, 8080);
+    let _agent = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node1",
+        &["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT],
+    );
+    let frontend: SocketAddr = Addresses::at(a.node1, 30072).parse().expect("address");
+    let pod2 = SocketAddr::new(a.pod2, 8080);
+
+    let capture = lan.client.enter(Capture::start);
+    let mut stream = lan.client.enter(|| {
+        TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+            .expect("connect through the NodePort")
+    });
+    echo(&mut stream).expect("the first echo");
+    let client = stream.local_addr().expect("client address");
+    let client_sequence = capture.data_sequence(client, frontend);
+    let server_sequence = capture.data_sequence(frontend, client);
+    // Where the flow reaches pod2 from: node1's SNAT address and port.
+    let snat = inspect::inspect(&sandbox.pin_dir, None)
+        .expect("inspect")
+        .conntrack
+        .into_iter()
+        .find(|flow| flow.direction == "forward" && flow.from == client)
+        .map(|flow| flow.rewritten_from)
+        .unwrap_or_else(|| panic!("no forward entry for {client}"));
+    lan.client.enter(|| {
+        forged::send(
+            client,
+            frontend,
+            client_sequence.wrapping_add(1 << 31),
+            Flags::Fin,
+        );
+        forged::send(
+            pod2,
+            snat,
+            server_sequence.wrapping_add(1 << 31),
+            Flags::Fin,
+        );
+    });
+    // Past the closing timeout: entries marked closing by the forged FINs would be gone.
+    std::thread::sleep(Duration::from_secs(3));
+    let survived = echo(&mut stream).map_err(|e| e.to_string());
+    assert_eq!(
+        survived,
+        Ok(()),
+        "after blind FINs both ways, the flow to the remote backend still echoes; {:?}",
         counters(&sandbox)
     );
 }
