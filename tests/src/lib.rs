@@ -834,6 +834,38 @@ spec:
     )
 }
 
+/// `count` ClusterIP Services (`filler-N`, VIPs from 10.100.0.1) of `endpoints` endpoints
+/// each on node2 (addresses from 10.200.0.0 that nobody connects to), in one manifest:
+/// the load of a test that makes the maps grow.
+pub fn filler_services(count: usize, endpoints: usize) -> String {
+    let mut yaml = String::new();
+    for i in 0..count {
+        let name = format!("filler-{i}");
+        let vip = format!("10.100.{}.{}", i / 250, i % 250 + 1);
+        let addresses: Vec<String> = (0..endpoints)
+            .map(|e| {
+                let n = i * endpoints + e;
+                format!("10.{}.{}.{}", 200 + n / 65_536, (n / 256) % 256, n % 256)
+            })
+            .collect();
+        let endpoints: Vec<(&str, &str, &str, &str)> = addresses
+            .iter()
+            .map(|address| (address.as_str(), "node2", "z1", ""))
+            .collect();
+        yaml.push_str(&service_yaml(&name, &vip, 80, ""));
+        yaml.push_str("---\n");
+        yaml.push_str(&slice_yaml(
+            &format!("{name}-1"),
+            &name,
+            8080,
+            &endpoints,
+            false,
+        ));
+        yaml.push_str("---\n");
+    }
+    yaml
+}
+
 /// An EndpointSlice of `service` whose endpoints are `(address, node, zone, conditions)`;
 /// conditions is YAML like `{ready: false, serving: true, terminating: true}` or "".
 pub fn slice_yaml(

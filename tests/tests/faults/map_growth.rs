@@ -20,11 +20,11 @@ use socklb_abi::{AffinityEntry, AffinityKey, ServiceEntry, ServiceKey, map_names
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox,
     echo::{EchoServer, echo},
+    filler_services,
     lan::{
         NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, answers, counters, lan, nodes, service,
         slice,
     },
-    service_yaml, slice_yaml,
 };
 
 /// Services on the node at each stage, besides the three the test talks to.
@@ -91,7 +91,7 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
             &slice(&format!("{name}-1"), name, ("p", port, protocol), &pods),
         );
     }
-    manifests.write("fillers.yaml", &fillers(STAGES[0]));
+    manifests.write("fillers.yaml", &filler_services(STAGES[0], ENDPOINTS));
     let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
     wait_for_entries(&sandbox.pin_dir, STAGES[0], &agent);
 
@@ -118,7 +118,7 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
         sandbox.spawn_probe_for("udp-connected", dns, forever, 5),
     ];
     for (stage, services) in STAGES.iter().enumerate().skip(1) {
-        manifests.write("fillers.yaml", &fillers(*services));
+        manifests.write("fillers.yaml", &filler_services(*services, ENDPOINTS));
         agent.wait_for_log("maps grown", stage);
         wait_for_entries(&sandbox.pin_dir, *services, &agent);
         assert!(
@@ -194,36 +194,6 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
         "the sticky client moved"
     );
     assert_eq!(counters(&sandbox).errors, 0, "{}", agent.log());
-}
-
-/// `count` ClusterIP Services of `ENDPOINTS` endpoints each, in one manifest.
-fn fillers(count: usize) -> String {
-    let mut yaml = String::new();
-    for i in 0..count {
-        let name = format!("filler-{i}");
-        let vip = format!("10.100.{}.{}", i / 250, i % 250 + 1);
-        let addresses: Vec<String> = (0..ENDPOINTS)
-            .map(|e| {
-                let n = i * ENDPOINTS + e;
-                format!("10.{}.{}.{}", 200 + n / 65_536, (n / 256) % 256, n % 256)
-            })
-            .collect();
-        let endpoints: Vec<(&str, &str, &str, &str)> = addresses
-            .iter()
-            .map(|address| (address.as_str(), "node2", "z1", ""))
-            .collect();
-        yaml.push_str(&service_yaml(&name, &vip, 80, ""));
-        yaml.push_str("---\n");
-        yaml.push_str(&slice_yaml(
-            &format!("{name}-1"),
-            &name,
-            8080,
-            &endpoints,
-            false,
-        ));
-        yaml.push_str("---\n");
-    }
-    yaml
 }
 
 /// Waits until the service map holds every filler Service's entries.

@@ -16,8 +16,8 @@ use std::{
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox, assert_all_connected,
     echo::{EchoServer, echo},
+    filler_services,
     lan::{NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, answers, lan, nodes, service, slice},
-    service_yaml, slice_yaml,
 };
 
 use crate::foreign_cleanup::filters;
@@ -115,7 +115,7 @@ fn restarts_and_growth_replace_netlink_filters_without_a_failed_connection() {
             "a client stopped before restart {restart} was recovered from"
         );
     }
-    manifests.write("fillers.yaml", &fillers(FILLERS));
+    manifests.write("fillers.yaml", &filler_services(FILLERS, 5));
     agent.wait_for_log("maps grown", 1);
     assert_eq!(
         filters("eth0"),
@@ -142,36 +142,6 @@ fn restarts_and_growth_replace_netlink_filters_without_a_failed_connection() {
             "client {i}: answered by someone other than the pods"
         );
     }
-}
-
-/// `count` ClusterIP Services of 5 endpoints each (addresses nobody connects to).
-fn fillers(count: usize) -> String {
-    let mut yaml = String::new();
-    for i in 0..count {
-        let name = format!("filler-{i}");
-        let vip = format!("10.100.{}.{}", i / 250, i % 250 + 1);
-        let addresses: Vec<String> = (0..5)
-            .map(|e| {
-                let n = i * 5 + e;
-                format!("10.{}.{}.{}", 200 + n / 65_536, (n / 256) % 256, n % 256)
-            })
-            .collect();
-        let endpoints: Vec<(&str, &str, &str, &str)> = addresses
-            .iter()
-            .map(|address| (address.as_str(), "node2", "z1", ""))
-            .collect();
-        yaml.push_str(&service_yaml(&name, &vip, 80, ""));
-        yaml.push_str("---\n");
-        yaml.push_str(&slice_yaml(
-            &format!("{name}-1"),
-            &name,
-            8080,
-            &endpoints,
-            false,
-        ));
-        yaml.push_str("---\n");
-    }
-    yaml
 }
 
 /// A connection from `netns` that echoes a byte at a time until stopped.

@@ -22,7 +22,7 @@ use socklb_tests::{
     echo::{EchoServer, echo},
     family::Family,
     forged::{self, Capture, Flags},
-    lan::{Addresses, addresses, counters, lan},
+    lan::{Addresses, Lan, addresses, counters, lan},
     netns::Netns,
 };
 
@@ -157,35 +157,25 @@ fn a_blind_rst_and_syn_leave_a_live_flow_alone_over_ipv6() {
 }
 
 fn a_blind_rst_and_syn_leave_a_live_flow_alone(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("blindrst{}", family.tag()));
-    let lan = lan(&format!("b{}", family.tag()));
-    let _server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
-    let manifests = ManifestDir::new(&sandbox);
-    two_node_ports(&a, &manifests, 8080);
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
-    let frontend: SocketAddr = Addresses::at(a.node1, 30072).parse().expect("address");
-
-    let survived = lan.client.enter(|| {
-        let capture = Capture::start();
-        let mut stream = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
-            .expect("connect through the NodePort");
-        // The ACK ending the handshake confirmed the flow; the echo shows it works.
-        echo(&mut stream).expect("the first echo");
-        let client = stream.local_addr().expect("client address");
-        let sequence = capture.data_sequence(client, frontend);
-        // Half the sequence space away: outside any window.
-        let blind = sequence.wrapping_add(1 << 31);
-        forged::send(client, frontend, blind, Flags::Rst);
-        forged::send(client, frontend, blind.wrapping_add(1), Flags::Syn);
-        echo(&mut stream).map_err(|e| e.to_string())
+    let mut flow = RemoteEchoFlow::start(family, "blindrst", "b");
+    // Half the sequence space away: outside any window.
+    let blind = flow.client_sequence.wrapping_add(1 << 31);
+    flow.lan.client.enter(|| {
+        forged::send(flow.client, flow.frontend, blind, Flags::Rst);
+        forged::send(
+            flow.client,
+            flow.frontend,
+            blind.wrapping_add(1),
+            Flags::Syn,
+        );
     });
+    let survived = echo(&mut flow.stream).map_err(|e| e.to_string());
     assert_eq!(
         survived,
         Ok(()),
         "after a blind RST and SYN from the client's tuple, the flow to the remote backend \
          still echoes; {:?}",
-        counters(&sandbox)
+        counters(&flow.sandbox)
     );
 }
 
@@ -202,61 +192,91 @@ fn blind_fins_both_ways_leave_a_live_flow_alone_over_ipv6() {
 /// FINs both ways mark a flow closing, whose entries then expire after the closing
 /// timeout: forged ones, far from the flow's sequence numbers, must not.
 fn blind_fins_both_ways_leave_a_live_flow_alone(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("blindfin{}", family.tag()));
-    let lan = lan(&format!("f{}", family.tag()));
-    let _server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
-    let manifests = ManifestDir::new(&sandbox);
-    two_node_ports(&a, &manifests, 8080);
-    let _agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node1",
-        &["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT],
-    );
-    let frontend: SocketAddr = Addresses::at(a.node1, 30072).parse().expect("address");
-    let pod2 = SocketAddr::new(a.pod2, 8080);
-
-    let capture = lan.client.enter(Capture::start);
-    let mut stream = lan.client.enter(|| {
-        TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
-            .expect("connect through the NodePort")
-    });
-    echo(&mut stream).expect("the first echo");
-    let client = stream.local_addr().expect("client address");
-    let client_sequence = capture.data_sequence(client, frontend);
-    let server_sequence = capture.data_sequence(frontend, client);
+    let mut flow = RemoteEchoFlow::start(family, "blindfin", "f");
     // Where the flow reaches pod2 from: node1's SNAT address and port.
-    let snat = inspect::inspect(&sandbox.pin_dir, None)
+    let snat = inspect::inspect(&flow.sandbox.pin_dir, None)
         .expect("inspect")
         .conntrack
         .into_iter()
-        .find(|flow| flow.direction == "forward" && flow.from == client)
-        .map(|flow| flow.rewritten_from)
-        .unwrap_or_else(|| panic!("no forward entry for {client}"));
-    lan.client.enter(|| {
-        forged::send(
-            client,
-            frontend,
-            client_sequence.wrapping_add(1 << 31),
-            Flags::Fin,
-        );
-        forged::send(
-            pod2,
-            snat,
-            server_sequence.wrapping_add(1 << 31),
-            Flags::Fin,
-        );
+        .find(|entry| entry.direction == "forward" && entry.from == flow.client)
+        .map(|entry| entry.rewritten_from)
+        .unwrap_or_else(|| panic!("no forward entry for {}", flow.client));
+    let pod2 = SocketAddr::new(flow.pod2, 8080);
+    flow.lan.client.enter(|| {
+        let client_fin = flow.client_sequence.wrapping_add(1 << 31);
+        let server_fin = flow.server_sequence.wrapping_add(1 << 31);
+        forged::send(flow.client, flow.frontend, client_fin, Flags::Fin);
+        forged::send(pod2, snat, server_fin, Flags::Fin);
     });
     // Past the closing timeout: entries marked closing by the forged FINs would be gone.
     std::thread::sleep(Duration::from_secs(3));
-    let survived = echo(&mut stream).map_err(|e| e.to_string());
+    let survived = echo(&mut flow.stream).map_err(|e| e.to_string());
     assert_eq!(
         survived,
         Ok(()),
         "after blind FINs both ways, the flow to the remote backend still echoes; {:?}",
-        counters(&sandbox)
+        counters(&flow.sandbox)
     );
+}
+
+/// A live TCP flow from the client through node1's NodePort to an echo server on pod2 (a
+/// remote backend: SNATed, so a flow started afresh would lose its port), confirmed by one
+/// echo, with the sequence numbers each side sent it. The agent runs with a short closing
+/// timeout.
+struct RemoteEchoFlow {
+    stream: TcpStream,
+    client: SocketAddr,
+    frontend: SocketAddr,
+    pod2: std::net::IpAddr,
+    client_sequence: u32,
+    server_sequence: u32,
+    // Dropped in this order: the agent before what it reads and the namespaces.
+    _agent: Agent,
+    _manifests: ManifestDir,
+    _server: EchoServer,
+    lan: Lan,
+    sandbox: Sandbox,
+}
+
+impl RemoteEchoFlow {
+    fn start(family: Family, name: &str, lan_name: &str) -> Self {
+        let a = addresses(family);
+        let sandbox = Sandbox::new(&format!("{name}{}", family.tag()));
+        let lan = lan(&format!("{lan_name}{}", family.tag()));
+        let server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
+        let manifests = ManifestDir::new(&sandbox);
+        two_node_ports(&a, &manifests, 8080);
+        let agent = Agent::start(
+            &sandbox,
+            &manifests.path,
+            "node1",
+            &["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT],
+        );
+        let frontend: SocketAddr = Addresses::at(a.node1, 30072).parse().expect("address");
+        let capture = lan.client.enter(Capture::start);
+        let mut stream = lan.client.enter(|| {
+            TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+                .expect("connect through the NodePort")
+        });
+        // The ACK ending the handshake confirmed the flow; the echo shows it works.
+        echo(&mut stream).expect("the first echo");
+        let client = stream.local_addr().expect("client address");
+        let client_sequence = capture.data_sequence(client, frontend);
+        let server_sequence = capture.data_sequence(frontend, client);
+        Self {
+            stream,
+            client,
+            frontend,
+            pod2: a.pod2,
+            client_sequence,
+            server_sequence,
+            _agent: agent,
+            _manifests: manifests,
+            _server: server,
+            lan,
+            sandbox,
+        }
+    }
 }
 
 /// A NodePort Service to pod1 (30071) and one to pod2 (30072), both on `target`.
