@@ -8,15 +8,15 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, PerCpuArray};
 use serde::Serialize;
 use socklb_abi::{
     AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityKey6, CT_FLAG_CLOSING,
     CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtEntry6, CtKey, CtKey6,
     FragmentKey, FragmentKey6, FragmentPorts, FrontendName, Ipv6Words, SERVICE_FLAG_AFFINITY,
     SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, SOURCE_RANGE_FRONTEND_BITS,
-    SOURCE_RANGE6_FRONTEND_BITS, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SourceRange,
-    SourceRange6, SourceVerdict, ipv6_octets, map_names,
+    SOURCE_RANGE6_FRONTEND_BITS, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6,
+    SocketRecordCount, SourceRange, SourceRange6, SourceVerdict, ipv6_octets, map_names,
 };
 
 use crate::dataplane::{
@@ -132,6 +132,9 @@ pub struct Inspection {
     pub conntrack: Vec<ConntrackState>,
     /// Datagrams whose first fragment's ports are remembered for their later fragments.
     pub fragments: usize,
+    /// Sockets holding a record of what they were translated for (bounded by
+    /// `--max-socket-records`).
+    pub socket_records: u64,
     pub counters: CountersView,
     /// How an agent in this container closes the sockets of removed backends.
     pub socket_destroy: crate::sweep::Expected,
@@ -149,6 +152,7 @@ fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
     })?;
     Ok(match name {
         n if n == map_names::COUNTERS => Map::PerCpuArray(data),
+        n if n == map_names::SOCKET_RECORD_COUNT => Map::Array(data),
         n if n == map_names::SOURCE_RANGES || n == map_names::SOURCE_RANGES6 => Map::LpmTrie(data),
         _ => Map::HashMap(data),
     })
@@ -336,8 +340,9 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         (map_names::CONNTRACK, true),
         (map_names::CONNTRACK_NEW, false),
     ] {
-        let map: HashMap<MapData, CtKey, CtEntry> =
-            open(pin_dir, name)?.try_into().map_err(read(name))?;
+        let map: HashMap<MapData, CtKey, CtEntry> = open(pin_dir, name)?
+            .try_into()
+            .map_err(|source| InspectError::Read { map: name, source })?;
         conntrack.extend(
             map.iter()
                 .filter_map(Result::ok)
@@ -385,14 +390,29 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         .map_err(read(map_names::COUNTERS))?;
     let per_cpu = counters_map.get(&0, 0).map_err(read(map_names::COUNTERS))?;
     let sum = Counters::sum(per_cpu.iter());
+    let socket_records = socket_records(pin_dir)?;
     Ok(Inspection {
         frontends,
         affinity,
         conntrack,
         fragments,
+        socket_records,
         counters: sum,
         socket_destroy: crate::sweep::Expected::probe(),
     })
+}
+
+/// How many sockets hold a record: the programs' count, which a release racing another may
+/// leave a moment below zero.
+fn socket_records(pin_dir: &Path) -> Result<u64, InspectError> {
+    let name = map_names::SOCKET_RECORD_COUNT;
+    let map: Array<MapData, SocketRecordCount> = open(pin_dir, name)?
+        .try_into()
+        .map_err(|source| InspectError::Read { map: name, source })?;
+    let count = map
+        .get(&0, 0)
+        .map_err(|source| InspectError::Read { map: name, source })?;
+    Ok(u64::try_from(count.live).unwrap_or(0))
 }
 
 fn socket(address: u32, port: u16) -> SocketAddr {
@@ -566,9 +586,10 @@ pub fn table(inspection: &Inspection) -> String {
     }
     let _ = write!(
         out,
-        "\naffinity entries: {}\nfragmented datagrams: {}\ncounters:",
+        "\naffinity entries: {}\nfragmented datagrams: {}\nsockets with a record: {}\ncounters:",
         inspection.affinity.len(),
-        inspection.fragments
+        inspection.fragments,
+        inspection.socket_records
     );
     for (name, value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
         let _ = write!(out, " {name} {value}");

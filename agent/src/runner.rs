@@ -322,7 +322,7 @@ impl Runner {
                 if let Some(sweeper) = &self.sweeper
                     && !unswept.is_empty()
                 {
-                    sweeper.sweep(&unswept);
+                    sweeper.sweep(&unswept, |queued| self.dataplane.still_gone(queued));
                 }
                 return Ok(false);
             }
@@ -333,7 +333,9 @@ impl Runner {
         if let Some(sweeper) = &self.sweeper {
             let recheck = self.dataplane.still_gone(std::mem::take(&mut self.recheck));
             let pairs: BTreeSet<Gone> = report.gone.iter().copied().chain(recheck).collect();
-            sweeper.sweep(&pairs.into_iter().collect::<Vec<_>>());
+            // Queued pairs whose backend this sync brought back are dropped.
+            let pairs: Vec<Gone> = pairs.into_iter().collect();
+            sweeper.sweep(&pairs, |queued| self.dataplane.still_gone(queued));
             self.recheck.clone_from(&report.gone);
         }
         // Every sync: a change of this Node's addresses marks every Service, so it is

@@ -65,6 +65,8 @@ pub struct Served {
     pub metadata_only: bool,
     pub label_selector: Option<String>,
     pub field_selector: Option<String>,
+    /// `resourceVersion` as asked ("0": any version, e.g. from the watch cache).
+    pub resource_version: Option<String>,
 }
 
 impl FakeApiServer {
@@ -650,6 +652,7 @@ fn serve(
         metadata_only,
         label_selector: request.query.get("labelSelector").cloned(),
         field_selector: request.query.get("fieldSelector").cloned(),
+        resource_version: request.query.get("resourceVersion").cloned(),
     });
     if !watch {
         let list = store.list(&request)?;

@@ -79,6 +79,11 @@ impl Holder {
             .unwrap_or_else(|e| panic!("{}: bad line {line:?}: {e}", self.what))
     }
 
+    /// The client's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends `command` and returns its line.
     pub fn ask(&mut self, command: &str) -> Held {
         self.send(command);

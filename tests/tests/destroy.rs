@@ -11,6 +11,7 @@
 use std::{
     io::{BufRead as _, BufReader, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     process::Command,
     sync::{
         Arc,
@@ -20,6 +21,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use aya::maps::{Map, MapData, MapError, SkStorage};
+use socklb_abi::{SocketRecord, map_names};
 use socklb_agent::{
     dataplane::{Desired, Protocol},
     metrics::Metrics,
@@ -292,6 +295,145 @@ fn a_socket_older_than_the_socket_rings_memory_is_still_closed() {
         "the socket's own record outlives its ring slot: {line:?}\n{}",
         agent.log()
     );
+}
+
+/// Socket records are charged to the agent's memory and any pod creates them, so they are
+/// bounded (`--max-socket-records`): sockets past the bound are still translated, hold no
+/// record (looked up in the kernel's own storage, socket by socket), and are still closed
+/// through the socket ring; records are counted back as their sockets close.
+#[test]
+fn socket_records_stop_at_their_bound_and_sockets_past_it_are_still_served() {
+    const BOUND: usize = 100;
+    const MANY: usize = 300;
+    let world = World::new("dst-bound");
+    let _servers = udp_servers(5353);
+    world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    world.service("other", OTHER_VIP, 53, "UDP", 5353, &[BACKEND_1]);
+    let agent = world.agent(
+        "bpf-iterator",
+        &["--max-socket-records", &BOUND.to_string()],
+    );
+    let (_first, held) = world.host_client("udp", &format!("{OTHER_VIP}:53"));
+    assert_eq!(held.reply.as_deref(), Some("b1"), "{held:?}");
+
+    let mut many = command_in_cgroup(&world.sandbox.cgroup, hold_bin());
+    many.args(["many-udp", &format!("{OTHER_VIP}:53"), &MANY.to_string()]);
+    let (many, held) = Holder::start("many sockets", many);
+    assert_eq!(
+        held.reply.as_deref(),
+        Some(MANY.to_string().as_str()),
+        "{held:?}"
+    );
+    let recorded = recorded_sockets(&world.sandbox, many.pid());
+    assert_eq!(
+        recorded,
+        (BOUND - 1, MANY),
+        "(sockets with a record, sockets) of the client past the bound"
+    );
+    let ss = Command::new("ss")
+        .args(["-Hun", "dst", &format!("{BACKEND_1}:5353")])
+        .output()
+        .expect("run ss");
+    let connected = String::from_utf8_lossy(&ss.stdout).lines().count();
+    assert_eq!(
+        connected,
+        MANY + 1,
+        "every socket is translated to the backend"
+    );
+    let inspection = world.sandbox.inspect();
+    assert_eq!(inspection["socket_records"], BOUND, "{inspection}");
+    assert_eq!(
+        inspection["counters"]["socket_records_full"],
+        MANY + 1 - BOUND,
+        "{inspection}"
+    );
+
+    // Past the bound, a socket is closed through its ring slot when its backend leaves.
+    let (mut unrecorded, held) = world.host_client("udp", &format!("{DNS_VIP}:53"));
+    assert_eq!(held.reply.as_deref(), Some("b1"), "{held:?}");
+    unrecorded.send("wait");
+    world.endpoints("dns", "UDP", 5353, &[BACKEND_2]);
+    let line = unrecorded.line();
+    assert_eq!(
+        line.error.as_deref(),
+        Some("ECONNABORTED"),
+        "a socket past the bound is closed through the ring: {line:?}\n{}",
+        agent.log()
+    );
+
+    // Closed sockets give their records back.
+    drop(many);
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let live = world.sandbox.inspect()["socket_records"].as_u64();
+        if live == Some(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the records of closed sockets are still counted: {live:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut again = command_in_cgroup(&world.sandbox.cgroup, hold_bin());
+    again.args(["many-udp", &format!("{OTHER_VIP}:53"), "50"]);
+    let (again, held) = Holder::start("sockets after the release", again);
+    assert_eq!(held.reply.as_deref(), Some("50"), "{held:?}");
+    assert_eq!(
+        recorded_sockets(&world.sandbox, again.pid()),
+        (50, 50),
+        "room again below the bound"
+    );
+}
+
+/// (sockets with a record, sockets) among the open sockets of process `pid`: each socket is
+/// taken over with pidfd_getfd and looked up in the pinned socket-record storage.
+fn recorded_sockets(sandbox: &Sandbox, pid: u32) -> (usize, usize) {
+    let pin = sandbox.pin_dir.join(map_names::SOCKET_RECORDS);
+    let data = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("open {}: {e}", pin.display()));
+    let records: SkStorage<MapData, SocketRecord> =
+        SkStorage::try_from(Map::SkStorage(data)).expect("a socket storage map");
+    // SAFETY: pidfd_open has no memory arguments.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    assert!(
+        pidfd >= 0,
+        "pidfd_open {pid}: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a new descriptor nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    let (mut recorded, mut sockets) = (0, 0);
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the client's fds") {
+        let entry = entry.expect("an fd entry");
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        let Some(number) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: pidfd_getfd copies a descriptor of the traced process; no memory arguments.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), number, 0) };
+        assert!(
+            fd >= 0,
+            "pidfd_getfd {number}: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: a new descriptor nothing else owns.
+        let socket = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        sockets += 1;
+        match records.get(&socket, 0) {
+            Ok(_) => recorded += 1,
+            Err(MapError::KeyNotFound) => {}
+            Err(e) => panic!("look up the record of socket {number}: {e}"),
+        }
+    }
+    (recorded, sockets)
 }
 
 #[test]
@@ -686,7 +828,7 @@ fn a_connected_udp_socket_whose_backend_left_is_closed(family: Family, mode: Req
     desired.insert(vip, spec(&servers[1..]));
     let report = dataplane.apply(&desired).expect("apply");
     assert_eq!(report.gone.len(), 1, "{:?}", report.gone);
-    sweeper.sweep(&report.gone);
+    sweeper.sweep(&report.gone, |queued| dataplane.still_gone(queued));
     let line = client.line();
     assert_eq!(line.error.as_deref(), Some("ECONNABORTED"), "{line:?}");
     let line = direct.ask("ping");

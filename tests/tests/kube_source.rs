@@ -441,6 +441,16 @@ async fn expired_versions_relist_and_reset_with_the_current_state() {
     assert_eq!(api.expired_count(), 3);
     watching(&api).await;
     expect_only_sentinels(&api, &mut events).await;
+
+    // The first lists came from the watch cache, as client-go's do; the relists after
+    // 410 Gone are quorum reads, which never go back before what was seen.
+    let services: Vec<Option<String>> = api
+        .served()
+        .into_iter()
+        .filter(|r| r.path == "/api/v1/services" && !r.watch)
+        .map(|r| r.resource_version)
+        .collect();
+    assert_eq!(services, [Some("0".to_owned()), None], "service lists");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -514,7 +524,7 @@ async fn bookmarks_produce_no_events() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_initial_lists_are_paged_into_one_reset() {
+async fn large_lists_come_whole_from_the_cache_first_and_paged_after_a_410() {
     let api = populated();
     // Past kube-rs's page size of 500.
     for i in 0..520 {
@@ -523,12 +533,28 @@ async fn large_initial_lists_are_paged_into_one_reset() {
     let mut events = start_source(&api);
     let resets = initial(&mut events).await;
     assert_eq!(resets[&Kind::Service].len(), 521);
-    let service_lists = api
+    watching(&api).await;
+    api.apply(&slice("web-2", "web", &[]));
+    next(&mut events).await;
+    api.compact();
+    api.drop_watches();
+    let relisted = loop {
+        if let Event::Reset(Kind::Service, objects) = next(&mut events).await {
+            break objects.len();
+        }
+    };
+    assert_eq!(relisted, 521);
+    let service_lists: Vec<Option<String>> = api
         .served()
-        .iter()
+        .into_iter()
         .filter(|r| r.path == "/api/v1/services" && !r.watch)
-        .count();
-    assert_eq!(service_lists, 2, "one request per page");
+        .map(|r| r.resource_version)
+        .collect();
+    assert_eq!(
+        service_lists,
+        [Some("0".to_owned()), None, None],
+        "one list from the cache, then a quorum relist in two pages"
+    );
 }
 
 /// A dual-stack Service, an IPv6 EndpointSlice and this Node's IPv6 address come through

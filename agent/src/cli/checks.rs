@@ -179,7 +179,7 @@ fn positive(
     }
 }
 
-fn capacity_flags(capacities: &Capacities) -> [(&'static str, u32); 8] {
+fn capacity_flags(capacities: &Capacities) -> [(&'static str, u32); 9] {
     [
         ("--max-service-entries", capacities.service_entries),
         ("--max-backends", capacities.backends),
@@ -189,6 +189,7 @@ fn capacity_flags(capacities: &Capacities) -> [(&'static str, u32); 8] {
         ("--max-conntrack-new-entries", capacities.conntrack_new),
         ("--max-source-ranges", capacities.source_ranges),
         ("--max-maglev-entries", capacities.maglev_entries),
+        ("--max-socket-records", capacities.socket_records),
     ]
 }
 

@@ -260,6 +260,14 @@ pub struct CapacityArgs {
     /// bound: the map starts smaller and grows by itself.
     #[arg(long, default_value_t = Capacities::default().maglev_entries)]
     pub max_maglev_entries: u32,
+    /// Sockets holding a record of what they were translated for, which the sweep uses to
+    /// close them when their backend leaves: connected UDP sockets, and TCP sockets with
+    /// --destroy-tcp-on-backend-removal. The kernel charges records to the agent's memory
+    /// (about 400 bytes each: 24 MiB at the default); past the bound a socket is still translated, and the sweep
+    /// finds it through the socket ring only (docs/operations.md, "Sockets of removed
+    /// backends").
+    #[arg(long, default_value_t = Capacities::default().socket_records)]
+    pub max_socket_records: u32,
 }
 
 impl From<&CapacityArgs> for Capacities {
@@ -273,6 +281,7 @@ impl From<&CapacityArgs> for Capacities {
             conntrack_new: args.max_conntrack_new_entries,
             source_ranges: args.max_source_ranges,
             maglev_entries: args.max_maglev_entries,
+            socket_records: args.max_socket_records,
         }
     }
 }

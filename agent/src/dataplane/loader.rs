@@ -17,7 +17,7 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{HashMap, Map, MapData, MapError},
     programs::{
-        CgroupAttachMode, CgroupSockAddr, ProgramError,
+        CgroupAttachMode, CgroupSock, CgroupSockAddr, ProgramError,
         cgroup_sock_addr::CgroupSockAddrLink,
         links::{FdLink, LinkError, PinnedLink},
     },
@@ -26,7 +26,7 @@ use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
 
 use super::{
-    Capacities, carry,
+    Capacities, carry, link_update,
     program_logs::ProgramLogLevel,
     sizing::{self, Sizes},
     tc,
@@ -64,6 +64,12 @@ pub enum LoadError {
         path: PathBuf,
         #[source]
         source: LinkError,
+    },
+    #[error("cannot swap the program of the pinned link {path}")]
+    UpdateLink {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
     },
     #[error("cannot pin the link {path}")]
     PinLink {
@@ -262,6 +268,7 @@ struct Globals {
     /// Where the socket iterators find an IPv6 socket's peer (0: they skip IPv6 sockets).
     skc_v6_daddr_offset: u32,
     record_tcp: u32,
+    max_socket_records: u32,
 }
 
 impl Globals {
@@ -272,6 +279,7 @@ impl Globals {
             skc_cookie_offset: super::destroy::skc_cookie_offset(),
             skc_v6_daddr_offset: super::destroy::skc_v6_daddr_offset(),
             record_tcp: u32::from(programs.record_tcp),
+            max_socket_records: capacities.socket_records,
         }
     }
 }
@@ -300,6 +308,11 @@ fn configure<'a>(
             true,
         )
         .override_global(globals::RECORD_TCP, &values.record_tcp, true)
+        .override_global(
+            globals::MAX_SOCKET_RECORDS,
+            &values.max_socket_records,
+            true,
+        )
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         .map_max_entries(map_names::SERVICES, sizes.services)
         .map_max_entries(map_names::BACKENDS, sizes.backends)
@@ -403,7 +416,18 @@ fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
             .load()
             .map_err(|source| LoadError::Program { name, source })?;
     }
-    Ok(())
+    let name = program_names::SOCK_RELEASE;
+    release_program(ebpf)?
+        .load()
+        .map_err(|source| LoadError::Program { name, source })
+}
+
+fn release_program(ebpf: &mut Ebpf) -> Result<&mut CgroupSock, LoadError> {
+    let name = program_names::SOCK_RELEASE;
+    ebpf.program_mut(name)
+        .ok_or(LoadError::MissingProgram(name))?
+        .try_into()
+        .map_err(|source| LoadError::Program { name, source })
 }
 
 fn sock_addr_program<'a>(
@@ -472,7 +496,51 @@ pub fn attach(
         info!(program = name, cgroup = %cgroup.display(), ?attachment, "program attached");
         done.push((name, attachment));
     }
+    let name = program_names::SOCK_RELEASE;
+    let attachment = attach_release(ebpf, pin_dir, &cgroup_file)?;
+    info!(program = name, cgroup = %cgroup.display(), ?attachment, "program attached");
+    done.push((name, attachment));
     Ok(done)
+}
+
+/// [`attach`] for the sock_release program, which counts the sockets that leave with a
+/// record.
+fn attach_release(ebpf: &mut Ebpf, pin_dir: &Path, cgroup: &File) -> Result<Attachment, LoadError> {
+    let name = program_names::SOCK_RELEASE;
+    let pin = link_pin(pin_dir, name);
+    if pin.exists() {
+        replace_release(ebpf, &pin)?;
+        return Ok(Attachment::Replaced);
+    }
+    let program = release_program(ebpf)?;
+    let id = program
+        .attach(cgroup, CgroupAttachMode::Single)
+        .map_err(|source| LoadError::Program { name, source })?;
+    let link = program
+        .take_link(id)
+        .map_err(|source| LoadError::Program { name, source })?;
+    let fd_link = FdLink::try_from(link).map_err(|source| LoadError::Link {
+        action: "pin",
+        path: pin.clone(),
+        source,
+    })?;
+    fd_link.pin(&pin).map_err(|source| LoadError::PinLink {
+        path: pin.clone(),
+        source,
+    })?;
+    Ok(Attachment::Attached)
+}
+
+/// Swaps the sock_release program into the pinned link at `pin`.
+fn replace_release(ebpf: &mut Ebpf, pin: &Path) -> Result<(), LoadError> {
+    let name = program_names::SOCK_RELEASE;
+    let program = release_program(ebpf)?
+        .fd()
+        .map_err(|source| LoadError::Program { name, source })?;
+    link_update::update_pinned(pin, program).map_err(|source| LoadError::UpdateLink {
+        path: pin.to_owned(),
+        source,
+    })
 }
 
 /// Swaps `program` into the pinned link at `pin` (`BPF_LINK_UPDATE`: atomic, no moment
@@ -508,6 +576,11 @@ pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, LoadEr
             replace_in_link(sock_addr_program(ebpf, name)?, name, &pin)?;
             replaced += 1;
         }
+    }
+    let pin = link_pin(pin_dir, program_names::SOCK_RELEASE);
+    if pin.exists() {
+        replace_release(ebpf, &pin)?;
+        replaced += 1;
     }
     Ok(replaced)
 }
@@ -554,6 +627,7 @@ pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     carry::finish(pin_dir);
     let links = program_names::SOCK_ADDR
         .iter()
+        .chain([&program_names::SOCK_RELEASE])
         .map(|name| link_pin(pin_dir, name));
     let tc_links = tc::tc_pins(pin_dir)
         .map_err(io::Error::other)?

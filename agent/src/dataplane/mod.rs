@@ -8,6 +8,7 @@ mod gone;
 mod growth;
 mod host;
 mod layout;
+mod link_update;
 mod loader;
 mod maglev;
 mod maps;
@@ -49,7 +50,7 @@ pub use privileges::{
     PrivilegeError, diagnose,
 };
 pub use program_logs::{ProgramLogLevel, ProgramLogs, ProgramLogsError};
-use socklb_abi::{Counters, NodeConfig, NodeConfig6, map_names};
+use socklb_abi::{Counters, NodeConfig, NodeConfig6, SocketRecordCount, map_names};
 pub use tc::{TcAttachError, TcMode};
 use tracing::{info, warn};
 pub use writer::{ApplyReport, Capacity, Outcome, Rejected, StoreError};
@@ -96,6 +97,10 @@ pub struct Capacities {
     pub source_ranges: u32,
     /// Maglev table entries: the table size for each Maglev frontend (an upper bound).
     pub maglev_entries: u32,
+    /// Sockets that may hold a record at once (what each was translated for, so that the
+    /// sweep closes it when its backend leaves). Records are charged to the agent's memory
+    /// cgroup and any pod creates them; past the bound, sockets are still translated.
+    pub socket_records: u32,
 }
 
 impl Capacities {
@@ -126,6 +131,7 @@ impl Default for Capacities {
             conntrack_new: 8_192,
             source_ranges: 16_384,
             maglev_entries: 1_048_576,
+            socket_records: 65_536,
         }
     }
 }
@@ -284,6 +290,8 @@ pub struct Dataplane {
     maglev: MaglevWriter,
     names: NamesWriter,
     counters: PerCpuArray<MapData, Counters>,
+    /// How many sockets hold a record, kept by the programs.
+    socket_records: Array<MapData, SocketRecordCount>,
     node: Array<MapData, NodeConfig>,
     /// This node's IPv6 settings, when the object has the map (the IPv6 TC programs).
     node6: Option<Array<MapData, NodeConfig6>>,
@@ -356,6 +364,12 @@ impl Dataplane {
                 name: map_names::COUNTERS,
                 source,
             })?;
+        let socket_records = take_map(&mut ebpf, map_names::SOCKET_RECORD_COUNT)?
+            .try_into()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::SOCKET_RECORD_COUNT,
+                source,
+            })?;
         let source_ranges = SourceRangeWriter::adopt(
             take_trie(&mut ebpf, map_names::SOURCE_RANGES)?,
             take_trie(&mut ebpf, map_names::SOURCE_RANGES6)?,
@@ -422,6 +436,7 @@ impl Dataplane {
             maglev,
             names,
             counters,
+            socket_records,
             node,
             node6,
             cgroup,
@@ -630,7 +645,7 @@ impl Dataplane {
 
     /// Entries in use, capacity now and the capacity they may grow to, of the maps the
     /// agent fills, for metrics.
-    pub fn usage(&self) -> [MapUsage; 5] {
+    pub fn usage(&self) -> [MapUsage; 6] {
         let bounds = &self.config.capacities;
         let usage = |map, entries, capacity, max_entries| MapUsage {
             map,
@@ -669,7 +684,22 @@ impl Dataplane {
                 self.sizes.maglev,
                 bounds.maglev_entries,
             ),
+            // Not a capacity the kernel enforces: the programs stop creating records there.
+            usage(
+                map_names::SOCKET_RECORDS,
+                self.socket_records(),
+                bounds.socket_records,
+                bounds.socket_records,
+            ),
         ]
+    }
+
+    /// How many sockets hold a record now (0 if the count cannot be read).
+    fn socket_records(&self) -> u32 {
+        self.socket_records
+            .get(&0, 0)
+            .map(|count| u32::try_from(count.live.max(0)).unwrap_or(u32::MAX))
+            .unwrap_or(0)
     }
 
     /// Forgets the writer's mirror and reads the maps again: repairs any drift (entries

@@ -20,8 +20,7 @@ use aya::{
     Ebpf,
     programs::{
         ProgramError, SchedClassifier, TcAttach, TcAttachType,
-        links::Link as _,
-        links::{FdLink, LinkError, PinnedLink},
+        links::{FdLink, Link as _, LinkError, PinnedLink},
         tc::{self, NlOptions, SchedClassifierLink, TcError},
     },
     util::KernelVersion,

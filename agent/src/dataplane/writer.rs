@@ -1070,7 +1070,6 @@ mod tests {
         recorder::{Recorder, assert_consistent},
         *,
     };
-
     use crate::dataplane::Scope;
 
     /// The count of a test frontend's master entry.

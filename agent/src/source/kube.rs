@@ -249,6 +249,12 @@ type FeedStream = BoxStream<
 
 /// A watcher that waits after an error as [`Retry`] says, its objects already wrapped in
 /// [`Object`].
+///
+/// Its first list is read from the API server's watch cache (`resourceVersion=0`, one
+/// answer), as client-go's informers read theirs: a fleet of agents starting together does
+/// not make quorum reads of every Service. After a 410 Gone the watcher is started again
+/// with paged quorum lists, as client-go relists after an expired version: a relist never
+/// goes back before what the agent has seen (the cache may lag behind it).
 fn feed<K>(
     feed: Feed,
     api: Api<K>,
@@ -259,26 +265,45 @@ fn feed<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
 {
-    let results = watcher::watcher(api, config)
-        .map(move |result| result.map(|event| map_event(event, wrap)))
-        .boxed();
+    let start = move |config: watcher::Config| {
+        watcher::watcher(api.clone(), config)
+            .map(move |result| result.map(|event| map_event(event, wrap)))
+            .boxed()
+    };
+    let from_cache = watcher::Config {
+        // kube-rs asks for resourceVersion=0 only without a limit; the cache serves the
+        // whole list in one answer anyway.
+        page_size: None,
+        ..config.clone()
+    };
+    let results = start(from_cache.any_semantic());
     futures::stream::unfold(
         (results, retry, None),
-        move |(mut results, mut retry, wait): (_, Retry, Option<Duration>)| async move {
-            if let Some(wait) = wait {
-                tokio::time::sleep(wait).await;
-            }
-            let result = results.next().await?;
-            let wait = match &result {
-                // Init is the watcher's own step before a list: nothing was received yet.
-                Ok(watcher::Event::Init) => None,
-                Ok(_) => {
-                    retry.reset();
-                    None
+        move |(mut results, mut retry, wait): (_, Retry, Option<Duration>)| {
+            let (start, config) = (start.clone(), config.clone());
+            async move {
+                if let Some(wait) = wait {
+                    tokio::time::sleep(wait).await;
                 }
-                Err(error) => Some(retry.delay(failure(error), Instant::now(), fastrand::f64())),
-            };
-            Some(((feed, result, wait), (results, retry, wait)))
+                let result = results.next().await?;
+                if let Err(error) = &result
+                    && failure(error) == Failure::Gone
+                {
+                    results = start(config);
+                }
+                let wait = match &result {
+                    // Init is the watcher's own step before a list: nothing was received yet.
+                    Ok(watcher::Event::Init) => None,
+                    Ok(_) => {
+                        retry.reset();
+                        None
+                    }
+                    Err(error) => {
+                        Some(retry.delay(failure(error), Instant::now(), fastrand::f64()))
+                    }
+                };
+                Some(((feed, result, wait), (results, retry, wait)))
+            }
         },
     )
     .boxed()

@@ -1,7 +1,5 @@
 //! State: conversion of API objects and change tracking.
-use std::path::Path;
-
-use std::net::IpAddr;
+use std::{net::IpAddr, path::Path};
 
 use super::*;
 use crate::{

@@ -10,22 +10,24 @@
 //!
 //! The work runs on a thread of its own, which enters each namespace in turn (setns needs
 //! CAP_SYS_ADMIN; without it, only the agent's own namespace is swept and a warning says
-//! so once). The removals of one sync make one sweep; syncs queued meanwhile join it.
+//! so once). The removals of one sync make one sweep; syncs queued meanwhile join it, and
+//! a queued pair whose backend came back is dropped (`queue`).
 mod iterator;
 mod netlink;
 pub mod netns;
+mod queue;
 
 use std::{
     fmt, io,
     path::Path,
-    sync::{Arc, mpsc},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use socklb_abi::GONE_PAIRS_PER_PASS;
 use tracing::{error, info, warn};
 
-use self::{iterator::Iterators, netlink::Netlink};
+use self::{iterator::Iterators, netlink::Netlink, queue::Queue};
 use crate::{
     dataplane::{DestroyPrograms, DestroyUnavailable, Gone, Protocol},
     metrics::{Metrics, ModeLabels, ProtocolLabels},
@@ -165,7 +167,8 @@ impl Kernel {
 
 /// Hands the removals of each sync to the sweeping thread.
 pub struct Sweeper {
-    requests: Option<mpsc::Sender<Vec<Gone>>>,
+    /// `None` when sockets are not closed.
+    queue: Option<Arc<Queue>>,
     mode: Mode,
     destroy_tcp: bool,
 }
@@ -243,13 +246,14 @@ impl Sweeper {
                 mode: mode.to_string(),
             })
             .set(1);
-        let requests = kernel.and_then(|kernel| {
-            let (requests, receiver) = mpsc::channel();
+        let queue = kernel.and_then(|kernel| {
+            let queue = Arc::new(Queue::default());
+            let taken = queue.clone();
             let spawned = std::thread::Builder::new()
                 .name("socklb-sweep".to_owned())
-                .spawn(move || run(kernel, receiver, mode, &metrics));
+                .spawn(move || run(kernel, &taken, mode, &metrics));
             match spawned {
-                Ok(_) => Some(requests),
+                Ok(_) => Some(queue),
                 Err(error) => {
                     error!(%error, "cannot start the sweeping thread: sockets are not closed");
                     None
@@ -257,7 +261,7 @@ impl Sweeper {
             }
         });
         Ok(Self {
-            requests,
+            queue,
             mode,
             destroy_tcp,
         })
@@ -267,25 +271,30 @@ impl Sweeper {
         self.mode
     }
 
-    /// Queues one sync's removals: UDP always, TCP only when configured.
-    pub fn sweep(&self, gone: &[Gone]) {
-        let Some(requests) = &self.requests else {
+    /// Queues one sync's removals (UDP always, TCP only when configured), and keeps of the
+    /// pairs still queued those that `still_gone` (the maps as they stand) returns.
+    pub fn sweep(&self, gone: &[Gone], still_gone: impl FnOnce(Vec<Gone>) -> Vec<Gone>) {
+        let Some(queue) = &self.queue else {
             return;
         };
-        let pairs: Vec<Gone> = gone
+        let pairs = gone
             .iter()
             .filter(|pair| pair.protocol() == Protocol::Udp || self.destroy_tcp)
-            .copied()
-            .collect();
-        if !pairs.is_empty() {
-            // The thread only stops with the process.
-            let _ = requests.send(pairs);
+            .copied();
+        queue.push(pairs, still_gone);
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        if let Some(queue) = &self.queue {
+            queue.close();
         }
     }
 }
 
 /// The sweeping thread: one sweep per batch of removals.
-fn run(mut kernel: Kernel, requests: mpsc::Receiver<Vec<Gone>>, mode: Mode, metrics: &Metrics) {
+fn run(mut kernel: Kernel, queue: &Queue, mode: Mode, metrics: &Metrics) {
     let home = match netns::current() {
         Ok(home) => home,
         Err(error) => {
@@ -294,12 +303,7 @@ fn run(mut kernel: Kernel, requests: mpsc::Receiver<Vec<Gone>>, mode: Mode, metr
         }
     };
     let mut warned = false;
-    while let Ok(mut pairs) = requests.recv() {
-        while let Ok(more) = requests.try_recv() {
-            pairs.extend(more);
-        }
-        pairs.sort();
-        pairs.dedup();
+    while let Some(pairs) = queue.take() {
         for chunk in pairs.chunks(GONE_PAIRS_PER_PASS as usize) {
             let report = sweep(&mut kernel, chunk, &home);
             for (protocol, count) in [("udp", report.udp), ("tcp", report.tcp)] {

@@ -7,8 +7,7 @@ use std::{
     fs::File,
     io::{self, Write},
     net::{IpAddr, SocketAddr},
-    os::unix::fs::DirBuilderExt as _,
-    os::unix::fs::MetadataExt as _,
+    os::unix::fs::{DirBuilderExt as _, MetadataExt as _},
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime},
 };

@@ -31,7 +31,7 @@ pub mod map_names {
     /// [`super::AffinityKey`] -> [`super::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`super::Counters`], a single entry at index 0.
-    pub const COUNTERS: &str = "socklb_cnt_v6";
+    pub const COUNTERS: &str = "socklb_cnt_v7";
     /// [`super::CtKey`] -> [`super::CtEntry`] (LRU): confirmed flows from outside the node
     /// (TCP past its handshake, UDP answered and continued) and their NAT.
     pub const CONNTRACK: &str = "socklb_ct_v1";
@@ -66,6 +66,10 @@ pub mod map_names {
     /// may have to be closed was translated for. Unlike the socket ring it forgets no live
     /// socket (the kernel frees a record with its socket), so a sweep finds every one.
     pub const SOCKET_RECORDS: &str = "socklb_skrec_v1";
+    /// [`super::SocketRecordCount`], a single entry at index 0: how many sockets hold a
+    /// record. The kernel charges records to the agent's memory cgroup, and any pod can
+    /// create them, so connect() stops creating them at [`super::globals::MAX_SOCKET_RECORDS`].
+    pub const SOCKET_RECORD_COUNT: &str = "socklb_skcnt_v1";
     /// [`super::GoneKey`] -> `u8` (hash, small): the (frontend, backend) pairs of one sync
     /// whose backend left, read by the socket iterators that close their sockets. Not
     /// pinned: it belongs to the running agent and is empty between sweeps.
@@ -110,7 +114,7 @@ pub mod map_names {
     pub const PROGRAM_LOCAL: [&str; 2] = [SCRATCH6, REJECT_BUDGET];
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 27] = [
+    pub const ALL: [&str; 28] = [
         SERVICES,
         BACKENDS,
         SERVICES6,
@@ -132,6 +136,7 @@ pub mod map_names {
         TRACE_CONTROL,
         PROGRAM_LOGS,
         SOCKET_RECORDS,
+        SOCKET_RECORD_COUNT,
         AFFINITY6,
         CONNTRACK6,
         CONNTRACK_NEW6,
@@ -142,12 +147,13 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 10] = [
+    pub const RETIRED: [&str; 11] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
         "socklb_cnt_v4",
         "socklb_cnt_v5",
+        "socklb_cnt_v6",
         "socklb_node_v1",
         RETIRED_SERVICES,
         "socklb_be_v1",
@@ -195,6 +201,9 @@ pub mod program_names {
 
     /// The TC programs.
     pub const TC: [&str; 2] = [TC_INGRESS, TC_EGRESS];
+
+    /// cgroup sock_release: a socket with a record leaves the count of records.
+    pub const SOCK_RELEASE: &str = "socklb_sock_release";
 
     /// Socket iterators (`iter/udp`, `iter/tcp`) that close the sockets translated to a
     /// backend that left. Loaded by the agent for itself only, never pinned.
@@ -359,6 +368,15 @@ pub struct SocketRecord {
     pub pad: u16,
 }
 
+/// The number of sockets holding a [`SocketRecord`], changed atomically by connect()
+/// (one more) and sock_release (one less). Signed: a release racing another on the last
+/// record may take it below zero for a moment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct SocketRecordCount {
+    pub live: i64,
+}
+
 impl GoneKey {
     /// The key that says a sweep is closing sockets whose peer is this backend (the frontend
     /// zeroed: no frontend is 0.0.0.0:0). The iterators check it first, so that only the
@@ -429,6 +447,11 @@ pub mod globals {
     /// sock_common` (from its BTF), where the destroy iterators read an IPv6 socket's peer;
     /// 0: unknown, IPv6 sockets are not swept.
     pub const SKC_V6_DADDR_OFFSET: &str = "SKC_V6_DADDR_OFFSET";
+
+    /// `u32`: how many sockets may hold a record at once (`--max-socket-records`); past
+    /// it connect() still translates, and the sweep finds the socket through the socket
+    /// ring only.
+    pub const MAX_SOCKET_RECORDS: &str = "MAX_SOCKET_RECORDS";
 }
 
 /// Key of the affinity map: a client (its network namespace, i.e. its pod or the host)
@@ -1112,6 +1135,9 @@ counters! {
     /// Such packets that could not be answered (past the rate limit, IPv4 options, IPv6
     /// extension headers): dropped.
     too_big_dropped,
+    /// Translated sockets left without a record because `--max-socket-records` sockets
+    /// held one: still translated; the sweep finds them through the socket ring only.
+    socket_records_full,
 }
 
 impl Counters {
@@ -1138,6 +1164,7 @@ const _: () = assert!(size_of::<ReverseEntry>() == 12);
 const _: () = assert!(size_of::<SocketFrontend>() == 32);
 const _: () = assert!(size_of::<GoneKey>() == 16);
 const _: () = assert!(size_of::<SocketRecord>() == 40);
+const _: () = assert!(size_of::<SocketRecordCount>() == 8);
 const _: () = assert!(size_of::<AffinityKey>() == 16);
 const _: () = assert!(size_of::<AffinityEntry>() == 16);
 const _: () = assert!(size_of::<Counters>() == Counters::NAMES.len() * 8);
@@ -1177,6 +1204,7 @@ mod pod {
     unsafe impl aya::Pod for super::SocketFrontend {}
     unsafe impl aya::Pod for super::GoneKey {}
     unsafe impl aya::Pod for super::SocketRecord {}
+    unsafe impl aya::Pod for super::SocketRecordCount {}
     unsafe impl aya::Pod for super::AffinityKey {}
     unsafe impl aya::Pod for super::AffinityEntry {}
     unsafe impl aya::Pod for super::Counters {}

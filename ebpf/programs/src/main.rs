@@ -25,6 +25,7 @@ mod packet;
 mod record;
 mod recvmsg;
 mod reject;
+mod release;
 mod sendmsg;
 mod socket_family;
 mod trace;

@@ -10,8 +10,8 @@ use socklb_abi::{
     CtKey, CtKey6, FragmentKey, FragmentKey6, FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey,
     GoneKey6, MaglevKey, NodeConfig, NodeConfig6, ReverseEntry, ReverseEntry6, ReverseKey,
     ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend,
-    SocketFrontend6, SocketRecord, SourceRange, SourceRange6, SourceVerdict, TraceControl,
-    TraceEvent,
+    SocketFrontend6, SocketRecord, SocketRecordCount, SourceRange, SourceRange6, SourceVerdict,
+    TraceControl, TraceEvent,
 };
 
 /// The shapes the service, reverse and socket maps of both families share, so that `lb`
@@ -80,13 +80,17 @@ pub fn socket_slot(cookie: u64) -> u32 {
 #[btf_map(name = "socklb_skrec_v1", pin_by_name)]
 pub static SOCKET_RECORDS: SkStorage<SocketRecord> = SkStorage::new();
 
+/// How many sockets hold a record (see `record`).
+#[btf_map(name = "socklb_skcnt_v1", pin_by_name)]
+pub static SOCKET_RECORD_COUNT: Array<SocketRecordCount, 1> = Array::new();
+
 /// Placeholder capacity of the affinity maps of both families.
 pub const AFFINITY_CAPACITY: usize = 65536;
 
 #[btf_map(name = "socklb_aff_v1", pin_by_name)]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, AFFINITY_CAPACITY> = LruHashMap::new();
 
-#[btf_map(name = "socklb_cnt_v6", pin_by_name)]
+#[btf_map(name = "socklb_cnt_v7", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
 
 /// Placeholder capacity of both conntrack tables, which share one type.
