@@ -27,6 +27,7 @@ const APT_PACKAGES: &[&str] = &[
     "curl",
     // Real clients of the north-south tests.
     "iperf3",
+    "traceroute",
     // kube-proxy's rules, for the side-by-side benchmarks only.
     "iptables",
     "nftables",

@@ -1105,8 +1105,9 @@ counters! {
     external_denied,
     /// Packets from outside that socklb forwards itself (to a backend on another node, or
     /// a SNATed flow's reply) dropped because their TTL was 1 or less (they could not be
-    /// forwarded), before any conntrack entry was made for them. To a backend on this node
-    /// the kernel decides.
+    /// forwarded), before any conntrack entry was made for them; those from a client are
+    /// answered with "time exceeded", as a router answers them (rate limited with the
+    /// other answers). To a backend on this node the kernel decides.
     ttl_exceeded,
     /// Packets from outside dropped because a helper failed after part of the packet was
     /// already rewritten (a half-translated packet never leaves).

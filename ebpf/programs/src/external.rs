@@ -170,6 +170,9 @@ const NOT_TCP_OR_UDP: i32 = -1;
 /// What the TCP and UDP path returns for a packet to refuse (see `reject`), answered in a
 /// call of its own from the entry for the same reason.
 const REFUSE: i32 = -3;
+/// What the TCP and UDP path returns for a packet whose TTL ran out before socklb could
+/// forward it, answered with "time exceeded" from the entry (see `reject`).
+const EXPIRED: i32 = -4;
 /// Verdicts at or below this one: a packet too big for the path to its backend, answered
 /// from the entry (see `reject`) with the MTU `TOO_BIG - verdict`.
 const TOO_BIG: i32 = -0x1_0000;
@@ -180,12 +183,14 @@ pub fn socklb_tc_in(ctx: TcContext) -> i32 {
         Some(ETH_P_IP) => match ingress4(&ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V4>(&ctx, true),
             REFUSE => reject::refuse4(&ctx),
+            EXPIRED => reject::expired4(&ctx),
             code if code <= TOO_BIG => reject::too_big4(&ctx, (TOO_BIG - code) as u16),
             verdict => verdict,
         },
         Some(ETH_P_IPV6) => match ingress6(&ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V6>(&ctx, true),
             REFUSE => reject::refuse6(&ctx),
+            EXPIRED => reject::expired6(&ctx),
             code if code <= TOO_BIG => reject::too_big6(&ctx, (TOO_BIG - code) as u16),
             verdict => verdict,
         },
@@ -296,7 +301,8 @@ fn verdict<A: Address>(result: Result<i32, Error>, packet: &Packet<A>) -> i32 {
     }
 }
 
-/// Drops a packet of ours that cannot be forwarded, before anything in it changes.
+/// Whether a packet of ours cannot be forwarded (counted): it is dropped, or answered, before
+/// anything in it changes.
 #[inline(always)]
 fn ttl_exceeded<A>(packet: &Packet<A>) -> bool {
     if packet.ttl <= 1 {
@@ -347,7 +353,7 @@ fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Resu
             bump(|c| &mut c.external_denied);
             return Ok(TC_ACT_SHOT);
         }
-        Flow::TtlExceeded => return Ok(TC_ACT_SHOT),
+        Flow::TtlExceeded => return Ok(EXPIRED),
         Flow::Raced => {
             bump(|c| &mut c.flow_races);
             return Ok(TC_ACT_SHOT);
@@ -398,7 +404,7 @@ fn deliver_here<F: Family>(
         return Ok(TC_ACT_OK);
     }
     if ttl_exceeded(packet) {
-        return Ok(TC_ACT_SHOT);
+        return Ok(EXPIRED);
     }
     forward::<F>(ctx, packet, Some(entry))
 }

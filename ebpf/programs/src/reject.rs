@@ -7,7 +7,10 @@
 //! - a packet too big for the path to its remote backend (an overlay's smaller MTU, a
 //!   route's `mtu`) with "don't fragment" (always, over IPv6) is answered with
 //!   "fragmentation needed" (Packet Too Big) and that MTU, as a router answers it, so
-//!   that the client sends smaller packets instead of having them vanish.
+//!   that the client sends smaller packets instead of having them vanish;
+//! - a packet socklb would forward to a remote backend with a TTL (hop limit) of 1 or less
+//!   is answered with "time exceeded", as a router answers it, so that traceroute through
+//!   a NodePort shows the node as a hop.
 //!
 //! The packet itself becomes the answer: cut to its IP header and the transport header
 //! (the whole TCP header without options, or the UDP header: at least the 8 bytes an ICMP
@@ -53,6 +56,9 @@ const ICMPV6_DEST_UNREACH: u32 = 1;
 const ICMPV6_PORT_UNREACH: u32 = 4;
 const ICMP_FRAG_NEEDED: u32 = 4;
 const ICMPV6_PACKET_TOO_BIG: u32 = 2;
+/// Code 0 of both: the TTL (hop limit) ran out in transit.
+const ICMP_TIME_EXCEEDED: u32 = 11;
+const ICMPV6_TIME_EXCEEDED: u32 = 3;
 
 /// An IPv4 answer as it is written after the Ethernet header: IP header and ICMP header
 /// (7 words), then the quote. Word-aligned for the checksum helper.
@@ -80,6 +86,8 @@ struct IcmpError {
 impl IcmpError {
     const PORT_UNREACHABLE: Self = Self::new(ICMP_DEST_UNREACH, ICMP_PORT_UNREACH, 0);
     const PORT_UNREACHABLE6: Self = Self::new(ICMPV6_DEST_UNREACH, ICMPV6_PORT_UNREACH, 0);
+    const TIME_EXCEEDED: Self = Self::new(ICMP_TIME_EXCEEDED, 0, 0);
+    const TIME_EXCEEDED6: Self = Self::new(ICMPV6_TIME_EXCEEDED, 0, 0);
 
     /// A type, a code and the second word, as the header holds them (network order).
     const fn new(kind: u32, code: u32, rest: u32) -> Self {
@@ -130,13 +138,27 @@ pub fn too_big6(ctx: &TcContext, mtu: u16) -> i32 {
     counted(answer_ipv6(ctx, IcmpError::packet_too_big(mtu)), TooBig)
 }
 
+/// Answers the IPv4 packet in `ctx`, whose TTL ran out before socklb could forward it, with
+/// "time exceeded"; its verdict (the packet is counted as `ttl_exceeded` already).
+#[inline(never)]
+pub fn expired4(ctx: &TcContext) -> i32 {
+    counted(answer_ipv4(ctx, IcmpError::TIME_EXCEEDED), Expired)
+}
+
+/// [`expired4`] for IPv6.
+#[inline(never)]
+pub fn expired6(ctx: &TcContext) -> i32 {
+    counted(answer_ipv6(ctx, IcmpError::TIME_EXCEEDED6), Expired)
+}
+
 /// Why a packet is answered, for the counters.
 #[derive(Clone, Copy)]
 enum Why {
     Refusal,
     TooBig,
+    Expired,
 }
-use Why::{Refusal, TooBig};
+use Why::{Expired, Refusal, TooBig};
 
 /// The verdict of an answer (or the drop of a packet not answered), counted.
 #[inline(always)]
@@ -158,6 +180,8 @@ fn counted(answered: Option<i32>, why: Why) -> i32 {
             bump(|c| &mut c.too_big_dropped);
             TC_ACT_SHOT
         }
+        (Some(verdict), Expired) => verdict,
+        (None, Expired) => TC_ACT_SHOT,
     }
 }
 

@@ -8,7 +8,9 @@
 //!   remote backend, with no MSS clamping anywhere.
 //! - A route with an MTU of 1,280 from the node to a remote backend (an overlay): the
 //!   client's larger segments are answered by socklb with "fragmentation needed" (Packet
-//!   Too Big), as a router answers, and a 1 MiB upload through a NodePort arrives whole.
+//!   Too Big), as a router answers, and a 1 MiB upload through a NodePort arrives whole;
+//!   traceroute (`--mtu`, UDP to the NodePort) sees the node as a hop (socklb answers a
+//!   packet whose TTL runs out with "time exceeded", as a router does) and the path's MTU.
 //! - A backend without a listener on the target port answers UDP with port unreachable;
 //!   translated, it reaches the client's connected socket as ECONNREFUSED at once.
 use std::{
@@ -225,6 +227,21 @@ fn a_small_mtu_towards_the_backend(family: Family) {
             ),
         ),
     );
+    // Nothing listens on pod2's port 9: traceroute's probe ends with port unreachable.
+    manifests.write(
+        "probe.yaml",
+        &format!(
+            "{}---\n{}",
+            a.service(
+                "probe",
+                66,
+                "[{name: probe, port: 81, targetPort: 9, nodePort: 30066, protocol: UDP}]",
+                "  type: NodePort",
+                false
+            ),
+            a.slice("probe-1", "probe", ("probe", 9, "UDP"), &[a.pod2_endpoint()]),
+        ),
+    );
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
     let frontend: SocketAddr = Addresses::at(a.node1, 30065).parse().expect("address");
 
@@ -271,6 +288,28 @@ fn a_small_mtu_towards_the_backend(family: Family) {
     assert!(
         route.contains("mtu 1280"),
         "the client learned the path MTU from socklb's answer: {route}"
+    );
+
+    // traceroute to the UDP NodePort, one probe per hop, finding the path's MTU: the first
+    // probe's TTL runs out at node1 ("time exceeded"), the next is too big for the route to
+    // pod2 ("fragmentation needed", F=1280), and a smaller one reaches pod2, whose port
+    // unreachable comes back translated. Every answer comes from node1: no hop is a `*`.
+    let hops = lan.client.output(
+        "traceroute",
+        &[
+            &format!("-{}", family.tag()),
+            "-n", "-U", "-p", "30066", "--mtu", "-q", "1", "-w", "2", "-m", "4", a.node1,
+        ],
+    );
+    let hops = String::from_utf8_lossy(&hops.stdout).into_owned();
+    let lines: Vec<&str> = hops.lines().skip(1).collect();
+    assert!(
+        lines.len() >= 2
+            && lines.iter().all(|line| line.contains(a.node1))
+            && hops.contains("F=1280"),
+        "traceroute shows node1 as the first hop, then reaches the backend through it with \
+         the path's MTU of 1,280:\n{hops}\n{:?}",
+        counters(&sandbox)
     );
 }
 
