@@ -1,4 +1,4 @@
-//! The command line as operators use it (issue #30): piped into `head` or `less`, completed
+//! The command line as operators use it: piped into `head` or `less`, completed
 //! by their shell, read with `man`, and started the way the README says.
 use std::{
     net::{SocketAddr, SocketAddrV4},

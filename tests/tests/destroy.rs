@@ -1,5 +1,5 @@
 //! Sockets still connected to a backend that left its Service are closed by the agent, in
-//! every network namespace (issue #13): connected UDP always, TCP with
+//! every network namespace: connected UDP always, TCP with
 //! `--destroy-tcp-on-backend-removal`; sockets socklb did not translate, and those of other
 //! frontends, are left alone.
 //!

@@ -40,7 +40,8 @@ enum Task {
         /// Only the tests whose name contains this filter.
         filter: Option<String>,
     },
-    /// Run a benchmark and print its results (see docs/benchmarks.md).
+    /// Run a benchmark, print its results and write them into its section of
+    /// docs/benchmarks.md.
     Bench {
         #[command(subcommand)]
         bench: Bench,
@@ -230,6 +231,8 @@ fn main() -> anyhow::Result<()> {
                     let services: Vec<String> = services.iter().map(u32::to_string).collect();
                     let args = [
                         "datapath".to_owned(),
+                        "--docs".to_owned(),
+                        docs_dir()?,
                         "--connections".to_owned(),
                         connections.to_string(),
                         "--services".to_owned(),
@@ -250,17 +253,18 @@ fn main() -> anyhow::Result<()> {
                     seconds,
                     outages,
                     outage_seconds,
-                } => run_with_agent(
-                    "socklb-bench-control-plane",
-                    &flag_args(&[
+                } => {
+                    let mut args = flag_args(&[
                         ("--services", services),
                         ("--changes", changes),
                         ("--rate", rate),
                         ("--seconds", seconds),
                         ("--outages", outages),
                         ("--outage-seconds", outage_seconds),
-                    ]),
-                ),
+                    ]);
+                    args.extend(["--docs".to_owned(), docs_dir()?]);
+                    run_with_agent("socklb-bench-control-plane", &args)
+                }
                 Bench::LargeService { endpoints, changes } => {
                     let endpoints: Vec<String> = endpoints.iter().map(u32::to_string).collect();
                     run_with_agent(
@@ -270,6 +274,8 @@ fn main() -> anyhow::Result<()> {
                             endpoints.join(","),
                             "--changes".to_owned(),
                             changes.to_string(),
+                            "--docs".to_owned(),
+                            docs_dir()?,
                         ],
                     )
                 }
@@ -297,7 +303,12 @@ fn main() -> anyhow::Result<()> {
                         ("--rounds", rounds),
                         ("--max-reverse-entries", max_reverse_entries),
                     ]);
-                    args.extend(["--modes".to_owned(), modes]);
+                    args.extend([
+                        "--modes".to_owned(),
+                        modes,
+                        "--docs".to_owned(),
+                        docs_dir()?,
+                    ]);
                     run_with_agent("socklb-bench-destroy", &args)
                 }
                 Bench::Nodeport {
@@ -350,6 +361,7 @@ fn nodeport(flags: &[(&str, u32)], iptables: &str, smoke: bool) -> anyhow::Resul
     let mut args = flag_args(flags);
     args.extend(["--iptables".to_owned(), iptables.to_owned()]);
     if !smoke {
+        args.extend(["--docs".to_owned(), docs_dir()?]);
         return run_with_agent("socklb-bench-nodeport", &args);
     }
     args.push("--smoke".to_owned());
@@ -400,13 +412,18 @@ fn compare(
         args.push("--smoke".to_owned());
         return smoke_run("socklb-bench-compare", &args);
     }
+    args.extend(["--docs".to_owned(), docs_dir()?]);
+    run_with_agent("socklb-bench-compare", &args)
+}
+
+/// The workspace's docs directory: a benchmark's full run rewrites its own section of
+/// benchmarks.md there (smoke runs write nothing).
+fn docs_dir() -> anyhow::Result<String> {
     let docs = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .context("the workspace directory")?
         .join("docs");
-    args.push("--docs".to_owned());
-    args.push(docs.display().to_string());
-    run_with_agent("socklb-bench-compare", &args)
+    Ok(docs.display().to_string())
 }
 
 /// Builds the agent (whose build script builds the eBPF crate) and returns the object it

@@ -1,17 +1,12 @@
 //! Closing the sockets still connected to a backend that left its frontend, in every
-//! network namespace of the node, right after the sync that removed it (issue #13).
+//! network namespace of the node, right after the sync that removed it: a socket translated
+//! at connect() has no NAT entry to delete, and a connected UDP client never notices a dead
+//! peer by itself. What is closed, the modes and their limits: docs/operations.md, "Sockets
+//! of removed backends".
 //!
-//! Connected UDP sockets always (a UDP client never notices a dead peer by itself);
-//! TCP connections only with `--destroy-tcp-on-backend-removal` (kube-proxy lets them
-//! drain). The application's next call fails (ECONNABORTED), and its reconnect through
-//! the frontend reaches a live backend. Only sockets socklb translated are touched: a
-//! socket's socket-map entry (keyed by its cookie) must name the gone (frontend, backend)
-//! pair and its peer must still be that backend.
-//!
-//! The work runs on a thread of its own, which enters each namespace in turn (setns needs
-//! CAP_SYS_ADMIN; without it, only the agent's own namespace is swept and a warning says
-//! so once). The removals of one sync make one sweep; syncs queued meanwhile join it, and
-//! a queued pair whose backend came back is dropped (`queue`).
+//! The work runs on a thread of its own, which enters each namespace in turn, so that a
+//! sweep never holds up a sync; the removals of one sync make one sweep, syncs queued
+//! meanwhile join it, and a queued pair whose backend came back is dropped (`queue`).
 mod iterator;
 mod netlink;
 pub mod netns;

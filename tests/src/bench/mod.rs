@@ -4,7 +4,8 @@
 //!
 //! Each benchmark is a thin binary over these modules: it builds its world, programs the
 //! peers and reports; the method (one client process for every peer, the cells in a new
-//! random order every round) is written once, here.
+//! random order every round) is written once, here. `section` is where every benchmark
+//! writes its results in docs/benchmarks.md.
 pub mod baseline;
 pub mod cgroup;
 pub mod client;
@@ -15,4 +16,5 @@ pub mod loader;
 pub mod measure;
 pub mod netns;
 pub mod peer;
+pub mod section;
 pub mod server;

@@ -4,7 +4,7 @@
 //! services of 10 backends in the maps, and reads the programs' kernel run time (BPF stats).
 //!
 //! socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root]
-//!     [--trace on|off] [--family ipv4|ipv6]
+//!     [--trace on|off] [--family ipv4|ipv6] [--docs DIR]
 //!
 //! `--family ipv6` puts as many IPv6 Services as IPv4 ones in the maps and measures both
 //! families in the same run, IPv6 sockets to an IPv6 VIP (connect6) beside IPv4 ones
@@ -21,12 +21,17 @@
 //! Only processes in the sandbox cgroup are translated, so the timed client is this binary
 //! again, started inside the cgroup with the hidden `client` subcommand; it prints one JSON
 //! line that the parent turns into a markdown table.
+//!
+//! With `--docs DIR`, the table also replaces the `datapath` (or, with `--family ipv6`,
+//! `datapath ipv6`) section of DIR/benchmarks.md. Runs with `--trace on` or `--loader root`
+//! only print: their figures are read against other runs, which the page keeps by hand.
 use std::{
+    fmt::Write as _,
     io,
     mem::size_of,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream},
     os::fd::AsRawFd as _,
-    path::Path,
+    path::{Path, PathBuf},
     process::Stdio,
     ptr,
     sync::{
@@ -47,9 +52,9 @@ use socklb_agent::dataplane::{
     self, BackendAddr, Capacities, Config, Dataplane, Desired, Frontend, FrontendSpec, Protocol,
     Scope,
 };
-use socklb_tests::{Sandbox, family::Family};
+use socklb_tests::{Sandbox, bench::section::Section, family::Family};
 
-const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root] [--trace on|off] [--family ipv4|ipv6]";
+const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root] [--trace on|off] [--family ipv4|ipv6] [--docs DIR]";
 const BACKENDS_PER_SERVICE: u32 = 10;
 /// Each measurement is split into this many VIP and direct batches, alternating which goes
 /// first, so that drift on a noisy machine hits both sides alike. Short batches matter: with
@@ -89,7 +94,22 @@ struct Options {
     trace: bool,
     /// The families measured, each with its own Services in the maps.
     families: Vec<Family>,
+    /// Where benchmarks.md is, to rewrite this run's section.
+    docs: Option<PathBuf>,
 }
+
+/// IPv4 alone, loaded as the chart loads, no trace session.
+const SECTION: Section = Section {
+    name: "datapath",
+    command: "datapath",
+    heading: "Datapath: socket translation cost",
+};
+/// `--family ipv6`, loaded as the chart loads, no trace session.
+const SECTION_IPV6: Section = Section {
+    name: "datapath ipv6",
+    command: "datapath",
+    heading: "Datapath over IPv6",
+};
 
 fn parse_options(args: &[String]) -> Options {
     let mut options = Options {
@@ -98,6 +118,7 @@ fn parse_options(args: &[String]) -> Options {
         chart_loader: true,
         trace: false,
         families: vec![Family::V4],
+        docs: None,
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
@@ -133,6 +154,7 @@ fn parse_options(args: &[String]) -> Options {
                     _ => usage(),
                 }
             }
+            "--docs" => options.docs = Some(PathBuf::from(value)),
             _ => usage(),
         }
     }
@@ -325,7 +347,22 @@ fn datapath(args: &[String]) {
     }
     drop(servers);
 
-    print_report(&machine, &options, &rows);
+    let report = report(&machine, &options, &rows);
+    print!("{report}");
+    if let Some(docs) = &options.docs {
+        let section = if options.families.contains(&Family::V6) {
+            &SECTION_IPV6
+        } else {
+            &SECTION
+        };
+        if options.chart_loader && !options.trace {
+            section
+                .write(docs, &report)
+                .expect("write the results into the docs");
+        } else {
+            eprintln!("--trace on and --loader root runs are not written into the docs");
+        }
+    }
 }
 
 /// A `socklb trace -o json` session, its events written to /dev/null.
@@ -522,15 +559,17 @@ fn check(measurement: &Measurement, counters: &Counters) {
     }
 }
 
-fn print_report(machine: &str, options: &Options, rows: &[(u32, Family, Measurement)]) {
+fn report(machine: &str, options: &Options, rows: &[(u32, Family, Measurement)]) -> String {
+    let mut out = String::new();
     let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1_000.0);
     let per_call = |run_time: RunTime| {
         run_time
             .per_call_ns()
             .map_or_else(|| "-".to_owned(), |ns| format!("{ns:.0}"))
     };
-    println!("{machine}");
-    println!(
+    let _ = writeln!(out, "{machine}");
+    let _ = writeln!(
+        out,
         "{} connections per measurement (VIP and direct each), {ROUNDS} interleaved rounds; \
          {BACKENDS_PER_SERVICE} backends per service; programs loaded {}; {}\n",
         options.connections,
@@ -546,19 +585,24 @@ fn print_report(machine: &str, options: &Options, rows: &[(u32, Family, Measurem
         }
     );
     // connect4/getpeername4 for IPv4 rows, connect6/getpeername6 for IPv6 ones.
-    println!(
+    let _ = writeln!(
+        out,
         "| services | family | VIP p50 | direct p50 | VIP/direct (p50) | VIP p99 | direct p99 \
          | VIP/direct (p99) | connect ns/call (VIP) | connect ns/call (direct) | getpeername \
          ns/call |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for (services, family, m) in rows {
         let ratio = |vip: u64, direct: u64| vip as f64 / direct.max(1) as f64;
         let family = match family {
             Family::V4 => "IPv4 (connect4)",
             Family::V6 => "IPv6 (connect6)",
         };
-        println!(
+        let _ = writeln!(
+            out,
             "| {services} | {family} | {} | {} | {:.3} | {} | {} | {:.3} | {} | {} | {} |",
             us(m.vip.p50_ns),
             us(m.direct.p50_ns),
@@ -571,6 +615,7 @@ fn print_report(machine: &str, options: &Options, rows: &[(u32, Family, Measurem
             per_call(m.getpeername),
         );
     }
+    out
 }
 
 /// Accept-and-close servers on the measured service's backends. They count what they

@@ -3,30 +3,44 @@
 //! its endpoints (a sync must not cost in proportion to the square of the endpoints, or one
 //! large Service stalls every other change).
 //!
-//! socklb-bench-large-service [--endpoints N,N,...] [--changes N]
+//! socklb-bench-large-service [--endpoints N,N,...] [--changes N] [--docs DIR]
 //!
 //! For each endpoint count: a fresh sandbox, one ClusterIP Service whose endpoints (on
 //! another node) come in EndpointSlices of 1,000, one file each; the agent (file source,
 //! `--min-sync-period 0s`, maps sized to fit) is started and its first sync timed; then
 //! `--changes` times one endpoint of one slice is replaced by a new address, and the sync
 //! that follows is timed, as the agent logs it (`took=`) and from the file's write until the
-//! agent logged the sync.
-use std::time::{Duration, Instant};
-
-use socklb_tests::{
-    Agent, ManifestDir, Sandbox, SyncLine, node_yaml, process_memory_kib, service_yaml, slice_yaml,
+//! agent logged the sync. With `--docs DIR`, the table also replaces the `large-service`
+//! section of DIR/benchmarks.md.
+use std::{
+    fmt::Write as _,
+    path::PathBuf,
+    time::{Duration, Instant},
 };
 
-const USAGE: &str = "usage: socklb-bench-large-service [--endpoints N,N,...] [--changes N]";
+use socklb_tests::{
+    Agent, ManifestDir, Sandbox, SyncLine, bench::section::Section, node_yaml, process_memory_kib,
+    service_yaml, slice_yaml,
+};
+
+const USAGE: &str =
+    "usage: socklb-bench-large-service [--endpoints N,N,...] [--changes N] [--docs DIR]";
 const ENDPOINTS_PER_SLICE: u32 = 1_000;
 /// Keeps the endpoint addresses (10.128.0.0/9) valid, with room for the changes' new ones.
 const MAX_ENDPOINTS: u32 = 1_000_000;
 /// A sync not logged by then fails the benchmark.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
+const SECTION: Section = Section {
+    name: "large-service",
+    command: "large-service",
+    heading: "One large Service",
+};
 
 struct Options {
     endpoints: Vec<u32>,
     changes: u32,
+    /// Where benchmarks.md is, to rewrite the `large-service` section.
+    docs: Option<PathBuf>,
 }
 
 struct Row {
@@ -55,13 +69,21 @@ fn main() {
         .iter()
         .map(|endpoints| measure(*endpoints, options.changes))
         .collect();
-    print_report(&machine, &options, &rows);
+    let report = report(&machine, &options, &rows);
+    println!("One Service with many endpoints (`cargo xtask bench large-service`)\n");
+    print!("{report}");
+    if let Some(docs) = &options.docs {
+        SECTION
+            .write(docs, &report)
+            .expect("write the results into the docs");
+    }
 }
 
 fn parse_options(args: &[String]) -> Options {
     let mut options = Options {
         endpoints: vec![5_000, 20_000, 60_000],
         changes: 20,
+        docs: None,
     };
     let usage = || -> ! {
         eprintln!("{USAGE}");
@@ -78,6 +100,7 @@ fn parse_options(args: &[String]) -> Options {
                     .collect();
             }
             "--changes" => options.changes = value.parse().unwrap_or_else(|_| usage()),
+            "--docs" => options.docs = Some(PathBuf::from(value)),
             _ => usage(),
         }
     }
@@ -212,20 +235,21 @@ fn ms(duration: Duration) -> String {
     format!("{:.1}", duration.as_secs_f64() * 1000.0)
 }
 
-fn print_report(machine: &str, options: &Options, rows: &[Row]) {
-    println!("One Service with many endpoints (`cargo xtask bench large-service`)");
-    println!();
-    println!(
-        "{machine}; release build; {} changes per row.",
+fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{machine}; release build; {} changes per row.\n",
         options.changes
     );
-    println!();
-    println!(
+    let _ = writeln!(
+        out,
         "| endpoints | first sync (ms) | change sync p50 (ms) | change sync max (ms) | write to synced p50 (ms) | write to synced max (ms) | agent peak RSS (MiB) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
-        println!(
+        let _ = writeln!(
+            out,
             "| {} | {} | {} | {} | {} | {} | {} |",
             row.endpoints,
             ms(row.first_sync),
@@ -236,4 +260,5 @@ fn print_report(machine: &str, options: &Options, rows: &[Row]) {
             row.peak_rss_mib,
         );
     }
+    out
 }

@@ -3,7 +3,7 @@
 //! floor, measured in one run with the peers interleaved.
 //!
 //! socklb-bench-nodeport [--connections N] [--rounds N] [--services N] [--seconds S]
-//!                       [--iptables legacy|nft] [--smoke]
+//!                       [--iptables legacy|nft] [--docs DIR] [--smoke]
 //!
 //! Each peer gets its own world of three network namespaces: an external client, a node
 //! that translates (or, for "direct", only routes), and a pod behind the node. Same
@@ -25,11 +25,13 @@
 //!
 //! Measured: connection setup (connect, 4-byte answer, close) p50/p99 per peer; iperf3
 //! throughput of one TCP stream per peer; socklb's TC programs' run time per packet (BPF
-//! stats). Prints a markdown report. The namespaces are anonymous (they die with this
-//! process); the pins, cgroup, manifests and scratch files are removed by a guard and on
-//! SIGINT/SIGTERM/SIGHUP.
+//! stats). Prints a markdown report and, with `--docs DIR` (not with `--smoke`), writes it
+//! into the `nodeport` section of DIR/benchmarks.md. The namespaces are anonymous (they die
+//! with this process); the pins, cgroup, manifests and scratch files are removed by a guard
+//! and on SIGINT/SIGTERM/SIGHUP.
 use std::{
     collections::BTreeMap,
+    fmt::Write as _,
     fs::{self, File},
     net::{Ipv4Addr, SocketAddrV4},
     path::{Path, PathBuf},
@@ -61,13 +63,14 @@ use socklb_tests::{
         measure::{self, Moment, Plan, iperf3},
         netns::{End, enter, new_netns, run_in, veth},
         peer::{PEERS, Peer},
+        section::Section,
         server::Servers,
     },
     node_yaml,
 };
 
 const USAGE: &str = "usage: socklb-bench-nodeport [--connections N] [--rounds N] [--services N] \
-                     [--seconds S] [--iptables legacy|nft] [--smoke]";
+                     [--seconds S] [--iptables legacy|nft] [--docs DIR] [--smoke]";
 const NODE_IP: &str = "10.88.0.1";
 const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 10);
 const NODE_PORT: u16 = 30080;
@@ -80,6 +83,11 @@ const KUBE_PROXY: kube_proxy::Config = kube_proxy::Config {
 };
 /// A rule load still running after this fails the benchmark.
 const LOAD_LIMIT: Duration = Duration::from_secs(300);
+const SECTION: Section = Section {
+    name: "nodeport",
+    command: "nodeport",
+    heading: "Traffic from outside: NodePort through TC vs kube-proxy",
+};
 
 struct Options {
     connections: u32,
@@ -88,6 +96,8 @@ struct Options {
     seconds: u32,
     iperf_rounds: u32,
     iptables: IptablesBackend,
+    /// Where benchmarks.md is, to rewrite the `nodeport` section (never for a smoke run).
+    docs: Option<PathBuf>,
 }
 
 fn main() {
@@ -110,6 +120,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
         seconds: 3,
         iperf_rounds: 2,
         iptables: IptablesBackend::Legacy,
+        docs: None,
     };
     let mut smoke = false;
     let mut args = args.iter();
@@ -132,6 +143,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
             "--services" => options.services = number()?,
             "--seconds" => options.seconds = number()?,
             "--iptables" => options.iptables = IptablesBackend::parse(value).context(USAGE)?,
+            "--docs" => options.docs = Some(PathBuf::from(value)),
             _ => bail!("unknown flag {flag}\n{USAGE}"),
         }
     }
@@ -142,6 +154,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
         options.services = options.services.min(100);
         options.seconds = 1;
         options.iperf_rounds = 1;
+        options.docs = None;
     }
     ensure!(
         options.connections >= 1 && options.rounds >= 1 && options.seconds >= 1,
@@ -443,9 +456,10 @@ fn bench(options: &Options) -> anyhow::Result<()> {
     }
     let tc_after = tc_run_time(&files.pin_dir)?;
 
-    println!("## NodePort from outside: socklb TC vs kube-proxy iptables and nftables\n");
-    println!("{machine}\n");
-    println!(
+    let mut report = String::new();
+    let _ = writeln!(report, "{machine}\n");
+    let _ = writeln!(
+        report,
         "One TCP Service, `externalTrafficPolicy: Local`, one local pod; {} ClusterIP services \
          of 10 endpoints ahead of it in kube-proxy's rules; iptables backend {}; {} rounds x {} \
          connections per peer, one client process, peers in a new random order every round; \
@@ -458,17 +472,19 @@ fn bench(options: &Options) -> anyhow::Result<()> {
         options.seconds,
         baseline::SUMMARY,
     );
-    println!(
+    let _ = writeln!(
+        report,
         "| path | connect+answer+close p50 (µs) | p99 (µs) | p50 / direct | iperf3 Gbit/s | sender CPU % |"
     );
-    println!("|---|---|---|---|---|---|");
+    let _ = writeln!(report, "|---|---|---|---|---|---|");
     let p50 = |peer: Peer| cells[&peer].percentile(50) as f64 / 1e3;
     for peer in PEERS {
         let runs = &throughput[&peer];
         let mean = |value: &dyn Fn(&measure::Stream) -> f64| {
             runs.iter().map(value).sum::<f64>() / runs.len().max(1) as f64
         };
-        println!(
+        let _ = writeln!(
+            report,
             "| {} | {:.1} | {:.1} | {:.3} | {:.2} | {:.0} |",
             peer.name(),
             p50(peer),
@@ -478,7 +494,8 @@ fn bench(options: &Options) -> anyhow::Result<()> {
             mean(&|stream| stream.sender_cpu),
         );
     }
-    println!(
+    let _ = writeln!(
+        report,
         "\nsocklb / iptables p50: {:.3}; socklb / nftables p50: {:.3}",
         p50(Peer::Socklb) / p50(Peer::Iptables),
         p50(Peer::Socklb) / p50(Peer::Nftables)
@@ -490,13 +507,19 @@ fn bench(options: &Options) -> anyhow::Result<()> {
             ns as f64 / runs as f64
         }
     };
-    println!(
+    let _ = writeln!(
+        report,
         "socklb TC programs: {:.0} ns per packet during the connection rounds ({} packets), \
          {:.0} ns per packet over the whole run",
         per_packet(tc_latency),
         tc_latency.1,
         per_packet((tc_after.0 - tc_before.0, tc_after.1 - tc_before.1)),
     );
+    println!("## NodePort from outside: socklb TC vs kube-proxy iptables and nftables\n");
+    print!("{report}");
+    if let Some(docs) = &options.docs {
+        SECTION.write(docs, &report)?;
+    }
     drop(worlds);
     Ok(())
 }

@@ -15,7 +15,7 @@ use socklb_tests::{Agent, ManifestDir, Sandbox, node_yaml, service_yaml, slice_y
 
 const SERVICES: usize = 100;
 const ENDPOINTS: usize = 10;
-/// The bound of issue 12 for a node with 100 Services.
+/// What a small node (100 Services) may lock in map memory with the default capacities.
 const BUDGET: u64 = 16 * 1024 * 1024;
 
 #[test]

@@ -109,8 +109,8 @@ fn edits_every_2ms_do_not_hold_other_changes_back() {
     let _servers = NamedServer::numbered(net, 2);
     let (manifests, agent) = cluster(&sandbox, net);
 
-    // Other tools rewrite their own manifests every 2 ms (the issue saw edits every 30 ms
-    // hold syncing off for seconds; faster and two of them, so that the burst never pauses
+    // Other tools rewrite their own manifests every 2 ms (edits every 30 ms once held
+    // syncing off for seconds; faster and two of them, so that the burst never pauses
     // for a debounce even on a loaded machine), for as long as the test runs.
     let stop = Arc::new(AtomicBool::new(false));
     let noise: Vec<_> = (0..2)

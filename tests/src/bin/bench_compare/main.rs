@@ -235,7 +235,6 @@ fn compare(args: &[String]) -> anyhow::Result<()> {
     println!("{report}");
     if let Some(docs) = &options.docs {
         report::write_docs(docs, &report, &steps)?;
-        eprintln!("wrote {}", docs.join("benchmarks.md").display());
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! maps from cluster state, and what that costs it, at 10,000 services of 10 endpoints.
 //!
 //! socklb-bench-control-plane [--services N] [--changes N] [--rate R] [--seconds S]
-//! socklb-bench-control-plane --outages N [--outage-seconds S] [--services N]
+//!                            [--docs DIR]
+//! socklb-bench-control-plane --outages N [--outage-seconds S] [--services N] [--docs DIR]
 //!
 //! 1. Cold start from the file source: the manifests are written first (not timed), then the
 //!    agent is started and timed until it logs that it is ready; its peak RSS is read and the
@@ -16,10 +17,14 @@
 //! With `--outages`, only the recovery after API-server outages is measured (see
 //! [`outage`]).
 //!
+//! With `--docs DIR`, the report also replaces the `control-plane` (or `control-plane
+//! outages`) section of DIR/benchmarks.md.
+//!
 //! Everything runs in one `Sandbox` (network namespace, cgroup, pins); the agent's pins are
 //! removed between the file and the kube cold start so that both program empty maps.
 use std::{
     collections::BTreeMap,
+    fmt::Write as _,
     fs,
     net::Ipv4Addr,
     path::{Path, PathBuf},
@@ -34,14 +39,15 @@ use socklb_agent::{
     source::{Object, file::parse},
 };
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox, SyncLine, fake_apiserver::FakeApiServer, node_yaml,
-    process_memory_kib, service_yaml, slice_yaml,
+    Agent, ManifestDir, Sandbox, SyncLine, bench::section::Section, fake_apiserver::FakeApiServer,
+    node_yaml, process_memory_kib, service_yaml, slice_yaml,
 };
 
 mod outage;
 
 const USAGE: &str = "usage: socklb-bench-control-plane [--services N] [--changes N] [--rate R] \
-                     [--seconds S] | --outages N [--outage-seconds S] [--services N]";
+                     [--seconds S] [--docs DIR] | --outages N [--outage-seconds S] [--services N] \
+                     [--docs DIR]";
 const ENDPOINTS_PER_SERVICE: u32 = 10;
 const SERVICE_PORT: u16 = 80;
 const ENDPOINT_PORT: u16 = 8080;
@@ -59,6 +65,11 @@ const POLL: Duration = Duration::from_micros(50);
 const IDLE: Duration = Duration::from_secs(3);
 /// Keeps the address plan (VIPs in 10.96.0.0/12, endpoints in 10.128.0.0/9) valid.
 const MAX_SERVICES: u32 = 100_000;
+const SECTION: Section = Section {
+    name: "control-plane",
+    command: "control-plane",
+    heading: "Control plane",
+};
 
 struct Options {
     services: u32,
@@ -68,6 +79,8 @@ struct Options {
     /// API-server outages to recover from (0: the other measurements instead).
     outages: u32,
     outage_seconds: u32,
+    /// Where benchmarks.md is, to rewrite this run's section.
+    docs: Option<PathBuf>,
 }
 
 fn main() {
@@ -97,7 +110,11 @@ fn main() {
     let mut cluster = Cluster::new(options.services);
     if options.outages > 0 {
         let recovery = outage::run(&sandbox, &manifests, &mut cluster, &options);
-        outage::print_report(&machine, &options, &recovery);
+        publish(
+            &options,
+            &outage::SECTION,
+            &outage::report(&machine, &options, &recovery),
+        );
         return;
     }
 
@@ -107,7 +124,21 @@ fn main() {
     let mut kube = kube_source(&sandbox, &manifests, &mut cluster, &options);
     kube.rows.insert(0, file_idle);
 
-    print_report(&machine, &options, &file, &kube);
+    publish(
+        &options,
+        &SECTION,
+        &report(&machine, &options, &file, &kube),
+    );
+}
+
+/// Prints the report and, with `--docs`, writes it into its section.
+fn publish(options: &Options, section: &Section, report: &str) {
+    print!("{report}");
+    if let Some(docs) = &options.docs {
+        section
+            .write(docs, report)
+            .expect("write the results into the docs");
+    }
 }
 
 fn usage() -> ! {
@@ -123,13 +154,16 @@ fn parse_options(args: &[String]) -> Options {
         seconds: 10,
         outages: 0,
         outage_seconds: 15,
+        docs: None,
     };
     let mut args = args.iter();
     while let Some(flag) = args.next() {
-        let value: u32 = args
-            .next()
-            .and_then(|value| value.parse().ok())
-            .unwrap_or_else(|| usage());
+        let text = args.next().unwrap_or_else(|| usage());
+        if flag == "--docs" {
+            options.docs = Some(PathBuf::from(text));
+            continue;
+        }
+        let value: u32 = text.parse().unwrap_or_else(|_| usage());
         match flag.as_str() {
             "--services" => options.services = value,
             "--changes" => options.changes = value,
@@ -743,26 +777,30 @@ fn tail(log: &str, lines: usize) -> String {
 // ---------------------------------------------------------------------------------------
 // Report.
 
-fn print_report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeResults) {
+fn report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeResults) -> String {
+    let mut out = String::new();
     let services = options.services;
     let endpoints = u64::from(services) * u64::from(ENDPOINTS_PER_SERVICE);
     let s = |d: Duration| format!("{:.3} s", d.as_secs_f64());
     let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
     let mib = |kib: u64| format!("{:.0} MiB", kib as f64 / 1024.0);
-    println!("{machine}");
-    println!(
+    let _ = writeln!(out, "{machine}");
+    let _ = writeln!(
+        out,
         "{services} services x {ENDPOINTS_PER_SERVICE} endpoints ({endpoints} endpoints), one \
          port each, all on this node; release build of the agent\n"
     );
 
-    println!("Cold start (spawn -> \"datapath attached; ready\"):\n");
-    println!(
+    let _ = writeln!(out, "Cold start (spawn -> \"datapath attached; ready\"):\n");
+    let _ = writeln!(
+        out,
         "| source | datapath loaded | manifests read | first full sync (agent) | map writes | \
          ready | peak RSS (VmHWM) | RSS at ready | service / backend map entries |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (source, cold) in [("file", file), ("kube (fake API server)", &kube.cold)] {
-        println!(
+        let _ = writeln!(
+            out,
             "| {source} | {} | {} | {} | {} | **{}** | **{}** | {} | {} / {} |",
             s(cold.loaded),
             cold.read.map_or_else(
@@ -780,17 +818,20 @@ fn print_report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeR
     }
 
     let latency = &kube.latency;
-    println!(
+    let _ = writeln!(
+        out,
         "\nOne EndpointSlice change -> new backend in the service map (kube source, \
          --min-sync-period 0s, one change every >= {} ms):\n",
         CHANGE_SPACING.as_millis()
     );
-    println!(
+    let _ = writeln!(
+        out,
         "| changes | min | p50 | p90 | p99 | max | agent sync p50 | agent sync p99 | services \
          / writes per sync |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
         "| {} | {} | **{}** | {} | **{}** | {} | {} | {} | {:.2} / {:.2} |",
         latency.samples,
         ms(latency.min),
@@ -804,15 +845,17 @@ fn print_report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeR
         latency.writes_per_sync,
     );
 
-    println!(
+    let _ = writeln!(
+        out,
         "\nAgent CPU (utime + stime from /proc) without changes, then under sustained \
          EndpointSlice changes (kube source):\n"
     );
-    println!(
+    let _ = writeln!(
+        out,
         "| load | changes | window | agent CPU (% of one core) | CPU per change | syncs | \
          services / writes per sync | sync p50 / max (agent) | caught up after the last change |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in &kube.rows {
         let mut took: Vec<Duration> = row.syncs.iter().map(|sync| sync.took).collect();
         took.sort_unstable();
@@ -821,7 +864,8 @@ fn print_report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeR
         } else {
             format!("{:.2} ms", row.cpu * 1e3 / f64::from(row.changes))
         };
-        println!(
+        let _ = writeln!(
+            out,
             "| {} | {} | {} | **{:.1}%** | {per_change} | {} | {:.2} / {:.2} | {} / {} | {} |",
             row.label,
             row.changes,
@@ -835,6 +879,7 @@ fn print_report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeR
             ms(row.caught_up),
         );
     }
+    out
 }
 
 // ---------------------------------------------------------------------------------------

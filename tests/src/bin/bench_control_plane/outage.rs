@@ -6,9 +6,17 @@
 //!
 //! Every second outage also compacts the history while the server is down, so the watches'
 //! resource versions have expired when it returns: they get 410 Gone and relist.
+use std::fmt::Write as _;
+
 use super::{
-    Agent, Cluster, Duration, FakeApiServer, Instant, ManifestDir, Maps, Options, Sandbox, apply,
-    fake_cluster, percentile, start_kube,
+    Agent, Cluster, Duration, FakeApiServer, Instant, ManifestDir, Maps, Options, Sandbox, Section,
+    apply, fake_cluster, percentile, start_kube,
+};
+
+pub const SECTION: Section = Section {
+    name: "control-plane outages",
+    command: "control-plane",
+    heading: "Recovery after an API-server outage",
 };
 
 /// How long the restarted server refuses every request.
@@ -76,9 +84,11 @@ fn recover(api: &mut FakeApiServer, maps: &Maps, agent: &Agent, cluster: &mut Cl
     back.elapsed()
 }
 
-pub fn print_report(machine: &str, options: &Options, recovery: &Recovery) {
-    println!("{machine}");
-    println!(
+pub fn report(machine: &str, options: &Options, recovery: &Recovery) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{machine}");
+    let _ = writeln!(
+        out,
         "{} services x {} endpoints in the fake API server; {} outages of {} s, each followed \
          by {} s of 403 Forbidden; release build of the agent, default flags \
          (--api-retry-max 2s, --min-sync-period 20ms)\n",
@@ -88,8 +98,11 @@ pub fn print_report(machine: &str, options: &Options, recovery: &Recovery) {
         options.outage_seconds,
         WARMING.as_secs(),
     );
-    println!("| history during the outage | outages | min | p50 | max | target (p50 / max) |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| history during the outage | outages | min | p50 | max | target (p50 / max) |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
     let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
     let rows = [
         ("kept (watches resume)", Some(false)),
@@ -107,7 +120,8 @@ pub fn print_report(machine: &str, options: &Options, recovery: &Recovery) {
             continue;
         }
         took.sort_unstable();
-        println!(
+        let _ = writeln!(
+            out,
             "| {label} | {} | {} | **{}** | **{}** | 3 s / 10 s |",
             took.len(),
             s(took[0]),
@@ -115,8 +129,10 @@ pub fn print_report(machine: &str, options: &Options, recovery: &Recovery) {
             s(took[took.len() - 1]),
         );
     }
-    println!(
+    let _ = writeln!(
+        out,
         "\nThe agent logged {} API warnings over the {} outages.",
         recovery.warnings, options.outages
     );
+    out
 }
