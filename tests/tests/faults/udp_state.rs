@@ -1,13 +1,18 @@
 //! UDP flows from outside are confirmed by their backend's first answer: a DNS query and
 //! its response through a NodePort (real dig against real dnsmasq) leave the flow in the
-//! main conntrack table, not in the table of unconfirmed flows where TCP handshakes wait
-//! (request/response UDP at a high rate would otherwise evict them).
-use std::net::{IpAddr, Ipv4Addr};
+//! main conntrack table, not in the table of unconfirmed flows where TCP handshakes wait;
+//! and a handshake waiting there outlives twenty times that table's size in answered UDP
+//! flows (which, unconfirmed, evicted it: the test fails without the confirmation).
+use std::{
+    net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket},
+    time::Duration,
+};
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, Sandbox,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox,
     family::Family,
+    forged::{self, Flags},
     lan::{Addresses, addresses, lan},
 };
 
@@ -85,6 +90,93 @@ fn a_dns_answer_confirms_the_flow(family: Family) {
              table): {flows:#?}"
         );
     }
+}
+
+/// A TCP handshake waiting for its ACK (a client on a slow path) keeps its unconfirmed
+/// entry while many times the unconfirmed table's size in UDP request/response flows pass:
+/// each is confirmed by its answer and leaves that table, so none evicts the handshake.
+#[test]
+fn answered_udp_flows_leave_a_waiting_tcp_handshake_alone() {
+    const NEW_TABLE: usize = 16;
+    const UDP_FLOWS: usize = 20 * NEW_TABLE;
+    let a = addresses(Family::V4);
+    let sandbox = Sandbox::new("udphandshake");
+    let lan = lan("dh");
+    let pod1: IpAddr = a.pod1;
+    let _tcp = NamedServer::tcp_in(&lan.pod1, "web", SocketAddr::new(pod1, 8080));
+    let _udp = NamedServer::udp_in(&lan.pod1, "echo", SocketAddr::new(pod1, 5353));
+    let manifests = ManifestDir::new(&sandbox);
+    a.nodes(&manifests);
+    manifests.write(
+        "services.yaml",
+        &format!(
+            "{}---\n{}---\n{}---\n{}",
+            a.service(
+                "web",
+                80,
+                "[{name: web, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}]",
+                "  type: NodePort",
+                false
+            ),
+            a.slice("web-1", "web", ("web", 8080, "TCP"), &[a.pod1_endpoint()]),
+            a.service(
+                "echo",
+                53,
+                "[{name: echo, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
+                "  type: NodePort",
+                false
+            ),
+            a.slice("echo-1", "echo", ("echo", 5353, "UDP"), &[a.pod1_endpoint()]),
+        ),
+    );
+    let _agent = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node1",
+        &["--max-conntrack-new-entries", &NEW_TABLE.to_string()],
+    );
+    let node1: IpAddr = a.node1.parse().expect("node1");
+
+    // The SYN of a client whose ACK is long in coming: from an address on the LAN that no
+    // host holds, so that no RST answers the SYN-ACK and the handshake just waits.
+    let waiting = SocketAddr::new("10.77.0.13".parse().expect("address"), 40_000);
+    lan.client
+        .enter(|| forged::send(waiting, SocketAddr::new(node1, 30080), 1, Flags::Syn));
+    let handshake = |sandbox: &Sandbox| {
+        inspect::inspect(&sandbox.pin_dir, None)
+            .expect("inspect")
+            .conntrack
+            .into_iter()
+            .filter(|flow| flow.from == waiting || flow.rewritten_to == waiting)
+            .count()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while handshake(&sandbox) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the SYN made no flow");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let answered = lan.client.enter(|| {
+        (0..UDP_FLOWS)
+            .filter(|_| {
+                let socket = UdpSocket::bind("0.0.0.0:0").expect("bind");
+                socket
+                    .set_read_timeout(Some(Duration::from_secs(2)))
+                    .expect("timeout");
+                socket
+                    .send_to(b"ping", SocketAddr::new(node1, 30053))
+                    .expect("send");
+                socket.recv(&mut [0; 64]).is_ok()
+            })
+            .count()
+    });
+    assert_eq!(answered, UDP_FLOWS, "every UDP request is answered");
+    assert_eq!(
+        handshake(&sandbox),
+        2,
+        "the waiting handshake keeps both its entries after {UDP_FLOWS} answered UDP flows \
+         through a table of {NEW_TABLE} unconfirmed flows"
+    );
 }
 
 /// The conntrack entries of the client's flows to the NodePort `port`, both directions.
