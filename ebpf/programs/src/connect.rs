@@ -5,7 +5,7 @@ use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use crate::{
     PROCEED,
     context::{Inet6, SockAddr},
-    lb::{self, Call, Forward},
+    socket::{self, Call, Forward},
     socket_family::{Family, V4, V6},
 };
 
@@ -24,13 +24,13 @@ pub fn socklb_connect6(ctx: SockAddrContext) -> i32 {
 
 #[inline(always)]
 fn on_connect<F: Family>(sock: &SockAddr) -> i32 {
-    let Some(protocol) = lb::served_protocol(sock) else {
+    let Some(protocol) = socket::served_protocol(sock) else {
         return PROCEED;
     };
-    lb::forward_verdict(try_connect::<F>(sock, protocol))
+    socket::forward_verdict(try_connect::<F>(sock, protocol))
 }
 
 #[inline(always)]
-fn try_connect<F: Family>(sock: &SockAddr, protocol: u8) -> Result<Forward, lb::Error> {
-    lb::translate::<F>(sock, protocol, Call::Connect)
+fn try_connect<F: Family>(sock: &SockAddr, protocol: u8) -> Result<Forward, socket::Error> {
+    socket::translate::<F>(sock, protocol, Call::Connect)
 }

@@ -1,5 +1,5 @@
-//! Flows from outside the node: their two conntrack entries (forward and reply), how long
-//! they live, and the SNAT source port a flow to a remote backend gets.
+//! Flows from outside the node: their two conntrack entries (forward and reply), and how
+//! long they live. The SNAT source port a flow to a remote backend gets is `nat`'s.
 //!
 //! A new flow's entries go to the table of flows not yet confirmed (`CONNTRACK_NEW`, a
 //! smaller LRU). A reply marks them [`CT_FLAG_SEEN_REPLY`]; the client's next packet that
@@ -28,8 +28,6 @@ use crate::{
     packet::{Ending, Segment, Tuple},
 };
 
-/// Random ports tried before a flow is refused for lack of a free SNAT port.
-const SNAT_ATTEMPTS: u32 = 16;
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
 type Addr<F> = <F as Family>::Addr;
@@ -499,7 +497,7 @@ pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &FlowEntry<A>) -> (FlowKey
 /// What a new flow's forward entry is written with: a flow that another CPU made at the
 /// same time (a SYN's retransmit, two datagrams) keeps that CPU's backend, and the insert
 /// fails with [`EEXIST`].
-const NOEXIST: u64 = BPF_NOEXIST as u64;
+pub const NOEXIST: u64 = BPF_NOEXIST as u64;
 /// The error of an insert with [`NOEXIST`] that found the key taken.
 pub const EEXIST: i32 = -17;
 
@@ -539,117 +537,8 @@ pub fn insert<F: Family>(
         })
 }
 
-/// Records both directions of a new flow SNATed to `snat_address`, as not confirmed,
-/// and returns the source port it got: a random port of the configured range whose reply
-/// key no live flow holds in either table (a flow whose entries expired gives its port
-/// up). `None` when every attempt found a live flow; [`EEXIST`] when another CPU made the
-/// flow first. A port is claimed only by an insert that finds its key free, so two CPUs
-/// never both take one.
-#[inline(always)]
-pub fn insert_snat<F: Family>(
-    arrived: &Tuple<F::Addr>,
-    forward: &mut Entry<F>,
-    snat_address: F::Addr,
-    node: &NodeConfig,
-    now: u32,
-) -> Result<Option<u16>, i32> {
-    if F::SPLIT_FRAMES {
-        match insert_snat_apart::<F>(arrived, forward, snat_address, node, now) {
-            NO_PORT => Ok(None),
-            port @ 0..=0xffff => Ok(Some(port as u16)),
-            error => Err(error as i32),
-        }
-    } else {
-        insert_snat_here::<F>(arrived, forward, snat_address, node, now)
-    }
-}
-
-/// [`insert_snat_apart`]'s "no port free".
-const NO_PORT: i64 = 0x1_0000;
-
-/// [`insert_snat`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]), returning a
-/// plain integer (the port, [`NO_PORT`], or a negative error): the caller of a `Result`
-/// returned through memory reads payloads never written, which the verifier refuses.
-#[inline(never)]
-fn insert_snat_apart<F: Family>(
-    arrived: &Tuple<F::Addr>,
-    forward: &mut Entry<F>,
-    snat_address: F::Addr,
-    node: &NodeConfig,
-    now: u32,
-) -> i64 {
-    match insert_snat_here::<F>(arrived, forward, snat_address, node, now) {
-        Ok(Some(port)) => i64::from(port),
-        Ok(None) => NO_PORT,
-        Err(error) => i64::from(error.min(-1)),
-    }
-}
-
-#[inline(always)]
-fn insert_snat_here<F: Family>(
-    arrived: &Tuple<F::Addr>,
-    forward: &mut Entry<F>,
-    snat_address: F::Addr,
-    node: &NodeConfig,
-    now: u32,
-) -> Result<Option<u16>, i32> {
-    let timeouts = CtTimeouts::of(Some(node));
-    let (min, max) = (node.snat_port_min, node.snat_port_max);
-    if min == 0 || max < min {
-        return Ok(None);
-    }
-    let span = u32::from(max - min) + 1;
-    forward.source = snat_address;
-    for _ in 0..SNAT_ATTEMPTS {
-        // SAFETY: helper without arguments.
-        let draw = unsafe { helpers::bpf_get_prandom_u32() };
-        // span >= 1 and the sum stays within min..=max, a u16.
-        let port = (u32::from(min) + draw % span) as u16;
-        forward.source_port = port.to_be();
-        let (reply_key, reply) = reply_of(arrived, forward);
-        if held::<F>(
-            F::conntrack(),
-            true,
-            &reply_key,
-            timeouts,
-            now,
-            Closing::Lives,
-        ) == Holder::Live
-        {
-            continue;
-        }
-        if held::<F>(
-            F::conntrack_new(),
-            false,
-            &reply_key,
-            timeouts,
-            now,
-            Closing::Lives,
-        ) == Holder::Live
-        {
-            continue;
-        }
-        // Free (an expired holder's entries are gone): claimed only if no other CPU
-        // claimed it since.
-        let table = F::conntrack_new();
-        if table
-            .insert(F::ct_key(&reply_key), F::ct_entry(&reply), NOEXIST)
-            .is_err()
-        {
-            continue;
-        }
-        let forward_key = key(arrived, CT_FORWARD);
-        if let Err(error) = table.insert(F::ct_key(&forward_key), F::ct_entry(forward), NOEXIST) {
-            let _ = table.remove(F::ct_key(&reply_key));
-            return Err(error);
-        }
-        return Ok(Some(port));
-    }
-    Ok(None)
-}
-
 #[derive(PartialEq, Eq)]
-enum Holder {
+pub enum Holder {
     None,
     /// A flow whose entries both expired. Both are removed: the forward entry would act on
     /// the reply entry of the flow that takes the port, and the reply entry would shadow
@@ -662,7 +551,7 @@ enum Holder {
 /// time out (a SNAT port is not handed out again at once), or gives it up (the key of a
 /// flow without SNAT, which the client's own port makes, is wanted again by that client).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Closing {
+pub enum Closing {
     Lives,
     Ends,
 }
@@ -673,7 +562,7 @@ enum Closing {
 /// Any other flow lives while either direction does: an unconfirmed UDP flow may be a
 /// server streaming to a client that sent once.
 #[inline(always)]
-fn held<F: Family>(
+pub fn held<F: Family>(
     table: &CtTable<F>,
     confirmed: bool,
     reply_key: &Key<F>,

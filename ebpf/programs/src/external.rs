@@ -29,43 +29,28 @@
 //! (IPv6: no header checksum, the hop limit for the TTL, extension headers walked by
 //! `packet`). An ICMP error about a known flow is translated back (`icmp`); anything else,
 //! neighbour discovery included, passes untouched.
-use core::mem::{MaybeUninit, align_of, size_of};
-
-use aya_ebpf::{
-    EbpfContext,
-    bindings::{__sk_buff, bpf_fib_lookup},
-    helpers,
-    macros::classifier,
-    programs::TcContext,
-};
+use aya_ebpf::{macros::classifier, programs::TcContext};
 use socklb_abi::{
-    AffinityEntry, BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE,
-    CT_FLAG_SNAT, CT_FORWARD, CT_REPLY, CtTimeouts, Ipv6Words, MaglevKey, PROTO_TCP,
-    SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, TRACE_REASON_AFFINITY,
-    TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND, TRACE_REASON_RANDOM,
-    TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
+    BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT,
+    CT_FORWARD, CT_REPLY, CtTimeouts, Ipv6Words, PROTO_TCP, SERVICE_FLAG_REJECT,
+    TRACE_REASON_CONNTRACK, TRACE_REASON_NO_BACKEND, TRACE_REASON_SNAT_EXHAUSTED,
+    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
 };
 
 use crate::{
+    backend,
     conntrack::{self, Found},
     counters::bump,
-    family::{Family, FlowEntry, Slot, V4, V6},
+    deliver::{self, TC_ACT_OK, TC_ACT_SHOT, TOO_BIG},
+    family::{Family, FlowEntry, V4, V6},
     icmp::{self, Quoting},
     log,
-    maps::{MAGLEV, NODE},
+    maps::NODE,
+    nat,
     packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Ending, Packet, PacketError, Segment, Tuple},
     reject,
     trace::{self, Decision, TracedValue},
 };
-
-const ETH_ALEN: usize = 6;
-/// TC verdicts.
-const TC_ACT_OK: i32 = 0;
-const TC_ACT_SHOT: i32 = 2;
-/// `bpf_fib_lookup` results.
-const FIB_SUCCESS: i64 = 0;
-const FIB_NO_NEIGHBOUR: i64 = 7;
-const FIB_FRAG_NEEDED: i64 = 8;
 
 /// A map or packet operation that should have worked did not: pass untranslated, count it
 /// (or drop the packet, counted, if part of it was already rewritten).
@@ -173,9 +158,6 @@ const REFUSE: i32 = -3;
 /// What the TCP and UDP path returns for a packet whose TTL ran out before socklb could
 /// forward it, answered with "time exceeded" from the entry (see `reject`).
 const EXPIRED: i32 = -4;
-/// Verdicts at or below this one: a packet too big for the path to its backend, answered
-/// from the entry (see `reject`) with the MTU `TOO_BIG - verdict`.
-const TOO_BIG: i32 = -0x1_0000;
 
 #[classifier]
 pub fn socklb_tc_in(ctx: TcContext) -> i32 {
@@ -278,7 +260,7 @@ fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
             } else if ttl_exceeded(&packet) {
                 Ok(TC_ACT_SHOT)
             } else {
-                forward::<F>(ctx, &mut packet, None)
+                deliver::forward::<F>(ctx, &mut packet, None).map_err(Error::from)
             }
         });
     verdict(result, &packet)
@@ -400,13 +382,13 @@ fn deliver_here<F: Family>(
     entry: &FlowEntry<F::Addr>,
 ) -> Result<i32, Error> {
     if entry.flags & CT_FLAG_SNAT == 0 {
-        rewrite(packet, entry)?;
+        nat::rewrite(packet, entry)?;
         return Ok(TC_ACT_OK);
     }
     if ttl_exceeded(packet) {
         return Ok(EXPIRED);
     }
-    forward::<F>(ctx, packet, Some(entry))
+    Ok(deliver::forward::<F>(ctx, packet, Some(entry))?)
 }
 
 /// The reply of a SNATed flow from its remote backend, rewritten and forwarded (its
@@ -460,8 +442,8 @@ fn snat_reply_here<F: Family>(
     if ttl_exceeded(packet) {
         return Ok(Some(TC_ACT_SHOT));
     }
-    rewrite(packet, &reply)?;
-    forward::<F>(ctx, packet, None).map(Some)
+    nat::rewrite(packet, &reply)?;
+    Ok(Some(deliver::forward::<F>(ctx, packet, None)?))
 }
 
 /// Takes the SNAT port of a new flow to a remote backend ([`Flow::NeedsSnat`]).
@@ -475,7 +457,7 @@ fn snat<F: Family>(
         log::no_snat_address();
         return Err(Error);
     };
-    match conntrack::insert_snat::<F>(&packet.tuple, entry, snat_address, node, now) {
+    match nat::insert_snat::<F>(&packet.tuple, entry, snat_address, node, now) {
         Ok(Some(_)) => {
             bump(|c| &mut c.external_flows);
             Ok(Flow::To)
@@ -520,20 +502,9 @@ fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
         conntrack::record_fin::<F>(&packet.tuple, CT_REPLY, segment.sequence_high);
     }
     if let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, segment, now) {
-        rewrite(packet, &reply)?;
+        nat::rewrite(packet, &reply)?;
     }
     Ok(TC_ACT_OK)
-}
-
-/// Rewrites the packet to what its flow's conntrack entry says.
-#[inline(always)]
-fn rewrite<A: Address>(packet: &mut Packet<A>, entry: &FlowEntry<A>) -> Result<(), Error> {
-    Ok(packet.rewrite(
-        entry.source,
-        entry.source_port,
-        entry.destination,
-        entry.destination_port,
-    )?)
 }
 
 /// The packet's flow if conntrack holds one that keeps its backend (written to `entry`);
@@ -710,7 +681,8 @@ fn new_flow_here<F: Family>(
     // A packet that cannot be forwarded (TTL 1 or less) makes no affinity or conntrack
     // entry, whatever becomes of it.
     let forwardable = packet.ttl > 1;
-    let (backend, slot, reason) = choose_backend::<F>(&master, tuple, count, forwardable)?;
+    let (backend, slot, reason) =
+        backend::for_flow::<F>(&master, tuple, count, forwardable).ok_or(Error)?;
     decision.reason = reason;
     decision.backend = (&backend.backend_address, backend.backend_port);
     decision.slot = slot;
@@ -749,7 +721,7 @@ fn new_flow_here<F: Family>(
             return Err(Error);
         };
         entry.flags |= CT_FLAG_SNAT;
-        match conntrack::insert_snat::<F>(tuple, &mut entry, snat_address, node, now) {
+        match nat::insert_snat::<F>(tuple, &mut entry, snat_address, node, now) {
             Ok(Some(_)) => {}
             Ok(None) => {
                 decision.reason = TRACE_REASON_SNAT_EXHAUSTED;
@@ -780,271 +752,4 @@ fn new_flow_here<F: Family>(
     trace_external(&decision, tuple, false);
     *out = entry;
     Ok(Flow::To)
-}
-
-/// The backend slot of a new flow, and its number: the client's session-affinity choice
-/// if fresh, else its Maglev position, else a random slot (with the `TRACE_REASON_*`
-/// saying which); the affinity entry is recorded or refreshed only if `record`.
-#[inline(always)]
-fn choose_backend<F: Family>(
-    master: &Slot<F::Addr>,
-    tuple: &Tuple<F::Addr>,
-    count: u32,
-    record: bool,
-) -> Result<(Slot<F::Addr>, u16, u8), Error> {
-    let affinity = (master.flags & SERVICE_FLAG_AFFINITY != 0)
-        .then(|| F::affinity_key(tuple.source, master.service_id));
-    // SAFETY: helper without arguments.
-    let now_ns = unsafe { helpers::bpf_ktime_get_ns() };
-    let remembered = affinity
-        .as_ref()
-        .and_then(|affinity| affinity_slot::<F>(affinity, master, tuple, now_ns, record));
-    let maglev = remembered
-        .is_none()
-        .then(|| maglev_slot::<F>(master, tuple, count))
-        .flatten();
-    let (slot, reason) = match (remembered, maglev) {
-        (Some(slot), _) => (slot, TRACE_REASON_AFFINITY),
-        (None, Some(slot)) => (slot, TRACE_REASON_MAGLEV),
-        (None, None) => {
-            // SAFETY: helper without arguments.
-            let draw = unsafe { helpers::bpf_get_prandom_u32() };
-            // count is at most u16::MAX, so the slot fits.
-            ((draw % count + 1) as u16, TRACE_REASON_RANDOM)
-        }
-    };
-    let Some(backend) = F::service(
-        tuple.destination,
-        tuple.destination_port,
-        tuple.protocol,
-        slot,
-    ) else {
-        F::log_missing_slot(tuple.destination, tuple.destination_port, count, slot);
-        return Err(Error);
-    };
-    match (&affinity, remembered) {
-        (Some(_), Some(_)) => bump(|c| &mut c.affinity_hits),
-        (Some(affinity), None) if record => {
-            let entry = AffinityEntry {
-                last_used_ns: now_ns,
-                backend_id: backend.backend_id,
-                slot,
-                pad: 0,
-            };
-            if let Err(error) = F::affinity().insert(affinity, &entry, 0) {
-                log::external_affinity_not_written(error);
-                return Err(Error);
-            }
-        }
-        _ => {}
-    }
-    Ok((backend, slot, reason))
-}
-
-/// sessionAffinity ClientIP for a client outside the node: the slot it used last, if that
-/// was within the timeout and the slot still holds the same backend (refreshing the entry
-/// if `refresh`).
-#[inline(always)]
-fn affinity_slot<F: Family>(
-    affinity: &F::AffinityKey,
-    master: &Slot<F::Addr>,
-    tuple: &Tuple<F::Addr>,
-    now_ns: u64,
-    refresh: bool,
-) -> Option<u16> {
-    let entry = F::affinity().get_ptr_mut(affinity)?;
-    // SAFETY: pointer from a successful lookup, valid for this run.
-    let entry = unsafe { &mut *entry };
-    let timeout_ns = u64::from(master.affinity_timeout_s) * 1_000_000_000;
-    if now_ns.wrapping_sub(entry.last_used_ns) > timeout_ns
-        || entry.slot == 0
-        || entry.slot > master.count
-    {
-        return None;
-    }
-    let slot = F::service(
-        tuple.destination,
-        tuple.destination_port,
-        tuple.protocol,
-        entry.slot,
-    )?;
-    if slot.backend_id != entry.backend_id {
-        return None;
-    }
-    if refresh {
-        entry.last_used_ns = now_ns;
-    }
-    Some(entry.slot)
-}
-
-/// The slot at the flow's position in the frontend's Maglev table, if it has one (the
-/// hash: [`Family::flow_hash`]). A missing entry or a slot beyond the current count (a
-/// table being rewritten) falls back to a random slot.
-#[inline(always)]
-fn maglev_slot<F: Family>(
-    master: &Slot<F::Addr>,
-    tuple: &Tuple<F::Addr>,
-    count: u32,
-) -> Option<u16> {
-    if master.flags & SERVICE_FLAG_MAGLEV == 0 {
-        return None;
-    }
-    let size = NODE.get(0)?.maglev_table_size;
-    if size == 0 {
-        return None;
-    }
-    let key = MaglevKey {
-        service_id: master.service_id,
-        index: F::flow_hash(tuple) % size,
-    };
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    let slot = unsafe { *MAGLEV.get_ptr(&key)? };
-    (slot >= 1 && slot <= count).then_some(slot as u16)
-}
-
-/// Zeroes `buffer` with eight 8-byte stores and returns it as an all-zero
-/// `bpf_fib_lookup`. `zeroed()` would become a call to a byte loop (bpf-linker lowers
-/// memset to aya-ebpf's `memset`) whose stack pointer arithmetic the verifier refuses
-/// without CAP_PERFMON (Spectre v1 rules: "pointer arithmetic ... prohibited for !root").
-/// The stores are volatile and the struct is used in place, so that LLVM can neither merge
-/// them into a memset nor re-zero a copy.
-#[inline(always)]
-fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup {
-    const _: () = assert!(size_of::<bpf_fib_lookup>() == size_of::<[u64; 8]>());
-    const _: () = assert!(align_of::<bpf_fib_lookup>() <= align_of::<[u64; 8]>());
-    let words = buffer.as_mut_ptr().cast::<u64>();
-    // SAFETY: each store is within the eight-word buffer; after them every byte is written,
-    // and all zeroes is a valid bpf_fib_lookup (a plain C struct of integers) that fits the
-    // buffer's size and alignment.
-    unsafe {
-        words.write_volatile(0);
-        words.add(1).write_volatile(0);
-        words.add(2).write_volatile(0);
-        words.add(3).write_volatile(0);
-        words.add(4).write_volatile(0);
-        words.add(5).write_volatile(0);
-        words.add(6).write_volatile(0);
-        words.add(7).write_volatile(0);
-        &mut *buffer.as_mut_ptr().cast::<bpf_fib_lookup>()
-    }
-}
-
-/// Sends a packet on towards its new destination, rewritten first to `to` if given (else
-/// already translated): straight to the egress device the FIB names, or to the kernel's
-/// own path when the destination is local or unroutable (its usual errors then apply).
-/// A packet still to be rewritten is looked up with its size: one too big for the path
-/// (and not to be fragmented) is left as it is and its verdict is [`TOO_BIG`] less the
-/// path's MTU, for the entry to answer.
-#[inline(always)]
-fn forward<F: Family>(
-    ctx: &TcContext,
-    packet: &mut Packet<F::Addr>,
-    to: Option<&FlowEntry<F::Addr>>,
-) -> Result<i32, Error> {
-    let hop = if F::SPLIT_FRAMES {
-        next_hop_apart::<F>(ctx, packet, to)
-    } else {
-        next_hop_here::<F>(ctx, packet, to)
-    };
-    if hop <= HOP_TOO_BIG {
-        return Ok(TOO_BIG - (HOP_TOO_BIG - hop) as i32);
-    }
-    if hop == HOP_ERROR {
-        return Err(Error);
-    }
-    if let Some(entry) = to {
-        rewrite(packet, entry)?;
-    }
-    if hop == HOP_STACK {
-        return Ok(TC_ACT_OK);
-    }
-    packet.decrement_ttl()?;
-    let ifindex = hop as u32;
-    if hop & HOP_NEIGHBOUR != 0 {
-        // SAFETY: a null neighbour lets the kernel resolve the next hop itself.
-        return Ok(
-            unsafe { helpers::bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) } as i32,
-        );
-    }
-    // SAFETY: plain helper call without pointers.
-    Ok(unsafe { helpers::bpf_redirect(ifindex, 0) } as i32)
-}
-
-/// [`next_hop_here`]'s answers besides an egress device's index: the kernel's path.
-const HOP_STACK: i64 = 0;
-/// A helper failed.
-const HOP_ERROR: i64 = -1;
-/// With the device's index: its neighbour is not resolved yet (the kernel resolves it).
-const HOP_NEIGHBOUR: i64 = 1 << 32;
-/// At or below: too big for the path, whose MTU is `HOP_TOO_BIG - hop`.
-const HOP_TOO_BIG: i64 = -2;
-
-/// [`next_hop_here`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]).
-#[inline(never)]
-fn next_hop_apart<F: Family>(
-    ctx: &TcContext,
-    packet: &Packet<F::Addr>,
-    to: Option<&FlowEntry<F::Addr>>,
-) -> i64 {
-    next_hop_here::<F>(ctx, packet, to)
-}
-
-/// Where the packet goes once translated (to `to`, or as it is): the FIB's egress device,
-/// whose MAC addresses are written into the packet (they are not part of a rewrite), or
-/// one of the `HOP_*` answers. A plain integer: the caller of a `Result` returned through
-/// memory reads the payload of an error too, a read of stack never written, which the
-/// verifier refuses.
-#[inline(always)]
-fn next_hop_here<F: Family>(
-    ctx: &TcContext,
-    packet: &Packet<F::Addr>,
-    to: Option<&FlowEntry<F::Addr>>,
-) -> i64 {
-    let mut buffer = MaybeUninit::uninit();
-    let fib = zeroed_fib_params(&mut buffer);
-    fib.family = F::AF;
-    fib.l4_protocol = packet.tuple.protocol;
-    // SAFETY: the context is the valid __sk_buff of this run.
-    let skb = unsafe { &*ctx.as_ptr().cast::<__sk_buff>() };
-    match to {
-        Some(entry) => {
-            fib.sport = entry.source_port;
-            fib.dport = entry.destination_port;
-            F::fib_addresses(fib, entry.source, entry.destination);
-            // The path's MTU is checked against what the packet leaves as (one segment
-            // of a GSO batch).
-            fib.__bindgen_anon_1.tot_len = packet.wire_length() as u16;
-        }
-        None => {
-            fib.sport = packet.tuple.source_port;
-            fib.dport = packet.tuple.destination_port;
-            F::fib_addresses(fib, packet.tuple.source, packet.tuple.destination);
-        }
-    }
-    fib.ifindex = skb.ingress_ifindex;
-    // SAFETY: fib is a valid, writable bpf_fib_lookup of the size passed.
-    let rc = unsafe {
-        helpers::bpf_fib_lookup(
-            ctx.as_ptr(),
-            &mut *fib,
-            size_of::<bpf_fib_lookup>() as i32,
-            0,
-        )
-    };
-    match rc {
-        FIB_SUCCESS => {
-            // SAFETY: reading the MAC pair the successful lookup filled in.
-            let macs = unsafe { fib.__bindgen_anon_6.__bindgen_anon_2 };
-            if ctx.store(0, &macs.dmac, 0).is_err() || ctx.store(ETH_ALEN, &macs.smac, 0).is_err() {
-                return HOP_ERROR;
-            }
-            i64::from(fib.ifindex)
-        }
-        FIB_NO_NEIGHBOUR => HOP_NEIGHBOUR | i64::from(fib.ifindex),
-        FIB_FRAG_NEEDED if to.is_some() && packet.may_not_fragment() => {
-            // SAFETY: the lookup wrote the path's MTU into the union.
-            HOP_TOO_BIG - i64::from(unsafe { fib.__bindgen_anon_1.mtu_result })
-        }
-        _ => HOP_STACK,
-    }
 }

@@ -14,8 +14,9 @@ use socklb_abi::{
 };
 
 use crate::{
+    backend,
     icmp::Quoting,
-    lb, log,
+    log,
     maps::{
         AFFINITY, AFFINITY_CAPACITY, AFFINITY6, BACKENDS, BACKENDS6, CONNTRACK, CONNTRACK_NEW,
         CONNTRACK_NEW6, CONNTRACK6, CT_CAPACITY, NODE, NODE6, SCRATCH6, SERVICES, SERVICES6,
@@ -331,7 +332,7 @@ impl Family for V4 {
         let flow = (u64::from(tuple.source) << 32)
             | (u64::from(tuple.source_port) << 16)
             | u64::from(tuple.destination_port);
-        lb::mix(flow ^ u64::from(tuple.protocol).rotate_left(40))
+        backend::mix(flow ^ u64::from(tuple.protocol).rotate_left(40))
     }
 
     #[inline(always)]
@@ -467,8 +468,8 @@ impl Family for V6 {
         let high = (u64::from(a) << 32) | u64::from(b);
         let low = (u64::from(c) << 32) | u64::from(d);
         let ports = (u64::from(tuple.source_port) << 16) | u64::from(tuple.destination_port);
-        let address = u64::from(lb::mix(high)) << 32 | u64::from(lb::mix(low));
-        lb::mix(address ^ ports ^ u64::from(tuple.protocol).rotate_left(40))
+        let address = u64::from(backend::mix(high)) << 32 | u64::from(backend::mix(low));
+        backend::mix(address ^ ports ^ u64::from(tuple.protocol).rotate_left(40))
     }
 
     #[inline(always)]

@@ -9,6 +9,7 @@
 //! is a call that returns at once. Arguments are host-order numbers.
 use aya_log_ebpf::warn;
 
+/// The socket path's target (`socket`), under the name operators know it by.
 const LB: &str = "socklb::lb";
 const EXTERNAL: &str = "socklb::external";
 

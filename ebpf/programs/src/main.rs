@@ -4,29 +4,41 @@
 //!
 //! Every hook is a thin entry that calls a `try_*` function; an error lets the operation
 //! proceed untranslated (the safe verdict for a socket hook) and is counted.
+//!
+//! - Hooks: `connect`, `sendmsg`, `recvmsg`, `getpeername` and `release` (cgroup), over
+//!   `socket` (the socket path's forward and reverse translation); `external` (TC ingress
+//!   and egress, the flows from outside); `destroy` (socket iterators).
+//! - Shared by both paths: `backend` (which backend: session affinity, Maglev, draws).
+//! - The per-packet path's concerns: `conntrack` (flow state), `nat` (SNAT ports and the
+//!   rewrite to a flow's entry), `icmp` (errors about a flow, translated), `deliver` (FIB,
+//!   redirect), `reject` (ICMP answers socklb sends itself), `packet` (parsing, rewriting).
+//! - Address families as type parameters: `socket_family` (socket path), `family` (TC).
 #![no_std]
 #![no_main]
 // The raw kfunc call of `destroy` (see there).
 #![feature(asm_experimental_arch)]
 
+mod backend;
 mod connect;
 mod conntrack;
 mod context;
 mod counters;
+mod deliver;
 mod destroy;
 mod external;
 mod family;
 mod getpeername;
 mod icmp;
-mod lb;
 mod log;
 mod maps;
+mod nat;
 mod packet;
 mod record;
 mod recvmsg;
 mod reject;
 mod release;
 mod sendmsg;
+mod socket;
 mod socket_family;
 mod trace;
 

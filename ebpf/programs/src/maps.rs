@@ -14,7 +14,7 @@ use socklb_abi::{
     TraceControl, TraceEvent,
 };
 
-/// The shapes the service, reverse and socket maps of both families share, so that `lb`
+/// The shapes the service, reverse and socket maps of both families share, so that `socket`
 /// names them once (see `socket_family`).
 pub type ServiceMap<K, V> = HashMap<K, V, 65536, { BPF_F_NO_PREALLOC as usize }>;
 pub type ReverseMap<K, V> = LruHashMap<K, V, 65536>;

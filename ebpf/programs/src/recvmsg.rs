@@ -4,19 +4,19 @@ use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
 use crate::{
     context::{Inet6, SockAddr},
-    lb,
+    socket,
     socket_family::{V4, V6},
 };
 
 #[cgroup_sock_addr(recvmsg4)]
 pub fn socklb_recvmsg4(ctx: SockAddrContext) -> i32 {
-    lb::reverse_verdict::<V4>(&SockAddr::v4(&ctx))
+    socket::reverse_verdict::<V4>(&SockAddr::v4(&ctx))
 }
 
 #[cgroup_sock_addr(recvmsg6)]
 pub fn socklb_recvmsg6(ctx: SockAddrContext) -> i32 {
     match SockAddr::v6(&ctx) {
-        Inet6::V4Mapped(sock) => lb::reverse_verdict::<V4>(&sock),
-        Inet6::Native(sock) => lb::reverse_verdict::<V6>(&sock),
+        Inet6::V4Mapped(sock) => socket::reverse_verdict::<V4>(&sock),
+        Inet6::Native(sock) => socket::reverse_verdict::<V6>(&sock),
     }
 }

@@ -6,7 +6,7 @@ use socklb_abi::PROTO_UDP;
 use crate::{
     PROCEED,
     context::{Inet6, SockAddr},
-    lb::{self, Call, Forward},
+    socket::{self, Call, Forward},
     socket_family::{Family, V4, V6},
 };
 
@@ -25,13 +25,13 @@ pub fn socklb_sendmsg6(ctx: SockAddrContext) -> i32 {
 
 #[inline(always)]
 fn on_sendmsg<F: Family>(sock: &SockAddr) -> i32 {
-    if lb::served_protocol(sock) != Some(PROTO_UDP) {
+    if socket::served_protocol(sock) != Some(PROTO_UDP) {
         return PROCEED;
     }
-    lb::forward_verdict(try_sendmsg::<F>(sock))
+    socket::forward_verdict(try_sendmsg::<F>(sock))
 }
 
 #[inline(always)]
-fn try_sendmsg<F: Family>(sock: &SockAddr) -> Result<Forward, lb::Error> {
-    lb::translate::<F>(sock, PROTO_UDP, Call::SendMsg)
+fn try_sendmsg<F: Family>(sock: &SockAddr) -> Result<Forward, socket::Error> {
+    socket::translate::<F>(sock, PROTO_UDP, Call::SendMsg)
 }

@@ -1,4 +1,4 @@
-//! The address families of the socket programs. `lb` is written once over [`Family`]; each
+//! The address families of the socket programs. `socket` is written once over [`Family`]; each
 //! family says which maps serve it and how its map entries are read and built. Both
 //! implementations are a few lines of field copies that the compiler inlines, so the IPv4
 //! path does the same work as before IPv6 existed.
@@ -116,7 +116,7 @@ pub struct Slot<A> {
     pub port: u16,
 }
 
-/// Pointers to the fields of a socket ring entry, for `lb`'s ordered writes and reads.
+/// Pointers to the fields of a socket ring entry, for `socket`'s ordered writes and reads.
 pub struct RingFields<A> {
     pub cookie: *mut u64,
     pub backend_address: *mut A,

@@ -239,7 +239,12 @@ fn a_small_mtu_towards_the_backend(family: Family) {
                 "  type: NodePort",
                 false
             ),
-            a.slice("probe-1", "probe", ("probe", 9, "UDP"), &[a.pod2_endpoint()]),
+            a.slice(
+                "probe-1",
+                "probe",
+                ("probe", 9, "UDP"),
+                &[a.pod2_endpoint()]
+            ),
         ),
     );
     let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
@@ -298,7 +303,18 @@ fn a_small_mtu_towards_the_backend(family: Family) {
         "traceroute",
         &[
             &format!("-{}", family.tag()),
-            "-n", "-U", "-p", "30066", "--mtu", "-q", "1", "-w", "2", "-m", "4", a.node1,
+            "-n",
+            "-U",
+            "-p",
+            "30066",
+            "--mtu",
+            "-q",
+            "1",
+            "-w",
+            "2",
+            "-m",
+            "4",
+            a.node1,
         ],
     );
     let hops = String::from_utf8_lossy(&hops.stdout).into_owned();

@@ -126,7 +126,12 @@ fn answered_udp_flows_leave_a_waiting_tcp_handshake_alone() {
                 "  type: NodePort",
                 false
             ),
-            a.slice("echo-1", "echo", ("echo", 5353, "UDP"), &[a.pod1_endpoint()]),
+            a.slice(
+                "echo-1",
+                "echo",
+                ("echo", 5353, "UDP"),
+                &[a.pod1_endpoint()]
+            ),
         ),
     );
     let _agent = Agent::start(

@@ -4,24 +4,24 @@
 //! (see `socket_family`).
 use aya_ebpf::helpers;
 use socklb_abi::{
-    AffinityEntry, AffinityKey, PROTO_TCP, PROTO_UDP, SERVICE_FLAG_AFFINITY, TRACE_REASON_AFFINITY,
-    TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET, TRACE_REASON_RANDOM, TRACE_REASON_REVERSE,
-    TRACE_SOURCE_CONNECT, TRACE_SOURCE_REVERSE, TRACE_SOURCE_SENDMSG,
+    PROTO_TCP, PROTO_UDP, TRACE_REASON_AFFINITY, TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET,
+    TRACE_REASON_RANDOM, TRACE_REASON_REVERSE, TRACE_SOURCE_CONNECT, TRACE_SOURCE_REVERSE,
+    TRACE_SOURCE_SENDMSG,
 };
 
 use crate::{
     PROCEED, REJECT,
+    backend::{self, Pick},
     context::SockAddr,
     counters::bump,
     log,
-    maps::{AFFINITY, socket_slot},
+    maps::socket_slot,
     record,
     socket_family::{Address as _, Family, Frontend, Master, Slot},
     trace::{self, Decision},
 };
 
 const ECONNREFUSED: i32 = 111;
-const NANOS_PER_SECOND: u64 = 1_000_000_000;
 /// Draws before a translation gives up when slots keep vanishing under it. The agent deletes
 /// a slot one sync after no count covers it any more, so a second draw always finds one;
 /// the bound keeps the verifier's loop finite.
@@ -47,16 +47,6 @@ pub enum Call {
     Connect,
     /// sendmsg() of an unconnected UDP socket: once per datagram.
     SendMsg,
-}
-
-/// How a slot is chosen when session affinity does not decide.
-#[derive(Clone, Copy)]
-enum Pick {
-    /// Every connection draws a new backend (TCP).
-    Random,
-    /// A socket keeps its backend for as long as the backend set is unchanged (UDP), so
-    /// that replies and later datagrams of one socket stay with one server.
-    PerSocket,
 }
 
 /// Turns a forward translation into the hook's verdict, counting what happened.
@@ -126,7 +116,7 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
             trace::socket(&decision, sock, cookie);
             return Ok(Forward::NoBackend);
         }
-        chosen = choose_backend::<F>(sock, &master, &mut key, cookie, pick);
+        chosen = backend::for_socket::<F>(sock, &master, &mut key, cookie, pick);
         if chosen.is_some() {
             break;
         }
@@ -182,103 +172,6 @@ fn master_entry<F: Family>(key: &mut F::ServiceKey) -> Option<Master> {
     let master = F::services().get_ptr(key)?;
     // SAFETY: pointer from a successful lookup; copied out at once.
     Some(F::master(unsafe { &*master }))
-}
-
-/// Chooses a backend slot: the affinity entry's if it is fresh and its backend still holds
-/// that slot, else a new draw (recorded for affinity when the service asks for it). Gives
-/// the backend, its slot and whether affinity chose it; `None` when the slot drawn does
-/// not exist (any more).
-#[inline(always)]
-fn choose_backend<F: Family>(
-    sock: &SockAddr,
-    master: &Master,
-    key: &mut F::ServiceKey,
-    cookie: u64,
-    pick: Pick,
-) -> Option<(Slot<F::Address>, u16, bool)> {
-    let count = master.count;
-    if master.flags & SERVICE_FLAG_AFFINITY == 0 {
-        let slot = pick_slot(pick, count, cookie);
-        return Some((backend_in_slot::<F>(key, slot)?, slot, false));
-    }
-
-    // SAFETY: helper without arguments.
-    let now = unsafe { helpers::bpf_ktime_get_ns() };
-    // One affinity map for both families: service ids are one space.
-    let affinity_key = AffinityKey {
-        netns_cookie: sock.netns_cookie(),
-        service_id: master.service_id,
-        pad: 0,
-    };
-    if let Some(entry) = AFFINITY.get_ptr_mut(&affinity_key) {
-        // SAFETY: pointer from a successful lookup, valid for this run.
-        let entry = unsafe { &mut *entry };
-        let timeout_ns = u64::from(master.affinity_timeout_s) * NANOS_PER_SECOND;
-        let fresh = now.wrapping_sub(entry.last_used_ns) <= timeout_ns;
-        if fresh && entry.slot >= 1 && entry.slot <= count {
-            F::set_slot(key, entry.slot);
-            if let Some(slot) = F::services().get_ptr(key) {
-                // SAFETY: as above.
-                let backend = F::slot(unsafe { &*slot });
-                if backend.backend_id == entry.backend_id {
-                    entry.last_used_ns = now;
-                    return Some((backend, entry.slot, true));
-                }
-            }
-        }
-    }
-
-    let slot = pick_slot(pick, count, cookie);
-    let backend = backend_in_slot::<F>(key, slot)?;
-    let entry = AffinityEntry {
-        last_used_ns: now,
-        backend_id: backend.backend_id,
-        slot,
-        pad: 0,
-    };
-    // A full LRU that cannot take the entry costs the affinity of this one connection,
-    // never the connection: counted, and the draw stands.
-    if let Err(error) = AFFINITY.insert(&affinity_key, &entry, 0) {
-        log::affinity_not_written(error);
-        bump(|c| &mut c.errors);
-    }
-    Some((backend, slot, false))
-}
-
-/// The slot entry: backend id, address and port.
-#[inline(always)]
-fn backend_in_slot<F: Family>(key: &mut F::ServiceKey, slot: u16) -> Option<Slot<F::Address>> {
-    F::set_slot(key, slot);
-    let entry = F::services().get_ptr(key)?;
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    Some(F::slot(unsafe { &*entry }))
-}
-
-/// A slot in `1..=count`; `count` is never 0 here, and the guard keeps the modulo free of
-/// a panic path the verifier would reject.
-#[inline(always)]
-fn pick_slot(pick: Pick, count: u16, cookie: u64) -> u16 {
-    let count = u32::from(count);
-    if count == 0 {
-        return 1;
-    }
-    let draw = match pick {
-        // SAFETY: helper without arguments.
-        Pick::Random => unsafe { helpers::bpf_get_prandom_u32() },
-        Pick::PerSocket => mix(cookie),
-    };
-    // count <= u16::MAX, so the slot fits.
-    ((draw % count) + 1) as u16
-}
-
-/// Spreads consecutive socket cookies over the slots (splitmix64's finaliser).
-#[inline(always)]
-pub fn mix(cookie: u64) -> u32 {
-    let mut x = cookie;
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^= x >> 31;
-    x as u32
 }
 
 /// Records which frontend the socket asked for. A connect()ed socket has one peer: its slot
