@@ -4,6 +4,10 @@
 //! Every type is `#[repr(C)]` with fixed-width integers, explicit zeroed padding and a
 //! compile-time size check, so both sides (and `bpftool`, through BTF) agree on every byte.
 //! Addresses and ports are stored in network byte order; only the agent converts them.
+//!
+//! A key or value that both address families use is declared once, generic over its
+//! address: `A = u32` (IPv4, the default) or [`Ipv6Words`] (the `*6` aliases), so that the
+//! programs treat both families alike with no view, cast or layout check of their own.
 //! A change to any layout must bump [`LAYOUT_VERSION`] and the `_vN` suffix of the map
 //! names, so that a new agent never reuses a pinned map of the old layout.
 #![no_std]
@@ -251,9 +255,9 @@ pub const MAX_BACKENDS_PER_SERVICE: u16 = u16::MAX;
 /// its backends.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey {
-    /// Frontend IPv4 address, network byte order.
-    pub address: u32,
+pub struct ServiceKey<A = u32> {
+    /// Frontend address, network byte order.
+    pub address: A,
     /// Frontend port, network byte order.
     pub port: u16,
     /// [`PROTO_TCP`] or [`PROTO_UDP`].
@@ -269,11 +273,11 @@ pub struct ServiceKey {
 /// address and port too, so that translating a connection needs no backend-map lookup.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ServiceEntry {
+pub struct ServiceEntry<A = u32> {
     /// Slot: the backend's id (key of the backend map).
     pub backend_id: u32,
-    /// Slot: the backend's IPv4 address, network byte order.
-    pub backend_address: u32,
+    /// Slot: the backend's address, network byte order.
+    pub backend_address: A,
     /// Slot: the backend's port, network byte order.
     pub backend_port: u16,
     /// Master: number of backend slots; 0 means "known frontend, no usable backend".
@@ -291,9 +295,9 @@ pub struct ServiceEntry {
 /// Value of the backend map (key: backend id, `u32`, never 0).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Backend {
-    /// Backend IPv4 address, network byte order.
-    pub address: u32,
+pub struct Backend<A = u32> {
+    /// Backend address, network byte order.
+    pub address: A,
     /// Backend port, network byte order.
     pub port: u16,
     pub protocol: u8,
@@ -305,21 +309,23 @@ pub struct Backend {
 /// cookie so that a socket that connected to the backend directly is never shown the VIP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ReverseKey {
+pub struct ReverseKey<A = u32, P = [u32; 0]> {
     pub cookie: u64,
     /// Backend address, network byte order.
-    pub address: u32,
+    pub address: A,
     /// Backend port, network byte order.
     pub port: u16,
     pub pad: u16,
+    /// Zeroed room to the key's 8-byte alignment: none for IPv4, a word for IPv6.
+    pub pad2: P,
 }
 
 /// Value of the reverse map: the frontend the socket asked for.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ReverseEntry {
+pub struct ReverseEntry<A = u32> {
     /// Frontend address, network byte order.
-    pub address: u32,
+    pub address: A,
     /// Frontend port, network byte order.
     pub port: u16,
     pub pad: u16,
@@ -334,16 +340,16 @@ pub struct ReverseEntry {
 /// socket's frontend, and a direct connection to a backend is never shown the VIP.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SocketFrontend {
+pub struct SocketFrontend<A = u32> {
     /// The socket's cookie; 0 in a slot never written.
     pub cookie: u64,
     /// Backend address, network byte order.
-    pub backend_address: u32,
+    pub backend_address: A,
     /// Backend port, network byte order.
     pub backend_port: u16,
     pub pad: u16,
     /// Frontend address, network byte order.
-    pub frontend_address: u32,
+    pub frontend_address: A,
     /// Frontend port, network byte order.
     pub frontend_port: u16,
     pub pad2: u16,
@@ -399,16 +405,16 @@ impl GoneKey {
 /// socket map entry names this pair (and whose peer is still that backend) is closed.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GoneKey {
+pub struct GoneKey<A = u32> {
     /// Frontend address, network byte order.
-    pub frontend_address: u32,
+    pub frontend_address: A,
     /// Frontend port, network byte order.
     pub frontend_port: u16,
     /// [`PROTO_TCP`] or [`PROTO_UDP`].
     pub protocol: u8,
     pub pad: u8,
     /// Backend address, network byte order.
-    pub backend_address: u32,
+    pub backend_address: A,
     /// Backend port, network byte order.
     pub backend_port: u16,
     pub pad2: u16,
@@ -491,9 +497,9 @@ pub const CT_REPLY: u8 = 1;
 /// order) and which way it goes. A flow has one entry per direction.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct CtKey {
-    pub source: u32,
-    pub destination: u32,
+pub struct CtKey<A = u32> {
+    pub source: A,
+    pub destination: A,
     pub source_port: u16,
     pub destination_port: u16,
     pub protocol: u8,
@@ -552,9 +558,9 @@ pub const CT_TIMEOUT_CLOSING_S: u32 = 10;
 /// order), and which service and backend the flow belongs to.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct CtEntry {
-    pub source: u32,
-    pub destination: u32,
+pub struct CtEntry<A = u32> {
+    pub source: A,
+    pub destination: A,
     pub source_port: u16,
     pub destination_port: u16,
     pub backend_id: u32,
@@ -568,7 +574,7 @@ pub struct CtEntry {
     pub sequence_high: u16,
 }
 
-impl CtEntry {
+impl<A> CtEntry<A> {
     /// Whether the flow has been idle for longer than `timeout_s` (see
     /// [`CtTimeouts::timeout_s`]).
     #[must_use]
@@ -607,15 +613,15 @@ pub struct FragmentPorts {
 /// `(frontend, client)` decides. No match at all: the frontend is not restricted.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SourceRange {
+pub struct SourceRange<A = u32> {
     /// Frontend address, network byte order.
-    pub frontend: u32,
+    pub frontend: A,
     /// Frontend port, network byte order.
     pub port: u16,
     pub protocol: u8,
     pub pad: u8,
     /// Client address, network byte order.
-    pub client: u32,
+    pub client: A,
 }
 
 /// Bits of [`SourceRange`] that name the frontend (address, port, protocol, pad).
@@ -748,91 +754,26 @@ pub const fn ipv6_octets(words: Ipv6Words) -> [u8; 16] {
 }
 
 /// [`ServiceKey`] of an IPv6 frontend.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ServiceKey6 {
-    pub address: Ipv6Words,
-    /// Network byte order.
-    pub port: u16,
-    pub protocol: u8,
-    pub scope: u8,
-    pub slot: u16,
-    pub pad: u16,
-}
+pub type ServiceKey6 = ServiceKey<Ipv6Words>;
 
 /// [`ServiceEntry`] of an IPv6 frontend: the same fields, with the backend's address
 /// 16 bytes wide.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ServiceEntry6 {
-    pub backend_id: u32,
-    pub backend_address: Ipv6Words,
-    pub backend_port: u16,
-    pub count: u16,
-    pub flags: u16,
-    pub pad: u16,
-    pub service_id: u32,
-    pub affinity_timeout_s: u32,
-}
+pub type ServiceEntry6 = ServiceEntry<Ipv6Words>;
 
 /// [`Backend`] of an IPv6 endpoint (key: backend id, from the same space as IPv4's).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Backend6 {
-    pub address: Ipv6Words,
-    pub port: u16,
-    pub protocol: u8,
-    pub flags: u8,
-}
+pub type Backend6 = Backend<Ipv6Words>;
 
 /// [`ReverseKey`] of an IPv6 socket.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ReverseKey6 {
-    pub cookie: u64,
-    pub address: Ipv6Words,
-    pub port: u16,
-    pub pad: u16,
-    pub pad2: u32,
-}
+pub type ReverseKey6 = ReverseKey<Ipv6Words, u32>;
 
 /// [`ReverseEntry`] of an IPv6 socket.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ReverseEntry6 {
-    pub address: Ipv6Words,
-    pub port: u16,
-    pub pad: u16,
-    pub service_id: u32,
-}
+pub type ReverseEntry6 = ReverseEntry<Ipv6Words>;
 
 /// [`SocketFrontend`] of an IPv6 socket.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SocketFrontend6 {
-    pub cookie: u64,
-    pub backend_address: Ipv6Words,
-    pub backend_port: u16,
-    pub pad: u16,
-    pub frontend_address: Ipv6Words,
-    pub frontend_port: u16,
-    pub pad2: u16,
-    pub service_id: u32,
-    pub pad3: u32,
-}
+pub type SocketFrontend6 = SocketFrontend<Ipv6Words>;
 
 /// [`GoneKey`] of an IPv6 frontend.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GoneKey6 {
-    pub frontend_address: Ipv6Words,
-    pub frontend_port: u16,
-    pub protocol: u8,
-    pub pad: u8,
-    pub backend_address: Ipv6Words,
-    pub backend_port: u16,
-    pub pad2: u16,
-}
+pub type GoneKey6 = GoneKey<Ipv6Words>;
 
 /// Key of the IPv6 affinity map: a client outside the node (local sockets are keyed by
 /// netns cookie in the shared [`AffinityKey`] map) and a service.
@@ -845,41 +786,10 @@ pub struct AffinityKey6 {
 }
 
 /// [`CtKey`] of an IPv6 packet.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct CtKey6 {
-    pub source: Ipv6Words,
-    pub destination: Ipv6Words,
-    pub source_port: u16,
-    pub destination_port: u16,
-    pub protocol: u8,
-    pub direction: u8,
-    pub pad: u16,
-}
+pub type CtKey6 = CtKey<Ipv6Words>;
 
 /// [`CtEntry`] of an IPv6 flow.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct CtEntry6 {
-    pub source: Ipv6Words,
-    pub destination: Ipv6Words,
-    pub source_port: u16,
-    pub destination_port: u16,
-    pub backend_id: u32,
-    pub service_id: u32,
-    pub last_seen_s: u32,
-    pub flags: u16,
-    /// As [`CtEntry::sequence_high`].
-    pub sequence_high: u16,
-}
-
-impl CtEntry6 {
-    /// As [`CtEntry::expired`].
-    #[must_use]
-    pub fn expired(&self, now_s: u32, timeout_s: u32) -> bool {
-        now_s.wrapping_sub(self.last_seen_s) > timeout_s
-    }
-}
+pub type CtEntry6 = CtEntry<Ipv6Words>;
 
 /// [`FragmentKey`] of an IPv6 datagram (its Fragment header's 32-bit identification).
 #[repr(C)]
@@ -894,15 +804,7 @@ pub struct FragmentKey6 {
 }
 
 /// [`SourceRange`] of an IPv6 LoadBalancer frontend and client.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SourceRange6 {
-    pub frontend: Ipv6Words,
-    pub port: u16,
-    pub protocol: u8,
-    pub pad: u8,
-    pub client: Ipv6Words,
-}
+pub type SourceRange6 = SourceRange<Ipv6Words>;
 
 /// Bits of [`SourceRange6`] that name the frontend (address, port, protocol, pad).
 pub const SOURCE_RANGE6_FRONTEND_BITS: u32 = 160;
@@ -1328,7 +1230,7 @@ mod tests {
                 "{protocol} {flags} {confirmed}"
             );
         }
-        let entry = CtEntry {
+        let entry: CtEntry = CtEntry {
             last_seen_s: 100,
             ..CtEntry::default()
         };

@@ -19,11 +19,11 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
 use socklb_abi::{
     CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FORWARD, CT_REPLY,
-    CtTimeouts, NodeConfig, PROTO_TCP, in_sequence_window,
+    CtEntry, CtKey, CtTimeouts, NodeConfig, PROTO_TCP, in_sequence_window,
 };
 
 use crate::{
-    family::{CtTable, Family, FlowEntry, FlowKey},
+    family::{CtTable, Family},
     maps::NODE,
     packet::{Ending, Segment, Tuple},
 };
@@ -31,17 +31,17 @@ use crate::{
 const NANOS_PER_SECOND: u64 = 1_000_000_000;
 
 type Addr<F> = <F as Family>::Addr;
-type Entry<F> = FlowEntry<Addr<F>>;
-type Key<F> = FlowKey<Addr<F>>;
+type Entry<F> = CtEntry<Addr<F>>;
+type Key<F> = CtKey<Addr<F>>;
 
 /// A flow's entry in one direction, and whether it is in the main table.
 #[derive(Clone, Copy)]
 pub struct Found<A> {
-    pub entry: FlowEntry<A>,
+    pub entry: CtEntry<A>,
     pub confirmed: bool,
 }
 
-/// Seconds since boot, as [`FlowEntry::last_seen_s`] counts. The coarse clock (a tick's
+/// Seconds since boot, as [`CtEntry::last_seen_s`] counts. The coarse clock (a tick's
 /// resolution) is plenty for second-granular timeouts and cheaper than reading the
 /// clocksource on every packet.
 #[inline(always)]
@@ -59,8 +59,8 @@ pub fn may_be_snat_reply<A>(tuple: &Tuple<A>, node: Option<&NodeConfig>) -> bool
 }
 
 #[inline(always)]
-pub fn key<A: Copy>(tuple: &Tuple<A>, direction: u8) -> FlowKey<A> {
-    FlowKey {
+pub fn key<A: Copy>(tuple: &Tuple<A>, direction: u8) -> CtKey<A> {
+    CtKey {
         source: tuple.source,
         destination: tuple.destination,
         source_port: tuple.source_port,
@@ -75,8 +75,8 @@ pub fn key<A: Copy>(tuple: &Tuple<A>, direction: u8) -> FlowKey<A> {
 /// entry says what its packets become, which is what the other direction's packets are
 /// with source and destination swapped.
 #[inline(always)]
-fn other_direction<A: Copy>(key: &FlowKey<A>, entry: &FlowEntry<A>) -> FlowKey<A> {
-    FlowKey {
+fn other_direction<A: Copy>(key: &CtKey<A>, entry: &CtEntry<A>) -> CtKey<A> {
+    CtKey {
         source: entry.destination,
         destination: entry.source,
         source_port: entry.destination_port,
@@ -95,7 +95,7 @@ fn other_direction<A: Copy>(key: &FlowKey<A>, entry: &FlowEntry<A>) -> FlowKey<A
 /// A flow that took over an expired flow's SNAT port overwrote its reply entry, so the old
 /// flow's forward entry (left in place, or still read by a packet) must not act on it.
 #[inline(always)]
-fn points_to<A: PartialEq>(entry: &FlowEntry<A>, other: &FlowKey<A>) -> bool {
+fn points_to<A: PartialEq>(entry: &CtEntry<A>, other: &CtKey<A>) -> bool {
     entry.source == other.destination
         && entry.destination == other.source
         && entry.source_port == other.destination_port
@@ -110,7 +110,7 @@ fn reply_is_ours<F: Family>(table: &CtTable<F>, reply_key: &Key<F>, forward_key:
         return false;
     };
     // SAFETY: pointer from a successful lookup; read at once.
-    points_to(F::flow_entry(unsafe { &*reply }), forward_key)
+    points_to(unsafe { &*reply }, forward_key)
 }
 
 /// The entry under `key` in `table` (the main table if `confirmed`) as it was before this
@@ -136,7 +136,6 @@ fn touch<F: Family>(
     // SAFETY: pointer from a successful lookup, valid for this run; racing writers only
     // move the timestamp or add flags, both idempotent.
     let entry = unsafe { &mut *entry };
-    let entry = F::flow_entry_mut(entry);
     let timeout = CtTimeouts::of(NODE.get(0)).timeout_s(key.protocol, entry.flags, confirmed);
     if entry.expired(now, timeout) {
         let _ = table.remove(F::ct_key(key));
@@ -176,7 +175,7 @@ pub fn peek<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, now: u32) -> Optio
     let live = |table: &CtTable<F>, confirmed: bool| {
         let entry = table.get_ptr(F::ct_key(&key))?;
         // SAFETY: pointer from a successful lookup; copied out at once.
-        let entry = *F::flow_entry(unsafe { &*entry });
+        let entry = *(unsafe { &*entry });
         let timeout = timeouts.timeout_s(key.protocol, entry.flags, confirmed);
         (!entry.expired(now, timeout)).then_some(entry)
     };
@@ -208,7 +207,7 @@ fn fin_in<F: Family>(
     };
     // SAFETY: pointer from a successful lookup, valid for this run; racing writers only add
     // flags.
-    let entry = F::flow_entry_mut(unsafe { &mut *entry });
+    let entry = unsafe { &mut *entry };
     if entry.flags & CT_FLAG_FIN != 0 {
         return true;
     }
@@ -222,7 +221,7 @@ fn fin_in<F: Family>(
     let other = other_direction(key, entry);
     if let Some(held) = table.get_ptr_mut(F::ct_key(&other)) {
         // SAFETY: as above.
-        let held = F::flow_entry_mut(unsafe { &mut *held });
+        let held = unsafe { &mut *held };
         if points_to(held, key) && held.flags & CT_FLAG_FIN != 0 {
             held.flags |= CT_FLAG_CLOSING;
             entry.flags |= CT_FLAG_CLOSING;
@@ -236,7 +235,7 @@ fn fin_in<F: Family>(
 fn add_flags<F: Family>(table: &CtTable<F>, key: &Key<F>, flags: u16) {
     if let Some(held) = table.get_ptr_mut(F::ct_key(key)) {
         // SAFETY: pointer from a successful lookup, valid for this run.
-        F::flow_entry_mut(unsafe { &mut *held }).flags |= flags;
+        (unsafe { &mut *held }).flags |= flags;
     }
 }
 
@@ -320,7 +319,7 @@ fn confirm_on_reply_here<F: Family>(reply_key: &Key<F>, forward_key: &Key<F>) {
     };
     // SAFETY: pointer from a successful lookup, valid for this run.
     let forward = unsafe { &*forward };
-    if !points_to(F::flow_entry(forward), reply_key) {
+    if !points_to(forward, reply_key) {
         return;
     }
     let Some(held) = table.get_ptr(F::ct_key(reply_key)) else {
@@ -389,9 +388,7 @@ fn confirm_here<F: Family>(
     let reply = match F::conntrack_new().get_ptr(F::ct_key(&reply_key)) {
         // SAFETY: pointer from a successful lookup, valid for this run (the insert below
         // copies it).
-        Some(held) if points_to(F::flow_entry(unsafe { &*held }), &forward_key) => unsafe {
-            &*held
-        },
+        Some(held) if points_to(unsafe { &*held }, &forward_key) => unsafe { &*held },
         _ => F::ct_entry(&built),
     };
     let mut forward = *forward;
@@ -433,7 +430,7 @@ fn reopen_here<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
     let clear = |key: &Key<F>| {
         if let Some(held) = F::conntrack_new().get_ptr_mut(F::ct_key(key)) {
             // SAFETY: pointer from a successful lookup, valid for this run.
-            F::flow_entry_mut(unsafe { &mut *held }).flags &= !STATE;
+            (unsafe { &mut *held }).flags &= !STATE;
         }
     };
     if reply_is_ours::<F>(F::conntrack_new(), &reply_key, &forward_key) {
@@ -479,10 +476,10 @@ fn forget_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
 /// what it is rewritten to (the frontend the client asked for, back to the client). The
 /// backend's sequence numbers are not known until it answers.
 #[inline(always)]
-pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &FlowEntry<A>) -> (FlowKey<A>, FlowEntry<A>) {
+pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &CtEntry<A>) -> (CtKey<A>, CtEntry<A>) {
     (
         other_direction(&key(arrived, CT_FORWARD), forward),
-        FlowEntry {
+        CtEntry {
             source: arrived.destination,
             destination: arrived.source,
             source_port: arrived.destination_port,
@@ -583,7 +580,7 @@ pub fn held<F: Family>(
         !entry.expired(now, timeout)
     };
     // SAFETY: pointer from a successful lookup, valid for this run.
-    let reply = F::flow_entry(unsafe { &*reply });
+    let reply = unsafe { &*reply };
     let reply_live = live(reply);
     // The held flow's forward entry: its client tuple is what the reply rewrites to. An
     // entry there that names another reply key is another flow's.
@@ -591,7 +588,7 @@ pub fn held<F: Family>(
     // SAFETY: as above.
     let forward = table
         .get_ptr(F::ct_key(&forward_key))
-        .map(|entry| F::flow_entry(unsafe { &*entry }))
+        .map(|entry| unsafe { &*entry })
         .filter(|entry| points_to(entry, reply_key));
     let forward_found = forward.is_some();
     let forward_live = forward.is_some_and(live);

@@ -11,9 +11,10 @@ use aya_ebpf::{
     helpers,
     programs::TcContext,
 };
+use socklb_abi::CtEntry;
 
 use crate::{
-    family::{Family, FlowEntry},
+    family::Family,
     nat,
     packet::{Packet, PacketError},
 };
@@ -68,7 +69,7 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
 pub fn forward<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    to: Option<&FlowEntry<F::Addr>>,
+    to: Option<&CtEntry<F::Addr>>,
 ) -> Result<i32, PacketError> {
     let hop = if F::SPLIT_FRAMES {
         next_hop_apart::<F>(ctx, packet, to)
@@ -113,7 +114,7 @@ const HOP_TOO_BIG: i64 = -2;
 fn next_hop_apart<F: Family>(
     ctx: &TcContext,
     packet: &Packet<F::Addr>,
-    to: Option<&FlowEntry<F::Addr>>,
+    to: Option<&CtEntry<F::Addr>>,
 ) -> i64 {
     next_hop_here::<F>(ctx, packet, to)
 }
@@ -127,7 +128,7 @@ fn next_hop_apart<F: Family>(
 fn next_hop_here<F: Family>(
     ctx: &TcContext,
     packet: &Packet<F::Addr>,
-    to: Option<&FlowEntry<F::Addr>>,
+    to: Option<&CtEntry<F::Addr>>,
 ) -> i64 {
     let mut buffer = MaybeUninit::uninit();
     let fib = zeroed_fib_params(&mut buffer);

@@ -32,7 +32,7 @@
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use socklb_abi::{
     BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT,
-    CT_FORWARD, CT_REPLY, CtTimeouts, Ipv6Words, PROTO_TCP, SERVICE_FLAG_REJECT,
+    CT_FORWARD, CT_REPLY, CtEntry, CtTimeouts, Ipv6Words, PROTO_TCP, SERVICE_FLAG_REJECT,
     TRACE_REASON_CONNTRACK, TRACE_REASON_NO_BACKEND, TRACE_REASON_SNAT_EXHAUSTED,
     TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
 };
@@ -42,7 +42,7 @@ use crate::{
     conntrack::{self, Found},
     counters::bump,
     deliver::{self, TC_ACT_OK, TC_ACT_SHOT, TOO_BIG},
-    family::{Family, FlowEntry, V4, V6},
+    family::{Family, V4, V6},
     icmp::{self, Quoting},
     log,
     maps::NODE,
@@ -133,10 +133,10 @@ impl Flow {
 /// compiler cannot see (zero stores in a row become a memset loop, which the verifier
 /// refuses without CAP_PERFMON).
 #[inline(always)]
-fn blank_entry<F: Family>() -> FlowEntry<F::Addr> {
+fn blank_entry<F: Family>() -> CtEntry<F::Addr> {
     // SAFETY: a read of a valid constant.
     let zero = unsafe { core::ptr::read_volatile(&0u32) };
-    FlowEntry {
+    CtEntry {
         source: F::addr_from(zero),
         destination: F::addr_from(zero),
         source_port: zero as u16,
@@ -353,7 +353,7 @@ fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Resu
 fn deliver<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    entry: &FlowEntry<F::Addr>,
+    entry: &CtEntry<F::Addr>,
 ) -> Result<i32, Error> {
     if F::SPLIT_FRAMES {
         match deliver_apart::<F>(ctx, packet, entry) {
@@ -370,7 +370,7 @@ fn deliver<F: Family>(
 fn deliver_apart<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    entry: &FlowEntry<F::Addr>,
+    entry: &CtEntry<F::Addr>,
 ) -> i32 {
     deliver_here::<F>(ctx, packet, entry).unwrap_or(-1)
 }
@@ -379,7 +379,7 @@ fn deliver_apart<F: Family>(
 fn deliver_here<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
-    entry: &FlowEntry<F::Addr>,
+    entry: &CtEntry<F::Addr>,
 ) -> Result<i32, Error> {
     if entry.flags & CT_FLAG_SNAT == 0 {
         nat::rewrite(packet, entry)?;
@@ -450,7 +450,7 @@ fn snat_reply_here<F: Family>(
 #[inline(always)]
 fn snat<F: Family>(
     packet: &Packet<F::Addr>,
-    entry: &mut FlowEntry<F::Addr>,
+    entry: &mut CtEntry<F::Addr>,
     now: u32,
 ) -> Result<Flow, Error> {
     let (Some(node), Some(snat_address)) = (NODE.get(0), F::snat_address()) else {
@@ -479,7 +479,7 @@ fn snat<F: Family>(
 /// The trace event of a flow that found no SNAT port, in a stack frame of its own: the
 /// caller's frame and the port search's are both near the limit of their chain.
 #[inline(never)]
-fn trace_snat_exhausted<A: TracedValue>(tuple: &Tuple<A>, entry: &FlowEntry<A>) {
+fn trace_snat_exhausted<A: TracedValue>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
     let decision = Decision {
         reason: TRACE_REASON_SNAT_EXHAUSTED,
         service_id: entry.service_id,
@@ -515,7 +515,7 @@ fn known_flow<F: Family>(
     packet: &Packet<F::Addr>,
     segment: Segment,
     now: u32,
-    entry: &mut FlowEntry<F::Addr>,
+    entry: &mut CtEntry<F::Addr>,
 ) -> Result<bool, Error> {
     if F::SPLIT_FRAMES {
         match known_flow_apart::<F>(packet, segment, now, entry) {
@@ -534,7 +534,7 @@ fn known_flow_apart<F: Family>(
     packet: &Packet<F::Addr>,
     segment: Segment,
     now: u32,
-    entry: &mut FlowEntry<F::Addr>,
+    entry: &mut CtEntry<F::Addr>,
 ) -> i32 {
     match known_flow_here::<F>(packet, segment, now, entry) {
         Ok(known) => i32::from(known),
@@ -547,7 +547,7 @@ fn known_flow_here<F: Family>(
     packet: &Packet<F::Addr>,
     segment: Segment,
     now: u32,
-    entry: &mut FlowEntry<F::Addr>,
+    entry: &mut CtEntry<F::Addr>,
 ) -> Result<bool, Error> {
     if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, segment, now) {
         if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
@@ -625,7 +625,7 @@ fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>) ->
 fn new_flow<F: Family>(
     packet: &Packet<F::Addr>,
     now: u32,
-    out: &mut FlowEntry<F::Addr>,
+    out: &mut CtEntry<F::Addr>,
 ) -> Result<Flow, Error> {
     if F::SPLIT_FRAMES {
         Flow::decode(new_flow_apart::<F>(packet, now, out))
@@ -639,7 +639,7 @@ fn new_flow<F: Family>(
 fn new_flow_apart<F: Family>(
     packet: &Packet<F::Addr>,
     now: u32,
-    out: &mut FlowEntry<F::Addr>,
+    out: &mut CtEntry<F::Addr>,
 ) -> i32 {
     Flow::code(new_flow_here::<F>(packet, now, out))
 }
@@ -648,7 +648,7 @@ fn new_flow_apart<F: Family>(
 fn new_flow_here<F: Family>(
     packet: &Packet<F::Addr>,
     now: u32,
-    out: &mut FlowEntry<F::Addr>,
+    out: &mut CtEntry<F::Addr>,
 ) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
     let Some(master) = F::service(tuple.destination, tuple.destination_port, tuple.protocol, 0)
@@ -686,7 +686,7 @@ fn new_flow_here<F: Family>(
     decision.reason = reason;
     decision.backend = (&backend.backend_address, backend.backend_port);
     decision.slot = slot;
-    let mut entry = FlowEntry {
+    let mut entry = CtEntry {
         source: tuple.source,
         destination: backend.backend_address,
         source_port: tuple.source_port,

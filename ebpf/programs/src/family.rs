@@ -1,7 +1,7 @@
 //! The address family of a packet from outside: which maps its flow uses and how its
 //! addresses fit their keys. The flow logic (`external`, `conntrack`) is written once over
 //! [`Family`]; [`V4`] and [`V6`] map it onto the per-family maps of socklb-abi, whose keys
-//! and values have the same fields with addresses 4 or 16 bytes wide. Service and backend
+//! and values are one generic declaration over the address (4 or 16 bytes wide). Service and backend
 //! ids are one space across both, so the Maglev map serves both.
 use aya_ebpf::{
     bindings::bpf_fib_lookup,
@@ -26,45 +26,6 @@ use crate::{
     trace::TracedValue,
 };
 
-/// A conntrack key of either family: a packet's addresses and ports as they arrive, and
-/// which way it goes. The layout of `CtKey` (`A = u32`) and `CtKey6` (`A = Ipv6Words`),
-/// checked below, so that a key is handed to the maps as it is, never copied.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct FlowKey<A> {
-    pub source: A,
-    pub destination: A,
-    pub source_port: u16,
-    pub destination_port: u16,
-    pub protocol: u8,
-    pub direction: u8,
-    pub pad: u16,
-}
-
-/// A conntrack entry of either family: what the packets of one direction become, and whose
-/// flow it is. The layout of `CtEntry` and `CtEntry6`, as [`FlowKey`].
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub struct FlowEntry<A> {
-    pub source: A,
-    pub destination: A,
-    pub source_port: u16,
-    pub destination_port: u16,
-    pub backend_id: u32,
-    pub service_id: u32,
-    pub last_seen_s: u32,
-    pub flags: u16,
-    pub sequence_high: u16,
-}
-
-impl<A> FlowEntry<A> {
-    /// As `CtEntry::expired`.
-    #[inline(always)]
-    pub fn expired(&self, now_s: u32, timeout_s: u32) -> bool {
-        now_s.wrapping_sub(self.last_seen_s) > timeout_s
-    }
-}
-
 /// An entry of the service map (external scope): the master (slot 0) or a backend slot.
 #[derive(Clone, Copy)]
 pub struct Slot<A> {
@@ -78,12 +39,11 @@ pub struct Slot<A> {
 }
 
 /// A conntrack table of one family.
-pub type CtTable<F> = LruHashMap<<F as Family>::CtKey, <F as Family>::CtEntry, CT_CAPACITY>;
+pub type CtTable<F> =
+    LruHashMap<CtKey<<F as Family>::Addr>, CtEntry<<F as Family>::Addr>, CT_CAPACITY>;
 
 pub trait Family: Sized + 'static {
     type Addr: Address + Quoting + TracedValue;
-    type CtKey: Copy;
-    type CtEntry: Copy;
     type AffinityKey: Copy;
 
     /// `bpf_fib_lookup`'s family (AF_INET, AF_INET6).
@@ -96,11 +56,10 @@ pub trait Family: Sized + 'static {
     /// The confirmed and the unconfirmed conntrack table (see `conntrack`).
     fn conntrack() -> &'static CtTable<Self>;
     fn conntrack_new() -> &'static CtTable<Self>;
-    /// The same bytes as the map's types (no copy: the layouts are one).
-    fn ct_key(key: &FlowKey<Self::Addr>) -> &Self::CtKey;
-    fn ct_entry(entry: &FlowEntry<Self::Addr>) -> &Self::CtEntry;
-    fn flow_entry(raw: &Self::CtEntry) -> &FlowEntry<Self::Addr>;
-    fn flow_entry_mut(raw: &mut Self::CtEntry) -> &mut FlowEntry<Self::Addr>;
+    /// A key or entry where a map helper reads it: the caller's own (IPv4), or a copy in
+    /// per-CPU scratch room (IPv6), which the caller hands to the helper at once.
+    fn ct_key(key: &CtKey<Self::Addr>) -> &CtKey<Self::Addr>;
+    fn ct_entry(entry: &CtEntry<Self::Addr>) -> &CtEntry<Self::Addr>;
 
     /// The external-scope service map entry of a frontend at `slot` (0: the master).
     fn service(address: Self::Addr, port: u16, protocol: u8, slot: u16)
@@ -128,7 +87,7 @@ pub trait Family: Sized + 'static {
     /// Where the entry a packet's flow is rewritten to lives while its steps run: `local`
     /// (IPv4), or per-CPU scratch room (IPv6, whose stack has no room); `None` if that is
     /// missing (never: the array's one entry always exists).
-    fn flow_room(local: &mut FlowEntry<Self::Addr>) -> Option<&mut FlowEntry<Self::Addr>>;
+    fn flow_room(local: &mut CtEntry<Self::Addr>) -> Option<&mut CtEntry<Self::Addr>>;
 
     /// An address all of whose words are `word` (to fill a blank entry).
     fn addr_from(word: u32) -> Self::Addr;
@@ -161,76 +120,6 @@ static ZERO_ENTRY6: CtEntry6 = CtEntry6 {
     flags: 0,
     sequence_high: 0,
 };
-
-/// The views of a family's conntrack key and entry as [`FlowKey`] and [`FlowEntry`]: the
-/// same fields in the same order, checked field by field.
-macro_rules! flow_views {
-    ($addr:ty, $key:ident, $entry:ident) => {
-        const _: () = {
-            use core::mem::{align_of, offset_of, size_of};
-            type K = FlowKey<$addr>;
-            type E = FlowEntry<$addr>;
-            assert!(size_of::<K>() == size_of::<$key>() && align_of::<K>() == align_of::<$key>());
-            assert!(offset_of!(K, destination) == offset_of!($key, destination));
-            assert!(offset_of!(K, source_port) == offset_of!($key, source_port));
-            assert!(offset_of!(K, destination_port) == offset_of!($key, destination_port));
-            assert!(offset_of!(K, protocol) == offset_of!($key, protocol));
-            assert!(offset_of!(K, direction) == offset_of!($key, direction));
-            assert!(offset_of!(K, pad) == offset_of!($key, pad));
-            assert!(
-                size_of::<E>() == size_of::<$entry>() && align_of::<E>() == align_of::<$entry>()
-            );
-            assert!(offset_of!(E, destination) == offset_of!($entry, destination));
-            assert!(offset_of!(E, source_port) == offset_of!($entry, source_port));
-            assert!(offset_of!(E, destination_port) == offset_of!($entry, destination_port));
-            assert!(offset_of!(E, backend_id) == offset_of!($entry, backend_id));
-            assert!(offset_of!(E, service_id) == offset_of!($entry, service_id));
-            assert!(offset_of!(E, last_seen_s) == offset_of!($entry, last_seen_s));
-            assert!(offset_of!(E, flags) == offset_of!($entry, flags));
-            assert!(offset_of!(E, sequence_high) == offset_of!($entry, sequence_high));
-        };
-    };
-}
-
-flow_views!(u32, CtKey, CtEntry);
-flow_views!(Ipv6Words, CtKey6, CtEntry6);
-
-/// The views of map values as [`FlowEntry`] (layouts checked by `flow_views!`).
-macro_rules! flow_views_of_values {
-    ($entry:ident) => {
-        #[inline(always)]
-        fn flow_entry(raw: &$entry) -> &FlowEntry<Self::Addr> {
-            // SAFETY: same size, alignment and field offsets (flow_views!); plain integers.
-            unsafe { &*core::ptr::from_ref(raw).cast::<FlowEntry<Self::Addr>>() }
-        }
-
-        #[inline(always)]
-        fn flow_entry_mut(raw: &mut $entry) -> &mut FlowEntry<Self::Addr> {
-            // SAFETY: as in flow_entry.
-            unsafe { &mut *core::ptr::from_mut(raw).cast::<FlowEntry<Self::Addr>>() }
-        }
-    };
-}
-
-/// The casts between the views and the map types (layouts checked by `flow_views!`): IPv4
-/// hands its (small) keys and entries to the helpers where they are.
-macro_rules! flow_casts {
-    ($key:ident, $entry:ident) => {
-        #[inline(always)]
-        fn ct_key(key: &FlowKey<Self::Addr>) -> &$key {
-            // SAFETY: same size, alignment and field offsets (flow_views!); plain integers.
-            unsafe { &*core::ptr::from_ref(key).cast::<$key>() }
-        }
-
-        #[inline(always)]
-        fn ct_entry(entry: &FlowEntry<Self::Addr>) -> &$entry {
-            // SAFETY: as in ct_key.
-            unsafe { &*core::ptr::from_ref(entry).cast::<$entry>() }
-        }
-
-        flow_views_of_values!($entry);
-    };
-}
 
 /// The external-scope service map lookup, copied out at once (the same fields in both
 /// families).
@@ -275,8 +164,6 @@ macro_rules! service_lookup {
 
 impl Family for V4 {
     type Addr = u32;
-    type CtKey = CtKey;
-    type CtEntry = CtEntry;
     type AffinityKey = AffinityKey;
 
     const AF: u8 = 2;
@@ -292,7 +179,15 @@ impl Family for V4 {
         &CONNTRACK_NEW
     }
 
-    flow_casts!(CtKey, CtEntry);
+    #[inline(always)]
+    fn ct_key(key: &CtKey) -> &CtKey {
+        key
+    }
+
+    #[inline(always)]
+    fn ct_entry(entry: &CtEntry) -> &CtEntry {
+        entry
+    }
 
     service_lookup!(SERVICES, ServiceKey, BACKENDS);
 
@@ -349,7 +244,7 @@ impl Family for V4 {
     }
 
     #[inline(always)]
-    fn flow_room(local: &mut FlowEntry<u32>) -> Option<&mut FlowEntry<u32>> {
+    fn flow_room(local: &mut CtEntry<u32>) -> Option<&mut CtEntry<u32>> {
         Some(local)
     }
 
@@ -366,8 +261,6 @@ impl Family for V4 {
 
 impl Family for V6 {
     type Addr = Ipv6Words;
-    type CtKey = CtKey6;
-    type CtEntry = CtEntry6;
     type AffinityKey = AffinityKey6;
 
     const AF: u8 = 10;
@@ -387,7 +280,7 @@ impl Family for V6 {
     /// to a map helper at once, before the next call overwrites it. The fallback (the
     /// array's one entry always exists) is an all-zero key no flow has.
     #[inline(always)]
-    fn ct_key(key: &FlowKey<Ipv6Words>) -> &CtKey6 {
+    fn ct_key(key: &CtKey<Ipv6Words>) -> &CtKey6 {
         let Some(scratch) = SCRATCH6.get_ptr_mut(0) else {
             return &ZERO_KEY6;
         };
@@ -407,7 +300,7 @@ impl Family for V6 {
 
     /// As [`Self::ct_key`]; the fallback is an all-zero entry.
     #[inline(always)]
-    fn ct_entry(entry: &FlowEntry<Ipv6Words>) -> &CtEntry6 {
+    fn ct_entry(entry: &CtEntry<Ipv6Words>) -> &CtEntry6 {
         let Some(scratch) = SCRATCH6.get_ptr_mut(0) else {
             return &ZERO_ENTRY6;
         };
@@ -426,8 +319,6 @@ impl Family for V6 {
             &*slot
         }
     }
-
-    flow_views_of_values!(CtEntry6);
 
     service_lookup!(SERVICES6, ServiceKey6, BACKENDS6);
 
@@ -487,11 +378,11 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn flow_room(_local: &mut FlowEntry<Ipv6Words>) -> Option<&mut FlowEntry<Ipv6Words>> {
+    fn flow_room(_local: &mut CtEntry<Ipv6Words>) -> Option<&mut CtEntry<Ipv6Words>> {
         let scratch = SCRATCH6.get_ptr_mut(0)?;
         // SAFETY: this CPU's scratch entry, used by this run alone; the flow field is used
         // by nothing else.
-        Some(Self::flow_entry_mut(unsafe { &mut (*scratch).flow }))
+        Some(unsafe { &mut (*scratch).flow })
     }
 
     #[inline(always)]

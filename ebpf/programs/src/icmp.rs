@@ -14,11 +14,11 @@
 //! translated (no IPv6 extension headers, before the ICMPv6 header or inside the quote);
 //! the quoted packet's own L4 checksum is left as it is (receivers do not check it).
 use aya_ebpf::programs::TcContext;
-use socklb_abi::{CT_FORWARD, CT_REPLY, Ipv6Words, NodeConfig, PROTO_TCP, PROTO_UDP};
+use socklb_abi::{CT_FORWARD, CT_REPLY, CtEntry, Ipv6Words, NodeConfig, PROTO_TCP, PROTO_UDP};
 
 use crate::{
     conntrack,
-    family::{Family, FlowEntry},
+    family::Family,
     packet::{
         Address, ETH_HLEN, IP_FRAGMENT_MASK, IP_OFFSET_MASK, IPV6_HEADER_LEN, Ipv4Header,
         Ipv6Header, PROTO_ICMP, PROTO_ICMPV6, Packet, PacketError, Tuple,
@@ -184,7 +184,7 @@ pub fn flow_of<F: Family>(
     ingress: bool,
     node: Option<&NodeConfig>,
     now: u32,
-) -> Option<FlowEntry<F::Addr>> {
+) -> Option<CtEntry<F::Addr>> {
     let reversed = quote.reversed();
     if !ingress || conntrack::may_be_snat_reply(&reversed, node) {
         let reply = conntrack::peek::<F>(&reversed, CT_REPLY, now);
@@ -202,7 +202,7 @@ pub fn flow_of<F: Family>(
 pub fn translate<A: Address>(
     packet: &mut Packet<A>,
     quote: &Quote<A>,
-    entry: &FlowEntry<A>,
+    entry: &CtEntry<A>,
 ) -> Result<(), PacketError> {
     packet.rewrite(entry.source, 0, entry.destination, 0)?;
     let ctx = packet.context();

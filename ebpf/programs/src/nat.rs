@@ -3,25 +3,22 @@
 //! rewrite of a packet to what its flow's conntrack entry says, both ways. ICMP errors
 //! about a flow are translated by `icmp`.
 use aya_ebpf::helpers;
-use socklb_abi::{CT_FORWARD, CtTimeouts, NodeConfig};
+use socklb_abi::{CT_FORWARD, CtEntry, CtTimeouts, NodeConfig};
 
 use crate::{
     conntrack::{Closing, Holder, NOEXIST, held, key, reply_of},
-    family::{Family, FlowEntry},
+    family::Family,
     packet::{Address, Packet, PacketError, Tuple},
 };
 
 /// Random ports tried before a flow is refused for lack of a free SNAT port.
 const SNAT_ATTEMPTS: u32 = 16;
 
-type Entry<F> = FlowEntry<<F as Family>::Addr>;
+type Entry<F> = CtEntry<<F as Family>::Addr>;
 
 /// Rewrites the packet to what its flow's conntrack entry says.
 #[inline(always)]
-pub fn rewrite<A: Address>(
-    packet: &mut Packet<A>,
-    entry: &FlowEntry<A>,
-) -> Result<(), PacketError> {
+pub fn rewrite<A: Address>(packet: &mut Packet<A>, entry: &CtEntry<A>) -> Result<(), PacketError> {
     packet.rewrite(
         entry.source,
         entry.source_port,

@@ -296,6 +296,7 @@ impl Family for V4 {
             address: backend,
             port,
             pad: 0,
+            pad2: [],
         }
     }
 
