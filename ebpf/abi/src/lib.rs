@@ -41,7 +41,7 @@ pub mod map_names {
     pub const CONNTRACK: &str = "socklb_ct_v1";
     /// [`super::CtKey`] -> [`super::CtEntry`] (LRU, smaller): flows from outside not yet
     /// confirmed. A SYN flood fills this table and never evicts a confirmed flow.
-    pub const CONNTRACK_NEW: &str = "socklb_ctnew_v1";
+    pub const CONNTRACK_NEW: &str = "socklb_ctn_v1";
     /// [`super::NodeConfig`], a single entry at index 0: what the TC programs need to
     /// know about this node.
     pub const NODE: &str = "socklb_node_v2";
@@ -50,7 +50,7 @@ pub mod map_names {
     pub const FRAGMENTS: &str = "socklb_frag_v1";
     /// LPM trie of [`super::SourceRange`] -> [`super::SourceVerdict`]:
     /// loadBalancerSourceRanges.
-    pub const SOURCE_RANGES: &str = "socklb_lbsrc_v1";
+    pub const SOURCE_RANGES: &str = "socklb_src_v1";
     /// [`super::MaglevKey`] -> slot (`u32`): Maglev tables of external frontends.
     pub const MAGLEV: &str = "socklb_mglv_v1";
     /// service id (`u32`) -> [`super::FrontendName`]: which Service a frontend belongs to,
@@ -151,7 +151,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 11] = [
+    pub const RETIRED: [&str; 13] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
@@ -164,7 +164,16 @@ pub mod map_names {
         // IPv4-only trace events and filters.
         "socklb_trace_v1",
         "socklb_trctl_v1",
+        // Renamed to match their IPv6 twins ([`RENAMED`]).
+        "socklb_ctnew_v1",
+        "socklb_lbsrc_v1",
     ];
+
+    /// Maps an older agent pinned under another name, with the same layout, whose entries
+    /// the programs wrote and a new agent carries over into the map of the new name (flows
+    /// in progress live on); (old name, new name). Other renamed maps are written by the
+    /// agent and are simply [`RETIRED`].
+    pub const RENAMED: [(&str, &str); 1] = [("socklb_ctnew_v1", CONNTRACK_NEW)];
 
     /// The service map of the previous layout (preallocated; same key and value as
     /// [`SERVICES`]): the frontends it holds were serving, so the agent reads them before

@@ -101,7 +101,7 @@ pub const CT_CAPACITY: usize = 262_144;
 pub static CONNTRACK: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::new();
 
 /// Flows from outside not yet confirmed.
-#[btf_map(name = "socklb_ctnew_v1", pin_by_name)]
+#[btf_map(name = "socklb_ctn_v1", pin_by_name)]
 pub static CONNTRACK_NEW: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::new();
 
 /// Ports of first fragments, for the later fragments of the same datagram (see `packet`).
@@ -111,7 +111,7 @@ pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentPorts, 8192> = LruHashMap:
 #[btf_map(name = "socklb_node_v2", pin_by_name)]
 pub static NODE: Array<NodeConfig, 1> = Array::new();
 
-#[btf_map(name = "socklb_lbsrc_v1", pin_by_name)]
+#[btf_map(name = "socklb_src_v1", pin_by_name)]
 pub static SOURCE_RANGES: LpmTrie<SourceRange, SourceVerdict, 65536> = LpmTrie::new();
 
 /// Not preallocated: only nodes with Maglev Services pay for tables.
