@@ -4,8 +4,11 @@ use aya::maps::MapError;
 
 use crate::{
     kernel::{
-        attach::tc::TcAttachError, host::HostError, load::LoadError, privileges,
-        privileges::PrivilegeError, program_logs::ProgramLogsError,
+        attach::tc::TcAttachError,
+        host::HostError,
+        load::LoadError,
+        privileges::{self, PrivilegeError},
+        program_logs::ProgramLogsError,
     },
     maps::{
         maglev::MaglevError, names::NamesError, source_ranges::SourceRangeError, writer::StoreError,

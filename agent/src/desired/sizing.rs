@@ -9,7 +9,7 @@
 //! since filling up is their normal state, not a sign that they are too small.)
 
 /// Map capacities (`max_entries`). The service, backend and Maglev maps start smaller and
-/// grow up to theirs ([`grown`]); the others have theirs from the start.
+/// grow up to theirs (`grown`); the others have theirs from the start.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Capacities {
     /// Service map entries: one per frontend plus one per backend slot (an upper bound).
@@ -50,7 +50,7 @@ impl Capacities {
 
 /// Sized for a small node (`faults/map_memory.rs`; docs/operations.md, "Map memory", has
 /// the cost of each). The service, backend and Maglev maps are not preallocated (nor is the
-/// source-range trie) and start small ([`INITIAL`]): their capacities are bounds a
+/// source-range trie) and start small (`INITIAL`): their capacities are bounds a
 /// large cluster reaches by growth alone (20,000 Services of 10 endpoints need about
 /// 220,000 service entries). The LRU maps and the socket ring are preallocated to their
 /// capacity, which a busy node raises with the flags.

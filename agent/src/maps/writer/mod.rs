@@ -328,7 +328,7 @@ impl<S: Store> Writer<S> {
     /// Makes the maps hold `desired` (every frontend), writing only what differs.
     ///
     /// After an error the mirror may no longer match the maps: adopt them again (the
-    /// [`super::Dataplane`] does) before the next apply.
+    /// [`Dataplane`](crate::dataplane::Dataplane) does) before the next apply.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, StoreError> {
         // A frontend no longer desired is no longer rejected, programmed or not.
         self.rejected
