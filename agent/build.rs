@@ -1,5 +1,5 @@
 //! Builds the eBPF programs (socklb-ebpf) with the pinned nightly and bpf-linker, into
-//! OUT_DIR, where `dataplane::object` embeds them. aya-build reruns this script whenever the
+//! OUT_DIR, where `kernel::object` embeds them. aya-build reruns this script whenever the
 //! eBPF crate changes, so the embedded object can never be stale: it is rebuilt, or the
 //! build fails loudly.
 use anyhow::Context as _;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tracing::warn;
 
 use crate::{
-    dataplane::{Desired, Frontend, FrontendSpec, Scope},
+    desired::{Desired, Frontend, FrontendSpec, Scope},
     select::{Family, FrontendChoice, ServiceName, ServiceSelection},
 };
 
@@ -136,7 +136,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        dataplane::{BackendAddr, Protocol, Scope},
+        desired::{BackendAddr, Protocol, Scope},
         select::{FrontendKind, Policy, Topology, Why},
     };
 

@@ -24,12 +24,10 @@ use k8s_openapi::{
 use proptest::{collection::vec, option, prelude::*};
 
 use crate::{
-    dataplane::{
-        BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope,
-        writer::{Capacity, MapContents, Writer, recorder::Recorder},
-    },
+    desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope},
     explain,
     frontends::FrontendTable,
+    maps::writer::{Capacity, MapContents, Writer, recorder::Recorder},
     source::{Event, Object, file::parse},
     state::{
         ClusterState,

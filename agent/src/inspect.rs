@@ -19,10 +19,14 @@ use socklb_abi::{
     SocketRecordCount, SourceRange, SourceRange6, SourceVerdict, ipv6_octets, map_names,
 };
 
-use crate::dataplane::{
-    BackendAddr, Frontend, FrontendLabel, Protocol, Scope, decode_key4, decode_key6, decode_value4,
-    decode_value6,
-    writer::{SlotKey, SlotValue},
+use crate::{
+    desired::{BackendAddr, Frontend, Protocol, Scope},
+    kernel::pins,
+    maps::{
+        names::FrontendLabel,
+        services::{decode_key4, decode_key6, decode_value4, decode_value6},
+        writer::{SlotKey, SlotValue},
+    },
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -145,7 +149,7 @@ pub struct Inspection {
 pub type CountersView = Counters;
 
 fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
-    let path = pin_dir.join(name);
+    let path = pins::map_pin(pin_dir, name);
     let data = MapData::from_pin(&path).map_err(|source| InspectError::Open {
         path: path.display().to_string(),
         source,
@@ -161,7 +165,7 @@ fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
 /// An IPv6 map, or `None` when it is not pinned (an agent from before IPv6, or one whose
 /// programs do not have that map yet): its family then simply has no entries.
 fn open6(pin_dir: &Path, name: &str) -> Result<Option<Map>, InspectError> {
-    if !pin_dir.join(name).exists() {
+    if !pins::map_pin(pin_dir, name).exists() {
         return Ok(None);
     }
     open(pin_dir, name).map(Some)

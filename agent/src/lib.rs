@@ -4,13 +4,20 @@
 //! (pure, per node) -> `frontends` (the desired datapath) -> `dataplane` (the maps), driven
 //! by `runner`; `server` and `metrics` report on it, `health_check` answers load balancers'
 //! healthCheckNodePorts, `explain` shows it, `trace` shows each translation live.
+//!
+//! Below `dataplane`, and reached through it from outside the crate: `desired` (the pure
+//! model of what the maps hold, whose types selection produces), `maps` (their encodings
+//! and writers) and `kernel` (loading, attaching, pins).
 pub mod cli;
 pub mod dataplane;
+mod desired;
 pub mod drops;
 pub mod explain;
 pub mod frontends;
 pub mod health_check;
 pub mod inspect;
+mod kernel;
+mod maps;
 pub mod metrics;
 pub mod runner;
 pub mod select;

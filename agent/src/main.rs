@@ -1,3 +1,5 @@
+//! The `socklb` binary: parses the command line and hands it to the library
+//! (`socklb_agent::cli`), where everything testable lives.
 use std::process::ExitCode;
 
 /// jemalloc instead of the C library's allocator. With glibc's, an incremental sync right

@@ -103,7 +103,7 @@ pub fn router(health: Arc<Health>, metrics: Arc<Metrics>) -> Router {
 /// The kernel programs' counters, summed over CPUs, from the pinned map (under `pin_dir`),
 /// read at every scrape so that the metrics are current.
 pub fn read_counters(pin_dir: &Path) -> Option<Counters> {
-    let pin = pin_dir.join(socklb_abi::map_names::COUNTERS);
+    let pin = crate::kernel::pins::map_pin(pin_dir, socklb_abi::map_names::COUNTERS);
     let map = aya::maps::Map::PerCpuArray(aya::maps::MapData::from_pin(pin).ok()?);
     let counters: aya::maps::PerCpuArray<_, Counters> = map.try_into().ok()?;
     let per_cpu = counters.get(&0, 0).ok()?;

@@ -1,4 +1,7 @@
-//! Growing the maps the agent fills while the programs run (`sizing` says when and how far).
+//! Growing the maps the agent fills while the programs run (`desired::sizing` says when and
+//! how far). It lives here, where the kernel and the maps meet: it loads the programs again
+//! (`kernel::load`), copies the maps' entries, and swaps the programs into the links
+//! (`kernel::attach`).
 //!
 //! A BPF map cannot be resized, so a larger one is created and the programs are loaded
 //! again over it. Every other map is the pinned one the running programs share: conntrack,
@@ -17,12 +20,21 @@ use aya::{
 use socklb_abi::{MaglevKey, map_names};
 use tracing::{error, info, warn};
 
-use super::{
-    Dataplane, LoadError, TcAttachError, loader,
-    maps::{KernelMaps, RawMaps},
-    sizing::{self, Sizes},
-    take_map, tc,
-    writer::Capacity,
+use super::Dataplane;
+use crate::{
+    desired::sizing::{self, Sizes},
+    kernel::{
+        attach::{
+            cgroup,
+            tc::{self, TcAttachError},
+        },
+        load::{self, LoadError, take_map},
+        pins,
+    },
+    maps::{
+        services::{KernelMaps, RawMaps},
+        writer::Capacity,
+    },
 };
 
 /// How long after a failed growth the next is tried: each try loads every program again.
@@ -112,7 +124,7 @@ impl Dataplane {
         .into_iter()
         .filter_map(|(name, grows)| grows.then_some(name))
         .collect();
-        let mut ebpf = loader::load_grown(
+        let mut ebpf = load::load_grown(
             &pin_dir,
             &self.config.capacities,
             self.config.program_settings(),
@@ -124,7 +136,7 @@ impl Dataplane {
         let (kernel_maps, maglev) = match self.copy_into(&mut ebpf, &grown) {
             Ok(maps) => maps,
             Err(error) => {
-                loader::remove_staging(&pin_dir);
+                load::remove_staging(&pin_dir);
                 return Err(error);
             }
         };
@@ -140,7 +152,7 @@ impl Dataplane {
                          growth: some links may read maps no longer written; restart the agent"
                     );
                 }
-                loader::remove_staging(&pin_dir);
+                load::remove_staging(&pin_dir);
                 return Err(failure);
             }
         };
@@ -155,8 +167,8 @@ impl Dataplane {
             backends: target.backends,
         });
         for name in &grown {
-            let staged = loader::staging_dir(&pin_dir).join(name);
-            let pinned = pin_dir.join(name);
+            let staged = pins::staged_map_pin(&pin_dir, name);
+            let pinned = pins::map_pin(&pin_dir, name);
             if let Err(error) = fs::rename(&staged, &pinned) {
                 warn!(
                     map = name,
@@ -166,7 +178,7 @@ impl Dataplane {
                 );
             }
         }
-        loader::remove_staging(&pin_dir);
+        load::remove_staging(&pin_dir);
         Ok(swapped)
     }
 }
@@ -234,11 +246,11 @@ impl Dataplane {
 
 /// Swaps the programs of `ebpf` into every link attached under `pin_dir`; returns how many.
 fn swap(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, GrowError> {
-    let cgroup =
-        loader::replace_attached(ebpf, pin_dir).map_err(|e| GrowError::SwapCgroup(Box::new(e)))?;
+    let local =
+        cgroup::replace_attached(ebpf, pin_dir).map_err(|e| GrowError::SwapCgroup(Box::new(e)))?;
     let external =
         tc::replace_attached(ebpf, pin_dir).map_err(|e| GrowError::SwapTc(Box::new(e)))?;
-    Ok(cgroup + external)
+    Ok(local + external)
 }
 
 fn copy<K: Pod, V: Pod>(

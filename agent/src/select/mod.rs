@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use self::topology::cluster_topology;
 pub use self::{model::*, topology::Topology};
-use crate::dataplane::{BackendAddr, Frontend, FrontendSpec, Protocol, Scope};
+use crate::desired::{BackendAddr, Frontend, FrontendSpec, Protocol, Scope};
 
 /// Where a frontend's address comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

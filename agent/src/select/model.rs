@@ -9,7 +9,7 @@ use std::{
 
 use serde::Serialize;
 
-use crate::dataplane::Protocol;
+use crate::desired::Protocol;
 
 /// namespace/name of a Service.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

@@ -5,7 +5,7 @@ use std::{
 };
 
 use super::*;
-use crate::dataplane::Protocol;
+use crate::desired::Protocol;
 
 /// The address `last` of a test network of `family`: 10.0.<net>.<last> or fd00::<net>:<last>.
 fn ip(family: Family, net: u8, last: u8) -> IpAddr {

@@ -8,7 +8,7 @@ use k8s_openapi::api::{
 };
 
 use crate::{
-    dataplane::Protocol,
+    desired::Protocol,
     select::{
         Endpoint, Family, ServiceInfo, ServiceName, ServicePort, SkipReason, SkippedPart,
         SliceInfo, SlicePort,

@@ -3,7 +3,7 @@ use std::{net::IpAddr, path::Path};
 
 use super::*;
 use crate::{
-    dataplane::{Protocol, Scope},
+    desired::{Protocol, Scope},
     select::{Family, FrontendKind, ServiceName, SkipReason, SkippedPart},
     source::file::parse,
 };

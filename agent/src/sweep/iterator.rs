@@ -10,7 +10,10 @@ use std::{
 use aya::maps::{HashMap, MapData, MapError};
 use socklb_abi::{GoneKey, GoneKey6};
 
-use crate::dataplane::{DestroyPrograms, Gone, Protocol};
+use crate::{
+    dataplane::DestroyPrograms,
+    desired::{Gone, Protocol},
+};
 
 /// `enum bpf_cmd` and `enum bpf_attach_type` values (uapi/linux/bpf.h).
 const BPF_LINK_CREATE: libc::c_long = 28;

@@ -24,7 +24,8 @@ use tracing::{error, info, warn};
 
 use self::{iterator::Iterators, netlink::Netlink, queue::Queue};
 use crate::{
-    dataplane::{DestroyPrograms, DestroyUnavailable, Gone, Protocol},
+    dataplane::{DestroyPrograms, DestroyUnavailable},
+    desired::{Gone, Protocol},
     metrics::{Metrics, ModeLabels, ProtocolLabels},
 };
 

@@ -24,7 +24,10 @@ use netlink_packet_sock_diag::{
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_SOCK_DIAG};
 use socklb_abi::{SocketFrontend, SocketFrontend6, ipv6_words, map_names};
 
-use crate::dataplane::{Gone, Protocol};
+use crate::{
+    desired::{Gone, Protocol},
+    kernel::pins,
+};
 
 /// The socket maps of both families, read to tell sockets socklb translated from all
 /// others.
@@ -39,9 +42,9 @@ type Endpoint = (IpAddr, u16);
 
 impl Netlink {
     pub fn new(pin_dir: &Path) -> Result<Self, MapError> {
-        let data = MapData::from_pin(pin_dir.join(map_names::SOCKETS))?;
+        let data = MapData::from_pin(pins::map_pin(pin_dir, map_names::SOCKETS))?;
         let ring: Array<MapData, SocketFrontend> = Array::try_from(aya::maps::Map::Array(data))?;
-        let data = MapData::from_pin(pin_dir.join(map_names::SOCKETS6))?;
+        let data = MapData::from_pin(pins::map_pin(pin_dir, map_names::SOCKETS6))?;
         let ring6: Array<MapData, SocketFrontend6> = Array::try_from(aya::maps::Map::Array(data))?;
         // A power of two (see Capacities::socket_slots), the same for both.
         let mask = ring.len().saturating_sub(1);

@@ -6,7 +6,7 @@ use std::{
     sync::{Condvar, Mutex, PoisonError},
 };
 
-use crate::dataplane::Gone;
+use crate::desired::Gone;
 
 #[derive(Default)]
 pub struct Queue {
@@ -70,7 +70,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::dataplane::{BackendAddr, Frontend, Protocol, Scope};
+    use crate::desired::{BackendAddr, Frontend, Protocol, Scope};
 
     fn pair(backend: u8) -> Gone {
         Gone {

@@ -23,7 +23,11 @@ use socklb_abi::{
 };
 
 use super::event::{self, DecodeError, Service, Shown};
-use crate::dataplane::{FrontendLabel, trace_lease_dir};
+use crate::{
+    dataplane::cgroup2_mount,
+    kernel::pins::{self, trace_lease_dir},
+    maps::names::FrontendLabel,
+};
 
 /// How long a lease lasts unless renewed; renewed every [`RENEW`].
 const LEASE: Duration = Duration::from_secs(3);
@@ -197,7 +201,7 @@ fn open<T: TryFrom<Map, Error = MapError>>(
     name: &'static str,
     kind: fn(MapData) -> Map,
 ) -> Result<T, TraceError> {
-    let path = pin_dir.join(name);
+    let path = pins::map_pin(pin_dir, name);
     let error = |source| TraceError::Open {
         path: path.clone(),
         source,
@@ -489,7 +493,7 @@ struct CgroupPaths {
 impl CgroupPaths {
     fn new() -> Self {
         Self {
-            root: crate::dataplane::cgroup2_mount().ok(),
+            root: cgroup2_mount().ok(),
             by_id: HashMap::new(),
             walked: None,
         }

@@ -4,7 +4,7 @@
 //! programs stay attached while no agent runs and a new agent swaps its programs in
 //! atomically. Older kernels get a clsact qdisc and netlink filters, which outlive the
 //! agent by themselves. Each instance's filters sit at one priority and a handle derived
-//! from its pin directory ([`NlFilter`]): a new agent (or a growth) replaces the program of
+//! from its pin directory ([`NlFilter`], `pins`): a new agent (or a growth) replaces the program of
 //! the filter at that priority and handle in place, which is atomic (no moment without a
 //! program), and another instance's filters on the same device are never touched. A netlink
 //! filter carries no pin, so the pin directory keeps a record of each one (an empty
@@ -29,9 +29,11 @@ use serde::Serialize;
 use socklb_abi::program_names;
 use tracing::{info, warn};
 
-use super::{
+use super::Attachment;
+use crate::kernel::{
     devices::{self, DeviceError},
-    loader::{Attachment, LoadError, link_pin},
+    load::program,
+    pins::{self, NlFilter},
     privileges,
 };
 
@@ -65,86 +67,11 @@ const HOOKS: [(&str, TcAttachType); 2] = [
     (program_names::TC_EGRESS, TcAttachType::Egress),
 ];
 
-/// Prefix of the link pins of TC programs: `<program>@<device>`.
-const TC_PIN_PREFIX: &str = "socklb_tc_";
-
-/// Directory of the records of the netlink filters this pin directory's agent attached.
-const NETLINK_RECORDS: &str = "netlink-filters";
-
-fn tc_link_pin(pin_dir: &Path, program: &str, device: &str) -> PathBuf {
-    link_pin(pin_dir, &format!("{program}@{device}"))
-}
-
-/// Where this instance's netlink filters sit on a device's clsact hooks. Tools that
-/// attach without a priority get 49152 and below; ours is fixed so that it reads the same in
-/// every instance, and the handle tells instances apart.
-const NETLINK_PRIORITY: u16 = 23_579;
-
-/// One netlink filter: a priority and a handle on a device's ingress or egress hook.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NlFilter {
-    pub priority: u16,
-    pub handle: u32,
-}
-
-impl NlFilter {
-    /// The filter of the instance whose pins are in `pin_dir`: a hash (FNV-1a, stable
-    /// across builds) of the directory's canonical path, never 0 (which asks the kernel to
-    /// choose). Two instances on one device thus use two handles.
-    pub fn of_instance(pin_dir: &Path) -> Self {
-        let path = fs::canonicalize(pin_dir).unwrap_or_else(|_| pin_dir.to_owned());
-        let hash = path
-            .as_os_str()
-            .as_encoded_bytes()
-            .iter()
-            .fold(0x811c_9dc5_u32, |hash, byte| {
-                (hash ^ u32::from(*byte)).wrapping_mul(0x0100_0193)
-            });
-        Self {
-            priority: NETLINK_PRIORITY,
-            handle: hash.max(1),
-        }
-    }
-}
-
-/// The record's name: `<program>@<device>:<priority>:<handle>` (a device name has no `:`).
-fn netlink_record(pin_dir: &Path, program: &str, device: &str, filter: NlFilter) -> PathBuf {
-    pin_dir.join(NETLINK_RECORDS).join(format!(
-        "{program}@{device}:{}:{:x}",
-        filter.priority, filter.handle
-    ))
-}
-
-/// A record's program, device and filter; `None` as the filter for a record an older agent
-/// wrote (`<program>@<device>`), whose filter has a priority and handle the kernel chose.
-fn parse_record(name: &str) -> Option<(&str, &str, Option<NlFilter>)> {
-    let (program, rest) = name.split_once('@')?;
-    let Some((device, filter)) = rest.split_once(':') else {
-        return Some((program, rest, None));
-    };
-    let (priority, handle) = filter.split_once(':')?;
-    let filter = NlFilter {
-        priority: priority.parse().ok()?,
-        handle: u32::from_str_radix(handle, 16).ok()?,
-    };
-    Some((program, device, Some(filter)))
-}
-
 /// Whether this network namespace has the device. Asked of the kernel (an ioctl on a
 /// socket of this namespace), not of /sys/class/net, which shows the namespace that
 /// mounted /sys.
 fn device_exists(device: &str) -> bool {
     nix::net::if_::if_nametoindex(device).is_ok()
-}
-
-pub fn program<'a>(
-    ebpf: &'a mut Ebpf,
-    name: &'static str,
-) -> Result<&'a mut SchedClassifier, LoadError> {
-    ebpf.program_mut(name)
-        .ok_or(LoadError::MissingProgram(name))?
-        .try_into()
-        .map_err(|source| LoadError::Program { name, source })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -201,8 +128,8 @@ pub fn attach(
 ) -> Result<Vec<(String, Attachment)>, TcAttachError> {
     let mode = mode.resolve();
     let records = match mode {
-        TcMode::Netlink => pin_dir.join(NETLINK_RECORDS),
-        _ => pin_dir.join("links"),
+        TcMode::Netlink => pins::netlink_records_dir(pin_dir),
+        _ => pins::links_dir(pin_dir),
     };
     fs::create_dir_all(&records).map_err(|source| TcAttachError::Pins {
         path: records.clone(),
@@ -251,7 +178,7 @@ fn attach_tcx(
     device: &str,
     hook: TcAttachType,
 ) -> Result<Attachment, TcAttachError> {
-    let pin = tc_link_pin(pin_dir, program_name, device);
+    let pin = pins::tc_link_pin(pin_dir, program_name, device);
     let link_error = |action, source| TcAttachError::Link {
         action,
         path: pin.clone(),
@@ -377,7 +304,7 @@ fn attach_netlink(
     let link = program.take_link(id);
     std::mem::forget(link);
     // bpffs holds no regular files: a record is an empty directory.
-    let record = netlink_record(pin_dir, program_name, device, filter);
+    let record = pins::netlink_record(pin_dir, program_name, device, filter);
     match fs::create_dir(&record) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
             return Err(TcAttachError::Pins {
@@ -407,7 +334,7 @@ pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, TcAtta
             device: device.clone(),
         })?;
         for (program_name, hook) in HOOKS {
-            if !tc_link_pin(pin_dir, program_name, &device).exists() {
+            if !pins::tc_link_pin(pin_dir, program_name, &device).exists() {
                 continue;
             }
             let program = attachable(ebpf, program_name, &device, TcMode::Tcx)?;
@@ -462,7 +389,7 @@ fn remove_stale_pins(pin_dir: &Path, devices: &[String]) -> Result<(), TcAttachE
 
 /// The TCX link pins and their device names.
 pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> {
-    let links = pin_dir.join("links");
+    let links = pins::links_dir(pin_dir);
     let entries = match fs::read_dir(&links) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -473,7 +400,7 @@ pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> 
             });
         }
     };
-    let mut pins = Vec::new();
+    let mut found = Vec::new();
     for entry in entries {
         let entry = entry.map_err(|source| TcAttachError::Pins {
             path: links.clone(),
@@ -483,13 +410,11 @@ pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> 
         let Some(name) = file_name.to_str() else {
             continue;
         };
-        if let Some((program, device)) = name.split_once('@')
-            && program.starts_with(TC_PIN_PREFIX)
-        {
-            pins.push((entry.path(), device.to_owned()));
+        if let Some(device) = pins::tc_link_device(name) {
+            found.push((entry.path(), device.to_owned()));
         }
     }
-    Ok(pins)
+    Ok(found)
 }
 
 /// Detaches the netlink filters of devices no longer served.
@@ -521,7 +446,7 @@ struct NetlinkRecord {
 
 /// The netlink filters this pin directory's agent attached.
 fn netlink_records(pin_dir: &Path) -> Result<Vec<NetlinkRecord>, TcAttachError> {
-    let dir = pin_dir.join(NETLINK_RECORDS);
+    let dir = pins::netlink_records_dir(pin_dir);
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -534,7 +459,8 @@ fn netlink_records(pin_dir: &Path) -> Result<Vec<NetlinkRecord>, TcAttachError> 
             source,
         })?;
         let file_name = entry.file_name();
-        if let Some((program, device, filter)) = file_name.to_str().and_then(parse_record)
+        if let Some((program, device, filter)) =
+            file_name.to_str().and_then(pins::parse_netlink_record)
             && HOOKS.iter().any(|(name, _)| *name == program)
         {
             records.push(NetlinkRecord {
@@ -608,49 +534,12 @@ pub fn detach_netlink_filters(pin_dir: &Path) -> io::Result<Vec<String>> {
         ));
     }
     // Only if empty, like the pin directory itself: anything else in there is not ours.
-    match fs::remove_dir(pin_dir.join(NETLINK_RECORDS)) {
+    match fs::remove_dir(pins::netlink_records_dir(pin_dir)) {
         Err(e)
             if e.kind() != io::ErrorKind::NotFound && e.raw_os_error() != Some(libc::ENOTEMPTY) =>
         {
             Err(e)
         }
         _ => Ok(removed),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn netlink_records_name_their_filter_and_older_ones_do_not() {
-        let filter = NlFilter {
-            priority: 23_579,
-            handle: 0xdead_beef,
-        };
-        let record = netlink_record(Path::new("/p"), "socklb_tc_in", "eth0", filter);
-        let name = record
-            .file_name()
-            .and_then(|n| n.to_str())
-            .expect("a UTF-8 name");
-        assert_eq!(
-            parse_record(name),
-            Some(("socklb_tc_in", "eth0", Some(filter)))
-        );
-        assert_eq!(
-            parse_record("socklb_tc_in@eth0"),
-            Some(("socklb_tc_in", "eth0", None))
-        );
-        assert_eq!(parse_record("socklb_tc_in@eth0:x:1"), None);
-    }
-
-    #[test]
-    fn instances_get_their_own_handle_at_one_priority() {
-        let a = NlFilter::of_instance(Path::new("/sys/fs/bpf/socklb"));
-        let b = NlFilter::of_instance(Path::new("/sys/fs/bpf/socklb-other"));
-        assert_eq!(a.priority, b.priority);
-        assert_ne!(a.handle, b.handle);
-        assert_ne!(a.handle, 0);
-        assert_eq!(a, NlFilter::of_instance(Path::new("/sys/fs/bpf/socklb")));
     }
 }

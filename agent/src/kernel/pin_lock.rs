@@ -22,17 +22,10 @@ use std::{
 use nix::fcntl::{Flock, FlockArg};
 use tracing::{info, warn};
 
+use super::pins::lock_path;
+
 /// How often a waiting agent tries the lock again.
 const RETRY: Duration = Duration::from_millis(100);
-
-/// The lock's name in the pin directory. bpffs holds no regular files (nor names with a dot), so the lock is an
-/// empty directory, made 0600 (only its owner opens it; nothing is ever created in it).
-pub const LOCK_NAME: &str = "lock";
-
-/// Where the lock of `pin_dir` is.
-pub fn lock_path(pin_dir: &Path) -> PathBuf {
-    pin_dir.join(LOCK_NAME)
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum PinLockError {

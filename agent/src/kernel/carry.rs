@@ -3,7 +3,7 @@
 //! `--max-affinity-entries`): without it every flow from outside through SNAT would be
 //! reset and every ClientIP affinity forgotten at that restart.
 //!
-//! The loader moves the old map's pin aside ([`holding_pin`]) instead of dropping it, and
+//! The loader moves the old map's pin aside ([`pins::holding_pin`]) instead of dropping it, and
 //! creates the new one. [`copy`] then copies the old entries in twice: right after the load
 //! (the bulk, while the old programs still run over the old map), and again once the new
 //! programs are attached (the flows the old programs created meanwhile), which is when
@@ -19,6 +19,8 @@ use socklb_abi::{
     AffinityEntry, AffinityKey, AffinityKey6, CtEntry, CtEntry6, CtKey, CtKey6, map_names,
 };
 
+use super::pins;
+
 /// The maps whose entries survive a change of their size: flow and affinity state the
 /// programs write (the agent rewrites every other map from the cluster's state).
 pub const CARRIED: [&str; 6] = [
@@ -33,24 +35,16 @@ pub const CARRIED: [&str; 6] = [
 /// `BPF_NOEXIST`: add a key only if the map lacks it.
 const BPF_NOEXIST: u64 = 1;
 
-/// Where the loader keeps the old maps until [`finish`].
-const HOLDING: &str = "carry";
-
-/// Where the old map `name` waits while its entries are copied into the new one.
-pub fn holding_pin(pin_dir: &Path, name: &str) -> std::path::PathBuf {
-    pin_dir.join(HOLDING).join(name)
-}
-
 /// Moves the pin of `name`, about to be replaced by a map of another size, aside; an older
 /// one left by an interrupted start is dropped first (its entries were copied already).
 pub fn hold(pin_dir: &Path, name: &str) -> io::Result<()> {
-    let held = holding_pin(pin_dir, name);
-    fs::create_dir_all(pin_dir.join(HOLDING))?;
+    let held = pins::holding_pin(pin_dir, name);
+    fs::create_dir_all(pins::holding_dir(pin_dir))?;
     match fs::remove_file(&held) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    fs::rename(pin_dir.join(name), held)
+    fs::rename(pins::map_pin(pin_dir, name), held)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -66,13 +60,13 @@ pub struct CarryError {
 pub fn copy(pin_dir: &Path) -> Result<usize, CarryError> {
     let mut added = 0;
     for name in CARRIED {
-        let held = holding_pin(pin_dir, name);
+        let held = pins::holding_pin(pin_dir, name);
         if !held.exists() {
             continue;
         }
         let error = |source| CarryError { name, source };
         let old = MapData::from_pin(&held).map_err(error)?;
-        let new = MapData::from_pin(pin_dir.join(name)).map_err(error)?;
+        let new = MapData::from_pin(pins::map_pin(pin_dir, name)).map_err(error)?;
         added += match name {
             n if n == map_names::CONNTRACK || n == map_names::CONNTRACK_NEW => {
                 copy_entries::<CtKey, CtEntry>(old, new)
@@ -92,20 +86,20 @@ pub fn copy(pin_dir: &Path) -> Result<usize, CarryError> {
 /// before its programs ran.
 pub fn restore(pin_dir: &Path) {
     for name in CARRIED {
-        let held = holding_pin(pin_dir, name);
+        let held = pins::holding_pin(pin_dir, name);
         if held.exists() {
-            let _ = fs::rename(&held, pin_dir.join(name));
+            let _ = fs::rename(&held, pins::map_pin(pin_dir, name));
         }
     }
-    let _ = fs::remove_dir(pin_dir.join(HOLDING));
+    let _ = fs::remove_dir(pins::holding_dir(pin_dir));
 }
 
 /// Drops the held maps: the programs that wrote them are replaced.
 pub fn finish(pin_dir: &Path) {
     for name in CARRIED {
-        let _ = fs::remove_file(holding_pin(pin_dir, name));
+        let _ = fs::remove_file(pins::holding_pin(pin_dir, name));
     }
-    let _ = fs::remove_dir(pin_dir.join(HOLDING));
+    let _ = fs::remove_dir(pins::holding_dir(pin_dir));
 }
 
 fn copy_entries<K: Pod, V: Pod>(old: MapData, new: MapData) -> Result<usize, MapError> {

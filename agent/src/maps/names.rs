@@ -9,7 +9,8 @@ use socklb_abi::{
     FRONTEND_KIND_NODE_PORT, FrontendName,
 };
 
-use super::{desired::Frontend, maps::ignore_missing};
+use super::ignore_missing;
+use crate::desired::Frontend;
 
 /// Which Service a frontend belongs to, as the control plane knows it.
 #[derive(Clone, Debug, PartialEq, Eq)]

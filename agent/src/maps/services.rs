@@ -1,5 +1,5 @@
-//! Typed access to the pinned service and backend maps of both address families: the
-//! kernel-side [`Store`] of the writer, and reading them back for adoption. The writer
+//! The service and backend maps of both address families: the kernel-side [`Store`] of the
+//! writer, and reading them back for adoption (and for `socklb inspect`). The writer
 //! speaks of frontends and backends; this module alone encodes them into each family's
 //! map layout (network byte order, 4- or 16-byte addresses).
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -11,15 +11,18 @@ use socklb_abi::{
 };
 
 use super::{
-    desired::{BackendAddr, Frontend, Protocol, Scope},
+    ignore_missing,
     writer::{MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey},
 };
+use crate::desired::{BackendAddr, Frontend, Protocol, Scope};
 
+/// The service and backend maps of both families, typed. The dataplane's growth reads the
+/// fields, to copy the entries into larger maps.
 pub struct KernelMaps {
-    pub(super) services: HashMap<MapData, ServiceKey, ServiceEntry>,
-    pub(super) backends: HashMap<MapData, u32, Backend>,
-    pub(super) services6: HashMap<MapData, ServiceKey6, ServiceEntry6>,
-    pub(super) backends6: HashMap<MapData, u32, Backend6>,
+    pub(crate) services: HashMap<MapData, ServiceKey, ServiceEntry>,
+    pub(crate) backends: HashMap<MapData, u32, Backend>,
+    pub(crate) services6: HashMap<MapData, ServiceKey6, ServiceEntry6>,
+    pub(crate) backends6: HashMap<MapData, u32, Backend6>,
 }
 
 /// The four maps, as taken from the loaded object.
@@ -329,15 +332,6 @@ fn encode_value6(value: &SlotValue) -> Option<ServiceEntry6> {
             }
         }
     })
-}
-
-/// Deleting what is already gone (e.g. removed by hand with bpftool) is not an error.
-pub(super) fn ignore_missing(result: Result<(), MapError>) -> Result<(), MapError> {
-    match result {
-        Err(MapError::KeyNotFound) => Ok(()),
-        Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
-        other => other,
-    }
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use std::{
 
 use socklb_abi::{GoneKey, GoneKey6, ipv6_words};
 
-use super::{BackendAddr, Frontend, Protocol, Scope};
+use super::frontend::{BackendAddr, Frontend, Protocol, Scope};
 
 /// A (frontend, backend) pair whose backend left.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -56,6 +56,11 @@ pub enum Unavailable {
     Fd(#[source] std::io::Error),
 }
 
+/// Whether this kernel has the kfunc the socket iterators call (for `socklb inspect`).
+pub fn probe_kfunc() -> Result<(), Unavailable> {
+    kfunc_id().map(|_| ())
+}
+
 /// The kernel's BTF and the kfunc's id in it, if it has one.
 pub fn kfunc_id() -> Result<(Btf, u32), Unavailable> {
     let btf = Btf::from_sys_fs().map_err(Unavailable::NoBtf)?;

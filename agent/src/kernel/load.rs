@@ -1,15 +1,12 @@
-//! Loading the embedded object with its maps pinned, attaching the programs through pinned
-//! bpf links, and removing everything again.
+//! Loading the embedded object with its maps pinned, and finding its programs and maps by
+//! name and type once loaded.
 //!
 //! Pinned maps are adopted when their layout and capacity match (a growable map's capacity
 //! need only be within its flag) and replaced (with a warning) when not; [`load_grown`]
-//! loads the programs again over larger maps (see `growth`). Pinned links keep the programs
-//! attached while no agent runs; a new agent swaps its programs into the existing links
-//! atomically (`BPF_LINK_UPDATE`), so translation never stops across a restart or an
-//! upgrade.
+//! loads the programs again over larger maps (see the dataplane's `growth`). Every program
+//! is loaded into the kernel (verifier included) here; attaching them is `attach`'s.
 use std::{
-    fs::{self, File},
-    io,
+    fs, io,
     path::{Path, PathBuf},
 };
 
@@ -17,20 +14,14 @@ use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{HashMap, Map, MapData, MapError},
     programs::{
-        CgroupAttachMode, CgroupSock, CgroupSockAddr, ProgramError,
-        cgroup_sock_addr::CgroupSockAddrLink,
-        links::{FdLink, LinkError, PinnedLink},
+        CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, links::LinkError,
     },
 };
 use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
 
-use super::{
-    Capacities, carry, link_update,
-    program_logs::ProgramLogLevel,
-    sizing::{self, Sizes},
-    tc,
-};
+use super::{carry, destroy, pins, program_logs::ProgramLogLevel};
+use crate::desired::sizing::{self, Capacities, Sizes};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
@@ -85,18 +76,6 @@ pub enum LoadError {
     },
 }
 
-/// Where a pinned link of `program` lives.
-pub fn link_pin(pin_dir: &Path, program: &str) -> PathBuf {
-    pin_dir.join("links").join(program)
-}
-
-/// The empty directory a `socklb trace` session holds an exclusive flock on while it runs:
-/// one session per pin directory, taken atomically, and freed by the kernel however the
-/// session ends (bpffs holds no regular files, but its directories lock like any other).
-pub fn trace_lease_dir(pin_dir: &Path) -> PathBuf {
-    pin_dir.join("trace_lease")
-}
-
 /// The loaded object, and what a replaced service map held.
 pub struct Loaded {
     pub ebpf: Ebpf,
@@ -121,7 +100,7 @@ pub fn load(
 ) -> Result<Loaded, LoadError> {
     let unpinned: Vec<PathBuf> = map_names::ALL
         .iter()
-        .map(|name| pin_dir.join(name))
+        .map(|name| pins::map_pin(pin_dir, name))
         .filter(|path| !path.exists())
         .collect();
     remove_staging(pin_dir);
@@ -142,7 +121,7 @@ fn load_pinning(
     object: &[u8],
 ) -> Result<Loaded, LoadError> {
     // An older agent's service map, under its old name: the frontends it holds were serving.
-    let mut replaced_masters = pinned_masters(&pin_dir.join(map_names::RETIRED_SERVICES));
+    let mut replaced_masters = pinned_masters(&pins::map_pin(pin_dir, map_names::RETIRED_SERVICES));
     let sizes = starting_sizes(pin_dir, capacities);
     let globals = Globals::new(capacities, programs);
     if globals.skc_cookie_offset == 0 {
@@ -173,7 +152,7 @@ fn load_pinning(
                 expected,
                 actual,
             })) => {
-                let path = pin_dir.join(&name);
+                let path = pins::map_pin(pin_dir, &name);
                 if property == "max_entries" && carry::CARRIED.contains(&name.as_str()) {
                     warn!(
                         map = %name, property, expected, actual,
@@ -202,7 +181,7 @@ fn load_pinning(
 }
 
 /// Loads the object again over the pinned maps, except the `grown` maps, which are created
-/// anew with their size in `sizes` and pinned under [`staging_dir`] (the caller copies their
+/// anew with their size in `sizes` and pinned under [`pins::staging_dir`] (the caller copies their
 /// entries, swaps the programs in and moves the pins). Every other map must be the pinned
 /// one: nothing is replaced here.
 pub fn load_grown(
@@ -213,7 +192,7 @@ pub fn load_grown(
     sizes: &Sizes,
     grown: &[&'static str],
 ) -> Result<Ebpf, LoadError> {
-    let staging = staging_dir(pin_dir);
+    let staging = pins::staging_dir(pin_dir);
     remove_staging(pin_dir);
     fs::create_dir_all(&staging).map_err(|source| LoadError::Dir {
         path: staging.clone(),
@@ -223,7 +202,7 @@ pub fn load_grown(
     let mut loader = EbpfLoader::new();
     configure(&mut loader, pin_dir, capacities, sizes, &globals);
     for name in grown {
-        loader.map_pin_path(name, staging.join(name));
+        loader.map_pin_path(name, pins::staged_map_pin(pin_dir, name));
     }
     let result = loader
         .load(object)
@@ -235,16 +214,11 @@ pub fn load_grown(
     result
 }
 
-/// Where [`load_grown`] pins the maps it creates until they replace the pinned ones.
-pub fn staging_dir(pin_dir: &Path) -> PathBuf {
-    pin_dir.join("grow")
-}
-
-/// Removes what an interrupted growth left under [`staging_dir`] (only socklb's maps).
+/// Removes what an interrupted growth left under [`pins::staging_dir`] (only socklb's maps).
 pub fn remove_staging(pin_dir: &Path) {
-    let staging = staging_dir(pin_dir);
+    let staging = pins::staging_dir(pin_dir);
     for name in map_names::ALL {
-        let _ = fs::remove_file(staging.join(name));
+        let _ = fs::remove_file(pins::staged_map_pin(pin_dir, name));
     }
     let _ = fs::remove_dir(&staging);
 }
@@ -276,8 +250,8 @@ impl Globals {
         Self {
             socket_slot_mask: capacities.socket_slots() - 1,
             log_level: programs.log_level.global(),
-            skc_cookie_offset: super::destroy::skc_cookie_offset(),
-            skc_v6_daddr_offset: super::destroy::skc_v6_daddr_offset(),
+            skc_cookie_offset: destroy::skc_cookie_offset(),
+            skc_v6_daddr_offset: destroy::skc_v6_daddr_offset(),
             record_tcp: u32::from(programs.record_tcp),
             max_socket_records: capacities.socket_records,
         }
@@ -298,7 +272,10 @@ fn configure<'a>(
 ) {
     loader
         .default_map_pin_directory(pin_dir)
-        .map_pin_path(PROGRAM_LOGS_MAP, pin_dir.join(map_names::PROGRAM_LOGS))
+        .map_pin_path(
+            PROGRAM_LOGS_MAP,
+            pins::map_pin(pin_dir, map_names::PROGRAM_LOGS),
+        )
         .override_global(globals::SOCKET_SLOT_MASK, &values.socket_slot_mask, true)
         .override_global(aya_log::LEVEL, &values.log_level, true)
         .override_global(globals::SKC_COOKIE_OFFSET, &values.skc_cookie_offset, true)
@@ -351,7 +328,7 @@ fn ipv6_share(ipv4: u32) -> u32 {
 /// (or one above a lowered flag, which is then replaced) starts at [`sizing::INITIAL`].
 fn starting_sizes(pin_dir: &Path, capacities: &Capacities) -> Sizes {
     let size = |name: &str, initial: u32, bound: u32| {
-        MapData::from_pin(pin_dir.join(name))
+        MapData::from_pin(pins::map_pin(pin_dir, name))
             .ok()
             .and_then(|map| map.info().ok())
             .map(|info| info.max_entries())
@@ -381,7 +358,7 @@ fn starting_sizes(pin_dir: &Path, capacities: &Capacities) -> Sizes {
 /// it until they are replaced.
 fn remove_retired(pin_dir: &Path) {
     for name in map_names::RETIRED {
-        if fs::remove_file(pin_dir.join(name)).is_ok() {
+        if fs::remove_file(pins::map_pin(pin_dir, name)).is_ok() {
             info!(
                 map = name,
                 "removed the pin of a map this agent no longer uses"
@@ -407,12 +384,12 @@ fn pinned_masters(path: &Path) -> Vec<ServiceKey> {
 
 fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
     for name in program_names::SOCK_ADDR {
-        sock_addr_program(ebpf, name)?
+        program::<CgroupSockAddr>(ebpf, name)?
             .load()
             .map_err(|source| LoadError::Program { name, source })?;
     }
     for name in program_names::TC {
-        tc::program(ebpf, name)?
+        program::<SchedClassifier>(ebpf, name)?
             .load()
             .map_err(|source| LoadError::Program { name, source })?;
     }
@@ -422,253 +399,24 @@ fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
         .map_err(|source| LoadError::Program { name, source })
 }
 
-fn release_program(ebpf: &mut Ebpf) -> Result<&mut CgroupSock, LoadError> {
-    let name = program_names::SOCK_RELEASE;
+/// The program `name` of the loaded object, as the type its hook needs. A program that is
+/// missing or of another type means the build is broken.
+pub fn program<'a, P>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut P, LoadError>
+where
+    &'a mut P: TryFrom<&'a mut Program, Error = ProgramError>,
+{
     ebpf.program_mut(name)
         .ok_or(LoadError::MissingProgram(name))?
         .try_into()
         .map_err(|source| LoadError::Program { name, source })
 }
 
-fn sock_addr_program<'a>(
-    ebpf: &'a mut Ebpf,
-    name: &'static str,
-) -> Result<&'a mut CgroupSockAddr, LoadError> {
-    ebpf.program_mut(name)
-        .ok_or(LoadError::MissingProgram(name))?
-        .try_into()
-        .map_err(|source| LoadError::Program { name, source })
+/// The sock_release program, which counts the sockets that leave with a record.
+pub fn release_program(ebpf: &mut Ebpf) -> Result<&mut CgroupSock, LoadError> {
+    program(ebpf, program_names::SOCK_RELEASE)
 }
 
-/// What `attach` did for each program.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Attachment {
-    /// A new link was created and pinned.
-    Attached,
-    /// The program of an existing pinned link was replaced in place.
-    Replaced,
-}
-
-/// Attaches every program to `cgroup`, or swaps it into the pinned link a previous agent
-/// left. The links stay pinned: the programs remain attached after this process exits.
-pub fn attach(
-    ebpf: &mut Ebpf,
-    pin_dir: &Path,
-    cgroup: &Path,
-) -> Result<Vec<(&'static str, Attachment)>, LoadError> {
-    let links_dir = pin_dir.join("links");
-    fs::create_dir_all(&links_dir).map_err(|source| LoadError::Dir {
-        path: links_dir.clone(),
-        source,
-    })?;
-    let cgroup_file = File::open(cgroup).map_err(|source| LoadError::Cgroup {
-        path: cgroup.to_owned(),
-        source,
-    })?;
-
-    let mut done = Vec::new();
-    for name in program_names::SOCK_ADDR {
-        let program = sock_addr_program(ebpf, name)?;
-        let pin = link_pin(pin_dir, name);
-        let link_error = |action, source| LoadError::Link {
-            action,
-            path: pin.clone(),
-            source,
-        };
-        let attachment = if pin.exists() {
-            replace_in_link(program, name, &pin)?;
-            Attachment::Replaced
-        } else {
-            // bpf links to cgroups always coexist with other programs; the mode must be 0.
-            let id = program
-                .attach(&cgroup_file, CgroupAttachMode::Single)
-                .map_err(|source| LoadError::Program { name, source })?;
-            let link = program
-                .take_link(id)
-                .map_err(|source| LoadError::Program { name, source })?;
-            let fd_link = FdLink::try_from(link).map_err(|e| link_error("pin", e))?;
-            fd_link.pin(&pin).map_err(|source| LoadError::PinLink {
-                path: pin.clone(),
-                source,
-            })?;
-            Attachment::Attached
-        };
-        info!(program = name, cgroup = %cgroup.display(), ?attachment, "program attached");
-        done.push((name, attachment));
-    }
-    let name = program_names::SOCK_RELEASE;
-    let attachment = attach_release(ebpf, pin_dir, &cgroup_file)?;
-    info!(program = name, cgroup = %cgroup.display(), ?attachment, "program attached");
-    done.push((name, attachment));
-    Ok(done)
-}
-
-/// [`attach`] for the sock_release program, which counts the sockets that leave with a
-/// record.
-fn attach_release(ebpf: &mut Ebpf, pin_dir: &Path, cgroup: &File) -> Result<Attachment, LoadError> {
-    let name = program_names::SOCK_RELEASE;
-    let pin = link_pin(pin_dir, name);
-    if pin.exists() {
-        replace_release(ebpf, &pin)?;
-        return Ok(Attachment::Replaced);
-    }
-    let program = release_program(ebpf)?;
-    let id = program
-        .attach(cgroup, CgroupAttachMode::Single)
-        .map_err(|source| LoadError::Program { name, source })?;
-    let link = program
-        .take_link(id)
-        .map_err(|source| LoadError::Program { name, source })?;
-    let fd_link = FdLink::try_from(link).map_err(|source| LoadError::Link {
-        action: "pin",
-        path: pin.clone(),
-        source,
-    })?;
-    fd_link.pin(&pin).map_err(|source| LoadError::PinLink {
-        path: pin.clone(),
-        source,
-    })?;
-    Ok(Attachment::Attached)
-}
-
-/// Swaps the sock_release program into the pinned link at `pin`.
-fn replace_release(ebpf: &mut Ebpf, pin: &Path) -> Result<(), LoadError> {
-    let name = program_names::SOCK_RELEASE;
-    let program = release_program(ebpf)?
-        .fd()
-        .map_err(|source| LoadError::Program { name, source })?;
-    link_update::update_pinned(pin, program).map_err(|source| LoadError::UpdateLink {
-        path: pin.to_owned(),
-        source,
-    })
-}
-
-/// Swaps `program` into the pinned link at `pin` (`BPF_LINK_UPDATE`: atomic, no moment
-/// without a program).
-fn replace_in_link(
-    program: &mut CgroupSockAddr,
-    name: &'static str,
-    pin: &Path,
-) -> Result<(), LoadError> {
-    let link_error = |action, source| LoadError::Link {
-        action,
-        path: pin.to_owned(),
-        source,
-    };
-    let pinned = PinnedLink::from_pin(pin).map_err(|e| link_error("open", e))?;
-    let link = CgroupSockAddrLink::try_from(FdLink::from(pinned))
-        .map_err(|e| link_error("reuse (not a cgroup sock_addr link)", e))?;
-    let id = program
-        .attach_to_link(link)
-        .map_err(|source| LoadError::Program { name, source })?;
-    // Dropping our handle closes the fd only; the pin keeps the link.
-    drop(program.take_link(id));
-    Ok(())
-}
-
-/// Swaps the programs of `ebpf` into every cgroup link pinned under `pin_dir`, creating
-/// none: what is attached stays attached, now running these programs. Returns how many.
-pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, LoadError> {
-    let mut replaced = 0;
-    for name in program_names::SOCK_ADDR {
-        let pin = link_pin(pin_dir, name);
-        if pin.exists() {
-            replace_in_link(sock_addr_program(ebpf, name)?, name, &pin)?;
-            replaced += 1;
-        }
-    }
-    let pin = link_pin(pin_dir, program_names::SOCK_RELEASE);
-    if pin.exists() {
-        replace_release(ebpf, &pin)?;
-        replaced += 1;
-    }
-    Ok(replaced)
-}
-
-/// Removes the link pinned at `path`, if there is one, and returns once its program is
-/// detached. The pin is the link's last holder but one: our own fd, whose close releases
-/// the link at once. Dropping the pin alone would leave the detach to a kernel work queue,
-/// so that programs could still run for a while after `cleanup` returned.
-fn unpin_link(path: &Path) -> io::Result<bool> {
-    let link = match PinnedLink::from_pin(path) {
-        Ok(link) => link,
-        Err(_) if !path.exists() => return Ok(false),
-        Err(e) => {
-            // Not a link (or not readable as one): removing the pin is all there is to do.
-            warn!(pin = %path.display(), error = %e, "not opened as a link; removing the pin");
-            return match fs::remove_file(path) {
-                Ok(()) => Ok(true),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-                Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
-            };
-        }
-    };
-    let held = link
-        .unpin()
-        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
-    drop(held);
-    Ok(true)
-}
-
-/// What `cleanup` removed.
-#[derive(Debug, Default)]
-pub struct Cleanup {
-    pub removed: Vec<PathBuf>,
-}
-
-/// Detaches the programs (by removing their link pins, and the netlink TC filters recorded
-/// under `pin_dir` on kernels without TCX) and removes socklb's pinned maps and directories
-/// under `pin_dir`; nothing it did not create, nothing another instance attached.
-pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
-    let mut cleanup = Cleanup::default();
-    // Maps of a growth an agent did not finish.
-    remove_staging(pin_dir);
-    // Maps a start replaced and had not finished carrying over.
-    carry::finish(pin_dir);
-    let links = program_names::SOCK_ADDR
-        .iter()
-        .chain([&program_names::SOCK_RELEASE])
-        .map(|name| link_pin(pin_dir, name));
-    let tc_links = tc::tc_pins(pin_dir)
-        .map_err(io::Error::other)?
-        .into_iter()
-        .map(|(path, _)| path);
-    for path in links.chain(tc_links) {
-        if unpin_link(&path)? {
-            cleanup.removed.push(path);
-        }
-    }
-    let maps = map_names::ALL
-        .iter()
-        .chain(&map_names::RETIRED)
-        .map(|name| pin_dir.join(name));
-    for path in maps {
-        match fs::remove_file(&path) {
-            Ok(()) => cleanup.removed.push(path),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
-        }
-    }
-    cleanup.removed.extend(
-        tc::detach_netlink_filters(pin_dir)?
-            .into_iter()
-            .map(PathBuf::from),
-    );
-    for dir in [
-        pin_dir.join("links"),
-        trace_lease_dir(pin_dir),
-        super::pin_lock::lock_path(pin_dir),
-        pin_dir.to_owned(),
-    ] {
-        // Only if empty: anything else in there is not ours.
-        match fs::remove_dir(&dir) {
-            Ok(()) => cleanup.removed.push(dir),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
-                warn!(dir = %dir.display(), "not removed: it holds files socklb did not create");
-            }
-            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
-        }
-    }
-    Ok(cleanup)
+/// Takes the map `name` out of the loaded object, to be owned by its writer.
+pub fn take_map(ebpf: &mut Ebpf, name: &'static str) -> Result<Map, LoadError> {
+    ebpf.take_map(name).ok_or(LoadError::MissingMap(name))
 }

@@ -1,5 +1,6 @@
 //! What the control plane asks the datapath to do: every frontend with its ordered backends.
-//! Plain data, no kernel types; the writer turns it into map entries.
+//! Plain data, no kernel types; the maps' writer turns it into map entries. Selection and
+//! the frontend table produce it, so it sits below both and below the maps.
 use std::{
     collections::BTreeMap,
     fmt,

@@ -1,0 +1,231 @@
+//! Applying a desired state: the service and backend maps first (their writer decides what
+//! fits, growing the maps beforehand when it can), then the source ranges, the Maglev
+//! tables and the names; and which backends left, for the sweep.
+use std::collections::{BTreeMap, BTreeSet};
+
+use socklb_abi::map_names;
+use tracing::warn;
+
+use super::{Dataplane, error::DataplaneError};
+use crate::{
+    desired::{
+        Desired, Frontend, FrontendSpec, Gone, Scope,
+        gone::{self, Programmed},
+    },
+    maps::{
+        maglev::MaglevError,
+        names::FrontendLabel,
+        source_ranges::SourceRangeError,
+        writer::{ApplyReport, Outcome, StoreError},
+    },
+};
+
+impl Dataplane {
+    /// Backends programmed for local sockets' frontends among `frontends`.
+    fn internal_backends<'a>(&self, frontends: impl Iterator<Item = &'a Frontend>) -> Programmed {
+        frontends
+            .filter(|f| f.scope == Scope::Internal)
+            .filter_map(|f| Some((*f, self.writer.programmed(f)?.1)))
+            .collect()
+    }
+
+    /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
+    /// does not fit are left as they were and listed in the report.
+    pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+        let changes = || desired.frontends.iter().map(|(f, spec)| (f, Some(spec)));
+        self.make_room(self.writer.demand(changes()), self.maglev.demand(changes()));
+        let before = self.internal_backends(self.writer.frontends());
+        let result = self.writer.apply(desired);
+        let report = self.report_gone(result, &before)?;
+        let ranges = self.source_ranges.apply_all(&desired.frontends);
+        let rest = self.report_ranges(ranges).and_then(|()| {
+            self.apply_maglev(
+                desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
+                true,
+            )
+        });
+        self.finish(report, rest)
+    }
+
+    /// How many frontends are not programmed as desired now, by outcome, whichever sync
+    /// rejected them.
+    pub fn rejected_frontends(&self) -> [(Outcome, usize); 3] {
+        self.writer.rejected()
+    }
+
+    /// Whether entries wait to be deleted by the next apply, which frees their room.
+    pub fn has_pending_deletes(&self) -> bool {
+        self.writer.has_pending_deletes()
+    }
+
+    /// Applies only the given frontends (`None`: remove it), leaving all others alone.
+    pub fn apply_changes(
+        &mut self,
+        changes: &BTreeMap<Frontend, Option<&FrontendSpec>>,
+    ) -> Result<ApplyReport, DataplaneError> {
+        let changed = || changes.iter().map(|(f, spec)| (f, *spec));
+        self.make_room(self.writer.demand(changed()), self.maglev.demand(changed()));
+        let before = self.internal_backends(changes.keys());
+        let result = self.writer.apply_changes(changes);
+        let report = self.report_gone(result, &before)?;
+        let ranges = self.source_ranges.apply(changes);
+        let rest = self
+            .report_ranges(ranges)
+            .and_then(|()| self.apply_maglev(changes.iter().map(|(f, spec)| (f, *spec)), false));
+        self.finish(report, rest)
+    }
+
+    /// The Maglev tables of `changes` (of every frontend when `full`).
+    fn apply_maglev<'a>(
+        &mut self,
+        changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
+        full: bool,
+    ) -> Result<(), DataplaneError> {
+        let writer = &self.writer;
+        let tables = self.maglev.apply(changes, |f| writer.programmed(f), full);
+        self.report_maglev(tables)
+    }
+
+    /// The writer's report with the pairs whose backend left since `before`, and those a
+    /// failed sync left unswept whose backend has not come back. When the writer failed, the
+    /// pairs it removed before failing (seen in the maps read again) wait for the next
+    /// sync that succeeds.
+    fn report_gone(
+        &mut self,
+        result: Result<ApplyReport, StoreError>,
+        before: &Programmed,
+    ) -> Result<ApplyReport, DataplaneError> {
+        let result = self.report(result);
+        let now = self.internal_backends(before.keys());
+        let left = gone::gone(before, &now);
+        let Ok(mut report) = result else {
+            // Kept for take_unswept.
+            self.unswept.extend(left);
+            return result;
+        };
+        let mut pairs: BTreeSet<Gone> = left.into_iter().collect();
+        pairs.extend(self.take_unswept());
+        report.gone = pairs.into_iter().collect();
+        Ok(report)
+    }
+
+    /// The pairs a failed sync removed from the maps before failing whose backend has not
+    /// come back since: their sockets are closed all the same, since the maps no longer lead
+    /// there (a sync that keeps failing would otherwise never close them).
+    pub fn take_unswept(&mut self) -> Vec<Gone> {
+        let unswept = std::mem::take(&mut self.unswept);
+        self.still_gone(unswept)
+    }
+
+    /// Those of `pairs` whose backend is not programmed for its frontend now.
+    pub fn still_gone(&self, pairs: Vec<Gone>) -> Vec<Gone> {
+        let now = self.internal_backends(pairs.iter().map(|pair| &pair.frontend));
+        gone::still_gone(pairs, &now)
+    }
+
+    /// `report` if the rest of the sync (source ranges, Maglev) succeeded; else its gone
+    /// pairs are kept for [`Self::take_unswept`].
+    fn finish(
+        &mut self,
+        report: ApplyReport,
+        rest: Result<(), DataplaneError>,
+    ) -> Result<ApplyReport, DataplaneError> {
+        match rest {
+            Ok(()) => Ok(report),
+            Err(error) => {
+                self.unswept.extend(report.gone);
+                Err(error)
+            }
+        }
+    }
+
+    /// Records which Service each given frontend belongs to (`None`: gone), for `socklb
+    /// inspect`; with `full`, the names of frontends not given are removed.
+    pub fn apply_labels(
+        &mut self,
+        labels: &BTreeMap<Frontend, Option<FrontendLabel>>,
+        full: bool,
+    ) -> Result<(), DataplaneError> {
+        let writer = &self.writer;
+        let result = self.names.apply(labels, |f| writer.service_id(f), full);
+        if let Err(error) = result {
+            self.names.readopt().map_err(|source| DataplaneError::Map {
+                name: map_names::NAMES,
+                source,
+            })?;
+            return Err(DataplaneError::Names(error));
+        }
+        Ok(())
+    }
+
+    fn report_maglev(&mut self, result: Result<(), MaglevError>) -> Result<(), DataplaneError> {
+        if let Err(error) = result {
+            self.readopt()?;
+            return Err(DataplaneError::Maglev(error));
+        }
+        Ok(())
+    }
+
+    fn report_ranges(
+        &mut self,
+        result: Result<Vec<SourceRangeError>, SourceRangeError>,
+    ) -> Result<(), DataplaneError> {
+        match result {
+            Ok(rejected) => {
+                for error in rejected {
+                    warn!(%error, "source ranges not programmed");
+                }
+                Ok(())
+            }
+            Err(error) => {
+                self.readopt()?;
+                Err(DataplaneError::SourceRanges(error))
+            }
+        }
+    }
+
+    fn report(
+        &mut self,
+        result: Result<ApplyReport, StoreError>,
+    ) -> Result<ApplyReport, DataplaneError> {
+        match result {
+            // The caller logs the rejected frontends (only their changes).
+            Ok(report) => Ok(report),
+            Err(error) => {
+                self.readopt()?;
+                Err(DataplaneError::Write(error))
+            }
+        }
+    }
+
+    /// Forgets the writer's mirror and reads the maps again: repairs any drift (entries
+    /// changed or removed by hand) at the next apply.
+    pub fn readopt(&mut self) -> Result<(), DataplaneError> {
+        let contents = self
+            .writer
+            .store()
+            .read()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::SERVICES,
+                source,
+            })?;
+        self.writer.readopt(contents);
+        self.source_ranges
+            .readopt()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::SOURCE_RANGES,
+                source,
+            })?;
+        self.maglev
+            .readopt()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::MAGLEV,
+                source,
+            })?;
+        self.names.readopt().map_err(|source| DataplaneError::Map {
+            name: map_names::NAMES,
+            source,
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,61 @@
+//! This node's settings for the TC programs (SNAT address and ports, conntrack timeouts),
+//! written to their maps only when they change.
+use std::time::Duration;
+
+use socklb_abi::{NodeConfig, NodeConfig6, map_names};
+use tracing::info;
+
+use super::{Dataplane, config::NodeSettings, error::DataplaneError};
+
+impl Dataplane {
+    /// Tells the TC programs this node's SNAT address and ports; written only on change.
+    pub fn set_node(&mut self, settings: &NodeSettings) -> Result<(), DataplaneError> {
+        let wanted = NodeConfig {
+            snat_address: settings.snat_address.map_or(0, |a| u32::from(a).to_be()),
+            snat_port_min: *settings.snat_ports.start(),
+            snat_port_max: *settings.snat_ports.end(),
+            maglev_table_size: self.config.maglev_table_size,
+            ct_timeout_syn_s: timeout_seconds(settings.conntrack_timeouts.tcp_syn),
+            ct_timeout_established_s: timeout_seconds(settings.conntrack_timeouts.tcp_established),
+            ct_timeout_closing_s: timeout_seconds(settings.conntrack_timeouts.tcp_close),
+            ct_timeout_udp_s: timeout_seconds(settings.conntrack_timeouts.udp),
+        };
+        let map_error = |source| DataplaneError::Map {
+            name: map_names::NODE,
+            source,
+        };
+        if self.node.get(&0, 0).map_err(map_error)? != wanted {
+            self.node.set(0, &wanted, 0).map_err(map_error)?;
+            info!(
+                snat_address = ?settings.snat_address,
+                snat_ports = ?settings.snat_ports,
+                conntrack_timeouts = ?settings.conntrack_timeouts,
+                "node settings for traffic from outside written"
+            );
+        }
+        if let Some(node6) = &mut self.node6 {
+            let wanted = NodeConfig6 {
+                snat_address: settings
+                    .snat_address6
+                    .map_or([0; 4], |a| socklb_abi::ipv6_words(a.octets())),
+            };
+            let map_error = |source| DataplaneError::Map {
+                name: map_names::NODE6,
+                source,
+            };
+            if node6.get(&0, 0).map_err(map_error)? != wanted {
+                node6.set(0, &wanted, 0).map_err(map_error)?;
+                info!(
+                    snat_address6 = ?settings.snat_address6,
+                    "IPv6 node settings for traffic from outside written"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whole seconds, at least 1 (0 would mean "the default" to the programs).
+fn timeout_seconds(timeout: Duration) -> u32 {
+    u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX).max(1)
+}

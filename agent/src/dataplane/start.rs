@@ -1,0 +1,238 @@
+//! Starting the datapath: load the programs over the pinned maps and hand each map to its
+//! writer, then (once the maps are programmed) attach the programs.
+use std::{borrow::Cow, path::Path};
+
+use aya::{
+    Ebpf,
+    maps::{Array, MapData},
+};
+use socklb_abi::map_names;
+use tracing::{info, warn};
+
+use super::{Dataplane, config::Config, error::DataplaneError};
+use crate::{
+    kernel::{
+        attach::{
+            Attachment, cgroup,
+            tc::{self, TcMode},
+        },
+        carry,
+        destroy::{self, DestroyPrograms, Unavailable as DestroyUnavailable},
+        host,
+        load::{self, take_map},
+        object,
+        program_logs::ProgramLogs,
+    },
+    maps::{
+        maglev::MaglevWriter,
+        names::NamesWriter,
+        services::{self, KernelMaps, RawMaps},
+        source_ranges::SourceRangeWriter,
+        writer::{Capacity, Writer},
+    },
+};
+
+impl Dataplane {
+    /// Loads the programs and adopts (or creates) the pinned maps. Nothing is attached: call
+    /// [`Self::apply`] first and then [`Self::attach`], so that the programs never run
+    /// against maps that are not programmed yet.
+    pub fn load(config: Config) -> Result<Self, DataplaneError> {
+        // Resolved and checked now, so that a bad path fails before anything is touched.
+        let cgroup = match &config.cgroup {
+            Some(path) => path.clone(),
+            None => host::cgroup2_mount()?,
+        };
+        host::check_cgroup2(&cgroup)?;
+        let pin_dir_existed = config.pin_dir.exists();
+        host::prepare_pin_dir(&config.pin_dir)?;
+        let kfunc = destroy::kfunc_id();
+        let (object, kfunc) =
+            match destroy::patch_kfunc_call(object::OBJECT, kfunc.as_ref().ok().map(|(_, id)| *id))
+            {
+                Ok(object) => (object, kfunc),
+                Err(error) => (Cow::Borrowed(object::OBJECT), Err(error)),
+            };
+        let load::Loaded {
+            mut ebpf,
+            replaced_masters,
+            sizes,
+        } = load::load(
+            &config.pin_dir,
+            &config.capacities,
+            config.program_settings(),
+            &object,
+        )
+        .map_err(|error| {
+            // The loader unpinned its maps; the directory goes too if this load made it.
+            if !pin_dir_existed {
+                let _ = std::fs::remove_dir(&config.pin_dir);
+            }
+            DataplaneError::from(error).explain_refusal()
+        })?;
+        carry_over(&config.pin_dir, "at load");
+        let kernel_maps = KernelMaps::new(RawMaps {
+            services: take_map(&mut ebpf, map_names::SERVICES)?,
+            backends: take_map(&mut ebpf, map_names::BACKENDS)?,
+            services6: take_map(&mut ebpf, map_names::SERVICES6)?,
+            backends6: take_map(&mut ebpf, map_names::BACKENDS6)?,
+        })
+        .map_err(|source| DataplaneError::Map {
+            name: map_names::SERVICES,
+            source,
+        })?;
+        let counters = take_map(&mut ebpf, map_names::COUNTERS)?
+            .try_into()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::COUNTERS,
+                source,
+            })?;
+        let socket_records = take_map(&mut ebpf, map_names::SOCKET_RECORD_COUNT)?
+            .try_into()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::SOCKET_RECORD_COUNT,
+                source,
+            })?;
+        let source_ranges = SourceRangeWriter::adopt(
+            take_trie(&mut ebpf, map_names::SOURCE_RANGES)?,
+            take_trie(&mut ebpf, map_names::SOURCE_RANGES6)?,
+            config.capacities.source_ranges,
+        )
+        .map_err(|source| DataplaneError::Map {
+            name: map_names::SOURCE_RANGES,
+            source,
+        })?;
+        let maglev = take_map(&mut ebpf, map_names::MAGLEV)?
+            .try_into()
+            .and_then(|map| MaglevWriter::adopt(map, config.maglev_table_size))
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::MAGLEV,
+                source,
+            })?;
+        let names = take_map(&mut ebpf, map_names::NAMES)?
+            .try_into()
+            .and_then(NamesWriter::adopt)
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::NAMES,
+                source,
+            })?;
+        let node = take_map(&mut ebpf, map_names::NODE)?
+            .try_into()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::NODE,
+                source,
+            })?;
+        let node6 = ebpf
+            .take_map(map_names::NODE6)
+            .map(Array::try_from)
+            .transpose()
+            .map_err(|source| DataplaneError::Map {
+                name: map_names::NODE6,
+                source,
+            })?;
+        let contents = kernel_maps.read().map_err(|source| DataplaneError::Map {
+            name: map_names::SERVICES,
+            source,
+        })?;
+        let destroy = kfunc.and_then(|(btf, _)| destroy::load(&mut ebpf, &btf));
+        let adopted = contents.services.len();
+        let capacity = Capacity {
+            service_entries: sizes.services,
+            backends: sizes.backends,
+        };
+        let mut writer = Writer::adopt(kernel_maps, capacity, contents);
+        writer.prefer(
+            replaced_masters
+                .iter()
+                .filter_map(|key| Some(services::decode_key4(key)?.frontend)),
+        );
+        info!(
+            pin_dir = %config.pin_dir.display(),
+            adopted_service_entries = adopted,
+            ?sizes,
+            "datapath loaded"
+        );
+        Ok(Self {
+            ebpf,
+            writer,
+            source_ranges,
+            maglev,
+            names,
+            counters,
+            socket_records,
+            node,
+            node6,
+            cgroup,
+            config,
+            sizes,
+            growth_retry_at: None,
+            object,
+            destroy: Some(destroy),
+            unswept: Vec::new(),
+        })
+    }
+
+    /// The reader of the programs' log lines, taken once (`None` when logging is off).
+    pub fn program_logs(&mut self) -> Result<Option<ProgramLogs>, DataplaneError> {
+        Ok(ProgramLogs::take(
+            &mut self.ebpf,
+            self.config.program_log_level,
+        )?)
+    }
+
+    /// The socket iterators that close the sockets of backends that left, or why they
+    /// could not be loaded; once.
+    pub fn take_destroy_programs(&mut self) -> Option<Result<DestroyPrograms, DestroyUnavailable>> {
+        self.destroy.take()
+    }
+
+    /// Attaches the programs (or replaces those a previous agent left attached). Called
+    /// after [`Self::attach_external`]: from here on only these programs run, so the flow
+    /// entries of maps replaced with another size are carried over a last time.
+    pub fn attach(&mut self) -> Result<Vec<(&'static str, Attachment)>, DataplaneError> {
+        let attached = cgroup::attach(&mut self.ebpf, &self.config.pin_dir, &self.cgroup)
+            .map_err(|error| DataplaneError::from(error).explain_refusal())?;
+        carry_over(&self.config.pin_dir, "after the programs were swapped");
+        carry::finish(&self.config.pin_dir);
+        Ok(attached)
+    }
+
+    /// Attaches the TC programs to `devices` (or replaces those a previous agent left), and
+    /// detaches them from devices no longer listed.
+    pub fn attach_external(
+        &mut self,
+        devices: &[String],
+        mode: TcMode,
+    ) -> Result<Vec<(String, Attachment)>, DataplaneError> {
+        tc::attach(&mut self.ebpf, &self.config.pin_dir, devices, mode)
+            .map_err(|error| DataplaneError::Tc(Box::new(error)).explain_refusal())
+    }
+}
+
+/// Copies the entries of the maps a load replaced with another size into their new maps
+/// (see `carry`). A failure is logged: the flows it misses are reset, as they would be
+/// without the copy, and the agent serves on.
+fn carry_over(pin_dir: &Path, when: &str) {
+    match carry::copy(pin_dir) {
+        Ok(0) => {}
+        Ok(entries) => info!(
+            entries,
+            when, "conntrack and affinity entries carried over into the resized maps"
+        ),
+        Err(error) => warn!(
+            error = %crate::error_chain(&error),
+            when,
+            "cannot carry conntrack and affinity entries over into the resized maps: the \
+             flows they held start anew (SNATed flows from outside are reset)"
+        ),
+    }
+}
+
+/// A source-range trie of either family.
+fn take_trie<K: aya::Pod>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<aya::maps::LpmTrie<MapData, K, socklb_abi::SourceVerdict>, DataplaneError> {
+    take_map(ebpf, name)?
+        .try_into()
+        .map_err(|source| DataplaneError::Map { name, source })
+}

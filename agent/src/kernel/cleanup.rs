@@ -1,0 +1,103 @@
+//! `socklb cleanup`: detaching the programs and removing socklb's pins, and nothing else.
+//!
+//! The agent never does this on exit (pinned programs stay attached, so that a restart does
+//! not interrupt service); removal is explicit. What another instance attached, at its own
+//! pin directory or netlink handle, stays.
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use aya::programs::links::PinnedLink;
+use socklb_abi::{map_names, program_names};
+use tracing::warn;
+
+use super::{attach::tc, carry, load::remove_staging, pins};
+
+/// Removes the link pinned at `path`, if there is one, and returns once its program is
+/// detached. The pin is the link's last holder but one: our own fd, whose close releases
+/// the link at once. Dropping the pin alone would leave the detach to a kernel work queue,
+/// so that programs could still run for a while after `cleanup` returned.
+fn unpin_link(path: &Path) -> io::Result<bool> {
+    let link = match PinnedLink::from_pin(path) {
+        Ok(link) => link,
+        Err(_) if !path.exists() => return Ok(false),
+        Err(e) => {
+            // Not a link (or not readable as one): removing the pin is all there is to do.
+            warn!(pin = %path.display(), error = %e, "not opened as a link; removing the pin");
+            return match fs::remove_file(path) {
+                Ok(()) => Ok(true),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+            };
+        }
+    };
+    let held = link
+        .unpin()
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    drop(held);
+    Ok(true)
+}
+
+/// What `cleanup` removed.
+#[derive(Debug, Default)]
+pub struct Cleanup {
+    pub removed: Vec<PathBuf>,
+}
+
+/// Detaches the programs (by removing their link pins, and the netlink TC filters recorded
+/// under `pin_dir` on kernels without TCX) and removes socklb's pinned maps and directories
+/// under `pin_dir`; nothing it did not create, nothing another instance attached.
+pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
+    let mut cleanup = Cleanup::default();
+    // Maps of a growth an agent did not finish.
+    remove_staging(pin_dir);
+    // Maps a start replaced and had not finished carrying over.
+    carry::finish(pin_dir);
+    let links = program_names::SOCK_ADDR
+        .iter()
+        .chain([&program_names::SOCK_RELEASE])
+        .map(|name| pins::link_pin(pin_dir, name));
+    let tc_links = tc::tc_pins(pin_dir)
+        .map_err(io::Error::other)?
+        .into_iter()
+        .map(|(path, _)| path);
+    for path in links.chain(tc_links) {
+        if unpin_link(&path)? {
+            cleanup.removed.push(path);
+        }
+    }
+    let maps = map_names::ALL
+        .iter()
+        .chain(&map_names::RETIRED)
+        .map(|name| pins::map_pin(pin_dir, name));
+    for path in maps {
+        match fs::remove_file(&path) {
+            Ok(()) => cleanup.removed.push(path),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+        }
+    }
+    cleanup.removed.extend(
+        tc::detach_netlink_filters(pin_dir)?
+            .into_iter()
+            .map(PathBuf::from),
+    );
+    for dir in [
+        pins::links_dir(pin_dir),
+        pins::trace_lease_dir(pin_dir),
+        pins::lock_path(pin_dir),
+        pin_dir.to_owned(),
+    ] {
+        // Only if empty: anything else in there is not ours.
+        match fs::remove_dir(&dir) {
+            Ok(()) => cleanup.removed.push(dir),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) if e.raw_os_error() == Some(libc::ENOTEMPTY) => {
+                warn!(dir = %dir.display(), "not removed: it holds files socklb did not create");
+            }
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", dir.display()))),
+        }
+    }
+    Ok(cleanup)
+}

@@ -1,0 +1,28 @@
+//! The kernel's side of the datapath's life: what the host must provide, loading the
+//! programs over the pinned maps, attaching them, and removing them again.
+//!
+//! - `pins`: the pin directory's layout; every other module finds its paths there.
+//! - `host`, `devices`, `privileges`: what the node must provide (cgroup v2, bpffs, Ethernet
+//!   devices, capabilities), each refusal explained with what to do.
+//! - `pin_lock`: one agent per pin directory.
+//! - `object`, `load`, `carry`, `destroy`, `program_logs`: the embedded object, loaded with
+//!   its maps pinned (flow state carried over when a table changes size), the optional
+//!   socket iterators, and the programs' own log lines.
+//! - `attach`: the cgroup and TC programs, through pinned links.
+//! - `cleanup`: `socklb cleanup`.
+//!
+//! Of the model it reads only how large the maps are (`desired::sizing`); what they hold is
+//! `maps`' business: the loaded maps are handed to the `dataplane`, which gives each to its
+//! writer.
+pub mod attach;
+pub mod carry;
+pub mod cleanup;
+pub mod destroy;
+pub mod devices;
+pub mod host;
+pub mod load;
+pub mod object;
+pub mod pin_lock;
+pub mod pins;
+pub mod privileges;
+pub mod program_logs;

@@ -1,0 +1,752 @@
+//! The diff writer: the only code that changes the service and backend maps.
+//!
+//! It keeps a mirror of what the maps hold (adopted from the maps at start, so an agent
+//! restart changes nothing), diffs the desired state against it and writes only the
+//! differences, frontend by frontend, in an order that keeps every concurrent lookup of the
+//! kernel programs consistent:
+//! - backends a frontend needs are written before any slot points at them;
+//! - slots are written before the master entry's count covers them;
+//! - a slot a lookup may still reach is deleted one apply later: a program that read a
+//!   master entry's count just before it was lowered (or just before a removed frontend's
+//!   master went) still finds every slot that count covered, never a hole;
+//! - a backend no frontend uses any more is deleted last (the slots carry the address the
+//!   programs connect to, so a stale slot never needs its backend entry).
+//!
+//! A frontend whose change does not fit the maps' capacity is left exactly as it was and
+//! reported; the others are still applied. A new frontend that does not fit is programmed
+//! without backends, so that connections to it are refused rather than left untranslated
+//! (an untranslated VIP could leave the node). Frontends already programmed (or that were
+//! programmed in maps this agent replaced) get the room before new ones.
+#[cfg(test)]
+pub(crate) mod recorder;
+mod report;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    net::IpAddr,
+};
+
+use socklb_abi::{SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT};
+
+pub use self::{
+    report::{ApplyReport, Capacity, Outcome, Rejected},
+    store::{MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey},
+};
+use crate::desired::{
+    BackendAddr, Desired, Frontend, FrontendSpec, Protocol, layout::assign_slots,
+};
+
+/// The writer's mirror of one frontend in the maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Programmed {
+    service_id: u32,
+    flags: u16,
+    affinity_timeout_s: u32,
+    /// Backend id per slot; index 0 is slot 1. 0 marks a slot that could not be read.
+    slots: Vec<u32>,
+}
+
+impl Programmed {
+    /// Service-map entries it occupies: master and slots.
+    fn entries(&self) -> usize {
+        1 + self.slots.len()
+    }
+
+    fn master(&self) -> Master {
+        Master {
+            count: u16::try_from(self.slots.len()).unwrap_or(u16::MAX),
+            flags: self.flags,
+            service_id: self.service_id,
+            affinity_timeout_s: self.affinity_timeout_s,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Writer<S> {
+    store: S,
+    capacity: Capacity,
+    frontends: BTreeMap<Frontend, Programmed>,
+    backends: HashMap<u32, (BackendAddr, Protocol)>,
+    backend_ids: HashMap<(BackendAddr, Protocol), u32>,
+    /// Service-map entries no count covers any more, deleted at the start of the next
+    /// apply: slots above a lowered count, a removed frontend's slots, and what adoption
+    /// found without a master or above its count.
+    pending_deletes: BTreeSet<SlotKey>,
+    /// Entries found in the maps that name no frontend, deleted at the next apply.
+    strays: BTreeSet<StrayKey>,
+    /// Service-map entries the mirror accounts for (pending deletes included), kept up to
+    /// date (not recounted).
+    service_entries: usize,
+    /// How many slots name each backend.
+    refs: HashMap<u32, usize>,
+    /// Backends no slot names any more: deleted at the end of the next apply.
+    unreferenced: BTreeSet<u32>,
+    service_ids: HashSet<u32>,
+    next_backend_id: u32,
+    next_service_id: u32,
+    /// Frontends the replaced maps held: programmed ahead of other new frontends.
+    preferred: BTreeSet<Frontend>,
+    /// Every frontend whose last apply was rejected, whichever apply that was: the
+    /// current state, not one sync's report.
+    rejected: BTreeMap<Frontend, Outcome>,
+}
+
+impl<S: Store> Writer<S> {
+    /// A writer that adopts what the maps already hold.
+    pub fn adopt(store: S, capacity: Capacity, contents: MapContents) -> Self {
+        let mut writer = Self {
+            store,
+            capacity,
+            frontends: BTreeMap::new(),
+            backends: HashMap::new(),
+            backend_ids: HashMap::new(),
+            pending_deletes: BTreeSet::new(),
+            strays: BTreeSet::new(),
+            service_entries: 0,
+            refs: HashMap::new(),
+            unreferenced: BTreeSet::new(),
+            service_ids: HashSet::new(),
+            next_backend_id: 1,
+            next_service_id: 1,
+            preferred: BTreeSet::new(),
+            rejected: BTreeMap::new(),
+        };
+        writer.readopt(contents);
+        writer
+    }
+
+    /// Replaces the mirror with what the maps hold now.
+    pub fn readopt(&mut self, contents: MapContents) {
+        self.frontends.clear();
+        self.backends.clear();
+        self.backend_ids.clear();
+        self.pending_deletes.clear();
+        self.strays = contents.strays.into_iter().collect();
+        self.next_backend_id = 1;
+        self.next_service_id = 1;
+        let backend_entries: HashMap<u32, BackendAddr> = contents
+            .backends
+            .iter()
+            .map(|(id, addr, _)| (*id, *addr))
+            .collect();
+        for (id, addr, protocol) in contents.backends {
+            let Some(protocol) = protocol else {
+                // Unknown protocol: not ours to interpret; dropped at the next apply.
+                self.backends.insert(id, (addr, Protocol::Tcp));
+                continue;
+            };
+            self.backends.insert(id, (addr, protocol));
+            self.backend_ids.entry((addr, protocol)).or_insert(id);
+            self.next_backend_id = self.next_backend_id.max(id.saturating_add(1));
+        }
+
+        let mut slots: HashMap<Frontend, BTreeMap<u16, u32>> = HashMap::new();
+        let mut masters = Vec::new();
+        for (key, value) in contents.services {
+            match value {
+                SlotValue::Master(master) if key.slot == 0 => masters.push((key.frontend, master)),
+                SlotValue::Backend { id, backend } if key.slot != 0 => {
+                    // A slot must agree with its backend; one that does not (edited by
+                    // hand) is a hole, rewritten at the next apply.
+                    let agrees = backend_entries
+                        .get(&id)
+                        .is_some_and(|b| (b.address, b.port) == (backend.address, backend.port));
+                    let id = if agrees { id } else { 0 };
+                    slots.entry(key.frontend).or_default().insert(key.slot, id);
+                }
+                // Decoded as the other kind: cannot happen, the store decodes by slot.
+                _ => {
+                    self.pending_deletes.insert(key);
+                }
+            }
+        }
+        for (frontend, master) in masters {
+            let mut held = slots.remove(&frontend).unwrap_or_default();
+            let programmed = Programmed {
+                service_id: master.service_id,
+                flags: master.flags,
+                affinity_timeout_s: master.affinity_timeout_s,
+                slots: (1..=master.count)
+                    .map(|slot| held.remove(&slot).unwrap_or(0))
+                    .collect(),
+            };
+            // Entries above the count.
+            self.pending_deletes
+                .extend(held.into_keys().map(|slot| SlotKey { frontend, slot }));
+            self.next_service_id = self
+                .next_service_id
+                .max(master.service_id.saturating_add(1));
+            self.frontends.insert(frontend, programmed);
+        }
+        // Slots whose master is gone.
+        for (frontend, held) in slots {
+            self.pending_deletes
+                .extend(held.into_keys().map(|slot| SlotKey { frontend, slot }));
+        }
+        self.service_entries = self
+            .frontends
+            .values()
+            .map(Programmed::entries)
+            .sum::<usize>()
+            + self.pending_deletes.len()
+            + self.strays.len();
+        self.service_ids = self.frontends.values().map(|p| p.service_id).collect();
+        self.refs.clear();
+        for id in self.frontends.values().flat_map(|p| p.slots.iter()) {
+            *self.refs.entry(*id).or_default() += 1;
+        }
+        self.unreferenced = self
+            .backends
+            .keys()
+            .filter(|id| !self.refs.contains_key(id))
+            .copied()
+            .collect();
+    }
+
+    /// Counts the slots of a frontend as added (`+`) or removed (`-`) references.
+    fn reference(&mut self, slots: &[u32], added: bool) {
+        for id in slots {
+            if added {
+                *self.refs.entry(*id).or_default() += 1;
+                self.unreferenced.remove(id);
+            } else if let Some(count) = self.refs.get_mut(id) {
+                *count -= 1;
+                if *count == 0 {
+                    self.refs.remove(id);
+                    self.unreferenced.insert(*id);
+                }
+            }
+        }
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    #[cfg(test)]
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
+    /// Gives `frontends` (those maps this agent replaced held) the room before other new
+    /// frontends, so that raising a capacity never takes a serving frontend down.
+    pub fn prefer(&mut self, frontends: impl IntoIterator<Item = Frontend>) {
+        self.preferred.extend(frontends);
+    }
+
+    /// Whether entries wait to be deleted by the next apply (which frees their room).
+    /// How many frontends are not programmed as desired now, by outcome (every outcome,
+    /// zeros included).
+    pub fn rejected(&self) -> [(Outcome, usize); 3] {
+        Outcome::ALL.map(|outcome| {
+            let count = self.rejected.values().filter(|o| **o == outcome).count();
+            (outcome, count)
+        })
+    }
+
+    pub fn has_pending_deletes(&self) -> bool {
+        !self.pending_deletes.is_empty() || !self.strays.is_empty()
+    }
+
+    /// Number of service-map entries the mirror accounts for.
+    pub fn service_entries(&self) -> u32 {
+        u32::try_from(self.service_entries).unwrap_or(u32::MAX)
+    }
+
+    /// Every programmed frontend.
+    pub fn frontends(&self) -> impl Iterator<Item = &Frontend> {
+        self.frontends.keys()
+    }
+
+    /// A programmed frontend's service id and its backends by slot (index 0 is slot 1);
+    /// a slot that could not be read shows as the unspecified address.
+    pub fn programmed(&self, frontend: &Frontend) -> Option<(u32, Vec<BackendAddr>)> {
+        let programmed = self.frontends.get(frontend)?;
+        let backends = programmed
+            .slots
+            .iter()
+            .map(|id| {
+                self.backends.get(id).map_or(
+                    BackendAddr::local(unspecified_like(frontend.address), 0),
+                    |(addr, _)| *addr,
+                )
+            })
+            .collect();
+        Some((programmed.service_id, backends))
+    }
+
+    /// A programmed frontend's service id.
+    pub fn service_id(&self, frontend: &Frontend) -> Option<u32> {
+        Some(self.frontends.get(frontend)?.service_id)
+    }
+
+    pub fn backend_entries(&self) -> u32 {
+        u32::try_from(self.backends.len()).unwrap_or(u32::MAX)
+    }
+
+    /// At most how many entries the maps hold while `changes` are applied: what they hold
+    /// now (entries waiting for deletion included) plus what growing frontends and new
+    /// backends add. Removals and shrinks free nothing within an apply.
+    pub fn demand<'a>(
+        &self,
+        changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
+    ) -> Capacity {
+        let mut service_entries = self.service_entries;
+        let mut new_backends = HashSet::new();
+        for (frontend, spec) in changes {
+            let Some(spec) = spec else { continue };
+            let old = self.frontends.get(frontend).map_or(0, Programmed::entries);
+            service_entries += (1 + spec.backends.len()).saturating_sub(old);
+            new_backends.extend(
+                spec.backends
+                    .iter()
+                    .map(|addr| (*addr, frontend.protocol))
+                    .filter(|key| !self.backend_ids.contains_key(key)),
+            );
+        }
+        let total = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Capacity {
+            service_entries: total(service_entries),
+            backends: total(self.backends.len() + new_backends.len()),
+        }
+    }
+
+    /// The maps' capacity changed (they grew): frontends are refused against the new one.
+    pub fn set_capacity(&mut self, capacity: Capacity) {
+        self.capacity = capacity;
+    }
+
+    /// Writes go to `store` from now on; it must hold what the old one held.
+    pub fn replace_store(&mut self, store: S) -> S {
+        std::mem::replace(&mut self.store, store)
+    }
+
+    /// Makes the maps hold `desired` (every frontend), writing only what differs.
+    ///
+    /// After an error the mirror may no longer match the maps: adopt them again (the
+    /// [`Dataplane`](crate::dataplane::Dataplane) does) before the next apply.
+    pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, StoreError> {
+        // A frontend no longer desired is no longer rejected, programmed or not.
+        self.rejected
+            .retain(|frontend, _| desired.frontends.contains_key(frontend));
+        let mut changes: BTreeMap<Frontend, Option<&FrontendSpec>> = self
+            .frontends
+            .keys()
+            .filter(|f| !desired.frontends.contains_key(f))
+            .map(|f| (*f, None))
+            .collect();
+        changes.extend(desired.frontends.iter().map(|(f, spec)| (*f, Some(spec))));
+        self.apply_changes(&changes)
+    }
+
+    /// Applies the given frontends only (`None`: remove it), leaving all others alone: a
+    /// sync after a few Service changes costs in proportion to those changes.
+    pub fn apply_changes(
+        &mut self,
+        changes: &BTreeMap<Frontend, Option<&FrontendSpec>>,
+    ) -> Result<ApplyReport, StoreError> {
+        let mut report = ApplyReport::default();
+
+        // What the previous apply uncovered: no lookup can be on its way there any more.
+        while let Some(key) = self.pending_deletes.pop_first() {
+            if let Err(error) = self.write(&mut report, Op::DeleteService { key }) {
+                self.pending_deletes.insert(key);
+                return Err(error);
+            }
+            self.service_entries -= 1;
+        }
+        while let Some(key) = self.strays.pop_first() {
+            if let Err(error) = self.write(&mut report, Op::DeleteStray { key }) {
+                self.strays.insert(key);
+                return Err(error);
+            }
+            self.service_entries -= 1;
+        }
+
+        for (frontend, _) in changes.iter().filter(|(_, spec)| spec.is_none()) {
+            self.rejected.remove(frontend);
+            self.remove_frontend(&mut report, *frontend)?;
+        }
+
+        // Shrinking frontends first, so that growing ones find the room they free; of the
+        // growing ones, those programmed (or preferred) before new ones.
+        let mut changes: Vec<(&Frontend, &FrontendSpec)> = changes
+            .iter()
+            .filter_map(|(frontend, spec)| Some((frontend, (*spec)?)))
+            .collect();
+        changes.sort_by_key(|(frontend, spec)| {
+            let old = self.frontends.get(frontend);
+            let grows = (spec.backends.len() + 1)
+                .cast_signed()
+                .saturating_sub(old.map_or(0, |p| p.slots.len() + 1).cast_signed());
+            let known = old.is_some() || self.preferred.contains(frontend);
+            (grows > 0, !known, grows)
+        });
+        for (frontend, spec) in changes {
+            match self.update_frontend(&mut report, *frontend, spec)? {
+                Ok(()) => {
+                    self.rejected.remove(frontend);
+                }
+                Err(rejected) => {
+                    // Kept with no backend (a refused frontend retried, or one that had no
+                    // endpoints): its connections are refused, whatever kept it so.
+                    let refusing = self
+                        .frontends
+                        .get(frontend)
+                        .is_some_and(|programmed| programmed.slots.is_empty());
+                    let outcome = match rejected.outcome() {
+                        Outcome::KeptPrevious if refusing => Outcome::Refused,
+                        outcome => outcome,
+                    };
+                    self.rejected.insert(*frontend, outcome);
+                    report.rejected.push(rejected);
+                }
+            }
+        }
+
+        self.collect_backends(&mut report)?;
+        Ok(report)
+    }
+
+    fn write(&mut self, report: &mut ApplyReport, op: Op) -> Result<(), StoreError> {
+        self.store.write(&op)?;
+        report.writes += 1;
+        Ok(())
+    }
+
+    /// Leaves `keys` in the map until the next apply, accounted for until then.
+    fn delete_later(&mut self, keys: impl IntoIterator<Item = SlotKey>) {
+        for key in keys {
+            if self.pending_deletes.insert(key) {
+                self.service_entries += 1;
+            }
+        }
+    }
+
+    fn remove_frontend(
+        &mut self,
+        report: &mut ApplyReport,
+        frontend: Frontend,
+    ) -> Result<(), StoreError> {
+        let Some(programmed) = self.frontends.get(&frontend).cloned() else {
+            return Ok(());
+        };
+        // The master now: from then on lookups no longer see the frontend. Its slots at
+        // the next apply: a lookup that read the master just before may still go there.
+        self.write(
+            report,
+            Op::DeleteService {
+                key: service_key(&frontend, 0),
+            },
+        )?;
+        self.frontends.remove(&frontend);
+        self.reference(&programmed.slots, false);
+        self.service_entries -= programmed.entries();
+        self.delete_later(
+            (1..=programmed.slots.len()).map(|i| service_key(&frontend, slot_number(i - 1))),
+        );
+        self.service_ids.remove(&programmed.service_id);
+        Ok(())
+    }
+
+    /// Applies one frontend's change, or leaves it untouched and says why.
+    fn update_frontend(
+        &mut self,
+        report: &mut ApplyReport,
+        frontend: Frontend,
+        spec: &FrontendSpec,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        let old = self.frontends.get(&frontend).cloned();
+        let (mut flags, affinity_timeout_s) = match spec.affinity_timeout_seconds {
+            Some(timeout) => (SERVICE_FLAG_AFFINITY, timeout),
+            None => (0, 0),
+        };
+        if spec.maglev {
+            flags |= SERVICE_FLAG_MAGLEV;
+        }
+        if spec.no_endpoints && spec.backends.is_empty() {
+            flags |= SERVICE_FLAG_REJECT;
+        }
+
+        // Backend ids: existing ones reused, new ones reserved (written only if accepted).
+        let mut new_backends: Vec<(u32, BackendAddr)> = Vec::new();
+        let mut new_ids: HashMap<BackendAddr, u32> = HashMap::new();
+        let mut wanted = Vec::with_capacity(spec.backends.len());
+        for addr in &spec.backends {
+            let id = match self.backend_ids.get(&(*addr, frontend.protocol)) {
+                Some(id) => *id,
+                None => match new_ids.get(addr) {
+                    Some(id) => *id,
+                    None => {
+                        let id = self.allocate_backend_id();
+                        new_ids.insert(*addr, id);
+                        new_backends.push((id, *addr));
+                        id
+                    }
+                },
+            };
+            wanted.push(id);
+        }
+
+        let old_slots = old.as_ref().map_or(&[][..], |p| &p.slots[..]);
+        let slots = assign_slots(old_slots, &wanted);
+        if slots.len() > usize::from(socklb_abi::MAX_BACKENDS_PER_SERVICE) {
+            let rejected = Rejected::TooManyBackends {
+                frontend,
+                count: slots.len(),
+                max: socklb_abi::MAX_BACKENDS_PER_SERVICE,
+                outcome: Outcome::KeptPrevious,
+            };
+            return self.refuse(report, frontend, flags, affinity_timeout_s, rejected);
+        }
+
+        let programmed = Programmed {
+            service_id: match &old {
+                Some(p) => p.service_id,
+                None => self.allocate_service_id(),
+            },
+            flags,
+            affinity_timeout_s,
+            slots,
+        };
+        if old.as_ref() == Some(&programmed) {
+            return Ok(Ok(()));
+        }
+
+        // Capacity: the peak during the update is the old entries plus the added slots.
+        let old_entries = old.as_ref().map_or(0, |p| p.slots.len() + 1);
+        let grow = (programmed.slots.len() + 1).saturating_sub(old_entries);
+        if let Err(rejected) = self.check_room(frontend, grow, new_backends.len()) {
+            return self.refuse(report, frontend, flags, affinity_timeout_s, rejected);
+        }
+
+        let new_entry: HashMap<u32, BackendAddr> = new_backends.iter().copied().collect();
+        let backend_of = |id: u32| {
+            new_entry
+                .get(&id)
+                .or_else(|| Some(&self.backends.get(&id)?.0))
+                .copied()
+        };
+        let ops = frontend_ops(
+            &frontend,
+            old.as_ref(),
+            &programmed,
+            &new_backends,
+            backend_of,
+        );
+        for op in ops {
+            self.write(report, op)?;
+        }
+        for (id, addr) in new_backends {
+            self.backends.insert(id, (addr, frontend.protocol));
+            self.backend_ids.insert((addr, frontend.protocol), id);
+        }
+        self.service_entries -= old.as_ref().map_or(0, Programmed::entries);
+        self.service_entries += programmed.entries();
+        // Only the slots that changed move references: a one-endpoint change of a large
+        // Service costs a few hash updates, not two per slot.
+        let old_slots = old.as_ref().map_or(&[][..], |p| &p.slots[..]);
+        let changed = |slots: &[u32], other: &[u32]| -> Vec<u32> {
+            let moved = slots.iter().enumerate();
+            moved
+                .filter(|(index, id)| other.get(*index) != Some(*id))
+                .map(|(_, id)| *id)
+                .collect()
+        };
+        let (added, removed) = (
+            changed(&programmed.slots, old_slots),
+            changed(old_slots, &programmed.slots),
+        );
+        // Added first, so that a backend that only changes slot never looks unused.
+        self.reference(&added, true);
+        self.reference(&removed, false);
+        if let Some(old) = &old {
+            // Above the new count: a lookup that read the old count may still go there.
+            self.delete_later(
+                (programmed.slots.len()..old.slots.len())
+                    .map(|i| service_key(&frontend, slot_number(i))),
+            );
+        }
+        self.service_ids.insert(programmed.service_id);
+        self.frontends.insert(frontend, programmed);
+        Ok(Ok(()))
+    }
+
+    /// Reports `rejected` with what became of the frontend: one programmed before keeps its
+    /// state; a new one is programmed without backends (refused) if its master entry fits,
+    /// so that its VIP is not left untranslated.
+    fn refuse(
+        &mut self,
+        report: &mut ApplyReport,
+        frontend: Frontend,
+        flags: u16,
+        affinity_timeout_s: u32,
+        rejected: Rejected,
+    ) -> Result<Result<(), Rejected>, StoreError> {
+        if self.frontends.contains_key(&frontend) {
+            return Ok(Err(rejected.with_outcome(Outcome::KeptPrevious)));
+        }
+        if self.service_entries() >= self.capacity.service_entries {
+            return Ok(Err(rejected.with_outcome(Outcome::NotProgrammed)));
+        }
+        let programmed = Programmed {
+            service_id: self.allocate_service_id(),
+            flags,
+            affinity_timeout_s,
+            slots: Vec::new(),
+        };
+        self.write(
+            report,
+            Op::PutService {
+                key: service_key(&frontend, 0),
+                value: SlotValue::Master(programmed.master()),
+            },
+        )?;
+        self.service_entries += programmed.entries();
+        self.service_ids.insert(programmed.service_id);
+        self.frontends.insert(frontend, programmed);
+        Ok(Err(rejected.with_outcome(Outcome::Refused)))
+    }
+
+    fn check_room(
+        &self,
+        frontend: Frontend,
+        grow: usize,
+        new_backends: usize,
+    ) -> Result<(), Rejected> {
+        let used = self.service_entries();
+        let free = self.capacity.service_entries.saturating_sub(used);
+        let grow = u32::try_from(grow).unwrap_or(u32::MAX);
+        if grow > free {
+            return Err(Rejected::MapFull {
+                frontend,
+                map: socklb_abi::map_names::SERVICES,
+                flag: "--max-service-entries",
+                capacity: self.capacity.service_entries,
+                free,
+                needed: grow,
+                outcome: Outcome::KeptPrevious,
+            });
+        }
+        let free = self
+            .capacity
+            .backends
+            .saturating_sub(self.backend_entries());
+        let needed = u32::try_from(new_backends).unwrap_or(u32::MAX);
+        if needed > free {
+            return Err(Rejected::MapFull {
+                frontend,
+                map: socklb_abi::map_names::BACKENDS,
+                flag: "--max-backends",
+                capacity: self.capacity.backends,
+                free,
+                needed,
+                outcome: Outcome::KeptPrevious,
+            });
+        }
+        Ok(())
+    }
+
+    /// Deletes backends that no frontend's slot refers to any more.
+    fn collect_backends(&mut self, report: &mut ApplyReport) -> Result<(), StoreError> {
+        for id in std::mem::take(&mut self.unreferenced) {
+            let Some((addr, _)) = self.backends.get(&id) else {
+                continue;
+            };
+            let address = addr.address;
+            self.write(report, Op::DeleteBackend { id, address })?;
+            if let Some(key) = self.backends.remove(&id)
+                && self.backend_ids.get(&key) == Some(&id)
+            {
+                self.backend_ids.remove(&key);
+            }
+        }
+        Ok(())
+    }
+
+    /// A backend id no backend has. Ids handed out by one update are distinct without a
+    /// check: the counter only moves on, and one update needs fewer than 2^32 of them.
+    fn allocate_backend_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_backend_id;
+            self.next_backend_id = self.next_backend_id.checked_add(1).unwrap_or(1);
+            if id != 0 && !self.backends.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn allocate_service_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_service_id;
+            self.next_service_id = self.next_service_id.checked_add(1).unwrap_or(1);
+            if id != 0 && !self.service_ids.contains(&id) {
+                return id;
+            }
+        }
+    }
+}
+
+/// The writes that take one frontend from `old` to `new`, in a lookup-safe order. Pure.
+fn frontend_ops(
+    frontend: &Frontend,
+    old: Option<&Programmed>,
+    new: &Programmed,
+    new_backends: &[(u32, BackendAddr)],
+    backend_of: impl Fn(u32) -> Option<BackendAddr>,
+) -> Vec<Op> {
+    let mut ops: Vec<Op> = new_backends
+        .iter()
+        .map(|(id, backend)| Op::PutBackend {
+            id: *id,
+            backend: *backend,
+            protocol: frontend.protocol,
+        })
+        .collect();
+    let old_slots = old.map_or(&[][..], |p| &p.slots[..]);
+    // Slots first: those beyond the old count are not yet visible to lookups.
+    for (index, id) in new.slots.iter().enumerate() {
+        if old_slots.get(index) != Some(id) {
+            // Every slot id comes from the mirror or the new backends.
+            let backend = backend_of(*id)
+                .unwrap_or_else(|| BackendAddr::local(unspecified_like(frontend.address), 0));
+            ops.push(Op::PutService {
+                key: service_key(frontend, slot_number(index)),
+                value: SlotValue::Backend { id: *id, backend },
+            });
+        }
+    }
+    // Then the master: new count, flags and timeout become visible at once. Slots above
+    // a lowered count stay until the next apply (the caller schedules them).
+    if old.map(Programmed::master) != Some(new.master()) {
+        ops.push(Op::PutService {
+            key: service_key(frontend, 0),
+            value: SlotValue::Master(new.master()),
+        });
+    }
+    ops
+}
+
+/// The unspecified address of `address`'s family: what a slot that could not be read shows.
+pub fn unspecified_like(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+        IpAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+    }
+}
+
+fn slot_number(index: usize) -> u16 {
+    // Bounded by MAX_BACKENDS_PER_SERVICE, checked before any slot is written.
+    u16::try_from(index + 1).unwrap_or(u16::MAX)
+}
+
+pub fn service_key(frontend: &Frontend, slot: u16) -> SlotKey {
+    SlotKey {
+        frontend: *frontend,
+        slot,
+    }
+}

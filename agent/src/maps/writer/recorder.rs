@@ -1,0 +1,129 @@
+//! An in-memory store for tests: what the maps would hold, checked after every write as a
+//! concurrent lookup would see it.
+use std::collections::BTreeMap;
+
+use super::{MapContents, Op, SlotKey, SlotValue, Store, StoreError};
+use crate::desired::{BackendAddr, Protocol};
+
+/// Records operations and keeps the resulting map contents.
+pub struct Recorder {
+    pub ops: Vec<Op>,
+    pub services: BTreeMap<SlotKey, SlotValue>,
+    pub backends: BTreeMap<u32, (BackendAddr, Protocol)>,
+    pub check_every_write: bool,
+    /// The most entries each map held at once, since the start or `reset_peaks`.
+    pub peak_services: usize,
+    pub peak_backends: usize,
+}
+
+impl Recorder {
+    /// Peaks start again from what the maps hold now.
+    pub fn reset_peaks(&mut self) {
+        self.peak_services = self.services.len();
+        self.peak_backends = self.backends.len();
+    }
+
+    /// What the maps hold, as a store would read it back.
+    pub fn contents(&self) -> MapContents {
+        MapContents {
+            services: self.services.iter().map(|(k, v)| (*k, *v)).collect(),
+            strays: Vec::new(),
+            backends: self
+                .backends
+                .iter()
+                .map(|(id, (addr, protocol))| (*id, *addr, Some(*protocol)))
+                .collect(),
+        }
+    }
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self {
+            ops: Vec::new(),
+            services: BTreeMap::new(),
+            backends: BTreeMap::new(),
+            check_every_write: true,
+            peak_services: 0,
+            peak_backends: 0,
+        }
+    }
+}
+
+impl Store for Recorder {
+    fn write(&mut self, op: &Op) -> Result<(), StoreError> {
+        self.ops.push(op.clone());
+        match op {
+            Op::PutBackend {
+                id,
+                backend,
+                protocol,
+            } => {
+                self.backends.insert(*id, (*backend, *protocol));
+            }
+            Op::PutService { key, value } => {
+                self.services.insert(*key, *value);
+            }
+            Op::DeleteService { key } => {
+                self.services.remove(key);
+            }
+            Op::DeleteStray { .. } => {}
+            Op::DeleteBackend { id, .. } => {
+                self.backends.remove(id);
+            }
+        }
+        self.peak_services = self.peak_services.max(self.services.len());
+        self.peak_backends = self.peak_backends.max(self.backends.len());
+        // After every single write, what a lookup sees must be consistent.
+        if self.check_every_write {
+            assert_consistent(&self.services, &self.backends);
+        }
+        Ok(())
+    }
+}
+
+/// Every slot a master entry's count covers exists and names an existing backend of
+/// the frontend's family.
+pub fn assert_consistent(
+    services: &BTreeMap<SlotKey, SlotValue>,
+    backends: &BTreeMap<u32, (BackendAddr, Protocol)>,
+) {
+    for (key, value) in services {
+        let SlotValue::Master(master) = value else {
+            continue;
+        };
+        for slot in 1..=master.count {
+            let slot_key = SlotKey { slot, ..*key };
+            let Some(SlotValue::Backend { id, backend }) = services.get(&slot_key) else {
+                panic!("slot {slot} of {key:?} is covered by count but missing");
+            };
+            let Some((entry, _)) = backends.get(id) else {
+                panic!("slot {slot} of {key:?} names missing backend {id}");
+            };
+            assert_eq!(
+                (backend.address, backend.port),
+                (entry.address, entry.port),
+                "slot {slot} of {key:?} disagrees with its backend"
+            );
+            assert_eq!(
+                backend.address.is_ipv4(),
+                key.frontend.address.is_ipv4(),
+                "slot {slot} of {key:?} crosses address families"
+            );
+        }
+    }
+}
+
+impl Recorder {
+    /// Every slot some master entry's count covers.
+    pub fn covered(&self) -> Vec<SlotKey> {
+        self.services
+            .iter()
+            .filter_map(|(key, value)| match value {
+                SlotValue::Master(master) => Some((key, master.count)),
+                SlotValue::Backend { .. } => None,
+            })
+            .flat_map(|(key, count)| (1..=count).map(|slot| SlotKey { slot, ..*key }))
+            .collect()
+    }
+}
