@@ -216,7 +216,8 @@ fn carry_over(pin_dir: &Path, when: &str) {
         Ok(0) => {}
         Ok(entries) => info!(
             entries,
-            when, "conntrack and affinity entries carried over into the resized maps"
+            when,
+            "conntrack and affinity entries carried over into the new maps (resized or renamed)"
         ),
         Err(error) => warn!(
             error = %crate::error_chain(&error),

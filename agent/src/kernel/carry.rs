@@ -9,6 +9,9 @@
 //! programs are attached (the flows the old programs created meanwhile), which is when
 //! [`finish`] drops the old maps. Both passes only add keys the new map lacks, so an entry
 //! the new programs already updated is never overwritten by an older copy.
+//!
+//! A map an older agent pinned under an older name ([`map_names::RENAMED`]) is carried the
+//! same way: held under its old name, copied into the map of its new name.
 use std::{fs, io, path::Path};
 
 use aya::{
@@ -32,6 +35,15 @@ pub const CARRIED: [&str; 6] = [
     map_names::AFFINITY6,
 ];
 
+/// Every carry, as (the name the old map is held under, the map it is copied into): the
+/// resized maps under their own names, the renamed ones under their old names.
+fn carries() -> impl Iterator<Item = (&'static str, &'static str)> {
+    CARRIED
+        .iter()
+        .map(|name| (*name, *name))
+        .chain(map_names::RENAMED)
+}
+
 /// `BPF_NOEXIST`: add a key only if the map lacks it.
 const BPF_NOEXIST: u64 = 1;
 
@@ -47,6 +59,23 @@ pub fn hold(pin_dir: &Path, name: &str) -> io::Result<()> {
     fs::rename(pins::map_pin(pin_dir, name), held)
 }
 
+/// Moves the pins of maps an older agent pinned under an older name aside, when the new
+/// name is not pinned yet: the loader then creates the map of the new name and their
+/// entries are carried into it. Returns the old names held.
+pub fn hold_renamed(pin_dir: &Path) -> io::Result<Vec<&'static str>> {
+    let mut held = Vec::new();
+    for (old, new) in map_names::RENAMED {
+        let old_pin = pins::map_pin(pin_dir, old);
+        if !old_pin.exists() || pins::map_pin(pin_dir, new).exists() {
+            continue;
+        }
+        fs::create_dir_all(pins::holding_dir(pin_dir))?;
+        fs::rename(old_pin, pins::holding_pin(pin_dir, old))?;
+        held.push(old);
+    }
+    Ok(held)
+}
+
 #[derive(Debug, thiserror::Error)]
 #[error("cannot carry the entries of {name} over into its new map")]
 pub struct CarryError {
@@ -59,8 +88,8 @@ pub struct CarryError {
 /// the new map lacks. Returns how many were added.
 pub fn copy(pin_dir: &Path) -> Result<usize, CarryError> {
     let mut added = 0;
-    for name in CARRIED {
-        let held = pins::holding_pin(pin_dir, name);
+    for (held_as, name) in carries() {
+        let held = pins::holding_pin(pin_dir, held_as);
         if !held.exists() {
             continue;
         }
@@ -82,13 +111,13 @@ pub fn copy(pin_dir: &Path) -> Result<usize, CarryError> {
     Ok(added)
 }
 
-/// Puts the held maps back where they were, over the new ones: for a start that failed
-/// before its programs ran.
+/// Puts the held maps back where they were (a renamed one under its old name), over the
+/// new ones: for a start that failed before its programs ran.
 pub fn restore(pin_dir: &Path) {
-    for name in CARRIED {
-        let held = pins::holding_pin(pin_dir, name);
+    for (held_as, _) in carries() {
+        let held = pins::holding_pin(pin_dir, held_as);
         if held.exists() {
-            let _ = fs::rename(&held, pins::map_pin(pin_dir, name));
+            let _ = fs::rename(&held, pins::map_pin(pin_dir, held_as));
         }
     }
     let _ = fs::remove_dir(pins::holding_dir(pin_dir));
@@ -96,8 +125,8 @@ pub fn restore(pin_dir: &Path) {
 
 /// Drops the held maps: the programs that wrote them are replaced.
 pub fn finish(pin_dir: &Path) {
-    for name in CARRIED {
-        let _ = fs::remove_file(pins::holding_pin(pin_dir, name));
+    for (held_as, _) in carries() {
+        let _ = fs::remove_file(pins::holding_pin(pin_dir, held_as));
     }
     let _ = fs::remove_dir(pins::holding_dir(pin_dir));
 }

@@ -104,6 +104,17 @@ pub fn load(
         .filter(|path| !path.exists())
         .collect();
     remove_staging(pin_dir);
+    let renamed = carry::hold_renamed(pin_dir).map_err(|source| LoadError::ReplaceMap {
+        path: pins::holding_dir(pin_dir),
+        source,
+    })?;
+    if !renamed.is_empty() {
+        info!(
+            maps = ?renamed,
+            "maps an older agent pinned under older names: their entries are carried over \
+             into the maps of the new names"
+        );
+    }
     load_pinning(pin_dir, capacities, programs, object).inspect_err(|_| {
         carry::restore(pin_dir);
         for path in unpinned.iter().filter(|path| path.exists()) {

@@ -17,6 +17,7 @@ mod no_endpoints;
 mod path_mtu;
 mod pin_dir;
 mod raised_capacity;
+mod renamed_maps;
 mod shrinking_churn;
 mod slow_manifest;
 mod snat_port_reuse;
