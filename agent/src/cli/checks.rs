@@ -3,7 +3,7 @@
 //! node as it was (no maps pinned, no programs attached, no busy loop).
 use std::{path::Path, time::Duration};
 
-use super::{RunArgs, SourceKind};
+use super::args::{RunArgs, SourceKind};
 use crate::dataplane::Capacities;
 
 /// The largest `--max-*` value: the kernel's bound for a hash map (its bucket array of 16
@@ -223,7 +223,7 @@ mod tests {
     use clap::Parser as _;
 
     use super::*;
-    use crate::cli::{Cli, Command};
+    use crate::cli::args::{Cli, Command};
 
     fn run_args(flags: &[&str]) -> RunArgs {
         let mut argv = vec!["socklb", "run", "--source", "file"];

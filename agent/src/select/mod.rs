@@ -3,6 +3,7 @@
 //! A pure function of (service, its endpoint slices, this node, node labels): no I/O, no
 //! clock. The rules are kube-proxy's (`pkg/proxy/topology.go` CategorizeEndpoints and
 //! `endpointslicecache.go`), plus the topology-keys annotation; see DESIGN.md "Semantics".
+mod endpoint;
 pub mod model;
 mod topology;
 
@@ -13,7 +14,7 @@ use std::{
 
 use serde::Serialize;
 
-use self::topology::cluster_topology;
+use self::{endpoint::PortEndpoint, topology::cluster_topology};
 pub use self::{model::*, topology::Topology};
 use crate::desired::{BackendAddr, Frontend, FrontendSpec, Protocol, Scope};
 
@@ -305,27 +306,6 @@ pub fn local_ready_endpoints(
         })
         .max()
         .unwrap_or(0)
-}
-
-/// An endpoint of one service port: its backend address and what decides its use.
-#[derive(Clone, Debug)]
-pub(crate) struct PortEndpoint<'a> {
-    pub(crate) backend: BackendAddr,
-    pub(crate) endpoint: &'a Endpoint,
-}
-
-impl PortEndpoint<'_> {
-    fn ready(&self, service: &ServiceInfo) -> bool {
-        self.endpoint.ready || service.publish_not_ready_addresses
-    }
-
-    fn serving_terminating(&self) -> bool {
-        self.endpoint.serving && self.endpoint.terminating
-    }
-
-    fn is_local(&self, node: &ThisNode) -> bool {
-        self.endpoint.node_name.as_deref() == Some(node.name.as_str())
-    }
 }
 
 /// The endpoints of `family` of the service port `name`/`protocol`, merged across the

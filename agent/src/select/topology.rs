@@ -3,7 +3,10 @@
 //! `topologyModeFromHints` decides.
 use serde::Serialize;
 
-use super::{NodeLabels, PortEndpoint, ServiceInfo, ThisNode};
+use super::{
+    endpoint::PortEndpoint,
+    model::{NodeLabels, ServiceInfo, ThisNode, ZONE_LABEL},
+};
 
 /// How the ready endpoints were filtered for this node.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -96,7 +99,7 @@ fn by_hints<'e, 'a>(
         return ignored("some ready endpoints have no zone hint".to_owned());
     }
     let Some(zone) = node.zone() else {
-        return ignored(format!("this node has no {} label", super::ZONE_LABEL));
+        return ignored(format!("this node has no {ZONE_LABEL} label"));
     };
     let for_this_zone = |e: &&PortEndpoint| e.endpoint.hints_for_zones.iter().any(|z| z == zone);
     if !ready.iter().any(for_this_zone) {

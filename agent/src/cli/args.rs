@@ -1,0 +1,329 @@
+//! The `socklb` command line as clap parses it: every subcommand and its flags, with
+//! their defaults and help. What the commands do with them is `cli`'s.
+use std::{net::SocketAddr, ops::RangeInclusive, path::PathBuf, time::Duration};
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::{
+    dataplane::{self, Capacities, ProgramLogLevel, TcMode},
+    sweep::Requested,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "socklb",
+    version,
+    about = "eBPF socket-level load balancer that replaces kube-proxy"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load and attach the datapath and keep it programmed from the cluster until stopped.
+    Run(Box<RunArgs>),
+    /// Show, for every Service frontend, the backends this node uses and why.
+    Explain(ExplainArgs),
+    /// Show what the pinned maps hold (works while the agent is down).
+    Inspect(InspectArgs),
+    /// Show each translation as it happens: which backend, and why.
+    Trace(TraceArgs),
+    /// Detach the programs and remove every pin socklb created.
+    Cleanup(PinArgs),
+    /// Print the version and the map layout version.
+    Version,
+    /// Print a shell completion script, e.g. `socklb completion bash >
+    /// /etc/bash_completion.d/socklb`.
+    Completion {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `socklb man > /usr/share/man/man8/socklb.8`.
+    Man,
+    /// Print the name of every series the agent exports, one per line (for checks of
+    /// dashboards and alerts against the agent itself).
+    #[command(hide = true)]
+    MetricsNames,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SourceKind {
+    /// The Kubernetes API (in-cluster config or --kubeconfig).
+    Kube,
+    /// A directory of manifests (--manifests), watched for changes.
+    File,
+}
+
+#[derive(Debug, Args)]
+pub struct SourceArgs {
+    /// Where cluster state comes from.
+    #[arg(long, value_enum, default_value = "kube")]
+    pub source: SourceKind,
+    /// Directory of Service, EndpointSlice and Node manifests (with --source file).
+    #[arg(long, required_if_eq("source", "file"))]
+    pub manifests: Option<PathBuf>,
+    /// kubeconfig file (with --source kube) [default: in-cluster config, then
+    /// $KUBECONFIG or ~/.kube/config].
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// This node's name [default: $NODE_NAME, then the hostname].
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Longest wait between two attempts to reach the API server after a failure (each wait
+    /// is drawn between half and all of its step). Bounds how long after an API-server
+    /// outage changes are applied again.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub api_retry_max: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct PinArgs {
+    /// Directory on bpffs for socklb's pinned maps and links.
+    #[arg(long = "bpffs", env = "SOCKLB_BPFFS", default_value = dataplane::DEFAULT_PIN_DIR)]
+    pub pin_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub pins: PinArgs,
+    /// cgroup v2 directory to attach to [default: the cgroup v2 mount, found in
+    /// /proc/self/mountinfo, so that every process on the node is served].
+    #[arg(long)]
+    pub cgroup_path: Option<PathBuf>,
+    /// Least time between two syncs: changes arriving meanwhile are programmed together.
+    #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
+    pub min_sync_period: Duration,
+    /// Time between full resyncs, which re-read the maps and repair any drift.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub sync_period: Duration,
+    /// How long to wait for another agent holding the pin directory to exit (the handover of
+    /// a rolling update) before giving up.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub handover_wait: Duration,
+    /// Address for /healthz, /livez and /readyz (kube-proxy's health port).
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    pub healthz_bind_address: SocketAddr,
+    /// Address for /metrics (kube-proxy's metrics port).
+    #[arg(long, default_value = "127.0.0.1:10249")]
+    pub metrics_bind_address: SocketAddr,
+    /// The kernel programs' own log lines (their rare failure paths, at warn) forwarded
+    /// into this log. Off costs nothing: the verifier removes the log calls at load.
+    #[arg(long, value_enum, default_value_t = ProgramLogLevel::Off)]
+    pub bpf_log_level: ProgramLogLevel,
+    /// Also close the TCP connections still open to a backend that left its Service
+    /// (connected UDP sockets are always closed). Off by default: kube-proxy lets TCP
+    /// connections drain. Given alone, or as =true / =false (the chart's form).
+    #[arg(
+        long,
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub destroy_tcp_on_backend_removal: bool,
+    /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,
+    /// CAP_PERFMON or CAP_SYS_ADMIN), netlink SOCK_DESTROY, auto (the iterators if they
+    /// load, else netlink), or off. The sweep enters other network namespaces with
+    /// CAP_SYS_ADMIN only (else it covers the agent's own): those pinned under /run/netns
+    /// and /var/run/netns, and those of the processes it can read in /proc (the node's only
+    /// with hostPID, other users' only with CAP_SYS_PTRACE). `run --help` (below) and
+    /// `socklb inspect` say what this process's capabilities give.
+    #[arg(long, value_enum, default_value_t = Requested::Auto)]
+    pub socket_destroy_mode: Requested,
+    #[command(flatten)]
+    pub capacities: CapacityArgs,
+    #[command(flatten)]
+    pub external: ExternalArgs,
+}
+
+/// Traffic from outside the node: NodePorts, LoadBalancer IPs, externalIPs.
+#[derive(Debug, Args)]
+pub struct ExternalArgs {
+    /// Devices whose incoming traffic is translated, comma-separated (none given: the
+    /// devices that hold the Node's addresses).
+    #[arg(long, value_delimiter = ',')]
+    pub devices: Vec<String>,
+    /// How the TC programs attach: tcx (kernel >= 6.6), netlink (clsact), or auto.
+    #[arg(long, value_enum, default_value_t = TcMode::Auto)]
+    pub tc_attach_mode: TcMode,
+    /// Source ports for flows SNATed to reach a backend on another node, as MIN-MAX. Keep
+    /// it outside net.ipv4.ip_local_port_range, so it never collides with the node's own
+    /// connections.
+    #[arg(long, default_value = "61000-65535", value_parser = parse_port_range)]
+    pub snat_port_range: RangeInclusive<u16>,
+    /// Positions of each Maglev table (Services annotated socklb.io/lb-algorithm: maglev):
+    /// a prime from the list; more positions spread flows more evenly over many backends,
+    /// at 4 bytes of value (about 64 bytes of kernel memory) per position and Service.
+    #[arg(long, default_value_t = dataplane::DEFAULT_MAGLEV_TABLE_SIZE, value_parser = parse_maglev_size)]
+    pub maglev_table_size: u32,
+    /// Idle time after which a TCP flow from outside whose handshake did not complete (a
+    /// SYN, or a SYN and its SYN-ACK) is forgotten and its SNAT port reused.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub conntrack_tcp_timeout_syn: Duration,
+    /// Idle time after which an established TCP flow from outside is forgotten.
+    #[arg(long, default_value = "6h", value_parser = humantime::parse_duration)]
+    pub conntrack_tcp_timeout_established: Duration,
+    /// Idle time after which a TCP flow from outside that saw a FIN or RST is forgotten.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub conntrack_tcp_timeout_close: Duration,
+    /// Idle time after which a UDP flow from outside is forgotten.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub conntrack_udp_timeout: Duration,
+}
+
+fn parse_maglev_size(text: &str) -> Result<u32, String> {
+    let sizes = dataplane::MAGLEV_TABLE_SIZES;
+    text.parse::<u32>()
+        .ok()
+        .filter(|size| sizes.contains(size))
+        .ok_or_else(|| format!("{text:?} is not one of the prime table sizes {sizes:?}"))
+}
+
+fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
+    let (min, max) = text
+        .split_once('-')
+        .ok_or_else(|| format!("{text:?} is not MIN-MAX, e.g. 61000-65535"))?;
+    let port = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{p:?} is not a port between 1 and 65535"))
+    };
+    let (min, max) = (port(min)?, port(max)?);
+    if min > max {
+        return Err(format!(
+            "{min}-{max}: the first port must not exceed the second"
+        ));
+    }
+    Ok(min..=max)
+}
+
+#[derive(Debug, Args)]
+pub struct CapacityArgs {
+    /// Service map entries: one per frontend plus one per backend of each frontend. An
+    /// upper bound: the map starts smaller and grows by itself.
+    #[arg(long, default_value_t = Capacities::default().service_entries)]
+    pub max_service_entries: u32,
+    /// Distinct backends (address, port, protocol). An upper bound: the map starts smaller
+    /// and grows by itself.
+    #[arg(long, default_value_t = Capacities::default().backends)]
+    pub max_backends: u32,
+    /// Translated sockets whose peer getpeername() and recvmsg() show as the frontend:
+    /// slots of the connected-socket ring (rounded up to a power of two; a socket's slot is
+    /// taken over by the translated socket whose cookie is this much larger, after at most
+    /// this many socket cookies handed out on the node) and LRU entries for the datagrams
+    /// of unconnected UDP sockets.
+    #[arg(long, default_value_t = Capacities::default().reverse)]
+    pub max_reverse_entries: u32,
+    /// Session-affinity entries (LRU).
+    #[arg(long, default_value_t = Capacities::default().affinity)]
+    pub max_affinity_entries: u32,
+    /// Conntrack entries for traffic from outside the node, two per flow (LRU): flows
+    /// confirmed (TCP past its handshake, UDP answered and continued).
+    #[arg(long, default_value_t = Capacities::default().conntrack)]
+    pub max_conntrack_entries: u32,
+    /// Conntrack entries of flows from outside not yet confirmed, two per flow (LRU): a SYN
+    /// flood fills this table and never evicts a confirmed flow.
+    #[arg(long, default_value_t = Capacities::default().conntrack_new)]
+    pub max_conntrack_new_entries: u32,
+    /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
+    #[arg(long, default_value_t = Capacities::default().source_ranges)]
+    pub max_source_ranges: u32,
+    /// Maglev table entries: --maglev-table-size for each Service using Maglev. An upper
+    /// bound: the map starts smaller and grows by itself.
+    #[arg(long, default_value_t = Capacities::default().maglev_entries)]
+    pub max_maglev_entries: u32,
+    /// Sockets holding a record of what they were translated for, which the sweep uses to
+    /// close them when their backend leaves: connected UDP sockets, and TCP sockets with
+    /// --destroy-tcp-on-backend-removal. The kernel charges records to the agent's memory
+    /// (about 400 bytes each: 24 MiB at the default); past the bound a socket is still translated, and the sweep
+    /// finds it through the socket ring only (docs/operations.md, "Sockets of removed
+    /// backends").
+    #[arg(long, default_value_t = Capacities::default().socket_records)]
+    pub max_socket_records: u32,
+}
+
+impl From<&CapacityArgs> for Capacities {
+    fn from(args: &CapacityArgs) -> Self {
+        Self {
+            service_entries: args.max_service_entries,
+            backends: args.max_backends,
+            reverse: args.max_reverse_entries,
+            affinity: args.max_affinity_entries,
+            conntrack: args.max_conntrack_entries,
+            conntrack_new: args.max_conntrack_new_entries,
+            source_ranges: args.max_source_ranges,
+            maglev_entries: args.max_maglev_entries,
+            socket_records: args.max_socket_records,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    pub pins: PinArgs,
+    /// Only the frontends on this address, IPv4 or IPv6 (a ClusterIP, node address, ...).
+    #[arg(long)]
+    pub address: Option<std::net::IpAddr>,
+    /// Only the frontends of this Service, NAMESPACE/NAME (and their affinity and
+    /// conntrack entries).
+    #[arg(long)]
+    pub service: Option<String>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub pins: PinArgs,
+    /// Only the frontends of this Service, NAMESPACE/NAME.
+    #[arg(long)]
+    pub service: Option<String>,
+    /// Only this frontend, ADDRESS:PORT or [IPV6]:PORT (port 0: any port of the address).
+    #[arg(long)]
+    pub frontend: Option<std::net::SocketAddr>,
+    /// Only translations to this backend address (IPv4 or IPv6).
+    #[arg(long)]
+    pub backend: Option<std::net::IpAddr>,
+    /// Also recvmsg() and getpeername() answers shown as the frontend.
+    #[arg(long)]
+    pub reverse: bool,
+    /// Also every packet of known flows from outside (conntrack hits), not only new flows.
+    #[arg(long)]
+    pub packets: bool,
+    /// Stop after this many events.
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Stop after this long (e.g. `30s`).
+    #[arg(long)]
+    pub duration: Option<humantime::Duration>,
+    /// `table`: one line per event; `json`: one JSON object per line.
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct ExplainArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    /// Only this Service (namespace/name).
+    #[arg(long)]
+    pub service: Option<String>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    pub output: Output,
+}
