@@ -24,7 +24,7 @@ use crate::{
     kernel::pins,
     maps::{
         names::FrontendLabel,
-        services::{decode_key4, decode_key6, decode_value4, decode_value6},
+        services::{decode_key, decode_value},
         writer::{SlotKey, SlotValue},
     },
 };
@@ -204,8 +204,8 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         Some(open(pin_dir, map_names::SERVICES)?),
         map_names::SERVICES,
         |key: ServiceKey, entry: ServiceEntry| {
-            let key = decode_key4(&key)?;
-            Some((key, decode_value4(&key, &entry)))
+            let key = decode_key(&key)?;
+            Some((key, decode_value(&key, &entry)))
         },
     )?
     .into_iter()
@@ -214,8 +214,8 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         open6(pin_dir, map_names::SERVICES6)?,
         map_names::SERVICES6,
         |key: ServiceKey6, entry: ServiceEntry6| {
-            let key = decode_key6(&key)?;
-            Some((key, decode_value6(&key, &entry)))
+            let key = decode_key(&key)?;
+            Some((key, decode_value(&key, &entry)))
         },
     )?);
 

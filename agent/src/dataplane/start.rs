@@ -143,7 +143,7 @@ impl Dataplane {
         writer.prefer(
             replaced_masters
                 .iter()
-                .filter_map(|key| Some(services::decode_key4(key)?.frontend)),
+                .filter_map(|key| Some(services::decode_key(key)?.frontend)),
         );
         info!(
             pin_dir = %config.pin_dir.display(),

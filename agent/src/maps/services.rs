@@ -6,8 +6,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use aya::maps::{HashMap, Map, MapData, MapError};
 use socklb_abi::{
-    BACKEND_FLAG_REMOTE, Backend, Backend6, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6,
-    ipv6_octets, ipv6_words,
+    BACKEND_FLAG_REMOTE, Backend, Backend6, Ipv6Words, ServiceEntry, ServiceEntry6, ServiceKey,
+    ServiceKey6, ipv6_octets, ipv6_words,
 };
 
 use super::{
@@ -48,31 +48,23 @@ impl KernelMaps {
         let mut contents = MapContents::default();
         for entry in self.services.iter() {
             let (key, value) = entry?;
-            match decode_key4(&key) {
-                Some(key) => contents.services.push((key, decode_value4(&key, &value))),
+            match decode_key(&key) {
+                Some(key) => contents.services.push((key, decode_value(&key, &value))),
                 None => contents.strays.push(StrayKey::V4(key)),
             }
         }
         for entry in self.services6.iter() {
             let (key, value) = entry?;
-            match decode_key6(&key) {
-                Some(key) => contents.services.push((key, decode_value6(&key, &value))),
+            match decode_key(&key) {
+                Some(key) => contents.services.push((key, decode_value(&key, &value))),
                 None => contents.strays.push(StrayKey::V6(key)),
             }
         }
         for entry in self.backends.iter() {
-            let (id, backend) = entry?;
-            let addr = backend_addr(ipv4(backend.address).into(), backend.port, backend.flags);
-            contents
-                .backends
-                .push((id, addr, Protocol::from_number(backend.protocol)));
+            contents.backends.push(decode_backend(&entry?));
         }
         for entry in self.backends6.iter() {
-            let (id, backend) = entry?;
-            let addr = backend_addr(ipv6(backend.address).into(), backend.port, backend.flags);
-            contents
-                .backends
-                .push((id, addr, Protocol::from_number(backend.protocol)));
+            contents.backends.push(decode_backend(&entry?));
         }
         Ok(contents)
     }
@@ -83,46 +75,33 @@ impl KernelMaps {
                 id,
                 backend,
                 protocol,
-            } => {
-                let flags = if backend.remote {
-                    BACKEND_FLAG_REMOTE
-                } else {
-                    0
-                };
-                match backend.address {
-                    IpAddr::V4(address) => {
-                        let entry = Backend {
-                            address: u32::from(address).to_be(),
-                            port: backend.port.to_be(),
-                            protocol: protocol.number(),
-                            flags,
-                        };
-                        self.backends.insert(id, &entry, 0)
-                    }
-                    IpAddr::V6(address) => {
-                        let entry = Backend6 {
-                            address: ipv6_words(address.octets()),
-                            port: backend.port.to_be(),
-                            protocol: protocol.number(),
-                            flags,
-                        };
-                        self.backends6.insert(id, &entry, 0)
-                    }
-                }
-            }
-            Op::PutService { key, value } => match key.frontend.address {
+            } => match backend.address {
                 IpAddr::V4(_) => {
-                    let entry = encode_value4(value).ok_or_else(family_mismatch)?;
-                    self.services.insert(&encode_key4(key), &entry, 0)
+                    let entry = encode_backend(backend, *protocol).ok_or_else(family_mismatch)?;
+                    self.backends.insert(id, &entry, 0)
                 }
                 IpAddr::V6(_) => {
-                    let entry = encode_value6(value).ok_or_else(family_mismatch)?;
-                    self.services6.insert(&encode_key6(key), &entry, 0)
+                    let entry = encode_backend(backend, *protocol).ok_or_else(family_mismatch)?;
+                    self.backends6.insert(id, &entry, 0)
+                }
+            },
+            Op::PutService { key, value } => match key.frontend.address {
+                IpAddr::V4(_) => {
+                    let (key, entry) = encode_slot(key, value).ok_or_else(family_mismatch)?;
+                    self.services.insert(&key, &entry, 0)
+                }
+                IpAddr::V6(_) => {
+                    let (key, entry) = encode_slot(key, value).ok_or_else(family_mismatch)?;
+                    self.services6.insert(&key, &entry, 0)
                 }
             },
             Op::DeleteService { key } => ignore_missing(match key.frontend.address {
-                IpAddr::V4(_) => self.services.remove(&encode_key4(key)),
-                IpAddr::V6(_) => self.services6.remove(&encode_key6(key)),
+                IpAddr::V4(_) => self
+                    .services
+                    .remove(&encode_key(key).ok_or_else(family_mismatch)?),
+                IpAddr::V6(_) => self
+                    .services6
+                    .remove(&encode_key(key).ok_or_else(family_mismatch)?),
             }),
             Op::DeleteStray { key } => ignore_missing(match key {
                 StrayKey::V4(key) => self.services.remove(key),
@@ -160,12 +139,38 @@ fn family_mismatch() -> MapError {
     })
 }
 
-fn ipv4(network_order: u32) -> Ipv4Addr {
-    Ipv4Addr::from(u32::from_be(network_order))
+/// An address as the maps hold it (network byte order, 4 or 16 bytes wide): each family's
+/// keys and values are one generic declaration over it, and so is their encoding here.
+pub trait MapAddress: Copy + Default {
+    /// `None` for an address of the other family.
+    fn from_ip(address: IpAddr) -> Option<Self>;
+    fn ip(self) -> IpAddr;
 }
 
-fn ipv6(words: socklb_abi::Ipv6Words) -> Ipv6Addr {
-    Ipv6Addr::from(ipv6_octets(words))
+impl MapAddress for u32 {
+    fn from_ip(address: IpAddr) -> Option<Self> {
+        match address {
+            IpAddr::V4(address) => Some(u32::from(address).to_be()),
+            IpAddr::V6(_) => None,
+        }
+    }
+
+    fn ip(self) -> IpAddr {
+        Ipv4Addr::from(u32::from_be(self)).into()
+    }
+}
+
+impl MapAddress for Ipv6Words {
+    fn from_ip(address: IpAddr) -> Option<Self> {
+        match address {
+            IpAddr::V6(address) => Some(ipv6_words(address.octets())),
+            IpAddr::V4(_) => None,
+        }
+    }
+
+    fn ip(self) -> IpAddr {
+        Ipv6Addr::from(ipv6_octets(self)).into()
+    }
 }
 
 fn backend_addr(address: IpAddr, port: u16, flags: u8) -> BackendAddr {
@@ -176,102 +181,47 @@ fn backend_addr(address: IpAddr, port: u16, flags: u8) -> BackendAddr {
     }
 }
 
-fn frontend(address: IpAddr, port: u16, protocol: u8, scope: u8) -> Option<Frontend> {
-    Some(Frontend {
-        address,
-        port: u16::from_be(port),
-        protocol: Protocol::from_number(protocol)?,
-        scope: Scope::from_number(scope)?,
-    })
-}
-
-/// The IPv4 service-map key of `key`; its frontend must be IPv4.
-pub fn encode_key4(key: &SlotKey) -> ServiceKey {
-    let IpAddr::V4(address) = key.frontend.address else {
-        unreachable!("encode_key4 is called for IPv4 frontends only")
-    };
-    ServiceKey {
-        address: u32::from(address).to_be(),
+/// The service-map key of `key`; `None` if its frontend is of the other family.
+pub fn encode_key<A: MapAddress>(key: &SlotKey) -> Option<ServiceKey<A>> {
+    Some(ServiceKey {
+        address: A::from_ip(key.frontend.address)?,
         port: key.frontend.port.to_be(),
         protocol: key.frontend.protocol.number(),
         scope: key.frontend.scope.number(),
         slot: key.slot,
         pad: 0,
-    }
+    })
 }
 
-fn encode_key6(key: &SlotKey) -> ServiceKey6 {
-    let IpAddr::V6(address) = key.frontend.address else {
-        unreachable!("encode_key6 is called for IPv6 frontends only")
-    };
-    ServiceKey6 {
-        address: ipv6_words(address.octets()),
-        port: key.frontend.port.to_be(),
-        protocol: key.frontend.protocol.number(),
-        scope: key.frontend.scope.number(),
-        slot: key.slot,
-        pad: 0,
-    }
-}
-
-/// The frontend and slot of an IPv4 service-map key; `None` for a protocol or scope this
-/// agent does not know.
-pub fn decode_key4(key: &ServiceKey) -> Option<SlotKey> {
+/// The frontend and slot of a service-map key; `None` for a protocol or scope this agent
+/// does not know.
+pub fn decode_key<A: MapAddress>(key: &ServiceKey<A>) -> Option<SlotKey> {
     Some(SlotKey {
-        frontend: frontend(ipv4(key.address).into(), key.port, key.protocol, key.scope)?,
+        frontend: Frontend {
+            address: key.address.ip(),
+            port: u16::from_be(key.port),
+            protocol: Protocol::from_number(key.protocol)?,
+            scope: Scope::from_number(key.scope)?,
+        },
         slot: key.slot,
     })
 }
 
-pub fn decode_key6(key: &ServiceKey6) -> Option<SlotKey> {
-    Some(SlotKey {
-        frontend: frontend(ipv6(key.address).into(), key.port, key.protocol, key.scope)?,
-        slot: key.slot,
-    })
-}
-
-fn master(count: u16, flags: u16, service_id: u32, affinity_timeout_s: u32) -> SlotValue {
-    SlotValue::Master(Master {
-        count,
-        flags,
-        service_id,
-        affinity_timeout_s,
-    })
-}
-
-pub fn decode_value4(key: &SlotKey, entry: &ServiceEntry) -> SlotValue {
+/// What the slot `key` holds: the master entry (slot 0) or a backend.
+pub fn decode_value<A: MapAddress>(key: &SlotKey, entry: &ServiceEntry<A>) -> SlotValue {
     if key.slot == 0 {
-        return master(
-            entry.count,
-            entry.flags,
-            entry.service_id,
-            entry.affinity_timeout_s,
-        );
+        return SlotValue::Master(Master {
+            count: entry.count,
+            flags: entry.flags,
+            service_id: entry.service_id,
+            affinity_timeout_s: entry.affinity_timeout_s,
+        });
     }
     SlotValue::Backend {
         id: entry.backend_id,
+        // A slot's flags are its backend's, in the low byte.
         backend: backend_addr(
-            ipv4(entry.backend_address).into(),
-            entry.backend_port,
-            // A slot's flags are its backend's, in the low byte.
-            entry.flags.to_le_bytes()[0],
-        ),
-    }
-}
-
-pub fn decode_value6(key: &SlotKey, entry: &ServiceEntry6) -> SlotValue {
-    if key.slot == 0 {
-        return master(
-            entry.count,
-            entry.flags,
-            entry.service_id,
-            entry.affinity_timeout_s,
-        );
-    }
-    SlotValue::Backend {
-        id: entry.backend_id,
-        backend: backend_addr(
-            ipv6(entry.backend_address).into(),
+            entry.backend_address.ip(),
             entry.backend_port,
             entry.flags.to_le_bytes()[0],
         ),
@@ -286,7 +236,8 @@ fn slot_flags(backend: &BackendAddr) -> u16 {
     }
 }
 
-fn encode_value4(value: &SlotValue) -> Option<ServiceEntry> {
+/// The service-map value of `value`; `None` for a backend of the other family.
+fn encode_value<A: MapAddress>(value: &SlotValue) -> Option<ServiceEntry<A>> {
     Some(match value {
         SlotValue::Master(master) => ServiceEntry {
             count: master.count,
@@ -295,43 +246,44 @@ fn encode_value4(value: &SlotValue) -> Option<ServiceEntry> {
             affinity_timeout_s: master.affinity_timeout_s,
             ..ServiceEntry::default()
         },
-        SlotValue::Backend { id, backend } => {
-            let IpAddr::V4(address) = backend.address else {
-                return None;
-            };
-            ServiceEntry {
-                backend_id: *id,
-                backend_address: u32::from(address).to_be(),
-                backend_port: backend.port.to_be(),
-                flags: slot_flags(backend),
-                ..ServiceEntry::default()
-            }
-        }
+        SlotValue::Backend { id, backend } => ServiceEntry {
+            backend_id: *id,
+            backend_address: A::from_ip(backend.address)?,
+            backend_port: backend.port.to_be(),
+            flags: slot_flags(backend),
+            ..ServiceEntry::default()
+        },
     })
 }
 
-fn encode_value6(value: &SlotValue) -> Option<ServiceEntry6> {
-    Some(match value {
-        SlotValue::Master(master) => ServiceEntry6 {
-            count: master.count,
-            flags: master.flags,
-            service_id: master.service_id,
-            affinity_timeout_s: master.affinity_timeout_s,
-            ..ServiceEntry6::default()
+/// A slot's key and value in one family's map; `None` if either is of the other family.
+fn encode_slot<A: MapAddress>(
+    key: &SlotKey,
+    value: &SlotValue,
+) -> Option<(ServiceKey<A>, ServiceEntry<A>)> {
+    Some((encode_key(key)?, encode_value(value)?))
+}
+
+/// The backend-map value of `backend`; `None` for the other family.
+fn encode_backend<A: MapAddress>(backend: &BackendAddr, protocol: Protocol) -> Option<Backend<A>> {
+    Some(Backend {
+        address: A::from_ip(backend.address)?,
+        port: backend.port.to_be(),
+        protocol: protocol.number(),
+        flags: if backend.remote {
+            BACKEND_FLAG_REMOTE
+        } else {
+            0
         },
-        SlotValue::Backend { id, backend } => {
-            let IpAddr::V6(address) = backend.address else {
-                return None;
-            };
-            ServiceEntry6 {
-                backend_id: *id,
-                backend_address: ipv6_words(address.octets()),
-                backend_port: backend.port.to_be(),
-                flags: slot_flags(backend),
-                ..ServiceEntry6::default()
-            }
-        }
     })
+}
+
+/// A backend-map entry as the writer's mirror holds it.
+fn decode_backend<A: MapAddress>(
+    (id, backend): &(u32, Backend<A>),
+) -> (u32, BackendAddr, Option<Protocol>) {
+    let addr = backend_addr(backend.address.ip(), backend.port, backend.flags);
+    (*id, addr, Protocol::from_number(backend.protocol))
 }
 
 #[cfg(test)]
@@ -364,21 +316,31 @@ mod tests {
                 },
             };
             let master_key = SlotKey { slot: 0, ..key };
-            let master = master(3, 1, 4, 30);
+            let master = SlotValue::Master(Master {
+                count: 3,
+                flags: 1,
+                service_id: 4,
+                affinity_timeout_s: 30,
+            });
             let decoded = match frontend.address {
-                IpAddr::V4(_) => (
-                    decode_key4(&encode_key4(&key)),
-                    decode_value4(&key, &encode_value4(&value).expect("v4")),
-                    decode_value4(&master_key, &encode_value4(&master).expect("v4")),
-                ),
-                IpAddr::V6(_) => (
-                    decode_key6(&encode_key6(&key)),
-                    decode_value6(&key, &encode_value6(&value).expect("v6")),
-                    decode_value6(&master_key, &encode_value6(&master).expect("v6")),
-                ),
+                IpAddr::V4(_) => round_trip::<u32>(key, &value, master_key, &master),
+                IpAddr::V6(_) => round_trip::<Ipv6Words>(key, &value, master_key, &master),
             };
             assert_eq!(decoded, (Some(key), value, master), "{frontend}");
         }
+    }
+
+    fn round_trip<A: MapAddress>(
+        key: SlotKey,
+        value: &SlotValue,
+        master_key: SlotKey,
+        master: &SlotValue,
+    ) -> (Option<SlotKey>, SlotValue, SlotValue) {
+        (
+            decode_key::<A>(&encode_key(&key).expect("the family's key")),
+            decode_value::<A>(&key, &encode_value(value).expect("the family's backend")),
+            decode_value::<A>(&master_key, &encode_value(master).expect("a master")),
+        )
     }
 
     #[test]
@@ -387,20 +349,21 @@ mod tests {
             id: 1,
             backend: BackendAddr::local("fd00::1".parse::<Ipv6Addr>().expect("v6"), 80),
         };
-        assert_eq!(encode_value4(&v6_backend), None);
+        assert_eq!(encode_value::<u32>(&v6_backend), None);
         let v4_backend = SlotValue::Backend {
             id: 1,
             backend: BackendAddr::local(Ipv4Addr::LOCALHOST, 80),
         };
-        assert_eq!(encode_value6(&v4_backend), None);
+        assert_eq!(encode_value::<Ipv6Words>(&v4_backend), None);
     }
 
     #[test]
     fn ipv6_key_bytes_are_the_address_in_network_order() {
-        let key = encode_key6(&SlotKey {
+        let key: ServiceKey6 = encode_key(&SlotKey {
             frontend: frontend("fd00::1"),
             slot: 0,
-        });
+        })
+        .expect("an IPv6 key");
         let octets = ipv6_octets(key.address);
         assert_eq!(octets[0..2], [0xfd, 0]);
         assert_eq!(octets[15], 1);
