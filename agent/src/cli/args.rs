@@ -48,6 +48,13 @@ pub enum Command {
     MetricsNames,
 }
 
+/// Which sockets the socket hooks translate (`--socket-lb-scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SocketLbScope {
+    All,
+    Host,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SourceKind {
     /// The Kubernetes API (in-cluster config or --kubeconfig).
@@ -127,6 +134,12 @@ pub struct RunArgs {
         action = clap::ArgAction::Set
     )]
     pub destroy_tcp_on_backend_removal: bool,
+    /// Which sockets the socket hooks translate at connect() and sendmsg(): `all` (every
+    /// network namespace: the host's and every pod's), or `host` (the host's network
+    /// namespace only, where the agent runs; sockets of pods keep the Service address, as
+    /// Cilium's hostNamespaceOnly, for meshes that route by the original destination).
+    #[arg(long, value_enum, default_value_t = SocketLbScope::All)]
+    pub socket_lb_scope: SocketLbScope,
     /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,
     /// CAP_PERFMON or CAP_SYS_ADMIN), netlink SOCK_DESTROY, auto (the iterators if they
     /// load, else netlink), or off. The sweep enters other network namespaces with

@@ -230,6 +230,10 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         maglev_table_size: args.external.maglev_table_size,
         program_log_level: args.bpf_log_level,
         record_tcp: args.destroy_tcp_on_backend_removal,
+        socket_lb_netns: match args.socket_lb_scope {
+            SocketLbScope::All => None,
+            SocketLbScope::Host => Some(dataplane::netns_cookie()?),
+        },
     })
     .inspect_err(|_| {
         // A failed start leaves nothing behind: the loader unpinned its maps.

@@ -28,6 +28,9 @@ pub struct Config {
     /// connect() records TCP sockets too, so that they can be closed when their backend
     /// leaves (`--destroy-tcp-on-backend-removal`); connected UDP sockets always are.
     pub record_tcp: bool,
+    /// The only network namespace (by cookie) whose sockets the socket hooks translate
+    /// (`--socket-lb-scope host`: the agent's own); `None`: every namespace.
+    pub socket_lb_netns: Option<u64>,
 }
 
 impl Config {
@@ -35,6 +38,7 @@ impl Config {
         ProgramSettings {
             log_level: self.program_log_level,
             record_tcp: self.record_tcp,
+            socket_lb_netns: self.socket_lb_netns,
         }
     }
 }
@@ -51,6 +55,7 @@ impl Default for Config {
             maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
             program_log_level: ProgramLogLevel::Off,
             record_tcp: false,
+            socket_lb_netns: None,
         }
     }
 }

@@ -56,7 +56,7 @@ pub use crate::{
         devices::{DeviceError, check_devices, check_ethernet},
         host::{
             HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding,
-            local_addresses, prepare_pin_dir,
+            local_addresses, netns_cookie, prepare_pin_dir,
         },
         load::LoadError,
         pin_lock::{Holder, PinLock, PinLockError, lock as lock_pin_dir},

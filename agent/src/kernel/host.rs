@@ -1,12 +1,16 @@
-//! What the host must provide before anything is loaded: cgroup v2 and bpffs.
+//! What the host must provide before anything is loaded (cgroup v2, bpffs) and what the
+//! agent reads of it (its network namespace, addresses, forwarding, ephemeral ports).
 //! Each check fails with a message that says how to fix it.
 use std::{
     ffi::CString,
     fs,
     net::IpAddr,
-    os::unix::{
-        ffi::OsStrExt as _,
-        fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _},
+    os::{
+        fd::{AsRawFd as _, FromRawFd as _},
+        unix::{
+            ffi::OsStrExt as _,
+            fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _},
+        },
     },
     path::{Path, PathBuf},
 };
@@ -16,6 +20,11 @@ const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
+    #[error(
+        "cannot read this network namespace's cookie (SO_NETNS_COOKIE, Linux >= 5.14), which \
+         --socket-lb-scope host needs: use --socket-lb-scope all"
+    )]
+    NetnsCookie(#[source] std::io::Error),
     #[error(
         "no cgroup v2 filesystem is mounted (none in /proc/self/mountinfo): mount one with \
          `mount -t cgroup2 none /sys/fs/cgroup` or pass --cgroup-path"
@@ -214,6 +223,35 @@ pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), HostError> {
 /// Only the agent's user reaches the pins: no other user can open the directory, so none
 /// can read the maps, hold its lock or open a pin to keep an old map alive.
 pub const PIN_DIR_MODE: u32 = 0o700;
+
+/// The cookie of the agent's network namespace (the host's, where the agent runs with the
+/// host network), as `bpf_get_netns_cookie` gives it to the programs.
+pub fn netns_cookie() -> Result<u64, HostError> {
+    let error = || HostError::NetnsCookie(std::io::Error::last_os_error());
+    // SAFETY: plain socket(2); the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(error());
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let socket = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let mut cookie: u64 = 0;
+    let mut length = size_of::<u64>() as libc::socklen_t;
+    // SAFETY: `cookie` and `length` are valid for writes of the sizes given.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            std::ptr::from_mut(&mut cookie).cast(),
+            &mut length,
+        )
+    };
+    if rc != 0 {
+        return Err(error());
+    }
+    Ok(cookie)
+}
 
 #[cfg(test)]
 mod tests {

@@ -241,6 +241,8 @@ pub struct ProgramSettings {
     /// connect() records TCP sockets for the destroy iterators (only when the agent closes
     /// TCP connections: the record costs an allocation per socket).
     pub record_tcp: bool,
+    /// The only network namespace whose sockets the socket hooks translate; `None`: all.
+    pub socket_lb_netns: Option<u64>,
 }
 
 /// The programs' read-only globals, set at load time.
@@ -254,6 +256,8 @@ struct Globals {
     skc_v6_daddr_offset: u32,
     record_tcp: u32,
     max_socket_records: u32,
+    /// 0: every namespace.
+    socket_lb_netns: u64,
 }
 
 impl Globals {
@@ -265,6 +269,7 @@ impl Globals {
             skc_v6_daddr_offset: destroy::skc_v6_daddr_offset(),
             record_tcp: u32::from(programs.record_tcp),
             max_socket_records: capacities.socket_records,
+            socket_lb_netns: programs.socket_lb_netns.unwrap_or(0),
         }
     }
 }
@@ -296,6 +301,7 @@ fn configure<'a>(
             true,
         )
         .override_global(globals::RECORD_TCP, &values.record_tcp, true)
+        .override_global(globals::SOCKET_LB_NETNS, &values.socket_lb_netns, true)
         .override_global(
             globals::MAX_SOCKET_RECORDS,
             &values.max_socket_records,

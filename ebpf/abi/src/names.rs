@@ -230,4 +230,8 @@ pub mod globals {
     /// it connect() still translates, and the sweep finds the socket through the socket
     /// ring only.
     pub const MAX_SOCKET_RECORDS: &str = "MAX_SOCKET_RECORDS";
+
+    /// `u64`: the cookie of the only network namespace whose sockets the socket hooks
+    /// translate (`--socket-lb-scope host`: the agent's, the host's); 0: every namespace.
+    pub const SOCKET_LB_NETNS: &str = "SOCKET_LB_NETNS";
 }

@@ -95,6 +95,9 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
     } else {
         Pick::PerSocket
     };
+    if !in_scope(sock) {
+        return Ok(Forward::Untouched);
+    }
     let frontend_address = F::destination(sock);
     let frontend_port = sock.port();
     let mut key = F::service_key(frontend_address, frontend_port, protocol);
@@ -163,6 +166,21 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
     }
     F::set_destination(sock, backend.address, backend.port);
     Ok(Forward::Translated { affinity_hit })
+}
+
+/// The only network namespace whose sockets are translated (socklb-abi
+/// `globals::SOCKET_LB_NETNS`), set by the agent at load time; 0: every namespace. A
+/// read-only global: with 0, the verifier removes the check.
+#[unsafe(no_mangle)]
+static SOCKET_LB_NETNS: u64 = 0;
+
+/// Whether `sock` is in the socket hooks' scope (`--socket-lb-scope`): a socket out of it
+/// keeps its destination, for whatever serves that namespace instead.
+#[inline(always)]
+fn in_scope(sock: &SockAddr) -> bool {
+    // SAFETY: a read of an initialised static; volatile so the agent's value is used.
+    let only = unsafe { core::ptr::read_volatile(&SOCKET_LB_NETNS) };
+    only == 0 || sock.netns_cookie() == only
 }
 
 /// The frontend's master entry (slot 0), copied out.
