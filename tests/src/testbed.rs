@@ -28,8 +28,12 @@ use std::{
 use socklb_agent::inspect::{self, Inspection};
 
 use crate::{
-    Agent, Attempt, ManifestDir, NamedServer, Sandbox, cgroup2_root, cluster, command_in_cgroup,
-    fake_apiserver::FakeApiServer, netns::Netns, parse_attempts, probe_bin, remove_cgroup, run,
+    Agent, Attempt, ManifestDir, NamedServer, Sandbox, cgroup2_root,
+    clients::{probe_bin, probe_output},
+    cluster, command_in_cgroup,
+    fake_apiserver::FakeApiServer,
+    netns::{Netns, veth},
+    remove_cgroup, run,
 };
 
 /// Service cluster IPs are taken from here.
@@ -151,27 +155,14 @@ impl Testbed {
         switch.ip(&["link", "set", "br0", "up"]);
 
         // node1: this thread's namespace.
-        run(Command::new("ip").args([
-            "link",
-            "add",
-            "eth0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "p-node1",
-            "netns",
-            &switch.name,
-        ]));
+        here(&veth("eth0", "p-node1", &switch.name));
         switch.ip(&["link", "set", "p-node1", "master", "br0", "up"]);
         here(&["addr", "add", "10.77.0.1/24", "dev", "eth0"]);
         here(&["link", "set", "eth0", "up"]);
         run(Command::new("sysctl").args(["-qw", "net.ipv4.ip_forward=1"]));
 
         let plug = |port: &str, host: &Netns, address: Ipv4Addr| {
-            switch.ip(&[
-                "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &host.name,
-            ]);
+            switch.ip(&veth(port, "eth0", &host.name));
             switch.ip(&["link", "set", port, "master", "br0", "up"]);
             host.ip(&["addr", "add", &format!("{address}/24"), "dev", "eth0"]);
             host.ip(&["link", "set", "eth0", "up"]);
@@ -213,22 +204,7 @@ impl Testbed {
                 let name = format!("pod{}{}", node.number(), i + 1);
                 let netns = Netns::new(&format!("{prefix}-{name}"));
                 let port = format!("v{name}");
-                on_node(
-                    &node2,
-                    node,
-                    &[
-                        "link",
-                        "add",
-                        &port,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        "eth0",
-                        "netns",
-                        &netns.name,
-                    ],
-                );
+                on_node(&node2, node, &veth(&port, "eth0", &netns.name));
                 on_node(
                     &node2,
                     node,
@@ -400,13 +376,11 @@ impl Testbed {
         target: SocketAddrV4,
         options: &[u32],
     ) -> Vec<Attempt> {
-        let output = self
-            .command(at, probe_bin())
-            .args([mode, &target.to_string()])
-            .args(options.iter().map(u32::to_string))
-            .output()
-            .expect("run socklb-probe");
-        parse_attempts(&output.stdout, &output.stderr)
+        probe_output(
+            self.command(at, probe_bin())
+                .args([mode, &target.to_string()])
+                .args(options.iter().map(u32::to_string)),
+        )
     }
 
     /// One HTTP request with curl, a real client, at `at` (the test servers answer without

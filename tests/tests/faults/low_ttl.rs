@@ -13,54 +13,42 @@ use std::{
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox,
+    eventually,
     family::Family,
-    lan::{Addresses, addresses, counters, lan},
+    lan::{Addresses, LanNode},
 };
 
-#[test]
-fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted_over_ipv4() {
-    a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(Family::V4);
-}
-
-#[test]
-fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted_over_ipv6() {
-    a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(Family::V6);
-}
+socklb_tests::for_each_family!(
+    a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted,
+    a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry,
+);
 
 fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("low-ttl{}", family.tag()));
-    let lan = lan(&format!("t{}", family.tag()));
-    let _server = NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353));
-    let manifests = ManifestDir::new(&sandbox);
-    dns_node_port(&a, &manifests, 95, 30053, a.pod2_endpoint());
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let node = LanNode::new(family, "low-ttl", "t");
+    let a = &node.a;
+    let _server = node.udp_server(2, 5353);
+    dns_node_port(&node, 95, 30053, a.pod2_endpoint());
+    let _agent = node.agent(&[]);
 
-    let socket = lan.client.enter(|| client_socket(&a, 40200));
-    let client_flows = || client_flows(&sandbox, &a, 40200);
+    let socket = node.udp_client(40200);
+    let client_flows = || forward_flows(&node, 40200);
     let node_port = Addresses::at(a.node1, 30053);
 
-    let before = counters(&sandbox);
+    let before = node.counters();
     set_hop_limit(&socket, family, 1);
     socket.send_to(b"ping", &node_port).expect("send");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let flows = client_flows();
-        assert!(
-            flows.is_empty(),
-            "the TTL-1 datagram made a conntrack entry: {flows:?}"
-        );
-        if counters(&sandbox).ttl_exceeded > before.ttl_exceeded {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the TTL-1 datagram was not counted: {:?}",
-            counters(&sandbox)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        "the TTL-1 datagram counted",
+        Duration::from_secs(10),
+        || {
+            let flows = client_flows();
+            assert!(
+                flows.is_empty(),
+                "the TTL-1 datagram made a conntrack entry: {flows:?}"
+            );
+            ttl_exceeded_since(&node, before.ttl_exceeded)
+        },
+    );
     // Counted, and still no entry.
     assert!(client_flows().is_empty());
 
@@ -76,60 +64,37 @@ fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
 
     // A TTL-1 datagram of the flow now known is dropped and counted too, and the flow
     // keeps its SNAT port: the backend sees the next datagram from the same address.
-    let counted = counters(&sandbox).ttl_exceeded;
+    let counted = node.counters().ttl_exceeded;
     set_hop_limit(&socket, family, 1);
     socket.send_to(b"ping", &node_port).expect("send");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counters(&sandbox).ttl_exceeded == counted {
-        assert!(
-            Instant::now() < deadline,
-            "the TTL-1 datagram of a known flow was not counted: {:?}",
-            counters(&sandbox)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        "the TTL-1 datagram of a known flow counted",
+        Duration::from_secs(10),
+        || ttl_exceeded_since(&node, counted),
+    );
     set_hop_limit(&socket, family, 64);
     socket.send_to(b"ping", &node_port).expect("send");
     let (len, from) = socket.recv_from(&mut buffer).expect("an answer");
     assert_eq!(from.to_string(), node_port);
     assert_eq!(String::from_utf8_lossy(&buffer[..len]), answer);
-    assert_eq!(counters(&sandbox).errors, 0);
-}
-
-#[test]
-fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry_over_ipv4()
- {
-    a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry(
-        Family::V4,
-    );
-}
-
-#[test]
-fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry_over_ipv6()
- {
-    a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry(
-        Family::V6,
-    );
+    assert_eq!(node.counters().errors, 0);
 }
 
 fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry(
     family: Family,
 ) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("low-ttl-local{}", family.tag()));
-    let lan = lan(&format!("k{}", family.tag()));
-    let _server = NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353));
-    let manifests = ManifestDir::new(&sandbox);
-    dns_node_port(&a, &manifests, 94, 30052, a.pod1_endpoint());
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let node = LanNode::new(family, "low-ttl-local", "k");
+    let a = &node.a;
+    let _server = node.udp_server(1, 5353);
+    dns_node_port(&node, 94, 30052, a.pod1_endpoint());
+    let _agent = node.agent(&[]);
 
-    let (socket, icmp) = lan
-        .client
-        .enter(|| (client_socket(&a, 40201), IcmpReceiver::open(family)));
-    let client_flows = || client_flows(&sandbox, &a, 40201);
+    let socket = node.udp_client(40201);
+    let icmp = node.lan.client.enter(|| IcmpReceiver::open(family));
+    let client_flows = || forward_flows(&node, 40201);
     let node_port = Addresses::at(a.node1, 30052);
 
-    let before = counters(&sandbox);
+    let before = node.counters();
     set_hop_limit(&socket, family, 1);
     socket.send_to(b"ping", &node_port).expect("send");
     // The kernel forwarding the translated datagram to pod1 answers time exceeded, quoting
@@ -141,7 +106,7 @@ fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntr
         "the TTL-1 datagram made a conntrack entry: {:?}",
         client_flows()
     );
-    let after = counters(&sandbox);
+    let after = node.counters();
     assert_eq!(after.ttl_exceeded, before.ttl_exceeded, "not socklb's drop");
     assert_eq!(after.errors, 0);
 
@@ -155,35 +120,33 @@ fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntr
     assert_eq!(client_flows().len(), 1, "the flow's forward entry");
 }
 
-/// The nodes and a UDP NodePort Service `dns` (port 53 -> 5353) with one endpoint.
-fn dns_node_port(
-    a: &Addresses,
-    manifests: &ManifestDir,
-    vip_host: u8,
-    node_port: u16,
-    endpoint: (String, &str),
-) {
-    a.nodes(manifests);
-    let ports = format!(
-        "[{{name: dns, port: 53, targetPort: 5353, nodePort: {node_port}, protocol: UDP}}]"
-    );
-    manifests.write(
+/// A UDP NodePort Service `dns` (port 53 -> 5353) with one endpoint.
+fn dns_node_port(node: &LanNode, vip_host: u8, node_port: u16, endpoint: (String, &str)) {
+    node.write(
         "dns.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service("dns", vip_host, &ports, "  type: NodePort", false),
-            a.slice("dns-1", "dns", ("dns", 5353, "UDP"), &[endpoint])
-        ),
+        &node
+            .a
+            .exposed("dns", vip_host)
+            .port("dns", 53, 5353, node_port, "UDP")
+            .endpoints(&[endpoint])
+            .yaml(),
     );
 }
 
-/// The outside client's UDP socket on `port` (in the namespace it is called in).
-fn client_socket(a: &Addresses, port: u16) -> UdpSocket {
-    let socket = UdpSocket::bind(Addresses::at(a.client, port)).expect("bind the client");
-    socket
-        .set_read_timeout(Some(Duration::from_secs(3)))
-        .expect("timeout");
-    socket
+/// Ok once socklb counted a packet whose TTL ran out since it counted `before`.
+fn ttl_exceeded_since(node: &LanNode, before: u64) -> Result<(), String> {
+    match node.counters() {
+        now if now.ttl_exceeded > before => Ok(()),
+        now => Err(format!("not counted: {now:?}")),
+    }
+}
+
+/// The forward conntrack entries of the client's flows from `port`.
+fn forward_flows(node: &LanNode, port: u16) -> Vec<inspect::ConntrackState> {
+    node.client_flows(port)
+        .into_iter()
+        .filter(|c| c.direction == "forward")
+        .collect()
 }
 
 /// Sets the TTL of the datagrams `socket` sends: `IP_TTL`, or (IPv6) the unicast hop
@@ -211,17 +174,6 @@ fn set_hop_limit(socket: &UdpSocket, family: Family, hops: u8) {
             );
         }
     }
-}
-
-/// The conntrack entries of flows from the outside client's `port`.
-fn client_flows(sandbox: &Sandbox, a: &Addresses, port: u16) -> Vec<inspect::ConntrackState> {
-    let client = Addresses::at(a.client, port);
-    inspect::inspect(&sandbox.pin_dir, None)
-        .expect("inspect")
-        .conntrack
-        .into_iter()
-        .filter(|c| c.from.to_string() == client)
-        .collect()
 }
 
 /// A raw ICMP (ICMPv6) socket of the namespace it was opened in: sees every ICMP message

@@ -17,10 +17,9 @@ use std::{
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox,
     echo::{EchoServer, echo},
     family::Family,
-    lan::{addresses, counters, lan},
+    lan::LanNode,
 };
 
 const IDLE_CONNECTIONS: usize = 1_000;
@@ -30,38 +29,22 @@ const SYN_TIMEOUT_S: u64 = 3;
 /// The main conntrack table's size (two entries per idle connection, a little room).
 const CONNTRACK_ENTRIES: u32 = 2_560;
 
-#[test]
-fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports_over_ipv4() {
-    a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(Family::V4);
-}
-
-#[test]
-fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports_over_ipv6() {
-    a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(Family::V6);
-}
+socklb_tests::for_each_family!(
+    a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports
+);
 
 fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("syn-flood{}", family.tag()));
-    let lan = lan(&format!("y{}", family.tag()));
+    let node = LanNode::new(family, "syn-flood", "y");
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
     let _echo = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    manifests.write(
+    node.write(
         "web.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "web",
-                120,
-                &format!(
-                    "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
-                ),
-                "  type: NodePort",
-                false
-            ),
-            a.slice("web-1", "web", ("http", 8080, "TCP"), &[a.pod2_endpoint()])
-        ),
+        &a.exposed("web", 120)
+            .port("http", 80, 8080, NODE_PORT, "TCP")
+            .endpoints(&[a.pod2_endpoint()])
+            .yaml(),
     );
     let syn_timeout = format!("{SYN_TIMEOUT_S}s");
     // The IPv6 tables have half the flag's entries.
@@ -70,19 +53,14 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
         Family::V6 => 2 * CONNTRACK_ENTRIES,
     }
     .to_string();
-    let agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node1",
-        &[
-            "--snat-port-range",
-            "61000-62999",
-            "--max-conntrack-entries",
-            &conntrack_entries,
-            "--conntrack-tcp-timeout-syn",
-            &syn_timeout,
-        ],
-    );
+    let agent = node.agent(&[
+        "--snat-port-range",
+        "61000-62999",
+        "--max-conntrack-entries",
+        &conntrack_entries,
+        "--conntrack-tcp-timeout-syn",
+        &syn_timeout,
+    ]);
     let frontend = SocketAddr::new(a.node1.parse().expect("node address"), NODE_PORT);
 
     let mut idle: Vec<TcpStream> = lan.client.enter(|| {
@@ -96,10 +74,10 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
             .collect()
     });
 
-    let before = counters(&sandbox);
+    let before = node.counters();
     lan.client.enter(|| syn_flood(frontend, SPOOFED_SYNS));
     let flooded = Instant::now();
-    let after = counters(&sandbox);
+    let after = node.counters();
     assert!(
         after.snat_exhausted > before.snat_exhausted,
         "the flood exhausted the SNAT range: {after:?}"
@@ -166,7 +144,7 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
                 Err(e) => assert!(
                     Instant::now() < deadline,
                     "no new connection within {within:?} of the flood: {e}; {:?}",
-                    counters(&sandbox)
+                    node.counters()
                 ),
             }
         }
@@ -174,9 +152,9 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
     println!(
         "new connection after {:?} and {attempts} attempts; counters {:?}",
         flooded.elapsed(),
-        counters(&sandbox)
+        node.counters()
     );
-    assert_eq!(counters(&sandbox).errors, 0);
+    assert_eq!(node.counters().errors, 0);
 }
 
 /// `count` TCP SYNs to `target` from spoofed sources (198.18.0.0/15, the benchmarking
