@@ -4,7 +4,7 @@ use std::{
     ffi::OsStr,
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
-    process::{Child, Stdio},
+    process::{Child, ChildStderr, Command, Stdio},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
@@ -18,6 +18,62 @@ use crate::{
 /// The agent binary, built by `./x test` before the tests run.
 pub fn agent_bin() -> PathBuf {
     target_bin("socklb", "SOCKLB_BIN")
+}
+
+/// The log of an agent started by a test's own command (its stderr piped), read line by
+/// line as the agent writes it.
+pub struct LogFollower(std::io::Lines<BufReader<ChildStderr>>);
+
+impl LogFollower {
+    /// Takes over the stderr of `agent`.
+    pub fn new(agent: &mut Child) -> Self {
+        Self(BufReader::new(agent.stderr.take().expect("the agent's stderr, piped")).lines())
+    }
+
+    /// Reads the log until a line that contains `text`; fails if the agent exits first.
+    pub fn wait_for(&mut self, text: &str) {
+        for line in self.0.by_ref() {
+            if line.expect("the agent's log").contains(text) {
+                return;
+            }
+        }
+        panic!("the agent exited before logging {text:?}");
+    }
+}
+
+/// Flags that bind the agent's health and metrics servers to any free port: for a second
+/// agent beside another, or one expected to stop at start.
+pub const FREE_PORTS: [&str; 4] = [
+    "--healthz-bind-address",
+    "127.0.0.1:0",
+    "--metrics-bind-address",
+    "127.0.0.1:0",
+];
+
+/// Fails unless `log` (an agent's) holds every one of `parts`, saying `what` it should
+/// have shown.
+pub fn assert_logged(log: &str, parts: &[&str], what: &str) {
+    assert!(
+        parts.iter().all(|part| log.contains(part)),
+        "{what} ({parts:?}):\n{log}"
+    );
+}
+
+/// `socklb explain` over the manifests in `manifests`, as node `node` sees them; add an
+/// output format or a Service filter.
+pub fn explain_command(manifests: &Path, node: &str) -> Command {
+    let mut command = Command::new(agent_bin());
+    command
+        .args([
+            "explain",
+            "--source",
+            "file",
+            "--node-name",
+            node,
+            "--manifests",
+        ])
+        .arg(manifests);
+    command
 }
 
 /// A binary of the same target directory as the running one (tests run from
@@ -74,14 +130,12 @@ pub struct Agent {
 impl Agent {
     /// Starts the agent on `manifests` as node `node` and waits until it is ready.
     pub fn start(sandbox: &Sandbox, manifests: &Path, node: &str, extra: &[&str]) -> Self {
-        let source = file_source(manifests);
-        Self::spawn(sandbox, &source, node, extra)
+        Self::start_as(chart_agent_minimal(), sandbox, manifests, node, extra)
     }
 
     /// Starts the agent on the API server of `kubeconfig` and waits until it is ready.
     pub fn start_kube(sandbox: &Sandbox, kubeconfig: &Path, node: &str, extra: &[&str]) -> Self {
-        let source = kube_source(kubeconfig);
-        Self::spawn(sandbox, &source, node, extra)
+        Self::start_kube_at(&sandbox.pin_dir, &sandbox.cgroup, kubeconfig, node, extra)
     }
 
     /// Starts the agent on `manifests` with its own pins and cgroup (a second node of a
@@ -94,7 +148,13 @@ impl Agent {
         extra: &[&str],
     ) -> Self {
         let source = file_source(manifests);
-        Self::spawn_at(pin_dir, cgroup, &source, node, extra)
+        Self::launch(
+            chart_agent_minimal(),
+            (pin_dir, cgroup),
+            &source,
+            node,
+            extra,
+        )
     }
 
     /// Starts the agent on `manifests` as `privileges` say instead of the chart's defaults.
@@ -105,15 +165,8 @@ impl Agent {
         node: &str,
         extra: &[&str],
     ) -> Self {
-        let source = file_source(manifests);
-        Self::launch(
-            privileges,
-            &sandbox.pin_dir,
-            &sandbox.cgroup,
-            &source,
-            node,
-            extra,
-        )
+        let state = (sandbox.pin_dir.as_path(), sandbox.cgroup.as_path());
+        Self::launch(privileges, state, &file_source(manifests), node, extra)
     }
 
     /// Starts the agent on the API server of `kubeconfig` with its own pins and cgroup (a
@@ -126,27 +179,20 @@ impl Agent {
         extra: &[&str],
     ) -> Self {
         let source = kube_source(kubeconfig);
-        Self::spawn_at(pin_dir, cgroup, &source, node, extra)
+        Self::launch(
+            chart_agent_minimal(),
+            (pin_dir, cgroup),
+            &source,
+            node,
+            extra,
+        )
     }
 
-    fn spawn(sandbox: &Sandbox, source: &[&OsStr], node: &str, extra: &[&str]) -> Self {
-        Self::spawn_at(&sandbox.pin_dir, &sandbox.cgroup, source, node, extra)
-    }
-
-    fn spawn_at(
-        pin_dir: &Path,
-        cgroup: &Path,
-        source: &[&OsStr],
-        node: &str,
-        extra: &[&str],
-    ) -> Self {
-        Self::launch(chart_agent_minimal(), pin_dir, cgroup, source, node, extra)
-    }
-
+    /// Starts `socklb run` with its pins and cgroup `state`, on `source`, as `privileges`
+    /// say, and waits until it is ready.
     fn launch(
         privileges: &ContainerPrivileges,
-        pin_dir: &Path,
-        cgroup: &Path,
+        (pin_dir, cgroup): (&Path, &Path),
         source: &[&OsStr],
         node: &str,
         extra: &[&str],

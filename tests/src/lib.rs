@@ -11,9 +11,10 @@
 //!   outside the node), [`testbed`] (a two-node cluster on the fake API server);
 //! - [`clients`]: the probe client and checks over its attempts;
 //! - [`servers`]: real servers that answer with their name;
-//! - [`agent`]: the real agent, and [`manifests`] for its file source;
+//! - [`agent`]: the real agent, [`manifests`] for its file source, and [`node_a`], the
+//!   one-node cluster most tests of the agent run;
 //! - [`frontends`]: frontends programmed through the library;
-//! - [`tc`]: what socklb attached to a device;
+//! - [`tools`]: what `tc` and `bpftool` show of what socklb attached and pinned;
 //! - [`process`] and [`wait`]: commands, children, and waiting for what is asynchronous;
 //! - [`signals`] and [`machine`]: what the benchmarks need around a run.
 pub mod agent;
@@ -31,17 +32,21 @@ pub mod lan;
 pub mod machine;
 pub mod manifests;
 pub mod netns;
+pub mod node_a;
 pub mod privileges;
 pub mod process;
 pub mod sandbox;
 pub mod seccomp;
 pub mod servers;
 pub mod signals;
-pub mod tc;
 pub mod testbed;
+pub mod tools;
 pub mod wait;
 
-pub use agent::{Agent, SyncLine, agent_bin, parse_debug_duration};
+pub use agent::{
+    Agent, FREE_PORTS, LogFollower, SyncLine, agent_bin, assert_logged, explain_command,
+    parse_debug_duration,
+};
 pub use clients::{
     Attempt, ProbeRun, SetChanges, assert_all_answered_by, assert_all_connected, hold_bin,
     monotonic_ns, tally,
@@ -49,11 +54,12 @@ pub use clients::{
 pub use frontends::{addr, frontend, spec};
 pub use machine::{machine_context, process_memory_kib};
 pub use manifests::{ManifestDir, filler_services, node_yaml, service_yaml, slice_yaml};
-pub use process::{KillOnDrop, output_once_exited, run, stdout_of};
+pub use node_a::{TwoBackendWeb, web_slice};
+pub use process::{KillOnDrop, run, run_to_exit, stdout_of};
 pub use sandbox::{Sandbox, cgroup2_root, command_in_cgroup, remove_cgroup};
 pub use servers::{Dnsmasq, NamedServer, ServerThread, tcp_backends, udp_backends};
 pub use signals::{
     Leftovers, block_termination_signals, cleanup_on_signal, kill_children, unblock_signals_on_exec,
 };
-pub use tc::tc_filters;
+pub use tools::{bpftool, tc_filters};
 pub use wait::eventually;

@@ -1,7 +1,7 @@
 //! Processes the tests run: commands that must succeed, commands expected to stop on their
 //! own (an agent that refuses to start), and children that must not outlive the test.
 use std::{
-    process::{Child, Command, Output},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
 
@@ -24,10 +24,14 @@ pub fn stdout_of(command: &mut Command) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// Waits for `child`, a process expected to stop by itself, and returns its output. One
-/// that still runs after `timeout` is killed, so that the test fails on what it printed
-/// instead of hanging.
-pub fn output_once_exited(mut child: Child, timeout: Duration) -> Output {
+/// Runs `command`, a process expected to stop by itself (an agent that refuses to start),
+/// and returns whether it succeeded and its standard error. One that still runs after
+/// `timeout` is killed, so that the test fails on what it printed instead of hanging.
+pub fn run_to_exit(command: &mut Command, timeout: Duration) -> (bool, String) {
+    let mut child = command
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("run {command:?}: {e}"));
     let deadline = Instant::now() + timeout;
     while child.try_wait().expect("wait for the child").is_none() {
         if Instant::now() > deadline {
@@ -35,7 +39,11 @@ pub fn output_once_exited(mut child: Child, timeout: Duration) -> Output {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    child.wait_with_output().expect("the child's output")
+    let output = child.wait_with_output().expect("the child's output");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
 }
 
 /// A child process (a server, a client, a socket holder) killed and reaped when dropped,

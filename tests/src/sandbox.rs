@@ -18,7 +18,7 @@ use crate::{
     agent::{agent_bin, file_source},
     clients::{Attempt, ProbeRun, probe_bin, probe_output, spawn_probe},
     privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal, chart_cleanup},
-    process::run,
+    process::{run, stdout_of},
 };
 
 /// A test's private world. Dropping it detaches the programs, removes the pins, the cgroup
@@ -123,18 +123,24 @@ impl Sandbox {
 
     /// `socklb inspect -o json` run with `privileges`.
     pub fn inspect_as(&self, privileges: &ContainerPrivileges) -> serde_json::Value {
-        let output = privileges
-            .command(agent_bin())
-            .args(["inspect", "-o", "json", "--bpffs"])
-            .arg(&self.pin_dir)
-            .output()
-            .expect("run socklb inspect");
-        assert!(
-            output.status.success(),
-            "socklb inspect: {}",
-            String::from_utf8_lossy(&output.stderr)
+        let output = stdout_of(
+            privileges
+                .command(agent_bin())
+                .args(["inspect", "-o", "json", "--bpffs"])
+                .arg(&self.pin_dir),
         );
-        serde_json::from_slice(&output.stdout).expect("socklb inspect's JSON")
+        serde_json::from_str(&output).expect("socklb inspect's JSON")
+    }
+
+    /// `socklb <args> --bpffs <this sandbox's pins>` run as root (inspect, cleanup), which
+    /// must succeed: its output.
+    pub fn socklb(&self, args: &[&str]) -> String {
+        stdout_of(
+            Command::new(agent_bin())
+                .args(args)
+                .arg("--bpffs")
+                .arg(&self.pin_dir),
+        )
     }
 
     /// A command that runs inside this sandbox's cgroup (and network namespace).

@@ -16,7 +16,7 @@ use aya::{
     },
 };
 use socklb_abi::{PROTO_TCP, ServiceEntry, ServiceKey, program_names};
-use socklb_tests::{Agent, ManifestDir, Sandbox, node_yaml, service_yaml, slice_yaml};
+use socklb_tests::{Agent, ManifestDir, Sandbox, service_yaml, slice_yaml};
 
 /// A VIP the agent does not know: the test writes a broken frontend for it by hand.
 const BROKEN: (Ipv4Addr, u16) = (Ipv4Addr::new(10, 96, 9, 9), 80);
@@ -25,22 +25,7 @@ const LOGGED: &str = "frontend 10.96.9.9:80 lists 2 backends but the slots drawn
 
 /// node-a and a Service (no server needed: the test connects only to the broken VIP).
 fn cluster(sandbox: &Sandbox, net: u8) -> ManifestDir {
-    let manifests = ManifestDir::new(sandbox);
-    let node_address = format!("192.168.{net}.1");
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", &node_address));
-    manifests.write("web.yaml", &service_yaml("web", "10.96.1.10", 80, ""));
-    let endpoint = format!("127.0.{net}.1");
-    manifests.write(
-        "slice.yaml",
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[(&endpoint, "node-a", "zone-a", "")],
-            false,
-        ),
-    );
-    manifests
+    ManifestDir::web_with_one_endpoint(sandbox, net, "10.96.1.10")
 }
 
 /// A master entry that says two backends while no slot exists (as a broken writer or a

@@ -14,8 +14,8 @@ use socklb_agent::dataplane::{
     Protocol, Scope,
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, family::Family, frontend,
-    node_yaml, spec, tally, tcp_backends,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, TwoBackendWeb, addr, bpftool,
+    family::Family, frontend, node_yaml, spec, tally, tcp_backends,
 };
 
 socklb_tests::for_each_family!(
@@ -473,11 +473,8 @@ spec:
 #[test]
 fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
     let sandbox = Sandbox::new("restart");
-    let _servers = tcp_backends([127, 0, 7], 2, 8080);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
-    manifests.two_endpoint_service("web", "10.96.0.60", "127.0.7.1", "127.0.7.2");
-    let vip: SocketAddr = "10.96.0.60:80".parse().expect("address");
+    let TwoBackendWeb { manifests, vip, .. } = &TwoBackendWeb::new(&sandbox, 7, 60);
+    let vip = *vip;
 
     let first = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     let entries_before = service_entries(&sandbox);
@@ -551,17 +548,7 @@ fn cleanup_detaches_the_programs_and_removes_only_socklb_pins() {
     // an assertion below fails, so that the sandbox can remove the pin directory.
     let foreign = RemovedOnDrop(sandbox.pin_dir.join("not-socklb"));
     std::fs::create_dir(&foreign.0).expect("create a foreign directory on bpffs");
-    let output = Command::new(agent_bin())
-        .arg("cleanup")
-        .arg("--bpffs")
-        .arg(&sandbox.pin_dir)
-        .output()
-        .expect("run socklb cleanup");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    sandbox.socklb(&["cleanup"]);
 
     assert_eq!(
         tally(&sandbox.probe("tcp", addr(&vip), 3)).get("direct"),
@@ -605,17 +592,13 @@ fn bpftool_map_dump_shows_named_fields() {
     );
     let _dataplane = sandbox.programmed(&desired);
     let dump = |map: &str| {
-        let output = Command::new("bpftool")
-            .args(["map", "dump", "pinned"])
-            .arg(sandbox.pin_dir.join(map))
-            .output()
-            .expect("prerequisite missing: bpftool (./x setup installs it)");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        let pinned = sandbox.pin_dir.join(map);
+        bpftool(&[
+            "map".as_ref(),
+            "dump".as_ref(),
+            "pinned".as_ref(),
+            pinned.as_os_str(),
+        ])
     };
     let services = dump("socklb_svc_v2");
     for field in [
