@@ -97,24 +97,29 @@ pub(crate) fn target_bin(name: &str, env: &str) -> PathBuf {
         })
 }
 
-/// `socklb run`'s arguments for the file source on `manifests`.
-pub(crate) fn file_source(manifests: &Path) -> [&OsStr; 4] {
-    [
-        "--source".as_ref(),
-        "file".as_ref(),
-        "--manifests".as_ref(),
-        manifests.as_os_str(),
-    ]
+/// Where an agent reads the cluster state.
+#[derive(Clone, Copy, Debug)]
+pub enum Source<'a> {
+    /// The file source, on a manifests directory.
+    File(&'a Path),
+    /// The kube source, on the API server of a kubeconfig.
+    Kube(&'a Path),
 }
 
-/// `socklb run`'s arguments for the kube source on the API server of `kubeconfig`.
-fn kube_source(kubeconfig: &Path) -> [&OsStr; 4] {
-    [
-        "--source".as_ref(),
-        "kube".as_ref(),
-        "--kubeconfig".as_ref(),
-        kubeconfig.as_os_str(),
-    ]
+impl<'a> Source<'a> {
+    /// `socklb run`'s arguments for this source.
+    pub(crate) fn args(self) -> [&'a OsStr; 4] {
+        let (source, flag, path) = match self {
+            Self::File(manifests) => ("file", "--manifests", manifests),
+            Self::Kube(kubeconfig) => ("kube", "--kubeconfig", kubeconfig),
+        };
+        [
+            "--source".as_ref(),
+            source.as_ref(),
+            flag.as_ref(),
+            path.as_os_str(),
+        ]
+    }
 }
 
 /// The real agent, `socklb run`, in the sandbox; killed if still running when dropped.
@@ -135,26 +140,14 @@ impl Agent {
 
     /// Starts the agent on the API server of `kubeconfig` and waits until it is ready.
     pub fn start_kube(sandbox: &Sandbox, kubeconfig: &Path, node: &str, extra: &[&str]) -> Self {
-        Self::start_kube_at(&sandbox.pin_dir, &sandbox.cgroup, kubeconfig, node, extra)
+        let state = (sandbox.pin_dir.as_path(), sandbox.cgroup.as_path());
+        Self::start_at(state, Source::Kube(kubeconfig), node, extra)
     }
 
-    /// Starts the agent on `manifests` with its own pins and cgroup (a second node of a
-    /// test); it runs in the network namespace of the calling thread.
-    pub fn start_at(
-        pin_dir: &Path,
-        cgroup: &Path,
-        manifests: &Path,
-        node: &str,
-        extra: &[&str],
-    ) -> Self {
-        let source = file_source(manifests);
-        Self::launch(
-            chart_agent_minimal(),
-            (pin_dir, cgroup),
-            &source,
-            node,
-            extra,
-        )
+    /// Starts the agent on `source` with its own pins and cgroup `state` (a second node of
+    /// a test); it runs in the network namespace of the calling thread.
+    pub fn start_at(state: (&Path, &Path), source: Source, node: &str, extra: &[&str]) -> Self {
+        Self::launch(chart_agent_minimal(), state, &source.args(), node, extra)
     }
 
     /// Starts the agent on `manifests` as `privileges` say instead of the chart's defaults.
@@ -166,26 +159,8 @@ impl Agent {
         extra: &[&str],
     ) -> Self {
         let state = (sandbox.pin_dir.as_path(), sandbox.cgroup.as_path());
-        Self::launch(privileges, state, &file_source(manifests), node, extra)
-    }
-
-    /// Starts the agent on the API server of `kubeconfig` with its own pins and cgroup (a
-    /// second node of a test); it runs in the network namespace of the calling thread.
-    pub fn start_kube_at(
-        pin_dir: &Path,
-        cgroup: &Path,
-        kubeconfig: &Path,
-        node: &str,
-        extra: &[&str],
-    ) -> Self {
-        let source = kube_source(kubeconfig);
-        Self::launch(
-            chart_agent_minimal(),
-            (pin_dir, cgroup),
-            &source,
-            node,
-            extra,
-        )
+        let source = Source::File(manifests).args();
+        Self::launch(privileges, state, &source, node, extra)
     }
 
     /// Starts `socklb run` with its pins and cgroup `state`, on `source`, as `privileges`

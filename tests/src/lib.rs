@@ -44,7 +44,7 @@ pub mod tools;
 pub mod wait;
 
 pub use agent::{
-    Agent, FREE_PORTS, LogFollower, SyncLine, agent_bin, assert_logged, explain_command,
+    Agent, FREE_PORTS, LogFollower, Source, SyncLine, agent_bin, assert_logged, explain_command,
     parse_debug_duration,
 };
 pub use clients::{

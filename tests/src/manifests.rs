@@ -76,6 +76,13 @@ status:
 
 /// A ClusterIP Service with one TCP port named http.
 pub fn service_yaml(name: &str, cluster_ip: &str, port: u16, extra_spec: &str) -> String {
+    let ports = format!("  ports: [{{name: http, port: {port}, protocol: TCP}}]\n");
+    service_manifest(name, cluster_ip, &ports) + extra_spec
+}
+
+/// A Service in namespace default on `cluster_ip`, its spec continued by `spec` (lines
+/// indented by two spaces: ports, type, policies).
+pub fn service_manifest(name: &str, cluster_ip: &str, spec: &str) -> String {
     format!(
         "apiVersion: v1
 kind: Service
@@ -83,8 +90,7 @@ metadata: {{name: {name}, namespace: default}}
 spec:
   clusterIP: {cluster_ip}
   clusterIPs: [{cluster_ip}]
-  ports: [{{name: http, port: {port}, protocol: TCP}}]
-{extra_spec}"
+{spec}"
     )
 }
 

@@ -15,7 +15,7 @@ use std::{
 use socklb_agent::dataplane::{self, Capacities, Config, Dataplane, DataplaneError};
 
 use crate::{
-    agent::{agent_bin, file_source},
+    agent::{Source, agent_bin},
     clients::{Attempt, ProbeRun, probe_bin, probe_output, spawn_probe},
     privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal, chart_cleanup},
     process::{run, stdout_of},
@@ -108,7 +108,7 @@ impl Sandbox {
         let mut command = privileges.command(agent_bin());
         command
             .arg("run")
-            .args(file_source(manifests))
+            .args(Source::File(manifests).args())
             .args(["--node-name", "node-a", "--bpffs"])
             .arg(&self.pin_dir)
             .arg("--cgroup-path")

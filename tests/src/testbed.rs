@@ -22,18 +22,23 @@ use std::{
     net::{Ipv4Addr, SocketAddrV4},
     path::PathBuf,
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use socklb_agent::inspect::{self, Inspection};
 
 use crate::{
-    Agent, Attempt, ManifestDir, NamedServer, Sandbox, cgroup2_root,
+    Agent, Attempt, ManifestDir, NamedServer, Sandbox,
+    agent::Source,
+    cgroup2_root,
     clients::{probe_bin, probe_output},
-    cluster, command_in_cgroup,
+    cluster,
+    cluster::ServiceBuilder,
+    command_in_cgroup,
     fake_apiserver::FakeApiServer,
     netns::{Netns, veth},
     remove_cgroup, run,
+    wait::eventually_showing,
 };
 
 /// Service cluster IPs are taken from here.
@@ -269,13 +274,8 @@ impl Testbed {
                         let agent = match node {
                             NodeId::One => Agent::start_kube(sandbox, kubeconfig1, "node1", &[]),
                             NodeId::Two => node2.enter(|| {
-                                Agent::start_kube_at(
-                                    &second.pin_dir,
-                                    &second.cgroup,
-                                    kubeconfig2,
-                                    "node2",
-                                    &[],
-                                )
+                                let state = (second.pin_dir.as_path(), second.cgroup.as_path());
+                                Agent::start_at(state, Source::Kube(kubeconfig2), "node2", &[])
                             }),
                         };
                         (node, agent)
@@ -409,6 +409,38 @@ impl Testbed {
         NamedServer::udp_in(&pod.netns, &pod.name, SocketAddrV4::new(pod.ip, port))
     }
 
+    /// Creates `service` and its endpoints ([`set_endpoints`](Self::set_endpoints)).
+    pub fn serve(&self, service: ServiceBuilder, port: (&str, u16, &str), pods: &[&Pod]) {
+        let service = service.build();
+        let name = service.metadata.name.clone().unwrap_or_default();
+        self.api.apply(&service);
+        self.set_endpoints(&name, port, pods);
+    }
+
+    /// Creates or replaces the EndpointSlice `<service>-1` as the EndpointSlice controller
+    /// keeps it: one port (name, target port, protocol), and `pods` as its endpoints, each
+    /// on its node.
+    pub fn set_endpoints(&self, service: &str, port: (&str, u16, &str), pods: &[&Pod]) {
+        self.set_slice(&format!("{service}-1"), service, port, pods);
+    }
+
+    /// Creates or replaces EndpointSlice `name` of `service` (one of several, as a
+    /// controller splits them by port, or a user writes them): [`set_endpoints`]'s.
+    ///
+    /// [`set_endpoints`]: Self::set_endpoints
+    pub fn set_slice(&self, name: &str, service: &str, port: (&str, u16, &str), pods: &[&Pod]) {
+        let (port_name, target, protocol) = port;
+        self.api.apply(
+            &cluster::slice(name, service)
+                .port(port_name, target, protocol)
+                .endpoints(
+                    pods.iter()
+                        .map(|pod| cluster::endpoint(pod.ip, pod.node.name())),
+                )
+                .build(),
+        );
+    }
+
     /// What `node`'s maps hold (for one address, if given), read from its pins.
     pub fn inspect(&self, node: NodeId, only: Option<Ipv4Addr>) -> Inspection {
         inspect::inspect(self.pin_dir(node), only.map(Into::into))
@@ -463,19 +495,9 @@ impl Testbed {
 
     /// Waits until `check` returns Ok (the agents follow API changes asynchronously),
     /// failing with its last error and the agents' logs after [`CONVERGE`].
-    pub fn eventually<T>(&self, what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
-        let deadline = Instant::now() + CONVERGE;
-        loop {
-            match check() {
-                Ok(value) => return value,
-                Err(last) => assert!(
-                    Instant::now() < deadline,
-                    "{what}: still not so after {CONVERGE:?}: {last}\n{}",
-                    self.logs()
-                ),
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    pub fn eventually<T>(&self, what: &str, check: impl FnMut() -> Result<T, String>) -> T {
+        let pause = Duration::from_millis(50);
+        eventually_showing(what, CONVERGE, pause, check, || self.logs())
     }
 }
 

@@ -9,7 +9,7 @@ use std::{
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, KillOnDrop, ManifestDir, Sandbox, eventually,
+    Agent, FREE_PORTS, KillOnDrop, ManifestDir, Sandbox, Source, eventually,
     family::Family,
     lan::{Addresses, LanNode, cni_netfilter_rules, here, servers_of},
     node_yaml, run,
@@ -464,18 +464,8 @@ fn with_maglev_every_node_sends_a_flow_to_the_same_backend(family: Family) {
     );
     let _node1 = node.agent(&[]);
     let _node2 = lan.node2.enter(|| {
-        Agent::start_at(
-            &second.pin_dir,
-            &second.cgroup,
-            &manifests.path,
-            "node2",
-            &[
-                "--healthz-bind-address",
-                "127.0.0.1:0",
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-            ],
-        )
+        let state = (second.pin_dir.as_path(), second.cgroup.as_path());
+        Agent::start_at(state, Source::File(&manifests.path), "node2", &FREE_PORTS)
     });
 
     // The same flows (client address and port) through either node.

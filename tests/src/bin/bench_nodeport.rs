@@ -45,7 +45,7 @@ use aya::programs::{
 };
 use socklb_abi::program_names;
 use socklb_tests::{
-    Agent,
+    Agent, Source,
     bench::{
         baseline,
         cgroup::own_cgroup,
@@ -329,13 +329,9 @@ fn start_agent(node: &File, files: &Files, services: usize) -> anyhow::Result<Ag
             .spawn(|| -> anyhow::Result<Agent> {
                 enter(node)?;
                 let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-                Ok(Agent::start_at(
-                    &files.pin_dir,
-                    &files.cgroup,
-                    &files.manifests,
-                    NODE,
-                    &flags,
-                ))
+                let state = (files.pin_dir.as_path(), files.cgroup.as_path());
+                let source = Source::File(&files.manifests);
+                Ok(Agent::start_at(state, source, NODE, &flags))
             })
             .join()
             .map_err(|_| anyhow::anyhow!("the agent did not start (its log is above)"))?

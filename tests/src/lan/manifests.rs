@@ -1,7 +1,10 @@
 //! The manifests of the LAN's cluster for the agent's file source: its two Nodes, and
 //! Services and EndpointSlices of either family.
 use super::{Addresses, NODE1, NODE2, addresses, lan6};
-use crate::{family::Family, manifests::ManifestDir};
+use crate::{
+    family::Family,
+    manifests::{ManifestDir, service_manifest},
+};
 
 /// A Service; `kind_spec` adds to its spec (type, nodePorts, externalIPs, policies).
 pub fn service(
@@ -19,17 +22,8 @@ pub fn service(
     let status = lb_ip.map_or_else(String::new, |ip| {
         format!("status: {{loadBalancer: {{ingress: [{{ip: {ip}}}]}}}}\n")
     });
-    format!(
-        "apiVersion: v1
-kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  clusterIP: {cluster_ip}
-  clusterIPs: [{cluster_ip}]
-{family}  ports: {ports}
-{kind_spec}
-{status}"
-    )
+    let spec = format!("{family}  ports: {ports}\n{kind_spec}\n{status}");
+    service_manifest(name, cluster_ip, &spec)
 }
 
 /// node1 and node2 with their IPv4 InternalIPs.

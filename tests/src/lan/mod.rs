@@ -200,46 +200,17 @@ pub fn cni_netfilter_rules(family: Family) {
         Family::V6 => "ip6tables",
     };
     let pod_cidr = addresses(family).pod_cidr;
-    let rules: [&[&str]; 6] = [
-        &[
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-s",
-            pod_cidr,
-            "!",
-            "-d",
-            pod_cidr,
-            "-j",
-            "MASQUERADE",
-        ],
-        &[
-            "-A",
-            "FORWARD",
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "INVALID",
-            "-j",
-            "DROP",
-        ],
-        &[
-            "-A",
-            "INPUT",
-            "-m",
-            "conntrack",
-            "--ctstate",
-            "INVALID",
-            "-j",
-            "DROP",
-        ],
-        &["-A", "FORWARD", "-s", pod_cidr, "-j", "ACCEPT"],
-        &["-A", "FORWARD", "-d", pod_cidr, "-j", "ACCEPT"],
-        &["-P", "FORWARD", "DROP"],
+    // As iptables-save writes them.
+    let rules = [
+        format!("-t nat -A POSTROUTING -s {pod_cidr} ! -d {pod_cidr} -j MASQUERADE"),
+        "-A FORWARD -m conntrack --ctstate INVALID -j DROP".to_owned(),
+        "-A INPUT -m conntrack --ctstate INVALID -j DROP".to_owned(),
+        format!("-A FORWARD -s {pod_cidr} -j ACCEPT"),
+        format!("-A FORWARD -d {pod_cidr} -j ACCEPT"),
+        "-P FORWARD DROP".to_owned(),
     ];
     for rule in rules {
         // In node1, the namespace of this thread; they go with it.
-        run(Command::new(tool).args(rule));
+        run(Command::new(tool).args(rule.split(' ')));
     }
 }
