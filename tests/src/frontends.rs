@@ -10,10 +10,7 @@ use crate::servers::NamedServer;
 pub fn spec<'a>(servers: impl IntoIterator<Item = &'a NamedServer>) -> FrontendSpec {
     FrontendSpec {
         backends: servers.into_iter().map(NamedServer::backend).collect(),
-        affinity_timeout_seconds: None,
-        source_ranges: None,
-        maglev: false,
-        no_endpoints: false,
+        ..FrontendSpec::default()
     }
 }
 

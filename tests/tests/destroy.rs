@@ -29,7 +29,7 @@ use socklb_agent::{
     sweep::{Requested, Sweeper},
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, command_in_cgroup,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, assert_logged, command_in_cgroup,
     family::Family,
     hold::Holder,
     hold_bin,
@@ -263,10 +263,10 @@ fn udp_clients_in_every_namespace(test: &str, mode: &str) {
     let (_, pod) = world.pod_client(PODS as usize - 1, "udp", &target);
     assert_eq!(host.reply.as_deref(), Some("b2"), "{host:?}");
     assert_eq!(pod.reply.as_deref(), Some("b2"), "{pod:?}");
-    let log = agent.log();
-    assert!(
-        log.contains("closed the sockets of removed backends") && log.contains("udp=4"),
-        "one sweep closing the four sockets should be logged:\n{log}"
+    assert_logged(
+        &agent.log(),
+        &["closed the sockets of removed backends", "udp=4"],
+        "one sweep closing the four sockets should be logged",
     );
 }
 

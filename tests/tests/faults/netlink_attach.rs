@@ -39,20 +39,16 @@ fn restarts_and_growth_replace_netlink_filters_without_a_failed_connection() {
         EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 9000)),
     ];
     let pods = [a.pod1_endpoint(), a.pod2_endpoint()];
-    node.write(
-        "echo.yaml",
-        &a.exposed("echo", 151)
-            .port("echo", 80, 9000, ECHO_NODE_PORT, "TCP")
-            .endpoints(&pods)
-            .yaml(),
-    );
-    node.write(
-        "web.yaml",
-        &a.exposed("web", 150)
-            .port("http", 80, 8080, NODE_PORT, "TCP")
-            .endpoints(&pods)
-            .yaml(),
-    );
+    // (Service, its host in the service CIDR, port name, target port, NodePort)
+    for (name, host, port, target, node_port) in [
+        ("echo", 151, "echo", 9000, ECHO_NODE_PORT),
+        ("web", 150, "http", 8080, NODE_PORT),
+    ] {
+        let service = a
+            .exposed(name, host)
+            .port(port, 80, target, node_port, "TCP");
+        node.write(&format!("{name}.yaml"), &service.endpoints(&pods).yaml());
+    }
     let mut agent = node.agent(&NETLINK);
     agent.wait_for_log("synced", 1);
     assert_eq!(

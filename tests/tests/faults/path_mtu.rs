@@ -125,21 +125,15 @@ fn a_1280_mtu_route_to_a_remote_backend_leaves_nodeport_uploads_whole(family: Fa
     lan::here(&[
         version, "route", "change", pod2_net, "via", a.node2, "mtu", "lock", "1280",
     ]);
-    node.write(
-        "echo.yaml",
-        &a.exposed("remote", 65)
-            .port("echo", 80, 8080, 30065, "TCP")
-            .endpoints(&[a.pod2_endpoint()])
-            .yaml(),
-    );
-    // Nothing listens on pod2's port 9: traceroute's probe ends with port unreachable.
-    node.write(
-        "probe.yaml",
-        &a.exposed("probe", 66)
-            .port("probe", 81, 9, 30066, "UDP")
-            .endpoints(&[a.pod2_endpoint()])
-            .yaml(),
-    );
+    // The echo Service, and one for traceroute: nothing listens on pod2's port 9, so its
+    // probe ends with port unreachable.
+    let services = [
+        a.exposed("remote", 65).port("echo", 80, 8080, 30065, "TCP"),
+        a.exposed("probe", 66).port("probe", 81, 9, 30066, "UDP"),
+    ];
+    for (file, service) in ["echo.yaml", "probe.yaml"].into_iter().zip(services) {
+        node.write(file, &service.endpoints(&[a.pod2_endpoint()]).yaml());
+    }
     let _agent = node.agent(&[]);
     let frontend: SocketAddr = Addresses::at(a.node1, 30065).parse().expect("address");
 
