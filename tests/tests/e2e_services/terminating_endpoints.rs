@@ -153,13 +153,15 @@ fn should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoi
 
 #[test]
 fn should_fail_health_check_node_port_if_there_are_only_terminating_endpoints() {
-    let tb = Testbed::new("termhc", [2, 0], &[ONE]);
-    let (server, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
-    let _server = tb.tcp_server(server, 80);
+    // A LoadBalancer Service with externalTrafficPolicy Local: its nodes answer a health
+    // check on healthCheckNodePort 30212, with 200 while they have a local endpoint.
     let svc = service("svc-proxy-terminating", vip(94))
         .node_port("http", 80, "TCP", 30112)
         .external_traffic_policy("Local")
         .load_balancer(Some(30212));
+    let tb = Testbed::new("termhc", [2, 0], &[ONE]);
+    let (server, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
+    let _server = tb.tcp_server(server, 80);
     tb.serve(svc, ("http", 80, "TCP"), &[server]);
     // curl in the client pod, to the node's healthCheckNodePort (the agent answers it).
     let health = |expected: &str| {

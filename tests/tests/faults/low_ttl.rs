@@ -13,7 +13,7 @@ use std::{
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    eventually,
+    Agent, NamedServer, eventually,
     family::Family,
     lan::{Addresses, LanNode},
 };
@@ -24,14 +24,11 @@ socklb_tests::for_each_family!(
 );
 
 fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
-    let node = LanNode::new(family, "low-ttl", "t");
-    let a = &node.a;
-    let _server = node.udp_server(2, 5353);
-    dns_node_port(&node, 95, 30053, a.pod2_endpoint());
-    let _agent = node.agent(&[]);
-
+    // pod2, behind node2: a remote backend.
+    let dns = DnsNodePort::start(family, ("low-ttl", "t"), 2, (95, 30053));
+    let (node, a) = (&dns.node, &dns.node.a);
     let socket = node.udp_client(40200);
-    let client_flows = || forward_flows(&node, 40200);
+    let client_flows = || forward_flows(node, 40200);
     let node_port = Addresses::at(a.node1, 30053);
 
     let before = node.counters();
@@ -46,7 +43,7 @@ fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
                 flows.is_empty(),
                 "the TTL-1 datagram made a conntrack entry: {flows:?}"
             );
-            ttl_exceeded_since(&node, before.ttl_exceeded)
+            ttl_exceeded_since(node, before.ttl_exceeded)
         },
     );
     // Counted, and still no entry.
@@ -70,7 +67,7 @@ fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
     eventually(
         "the TTL-1 datagram of a known flow counted",
         Duration::from_secs(10),
-        || ttl_exceeded_since(&node, counted),
+        || ttl_exceeded_since(node, counted),
     );
     set_hop_limit(&socket, family, 64);
     socket.send_to(b"ping", &node_port).expect("send");
@@ -83,15 +80,11 @@ fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
 fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry(
     family: Family,
 ) {
-    let node = LanNode::new(family, "low-ttl-local", "k");
-    let a = &node.a;
-    let _server = node.udp_server(1, 5353);
-    dns_node_port(&node, 94, 30052, a.pod1_endpoint());
-    let _agent = node.agent(&[]);
-
+    let dns = DnsNodePort::start(family, ("low-ttl-local", "k"), 1, (94, 30052));
+    let (node, a) = (&dns.node, &dns.node.a);
     let socket = node.udp_client(40201);
     let icmp = node.lan.client.enter(|| IcmpReceiver::open(family));
-    let client_flows = || forward_flows(&node, 40201);
+    let client_flows = || forward_flows(node, 40201);
     let node_port = Addresses::at(a.node1, 30052);
 
     let before = node.counters();
@@ -120,17 +113,41 @@ fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntr
     assert_eq!(client_flows().len(), 1, "the flow's forward entry");
 }
 
-/// A UDP NodePort Service `dns` (port 53 -> 5353) with one endpoint.
-fn dns_node_port(node: &LanNode, vip_host: u8, node_port: u16, endpoint: (String, &str)) {
-    node.write(
-        "dns.yaml",
-        &node
+/// node1 on the LAN, a UDP server in one pod, and Service dns (port 53 -> 5353) whose only
+/// endpoint it is, reached through its NodePort; the agent runs.
+struct DnsNodePort {
+    _agent: Agent,
+    _server: NamedServer,
+    node: LanNode,
+}
+
+impl DnsNodePort {
+    /// The LAN of (`test`, `tag`), the server in pod `pod` (1 or 2), and Service dns on
+    /// (cluster IP [`Family::vip`]`(host)`, `node_port`).
+    fn start(
+        family: Family,
+        (test, tag): (&str, &str),
+        pod: u8,
+        (host, node_port): (u8, u16),
+    ) -> Self {
+        let node = LanNode::new(family, test, tag);
+        let server = node.udp_server(pod, 5353);
+        let endpoint = if pod == 1 {
+            node.a.pod1_endpoint()
+        } else {
+            node.a.pod2_endpoint()
+        };
+        let service = node
             .a
-            .exposed("dns", vip_host)
-            .port("dns", 53, 5353, node_port, "UDP")
-            .endpoints(&[endpoint])
-            .yaml(),
-    );
+            .exposed("dns", host)
+            .port("dns", 53, 5353, node_port, "UDP");
+        node.write("dns.yaml", &service.endpoints(&[endpoint]).yaml());
+        Self {
+            _agent: node.agent(&[]),
+            _server: server,
+            node,
+        }
+    }
 }
 
 /// Ok once socklb counted a packet whose TTL ran out since it counted `before`.

@@ -14,7 +14,7 @@ use std::{
 };
 
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox, assert_logged, eventually, node_yaml, service_yaml,
+    Agent, ManifestDir, NamedServer, ProbeRun, Sandbox, assert_logged, eventually, service_yaml,
     web_slice,
 };
 
@@ -44,6 +44,25 @@ fn wait_for(sandbox: &Sandbox, net: u8, endpoint: u8, seconds: u64, what: &str) 
     );
 }
 
+/// Two clients that connect to the VIP of net `net` all along, 5 ms apart.
+fn looping_clients(sandbox: &Sandbox, net: u8) -> Vec<ProbeRun> {
+    (0..2)
+        .map(|_| sandbox.spawn_probe("tcp", vip(net), u32::MAX, 5))
+        .collect()
+}
+
+/// No connect of `clients` failed while the manifests were written `how`, and the agent's
+/// log says, naming web.yaml, `held_back` (that it held the file back).
+fn no_connect_failed_and_logged(clients: Vec<ProbeRun>, agent: Agent, how: &str, held_back: &str) {
+    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.stop()).collect();
+    socklb_tests::assert_all_connected(&attempts, &format!("while {how}"));
+    assert_logged(
+        &agent.stop(),
+        &[held_back, "web.yaml"],
+        "one line says that the manifest is held back",
+    );
+}
+
 /// `cmd > file` with a slow `cmd`: truncated, nothing for 500 ms, then written and closed.
 fn write_slowly(path: &std::path::Path, text: &str) {
     let mut file = File::create(path).expect("truncate the manifest");
@@ -57,23 +76,15 @@ fn a_manifest_written_slowly_is_applied_once_written_and_never_half() {
     let sandbox = Sandbox::new("slow-manifest");
     let _servers = NamedServer::numbered(net, 2);
     let (manifests, agent) = cluster(&sandbox, net);
-    let clients: Vec<_> = (0..2)
-        .map(|_| sandbox.spawn_probe("tcp", vip(net), u32::MAX, 5))
-        .collect();
+    let clients = looping_clients(&sandbox, net);
 
     // The Service rewritten unchanged, then the slice rewritten with another endpoint.
     let service = service_yaml("web", &vip(net).ip().to_string(), 80, "");
     write_slowly(&manifests.path.join("web.yaml"), &service);
     write_slowly(&manifests.path.join("slice.yaml"), &web_slice(net, 2));
     wait_for(&sandbox, net, 2, 5, "the slowly written slice");
-
-    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.stop()).collect();
-    socklb_tests::assert_all_connected(&attempts, "while manifests were written slowly");
-    assert_logged(
-        &agent.stop(),
-        &["manifest is being written", "web.yaml"],
-        "one line says that the file is held back",
-    );
+    let how = "manifests were written slowly";
+    no_connect_failed_and_logged(clients, agent, how, "manifest is being written");
 }
 
 #[test]
@@ -137,19 +148,13 @@ fn a_manifest_written_with_several_opens_is_applied_whole() {
     let net = 42;
     let sandbox = Sandbox::new("manifest-two-opens");
     let _servers = NamedServer::numbered(net, 1);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write(
-        "node.yaml",
-        &node_yaml("node-a", "zone-a", &format!("192.168.{net}.1")),
-    );
+    let manifests = ManifestDir::node_a(&sandbox, net);
     let service = service_yaml("web", &vip(net).ip().to_string(), 80, "");
     let whole = format!("{service}---\n{}", web_slice(net, 1));
     manifests.write("web.yaml", &whole);
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for(&sandbox, net, 1, 20, "at start");
-    let clients: Vec<_> = (0..2)
-        .map(|_| sandbox.spawn_probe("tcp", vip(net), u32::MAX, 5))
-        .collect();
+    let clients = looping_clients(&sandbox, net);
 
     let path = manifests.path.join("web.yaml");
     // `cmd1 > web.yaml`: the Service alone, closed.
@@ -165,12 +170,6 @@ fn a_manifest_written_with_several_opens_is_applied_whole() {
         .expect("append the second part");
     drop(file);
     wait_for(&sandbox, net, 1, 5, "once written whole");
-
-    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.stop()).collect();
-    socklb_tests::assert_all_connected(&attempts, "while the manifest was written in two parts");
-    assert_logged(
-        &agent.stop(),
-        &["manifest shorter than what is applied", "web.yaml"],
-        "one line says that the first part is held back",
-    );
+    let how = "the manifest was written in two parts";
+    no_connect_failed_and_logged(clients, agent, how, "manifest shorter than what is applied");
 }

@@ -58,19 +58,9 @@ fn a_half_closed_flow_gets_its_late_answer(family: Family) {
     for (backend, port) in [("local", 30071), ("remote", 30072)] {
         let frontend: SocketAddr = Addresses::at(a.node1, port).parse().expect("address");
         let answer = lan.client.enter(|| {
-            let mut stream =
-                std::net::TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
-                    .expect("connect through the NodePort");
-            stream
-                .set_read_timeout(Some(QUIET * 3))
-                .expect("read timeout");
-            stream.write_all(b"request").expect("send the request");
-            stream.shutdown(Shutdown::Write).expect("half-close");
-            let mut answer = String::new();
-            stream
-                .read_to_string(&mut answer)
-                .map(|_| answer)
-                .map_err(|e| e.to_string())
+            let stream = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+                .expect("connect through the NodePort");
+            half_closed_request(stream, QUIET * 3).map_err(|e| e.to_string())
         });
         assert_eq!(
             answer.as_deref(),
@@ -251,19 +241,23 @@ fn exchange(client: &str, port: u16, target: SocketAddr) -> (SocketAddr, String)
             .unwrap_or_else(|_| panic!("connect to {target} from port {port} timed out"))
             .unwrap_or_else(|e| panic!("connect to {target} from port {port}: {e}"));
         let peer = stream.peer_addr().expect("peer");
-        let mut stream = stream.into_std().expect("std stream");
+        let stream = stream.into_std().expect("std stream");
         stream.set_nonblocking(false).expect("blocking");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("read timeout");
-        stream.write_all(b"request").expect("send the request");
-        stream.shutdown(Shutdown::Write).expect("half-close");
-        let mut answer = String::new();
-        stream
-            .read_to_string(&mut answer)
-            .unwrap_or_else(|e| panic!("read from {target}: {e}"));
+        let answer = half_closed_request(stream, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("request to {target}: {e}"));
         (peer, answer)
     })
+}
+
+/// Sends a request and its FIN on `stream` and reads the answer to the end, waiting for
+/// it up to `wait`.
+fn half_closed_request(mut stream: TcpStream, wait: Duration) -> std::io::Result<String> {
+    stream.set_read_timeout(Some(wait))?;
+    stream.write_all(b"request")?;
+    stream.shutdown(Shutdown::Write)?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
 }
 
 /// A server that reads each client's request to the end (the client's FIN), stays quiet
