@@ -14,6 +14,7 @@
 //! - [`agent`]: the real agent, [`manifests`] for its file source, and [`node_a`], the
 //!   one-node cluster most tests of the agent run;
 //! - [`frontends`]: frontends programmed through the library;
+//! - [`raw_socket`]: raw sockets and socket options std does not offer;
 //! - [`tools`]: what `tc` and `bpftool` show of what socklb attached and pinned;
 //! - [`process`] and [`wait`]: commands, children, and waiting for what is asynchronous;
 //! - [`signals`] and [`machine`]: what the benchmarks need around a run.
@@ -35,6 +36,7 @@ pub mod netns;
 pub mod node_a;
 pub mod privileges;
 pub mod process;
+pub mod raw_socket;
 pub mod sandbox;
 pub mod seccomp;
 pub mod servers;

@@ -12,7 +12,7 @@ use socklb_tests::{
     Agent, FREE_PORTS, KillOnDrop, ManifestDir, Sandbox, Source, eventually,
     family::Family,
     lan::{Addresses, LanNode, cni_netfilter_rules, here, servers_of},
-    node_yaml, run,
+    node_yaml, raw_socket, run,
 };
 
 socklb_tests::for_each_family!(
@@ -257,17 +257,8 @@ fn udp_without_checksum_passes_and_a_udp_flow_moves_when_its_backend_goes() {
     let socket = lan.client.enter(|| {
         let socket = std::net::UdpSocket::bind((a.client, 40100)).expect("bind the client");
         let on: libc::c_int = 1;
-        // SAFETY: setsockopt on our socket with an int option of the size passed.
-        let rc = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&socket),
-                libc::SOL_SOCKET,
-                libc::SO_NO_CHECK,
-                std::ptr::from_ref(&on).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "SO_NO_CHECK: {}", std::io::Error::last_os_error());
+        raw_socket::set_option(&socket, libc::SOL_SOCKET, libc::SO_NO_CHECK, &on)
+            .expect("SO_NO_CHECK");
         socket
             .set_read_timeout(Some(Duration::from_secs(3)))
             .expect("timeout");
@@ -817,7 +808,6 @@ fn snat_address(sandbox: &Sandbox) -> Option<Ipv4Addr> {
 mod programs {
     use std::{
         net::{IpAddr, SocketAddr},
-        os::fd::AsRawFd as _,
         time::Duration,
     };
 
@@ -829,6 +819,7 @@ mod programs {
         Sandbox, eventually,
         family::Family,
         lan::{Addresses, LanNode, counters, servers_of},
+        raw_socket,
     };
 
     fn ip(address: &str) -> IpAddr {
@@ -940,17 +931,8 @@ mod programs {
             let socket = std::net::UdpSocket::bind((ip(a.client), 0)).expect("bind");
             // Next header and length (filled by the kernel), then PadN over 4 bytes.
             let options: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-            // SAFETY: setsockopt on our socket with a buffer of the size passed.
-            let rc = unsafe {
-                libc::setsockopt(
-                    socket.as_raw_fd(),
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_DSTOPTS,
-                    options.as_ptr().cast(),
-                    options.len() as libc::socklen_t,
-                )
-            };
-            assert_eq!(rc, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+            raw_socket::set_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_DSTOPTS, &options)
+                .expect("IPV6_DSTOPTS");
             socket
                 .set_read_timeout(Some(Duration::from_secs(3)))
                 .expect("timeout");
@@ -1000,37 +982,9 @@ mod programs {
         packet.extend_from_slice(b"ping");
         let before = counters(sandbox);
         lan.client.enter(|| {
-            // SAFETY: plain socket call; the fd is owned below.
-            let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_RAW) };
-            assert!(
-                fd >= 0,
-                "raw IPv6 socket: {}",
-                std::io::Error::last_os_error()
-            );
-            // SAFETY: a fresh fd we own.
-            let socket =
-                unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-            // SAFETY: all-zero is a valid sockaddr_in6.
-            let mut address: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-            address.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            address.sin6_addr.s6_addr = node1.octets();
-            // SAFETY: buffers and address of the sizes passed.
-            let sent = unsafe {
-                libc::sendto(
-                    socket.as_raw_fd(),
-                    packet.as_ptr().cast(),
-                    packet.len(),
-                    0,
-                    std::ptr::from_ref(&address).cast(),
-                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(
-                usize::try_from(sent).ok(),
-                Some(packet.len()),
-                "send: {}",
-                std::io::Error::last_os_error()
-            );
+            let socket = raw_socket::open(libc::AF_INET6, libc::IPPROTO_RAW);
+            let sent = raw_socket::send_to(&socket, &packet, node1.into());
+            assert_eq!(sent.as_ref().ok(), Some(&packet.len()), "send: {sent:?}");
         });
         eventually(
             &format!("the packet with {HEADERS} extension headers counted"),
@@ -1062,65 +1016,21 @@ mod programs {
 
     /// One ICMPv6 echo request to `target` over a raw socket, and its reply.
     fn echo(target: std::net::Ipv6Addr) {
-        // SAFETY: plain socket call; the fd is owned below.
-        let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6) };
-        assert!(
-            fd >= 0,
-            "raw ICMPv6 socket: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: a fresh fd we own.
-        let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let timeout = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        // SAFETY: setsockopt with a timeval of the size passed.
-        unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                std::ptr::from_ref(&timeout).cast(),
-                size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        // SAFETY: all-zero is a valid sockaddr_in6.
-        let mut address: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-        address.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-        address.sin6_addr.s6_addr = target.octets();
+        let socket = raw_socket::open(libc::AF_INET6, libc::IPPROTO_ICMPV6);
+        raw_socket::set_receive_timeout(&socket, Duration::from_secs(1)).expect("SO_RCVTIMEO");
         // Echo request (type 128), identifier 0x5eb1, sequence 1; the kernel fills in the
         // checksum of ICMPv6 raw sockets.
         let request: [u8; 12] = [128, 0, 0, 0, 0x5e, 0xb1, 0, 1, b's', b'l', b'b', b'6'];
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
-            // SAFETY: buffers and address of the sizes passed.
-            let sent = unsafe {
-                libc::sendto(
-                    socket.as_raw_fd(),
-                    request.as_ptr().cast(),
-                    request.len(),
-                    0,
-                    std::ptr::from_ref(&address).cast(),
-                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            };
+            let sent = raw_socket::send_to(&socket, &request, target.into());
             assert_eq!(
-                sent,
-                12,
-                "send the echo request: {}",
-                std::io::Error::last_os_error()
+                sent.as_ref().ok(),
+                Some(&12),
+                "send the echo request: {sent:?}"
             );
             let mut reply = [0u8; 128];
-            // SAFETY: a buffer of the size passed.
-            let len = unsafe {
-                libc::recv(
-                    socket.as_raw_fd(),
-                    reply.as_mut_ptr().cast(),
-                    reply.len(),
-                    0,
-                )
-            };
+            let len = raw_socket::receive(&socket, &mut reply, 0).unwrap_or(0);
             // Echo reply (129) with our identifier; other ICMPv6 (neighbour discovery) is
             // skipped.
             if len >= 8 && reply[0] == 129 && reply[4..6] == [0x5e, 0xb1] {

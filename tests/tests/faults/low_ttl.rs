@@ -7,7 +7,7 @@
 //! plays the TTL's part.
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::OwnedFd,
     time::{Duration, Instant},
 };
 
@@ -16,6 +16,7 @@ use socklb_tests::{
     Agent, NamedServer, eventually,
     family::Family,
     lan::{Addresses, LanNode},
+    raw_socket,
 };
 
 socklb_tests::for_each_family!(
@@ -173,22 +174,8 @@ fn set_hop_limit(socket: &UdpSocket, family: Family, hops: u8) {
         Family::V4 => socket.set_ttl(u32::from(hops)).expect("IP_TTL"),
         Family::V6 => {
             let hops = libc::c_int::from(hops);
-            // SAFETY: setsockopt on our socket with an int of the size passed.
-            let rc = unsafe {
-                libc::setsockopt(
-                    socket.as_raw_fd(),
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_UNICAST_HOPS,
-                    std::ptr::from_ref(&hops).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(
-                rc,
-                0,
-                "IPV6_UNICAST_HOPS: {}",
-                std::io::Error::last_os_error()
-            );
+            raw_socket::set_option(socket, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, &hops)
+                .expect("IPV6_UNICAST_HOPS");
         }
     }
 }
@@ -206,26 +193,8 @@ impl IcmpReceiver {
             Family::V4 => (libc::AF_INET, libc::IPPROTO_ICMP),
             Family::V6 => (libc::AF_INET6, libc::IPPROTO_ICMPV6),
         };
-        // SAFETY: plain socket creation; the descriptor is owned below.
-        let fd = unsafe { libc::socket(domain, libc::SOCK_RAW, protocol) };
-        assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
-        // SAFETY: the descriptor was just created and is owned by nobody else.
-        let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-        let timeout = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        // SAFETY: setsockopt on our socket with a timeval of the size passed.
-        let rc = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                std::ptr::from_ref(&timeout).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "SO_RCVTIMEO: {}", std::io::Error::last_os_error());
+        let socket = raw_socket::open(domain, protocol);
+        raw_socket::set_receive_timeout(&socket, Duration::from_secs(1)).expect("SO_RCVTIMEO");
         Self { socket, family }
     }
 
@@ -239,16 +208,7 @@ impl IcmpReceiver {
                 Instant::now() < deadline,
                 "no ICMP time exceeded about the datagram from port {source_port}"
             );
-            // SAFETY: recv into a buffer of the length passed, on our socket.
-            let len = unsafe {
-                libc::recv(
-                    self.socket.as_raw_fd(),
-                    packet.as_mut_ptr().cast(),
-                    packet.len(),
-                    0,
-                )
-            };
-            let Ok(len) = usize::try_from(len) else {
+            let Ok(len) = raw_socket::receive(&self.socket, &mut packet, 0) else {
                 continue;
             };
             if let Some(quoted) = self.quoted_destination(&packet[..len], source_port) {

@@ -11,7 +11,6 @@
 use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream},
-    os::fd::AsRawFd as _,
     time::{Duration, Instant},
 };
 
@@ -20,6 +19,7 @@ use socklb_tests::{
     echo::{EchoServer, echo},
     family::Family,
     lan::LanNode,
+    raw_socket,
 };
 
 const IDLE_CONNECTIONS: usize = 1_000;
@@ -166,12 +166,7 @@ fn syn_flood(target: SocketAddr, count: u32) {
         SocketAddr::V6(_) => libc::AF_INET6,
     };
     // IPPROTO_RAW: the packets carry their own IP header (IPv6 too).
-    // SAFETY: plain socket creation; the descriptor is owned below.
-    let fd = unsafe { libc::socket(domain, libc::SOCK_RAW, libc::IPPROTO_RAW) };
-    assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
-    // SAFETY: the descriptor was just created and is owned by nobody else.
-    let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let destination = Destination::new(target.ip());
+    let socket = raw_socket::open(domain, libc::IPPROTO_RAW);
     for i in 0..count {
         let source = match target {
             SocketAddr::V4(_) => {
@@ -184,69 +179,15 @@ fn syn_flood(target: SocketAddr, count: u32) {
         let port = 1024 + u16::try_from(i % 60_000).expect("port");
         let packet = syn_packet(source, port, target, i);
         loop {
-            let (address, length) = destination.sockaddr();
-            // SAFETY: sendto with our socket, a buffer of the length passed and a socket
-            // address of the size passed.
-            let sent = unsafe {
-                libc::sendto(
-                    socket.as_raw_fd(),
-                    packet.as_ptr().cast(),
-                    packet.len(),
-                    0,
-                    address,
-                    length,
-                )
-            };
-            if sent == packet.len() as isize {
-                break;
+            match raw_socket::send_to(&socket, &packet, target.ip()) {
+                Ok(sent) if sent == packet.len() => break,
+                Ok(sent) => panic!("sendto sent {sent} of {} bytes", packet.len()),
+                // The device queue is full: a flood outpaces it; send on.
+                Err(error) => {
+                    assert_eq!(error.raw_os_error(), Some(libc::ENOBUFS), "sendto: {error}");
+                    std::thread::yield_now();
+                }
             }
-            let error = std::io::Error::last_os_error();
-            // The device queue is full: a flood outpaces it; send on.
-            assert_eq!(error.raw_os_error(), Some(libc::ENOBUFS), "sendto: {error}");
-            std::thread::yield_now();
-        }
-    }
-}
-
-/// Where a raw socket sends: the port is unused (the packet carries the TCP header).
-enum Destination {
-    V4(libc::sockaddr_in),
-    V6(libc::sockaddr_in6),
-}
-
-impl Destination {
-    fn new(address: IpAddr) -> Self {
-        match address {
-            IpAddr::V4(address) => Self::V4(libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: 0,
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(address).to_be(),
-                },
-                sin_zero: [0; 8],
-            }),
-            IpAddr::V6(address) => Self::V6(libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: 0,
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr {
-                    s6_addr: address.octets(),
-                },
-                sin6_scope_id: 0,
-            }),
-        }
-    }
-
-    fn sockaddr(&self) -> (*const libc::sockaddr, libc::socklen_t) {
-        match self {
-            Self::V4(address) => (
-                std::ptr::from_ref(address).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            ),
-            Self::V6(address) => (
-                std::ptr::from_ref(address).cast(),
-                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-            ),
         }
     }
 }
