@@ -107,11 +107,16 @@ impl Netns {
         })
     }
 
-    /// A UDP socket bound to `addr` inside the namespace.
-    pub fn udp_socket(&self, addr: SocketAddr) -> UdpSocket {
-        self.enter(|| {
+    /// A UDP socket bound to `addr` inside the namespace, whose reads give up after
+    /// `read_timeout` (a server's loop checks whether to stop that often).
+    pub fn udp_socket(&self, addr: SocketAddr, read_timeout: Duration) -> UdpSocket {
+        let socket = self.enter(|| {
             UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", self.name))
-        })
+        });
+        socket
+            .set_read_timeout(Some(read_timeout))
+            .expect("a read timeout");
+        socket
     }
 
     fn path(&self) -> PathBuf {

@@ -155,7 +155,7 @@ impl NamedServer {
 
     /// A UDP server bound inside `netns` answering `<name> <client address:port>`.
     pub fn udp_in(netns: &Netns, name: &str, addr: impl Into<SocketAddr>) -> Self {
-        let socket = netns.udp_socket(addr.into());
+        let socket = netns.udp_socket(addr.into(), Duration::from_millis(50));
         Self::serve_udp(name, socket, &format!("{name} {PEER}"))
     }
 

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use socklb_agent::inspect;
+use socklb_agent::inspect::{self, CountersView};
 use socklb_tests::{
     Agent, FREE_PORTS, KillOnDrop, ManifestDir, Sandbox, Source, eventually,
     family::Family,
@@ -149,16 +149,26 @@ fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endp
         );
     }
 
+    let elsewhere = Addresses::at(a.node1, 30082);
+    let dropped = |c: &CountersView| c.external_no_backend;
+    unanswered_and_counted(&node, &elsewhere, dropped, "no local endpoint: dropped");
+}
+
+/// A connection from the client to `frontend` gets no answer, and `counter` of socklb's
+/// rose: socklb did `what`.
+fn unanswered_and_counted(
+    node: &LanNode,
+    frontend: &str,
+    counter: fn(&CountersView) -> u64,
+    what: &str,
+) {
     let before = node.counters();
-    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30082), 1);
-    assert!(
-        attempts[0].reply.is_none(),
-        "no local endpoint: {attempts:?}"
-    );
+    let attempts = node.lan.client.probe("tcp", frontend, 1);
+    assert!(attempts[0].reply.is_none(), "{what}: {attempts:?}");
     let after = node.counters();
     assert!(
-        after.external_no_backend > before.external_no_backend,
-        "the SYNs were dropped by socklb: {before:?} -> {after:?}"
+        counter(&after) > counter(&before),
+        "{what} by socklb: {before:?} -> {after:?}"
     );
 }
 
@@ -421,18 +431,9 @@ fn assert_source_ranges_enforced(node: &LanNode, probes: u32) {
     let LanNode { a, lan, .. } = node;
     let open = Addresses::at(a.lb_ip, 80);
     a.assert_translated(&lan.client.probe("tcp", &open, probes), &open);
-    let before = node.counters();
     let closed = Addresses::at(a.lb_ip, 81);
-    let attempts = lan.client.probe("tcp", &closed, 1);
-    assert!(
-        attempts[0].reply.is_none(),
-        "outside the ranges: {attempts:?}"
-    );
-    let after = node.counters();
-    assert!(
-        after.external_denied > before.external_denied,
-        "denied by socklb: {before:?} -> {after:?}"
-    );
+    let denied = |c: &CountersView| c.external_denied;
+    unanswered_and_counted(node, &closed, denied, "outside the ranges: denied");
 }
 
 fn with_maglev_every_node_sends_a_flow_to_the_same_backend(family: Family) {

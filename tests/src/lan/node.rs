@@ -87,6 +87,17 @@ impl LanNode {
 }
 
 impl LanNode {
+    /// Writes `<name>.yaml`: NodePort Service `name` (cluster IP [`Family::vip`]`(host)`) of
+    /// one port (name, port, targetPort, nodePort, protocol) whose only endpoint is pod2,
+    /// behind node2: its flows from outside are SNATed to node1's address.
+    pub fn expose_pod2(&self, name: &str, host: u8, port: (&str, u16, u16, u16, &str)) {
+        let (port_name, port, target, node_port, protocol) = port;
+        let service = self.a.exposed(name, host);
+        let service = service.port(port_name, port, target, node_port, protocol);
+        let yaml = service.endpoints(&[self.a.pod2_endpoint()]).yaml();
+        self.write(&format!("{name}.yaml"), &yaml);
+    }
+
     /// Two NodePort Services in `file`, one port each (name, port, targetPort, protocol):
     /// `local`, whose endpoint is pod1 (on node1), on cluster IP [`Family::vip`]`(host)` and
     /// node port `node_port`, and `remote`, whose endpoint is pod2 (behind node2), on the

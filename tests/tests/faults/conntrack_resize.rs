@@ -23,13 +23,7 @@ fn idle_snated_flows_survive_a_restart_with_another_conntrack_size() {
     // On node2: flows from outside are SNATed to node1's address, so only conntrack
     // connects the replies to their clients.
     let _echo = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
-    node.write(
-        "echo.yaml",
-        &a.exposed("echo", 160)
-            .port("http", 80, 8080, NODE_PORT, "TCP")
-            .endpoints(&[a.pod2_endpoint()])
-            .yaml(),
-    );
+    node.expose_pod2("echo", 160, ("http", 80, 8080, NODE_PORT, "TCP"));
     let agent = node.agent(&[]);
     agent.wait_for_log("synced", 1);
     let frontend: SocketAddr = Addresses::at(a.node1, NODE_PORT).parse().expect("address");

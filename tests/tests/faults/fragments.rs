@@ -114,10 +114,7 @@ struct UdpEcho;
 
 impl UdpEcho {
     fn start(netns: &Netns, addr: SocketAddr) -> ServerThread {
-        let socket = netns.udp_socket(addr);
-        socket
-            .set_read_timeout(Some(Duration::from_millis(50)))
-            .expect("timeout");
+        let socket = netns.udp_socket(addr, Duration::from_millis(50));
         let mut buffer = vec![0u8; 65_536];
         ServerThread::run(move || {
             if let Ok((len, from)) = socket.recv_from(&mut buffer) {

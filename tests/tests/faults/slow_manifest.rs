@@ -22,12 +22,14 @@ fn vip(net: u8) -> SocketAddr {
     SocketAddr::from(([10, 96, net, 10], 80))
 }
 
-/// node-a, the web Service and its slice with endpoint 1; the agent started on them.
-fn cluster(sandbox: &Sandbox, net: u8) -> (ManifestDir, Agent) {
+/// Two servers, node-a, the web Service and its slice with endpoint 1; the agent started
+/// on them.
+fn cluster(sandbox: &Sandbox, net: u8) -> (Vec<NamedServer>, ManifestDir, Agent) {
+    let servers = NamedServer::numbered(net, 2);
     let manifests = ManifestDir::web_with_one_endpoint(sandbox, net, &vip(net).ip().to_string());
     let agent = Agent::start(sandbox, &manifests.path, "node-a", &[]);
     wait_for(sandbox, net, 1, 20, "at start");
-    (manifests, agent)
+    (servers, manifests, agent)
 }
 
 /// Waits until only endpoint `endpoint` answers the VIP, failing after `seconds`.
@@ -74,8 +76,7 @@ fn write_slowly(path: &std::path::Path, text: &str) {
 fn a_manifest_written_slowly_is_applied_once_written_and_never_half() {
     let net = 40;
     let sandbox = Sandbox::new("slow-manifest");
-    let _servers = NamedServer::numbered(net, 2);
-    let (manifests, agent) = cluster(&sandbox, net);
+    let (_servers, manifests, agent) = cluster(&sandbox, net);
     let clients = looping_clients(&sandbox, net);
 
     // The Service rewritten unchanged, then the slice rewritten with another endpoint.
@@ -91,8 +92,7 @@ fn a_manifest_written_slowly_is_applied_once_written_and_never_half() {
 fn edits_every_2ms_do_not_hold_other_changes_back() {
     let net = 41;
     let sandbox = Sandbox::new("manifest-debounce");
-    let _servers = NamedServer::numbered(net, 2);
-    let (manifests, agent) = cluster(&sandbox, net);
+    let (_servers, manifests, agent) = cluster(&sandbox, net);
 
     // Other tools rewrite their own manifests every 2 ms (edits every 30 ms once held
     // syncing off for seconds; faster and two of them, so that the burst never pauses

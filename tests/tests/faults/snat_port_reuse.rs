@@ -127,14 +127,7 @@ fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(family: Fami
 
 /// The agent on node1 with a NodePort whose only backend is pod2 (on node2: SNAT).
 fn start(node: &LanNode) -> Agent {
-    let a = &node.a;
-    node.write(
-        "dns.yaml",
-        &a.exposed("dns", 96)
-            .port("dns", 53, 5353, NODE_PORT, "UDP")
-            .endpoints(&[a.pod2_endpoint()])
-            .yaml(),
-    );
+    node.expose_pod2("dns", 96, ("dns", 53, 5353, NODE_PORT, "UDP"));
     let range = format!("{SNAT_PORT}-{SNAT_PORT}");
     let timeout = format!("{UDP_TIMEOUT_S}s");
     node.agent(&[
@@ -195,10 +188,7 @@ struct Streamer;
 
 impl Streamer {
     fn start(netns: &Netns, addr: SocketAddr) -> ServerThread {
-        let socket = netns.udp_socket(addr);
-        socket
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .expect("timeout");
+        let socket = netns.udp_socket(addr, Duration::from_millis(100));
         let mut peers = Vec::new();
         let mut buffer = [0u8; 64];
         ServerThread::run(move || {

@@ -39,13 +39,7 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
         a, lan, sandbox, ..
     } = &node;
     let _echo = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
-    node.write(
-        "web.yaml",
-        &a.exposed("web", 120)
-            .port("http", 80, 8080, NODE_PORT, "TCP")
-            .endpoints(&[a.pod2_endpoint()])
-            .yaml(),
-    );
+    node.expose_pod2("web", 120, ("http", 80, 8080, NODE_PORT, "TCP"));
     let syn_timeout = format!("{SYN_TIMEOUT_S}s");
     // The IPv6 tables have half the flag's entries.
     let conntrack_entries = match family {
