@@ -389,7 +389,10 @@ fn load_balancer_source_ranges_admit_listed_clients_only(family: Family) {
         || {
             let attempts = lan.client.probe("tcp", &closed, 1);
             match attempts[0].reply {
-                Some(_) => Ok(a.assert_translated(&attempts, &closed)),
+                Some(_) => {
+                    a.assert_translated(&attempts, &closed);
+                    Ok(())
+                }
                 None => Err("still denied after the change".to_owned()),
             }
         },
@@ -796,10 +799,6 @@ fn snat_address(sandbox: &Sandbox) -> Option<Ipv4Addr> {
     let config = map.get(&0, 0).expect("the node settings");
     (config.snat_address != 0).then(|| Ipv4Addr::from(u32::from_be(config.snat_address)))
 }
-
-/// The TC programs alone, for both families: the datapath loaded and programmed through
-/// the library (not the control plane), attached to node1's device, and traffic from the
-/// client on the LAN. NodePort flows to a local and to a remote backend (SNAT),
 
 /// The TC programs alone, for both families: the datapath loaded and programmed through
 /// the library (not the control plane), attached to node1's device, and traffic from the

@@ -5,7 +5,7 @@ use anyhow::Context as _;
 pub struct Flags<'a> {
     args: std::slice::Iter<'a, String>,
     usage: &'static str,
-    /// Whether `--smoke` was given (once [`next`](Self::next) has returned `None`).
+    /// Whether `--smoke` was given (once [`next_flag`](Self::next_flag) has returned `None`).
     pub smoke: bool,
 }
 
@@ -19,7 +19,7 @@ impl<'a> Flags<'a> {
     }
 
     /// The next flag and its value; `--smoke`, which takes none, is recorded instead.
-    pub fn next(&mut self) -> anyhow::Result<Option<(&'a str, &'a str)>> {
+    pub fn next_flag(&mut self) -> anyhow::Result<Option<(&'a str, &'a str)>> {
         while let Some(flag) = self.args.next() {
             if flag == "--smoke" {
                 self.smoke = true;

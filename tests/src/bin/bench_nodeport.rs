@@ -124,7 +124,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
         docs: None,
     };
     let mut flags = Flags::new(args, USAGE);
-    while let Some((flag, value)) = flags.next()? {
+    while let Some((flag, value)) = flags.next_flag()? {
         let number = || flags.number(flag, value);
         match flag {
             "--connections" => options.connections = number()?,
