@@ -77,6 +77,14 @@ pub fn assert_all_connected(attempts: &[Attempt], what: &str) {
     );
 }
 
+/// The client saw `peer` (a VIP: translation is invisible to it) as the other end of every
+/// one of `attempts`.
+pub fn assert_peer(attempts: &[Attempt], peer: &str, what: &str) {
+    for attempt in attempts {
+        assert_eq!(attempt.peer.as_deref(), Some(peer), "{what}: {attempt:?}");
+    }
+}
+
 /// Every attempt was answered by one of `backends`: none failed, none went untranslated.
 pub fn assert_all_answered_by(attempts: &[Attempt], backends: &[&str], what: &str) {
     assert!(!attempts.is_empty(), "{what}: the clients made no attempt");

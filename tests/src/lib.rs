@@ -9,15 +9,19 @@
 //! - [`sandbox`]: the test's own network namespace, cgroup and pins;
 //! - network: [`netns`] (named namespaces), [`lan`] (the LAN of the tests of traffic from
 //!   outside the node), [`testbed`] (a two-node cluster on the fake API server);
-//! - [`clients`]: the probe client and checks over its attempts;
-//! - [`servers`]: real servers that answer with their name;
-//! - [`agent`]: the real agent, [`manifests`] for its file source, and [`node_a`], the
-//!   one-node cluster most tests of the agent run;
-//! - [`frontends`]: frontends programmed through the library;
-//! - [`raw_socket`]: raw sockets and socket options std does not offer;
+//! - clients: [`clients`] (the probe client and checks over its attempts), [`hold`] (a
+//!   client that holds its sockets), [`forged`] (segments no socket would send), and
+//!   [`raw_socket`] (raw sockets and socket options std does not offer);
+//! - servers: [`servers`] (real servers that answer with their name), [`echo`] and
+//!   [`boom_server`] (servers for long-lived and out-of-window flows);
+//! - the agent: [`agent`] (the real agent), [`privileges`] and [`seccomp`] (as the chart
+//!   runs it), [`manifests`] (its file source), [`node_a`] (the one-node cluster most of its
+//!   tests run), [`cluster`] and [`fake_apiserver`] (its kube source);
+//! - [`family`]: one scenario run over both address families;
+//! - [`frontends`]: frontends programmed through the library, without the agent;
 //! - [`tools`]: what `tc` and `bpftool` show of what socklb attached and pinned;
 //! - [`process`] and [`wait`]: commands, children, and waiting for what is asynchronous;
-//! - [`signals`] and [`machine`]: what the benchmarks need around a run.
+//! - [`bench`], [`signals`] and [`machine`]: what the benchmarks need around a run.
 pub mod agent;
 pub mod bench;
 pub mod boom_server;
@@ -50,12 +54,14 @@ pub use agent::{
     parse_debug_duration,
 };
 pub use clients::{
-    Attempt, ProbeRun, SetChanges, assert_all_answered_by, assert_all_connected, hold_bin,
-    monotonic_ns, tally,
+    Attempt, ProbeRun, SetChanges, assert_all_answered_by, assert_all_connected, assert_peer,
+    hold_bin, monotonic_ns, tally,
 };
 pub use frontends::{addr, frontend, spec};
 pub use machine::{machine_context, process_memory_kib};
-pub use manifests::{ManifestDir, filler_services, node_yaml, service_yaml, slice_yaml};
+pub use manifests::{
+    ManifestDir, endpoint_slice, filler_services, node_yaml, service_yaml, slice_yaml,
+};
 pub use node_a::{TwoBackendWeb, web_slice};
 pub use process::{KillOnDrop, run, run_to_exit, stdout_of};
 pub use sandbox::{Sandbox, cgroup2_root, command_in_cgroup, remove_cgroup};

@@ -94,6 +94,37 @@ spec:
     )
 }
 
+/// An EndpointSlice `name` of `service` (namespace default) of `address_type` (IPv4, IPv6)
+/// with one port (name, port, protocol) and `endpoints` as (address, node).
+pub fn endpoint_slice<A: AsRef<str>>(
+    name: &str,
+    service: &str,
+    address_type: &str,
+    (port_name, port, protocol): (&str, u16, &str),
+    endpoints: &[(A, &str)],
+) -> String {
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}
+addressType: {address_type}
+ports: [{{name: {port_name}, port: {port}, protocol: {protocol}}}]
+"
+    );
+    if endpoints.is_empty() {
+        yaml.push_str("endpoints: []\n");
+    } else {
+        yaml.push_str("endpoints:\n");
+    }
+    for (address, node) in endpoints {
+        let address = address.as_ref();
+        yaml.push_str(&format!(
+            "- addresses: [\"{address}\"]\n  nodeName: {node}\n"
+        ));
+    }
+    yaml
+}
+
 /// `count` ClusterIP Services (`filler-N`, VIPs from 10.100.0.1) of `endpoints` endpoints
 /// each on node2 (addresses from 10.200.0.0 that nobody connects to), in one manifest:
 /// the load of a test that makes the maps grow.

@@ -4,12 +4,14 @@
 use std::{collections::BTreeSet, net::Ipv4Addr, process::Command, time::Duration};
 
 use socklb_tests::{
-    Agent, FREE_PORTS, KillOnDrop, LogFollower, ManifestDir, NamedServer, Sandbox, eventually,
-    explain_command, fake_apiserver::FakeApiServer, node_yaml, privileges::chart_agent_minimal,
-    run_to_exit, service_yaml, slice_yaml, stdout_of,
+    Agent, FREE_PORTS, KillOnDrop, LogFollower, ManifestDir, NamedServer, Sandbox, endpoint_slice,
+    eventually, explain_command, fake_apiserver::FakeApiServer, node_yaml,
+    privileges::chart_agent_minimal, run_to_exit, service_yaml, slice_yaml, stdout_of,
 };
 
 const VIP: &str = "10.96.1.10:80";
+/// The web Service's port, as its EndpointSlices name it.
+const HTTP: (&str, u16, &str) = ("http", 8080, "TCP");
 
 /// Waits until the servers answering the VIP are exactly `expected` (the agent syncs
 /// asynchronously after an edit), failing with what answered instead.
@@ -454,18 +456,11 @@ fn explained(explanation: &serde_json::Value, service: &str) -> Vec<(String, Str
         .iter()
         .filter(|f| f["frontend"]["scope"] == "internal")
         .map(|f| {
-            let backends = f["spec"]["backends"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-                .iter()
-                .map(|b| format!("{} {}", b["address"], b["port"]).replace('"', ""))
-                .collect();
             let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
             (
                 text(&f["family"]),
                 text(&f["frontend"]["address"]),
-                backends,
+                backends(&f["spec"]["backends"]),
             )
         })
         .collect()
@@ -478,12 +473,24 @@ fn programmed(sandbox: &Sandbox, address: &str) -> Option<Vec<String>> {
         .as_array()?
         .iter()
         .find(|f| f["frontend"]["address"] == address && f["frontend"]["scope"] == "internal")?;
-    Some(
-        frontend["backends"]
-            .as_array()?
-            .iter()
-            .map(|b| format!("{} {}", b["address"], b["port"]).replace('"', ""))
-            .collect(),
+    Some(backends(&frontend["backends"]))
+}
+
+/// Backends of explain's or inspect's JSON as `address port`.
+fn backends(list: &serde_json::Value) -> Vec<String> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .map(|b| format!("{} {}", b["address"], b["port"]).replace('"', ""))
+        .collect()
+}
+
+/// An internal frontend as [`explained`] lists it: family, address, its one backend.
+fn frontend(family: &str, address: &str, backend: &str) -> (String, String, Vec<String>) {
+    (
+        family.to_owned(),
+        address.to_owned(),
+        vec![backend.to_owned()],
     )
 }
 
@@ -523,45 +530,22 @@ fn a_dual_stack_service_is_served_per_family_and_a_stray_ipv6_slice_is_skipped()
          ipFamilyPolicy: RequireDualStack\n",
     );
     manifests.write("web.yaml", &dual_stack);
-    manifests.write(
-        "slice-v4.yaml",
-        &slice_yaml(
-            "web-v4",
-            "web",
-            8080,
-            &[("127.0.26.1", "node-a", "zone-a", "")],
-            false,
-        ),
-    );
-    manifests.write(
-        "slice-v6.yaml",
-        &slice_yaml(
-            "web-v6",
-            "web",
-            8080,
-            &[("'fd00:26::11'", "node-a", "zone-a", "")],
-            false,
-        )
-        .replace("addressType: IPv4", "addressType: IPv6"),
-    );
+    for (family, endpoint) in [("IPv4", "127.0.26.1"), ("IPv6", "fd00:26::11")] {
+        let name = format!("web-v{}", &family[3..]);
+        let slice = endpoint_slice(&name, "web", family, HTTP, &[(endpoint, "node-a")]);
+        manifests.write(&format!("slice-v{}.yaml", &family[3..]), &slice);
+    }
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     wait_for_answers(&sandbox, &["127.0.26.1"]);
 
     let explanation = explain_json(&manifests);
+    let (v4, v6) = (
+        frontend("IPv4", "10.96.1.10", "127.0.26.1 8080"),
+        frontend("IPv6", "fd00:96::10", "fd00:26::11 8080"),
+    );
     assert_eq!(
         explained(&explanation, "web"),
-        [
-            (
-                "IPv4".to_owned(),
-                "10.96.1.10".to_owned(),
-                vec!["127.0.26.1 8080".to_owned()]
-            ),
-            (
-                "IPv6".to_owned(),
-                "fd00:96::10".to_owned(),
-                vec!["fd00:26::11 8080".to_owned()]
-            ),
-        ],
+        [v4.clone(), v6],
         "{explanation}"
     );
     // What explain shows is what the agent programmed, each family in its own maps.
@@ -586,15 +570,7 @@ fn a_dual_stack_service_is_served_per_family_and_a_stray_ipv6_slice_is_skipped()
     wait_for_programmed(&sandbox, "10.96.1.10", Some(&["127.0.26.1 8080"]));
     wait_for_answers(&sandbox, &["127.0.26.1"]);
     let explanation = explain_json(&manifests);
-    assert_eq!(
-        explained(&explanation, "web"),
-        [(
-            "IPv4".to_owned(),
-            "10.96.1.10".to_owned(),
-            vec!["127.0.26.1 8080".to_owned()]
-        )],
-        "{explanation}"
-    );
+    assert_eq!(explained(&explanation, "web"), [v4], "{explanation}");
     let web = &explanation["services"][0];
     assert_eq!(web["skipped"][0]["part"], "EndpointSlice web-v6", "{web}");
     assert_eq!(web["skipped"][0]["reason"], "family-not-served", "{web}");

@@ -14,8 +14,8 @@ use socklb_agent::dataplane::{
     Protocol, Scope,
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, TwoBackendWeb, addr, bpftool,
-    family::Family, frontend, node_yaml, spec, tally, tcp_backends,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, TwoBackendWeb, addr, assert_peer, bpftool,
+    endpoint_slice, family::Family, frontend, node_yaml, spec, tally, tcp_backends,
 };
 
 socklb_tests::for_each_family!(
@@ -49,10 +49,7 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip(family: Family) {
             server.name
         );
     }
-    let shown = addr(&vip).to_string();
-    for attempt in &attempts {
-        assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
-    }
+    assert_peer(&attempts, &addr(&vip).to_string(), "the VIP is shown");
 
     // A direct connection to a backend is neither rewritten nor shown as the VIP.
     let direct = sandbox.probe("tcp", servers[1].addr, 20);
@@ -233,13 +230,7 @@ fn udp_replies_appear_from_the_vip_connected_or_not(family: Family) {
             tally.contains_key("u1") && tally.contains_key("u2"),
             "{mode} {target}: both backends should answer some sockets: {tally:?}"
         );
-        for attempt in &attempts {
-            assert_eq!(
-                attempt.peer.as_deref(),
-                Some(peer.as_str()),
-                "{mode} {target}: {attempt:?}"
-            );
-        }
+        assert_peer(&attempts, &peer, &format!("{mode} {target}"));
     }
     // Direct datagrams to a backend keep the backend as their source.
     for attempt in sandbox.probe("udp", servers[0].addr, 5) {
@@ -342,14 +333,9 @@ fn the_real_agent_serves_a_service_of_the_family_from_manifests(family: Family) 
     };
     let manifests = ManifestDir::new(&sandbox);
     manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
-    let endpoints: String = servers
+    let endpoints: Vec<(String, &str)> = servers
         .iter()
-        .map(|server| {
-            format!(
-                "- addresses: [\"{}\"]\n  nodeName: node-a\n",
-                server.addr.ip()
-            )
-        })
+        .map(|server| (server.addr.ip().to_string(), "node-a"))
         .collect();
     manifests.service(
         "web",
@@ -365,18 +351,7 @@ spec:
 ",
             vip = vip.address
         ),
-        &format!(
-            "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: web}}
-addressType: {kind}
-ports: [{{name: http, port: 8080, protocol: TCP}}]
-endpoints:
-{endpoints}"
-        ),
+        &endpoint_slice("web-1", "web", kind, ("http", 8080, "TCP"), &endpoints),
     );
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
 
@@ -387,10 +362,7 @@ endpoints:
         "{tally:?}\n{}",
         agent.log()
     );
-    let shown = addr(&vip).to_string();
-    for attempt in &attempts {
-        assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
-    }
+    assert_peer(&attempts, &addr(&vip).to_string(), "the VIP is shown");
 }
 
 /// One dual-stack Service (`ipFamilies: [IPv4, IPv6]`, a ClusterIP of each family, an
@@ -416,22 +388,12 @@ fn a_dual_stack_service_sends_each_family_to_its_own_endpoints() {
     let manifests = ManifestDir::new(&sandbox);
     manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
     let slice = |family: &str, addresses: &[&NamedServer]| {
-        let endpoints: String = addresses
+        let endpoints: Vec<(String, &str)> = addresses
             .iter()
-            .map(|s| format!("- addresses: [\"{}\"]\n  nodeName: node-a\n", s.addr.ip()))
+            .map(|s| (s.addr.ip().to_string(), "node-a"))
             .collect();
-        format!(
-            "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-{family}
-  namespace: default
-  labels: {{kubernetes.io/service-name: web}}
-addressType: {family}
-ports: [{{name: http, port: 8080, protocol: TCP}}]
-endpoints:
-{endpoints}"
-        )
+        let name = format!("web-{family}");
+        endpoint_slice(&name, "web", family, ("http", 8080, "TCP"), &endpoints)
     };
     let (v4, v6): (Vec<&NamedServer>, Vec<&NamedServer>) =
         servers.iter().partition(|s| s.addr.is_ipv4());
@@ -463,10 +425,11 @@ spec:
             "{vip}: {tally:?}\n{}",
             agent.log()
         );
-        let shown = addr(&vip).to_string();
-        for attempt in &attempts {
-            assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
-        }
+        assert_peer(
+            &attempts,
+            &addr(&vip).to_string(),
+            "the family's VIP is shown",
+        );
     }
 }
 

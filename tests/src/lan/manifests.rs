@@ -3,7 +3,7 @@
 use super::{Addresses, NODE1, NODE2, addresses, lan6};
 use crate::{
     family::Family,
-    manifests::{ManifestDir, service_manifest},
+    manifests::{ManifestDir, endpoint_slice, service_manifest},
 };
 
 /// A Service; `kind_spec` adds to its spec (type, nodePorts, externalIPs, policies).
@@ -95,27 +95,11 @@ status:
         port: (&str, u16, &str),
         endpoints: &[(A, &str)],
     ) -> String {
-        let (port_name, port, protocol) = port;
         let address_type = match self.family {
             Family::V4 => "IPv4",
             Family::V6 => "IPv6",
         };
-        let mut yaml = format!(
-            "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: {name}, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}
-addressType: {address_type}
-ports: [{{name: {port_name}, port: {port}, protocol: {protocol}}}]
-endpoints:
-"
-        );
-        for (address, node) in endpoints {
-            let address = address.as_ref();
-            yaml.push_str(&format!(
-                "- addresses: [\"{address}\"]\n  nodeName: {node}\n"
-            ));
-        }
-        yaml
+        endpoint_slice(name, service, address_type, port, endpoints)
     }
 }
 

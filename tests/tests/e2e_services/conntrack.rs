@@ -10,7 +10,7 @@ use std::{
 use socklb_tests::{
     Dnsmasq,
     boom_server::{BoomServer, Reaction},
-    cluster::{endpoint, not_ready, service, slice},
+    cluster::{ServiceBuilder, endpoint, not_ready, service, slice},
     testbed::{At, Pod, Testbed},
 };
 
@@ -51,35 +51,28 @@ fn dns_server(pod: &Pod, answer: Ipv4Addr) -> Dnsmasq {
     pod.netns.enter(|| Dnsmasq::start(pod.ip, answer))
 }
 
-/// A client sends UDP from one source port to `target` the whole time; the server pod
-/// behind it is replaced (a second one added, the first deleted); the client's datagrams
-/// reach the new one.
+/// Service svc-udp (`service`, port udp 53) is created; a client sends UDP from one
+/// source port to `target` the whole time while the server pod behind it is replaced (a
+/// second one added, the first deleted); the client's datagrams reach the new one.
 fn udp_through_server_cycle(
     tb: &Testbed,
-    client: &Pod,
-    servers: [&Pod; 2],
-    node: &str,
+    service: ServiceBuilder,
+    (client, servers): (&Pod, [&Pod; 2]),
     target: SocketAddrV4,
-    service_name: &str,
 ) {
     let answers = [Ipv4Addr::new(192, 0, 2, 1), Ipv4Addr::new(192, 0, 2, 2)];
-    let endpoints = |pods: &[&Pod]| {
-        slice(&format!("{service_name}-1"), service_name)
-            .port("udp", 53, "UDP")
-            .endpoints(pods.iter().map(|p| endpoint(p.ip, node)))
-            .build()
-    };
+    let endpoints = |pods: &[&Pod]| tb.set_endpoints("svc-udp", ("udp", 53, "UDP"), pods);
     let dig = || dig_from_fixed_port(tb, At::Pod(client), client.ip, target);
     let first = dns_server(servers[0], answers[0]);
-    tb.api.apply(&endpoints(&[servers[0]]));
+    tb.serve(service, ("udp", 53, "UDP"), &[servers[0]]);
     tb.eventually("the client reaches server 1", || match dig() {
         answer if answer == answers[0].to_string() => Ok(()),
         other => Err(other),
     });
 
     let _second = dns_server(servers[1], answers[1]);
-    tb.api.apply(&endpoints(&[servers[0], servers[1]]));
-    tb.api.apply(&endpoints(&[servers[1]]));
+    endpoints(&[servers[0], servers[1]]);
+    endpoints(&[servers[1]]);
     drop(first);
     tb.eventually("the same flow reaches server 2", || match dig() {
         answer if answer == answers[1].to_string() => Ok(()),
@@ -94,35 +87,18 @@ fn udp_through_server_cycle(
 fn should_be_able_to_preserve_udp_traffic_when_server_pod_cycles_for_a_nodeport_service() {
     // The client pod on node2 sends to node1's NodePort; the servers run on node1.
     let tb = Testbed::new("udpcyclenp", [2, 1], &[ONE, TWO]);
-    tb.api.apply(
-        &service("svc-udp", vip(100))
-            .node_port("udp", 53, "UDP", 30053)
-            .build(),
-    );
-    udp_through_server_cycle(
-        &tb,
-        tb.pod(TWO, 0),
-        [tb.pod(ONE, 0), tb.pod(ONE, 1)],
-        "node1",
-        at(ONE.address(), 30053),
-        "svc-udp",
-    );
+    let svc = service("svc-udp", vip(100)).node_port("udp", 53, "UDP", 30053);
+    let pods = (tb.pod(TWO, 0), [tb.pod(ONE, 0), tb.pod(ONE, 1)]);
+    udp_through_server_cycle(&tb, svc, pods, at(ONE.address(), 30053));
 }
 
 #[test]
 fn should_be_able_to_preserve_udp_traffic_when_server_pod_cycles_for_a_clusterip_service() {
     // The client pod on node1, the servers on node2.
     let tb = Testbed::new("udpcyclecip", [1, 2], &[ONE, TWO]);
-    tb.api
-        .apply(&service("svc-udp", vip(101)).port("udp", 53, "UDP").build());
-    udp_through_server_cycle(
-        &tb,
-        tb.pod(ONE, 0),
-        [tb.pod(TWO, 0), tb.pod(TWO, 1)],
-        "node2",
-        at(vip(101), 53),
-        "svc-udp",
-    );
+    let svc = service("svc-udp", vip(101)).port("udp", 53, "UDP");
+    let pods = (tb.pod(ONE, 0), [tb.pod(TWO, 0), tb.pod(TWO, 1)]);
+    udp_through_server_cycle(&tb, svc, pods, at(vip(101), 53));
 }
 
 #[test]
@@ -163,17 +139,8 @@ fn should_drop_invalid_conntrack_entries() {
     let tb = Testbed::new("invalid", [1, 1], &[ONE, TWO]);
     let server = tb.pod(ONE, 0);
     let boom = BoomServer::start(&server.netns, at(server.ip, 9000));
-    tb.api.apply(
-        &service("boom-server", vip(103))
-            .node_port("tcp", 9000, "TCP", 30900)
-            .build(),
-    );
-    tb.api.apply(
-        &slice("boom-server-1", "boom-server")
-            .port("tcp", 9000, "TCP")
-            .endpoint(endpoint(server.ip, "node1"))
-            .build(),
-    );
+    let svc = service("boom-server", vip(103)).node_port("tcp", 9000, "TCP", 30900);
+    tb.serve(svc, ("tcp", 9000, "TCP"), &[server]);
     // A client pod on the other node through the cluster IP (socket translation), and the
     // outside client through the NodePort (TC): every connection gets an out-of-window
     // segment from the server, and must answer it with an ACK, not a RST.
