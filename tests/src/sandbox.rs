@@ -79,6 +79,15 @@ impl Sandbox {
         self.load(self.config()).expect("load the datapath")
     }
 
+    /// Loads the datapath with this sandbox's pins and `capacities` instead of the default
+    /// ones (a small map to fill, a larger one to grow into).
+    pub fn load_with(&self, capacities: Capacities) -> Result<Dataplane, DataplaneError> {
+        self.load(Config {
+            capacities,
+            ..self.config()
+        })
+    }
+
     /// Loads the datapath with exactly the agent container's capabilities, as the agent
     /// would.
     pub fn load(&self, config: Config) -> Result<Dataplane, DataplaneError> {

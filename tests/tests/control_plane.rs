@@ -54,15 +54,16 @@ fn connections_follow_edits_of_the_manifests() {
     let sandbox = Sandbox::new("cp-edits");
     let _servers = NamedServer::numbered(20, 4);
     let manifests = ManifestDir::new(&sandbox);
-    manifests.write(
-        "nodes.yaml",
-        &[
-            node_yaml("node-a", "zone-a", "192.168.20.1"),
+    // node-b and node-c in zones of their own; node-a's zone as the test moves it.
+    let nodes = |zone_a: &str| {
+        let nodes = [
+            node_yaml("node-a", zone_a, "192.168.20.1"),
             node_yaml("node-b", "zone-b", "192.168.20.2"),
             node_yaml("node-c", "zone-c", "192.168.20.3"),
-        ]
-        .join("---\n"),
-    );
+        ];
+        manifests.write("nodes.yaml", &nodes.join("---\n"));
+    };
+    nodes("zone-a");
     manifests.write("web.yaml", &web_service());
     let three = [
         ("127.0.20.1", "node-a", "zone-a", ""),
@@ -115,15 +116,7 @@ fn connections_follow_edits_of_the_manifests() {
     );
     wait_for_answers(&sandbox, &["127.0.20.1"]);
     // ...and follows its node's zone label.
-    manifests.write(
-        "nodes.yaml",
-        &[
-            node_yaml("node-a", "zone-c", "192.168.20.1"),
-            node_yaml("node-b", "zone-b", "192.168.20.2"),
-            node_yaml("node-c", "zone-c", "192.168.20.3"),
-        ]
-        .join("---\n"),
-    );
+    nodes("zone-c");
     wait_for_answers(&sandbox, &["127.0.20.3"]);
 
     // The Service is deleted: the VIP is no longer translated (nothing answers it here).

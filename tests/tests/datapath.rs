@@ -103,15 +103,11 @@ fn a_reused_socket_slot_never_shows_another_sockets_vip(family: Family) {
         family.frontend(41, 80, Protocol::Tcp),
         family.frontend(42, 80, Protocol::Tcp),
     ];
-    let mut dataplane = sandbox
-        .load(Config {
-            capacities: Capacities {
-                reverse: 1,
-                ..Capacities::default()
-            },
-            ..sandbox.config()
-        })
-        .expect("load");
+    let capacities = Capacities {
+        reverse: 1,
+        ..Capacities::default()
+    };
+    let mut dataplane = sandbox.load_with(capacities).expect("load");
     let mut desired = Desired::default();
     for vip in vips {
         desired.insert(vip, spec(std::slice::from_ref(&server)));
@@ -584,15 +580,11 @@ fn a_full_map_refuses_only_the_frontend_that_does_not_fit() {
     let servers = tcp_backends([127, 0, 10], 3, 8080);
     let small = frontend([10, 96, 0, 80], 80, Protocol::Tcp);
     let big = frontend([10, 96, 0, 81], 80, Protocol::Tcp);
-    let mut dataplane = sandbox
-        .load(Config {
-            capacities: Capacities {
-                service_entries: 5,
-                ..Capacities::default()
-            },
-            ..sandbox.config()
-        })
-        .expect("load");
+    let capacities = Capacities {
+        service_entries: 5,
+        ..Capacities::default()
+    };
+    let mut dataplane = sandbox.load_with(capacities).expect("load");
     let mut desired = Desired::default();
     desired.insert(small, spec(&servers[..1]));
     dataplane.apply(&desired).expect("apply");
@@ -629,14 +621,12 @@ fn a_pinned_map_with_another_capacity_is_replaced_not_reused() {
     desired.insert(vip, spec(&servers));
     drop(sandbox.programmed(&desired));
 
+    let capacities = Capacities {
+        service_entries: 1024,
+        ..Capacities::default()
+    };
     let mut dataplane = sandbox
-        .load(Config {
-            capacities: Capacities {
-                service_entries: 1024,
-                ..Capacities::default()
-            },
-            ..sandbox.config()
-        })
+        .load_with(capacities)
         .expect("load with a new capacity");
     let report = dataplane.apply(&desired).expect("apply");
     assert!(report.writes > 0, "the new map must be programmed");
@@ -692,14 +682,12 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
     };
     older.insert(&master, &entry, 0).expect("write the old map");
 
+    let capacities = Capacities {
+        service_entries: 2,
+        ..Capacities::default()
+    };
     let mut dataplane = sandbox
-        .load(Config {
-            capacities: Capacities {
-                service_entries: 2,
-                ..Capacities::default()
-            },
-            ..sandbox.config()
-        })
+        .load_with(capacities)
         .expect("load over an older agent's maps");
     let mut desired = Desired::default();
     desired.insert(first, spec(&servers));
