@@ -91,7 +91,8 @@ impl Addresses {
         SocketAddr::new(address, port).to_string()
     }
 
-    /// The endpoint of pod1 (on node1) and of pod2 (on node2), as [`slice`] takes them.
+    /// The endpoint of pod1 (on node1) and of pod2 (on node2), as [`Addresses::slice`] takes
+    /// them.
     pub fn pod1_endpoint(&self) -> (String, &'static str) {
         (self.pod1.to_string(), "node1")
     }
