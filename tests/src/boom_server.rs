@@ -10,8 +10,8 @@
 //! after the injection.
 use std::{
     io::{Read as _, Write as _},
-    net::{Ipv4Addr, Shutdown, SocketAddrV4, TcpListener},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    net::{Ipv4Addr, Shutdown, SocketAddrV4},
+    os::fd::OwnedFd,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, Ordering},
@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::netns::Netns;
+use crate::{netns::Netns, raw_socket};
 
 const TCP_FLAG_RST: u8 = 0x04;
 const TCP_FLAG_PSH_ACK: u8 = 0x18;
@@ -47,19 +47,8 @@ impl BoomServer {
     /// Serves `addr` inside `netns`; each connection gets the injected segment, then the
     /// reply `boom-server <reaction>` once the client has reacted.
     pub fn start(netns: &Netns, addr: SocketAddrV4) -> Self {
-        let (listener, raw) = netns.enter(|| {
-            let listener = TcpListener::bind(addr)
-                .unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", netns.name));
-            // SAFETY: plain socket(2); the descriptor is owned at once.
-            let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) };
-            assert!(
-                fd >= 0,
-                "raw socket: {} (needs CAP_NET_RAW)",
-                std::io::Error::last_os_error()
-            );
-            // SAFETY: a descriptor we just opened and own.
-            (listener, unsafe { OwnedFd::from_raw_fd(fd) })
-        });
+        let listener = netns.tcp_listener(addr.into());
+        let raw = netns.enter(|| raw_socket::open(libc::AF_INET, libc::IPPROTO_TCP));
         listener.set_nonblocking(true).expect("nonblocking");
         let stop = Arc::new(AtomicBool::new(false));
         let reactions = Arc::new(Mutex::new(Vec::new()));
@@ -139,30 +128,9 @@ fn boom(raw: &OwnedFd, local: SocketAddrV4, peer: SocketAddrV4) -> Reaction {
         client_expects.wrapping_add(0x8000_0000),
         client_seq,
     );
-    let to = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: 0,
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*peer.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: valid buffer and address of the right length.
-    let sent = unsafe {
-        libc::sendto(
-            raw.as_raw_fd(),
-            segment.as_ptr().cast(),
-            segment.len(),
-            0,
-            (&raw const to).cast(),
-            size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    assert!(
-        sent >= 0,
-        "inject a segment: {}",
-        std::io::Error::last_os_error()
-    );
+    if let Err(e) = raw_socket::send_to(raw, &segment, (*peer.ip()).into()) {
+        panic!("inject a segment: {e}");
+    }
     let deadline = Instant::now() + Duration::from_secs(2);
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         let Some(seen) = receive(raw, left) else {
@@ -182,36 +150,15 @@ fn boom(raw: &OwnedFd, local: SocketAddrV4, peer: SocketAddrV4) -> Reaction {
 /// The next TCP packet arriving in the namespace, waiting at most `wait` (zero: only one
 /// already queued).
 fn receive(raw: &OwnedFd, wait: Duration) -> Option<Seen> {
-    let timeout = libc::timeval {
-        tv_sec: libc::time_t::try_from(wait.as_secs()).unwrap_or(1),
-        tv_usec: libc::suseconds_t::from(wait.subsec_micros()),
-    };
     let flags = if wait.is_zero() {
         libc::MSG_DONTWAIT
     } else {
-        // SAFETY: setsockopt with a timeval of the right size.
-        unsafe {
-            libc::setsockopt(
-                raw.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                (&raw const timeout).cast(),
-                size_of::<libc::timeval>() as libc::socklen_t,
-            );
-        }
+        let _ = raw_socket::set_receive_timeout(raw, wait);
         0
     };
     let mut buffer = [0u8; 1500];
-    // SAFETY: a buffer we own, of the length given.
-    let len = unsafe {
-        libc::recv(
-            raw.as_raw_fd(),
-            buffer.as_mut_ptr().cast(),
-            buffer.len(),
-            flags,
-        )
-    };
-    let packet = buffer.get(..usize::try_from(len).ok()?)?;
+    let len = raw_socket::receive(raw, &mut buffer, flags).ok()?;
+    let packet = buffer.get(..len)?;
     let header = usize::from(packet.first()? & 0x0f) * 4;
     let source = Ipv4Addr::new(
         *packet.get(12)?,

@@ -2,17 +2,12 @@
 //! must come back (flows that must survive a flood or a map growth).
 use std::{
     io::{ErrorKind, Read as _, Write as _},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     os::fd::AsRawFd as _,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
     time::Duration,
 };
 
-use crate::netns::Netns;
+use crate::{netns::Netns, servers::ServerThread};
 
 /// Sends a byte and expects it back.
 pub fn echo(stream: &mut TcpStream) -> std::io::Result<()> {
@@ -30,56 +25,28 @@ pub fn echo(stream: &mut TcpStream) -> std::io::Result<()> {
 /// thread per connection; stops accepting when dropped (connections end with their
 /// clients).
 pub struct EchoServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    _thread: ServerThread,
 }
 
 impl EchoServer {
     pub fn start(netns: &Netns, addr: impl Into<SocketAddr>) -> Self {
-        let addr = addr.into();
-        let listener = netns.enter(|| {
-            let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr}: {e}"));
-            // SAFETY: listen again on our listening socket: only raises its backlog.
-            let rc = unsafe { libc::listen(listener.as_raw_fd(), 4096) };
-            assert_eq!(rc, 0, "listen: {}", std::io::Error::last_os_error());
-            listener
-        });
-        listener.set_nonblocking(true).expect("nonblocking");
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::spawn(move || {
-            while !stopping.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((mut stream, _)) => {
-                        let _ = stream.set_nonblocking(false);
-                        std::thread::Builder::new()
-                            .stack_size(64 * 1024)
-                            .spawn(move || {
-                                let mut buffer = [0u8; 512];
-                                while let Ok(n) = stream.read(&mut buffer) {
-                                    if n == 0 || stream.write_all(&buffer[..n]).is_err() {
-                                        break;
-                                    }
-                                }
-                            })
-                            .expect("spawn an echo thread");
+        let listener = netns.tcp_listener(addr.into());
+        // SAFETY: listen again on our listening socket: only raises its backlog.
+        let rc = unsafe { libc::listen(listener.as_raw_fd(), 4096) };
+        assert_eq!(rc, 0, "listen: {}", std::io::Error::last_os_error());
+        let thread = ServerThread::accept(listener, |mut stream, _| {
+            std::thread::Builder::new()
+                .stack_size(64 * 1024)
+                .spawn(move || {
+                    let mut buffer = [0u8; 512];
+                    while let Ok(n) = stream.read(&mut buffer) {
+                        if n == 0 || stream.write_all(&buffer[..n]).is_err() {
+                            break;
+                        }
                     }
-                    Err(_) => std::thread::sleep(Duration::from_millis(1)),
-                }
-            }
+                })
+                .expect("spawn an echo thread");
         });
-        Self {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for EchoServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+        Self { _thread: thread }
     }
 }

@@ -74,20 +74,28 @@ impl Family {
 
     /// TCP servers b1..b`count` on [`local`](Self::local)(`net`, 1..=`count`):`port`.
     pub fn tcp_servers(self, sandbox: &Sandbox, net: u8, count: u8, port: u16) -> Vec<NamedServer> {
-        (1..=count)
-            .map(|i| {
-                let address = SocketAddr::new(self.local(sandbox, net, i), port);
-                NamedServer::tcp_at(&format!("b{i}"), address)
-            })
-            .collect()
+        self.servers(sandbox, (net, count, port), "b", NamedServer::tcp_at)
     }
 
     /// UDP servers u1..u`count` on [`local`](Self::local)(`net`, 1..=`count`):`port`.
     pub fn udp_servers(self, sandbox: &Sandbox, net: u8, count: u8, port: u16) -> Vec<NamedServer> {
+        self.servers(sandbox, (net, count, port), "u", NamedServer::udp_at)
+    }
+
+    /// Servers `<prefix>1`.. on the addresses of net `net` (`count` of them), at `port`.
+    fn servers(
+        self,
+        sandbox: &Sandbox,
+        (net, count, port): (u8, u8, u16),
+        prefix: &str,
+        serve: fn(&str, SocketAddr) -> NamedServer,
+    ) -> Vec<NamedServer> {
         (1..=count)
             .map(|i| {
-                let address = SocketAddr::new(self.local(sandbox, net, i), port);
-                NamedServer::udp_at(&format!("u{i}"), address)
+                serve(
+                    &format!("{prefix}{i}"),
+                    SocketAddr::new(self.local(sandbox, net, i), port),
+                )
             })
             .collect()
     }

@@ -2,13 +2,17 @@
 //! created with `ip netns add`, removed in `Drop` with every process still inside killed.
 use std::{
     fs,
+    net::{SocketAddr, TcpListener, UdpSocket},
     os::fd::AsRawFd as _,
     path::PathBuf,
-    process::{Command, Output, Stdio},
+    process::{Command, Output},
     time::Duration,
 };
 
-use crate::{Attempt, ProbeRun, parse_attempts, probe_bin, run};
+use crate::{
+    clients::{Attempt, ProbeRun, probe_bin, probe_output, spawn_probe},
+    process::run,
+};
 
 pub struct Netns {
     pub name: String,
@@ -53,12 +57,10 @@ impl Netns {
 
     /// Runs the probe client inside the namespace: `count` attempts of `mode` to `target`.
     pub fn probe(&self, mode: &str, target: &str, count: u32) -> Vec<Attempt> {
-        let output = self
-            .command(probe_bin())
-            .args([mode, target, &count.to_string()])
-            .output()
-            .expect("run socklb-probe");
-        parse_attempts(&output.stdout, &output.stderr)
+        probe_output(
+            self.command(probe_bin())
+                .args([mode, target, &count.to_string()]),
+        )
     }
 
     /// Starts the probe client inside the namespace in the background: attempts of `mode` to
@@ -70,16 +72,12 @@ impl Netns {
         duration: Duration,
         pause_ms: u32,
     ) -> ProbeRun {
-        let child = self
-            .command(probe_bin())
-            .args([mode, target])
-            .arg(format!("{}s", duration.as_secs()))
-            .arg(pause_ms.to_string())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn socklb-probe");
-        ProbeRun { child: Some(child) }
+        spawn_probe(
+            self.command(probe_bin())
+                .args([mode, target])
+                .arg(format!("{}s", duration.as_secs()))
+                .arg(pause_ms.to_string()),
+        )
     }
 
     /// Runs `f` on a thread inside the namespace: sockets it creates live there (and keep
@@ -102,9 +100,36 @@ impl Netns {
         })
     }
 
+    /// A TCP listener bound to `addr` inside the namespace.
+    pub fn tcp_listener(&self, addr: SocketAddr) -> TcpListener {
+        self.enter(|| {
+            TcpListener::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", self.name))
+        })
+    }
+
+    /// A UDP socket bound to `addr` inside the namespace, whose reads give up after
+    /// `read_timeout` (a server's loop checks whether to stop that often).
+    pub fn udp_socket(&self, addr: SocketAddr, read_timeout: Duration) -> UdpSocket {
+        let socket = self.enter(|| {
+            UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", self.name))
+        });
+        socket
+            .set_read_timeout(Some(read_timeout))
+            .expect("a read timeout");
+        socket
+    }
+
     fn path(&self) -> PathBuf {
         PathBuf::from("/run/netns").join(&self.name)
     }
+}
+
+/// `ip` arguments that add a veth pair: `device` where `ip` runs, and its peer `peer` in
+/// the namespace `peer_netns`.
+pub fn veth<'a>(device: &'a str, peer: &'a str, peer_netns: &'a str) -> [&'a str; 10] {
+    [
+        "link", "add", device, "type", "veth", "peer", "name", peer, "netns", peer_netns,
+    ]
 }
 
 impl Drop for Netns {

@@ -85,7 +85,7 @@ impl ContainerPrivileges {
         command.arg("--");
         if let Some(profile) = &self.seccomp {
             command
-                .arg(crate::target_bin(
+                .arg(crate::agent::target_bin(
                     "socklb-seccomp-exec",
                     "SOCKLB_SECCOMP_EXEC_BIN",
                 ))

@@ -22,14 +22,23 @@ use std::{
     net::{Ipv4Addr, SocketAddrV4},
     path::PathBuf,
     process::Command,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use socklb_agent::inspect::{self, Inspection};
 
 use crate::{
-    Agent, Attempt, ManifestDir, NamedServer, Sandbox, cgroup2_root, cluster, command_in_cgroup,
-    fake_apiserver::FakeApiServer, netns::Netns, parse_attempts, probe_bin, remove_cgroup, run,
+    Agent, Attempt, ManifestDir, NamedServer, Sandbox,
+    agent::Source,
+    cgroup2_root,
+    clients::{probe_bin, probe_output},
+    cluster,
+    cluster::ServiceBuilder,
+    command_in_cgroup,
+    fake_apiserver::FakeApiServer,
+    netns::{Netns, veth},
+    remove_cgroup, run,
+    wait::eventually_showing,
 };
 
 /// Service cluster IPs are taken from here.
@@ -151,27 +160,14 @@ impl Testbed {
         switch.ip(&["link", "set", "br0", "up"]);
 
         // node1: this thread's namespace.
-        run(Command::new("ip").args([
-            "link",
-            "add",
-            "eth0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "p-node1",
-            "netns",
-            &switch.name,
-        ]));
+        here(&veth("eth0", "p-node1", &switch.name));
         switch.ip(&["link", "set", "p-node1", "master", "br0", "up"]);
         here(&["addr", "add", "10.77.0.1/24", "dev", "eth0"]);
         here(&["link", "set", "eth0", "up"]);
         run(Command::new("sysctl").args(["-qw", "net.ipv4.ip_forward=1"]));
 
         let plug = |port: &str, host: &Netns, address: Ipv4Addr| {
-            switch.ip(&[
-                "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", &host.name,
-            ]);
+            switch.ip(&veth(port, "eth0", &host.name));
             switch.ip(&["link", "set", port, "master", "br0", "up"]);
             host.ip(&["addr", "add", &format!("{address}/24"), "dev", "eth0"]);
             host.ip(&["link", "set", "eth0", "up"]);
@@ -213,22 +209,7 @@ impl Testbed {
                 let name = format!("pod{}{}", node.number(), i + 1);
                 let netns = Netns::new(&format!("{prefix}-{name}"));
                 let port = format!("v{name}");
-                on_node(
-                    &node2,
-                    node,
-                    &[
-                        "link",
-                        "add",
-                        &port,
-                        "type",
-                        "veth",
-                        "peer",
-                        "name",
-                        "eth0",
-                        "netns",
-                        &netns.name,
-                    ],
-                );
+                on_node(&node2, node, &veth(&port, "eth0", &netns.name));
                 on_node(
                     &node2,
                     node,
@@ -293,13 +274,8 @@ impl Testbed {
                         let agent = match node {
                             NodeId::One => Agent::start_kube(sandbox, kubeconfig1, "node1", &[]),
                             NodeId::Two => node2.enter(|| {
-                                Agent::start_kube_at(
-                                    &second.pin_dir,
-                                    &second.cgroup,
-                                    kubeconfig2,
-                                    "node2",
-                                    &[],
-                                )
+                                let state = (second.pin_dir.as_path(), second.cgroup.as_path());
+                                Agent::start_at(state, Source::Kube(kubeconfig2), "node2", &[])
                             }),
                         };
                         (node, agent)
@@ -400,13 +376,11 @@ impl Testbed {
         target: SocketAddrV4,
         options: &[u32],
     ) -> Vec<Attempt> {
-        let output = self
-            .command(at, probe_bin())
-            .args([mode, &target.to_string()])
-            .args(options.iter().map(u32::to_string))
-            .output()
-            .expect("run socklb-probe");
-        parse_attempts(&output.stdout, &output.stderr)
+        probe_output(
+            self.command(at, probe_bin())
+                .args([mode, &target.to_string()])
+                .args(options.iter().map(u32::to_string)),
+        )
     }
 
     /// One HTTP request with curl, a real client, at `at` (the test servers answer without
@@ -433,6 +407,38 @@ impl Testbed {
     /// A UDP server in `pod` on `port` answering `<pod name> <client address:port>`.
     pub fn udp_server(&self, pod: &Pod, port: u16) -> NamedServer {
         NamedServer::udp_in(&pod.netns, &pod.name, SocketAddrV4::new(pod.ip, port))
+    }
+
+    /// Creates `service` and its endpoints ([`set_endpoints`](Self::set_endpoints)).
+    pub fn serve(&self, service: ServiceBuilder, port: (&str, u16, &str), pods: &[&Pod]) {
+        let service = service.build();
+        let name = service.metadata.name.clone().unwrap_or_default();
+        self.api.apply(&service);
+        self.set_endpoints(&name, port, pods);
+    }
+
+    /// Creates or replaces the EndpointSlice `<service>-1` as the EndpointSlice controller
+    /// keeps it: one port (name, target port, protocol), and `pods` as its endpoints, each
+    /// on its node.
+    pub fn set_endpoints(&self, service: &str, port: (&str, u16, &str), pods: &[&Pod]) {
+        self.set_slice(&format!("{service}-1"), service, port, pods);
+    }
+
+    /// Creates or replaces EndpointSlice `name` of `service` (one of several, as a
+    /// controller splits them by port, or a user writes them): [`set_endpoints`]'s.
+    ///
+    /// [`set_endpoints`]: Self::set_endpoints
+    pub fn set_slice(&self, name: &str, service: &str, port: (&str, u16, &str), pods: &[&Pod]) {
+        let (port_name, target, protocol) = port;
+        self.api.apply(
+            &cluster::slice(name, service)
+                .port(port_name, target, protocol)
+                .endpoints(
+                    pods.iter()
+                        .map(|pod| cluster::endpoint(pod.ip, pod.node.name())),
+                )
+                .build(),
+        );
     }
 
     /// What `node`'s maps hold (for one address, if given), read from its pins.
@@ -489,19 +495,9 @@ impl Testbed {
 
     /// Waits until `check` returns Ok (the agents follow API changes asynchronously),
     /// failing with its last error and the agents' logs after [`CONVERGE`].
-    pub fn eventually<T>(&self, what: &str, mut check: impl FnMut() -> Result<T, String>) -> T {
-        let deadline = Instant::now() + CONVERGE;
-        loop {
-            match check() {
-                Ok(value) => return value,
-                Err(last) => assert!(
-                    Instant::now() < deadline,
-                    "{what}: still not so after {CONVERGE:?}: {last}\n{}",
-                    self.logs()
-                ),
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    pub fn eventually<T>(&self, what: &str, check: impl FnMut() -> Result<T, String>) -> T {
+        let pause = Duration::from_millis(50);
+        eventually_showing(what, CONVERGE, pause, check, || self.logs())
     }
 }
 

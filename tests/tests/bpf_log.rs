@@ -16,7 +16,7 @@ use aya::{
     },
 };
 use socklb_abi::{PROTO_TCP, ServiceEntry, ServiceKey, program_names};
-use socklb_tests::{Agent, ManifestDir, Sandbox, node_yaml, service_yaml, slice_yaml};
+use socklb_tests::{Agent, ManifestDir, Sandbox, assert_logged, service_yaml, slice_yaml};
 
 /// A VIP the agent does not know: the test writes a broken frontend for it by hand.
 const BROKEN: (Ipv4Addr, u16) = (Ipv4Addr::new(10, 96, 9, 9), 80);
@@ -25,22 +25,13 @@ const LOGGED: &str = "frontend 10.96.9.9:80 lists 2 backends but the slots drawn
 
 /// node-a and a Service (no server needed: the test connects only to the broken VIP).
 fn cluster(sandbox: &Sandbox, net: u8) -> ManifestDir {
-    let manifests = ManifestDir::new(sandbox);
-    let node_address = format!("192.168.{net}.1");
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", &node_address));
-    manifests.write("web.yaml", &service_yaml("web", "10.96.1.10", 80, ""));
-    let endpoint = format!("127.0.{net}.1");
-    manifests.write(
-        "slice.yaml",
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[(&endpoint, "node-a", "zone-a", "")],
-            false,
-        ),
-    );
-    manifests
+    ManifestDir::web_with_one_endpoint(sandbox, net, "10.96.1.10")
+}
+
+/// The agent with the programs' log at warn (and no periodic resync to interfere).
+fn logging_agent(sandbox: &Sandbox, manifests: &ManifestDir) -> Agent {
+    let flags = ["--bpf-log-level", "warn", "--sync-period", "1h"];
+    Agent::start(sandbox, &manifests.path, "node-a", &flags)
 }
 
 /// A master entry that says two backends while no slot exists (as a broken writer or a
@@ -133,12 +124,7 @@ fn log_ring(program: &ProgramInfo) -> RingBuf<MapData> {
 fn a_program_failure_is_in_the_agent_log_with_bpf_log_level() {
     let sandbox = Sandbox::new("bpflog-on");
     let manifests = cluster(&sandbox, 41);
-    let agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node-a",
-        &["--bpf-log-level", "warn", "--sync-period", "1h"],
-    );
+    let agent = logging_agent(&sandbox, &manifests);
     write_broken_frontend(&sandbox);
     hit_the_failure_path(&sandbox);
     agent.wait_for_log(LOGGED, 1);
@@ -147,9 +133,10 @@ fn a_program_failure_is_in_the_agent_log_with_bpf_log_level() {
         .lines()
         .find(|line| line.contains(LOGGED))
         .expect("the line");
-    assert!(
-        line.contains("WARN") && line.contains("socklb::lb"),
-        "a warning, with the program's module as its target: {line}"
+    assert_logged(
+        line,
+        &["WARN", "socklb::lb"],
+        "a warning, with the program's module as its target",
     );
 }
 
@@ -173,12 +160,7 @@ fn without_bpf_log_level_the_programs_log_nothing_and_carry_no_log_code() {
 
     // The same programs loaded with the level on are larger: with it off, the verifier
     // removed the log calls (it knows the read-only level), so they cost nothing.
-    let agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node-a",
-        &["--bpf-log-level", "warn", "--sync-period", "1h"],
-    );
+    let agent = logging_agent(&sandbox, &manifests);
     let on = connect4(&sandbox.pin_dir);
     agent.stop();
     let size = |program: &ProgramInfo| program.size_translated().expect("xlated size");
@@ -197,12 +179,7 @@ fn without_bpf_log_level_the_programs_log_nothing_and_carry_no_log_code() {
 fn after_the_maps_grow_program_failures_still_reach_the_agent_log() {
     let sandbox = Sandbox::new("bpflog-grown");
     let manifests = cluster(&sandbox, 43);
-    let agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node-a",
-        &["--bpf-log-level", "warn", "--sync-period", "1h"],
-    );
+    let agent = logging_agent(&sandbox, &manifests);
     // 3,200 one-endpoint Services need 6,400 service entries: more than three quarters of
     // the 8,192 the service map starts with.
     let mut many = String::new();

@@ -14,8 +14,8 @@ use socklb_agent::dataplane::{
     Protocol, Scope,
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, addr, agent_bin, family::Family, frontend,
-    node_yaml, spec, tally, tcp_backends,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, TwoBackendWeb, addr, assert_peer, bpftool,
+    endpoint_slice, family::Family, frontend, node_yaml, spec, tally, tcp_backends,
 };
 
 socklb_tests::for_each_family!(
@@ -49,10 +49,7 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip(family: Family) {
             server.name
         );
     }
-    let shown = addr(&vip).to_string();
-    for attempt in &attempts {
-        assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
-    }
+    assert_peer(&attempts, &addr(&vip).to_string(), "the VIP is shown");
 
     // A direct connection to a backend is neither rewritten nor shown as the VIP.
     let direct = sandbox.probe("tcp", servers[1].addr, 20);
@@ -106,15 +103,11 @@ fn a_reused_socket_slot_never_shows_another_sockets_vip(family: Family) {
         family.frontend(41, 80, Protocol::Tcp),
         family.frontend(42, 80, Protocol::Tcp),
     ];
-    let mut dataplane = sandbox
-        .load(Config {
-            capacities: Capacities {
-                reverse: 1,
-                ..Capacities::default()
-            },
-            ..sandbox.config()
-        })
-        .expect("load");
+    let capacities = Capacities {
+        reverse: 1,
+        ..Capacities::default()
+    };
+    let mut dataplane = sandbox.load_with(capacities).expect("load");
     let mut desired = Desired::default();
     for vip in vips {
         desired.insert(vip, spec(std::slice::from_ref(&server)));
@@ -233,13 +226,7 @@ fn udp_replies_appear_from_the_vip_connected_or_not(family: Family) {
             tally.contains_key("u1") && tally.contains_key("u2"),
             "{mode} {target}: both backends should answer some sockets: {tally:?}"
         );
-        for attempt in &attempts {
-            assert_eq!(
-                attempt.peer.as_deref(),
-                Some(peer.as_str()),
-                "{mode} {target}: {attempt:?}"
-            );
-        }
+        assert_peer(&attempts, &peer, &format!("{mode} {target}"));
     }
     // Direct datagrams to a backend keep the backend as their source.
     for attempt in sandbox.probe("udp", servers[0].addr, 5) {
@@ -342,14 +329,9 @@ fn the_real_agent_serves_a_service_of_the_family_from_manifests(family: Family) 
     };
     let manifests = ManifestDir::new(&sandbox);
     manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
-    let endpoints: String = servers
+    let endpoints: Vec<(String, &str)> = servers
         .iter()
-        .map(|server| {
-            format!(
-                "- addresses: [\"{}\"]\n  nodeName: node-a\n",
-                server.addr.ip()
-            )
-        })
+        .map(|server| (server.addr.ip().to_string(), "node-a"))
         .collect();
     manifests.service(
         "web",
@@ -365,18 +347,7 @@ spec:
 ",
             vip = vip.address
         ),
-        &format!(
-            "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: web}}
-addressType: {kind}
-ports: [{{name: http, port: 8080, protocol: TCP}}]
-endpoints:
-{endpoints}"
-        ),
+        &endpoint_slice("web-1", "web", kind, ("http", 8080, "TCP"), &endpoints),
     );
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
 
@@ -387,10 +358,7 @@ endpoints:
         "{tally:?}\n{}",
         agent.log()
     );
-    let shown = addr(&vip).to_string();
-    for attempt in &attempts {
-        assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
-    }
+    assert_peer(&attempts, &addr(&vip).to_string(), "the VIP is shown");
 }
 
 /// One dual-stack Service (`ipFamilies: [IPv4, IPv6]`, a ClusterIP of each family, an
@@ -416,22 +384,12 @@ fn a_dual_stack_service_sends_each_family_to_its_own_endpoints() {
     let manifests = ManifestDir::new(&sandbox);
     manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
     let slice = |family: &str, addresses: &[&NamedServer]| {
-        let endpoints: String = addresses
+        let endpoints: Vec<(String, &str)> = addresses
             .iter()
-            .map(|s| format!("- addresses: [\"{}\"]\n  nodeName: node-a\n", s.addr.ip()))
+            .map(|s| (s.addr.ip().to_string(), "node-a"))
             .collect();
-        format!(
-            "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: web-{family}
-  namespace: default
-  labels: {{kubernetes.io/service-name: web}}
-addressType: {family}
-ports: [{{name: http, port: 8080, protocol: TCP}}]
-endpoints:
-{endpoints}"
-        )
+        let name = format!("web-{family}");
+        endpoint_slice(&name, "web", family, ("http", 8080, "TCP"), &endpoints)
     };
     let (v4, v6): (Vec<&NamedServer>, Vec<&NamedServer>) =
         servers.iter().partition(|s| s.addr.is_ipv4());
@@ -463,21 +421,19 @@ spec:
             "{vip}: {tally:?}\n{}",
             agent.log()
         );
-        let shown = addr(&vip).to_string();
-        for attempt in &attempts {
-            assert_eq!(attempt.peer.as_deref(), Some(shown.as_str()), "{attempt:?}");
-        }
+        assert_peer(
+            &attempts,
+            &addr(&vip).to_string(),
+            "the family's VIP is shown",
+        );
     }
 }
 
 #[test]
 fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
     let sandbox = Sandbox::new("restart");
-    let _servers = tcp_backends([127, 0, 7], 2, 8080);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.77.1"));
-    manifests.two_endpoint_service("web", "10.96.0.60", "127.0.7.1", "127.0.7.2");
-    let vip: SocketAddr = "10.96.0.60:80".parse().expect("address");
+    let TwoBackendWeb { manifests, vip, .. } = &TwoBackendWeb::new(&sandbox, 7, 60);
+    let vip = *vip;
 
     let first = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     let entries_before = service_entries(&sandbox);
@@ -551,17 +507,7 @@ fn cleanup_detaches_the_programs_and_removes_only_socklb_pins() {
     // an assertion below fails, so that the sandbox can remove the pin directory.
     let foreign = RemovedOnDrop(sandbox.pin_dir.join("not-socklb"));
     std::fs::create_dir(&foreign.0).expect("create a foreign directory on bpffs");
-    let output = Command::new(agent_bin())
-        .arg("cleanup")
-        .arg("--bpffs")
-        .arg(&sandbox.pin_dir)
-        .output()
-        .expect("run socklb cleanup");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    sandbox.socklb(&["cleanup"]);
 
     assert_eq!(
         tally(&sandbox.probe("tcp", addr(&vip), 3)).get("direct"),
@@ -605,17 +551,13 @@ fn bpftool_map_dump_shows_named_fields() {
     );
     let _dataplane = sandbox.programmed(&desired);
     let dump = |map: &str| {
-        let output = Command::new("bpftool")
-            .args(["map", "dump", "pinned"])
-            .arg(sandbox.pin_dir.join(map))
-            .output()
-            .expect("prerequisite missing: bpftool (./x setup installs it)");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        let pinned = sandbox.pin_dir.join(map);
+        bpftool(&[
+            "map".as_ref(),
+            "dump".as_ref(),
+            "pinned".as_ref(),
+            pinned.as_os_str(),
+        ])
     };
     let services = dump("socklb_svc_v2");
     for field in [
@@ -638,15 +580,11 @@ fn a_full_map_refuses_only_the_frontend_that_does_not_fit() {
     let servers = tcp_backends([127, 0, 10], 3, 8080);
     let small = frontend([10, 96, 0, 80], 80, Protocol::Tcp);
     let big = frontend([10, 96, 0, 81], 80, Protocol::Tcp);
-    let mut dataplane = sandbox
-        .load(Config {
-            capacities: Capacities {
-                service_entries: 5,
-                ..Capacities::default()
-            },
-            ..sandbox.config()
-        })
-        .expect("load");
+    let capacities = Capacities {
+        service_entries: 5,
+        ..Capacities::default()
+    };
+    let mut dataplane = sandbox.load_with(capacities).expect("load");
     let mut desired = Desired::default();
     desired.insert(small, spec(&servers[..1]));
     dataplane.apply(&desired).expect("apply");
@@ -683,14 +621,12 @@ fn a_pinned_map_with_another_capacity_is_replaced_not_reused() {
     desired.insert(vip, spec(&servers));
     drop(sandbox.programmed(&desired));
 
+    let capacities = Capacities {
+        service_entries: 1024,
+        ..Capacities::default()
+    };
     let mut dataplane = sandbox
-        .load(Config {
-            capacities: Capacities {
-                service_entries: 1024,
-                ..Capacities::default()
-            },
-            ..sandbox.config()
-        })
+        .load_with(capacities)
         .expect("load with a new capacity");
     let report = dataplane.apply(&desired).expect("apply");
     assert!(report.writes > 0, "the new map must be programmed");
@@ -746,14 +682,12 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
     };
     older.insert(&master, &entry, 0).expect("write the old map");
 
+    let capacities = Capacities {
+        service_entries: 2,
+        ..Capacities::default()
+    };
     let mut dataplane = sandbox
-        .load(Config {
-            capacities: Capacities {
-                service_entries: 2,
-                ..Capacities::default()
-            },
-            ..sandbox.config()
-        })
+        .load_with(capacities)
         .expect("load over an older agent's maps");
     let mut desired = Desired::default();
     desired.insert(first, spec(&servers));

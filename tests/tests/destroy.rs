@@ -29,7 +29,8 @@ use socklb_agent::{
     sweep::{Requested, Sweeper},
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, command_in_cgroup,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, assert_logged, command_in_cgroup,
+    endpoint_slice,
     family::Family,
     hold::Holder,
     hold_bin,
@@ -194,27 +195,41 @@ spec:
     }
 }
 
+/// Each scenario as one test per sweep mode, `bpf_iterator::<scenario>` and
+/// `netlink::<scenario>`, each calling `<scenario>(tag, mode)` with the tag that names its
+/// namespaces (`-nl` added for netlink, so that both run side by side).
+macro_rules! for_each_mode {
+    ($($scenario:ident($tag:literal)),* $(,)?) => {
+        mod bpf_iterator {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario($tag, "bpf-iterator");
+            })*
+        }
+        mod netlink {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario(concat!($tag, "-nl"), "netlink");
+            })*
+        }
+    };
+}
+
+for_each_mode!(
+    connected_udp_clients_in_every_namespace_fail_and_reconnect_to_the_new_backend("dst-udp"),
+    an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too("dst-mapped"),
+    sockets_connected_straight_to_the_backend_or_through_another_frontend_survive("dst-coll"),
+    with_the_flag_an_idle_tcp_connection_to_a_removed_backend_is_reset("dst-tcp-on"),
+);
+
 /// The EndpointSlice of Service `name` with `backends` (on node-a) at `port`.
 fn slice(name: &str, protocol: &str, port: u16, backends: &[Ipv4Addr]) -> String {
-    let mut yaml = format!(
-        "apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: {name}-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: {name}}}
-addressType: IPv4
-ports: [{{name: p, port: {port}, protocol: {protocol}}}]
-endpoints:
-"
-    );
-    for backend in backends {
-        yaml.push_str(&format!("- addresses: [{backend}]\n  nodeName: node-a\n"));
-    }
-    if backends.is_empty() {
-        yaml = yaml.replace("endpoints:\n", "endpoints: []\n");
-    }
-    yaml
+    let endpoints: Vec<(String, &str)> = backends
+        .iter()
+        .map(|backend| (backend.to_string(), "node-a"))
+        .collect();
+    let port = ("p", port, protocol);
+    endpoint_slice(&format!("{name}-1"), name, "IPv4", port, &endpoints)
 }
 
 fn udp_servers(port: u16) -> [NamedServer; 2] {
@@ -224,17 +239,10 @@ fn udp_servers(port: u16) -> [NamedServer; 2] {
     ]
 }
 
-#[test]
-fn connected_udp_clients_in_every_namespace_fail_and_reconnect_to_the_new_backend() {
-    udp_clients_in_every_namespace("dst-udp", "bpf-iterator");
-}
-
-#[test]
-fn netlink_mode_connected_udp_clients_in_every_namespace_fail_and_reconnect() {
-    udp_clients_in_every_namespace("dst-udp-nl", "netlink");
-}
-
-fn udp_clients_in_every_namespace(test: &str, mode: &str) {
+fn connected_udp_clients_in_every_namespace_fail_and_reconnect_to_the_new_backend(
+    test: &str,
+    mode: &str,
+) {
     let world = World::new(test);
     let _servers = udp_servers(5353);
     world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
@@ -263,10 +271,10 @@ fn udp_clients_in_every_namespace(test: &str, mode: &str) {
     let (_, pod) = world.pod_client(PODS as usize - 1, "udp", &target);
     assert_eq!(host.reply.as_deref(), Some("b2"), "{host:?}");
     assert_eq!(pod.reply.as_deref(), Some("b2"), "{pod:?}");
-    let log = agent.log();
-    assert!(
-        log.contains("closed the sockets of removed backends") && log.contains("udp=4"),
-        "one sweep closing the four sockets should be logged:\n{log}"
+    assert_logged(
+        &agent.log(),
+        &["closed the sockets of removed backends", "udp=4"],
+        "one sweep closing the four sockets should be logged",
     );
 }
 
@@ -436,19 +444,9 @@ fn recorded_sockets(sandbox: &Sandbox, pid: u32) -> (usize, usize) {
     (recorded, sockets)
 }
 
-#[test]
-fn an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too() {
-    ipv4_mapped("dst-mapped", "bpf-iterator");
-}
-
-#[test]
-fn netlink_mode_an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too() {
-    ipv4_mapped("dst-mapped-nl", "netlink");
-}
-
 /// A dual-stack client (Java's default, for one) reaches an IPv4 Service through
 /// `::ffff:VIP` on an AF_INET6 socket; connect6 translates it as connect4 would.
-fn ipv4_mapped(test: &str, mode: &str) {
+fn an_ipv6_socket_connected_to_the_ipv4_mapped_vip_is_closed_too(test: &str, mode: &str) {
     let world = World::new(test);
     let _servers = udp_servers(5353);
     world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
@@ -473,17 +471,10 @@ fn ipv4_mapped(test: &str, mode: &str) {
     assert_eq!(fresh.reply.as_deref(), Some("b2"), "{fresh:?}");
 }
 
-#[test]
-fn sockets_connected_straight_to_the_backend_or_through_another_frontend_survive() {
-    collateral("dst-coll", "bpf-iterator");
-}
-
-#[test]
-fn netlink_mode_sockets_connected_straight_or_through_another_frontend_survive() {
-    collateral("dst-coll-nl", "netlink");
-}
-
-fn collateral(test: &str, mode: &str) {
+fn sockets_connected_straight_to_the_backend_or_through_another_frontend_survive(
+    test: &str,
+    mode: &str,
+) {
     let world = World::new(test);
     let _servers = udp_servers(5353);
     world.service("dns", DNS_VIP, 53, "UDP", 5353, &[BACKEND_1]);
@@ -624,17 +615,7 @@ fn tcp_world(test: &str, mode: &str, extra: &[&str]) -> (World, Agent, Holder, [
     (world, agent, client, servers)
 }
 
-#[test]
-fn with_the_flag_an_idle_tcp_connection_to_a_removed_backend_is_reset() {
-    tcp_reset("dst-tcp-on", "bpf-iterator");
-}
-
-#[test]
-fn netlink_mode_with_the_flag_an_idle_tcp_connection_is_reset() {
-    tcp_reset("dst-tcp-on-nl", "netlink");
-}
-
-fn tcp_reset(test: &str, mode: &str) {
+fn with_the_flag_an_idle_tcp_connection_to_a_removed_backend_is_reset(test: &str, mode: &str) {
     let (world, agent, mut client, _servers) =
         tcp_world(test, mode, &["--destroy-tcp-on-backend-removal"]);
     client.send("wait");

@@ -1,69 +1,56 @@
 //! Traffic from outside the node (TC programs), end to end through the real agent, on the
-//! LAN of `socklb_tests::lan`.
+//! LAN of `socklb_tests::lan`. The scenarios of both families run once per family
+//! (`v4::*`, `v6::*`) from one body.
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4},
-    process::Command,
-    time::{Duration, Instant},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    process::{Command, Output},
+    time::Duration,
 };
 
-use socklb_agent::inspect;
+use socklb_agent::inspect::{self, CountersView};
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox,
+    Agent, FREE_PORTS, KillOnDrop, ManifestDir, Sandbox, Source, eventually,
     family::Family,
-    lan::{
-        Addresses, CLIENT, NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, addresses, answers,
-        assert_translated, cni_netfilter_rules, counters, here, lan, nodes, servers_of, service,
-        slice,
-    },
-    node_yaml, run,
+    lan::{Addresses, LanNode, cni_netfilter_rules, here, servers_of},
+    node_yaml, raw_socket, run,
 };
 
-#[test]
-fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends_over_ipv4() {
-    nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(Family::V4);
-}
+socklb_tests::for_each_family!(
+    nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends,
+    external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint,
+    client_ip_affinity_holds_for_clients_outside_the_node,
+    load_balancer_source_ranges_admit_listed_clients_only,
+    with_maglev_every_node_sends_a_flow_to_the_same_backend,
+    a_cni_s_netfilter_rules_leave_every_external_path_working,
+    a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it,
+);
 
-#[test]
-fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends_over_ipv6() {
-    nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(Family::V6);
+/// One request with curl from the LAN's client (the servers answer without HTTP headers);
+/// `options` go before the URL.
+fn curl(node: &LanNode, options: &[&str], url: &str) -> Output {
+    let mut args = vec!["--silent", "--show-error", "--http0.9", "--max-time", "5"];
+    args.extend(options);
+    args.push(url);
+    node.lan.client.output("curl", &args)
 }
 
 fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("ext-cluster{}", family.tag()));
-    let lan = lan(&format!("c{}", family.tag()));
-    let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
-    ];
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    manifests.write(
+    let node = LanNode::new(family, "ext-cluster", "c");
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
+    let _servers = [node.tcp_servers(8080), node.udp_servers(5353)];
+    node.write(
         "web.yaml",
-        &a.service(
-            "web",
-            50,
-            "[{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}, \
-             {name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
-            &format!(
-                "  type: LoadBalancer\n  externalIPs: [\"{}\"]",
-                a.external_ip
-            ),
-            true,
-        ),
+        &a.exposed("web", 50)
+            .port("http", 80, 8080, 30080, "TCP")
+            .port("dns", 53, 5353, 30053, "UDP")
+            .load_balancer()
+            .external_ips(&[a.external_ip])
+            .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
+            .yaml(),
     );
-    let endpoints = [a.pod1_endpoint(), a.pod2_endpoint()];
-    manifests.write(
-        "web-slice.yaml",
-        &format!(
-            "{}---\n{}",
-            a.slice("web-http", "web", ("http", 8080, "TCP"), &endpoints),
-            a.slice("web-dns", "web", ("dns", 5353, "UDP"), &endpoints),
-        ),
-    );
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let agent = node.agent(&[]);
     assert!(
         agent
             .log()
@@ -87,17 +74,7 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
     }
 
     // A real HTTP client; the servers answer without HTTP headers.
-    let output = lan.client.output(
-        "curl",
-        &[
-            "--silent",
-            "--show-error",
-            "--http0.9",
-            "--max-time",
-            "5",
-            &format!("http://{nodeport}/"),
-        ],
-    );
+    let output = curl(&node, &[], &format!("http://{nodeport}/"));
     let body = String::from_utf8_lossy(&output.stdout);
     assert!(
         body.starts_with("pod1 ") || body.starts_with("pod2 "),
@@ -139,69 +116,31 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
     assert_eq!(seen.counters.errors, 0, "{:?}", seen.counters);
 }
 
-#[test]
-fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint_over_ipv4() {
-    external_traffic_policy_local(Family::V4);
-}
-
-#[test]
-fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint_over_ipv6() {
-    external_traffic_policy_local(Family::V6);
-}
-
-fn external_traffic_policy_local(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("ext-local{}", family.tag()));
-    let lan = lan(&format!("l{}", family.tag()));
-    let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
-    ];
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    let local_spec = "  type: NodePort\n  externalTrafficPolicy: Local";
-    manifests.write(
+fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint(
+    family: Family,
+) {
+    let node = LanNode::new(family, "ext-local", "l");
+    let LanNode { a, lan, .. } = &node;
+    let _servers = node.tcp_servers(8080);
+    let local = |name: &str, host: u8, node_port: u16, endpoints: &[(String, &str)]| {
+        a.exposed(name, host)
+            .port("http", 80, 8080, node_port, "TCP")
+            .spec("externalTrafficPolicy: Local")
+            .endpoints(endpoints)
+            .yaml()
+    };
+    node.write(
         "local.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "local",
-                60,
-                "[{name: http, port: 80, targetPort: 8080, nodePort: 30081, protocol: TCP}]",
-                local_spec,
-                false
-            ),
-            a.slice(
-                "local-1",
-                "local",
-                ("http", 8080, "TCP"),
-                &[a.pod1_endpoint(), a.pod2_endpoint()]
-            )
-        ),
+        &local("local", 60, 30081, &[a.pod1_endpoint(), a.pod2_endpoint()]),
     );
-    manifests.write(
+    node.write(
         "elsewhere.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "elsewhere",
-                61,
-                "[{name: http, port: 80, targetPort: 8080, nodePort: 30082, protocol: TCP}]",
-                local_spec,
-                false
-            ),
-            a.slice(
-                "elsewhere-1",
-                "elsewhere",
-                ("http", 8080, "TCP"),
-                &[a.pod2_endpoint()]
-            )
-        ),
+        &local("elsewhere", 61, 30082, &[a.pod2_endpoint()]),
     );
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let _agent = node.agent(&[]);
 
     let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30081), 20);
-    for (server, seen) in answers(&attempts) {
+    for (server, seen) in socklb_tests::lan::answers(&attempts) {
         assert_eq!(server, "pod1", "only the local endpoint serves");
         assert_eq!(
             seen.ip().to_string(),
@@ -210,52 +149,51 @@ fn external_traffic_policy_local(family: Family) {
         );
     }
 
-    let before = counters(&sandbox);
-    let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30082), 1);
+    let elsewhere = Addresses::at(a.node1, 30082);
+    let dropped = |c: &CountersView| c.external_no_backend;
+    unanswered_and_counted(&node, &elsewhere, dropped, "no local endpoint: dropped");
+}
+
+/// A connection from the client to `frontend` gets no answer, and `counter` of socklb's
+/// rose: socklb did `what`.
+fn unanswered_and_counted(
+    node: &LanNode,
+    frontend: &str,
+    counter: fn(&CountersView) -> u64,
+    what: &str,
+) {
+    let before = node.counters();
+    let attempts = node.lan.client.probe("tcp", frontend, 1);
+    assert!(attempts[0].reply.is_none(), "{what}: {attempts:?}");
+    let after = node.counters();
     assert!(
-        attempts[0].reply.is_none(),
-        "no local endpoint: {attempts:?}"
-    );
-    let after = counters(&sandbox);
-    assert!(
-        after.external_no_backend > before.external_no_backend,
-        "the SYNs were dropped by socklb: {before:?} -> {after:?}"
+        counter(&after) > counter(&before),
+        "{what} by socklb: {before:?} -> {after:?}"
     );
 }
 
 #[test]
 fn a_long_flow_survives_backend_changes_and_new_flows_follow_the_new_set() {
-    let sandbox = Sandbox::new("ext-long");
-    let lan = lan("f");
-    let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
-    ];
-    let iperf_server = lan
-        .pod1
-        .command("iperf3")
-        .args(["--server", "--one-off", "--port", "5201"])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("prerequisite missing: iperf3 (./x setup installs it)");
-    let _iperf_server = KillOnDrop(iperf_server);
-    let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
-    let ports = "[{name: http, port: 80, targetPort: 8080, nodePort: 30090, protocol: TCP}, \
-                 {name: bulk, port: 5201, targetPort: 5201, nodePort: 30091, protocol: TCP}]";
-    manifests.write(
-        "svc.yaml",
-        &service("bulk", "10.96.0.70", ports, "  type: NodePort", None),
+    let node = LanNode::new(Family::V4, "ext-long", "f");
+    let LanNode { a, lan, .. } = &node;
+    let _servers = node.tcp_servers(8080);
+    let _iperf_server = KillOnDrop(
+        lan.pod1
+            .command("iperf3")
+            .args(["--server", "--one-off", "--port", "5201"])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("prerequisite missing: iperf3 (./x setup installs it)"),
     );
-    let slices = |endpoints: &[(&str, &str)]| {
-        format!(
-            "{}---\n{}",
-            slice("bulk-http", "bulk", ("http", 8080, "TCP"), endpoints),
-            slice("bulk-data", "bulk", ("bulk", 5201, "TCP"), endpoints),
-        )
+    let bulk = |endpoints: &[(String, &str)]| {
+        a.exposed("bulk", 70)
+            .port("http", 80, 8080, 30090, "TCP")
+            .port("bulk", 5201, 5201, 30091, "TCP")
+            .endpoints(endpoints)
+            .yaml()
     };
-    manifests.write("slices.yaml", &slices(&[POD1_ENDPOINT]));
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    node.write("svc.yaml", &bulk(&[a.pod1_endpoint()]));
+    let agent = node.agent(&[]);
 
     // iperf3 (control and data connections) to pod1 for 4 s, while pod2 joins and then
     // pod1 leaves the service.
@@ -263,30 +201,27 @@ fn a_long_flow_survives_backend_changes_and_new_flows_follow_the_new_set() {
         .client
         .command("iperf3")
         .args([
-            "--client", NODE1, "--port", "30091", "--time", "4", "--json",
+            "--client", a.node1, "--port", "30091", "--time", "4", "--json",
         ])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start iperf3");
     std::thread::sleep(Duration::from_millis(1200));
-    manifests.write("slices.yaml", &slices(&[POD1_ENDPOINT, POD2_ENDPOINT]));
+    node.write("svc.yaml", &bulk(&[a.pod1_endpoint(), a.pod2_endpoint()]));
     agent.wait_for_log("synced", 2);
     std::thread::sleep(Duration::from_millis(800));
-    manifests.write("slices.yaml", &slices(&[POD2_ENDPOINT]));
+    node.write("svc.yaml", &bulk(&[a.pod2_endpoint()]));
     agent.wait_for_log("synced", 3);
 
     // New connections reach only the remaining backend.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let attempts = loop {
-        let attempts = lan.client.probe("tcp", &format!("{NODE1}:30090"), 10);
-        if servers_of(&attempts) == ["pod2"] || Instant::now() > deadline {
-            break attempts;
-        }
-    };
-    assert_eq!(
-        servers_of(&attempts),
-        ["pod2"],
-        "new flows follow the new set"
+    let http = Addresses::at(a.node1, 30090);
+    eventually(
+        "new flows follow the new set",
+        Duration::from_secs(10),
+        || match servers_of(&lan.client.probe("tcp", &http, 10)) {
+            servers if servers == ["pod2"] => Ok(()),
+            servers => Err(format!("answered by {servers:?}")),
+        },
     );
 
     let output = client.wait_with_output().expect("iperf3 client");
@@ -300,63 +235,47 @@ fn a_long_flow_survives_backend_changes_and_new_flows_follow_the_new_set() {
     assert!(received > 0, "iperf3 moved no data: {report}");
 }
 
+/// One datagram from `socket` to `frontend` and its answer, which must come from the
+/// frontend: the name of the server that answered.
+fn ask(socket: &std::net::UdpSocket, frontend: SocketAddr) -> Result<String, String> {
+    socket.send_to(b"ping", frontend).expect("send");
+    let mut buffer = [0u8; 128];
+    let (len, from) = socket
+        .recv_from(&mut buffer)
+        .map_err(|e| format!("no answer through {frontend}: {e}"))?;
+    assert_eq!(from, frontend, "the answer comes from the frontend");
+    let reply = String::from_utf8_lossy(&buffer[..len]).into_owned();
+    Ok(reply.split(' ').next().unwrap_or_default().to_owned())
+}
+
 #[test]
 fn udp_without_checksum_passes_and_a_udp_flow_moves_when_its_backend_goes() {
-    let sandbox = Sandbox::new("ext-udp");
-    let lan = lan("u");
-    let _servers = [
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 5353)),
-    ];
-    let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
-    let dns = |endpoints: &[(&str, &str)]| {
-        format!(
-            "{}---\n{}",
-            service(
-                "dns",
-                "10.96.0.95",
-                "[{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
-                "  type: NodePort",
-                None
-            ),
-            slice("dns-1", "dns", ("dns", 5353, "UDP"), endpoints)
-        )
+    let node = LanNode::new(Family::V4, "ext-udp", "u");
+    let LanNode { a, lan, .. } = &node;
+    let _servers = node.udp_servers(5353);
+    let dns = |endpoints: &[(String, &str)]| {
+        a.exposed("dns", 95)
+            .port("dns", 53, 5353, 30053, "UDP")
+            .endpoints(endpoints)
+            .yaml()
     };
-    manifests.write("dns.yaml", &dns(&[POD1_ENDPOINT, POD2_ENDPOINT]));
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    node.write("dns.yaml", &dns(&[a.pod1_endpoint(), a.pod2_endpoint()]));
+    let agent = node.agent(&[]);
 
     // One client socket, one flow, sending datagrams without a UDP checksum (SO_NO_CHECK):
     // the checksum must stay 0 through the rewrite, or the pod's kernel drops them.
     let socket = lan.client.enter(|| {
-        let socket = std::net::UdpSocket::bind((CLIENT, 40100)).expect("bind the client");
+        let socket = std::net::UdpSocket::bind((a.client, 40100)).expect("bind the client");
         let on: libc::c_int = 1;
-        // SAFETY: setsockopt on our socket with an int option of the size passed.
-        let rc = unsafe {
-            libc::setsockopt(
-                std::os::fd::AsRawFd::as_raw_fd(&socket),
-                libc::SOL_SOCKET,
-                libc::SO_NO_CHECK,
-                std::ptr::from_ref(&on).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "SO_NO_CHECK: {}", std::io::Error::last_os_error());
+        raw_socket::set_option(&socket, libc::SOL_SOCKET, libc::SO_NO_CHECK, &on)
+            .expect("SO_NO_CHECK");
         socket
             .set_read_timeout(Some(Duration::from_secs(3)))
             .expect("timeout");
         socket
     });
-    let ask = || {
-        socket.send_to(b"ping", (NODE1, 30053)).expect("send");
-        let mut buffer = [0u8; 128];
-        let (len, from) = socket
-            .recv_from(&mut buffer)
-            .expect("an answer to a datagram without checksum");
-        assert_eq!(from.to_string(), format!("{NODE1}:30053"));
-        let reply = String::from_utf8_lossy(&buffer[..len]).into_owned();
-        reply.split(' ').next().unwrap_or_default().to_owned()
-    };
+    let frontend: SocketAddr = Addresses::at(a.node1, 30053).parse().expect("address");
+    let ask = || ask(&socket, frontend).expect("an answer to a datagram without checksum");
     let first = ask();
     for _ in 0..5 {
         assert_eq!(ask(), first, "a UDP flow keeps its backend");
@@ -364,62 +283,37 @@ fn udp_without_checksum_passes_and_a_udp_flow_moves_when_its_backend_goes() {
 
     // Its backend leaves the Service: the flow's next datagram goes to the other one.
     let (remaining, other) = if first == "pod1" {
-        (POD2_ENDPOINT, "pod2")
+        (a.pod2_endpoint(), "pod2")
     } else {
-        (POD1_ENDPOINT, "pod1")
+        (a.pod1_endpoint(), "pod1")
     };
-    manifests.write("dns.yaml", &dns(&[remaining]));
+    node.write("dns.yaml", &dns(&[remaining]));
     agent.wait_for_log("synced", 2);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ask() != other {
-        assert!(
-            Instant::now() < deadline,
-            "the UDP flow still goes to the removed backend"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-#[test]
-fn client_ip_affinity_holds_for_clients_outside_the_node_over_ipv4() {
-    client_ip_affinity_holds_for_clients_outside_the_node(Family::V4);
-}
-
-#[test]
-fn client_ip_affinity_holds_for_clients_outside_the_node_over_ipv6() {
-    client_ip_affinity_holds_for_clients_outside_the_node(Family::V6);
+    eventually(
+        "the UDP flow moves off the removed backend",
+        Duration::from_secs(10),
+        || match ask() {
+            server if server == other => Ok(()),
+            server => Err(format!("still answered by {server}")),
+        },
+    );
 }
 
 fn client_ip_affinity_holds_for_clients_outside_the_node(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("ext-sticky{}", family.tag()));
-    let lan = lan(&format!("a{}", family.tag()));
-    let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
-    ];
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    manifests.write(
+    let node = LanNode::new(family, "ext-sticky", "a");
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
+    let _servers = node.tcp_servers(8080);
+    node.write(
         "sticky.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "sticky",
-                97,
-                "[{name: http, port: 80, targetPort: 8080, nodePort: 30097, protocol: TCP}]",
-                "  type: NodePort\n  sessionAffinity: ClientIP",
-                false
-            ),
-            a.slice(
-                "sticky-1",
-                "sticky",
-                ("http", 8080, "TCP"),
-                &[a.pod1_endpoint(), a.pod2_endpoint()]
-            )
-        ),
+        &a.exposed("sticky", 97)
+            .port("http", 80, 8080, 30097, "TCP")
+            .spec("sessionAffinity: ClientIP")
+            .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
+            .yaml(),
     );
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let _agent = node.agent(&[]);
 
     let nodeport = Addresses::at(a.node1, 30097);
     let attempts = lan.client.probe("tcp", &nodeport, 20);
@@ -441,54 +335,32 @@ fn client_ip_affinity_holds_for_clients_outside_the_node(family: Family) {
     assert!(shown.counters.affinity_hits >= 19, "{:?}", shown.counters);
 }
 
-#[test]
-fn load_balancer_source_ranges_admit_listed_clients_only_over_ipv4() {
-    load_balancer_source_ranges(Family::V4);
-}
-
-#[test]
-fn load_balancer_source_ranges_admit_listed_clients_only_over_ipv6() {
-    load_balancer_source_ranges(Family::V6);
-}
-
-fn load_balancer_source_ranges(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("ext-ranges{}", family.tag()));
-    let lan = lan(&format!("s{}", family.tag()));
-    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080));
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    let guarded = |name: &str, port: u16, node_port: u16, ranges: &str| {
-        format!(
-            "{}---\n{}",
-            a.service(
-                name,
-                (port - 70) as u8,
-                &format!(
-                    "[{{name: http, port: {port}, targetPort: 8080, nodePort: {node_port}, protocol: TCP}}]"
-                ),
-                &format!("  type: LoadBalancer\n  loadBalancerSourceRanges: {ranges}"),
-                true
-            ),
-            a.slice(
-                &format!("{name}-1"),
-                name,
-                ("http", 8080, "TCP"),
-                &[a.pod1_endpoint()]
-            )
-        )
+fn load_balancer_source_ranges_admit_listed_clients_only(family: Family) {
+    let node = LanNode::new(family, "ext-ranges", "s");
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
+    let _server = node.tcp_server(1, 8080);
+    let guarded = |name: &str, port: u16, node_port: u16, ranges: &[&str]| {
+        let ranges: Vec<String> = ranges.iter().map(|range| format!("\"{range}\"")).collect();
+        a.exposed(name, (port - 70) as u8)
+            .port("http", port, 8080, node_port, "TCP")
+            .load_balancer()
+            .spec(&format!(
+                "loadBalancerSourceRanges: [{}]",
+                ranges.join(", ")
+            ))
+            .endpoints(&[a.pod1_endpoint()])
+            .yaml()
     };
-    manifests.write(
-        "open.yaml",
-        &guarded("open", 80, 30110, &format!("[\"{}\"]", a.client_range)),
-    );
-    manifests.write(
+    node.write("open.yaml", &guarded("open", 80, 30110, &[a.client_range]));
+    node.write(
         "closed.yaml",
-        &guarded("closed", 81, 30111, &format!("[\"{}\"]", a.other_clients)),
+        &guarded("closed", 81, 30111, &[a.other_clients]),
     );
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let agent = node.agent(&[]);
 
-    assert_source_ranges_enforced(&lan, &a, &sandbox, 5);
+    assert_source_ranges_enforced(&node, 5);
     let shown = inspect::inspect(&sandbox.pin_dir, Some(a.lb_ip.parse().expect("address")))
         .expect("inspect");
     assert!(
@@ -505,26 +377,26 @@ fn load_balancer_source_ranges(family: Family) {
     a.assert_translated(&lan.client.probe("tcp", &node_port, 3), &node_port);
 
     // Widening the ranges lets the client in.
-    manifests.write(
+    node.write(
         "closed.yaml",
-        &guarded(
-            "closed",
-            81,
-            30111,
-            &format!("[\"{}\", \"{}\"]", a.other_clients, a.client_range),
-        ),
+        &guarded("closed", 81, 30111, &[a.other_clients, a.client_range]),
     );
     agent.wait_for_log("synced", 2);
     let closed = Addresses::at(a.lb_ip, 81);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let attempts = lan.client.probe("tcp", &closed, 1);
-        if attempts[0].reply.is_some() {
-            a.assert_translated(&attempts, &closed);
-            break;
-        }
-        assert!(Instant::now() < deadline, "still denied after the change");
-    }
+    eventually(
+        "the widened ranges admit the client",
+        Duration::from_secs(10),
+        || {
+            let attempts = lan.client.probe("tcp", &closed, 1);
+            match attempts[0].reply {
+                Some(_) => {
+                    a.assert_translated(&attempts, &closed);
+                    Ok(())
+                }
+                None => Err("still denied after the change".to_owned()),
+            }
+        },
+    );
 }
 
 /// node2's agent: its pins and a cgroup nested in the sandbox's, removed before the
@@ -558,86 +430,37 @@ impl Drop for SecondNode {
 
 /// The LoadBalancer IP's port 80 admits the client (`probes` attempts, all translated) and
 /// its port 81, whose ranges leave the client out, denies it in socklb (counted).
-fn assert_source_ranges_enforced(
-    lan: &socklb_tests::lan::Lan,
-    a: &Addresses,
-    sandbox: &Sandbox,
-    probes: u32,
-) {
+fn assert_source_ranges_enforced(node: &LanNode, probes: u32) {
+    let LanNode { a, lan, .. } = node;
     let open = Addresses::at(a.lb_ip, 80);
     a.assert_translated(&lan.client.probe("tcp", &open, probes), &open);
-    let before = counters(sandbox);
     let closed = Addresses::at(a.lb_ip, 81);
-    let attempts = lan.client.probe("tcp", &closed, 1);
-    assert!(
-        attempts[0].reply.is_none(),
-        "outside the ranges: {attempts:?}"
-    );
-    let after = counters(sandbox);
-    assert!(
-        after.external_denied > before.external_denied,
-        "denied by socklb: {before:?} -> {after:?}"
-    );
-}
-
-#[test]
-fn with_maglev_every_node_sends_a_flow_to_the_same_backend_over_ipv4() {
-    with_maglev_every_node_sends_a_flow_to_the_same_backend(Family::V4);
-}
-
-#[test]
-fn with_maglev_every_node_sends_a_flow_to_the_same_backend_over_ipv6() {
-    with_maglev_every_node_sends_a_flow_to_the_same_backend(Family::V6);
+    let denied = |c: &CountersView| c.external_denied;
+    unanswered_and_counted(node, &closed, denied, "outside the ranges: denied");
 }
 
 fn with_maglev_every_node_sends_a_flow_to_the_same_backend(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("ext-maglev{}", family.tag()));
-    let lan = lan(&format!("m{}", family.tag()));
-    let second = SecondNode::new(&sandbox);
-    let _servers = [
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
-    ];
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    manifests.write(
+    let node = LanNode::new(family, "ext-maglev", "m");
+    let LanNode {
+        a,
+        lan,
+        sandbox,
+        manifests,
+    } = &node;
+    let second = SecondNode::new(sandbox);
+    let _servers = node.udp_servers(5353);
+    node.write(
         "dns.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "dns",
-                90,
-                "[{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
-                "  type: NodePort",
-                false
-            )
-            .replace(
-                "namespace: default}",
-                "namespace: default, annotations: {socklb.io/lb-algorithm: maglev}}"
-            ),
-            a.slice(
-                "dns-1",
-                "dns",
-                ("dns", 5353, "UDP"),
-                &[a.pod1_endpoint(), a.pod2_endpoint()]
-            )
-        ),
+        &a.exposed("dns", 90)
+            .port("dns", 53, 5353, 30053, "UDP")
+            .annotation("socklb.io/lb-algorithm", "maglev")
+            .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
+            .yaml(),
     );
-    let _node1 = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let _node1 = node.agent(&[]);
     let _node2 = lan.node2.enter(|| {
-        Agent::start_at(
-            &second.pin_dir,
-            &second.cgroup,
-            &manifests.path,
-            "node2",
-            &[
-                "--healthz-bind-address",
-                "127.0.0.1:0",
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-            ],
-        )
+        let state = (second.pin_dir.as_path(), second.cgroup.as_path());
+        Agent::start_at(state, Source::File(&manifests.path), "node2", &FREE_PORTS)
     });
 
     // The same flows (client address and port) through either node.
@@ -650,15 +473,8 @@ fn with_maglev_every_node_sends_a_flow_to_the_same_backend(family: Family) {
                     .set_read_timeout(Some(Duration::from_secs(3)))
                     .expect("timeout");
                 let ask = |node: &str| {
-                    let frontend: SocketAddr = Addresses::at(node, 30053).parse().expect("address");
-                    socket.send_to(b"ping", frontend).expect("send");
-                    let mut buffer = [0u8; 128];
-                    let (len, from) = socket.recv_from(&mut buffer).unwrap_or_else(|e| {
-                        panic!("no answer through {node} from port {port}: {e}")
-                    });
-                    assert_eq!(from, frontend);
-                    let reply = String::from_utf8_lossy(&buffer[..len]).into_owned();
-                    reply.split(' ').next().unwrap_or_default().to_owned()
+                    let frontend = Addresses::at(node, 30053).parse().expect("address");
+                    ask(&socket, frontend).unwrap_or_else(|e| panic!("from port {port}: {e}"))
                 };
                 (port, ask(a.node1), ask(a.node2))
             })
@@ -692,48 +508,41 @@ fn tcx_programs_stay_attached_across_an_agent_restart() {
 
 #[test]
 fn netlink_filters_stay_attached_across_an_agent_restart_and_are_replaced_not_added() {
-    restart_keeps_translating("netlink", "n");
+    restart_keeps_translating("netlink", "nl");
 }
 
 /// An agent stops (its TC programs stay), traffic from outside is still translated, a new
 /// agent takes the programs over without duplicating them, and cleanup removes them.
 fn restart_keeps_translating(mode: &str, tag: &str) {
-    let sandbox = Sandbox::new(&format!("ext-restart-{mode}"));
-    let lan = lan(tag);
-    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080));
-    let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
-    manifests.write(
+    let node = LanNode::new(Family::V4, &format!("ext-restart-{mode}"), tag);
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
+    let _server = node.tcp_server(1, 8080);
+    node.write(
         "svc.yaml",
-        &format!(
-            "{}---\n{}",
-            service(
-                "web",
-                "10.96.0.80",
-                "[{name: http, port: 80, targetPort: 8080, nodePort: 30100, protocol: TCP}]",
-                "  type: NodePort",
-                None
-            ),
-            slice("web-1", "web", ("http", 8080, "TCP"), &[POD1_ENDPOINT])
-        ),
+        &a.exposed("web", 80)
+            .port("http", 80, 8080, 30100, "TCP")
+            .endpoints(&[a.pod1_endpoint()])
+            .yaml(),
     );
-    let nodeport = format!("{NODE1}:30100");
+    let nodeport = Addresses::at(a.node1, 30100);
     let flags = ["--devices", "eth0", "--tc-attach-mode", mode];
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &flags);
+    let agent = node.agent(&flags);
     agent.stop();
     let attempts = lan.client.probe("tcp", &nodeport, 5);
-    assert_translated(&attempts, &nodeport);
+    a.assert_translated(&attempts, &nodeport);
 
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &flags);
+    let agent = node.agent(&flags);
     assert!(
         agent.log().contains("Replaced"),
         "the new agent takes over the programs:\n{}",
         agent.log()
     );
     let attempts = lan.client.probe("tcp", &nodeport, 5);
-    assert_translated(&attempts, &nodeport);
+    a.assert_translated(&attempts, &nodeport);
     assert_eq!(
-        attached(mode, &sandbox),
+        attached(mode, sandbox),
         2,
         "one ingress and one egress program"
     );
@@ -741,7 +550,7 @@ fn restart_keeps_translating(mode: &str, tag: &str) {
 
     socklb_agent::dataplane::cleanup(&sandbox.pin_dir).expect("cleanup");
     assert_eq!(
-        attached(mode, &sandbox),
+        attached(mode, sandbox),
         0,
         "cleanup detaches the TC programs"
     );
@@ -750,19 +559,7 @@ fn restart_keeps_translating(mode: &str, tag: &str) {
 /// socklb's TC programs on eth0: netlink filters as `tc` lists them, or TCX link pins.
 fn attached(mode: &str, sandbox: &Sandbox) -> usize {
     if mode == "netlink" {
-        ["ingress", "egress"]
-            .iter()
-            .map(|hook| {
-                let output = Command::new("tc")
-                    .args(["filter", "show", "dev", "eth0", hook])
-                    .output()
-                    .expect("tc (iproute2)");
-                String::from_utf8_lossy(&output.stdout)
-                    .lines()
-                    .filter(|line| line.contains("socklb_tc_"))
-                    .count()
-            })
-            .sum()
+        socklb_tests::tc_filters("eth0")
     } else {
         std::fs::read_dir(sandbox.pin_dir.join("links"))
             .map(|entries| {
@@ -775,38 +572,11 @@ fn attached(mode: &str, sandbox: &Sandbox) -> usize {
     }
 }
 
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-#[test]
-fn a_cni_s_netfilter_rules_leave_every_external_path_working_over_ipv4() {
-    a_cni_s_netfilter_rules_leave_every_external_path_working(Family::V4);
-}
-
-#[test]
-fn a_cni_s_netfilter_rules_leave_every_external_path_working_over_ipv6() {
-    a_cni_s_netfilter_rules_leave_every_external_path_working(Family::V6);
-}
-
 fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("ext-cni{}", family.tag()));
-    let lan = lan(&format!("n{}", family.tag()));
+    let node = LanNode::new(family, "ext-cni", "n");
+    let LanNode { a, lan, .. } = &node;
     cni_netfilter_rules(family);
-    let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353)),
-    ];
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
+    let _servers = [node.tcp_servers(8080), node.udp_servers(5353)];
     // (Service, its endpoint, NodePorts TCP and UDP, externalTrafficPolicy)
     let services = [
         ("local", a.pod1_endpoint(), 30090, 30055, "Cluster"),
@@ -814,30 +584,26 @@ fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
         ("etplocal", a.pod1_endpoint(), 30092, 30057, "Local"),
     ];
     for (i, (name, endpoint, tcp, udp, policy)) in services.iter().enumerate() {
-        manifests.write(
-            &format!("{name}.yaml"),
-            &format!(
-                "{}---\n{}---\n{}",
-                a.service(
-                    name,
-                    110 + i as u8,
-                    &format!(
-                        "[{{name: http, port: 80, targetPort: 8080, nodePort: {tcp}, protocol: TCP}}, \
-                         {{name: dns, port: 53, targetPort: 5353, nodePort: {udp}, protocol: UDP}}]"
-                    ),
-                    &format!(
-                        "  type: LoadBalancer\n  externalTrafficPolicy: {policy}\n  \
-                         externalIPs: [\"{}\"]",
-                        if i == 0 { a.external_ip } else { a.external_ip2 }
-                    ),
-                    i == 0,
-                ),
-                a.slice(&format!("{name}-http"), name, ("http", 8080, "TCP"), std::slice::from_ref(endpoint)),
-                a.slice(&format!("{name}-dns"), name, ("dns", 5353, "UDP"), std::slice::from_ref(endpoint)),
-            ),
-        );
+        let service = a
+            .exposed(name, 110 + i as u8)
+            .port("http", 80, 8080, *tcp, "TCP")
+            .port("dns", 53, 5353, *udp, "UDP")
+            .spec(&format!("externalTrafficPolicy: {policy}"))
+            .external_ips(&[if i == 0 {
+                a.external_ip
+            } else {
+                a.external_ip2
+            }])
+            .endpoints(std::slice::from_ref(endpoint));
+        // Only the first has the LoadBalancer IP.
+        let service = if i == 0 {
+            service.load_balancer()
+        } else {
+            service.pending_load_balancer()
+        };
+        node.write(&format!("{name}.yaml"), &service.yaml());
     }
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let _agent = node.agent(&[]);
 
     let mut frontends: Vec<(&str, String)> = services
         .iter()
@@ -864,7 +630,7 @@ fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
         // The client sees the frontend; a local pod sees the client, a remote one the node.
         a.assert_translated(&attempts, address);
     }
-    assert_eq!(counters(&sandbox).errors, 0);
+    assert_eq!(node.counters().errors, 0);
 
     // A NetworkPolicy-like rule on the local pod's device sees the client's address, so it
     // applies to traffic from outside as well.
@@ -895,49 +661,25 @@ fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
     a.assert_translated(&lan.client.probe("tcp", &remote, 3), &remote);
 }
 
-/// A node device eth0 holding `addresses` in this thread's namespace (this kernel has no
-/// dummy devices: a veth pair, both ends here).
-#[test]
-fn a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it_over_ipv4() {
-    client_port_used_again_through_another_frontend(Family::V4);
-}
-
-#[test]
-fn a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it_over_ipv6() {
-    client_port_used_again_through_another_frontend(Family::V6);
-}
-
 /// A local backend sees the client's own address and port, so two frontends of one
 /// backend give their flows from one client port the same reply key: once the first flow
 /// closed, the second (the client's port used again, as clients do) must get the key, and
 /// its answers must come back from its own frontend.
-fn client_port_used_again_through_another_frontend(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("ext-reuse{}", family.tag()));
-    let lan = lan(&format!("r{}", family.tag()));
-    let _server = NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080));
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    manifests.write(
+fn a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it(
+    family: Family,
+) {
+    let node = LanNode::new(family, "ext-reuse", "r");
+    let a = &node.a;
+    let _server = node.tcp_server(1, 8080);
+    node.write(
         "web.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "web",
-                60,
-                "[{name: http, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}]",
-                &format!("  type: NodePort\n  externalIPs: [\"{}\"]", a.external_ip),
-                false,
-            ),
-            a.slice(
-                "web-http",
-                "web",
-                ("http", 8080, "TCP"),
-                &[a.pod1_endpoint()]
-            ),
-        ),
+        &a.exposed("web", 60)
+            .port("http", 80, 8080, 30080, "TCP")
+            .external_ips(&[a.external_ip])
+            .endpoints(&[a.pod1_endpoint()])
+            .yaml(),
     );
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let _agent = node.agent(&[]);
 
     // curl binds the client port; the server closes first, so the backend holds the old
     // connection in TIME_WAIT and the client nothing.
@@ -946,18 +688,10 @@ fn client_port_used_again_through_another_frontend(family: Family) {
         Addresses::at(a.node1, 30080),
         Addresses::at(a.external_ip, 80),
     ] {
-        let output = lan.client.output(
-            "curl",
-            &[
-                "--silent",
-                "--show-error",
-                "--http0.9",
-                "--max-time",
-                "5",
-                "--local-port",
-                client_port,
-                &format!("http://{frontend}/"),
-            ],
+        let output = curl(
+            &node,
+            &["--local-port", client_port],
+            &format!("http://{frontend}/"),
         );
         let body = String::from_utf8_lossy(&output.stdout);
         let client = Addresses::at(a.client, 40400);
@@ -968,20 +702,16 @@ fn client_port_used_again_through_another_frontend(family: Family) {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    assert_eq!(counters(&sandbox).errors, 0);
+    assert_eq!(node.counters().errors, 0);
 }
 
+/// A node device eth0 holding `addresses` in this thread's namespace (this kernel has no
+/// dummy devices: a veth pair, both ends here).
 fn node_device(addresses: &[&str]) {
-    here(&[
-        "link",
-        "add",
-        "eth0",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0-peer",
-    ]);
+    let veth: Vec<&str> = "link add eth0 type veth peer name eth0-peer"
+        .split(' ')
+        .collect();
+    here(&veth);
     for address in addresses {
         here(&["addr", "add", address, "dev", "eth0"]);
     }
@@ -1043,15 +773,14 @@ fn the_snat_address_follows_the_node_s_internal_ip_at_the_next_sync() {
             "{type: ExternalIP, address: 203.0.113.9}, {type: InternalIP, address: 192.168.91.2}",
         ),
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while snat_address(&sandbox) != Some(Ipv4Addr::new(192, 168, 91, 2)) {
-        assert!(
-            Instant::now() < deadline,
-            "the new InternalIP was not programmed by an incremental sync:\n{}",
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        "the new InternalIP programmed by an incremental sync",
+        Duration::from_secs(10),
+        || match snat_address(&sandbox) {
+            Some(address) if address == Ipv4Addr::new(192, 168, 91, 2) => Ok(()),
+            other => Err(format!("SNAT address {other:?}:\n{}", agent.log())),
+        },
+    );
     let log = agent.stop();
     assert_eq!(
         log.matches("full=true").count(),
@@ -1079,7 +808,6 @@ fn snat_address(sandbox: &Sandbox) -> Option<Ipv4Addr> {
 mod programs {
     use std::{
         net::{IpAddr, SocketAddr},
-        os::fd::AsRawFd as _,
         time::Duration,
     };
 
@@ -1088,9 +816,10 @@ mod programs {
         Scope, TcMode,
     };
     use socklb_tests::{
-        NamedServer, Sandbox,
+        Sandbox, eventually,
         family::Family,
-        lan::{Addresses, addresses, counters, lan, servers_of},
+        lan::{Addresses, LanNode, counters, servers_of},
+        raw_socket,
     };
 
     fn ip(address: &str) -> IpAddr {
@@ -1114,14 +843,17 @@ mod programs {
         }
     }
 
-    fn scenario(family: Family) {
-        let a: Addresses = addresses(family);
-        let sandbox = Sandbox::new(&format!("ext-prog{}", family.tag()));
-        let lan = lan(&format!("p{}", family.tag()));
+    socklb_tests::for_each_family!(translate_nodeport_flows);
+
+    fn translate_nodeport_flows(family: Family) {
+        let node = LanNode::new(family, "ext-prog", "p");
+        let LanNode {
+            a, lan, sandbox, ..
+        } = &node;
         let _servers = [
-            NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 8080)),
-            NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 8080)),
-            NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353)),
+            node.tcp_server(1, 8080),
+            node.tcp_server(2, 8080),
+            node.udp_server(1, 5353),
         ];
         let pod1 = BackendAddr {
             address: a.pod1,
@@ -1180,14 +912,14 @@ mod programs {
         a.assert_translated(&lan.client.probe("udp", &udp, 5), &udp);
 
         // loadBalancerSourceRanges of the client's family.
-        super::assert_source_ranges_enforced(&lan, &a, &sandbox, 3);
+        super::assert_source_ranges_enforced(&node, 3);
 
         if family == Family::V6 {
-            extension_header_is_walked(&lan, &a);
-            too_many_extension_headers_pass_counted(&lan, &a, &sandbox);
-            icmpv6_and_neighbour_discovery_pass(&lan, &a);
+            extension_header_is_walked(lan, a);
+            too_many_extension_headers_pass_counted(lan, a, sandbox);
+            icmpv6_and_neighbour_discovery_pass(lan, a);
         }
-        assert_eq!(counters(&sandbox).errors, 0, "{:?}", counters(&sandbox));
+        assert_eq!(node.counters().errors, 0, "{:?}", node.counters());
         drop(dataplane);
     }
 
@@ -1199,17 +931,8 @@ mod programs {
             let socket = std::net::UdpSocket::bind((ip(a.client), 0)).expect("bind");
             // Next header and length (filled by the kernel), then PadN over 4 bytes.
             let options: [u8; 8] = [0, 0, 1, 4, 0, 0, 0, 0];
-            // SAFETY: setsockopt on our socket with a buffer of the size passed.
-            let rc = unsafe {
-                libc::setsockopt(
-                    socket.as_raw_fd(),
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_DSTOPTS,
-                    options.as_ptr().cast(),
-                    options.len() as libc::socklen_t,
-                )
-            };
-            assert_eq!(rc, 0, "IPV6_DSTOPTS: {}", std::io::Error::last_os_error());
+            raw_socket::set_option(&socket, libc::IPPROTO_IPV6, libc::IPV6_DSTOPTS, &options)
+                .expect("IPV6_DSTOPTS");
             socket
                 .set_read_timeout(Some(Duration::from_secs(3)))
                 .expect("timeout");
@@ -1259,46 +982,18 @@ mod programs {
         packet.extend_from_slice(b"ping");
         let before = counters(sandbox);
         lan.client.enter(|| {
-            // SAFETY: plain socket call; the fd is owned below.
-            let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_RAW) };
-            assert!(
-                fd >= 0,
-                "raw IPv6 socket: {}",
-                std::io::Error::last_os_error()
-            );
-            // SAFETY: a fresh fd we own.
-            let socket =
-                unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-            // SAFETY: all-zero is a valid sockaddr_in6.
-            let mut address: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-            address.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            address.sin6_addr.s6_addr = node1.octets();
-            // SAFETY: buffers and address of the sizes passed.
-            let sent = unsafe {
-                libc::sendto(
-                    socket.as_raw_fd(),
-                    packet.as_ptr().cast(),
-                    packet.len(),
-                    0,
-                    std::ptr::from_ref(&address).cast(),
-                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(
-                usize::try_from(sent).ok(),
-                Some(packet.len()),
-                "send: {}",
-                std::io::Error::last_os_error()
-            );
+            let socket = raw_socket::open(libc::AF_INET6, libc::IPPROTO_RAW);
+            let sent = raw_socket::send_to(&socket, &packet, node1.into());
+            assert_eq!(sent.as_ref().ok(), Some(&packet.len()), "send: {sent:?}");
         });
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while counters(sandbox).ipv6_headers_unwalked == before.ipv6_headers_unwalked {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the packet with {HEADERS} extension headers was not counted"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually(
+            &format!("the packet with {HEADERS} extension headers counted"),
+            Duration::from_secs(5),
+            || match counters(sandbox).ipv6_headers_unwalked {
+                now if now > before.ipv6_headers_unwalked => Ok(()),
+                now => Err(format!("ipv6_headers_unwalked {now}")),
+            },
+        );
     }
 
     /// Echo requests to node1 are answered, also after the client forgot node1's link-layer
@@ -1321,65 +1016,21 @@ mod programs {
 
     /// One ICMPv6 echo request to `target` over a raw socket, and its reply.
     fn echo(target: std::net::Ipv6Addr) {
-        // SAFETY: plain socket call; the fd is owned below.
-        let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6) };
-        assert!(
-            fd >= 0,
-            "raw ICMPv6 socket: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: a fresh fd we own.
-        let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        let timeout = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        // SAFETY: setsockopt with a timeval of the size passed.
-        unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                std::ptr::from_ref(&timeout).cast(),
-                size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        // SAFETY: all-zero is a valid sockaddr_in6.
-        let mut address: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-        address.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-        address.sin6_addr.s6_addr = target.octets();
+        let socket = raw_socket::open(libc::AF_INET6, libc::IPPROTO_ICMPV6);
+        raw_socket::set_receive_timeout(&socket, Duration::from_secs(1)).expect("SO_RCVTIMEO");
         // Echo request (type 128), identifier 0x5eb1, sequence 1; the kernel fills in the
         // checksum of ICMPv6 raw sockets.
         let request: [u8; 12] = [128, 0, 0, 0, 0x5e, 0xb1, 0, 1, b's', b'l', b'b', b'6'];
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
         loop {
-            // SAFETY: buffers and address of the sizes passed.
-            let sent = unsafe {
-                libc::sendto(
-                    socket.as_raw_fd(),
-                    request.as_ptr().cast(),
-                    request.len(),
-                    0,
-                    std::ptr::from_ref(&address).cast(),
-                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            };
+            let sent = raw_socket::send_to(&socket, &request, target.into());
             assert_eq!(
-                sent,
-                12,
-                "send the echo request: {}",
-                std::io::Error::last_os_error()
+                sent.as_ref().ok(),
+                Some(&12),
+                "send the echo request: {sent:?}"
             );
             let mut reply = [0u8; 128];
-            // SAFETY: a buffer of the size passed.
-            let len = unsafe {
-                libc::recv(
-                    socket.as_raw_fd(),
-                    reply.as_mut_ptr().cast(),
-                    reply.len(),
-                    0,
-                )
-            };
+            let len = raw_socket::receive(&socket, &mut reply, 0).unwrap_or(0);
             // Echo reply (129) with our identifier; other ICMPv6 (neighbour discovery) is
             // skipped.
             if len >= 8 && reply[0] == 129 && reply[4..6] == [0x5e, 0xb1] {
@@ -1390,15 +1041,5 @@ mod programs {
                 "no echo reply from {target} with the programs attached"
             );
         }
-    }
-
-    #[test]
-    fn translate_nodeport_flows_over_ipv4() {
-        scenario(Family::V4);
-    }
-
-    #[test]
-    fn translate_nodeport_flows_over_ipv6() {
-        scenario(Family::V6);
     }
 }

@@ -8,7 +8,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use socklb_tests::{Agent, ManifestDir, Sandbox, node_yaml, service_yaml, slice_yaml};
+use socklb_tests::{
+    Agent, ManifestDir, Sandbox, assert_logged, node_yaml, service_yaml, slice_yaml,
+};
 
 /// A LoadBalancer Service `name` with externalTrafficPolicy Local and a healthCheckNodePort.
 fn lb_yaml(name: &str, cluster_ip: &str, health_check_node_port: u16) -> String {
@@ -182,10 +184,10 @@ fn the_health_check_follows_local_ready_endpoints_and_closes_with_the_service() 
         a.as_ref().is_err_and(|e| e.contains("exit status: 7"))
     })
     .expect_err("closed");
-    let log = agent.stop();
-    assert!(
-        log.contains("serving health check") && log.contains("health check closed"),
-        "{log}"
+    assert_logged(
+        &agent.stop(),
+        &["serving health check", "health check closed"],
+        "the health check port opens and closes",
     );
 }
 

@@ -175,6 +175,23 @@ async fn watching(api: &FakeApiServer) {
         .unwrap_or_else(|_| panic!("the source opened {} of 4 watches", api.watch_count()));
 }
 
+/// The populated API server and the source on it, past its initial lists and watching all
+/// four feeds.
+async fn watching_source() -> (FakeApiServer, mpsc::Receiver<Event>) {
+    let api = populated();
+    let mut events = start_source(&api);
+    initial(&mut events).await;
+    watching(&api).await;
+    (api, events)
+}
+
+/// Once the source watches every feed again, the next changes are all that comes: nothing
+/// was left pending ([`expect_only_sentinels`]).
+async fn settles(api: &FakeApiServer, events: &mut mpsc::Receiver<Event>) {
+    watching(api).await;
+    expect_only_sentinels(api, events).await;
+}
+
 /// Changes one object of every feed and expects exactly those changes as the next events:
 /// anything else still pending (a stray Reset, an event for a bookmark) fails the test.
 async fn expect_only_sentinels(api: &FakeApiServer, events: &mut mpsc::Receiver<Event>) {
@@ -396,10 +413,7 @@ async fn services_of_another_proxy_never_appear() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broken_watches_resume_from_the_last_version_without_a_reset() {
-    let api = populated();
-    let mut events = start_source(&api);
-    initial(&mut events).await;
-    watching(&api).await;
+    let (api, mut events) = watching_source().await;
 
     api.drop_watches();
     api.apply(&service("late", 80, &[]));
@@ -409,17 +423,13 @@ async fn broken_watches_resume_from_the_last_version_without_a_reset() {
         "Deleted EndpointSlice default/web-1",
     ];
     assert_eq!(next_set(&mut events, 2).await, expected);
-    watching(&api).await;
-    expect_only_sentinels(&api, &mut events).await;
+    settles(&api, &mut events).await;
     assert_eq!(list_count(&api), 4, "a resumed watch must not relist");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_versions_relist_and_reset_with_the_current_state() {
-    let api = populated();
-    let mut events = start_source(&api);
-    initial(&mut events).await;
-    watching(&api).await;
+    let (api, mut events) = watching_source().await;
 
     // The slice watch sees this change; the others now watch from an older version.
     api.apply(&slice("web-2", "web", &[]));
@@ -439,8 +449,7 @@ async fn expired_versions_relist_and_reset_with_the_current_state() {
     ];
     assert_eq!(next_set(&mut events, 3).await, expected);
     assert_eq!(api.expired_count(), 3);
-    watching(&api).await;
-    expect_only_sentinels(&api, &mut events).await;
+    settles(&api, &mut events).await;
 
     // The first lists came from the watch cache, as client-go's do; the relists after
     // 410 Gone are quorum reads, which never go back before what was seen.
@@ -455,10 +464,7 @@ async fn expired_versions_relist_and_reset_with_the_current_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_api_server_replays_what_was_missed() {
-    let mut api = populated();
-    let mut events = start_source(&api);
-    initial(&mut events).await;
-    watching(&api).await;
+    let (mut api, mut events) = watching_source().await;
 
     api.stop();
     api.apply(&service("late", 80, &[]));
@@ -470,17 +476,13 @@ async fn restarted_api_server_replays_what_was_missed() {
     api.restart();
     let expected = ["Applied Service default/late", "Deleted Node node-c"];
     assert_eq!(next_set(&mut events, 2).await, expected);
-    watching(&api).await;
-    expect_only_sentinels(&api, &mut events).await;
+    settles(&api, &mut events).await;
     assert_eq!(list_count(&api), 4, "a resumed watch must not relist");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_api_server_with_compacted_history_relists() {
-    let mut api = populated();
-    let mut events = start_source(&api);
-    initial(&mut events).await;
-    watching(&api).await;
+    let (mut api, mut events) = watching_source().await;
 
     api.stop();
     api.apply(&service("late", 80, &[]));
@@ -505,16 +507,12 @@ async fn restarted_api_server_with_compacted_history_relists() {
     assert_eq!(nodes.len(), 2, "{nodes:?}");
     assert_eq!(nodes[1], ["node-a", "node-b"]);
     assert_eq!(api.expired_count(), 4);
-    watching(&api).await;
-    expect_only_sentinels(&api, &mut events).await;
+    settles(&api, &mut events).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bookmarks_produce_no_events() {
-    let api = populated();
-    let mut events = start_source(&api);
-    initial(&mut events).await;
-    watching(&api).await;
+    let (api, mut events) = watching_source().await;
     assert_eq!(
         api.bookmark(),
         4,

@@ -99,17 +99,9 @@ struct Options {
 }
 
 /// IPv4 alone, loaded as the chart loads, no trace session.
-const SECTION: Section = Section {
-    name: "datapath",
-    command: "datapath",
-    heading: "Datapath: socket translation cost",
-};
+const SECTION: Section = Section::new("datapath", "datapath", "Datapath: socket translation cost");
 /// `--family ipv6`, loaded as the chart loads, no trace session.
-const SECTION_IPV6: Section = Section {
-    name: "datapath ipv6",
-    command: "datapath",
-    heading: "Datapath over IPv6",
-};
+const SECTION_IPV6: Section = Section::new("datapath ipv6", "datapath", "Datapath over IPv6");
 
 fn parse_options(args: &[String]) -> Options {
     let mut options = Options {
@@ -464,10 +456,7 @@ fn desired(sandbox: &Sandbox, families: &[Family], services: u32, measured: u32)
                 },
                 FrontendSpec {
                     backends,
-                    affinity_timeout_seconds: None,
-                    source_ranges: None,
-                    maglev: false,
-                    no_endpoints: false,
+                    ..FrontendSpec::default()
                 },
             );
         }

@@ -32,11 +32,11 @@ const PER_HOLDER: u32 = 18_000;
 const VIP: &str = "10.96.0.53";
 const SWEEP_LINE: &str = "closed the sockets of removed backends";
 const DEADLINE: Duration = Duration::from_secs(60);
-const SECTION: Section = Section {
-    name: "destroy",
-    command: "destroy",
-    heading: "Closing the sockets of a removed backend",
-};
+const SECTION: Section = Section::new(
+    "destroy",
+    "destroy",
+    "Closing the sockets of a removed backend",
+);
 
 struct Options {
     sockets: u32,
@@ -58,14 +58,7 @@ struct Sweep {
 
 fn main() {
     let options = parse_options(&std::env::args().skip(1).collect::<Vec<_>>());
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "the benchmark runs the agent, which loads BPF programs, in a network namespace and \
-             a cgroup of its own: run it as root (e.g. `sudo cargo xtask bench destroy`)"
-        );
-        std::process::exit(1);
-    }
+    socklb_tests::bench::preflight::exit_unless_root("destroy");
     let mut report = String::new();
     let _ = writeln!(report, "{}", socklb_tests::machine_context());
     let _ = writeln!(

@@ -30,11 +30,7 @@ const ENDPOINTS_PER_SLICE: u32 = 1_000;
 const MAX_ENDPOINTS: u32 = 1_000_000;
 /// A sync not logged by then fails the benchmark.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(120);
-const SECTION: Section = Section {
-    name: "large-service",
-    command: "large-service",
-    heading: "One large Service",
-};
+const SECTION: Section = Section::new("large-service", "large-service", "One large Service");
 
 struct Options {
     endpoints: Vec<u32>,
@@ -55,14 +51,7 @@ struct Row {
 
 fn main() {
     let options = parse_options(&std::env::args().skip(1).collect::<Vec<_>>());
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "the benchmark runs the agent, which loads BPF programs, in a network namespace and \
-             a cgroup of its own: run it as root (e.g. `sudo cargo xtask bench large-service`)"
-        );
-        std::process::exit(1);
-    }
+    socklb_tests::bench::preflight::exit_unless_root("large-service");
     let machine = socklb_tests::machine_context();
     let rows: Vec<Row> = options
         .endpoints

@@ -45,7 +45,7 @@ use aya::programs::{
 };
 use socklb_abi::program_names;
 use socklb_tests::{
-    Agent,
+    Agent, Source,
     bench::{
         baseline,
         cgroup::own_cgroup,
@@ -54,6 +54,7 @@ use socklb_tests::{
             ENDPOINT_PORT, IPERF_PORT, NODE, SERVICE_PORT, Service, ZONE, agent_capacity_flags,
             manifest_file, services, vip,
         },
+        flags::Flags,
         kube_proxy::{
             self,
             iptables::{self, IptablesSync},
@@ -83,11 +84,11 @@ const KUBE_PROXY: kube_proxy::Config = kube_proxy::Config {
 };
 /// A rule load still running after this fails the benchmark.
 const LOAD_LIMIT: Duration = Duration::from_secs(300);
-const SECTION: Section = Section {
-    name: "nodeport",
-    command: "nodeport",
-    heading: "Traffic from outside: NodePort through TC vs kube-proxy",
-};
+const SECTION: Section = Section::new(
+    "nodeport",
+    "nodeport",
+    "Traffic from outside: NodePort through TC vs kube-proxy",
+);
 
 struct Options {
     connections: u32,
@@ -122,22 +123,10 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
         iptables: IptablesBackend::Legacy,
         docs: None,
     };
-    let mut smoke = false;
-    let mut args = args.iter();
-    while let Some(flag) = args.next() {
-        if flag == "--smoke" {
-            smoke = true;
-            continue;
-        }
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let number = || -> anyhow::Result<u32> {
-            value
-                .parse()
-                .with_context(|| format!("{flag} {value}: not a number\n{USAGE}"))
-        };
-        match flag.as_str() {
+    let mut flags = Flags::new(args, USAGE);
+    while let Some((flag, value)) = flags.next_flag()? {
+        let number = || flags.number(flag, value);
+        match flag {
             "--connections" => options.connections = number()?,
             "--rounds" => options.rounds = number()?,
             "--services" => options.services = number()?,
@@ -147,7 +136,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
             _ => bail!("unknown flag {flag}\n{USAGE}"),
         }
     }
-    if smoke {
+    if flags.smoke {
         // Seconds long: keeps the benchmark working, measures nothing worth keeping.
         options.connections = options.connections.min(50);
         options.rounds = options.rounds.min(3);
@@ -329,13 +318,9 @@ fn start_agent(node: &File, files: &Files, services: usize) -> anyhow::Result<Ag
             .spawn(|| -> anyhow::Result<Agent> {
                 enter(node)?;
                 let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-                Ok(Agent::start_at(
-                    &files.pin_dir,
-                    &files.cgroup,
-                    &files.manifests,
-                    NODE,
-                    &flags,
-                ))
+                let state = (files.pin_dir.as_path(), files.cgroup.as_path());
+                let source = Source::File(&files.manifests);
+                Ok(Agent::start_at(state, source, NODE, &flags))
             })
             .join()
             .map_err(|_| anyhow::anyhow!("the agent did not start (its log is above)"))?

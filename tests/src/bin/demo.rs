@@ -10,11 +10,10 @@
 use std::{
     collections::BTreeMap,
     net::{Ipv4Addr, SocketAddrV4},
-    process::Command,
     time::Duration,
 };
 
-use socklb_tests::{Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, agent_bin};
+use socklb_tests::{Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, explain_command};
 
 /// The example cluster, embedded so that the demo needs nothing but this binary.
 const CLUSTER: [(&str, &str); 4] = [
@@ -141,16 +140,7 @@ fn main() {
 }
 
 fn explain(manifests: &ManifestDir) {
-    let out = Command::new(agent_bin())
-        .args([
-            "explain",
-            "--source",
-            "file",
-            "--node-name",
-            "node-a",
-            "--manifests",
-        ])
-        .arg(&manifests.path)
+    let out = explain_command(&manifests.path, "node-a")
         .output()
         .expect("socklb explain");
     for line in String::from_utf8_lossy(&out.stdout).lines() {

@@ -1,18 +1,15 @@
 //! The agent killed with SIGKILL (an OOM kill, a node under pressure) and restarted, three
 //! times, while clients connect: the pinned programs and maps keep translating without it,
 //! and each new agent adopts them without a failed connect.
-use std::{net::SocketAddr, time::Duration};
+use std::time::Duration;
 
-use socklb_tests::{Agent, ManifestDir, Sandbox, assert_all_answered_by, node_yaml, tcp_backends};
+use socklb_tests::{Agent, Sandbox, TwoBackendWeb, assert_all_answered_by};
 
 #[test]
 fn sigkilled_agents_lose_no_connect() {
     let sandbox = Sandbox::new("killed");
-    let _servers = tcp_backends([127, 0, 21], 2, 8080);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.78.1"));
-    manifests.two_endpoint_service("web", "10.96.0.71", "127.0.21.1", "127.0.21.2");
-    let vip: SocketAddr = "10.96.0.71:80".parse().expect("address");
+    let TwoBackendWeb { manifests, vip, .. } = &TwoBackendWeb::new(&sandbox, 21, 71);
+    let vip = *vip;
 
     let mut agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
     let mut clients: Vec<_> = (0..4)

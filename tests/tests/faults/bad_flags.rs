@@ -1,9 +1,11 @@
 //! Operator mistakes in `socklb run`'s flags: each stops the agent at start with an error
 //! that names the flag, before anything is created (no pin directory, no maps, no program
 //! attached), instead of the kernel's bare error after 27 maps were pinned, or a busy loop.
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use socklb_tests::{ManifestDir, Sandbox, agent_bin, node_yaml, privileges::chart_agent_minimal};
+use socklb_tests::{
+    FREE_PORTS, ManifestDir, Sandbox, agent_bin, privileges::chart_agent_minimal, run_to_exit,
+};
 
 /// Runs the agent as the chart does with `flags` (the sandbox's pins and, unless `flags`
 /// give their own, its cgroup and `manifests`) and returns whether it succeeded and its
@@ -26,36 +28,16 @@ fn start_with(sandbox: &Sandbox, manifests: &ManifestDir, flags: &[&str]) -> (bo
     if !flags.contains(&"--cgroup-path") {
         command.arg("--cgroup-path").arg(&sandbox.cgroup);
     }
-    let mut child = command
-        .args([
-            "--healthz-bind-address",
-            "127.0.0.1:0",
-            "--metrics-bind-address",
-            "127.0.0.1:0",
-        ])
-        .args(flags)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run socklb");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().expect("wait for socklb").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let output = child.wait_with_output().expect("socklb's output");
-    (
-        output.status.success(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
+    run_to_exit(
+        command.args(FREE_PORTS).args(flags),
+        Duration::from_secs(20),
     )
 }
 
 #[test]
 fn each_bad_flag_stops_the_start_naming_the_flag_and_creates_nothing() {
     let sandbox = Sandbox::new("bad-flags");
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.50.1"));
+    let manifests = ManifestDir::node_a(&sandbox, 50);
     let missing = manifests.path.join("missing");
     let missing = missing.to_str().expect("a UTF-8 path");
     // (flags, the flag the error must name)

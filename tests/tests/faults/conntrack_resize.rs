@@ -3,47 +3,34 @@
 //! ones are carried over, so idle SNATed flows from outside carry on where a plain restart
 //! would have kept them too.
 use std::{
-    net::{SocketAddrV4, TcpStream},
+    net::{SocketAddr, TcpStream},
     time::Duration,
 };
 
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox,
+    assert_logged,
     echo::{EchoServer, echo},
-    lan::{NODE1, POD2, POD2_ENDPOINT, lan, nodes, service, slice},
+    family::Family,
+    lan::{Addresses, LanNode},
 };
 
 const NODE_PORT: u16 = 30160;
 
 #[test]
 fn idle_snated_flows_survive_a_restart_with_another_conntrack_size() {
-    let sandbox = Sandbox::new("ct-resize");
-    let lan = lan("c");
+    let node = LanNode::new(Family::V4, "ct-resize", "c");
+    let LanNode { a, lan, .. } = &node;
     // On node2: flows from outside are SNATed to node1's address, so only conntrack
     // connects the replies to their clients.
-    let _echo = EchoServer::start(&lan.pod2, SocketAddrV4::new(POD2, 8080));
-    let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
-    manifests.service(
-        "echo",
-        &service(
-            "echo",
-            "10.96.0.160",
-            &format!(
-                "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
-            ),
-            "  type: NodePort",
-            None,
-        ),
-        &slice("echo-1", "echo", ("http", 8080, "TCP"), &[POD2_ENDPOINT]),
-    );
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let _echo = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
+    node.expose_pod2("echo", 160, ("http", 80, 8080, NODE_PORT, "TCP"));
+    let agent = node.agent(&[]);
     agent.wait_for_log("synced", 1);
-    let frontend = SocketAddrV4::new(NODE1.parse().expect("address"), NODE_PORT);
+    let frontend: SocketAddr = Addresses::at(a.node1, NODE_PORT).parse().expect("address");
     let mut flows: Vec<TcpStream> = lan.client.enter(|| {
         (0..10)
             .map(|_| {
-                TcpStream::connect_timeout(&frontend.into(), Duration::from_secs(5))
+                TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
                     .expect("connect through the NodePort")
             })
             .collect()
@@ -53,17 +40,12 @@ fn idle_snated_flows_survive_a_restart_with_another_conntrack_size() {
     }
     agent.stop();
 
-    let agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node1",
-        &[
-            "--max-conntrack-entries",
-            "65536",
-            "--max-conntrack-new-entries",
-            "4096",
-        ],
-    );
+    let agent = node.agent(&[
+        "--max-conntrack-entries",
+        "65536",
+        "--max-conntrack-new-entries",
+        "4096",
+    ]);
     agent.wait_for_log("synced", 1);
     let broken: Vec<String> = flows
         .iter_mut()
@@ -75,8 +57,9 @@ fn idle_snated_flows_survive_a_restart_with_another_conntrack_size() {
         broken.is_empty(),
         "idle flows lost across the resize: {broken:?}\n{log}"
     );
-    assert!(
-        log.contains("carried over"),
-        "the agent says the entries were carried over:\n{log}"
+    assert_logged(
+        &log,
+        &["carried over"],
+        "the agent says the entries were carried over",
     );
 }

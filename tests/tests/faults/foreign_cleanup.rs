@@ -3,56 +3,40 @@
 //! filters (kernels without TCX) carry no pin, so each instance records its own.
 use std::{path::PathBuf, process::Command};
 
-use socklb_agent::dataplane::{Config, TcMode};
-use socklb_tests::{Sandbox, agent_bin, privileges::chart_cleanup, run};
+use socklb_agent::dataplane::{Config, Dataplane, TcMode};
+use socklb_tests::{Sandbox, agent_bin, privileges::chart_cleanup, run, stdout_of, tc_filters};
 
 #[test]
 fn cleanup_of_another_pin_dir_leaves_this_instances_netlink_filters() {
     let sandbox = Sandbox::new("foreign-cleanup");
     // Two devices only the sandbox's namespace has (this kernel has veth, not dummy): the
     // agent finds them through the kernel, not in the host's /sys/class/net.
-    run(Command::new("ip").args([
-        "link", "add", "ext0", "type", "veth", "peer", "name", "ext1",
-    ]));
-    for device in ["ext0", "ext1"] {
-        run(Command::new("ip").args(["link", "set", device, "up"]));
-    }
+    veth_pair(&["ext0", "ext1"]);
     // This instance serves eth0 from the sandbox's pins; another serves eth1 from its own.
-    let mut this = sandbox.dataplane();
-    this.attach_external(&["ext0".to_owned()], TcMode::Netlink)
-        .expect("attach this instance's TC programs");
-    let other = OtherPins(PathBuf::from(format!(
-        "{}-other",
-        sandbox.pin_dir.display()
-    )));
-    let mut another = sandbox
-        .load(Config {
-            pin_dir: other.0.clone(),
-            ..sandbox.config()
-        })
-        .expect("load another instance");
-    another
-        .attach_external(&["ext1".to_owned()], TcMode::Netlink)
-        .expect("attach the other instance's TC programs");
+    let (other, this, another) = two_instances(&sandbox, "ext0", "ext1");
     // Netlink filters outlive their loader, as they do when an agent exits.
     drop((this, another));
-    assert_eq!(filters("ext0"), 2, "this instance: ingress and egress");
-    assert_eq!(filters("ext1"), 2, "the other instance: ingress and egress");
+    assert_eq!(tc_filters("ext0"), 2, "this instance: ingress and egress");
+    assert_eq!(
+        tc_filters("ext1"),
+        2,
+        "the other instance: ingress and egress"
+    );
 
     cleanup(&other.0);
     assert_eq!(
-        filters("ext1"),
+        tc_filters("ext1"),
         0,
         "cleanup removes the other instance's filters"
     );
     assert_eq!(
-        filters("ext0"),
+        tc_filters("ext0"),
         2,
         "cleanup of another pin directory leaves this instance's filters"
     );
     cleanup(&sandbox.pin_dir);
     assert_eq!(
-        filters("ext0"),
+        tc_filters("ext0"),
         0,
         "cleanup removes this instance's filters"
     );
@@ -65,13 +49,55 @@ fn cleanup_of_another_pin_dir_leaves_this_instances_netlink_filters() {
 #[test]
 fn two_instances_on_one_device_keep_their_own_netlink_filters() {
     let sandbox = Sandbox::new("shared-device");
+    veth_pair(&["ext0"]);
+    let device = ["ext0".to_owned()];
+    let (other, mut this, mut another) = two_instances(&sandbox, "ext0", "ext0");
+    assert_eq!(
+        tc_filters("ext0"),
+        4,
+        "the second instance attached beside the first, not over it"
+    );
+    // Both again, as restarted agents: each replaces its own filters, nobody else's.
+    this.attach_external(&device, TcMode::Netlink)
+        .expect("attach this instance's TC programs again");
+    another
+        .attach_external(&device, TcMode::Netlink)
+        .expect("attach the other instance's TC programs again");
+    drop((this, another));
+    assert_eq!(tc_filters("ext0"), 4, "restarts replaced filters in place");
+
+    cleanup(&other.0);
+    assert_eq!(
+        tc_filters("ext0"),
+        2,
+        "cleanup of the other instance leaves this instance's filters on the shared device"
+    );
+    cleanup(&sandbox.pin_dir);
+    assert_eq!(tc_filters("ext0"), 0, "no program is left on the device");
+}
+
+/// Two devices only the sandbox's namespace has (this kernel has veth, not dummy), ext0 and
+/// ext1, with those of `up` up: the agent finds them through the kernel, not in the host's
+/// /sys/class/net.
+fn veth_pair(up: &[&str]) {
     run(Command::new("ip").args([
         "link", "add", "ext0", "type", "veth", "peer", "name", "ext1",
     ]));
-    run(Command::new("ip").args(["link", "set", "ext0", "up"]));
-    let device = ["ext0".to_owned()];
+    for device in up {
+        run(Command::new("ip").args(["link", "set", device, "up"]));
+    }
+}
+
+/// This instance (the sandbox's pins) with its TC programs attached to `this_device` by
+/// netlink, and another instance (pins of its own, removed when dropped) attached to
+/// `other_device`.
+fn two_instances(
+    sandbox: &Sandbox,
+    this_device: &str,
+    other_device: &str,
+) -> (OtherPins, Dataplane, Dataplane) {
     let mut this = sandbox.dataplane();
-    this.attach_external(&device, TcMode::Netlink)
+    this.attach_external(&[this_device.to_owned()], TcMode::Netlink)
         .expect("attach this instance's TC programs");
     let other = OtherPins(PathBuf::from(format!(
         "{}-other",
@@ -84,64 +110,20 @@ fn two_instances_on_one_device_keep_their_own_netlink_filters() {
         })
         .expect("load another instance");
     another
-        .attach_external(&device, TcMode::Netlink)
+        .attach_external(&[other_device.to_owned()], TcMode::Netlink)
         .expect("attach the other instance's TC programs");
-    assert_eq!(
-        filters("ext0"),
-        4,
-        "the second instance attached beside the first, not over it"
-    );
-    // Both again, as restarted agents: each replaces its own filters, nobody else's.
-    this.attach_external(&device, TcMode::Netlink)
-        .expect("attach this instance's TC programs again");
-    another
-        .attach_external(&device, TcMode::Netlink)
-        .expect("attach the other instance's TC programs again");
-    drop((this, another));
-    assert_eq!(filters("ext0"), 4, "restarts replaced filters in place");
-
-    cleanup(&other.0);
-    assert_eq!(
-        filters("ext0"),
-        2,
-        "cleanup of the other instance leaves this instance's filters on the shared device"
-    );
-    cleanup(&sandbox.pin_dir);
-    assert_eq!(filters("ext0"), 0, "no program is left on the device");
+    (other, this, another)
 }
 
 /// `socklb cleanup` as the chart's cleanup container runs it.
 fn cleanup(pin_dir: &std::path::Path) {
-    let output = chart_cleanup()
-        .command(agent_bin())
-        .arg("cleanup")
-        .arg("--bpffs")
-        .arg(pin_dir)
-        .output()
-        .expect("run socklb cleanup");
-    assert!(
-        output.status.success(),
-        "socklb cleanup --bpffs {}: {}",
-        pin_dir.display(),
-        String::from_utf8_lossy(&output.stderr)
+    stdout_of(
+        chart_cleanup()
+            .command(agent_bin())
+            .arg("cleanup")
+            .arg("--bpffs")
+            .arg(pin_dir),
     );
-}
-
-/// socklb's netlink filters on `device`, as `tc` lists them.
-pub fn filters(device: &str) -> usize {
-    ["ingress", "egress"]
-        .iter()
-        .map(|hook| {
-            let output = Command::new("tc")
-                .args(["filter", "show", "dev", device, hook])
-                .output()
-                .expect("tc (iproute2)");
-            String::from_utf8_lossy(&output.stdout)
-                .lines()
-                .filter(|line| line.contains("socklb_tc_"))
-                .count()
-        })
-        .sum()
 }
 
 /// The other instance's pin directory, removed even when the test fails.

@@ -1,40 +1,24 @@
 //! An L3 device (no Ethernet header) under the TC programs, which parse Ethernet: refused
 //! by name, never attached to. WireGuard and ipip are not in this kernel; tun is, and is
 //! the same kind of device (link type `ARPHRD_NONE`, as WireGuard's).
-use std::{
-    process::{Command, Stdio},
-    time::{Duration, Instant},
+use std::{process::Command, time::Duration};
+
+use socklb_tests::{
+    Agent, FREE_PORTS, ManifestDir, Sandbox, node_yaml, privileges::chart_agent_minimal, run,
+    run_to_exit, tc_filters,
 };
-
-use socklb_tests::{Agent, ManifestDir, Sandbox, node_yaml, privileges::chart_agent_minimal, run};
-
-use crate::foreign_cleanup::filters;
 
 #[test]
 fn an_explicit_l3_device_fails_the_start_before_anything_is_created() {
-    let sandbox = Sandbox::new("l3-explicit");
-    tun("tun0", "10.79.0.1/24");
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "10.79.0.1"));
-    let mut child = sandbox
-        .agent_command(chart_agent_minimal(), &manifests.path)
-        .args(["--devices", "tun0", "--tc-attach-mode", "netlink"])
-        .args(["--healthz-bind-address", "127.0.0.1:0"])
-        .args(["--metrics-bind-address", "127.0.0.1:0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run socklb");
-    // An agent that does not stop at start would run on: it is killed at the deadline.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while child.try_wait().expect("wait for socklb").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let output = child.wait_with_output().expect("socklb's output");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "started on tun0:\n{stderr}");
+    let (sandbox, manifests) = node_on_tun("l3-explicit");
+    let (started, stderr) = run_to_exit(
+        sandbox
+            .agent_command(chart_agent_minimal(), &manifests.path)
+            .args(["--devices", "tun0", "--tc-attach-mode", "netlink"])
+            .args(FREE_PORTS),
+        Duration::from_secs(20),
+    );
+    assert!(!started, "started on tun0:\n{stderr}");
     assert!(
         stderr.contains("tun0") && stderr.contains("not an Ethernet device"),
         "the error names the device and why:\n{stderr}"
@@ -43,15 +27,12 @@ fn an_explicit_l3_device_fails_the_start_before_anything_is_created() {
         !sandbox.pin_dir.exists(),
         "nothing may be created before the devices are checked"
     );
-    assert_eq!(filters("tun0"), 0, "nothing attached to tun0");
+    assert_eq!(tc_filters("tun0"), 0, "nothing attached to tun0");
 }
 
 #[test]
 fn an_l3_device_holding_the_node_address_is_skipped_with_one_warning() {
-    let sandbox = Sandbox::new("l3-auto");
-    tun("tun0", "10.79.0.1/24");
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "10.79.0.1"));
+    let (sandbox, manifests) = node_on_tun("l3-auto");
     let agent = Agent::start(
         &sandbox,
         &manifests.path,
@@ -71,12 +52,17 @@ fn an_l3_device_holding_the_node_address_is_skipped_with_one_warning() {
         "the warning names the device and why: {}",
         warnings[0]
     );
-    assert_eq!(filters("tun0"), 0, "nothing attached to tun0:\n{log}");
+    assert_eq!(tc_filters("tun0"), 0, "nothing attached to tun0:\n{log}");
 }
 
-/// An L3 device in the sandbox's namespace, up, holding `address`.
-fn tun(device: &str, address: &str) {
-    run(Command::new("ip").args(["tuntap", "add", "dev", device, "mode", "tun"]));
-    run(Command::new("ip").args(["addr", "add", address, "dev", device]));
-    run(Command::new("ip").args(["link", "set", device, "up"]));
+/// The sandbox of `test` with an L3 device, tun0, up and holding 10.79.0.1/24, and the
+/// manifests of node-a, whose address that is.
+fn node_on_tun(test: &str) -> (Sandbox, ManifestDir) {
+    let sandbox = Sandbox::new(test);
+    run(Command::new("ip").args(["tuntap", "add", "dev", "tun0", "mode", "tun"]));
+    run(Command::new("ip").args(["addr", "add", "10.79.0.1/24", "dev", "tun0"]));
+    run(Command::new("ip").args(["link", "set", "tun0", "up"]));
+    let manifests = ManifestDir::new(&sandbox);
+    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "10.79.0.1"));
+    (sandbox, manifests)
 }

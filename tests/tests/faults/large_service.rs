@@ -2,9 +2,11 @@
 //! Its change is refused whole: a frontend that had 65,535 keeps exactly those (none left
 //! out, none added), the warning gives the right count, and `socklb explain` says the
 //! frontend is refused and why instead of listing endpoints as in use.
-use std::{collections::BTreeSet, net::Ipv4Addr, process::Command};
+use std::{collections::BTreeSet, net::Ipv4Addr};
 
-use socklb_tests::{Agent, ManifestDir, Sandbox, agent_bin, node_yaml, service_yaml};
+use socklb_tests::{
+    Agent, ManifestDir, Sandbox, explain_command, node_yaml, service_yaml, stdout_of,
+};
 
 const VIP: &str = "10.96.46.10";
 
@@ -46,18 +48,7 @@ fn programmed(sandbox: &Sandbox) -> BTreeSet<String> {
 }
 
 fn explain(manifests: &ManifestDir) -> String {
-    let output = Command::new(agent_bin())
-        .args(["explain", "--source", "file", "--node-name", "node-a"])
-        .args(["--service", "default/big", "--manifests"])
-        .arg(&manifests.path)
-        .output()
-        .expect("run socklb explain");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    stdout_of(explain_command(&manifests.path, "node-a").args(["--service", "default/big"]))
 }
 
 #[test]

@@ -7,60 +7,46 @@
 //! plays the TTL's part.
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket},
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    os::fd::OwnedFd,
     time::{Duration, Instant},
 };
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox,
+    Agent, NamedServer, eventually,
     family::Family,
-    lan::{Addresses, addresses, counters, lan},
+    lan::{Addresses, LanNode},
+    raw_socket,
 };
 
-#[test]
-fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted_over_ipv4() {
-    a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(Family::V4);
-}
-
-#[test]
-fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted_over_ipv6() {
-    a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(Family::V6);
-}
+socklb_tests::for_each_family!(
+    a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted,
+    a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry,
+);
 
 fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("low-ttl{}", family.tag()));
-    let lan = lan(&format!("t{}", family.tag()));
-    let _server = NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353));
-    let manifests = ManifestDir::new(&sandbox);
-    dns_node_port(&a, &manifests, 95, 30053, a.pod2_endpoint());
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
-
-    let socket = lan.client.enter(|| client_socket(&a, 40200));
-    let client_flows = || client_flows(&sandbox, &a, 40200);
+    // pod2, behind node2: a remote backend.
+    let dns = DnsNodePort::start(family, ("low-ttl", "t"), 2, (95, 30053));
+    let (node, a) = (&dns.node, &dns.node.a);
+    let socket = node.udp_client(40200);
+    let client_flows = || forward_flows(node, 40200);
     let node_port = Addresses::at(a.node1, 30053);
 
-    let before = counters(&sandbox);
+    let before = node.counters();
     set_hop_limit(&socket, family, 1);
     socket.send_to(b"ping", &node_port).expect("send");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let flows = client_flows();
-        assert!(
-            flows.is_empty(),
-            "the TTL-1 datagram made a conntrack entry: {flows:?}"
-        );
-        if counters(&sandbox).ttl_exceeded > before.ttl_exceeded {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the TTL-1 datagram was not counted: {:?}",
-            counters(&sandbox)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        "the TTL-1 datagram counted",
+        Duration::from_secs(10),
+        || {
+            let flows = client_flows();
+            assert!(
+                flows.is_empty(),
+                "the TTL-1 datagram made a conntrack entry: {flows:?}"
+            );
+            ttl_exceeded_since(node, before.ttl_exceeded)
+        },
+    );
     // Counted, and still no entry.
     assert!(client_flows().is_empty());
 
@@ -76,60 +62,33 @@ fn a_packet_with_ttl_1_takes_no_conntrack_entry_and_is_counted(family: Family) {
 
     // A TTL-1 datagram of the flow now known is dropped and counted too, and the flow
     // keeps its SNAT port: the backend sees the next datagram from the same address.
-    let counted = counters(&sandbox).ttl_exceeded;
+    let counted = node.counters().ttl_exceeded;
     set_hop_limit(&socket, family, 1);
     socket.send_to(b"ping", &node_port).expect("send");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counters(&sandbox).ttl_exceeded == counted {
-        assert!(
-            Instant::now() < deadline,
-            "the TTL-1 datagram of a known flow was not counted: {:?}",
-            counters(&sandbox)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        "the TTL-1 datagram of a known flow counted",
+        Duration::from_secs(10),
+        || ttl_exceeded_since(node, counted),
+    );
     set_hop_limit(&socket, family, 64);
     socket.send_to(b"ping", &node_port).expect("send");
     let (len, from) = socket.recv_from(&mut buffer).expect("an answer");
     assert_eq!(from.to_string(), node_port);
     assert_eq!(String::from_utf8_lossy(&buffer[..len]), answer);
-    assert_eq!(counters(&sandbox).errors, 0);
-}
-
-#[test]
-fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry_over_ipv4()
- {
-    a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry(
-        Family::V4,
-    );
-}
-
-#[test]
-fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry_over_ipv6()
- {
-    a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry(
-        Family::V6,
-    );
+    assert_eq!(node.counters().errors, 0);
 }
 
 fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntrack_entry(
     family: Family,
 ) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("low-ttl-local{}", family.tag()));
-    let lan = lan(&format!("k{}", family.tag()));
-    let _server = NamedServer::udp_in(&lan.pod1, "pod1", SocketAddr::new(a.pod1, 5353));
-    let manifests = ManifestDir::new(&sandbox);
-    dns_node_port(&a, &manifests, 94, 30052, a.pod1_endpoint());
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
-
-    let (socket, icmp) = lan
-        .client
-        .enter(|| (client_socket(&a, 40201), IcmpReceiver::open(family)));
-    let client_flows = || client_flows(&sandbox, &a, 40201);
+    let dns = DnsNodePort::start(family, ("low-ttl-local", "k"), 1, (94, 30052));
+    let (node, a) = (&dns.node, &dns.node.a);
+    let socket = node.udp_client(40201);
+    let icmp = node.lan.client.enter(|| IcmpReceiver::open(family));
+    let client_flows = || forward_flows(node, 40201);
     let node_port = Addresses::at(a.node1, 30052);
 
-    let before = counters(&sandbox);
+    let before = node.counters();
     set_hop_limit(&socket, family, 1);
     socket.send_to(b"ping", &node_port).expect("send");
     // The kernel forwarding the translated datagram to pod1 answers time exceeded, quoting
@@ -141,7 +100,7 @@ fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntr
         "the TTL-1 datagram made a conntrack entry: {:?}",
         client_flows()
     );
-    let after = counters(&sandbox);
+    let after = node.counters();
     assert_eq!(after.ttl_exceeded, before.ttl_exceeded, "not socklb's drop");
     assert_eq!(after.errors, 0);
 
@@ -155,35 +114,57 @@ fn a_packet_with_ttl_1_to_a_local_backend_is_left_to_the_kernel_without_a_conntr
     assert_eq!(client_flows().len(), 1, "the flow's forward entry");
 }
 
-/// The nodes and a UDP NodePort Service `dns` (port 53 -> 5353) with one endpoint.
-fn dns_node_port(
-    a: &Addresses,
-    manifests: &ManifestDir,
-    vip_host: u8,
-    node_port: u16,
-    endpoint: (String, &str),
-) {
-    a.nodes(manifests);
-    let ports = format!(
-        "[{{name: dns, port: 53, targetPort: 5353, nodePort: {node_port}, protocol: UDP}}]"
-    );
-    manifests.write(
-        "dns.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service("dns", vip_host, &ports, "  type: NodePort", false),
-            a.slice("dns-1", "dns", ("dns", 5353, "UDP"), &[endpoint])
-        ),
-    );
+/// node1 on the LAN, a UDP server in one pod, and Service dns (port 53 -> 5353) whose only
+/// endpoint it is, reached through its NodePort; the agent runs.
+struct DnsNodePort {
+    _agent: Agent,
+    _server: NamedServer,
+    node: LanNode,
 }
 
-/// The outside client's UDP socket on `port` (in the namespace it is called in).
-fn client_socket(a: &Addresses, port: u16) -> UdpSocket {
-    let socket = UdpSocket::bind(Addresses::at(a.client, port)).expect("bind the client");
-    socket
-        .set_read_timeout(Some(Duration::from_secs(3)))
-        .expect("timeout");
-    socket
+impl DnsNodePort {
+    /// The LAN of (`test`, `tag`), the server in pod `pod` (1 or 2), and Service dns on
+    /// (cluster IP [`Family::vip`]`(host)`, `node_port`).
+    fn start(
+        family: Family,
+        (test, tag): (&str, &str),
+        pod: u8,
+        (host, node_port): (u8, u16),
+    ) -> Self {
+        let node = LanNode::new(family, test, tag);
+        let server = node.udp_server(pod, 5353);
+        let endpoint = if pod == 1 {
+            node.a.pod1_endpoint()
+        } else {
+            node.a.pod2_endpoint()
+        };
+        let service = node
+            .a
+            .exposed("dns", host)
+            .port("dns", 53, 5353, node_port, "UDP");
+        node.write("dns.yaml", &service.endpoints(&[endpoint]).yaml());
+        Self {
+            _agent: node.agent(&[]),
+            _server: server,
+            node,
+        }
+    }
+}
+
+/// Ok once socklb counted a packet whose TTL ran out since it counted `before`.
+fn ttl_exceeded_since(node: &LanNode, before: u64) -> Result<(), String> {
+    match node.counters() {
+        now if now.ttl_exceeded > before => Ok(()),
+        now => Err(format!("not counted: {now:?}")),
+    }
+}
+
+/// The forward conntrack entries of the client's flows from `port`.
+fn forward_flows(node: &LanNode, port: u16) -> Vec<inspect::ConntrackState> {
+    node.client_flows(port)
+        .into_iter()
+        .filter(|c| c.direction == "forward")
+        .collect()
 }
 
 /// Sets the TTL of the datagrams `socket` sends: `IP_TTL`, or (IPv6) the unicast hop
@@ -193,35 +174,10 @@ fn set_hop_limit(socket: &UdpSocket, family: Family, hops: u8) {
         Family::V4 => socket.set_ttl(u32::from(hops)).expect("IP_TTL"),
         Family::V6 => {
             let hops = libc::c_int::from(hops);
-            // SAFETY: setsockopt on our socket with an int of the size passed.
-            let rc = unsafe {
-                libc::setsockopt(
-                    socket.as_raw_fd(),
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_UNICAST_HOPS,
-                    std::ptr::from_ref(&hops).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                )
-            };
-            assert_eq!(
-                rc,
-                0,
-                "IPV6_UNICAST_HOPS: {}",
-                std::io::Error::last_os_error()
-            );
+            raw_socket::set_option(socket, libc::IPPROTO_IPV6, libc::IPV6_UNICAST_HOPS, &hops)
+                .expect("IPV6_UNICAST_HOPS");
         }
     }
-}
-
-/// The conntrack entries of flows from the outside client's `port`.
-fn client_flows(sandbox: &Sandbox, a: &Addresses, port: u16) -> Vec<inspect::ConntrackState> {
-    let client = Addresses::at(a.client, port);
-    inspect::inspect(&sandbox.pin_dir, None)
-        .expect("inspect")
-        .conntrack
-        .into_iter()
-        .filter(|c| c.from.to_string() == client)
-        .collect()
 }
 
 /// A raw ICMP (ICMPv6) socket of the namespace it was opened in: sees every ICMP message
@@ -237,26 +193,8 @@ impl IcmpReceiver {
             Family::V4 => (libc::AF_INET, libc::IPPROTO_ICMP),
             Family::V6 => (libc::AF_INET6, libc::IPPROTO_ICMPV6),
         };
-        // SAFETY: plain socket creation; the descriptor is owned below.
-        let fd = unsafe { libc::socket(domain, libc::SOCK_RAW, protocol) };
-        assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
-        // SAFETY: the descriptor was just created and is owned by nobody else.
-        let socket = unsafe { OwnedFd::from_raw_fd(fd) };
-        let timeout = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        // SAFETY: setsockopt on our socket with a timeval of the size passed.
-        let rc = unsafe {
-            libc::setsockopt(
-                socket.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                std::ptr::from_ref(&timeout).cast(),
-                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
-            )
-        };
-        assert_eq!(rc, 0, "SO_RCVTIMEO: {}", std::io::Error::last_os_error());
+        let socket = raw_socket::open(domain, protocol);
+        raw_socket::set_receive_timeout(&socket, Duration::from_secs(1)).expect("SO_RCVTIMEO");
         Self { socket, family }
     }
 
@@ -270,16 +208,7 @@ impl IcmpReceiver {
                 Instant::now() < deadline,
                 "no ICMP time exceeded about the datagram from port {source_port}"
             );
-            // SAFETY: recv into a buffer of the length passed, on our socket.
-            let len = unsafe {
-                libc::recv(
-                    self.socket.as_raw_fd(),
-                    packet.as_mut_ptr().cast(),
-                    packet.len(),
-                    0,
-                )
-            };
-            let Ok(len) = usize::try_from(len) else {
+            let Ok(len) = raw_socket::receive(&self.socket, &mut packet, 0) else {
                 continue;
             };
             if let Some(quoted) = self.quoted_destination(&packet[..len], source_port) {

@@ -18,13 +18,11 @@ use aya::{
 };
 use socklb_abi::{AffinityEntry, AffinityKey, ServiceEntry, ServiceKey, map_names, program_names};
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox,
+    Agent,
     echo::{EchoServer, echo},
+    family::Family,
     filler_services,
-    lan::{
-        NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, answers, counters, lan, nodes, service,
-        slice,
-    },
+    lan::{LanNode, NODE1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, answers, service, slice},
 };
 
 /// Services on the node at each stage, besides the three the test talks to.
@@ -45,31 +43,25 @@ const GROWN: [&str; 4] = [
 
 #[test]
 fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
-    let sandbox = Sandbox::new("map-growth");
-    let lan = lan("w");
+    let node = LanNode::new(Family::V4, "map-growth", "w");
+    let LanNode {
+        lan,
+        sandbox,
+        manifests,
+        ..
+    } = &node;
     let _echo = EchoServer::start(&lan.pod2, SocketAddrV4::new(POD2, 8080));
-    let _spread = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8081)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8081)),
-        NamedServer::udp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8053)),
-        NamedServer::udp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8053)),
-    ];
-    let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
+    let _spread = [node.tcp_servers(8081), node.udp_servers(8053)];
     let pods = [POD1_ENDPOINT, POD2_ENDPOINT];
     // Reached from outside through its NodePort; its backend is on node2 (SNAT, conntrack).
-    manifests.service(
-        "echo",
-        &service(
-            "echo",
-            "10.96.0.140",
-            &format!(
-                "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
-            ),
-            "  type: NodePort",
-            None,
-        ),
-        &slice("echo-1", "echo", ("http", 8080, "TCP"), &[POD2_ENDPOINT]),
+    node.write(
+        "echo.yaml",
+        &node
+            .a
+            .exposed("echo", 140)
+            .port("http", 80, 8080, NODE_PORT, "TCP")
+            .endpoints(&[POD2_ENDPOINT])
+            .yaml(),
     );
     // Reached from local sockets: Services that spread (TCP and UDP), one that sticks
     // (ClientIP affinity).
@@ -92,7 +84,7 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
         );
     }
     manifests.write("fillers.yaml", &filler_services(STAGES[0], ENDPOINTS));
-    let agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    let agent = node.agent(&[]);
     wait_for_entries(&sandbox.pin_dir, STAGES[0], &agent);
 
     // Traffic from outside: a long-lived flow through conntrack and SNAT.
@@ -193,7 +185,7 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
         stuck,
         "the sticky client moved"
     );
-    assert_eq!(counters(&sandbox).errors, 0, "{}", agent.log());
+    assert_eq!(node.counters().errors, 0, "{}", agent.log());
 }
 
 /// Waits until the service map holds every filler Service's entries.

@@ -4,7 +4,7 @@
 //! NodePort see no failed connection, four long-lived flows echoing all along see no reset,
 //! and the device keeps exactly one filter per hook.
 use std::{
-    net::{SocketAddrV4, TcpStream},
+    net::{SocketAddr, TcpStream},
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
@@ -14,13 +14,13 @@ use std::{
 };
 
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox, assert_all_connected,
+    assert_all_connected,
     echo::{EchoServer, echo},
+    family::Family,
     filler_services,
-    lan::{NODE1, POD1, POD1_ENDPOINT, POD2, POD2_ENDPOINT, answers, lan, nodes, service, slice},
+    lan::{Addresses, LanNode, answers},
+    tc_filters,
 };
-
-use crate::foreign_cleanup::filters;
 
 const NODE_PORT: u16 = 30150;
 const ECHO_NODE_PORT: u16 = 30151;
@@ -31,73 +31,49 @@ const FILLERS: usize = 1_100;
 
 #[test]
 fn restarts_and_growth_replace_netlink_filters_without_a_failed_connection() {
-    let sandbox = Sandbox::new("nl-attach");
-    let lan = lan("n");
-    let _servers = [
-        NamedServer::tcp_in(&lan.pod1, "pod1", SocketAddrV4::new(POD1, 8080)),
-        NamedServer::tcp_in(&lan.pod2, "pod2", SocketAddrV4::new(POD2, 8080)),
-    ];
+    let node = LanNode::new(Family::V4, "nl-attach", "n");
+    let LanNode { a, lan, .. } = &node;
+    let _servers = node.tcp_servers(8080);
     let _echo = [
-        EchoServer::start(&lan.pod1, SocketAddrV4::new(POD1, 9000)),
-        EchoServer::start(&lan.pod2, SocketAddrV4::new(POD2, 9000)),
+        EchoServer::start(&lan.pod1, SocketAddr::new(a.pod1, 9000)),
+        EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 9000)),
     ];
-    let manifests = ManifestDir::new(&sandbox);
-    nodes(&manifests);
-    manifests.service(
-        "echo",
-        &service(
-            "echo",
-            "10.96.0.151",
-            &format!(
-                "[{{name: echo, port: 80, targetPort: 9000, nodePort: {ECHO_NODE_PORT}, \
-                 protocol: TCP}}]"
-            ),
-            "  type: NodePort",
-            None,
-        ),
-        &slice(
-            "echo-1",
-            "echo",
-            ("echo", 9000, "TCP"),
-            &[POD1_ENDPOINT, POD2_ENDPOINT],
-        ),
-    );
-    manifests.service(
-        "web",
-        &service(
-            "web",
-            "10.96.0.150",
-            &format!(
-                "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
-            ),
-            "  type: NodePort",
-            None,
-        ),
-        &slice(
-            "web-1",
-            "web",
-            ("http", 8080, "TCP"),
-            &[POD1_ENDPOINT, POD2_ENDPOINT],
-        ),
-    );
-    let mut agent = Agent::start(&sandbox, &manifests.path, "node1", &NETLINK);
+    let pods = [a.pod1_endpoint(), a.pod2_endpoint()];
+    // (Service, its host in the service CIDR, port name, target port, NodePort)
+    for (name, host, port, target, node_port) in [
+        ("echo", 151, "echo", 9000, ECHO_NODE_PORT),
+        ("web", 150, "http", 8080, NODE_PORT),
+    ] {
+        let service = a
+            .exposed(name, host)
+            .port(port, 80, target, node_port, "TCP");
+        node.write(&format!("{name}.yaml"), &service.endpoints(&pods).yaml());
+    }
+    let mut agent = node.agent(&NETLINK);
     agent.wait_for_log("synced", 1);
-    assert_eq!(filters("eth0"), 2, "one filter per hook:\n{}", agent.log());
+    assert_eq!(
+        tc_filters("eth0"),
+        2,
+        "one filter per hook:\n{}",
+        agent.log()
+    );
 
-    let frontend = format!("{NODE1}:{NODE_PORT}");
+    let frontend = Addresses::at(a.node1, NODE_PORT);
     let forever = Duration::from_secs(600);
     let mut clients: Vec<_> = (0..4)
         .map(|_| lan.client.spawn_probe_for("tcp", &frontend, forever, 2))
         .collect();
     // Flows that send all along: a packet of theirs in a gap between two filters would
     // meet the host's stack, which has no such connection and resets it.
-    let echo_frontend = SocketAddrV4::new(NODE1.parse().expect("address"), ECHO_NODE_PORT);
+    let echo_frontend: SocketAddr = Addresses::at(a.node1, ECHO_NODE_PORT)
+        .parse()
+        .expect("address");
     let flows: Vec<EchoLoop> = (0..4)
         .map(|_| EchoLoop::start(&lan.client, echo_frontend))
         .collect();
     for restart in 1..=3 {
         drop(agent);
-        agent = Agent::start(&sandbox, &manifests.path, "node1", &NETLINK);
+        agent = node.agent(&NETLINK);
         agent.wait_for_log("synced", 1);
         let replaced = agent
             .log()
@@ -115,10 +91,10 @@ fn restarts_and_growth_replace_netlink_filters_without_a_failed_connection() {
             "a client stopped before restart {restart} was recovered from"
         );
     }
-    manifests.write("fillers.yaml", &filler_services(FILLERS, 5));
+    node.write("fillers.yaml", &filler_services(FILLERS, 5));
     agent.wait_for_log("maps grown", 1);
     assert_eq!(
-        filters("eth0"),
+        tc_filters("eth0"),
         2,
         "restarts and growth left one filter per hook:\n{}",
         agent.log()
@@ -151,9 +127,9 @@ struct EchoLoop {
 }
 
 impl EchoLoop {
-    fn start(netns: &socklb_tests::netns::Netns, frontend: SocketAddrV4) -> Self {
+    fn start(netns: &socklb_tests::netns::Netns, frontend: SocketAddr) -> Self {
         let mut stream = netns.enter(|| {
-            TcpStream::connect_timeout(&frontend.into(), Duration::from_secs(5))
+            TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
                 .expect("connect through the NodePort")
         });
         let stop = Arc::new(AtomicBool::new(false));

@@ -15,70 +15,44 @@
 //!   translated, it reaches the client's connected socket as ECONNREFUSED at once.
 use std::{
     io::{ErrorKind, Read as _, Write as _},
-    net::{Shutdown, SocketAddr, TcpStream, UdpSocket},
+    net::{Shutdown, SocketAddr, TcpStream},
     path::{Path, PathBuf},
-    process::{Child, Stdio},
-    time::{Duration, Instant},
+    process::Stdio,
+    time::Duration,
 };
 
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox,
+    KillOnDrop, Sandbox,
     echo::EchoServer,
+    eventually,
     family::Family,
-    lan::{self, Addresses, addresses, counters, lan},
+    lan::{self, Addresses, LanNode},
     netns::Netns,
 };
 
 /// The size of the HTTP response: many segments above the path's MTU.
 const BODY: usize = 1 << 20;
 
-#[test]
-fn a_1280_mtu_hop_before_the_client_leaves_nodeport_transfers_whole_over_ipv4() {
-    a_small_mtu_hop_before_the_client(Family::V4);
-}
+socklb_tests::for_each_family!(
+    a_1280_mtu_hop_before_the_client_leaves_nodeport_transfers_whole,
+    port_unreachable_from_a_backend_refuses_the_client_at_once,
+    a_1280_mtu_route_to_a_remote_backend_leaves_nodeport_uploads_whole,
+);
 
-#[test]
-fn a_1280_mtu_hop_before_the_client_leaves_nodeport_transfers_whole_over_ipv6() {
-    a_small_mtu_hop_before_the_client(Family::V6);
-}
-
-fn a_small_mtu_hop_before_the_client(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("pmtu{}", family.tag()));
-    let lan = lan(&format!("m{}", family.tag()));
+fn a_1280_mtu_hop_before_the_client_leaves_nodeport_transfers_whole(family: Family) {
+    let node = LanNode::new(family, "pmtu", "m");
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
     let far = lan.far_client(1280);
-    let files = WebRoot::new(&sandbox);
+    let files = WebRoot::new(sandbox);
     let _servers = [
         HttpServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), &files.0),
         HttpServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080), &files.0),
     ];
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    let ports = |port: u16| {
-        format!("[{{name: http, port: 80, targetPort: 8080, nodePort: {port}, protocol: TCP}}]")
-    };
-    manifests.write(
-        "web.yaml",
-        &format!(
-            "{}---\n{}---\n{}---\n{}",
-            a.service("local", 61, &ports(30061), "  type: NodePort", false),
-            a.slice(
-                "local-1",
-                "local",
-                ("http", 8080, "TCP"),
-                &[a.pod1_endpoint()]
-            ),
-            a.service("remote", 62, &ports(30062), "  type: NodePort", false),
-            a.slice(
-                "remote-1",
-                "remote",
-                ("http", 8080, "TCP"),
-                &[a.pod2_endpoint()]
-            ),
-        ),
-    );
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
-    let before = counters(&sandbox);
+    node.local_and_remote("web.yaml", 61, ("http", 80, 8080, "TCP"), 30061);
+    let _agent = node.agent(&[]);
+    let before = node.counters();
 
     for (backend, port) in [("local", 30061), ("remote", 30062)] {
         let url = format!("http://{}/big", Addresses::at(a.node1, port));
@@ -102,10 +76,10 @@ fn a_small_mtu_hop_before_the_client(family: Family) {
             BODY.to_string(),
             "{backend} backend: 1 MiB through {url} across a 1,280 MTU hop ({}); {:?}",
             String::from_utf8_lossy(&output.stderr),
-            counters(&sandbox)
+            node.counters()
         );
     }
-    let after = counters(&sandbox);
+    let after = node.counters();
     assert!(
         after.icmp_errors_translated > before.icmp_errors_translated,
         "the router's errors were translated: {after:?}"
@@ -114,60 +88,16 @@ fn a_small_mtu_hop_before_the_client(family: Family) {
     drop(far);
 }
 
-#[test]
-fn port_unreachable_from_a_backend_refuses_the_client_at_once_over_ipv4() {
-    port_unreachable_from_a_backend(Family::V4);
-}
-
-#[test]
-fn port_unreachable_from_a_backend_refuses_the_client_at_once_over_ipv6() {
-    port_unreachable_from_a_backend(Family::V6);
-}
-
-fn port_unreachable_from_a_backend(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("unreach{}", family.tag()));
-    let lan = lan(&format!("u{}", family.tag()));
+fn port_unreachable_from_a_backend_refuses_the_client_at_once(family: Family) {
+    let node = LanNode::new(family, "unreach", "u");
+    let a = &node.a;
     // No server listens on the target port in either pod.
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    let ports = |port: u16| {
-        format!("[{{name: dns, port: 53, targetPort: 5999, nodePort: {port}, protocol: UDP}}]")
-    };
-    manifests.write(
-        "dns.yaml",
-        &format!(
-            "{}---\n{}---\n{}---\n{}",
-            a.service("local", 63, &ports(30063), "  type: NodePort", false),
-            a.slice(
-                "local-1",
-                "local",
-                ("dns", 5999, "UDP"),
-                &[a.pod1_endpoint()]
-            ),
-            a.service("remote", 64, &ports(30064), "  type: NodePort", false),
-            a.slice(
-                "remote-1",
-                "remote",
-                ("dns", 5999, "UDP"),
-                &[a.pod2_endpoint()]
-            ),
-        ),
-    );
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    node.local_and_remote("dns.yaml", 63, ("dns", 53, 5999, "UDP"), 30063);
+    let _agent = node.agent(&[]);
 
     for (backend, port) in [("local", 30063), ("remote", 30064)] {
         let frontend = Addresses::at(a.node1, port);
-        let refused = lan.client.enter(|| {
-            let client = UdpSocket::bind(Addresses::at(a.client, 0)).expect("bind");
-            client.connect(&frontend).expect("connect");
-            client
-                .set_read_timeout(Some(Duration::from_secs(5)))
-                .expect("timeout");
-            client.send(b"query").expect("send");
-            let mut buffer = [0u8; 64];
-            client.recv(&mut buffer).map_err(|e| e.kind())
-        });
+        let refused = node.udp_query(&frontend, Duration::from_secs(5));
         assert_eq!(
             refused,
             Err(ErrorKind::ConnectionRefused),
@@ -175,27 +105,16 @@ fn port_unreachable_from_a_backend(family: Family) {
              {frontend} must get the port unreachable as ECONNREFUSED, not wait"
         );
     }
-    assert!(counters(&sandbox).icmp_errors_translated >= 2);
-}
-
-#[test]
-fn a_1280_mtu_route_to_a_remote_backend_leaves_nodeport_uploads_whole_over_ipv4() {
-    a_small_mtu_towards_the_backend(Family::V4);
-}
-
-#[test]
-fn a_1280_mtu_route_to_a_remote_backend_leaves_nodeport_uploads_whole_over_ipv6() {
-    a_small_mtu_towards_the_backend(Family::V6);
+    assert!(node.counters().icmp_errors_translated >= 2);
 }
 
 /// The path from node1 to pod2 carries 1,280 bytes (node1's route there, as with an
 /// overlay's smaller device MTU), while the client and both pods use 1,500: the client's
 /// segments to the backend are too big for it, and socklb, which forwards them itself,
 /// answers as a router does, so that the client lowers its path MTU.
-fn a_small_mtu_towards_the_backend(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("pmtub{}", family.tag()));
-    let lan = lan(&format!("o{}", family.tag()));
+fn a_1280_mtu_route_to_a_remote_backend_leaves_nodeport_uploads_whole(family: Family) {
+    let node = LanNode::new(family, "pmtub", "o");
+    let LanNode { a, lan, .. } = &node;
     let _server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
     let (version, pod2_net) = match family {
         Family::V4 => ("-4", "10.244.2.0/24"),
@@ -206,48 +125,16 @@ fn a_small_mtu_towards_the_backend(family: Family) {
     lan::here(&[
         version, "route", "change", pod2_net, "via", a.node2, "mtu", "lock", "1280",
     ]);
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    manifests.write(
-        "echo.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "remote",
-                65,
-                "[{name: echo, port: 80, targetPort: 8080, nodePort: 30065, protocol: TCP}]",
-                "  type: NodePort",
-                false
-            ),
-            a.slice(
-                "remote-1",
-                "remote",
-                ("echo", 8080, "TCP"),
-                &[a.pod2_endpoint()]
-            ),
-        ),
-    );
-    // Nothing listens on pod2's port 9: traceroute's probe ends with port unreachable.
-    manifests.write(
-        "probe.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "probe",
-                66,
-                "[{name: probe, port: 81, targetPort: 9, nodePort: 30066, protocol: UDP}]",
-                "  type: NodePort",
-                false
-            ),
-            a.slice(
-                "probe-1",
-                "probe",
-                ("probe", 9, "UDP"),
-                &[a.pod2_endpoint()]
-            ),
-        ),
-    );
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    // The echo Service, and one for traceroute: nothing listens on pod2's port 9, so its
+    // probe ends with port unreachable.
+    let services = [
+        a.exposed("remote", 65).port("echo", 80, 8080, 30065, "TCP"),
+        a.exposed("probe", 66).port("probe", 81, 9, 30066, "UDP"),
+    ];
+    for (file, service) in ["echo.yaml", "probe.yaml"].into_iter().zip(services) {
+        node.write(file, &service.endpoints(&[a.pod2_endpoint()]).yaml());
+    }
+    let _agent = node.agent(&[]);
     let frontend: SocketAddr = Addresses::at(a.node1, 30065).parse().expect("address");
 
     let echoed = lan.client.enter(|| {
@@ -278,12 +165,12 @@ fn a_small_mtu_towards_the_backend(family: Family) {
         (BODY, None, None),
         "1 MiB sent through the NodePort to a backend behind a 1,280 MTU route comes back \
          whole; {:?}",
-        counters(&sandbox)
+        node.counters()
     );
     assert!(
-        counters(&sandbox).too_big_answered > 0,
+        node.counters().too_big_answered > 0,
         "socklb answered the too-big segments: {:?}",
-        counters(&sandbox)
+        node.counters()
     );
     // The client's kernel took the answer (checksums, quote and all): it keeps the path
     // MTU it learned for the node. (Veths carry GSO batches whatever their MTU, so the
@@ -325,7 +212,7 @@ fn a_small_mtu_towards_the_backend(family: Family) {
             && hops.contains("F=1280"),
         "traceroute shows node1 as the first hop, then reaches the backend through it with \
          the path's MTU of 1,280:\n{hops}\n{:?}",
-        counters(&sandbox)
+        node.counters()
     );
 }
 
@@ -349,40 +236,30 @@ impl Drop for WebRoot {
 }
 
 /// Python's HTTP server in a pod's namespace, serving `root`; killed when dropped.
-struct HttpServer(Child);
+struct HttpServer;
 
 impl HttpServer {
-    fn start(pod: &Netns, address: SocketAddr, root: &Path) -> Self {
-        let child = pod
-            .command("python3")
-            .args(["-m", "http.server", "--bind"])
-            .arg(address.ip().to_string())
-            .arg("--directory")
-            .arg(root)
-            .arg(address.port().to_string())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prerequisite missing: python3 (its http.server serves the test's file)");
-        let server = Self(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while pod
-            .enter(|| TcpStream::connect_timeout(&address, Duration::from_millis(200)))
-            .is_err()
-        {
-            assert!(
-                Instant::now() < deadline,
-                "python3 -m http.server did not listen on {address}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+    fn start(pod: &Netns, address: SocketAddr, root: &Path) -> KillOnDrop {
+        let server = KillOnDrop(
+            pod.command("python3")
+                .args(["-m", "http.server", "--bind"])
+                .arg(address.ip().to_string())
+                .arg("--directory")
+                .arg(root)
+                .arg(address.port().to_string())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("prerequisite missing: python3 (its http.server serves the test's file)"),
+        );
+        eventually(
+            &format!("python3 -m http.server listening on {address}"),
+            Duration::from_secs(10),
+            || {
+                pod.enter(|| TcpStream::connect_timeout(&address, Duration::from_millis(200)))
+                    .map_err(|e| e.to_string())
+            },
+        );
         server
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }

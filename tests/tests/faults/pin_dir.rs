@@ -9,12 +9,12 @@ use std::{
     os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
     path::Path,
     process::{Child, Command, Stdio},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox, node_yaml, privileges::chart_agent_minimal,
-    service_yaml, slice_yaml,
+    Agent, FREE_PORTS, KillOnDrop, LogFollower, ManifestDir, NamedServer, Sandbox, assert_logged,
+    bpftool, eventually, privileges::chart_agent_minimal, run_to_exit,
 };
 
 const NET: u8 = 44;
@@ -24,77 +24,53 @@ fn vip() -> SocketAddr {
 }
 
 fn cluster(sandbox: &Sandbox) -> ManifestDir {
-    let manifests = ManifestDir::new(sandbox);
-    manifests.write(
-        "node.yaml",
-        &node_yaml("node-a", "zone-a", &format!("192.168.{NET}.1")),
-    );
-    manifests.write(
-        "web.yaml",
-        &service_yaml("web", &vip().ip().to_string(), 80, ""),
-    );
-    let endpoint = format!("127.0.{NET}.1");
-    manifests.write(
-        "slice.yaml",
-        &slice_yaml(
-            "web-1",
-            "web",
-            8080,
-            &[(&endpoint, "node-a", "zone-a", "")],
-            false,
-        ),
-    );
-    manifests
+    ManifestDir::web_with_one_endpoint(sandbox, NET, &vip().ip().to_string())
 }
 
 fn wait_for_answer(sandbox: &Sandbox, what: &str) {
     let expected = format!("127.0.{NET}.1");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = sandbox.answering(vip(), 10);
-        if got.len() == 1 && got.contains(&expected) {
-            return;
+    eventually(what, Duration::from_secs(20), || {
+        match sandbox.answering(vip(), 10) {
+            got if got.len() == 1 && got.contains(&expected) => Ok(()),
+            got => Err(format!("got {got:?}")),
         }
-        assert!(Instant::now() < deadline, "{what}: got {got:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    });
 }
 
-/// The agent as the chart runs it, with a short handover wait; its stderr piped.
-fn agent(sandbox: &Sandbox, manifests: &ManifestDir, handover_wait: &str) -> Child {
-    sandbox
-        .agent_command(chart_agent_minimal(), &manifests.path)
+/// The agent as the chart runs it, with a short handover wait.
+fn agent(sandbox: &Sandbox, manifests: &ManifestDir, handover_wait: &str) -> Command {
+    let mut command = sandbox.agent_command(chart_agent_minimal(), &manifests.path);
+    command
         .args(["--handover-wait", handover_wait, "--min-sync-period", "0s"])
-        .args(["--healthz-bind-address", "127.0.0.1:0"])
-        .args(["--metrics-bind-address", "127.0.0.1:0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start socklb")
+        .args(FREE_PORTS);
+    command
 }
 
-/// Waits for an agent that must refuse to start; its stderr.
-fn refused(mut child: Child) -> String {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().expect("wait for socklb").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let output = child.wait_with_output().expect("socklb's output");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(!output.status.success(), "the agent started:\n{stderr}");
+/// Runs an agent that must refuse to start; its stderr.
+fn refused(mut agent: Command) -> String {
+    let (started, stderr) = run_to_exit(&mut agent, Duration::from_secs(30));
+    assert!(!started, "the agent started:\n{stderr}");
     stderr
 }
 
 /// What is attached to the sandbox's cgroup, as bpftool lists it.
 fn attached(sandbox: &Sandbox) -> String {
-    let output = Command::new("bpftool")
-        .args(["cgroup", "show"])
-        .arg(&sandbox.cgroup)
-        .output()
-        .expect("prerequisite missing: bpftool");
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    let cgroup = sandbox.cgroup.as_os_str();
+    bpftool(&["cgroup".as_ref(), "show".as_ref(), cgroup])
+        .trim()
+        .to_owned()
+}
+
+/// The sandbox of `test`, the manifests of the node, and the pin directory made with
+/// `mode` before any agent ran.
+fn pin_dir_made(test: &str, mode: u32) -> (Sandbox, ManifestDir) {
+    let sandbox = Sandbox::new(test);
+    let manifests = cluster(&sandbox);
+    std::fs::DirBuilder::new()
+        .mode(mode)
+        .create(&sandbox.pin_dir)
+        .expect("make the pin directory");
+    (sandbox, manifests)
 }
 
 fn entries(dir: &Path) -> Vec<String> {
@@ -134,24 +110,9 @@ fn hold_lock(sandbox: &Sandbox, path: &Path, user: u32) -> Child {
     holder
 }
 
-/// Kills and reaps a lock holder, also when the test fails.
-struct Holder(Child);
-
-impl Drop for Holder {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn a_pin_directory_of_another_user_is_refused_and_nothing_is_attached() {
-    let sandbox = Sandbox::new("pin-dir-owner");
-    let manifests = cluster(&sandbox);
-    std::fs::DirBuilder::new()
-        .mode(0o755)
-        .create(&sandbox.pin_dir)
-        .expect("make the pin directory");
+    let (sandbox, manifests) = pin_dir_made("pin-dir-owner", 0o755);
     std::os::unix::fs::chown(&sandbox.pin_dir, Some(65534), Some(65534))
         .expect("give the pin directory to nobody");
     /// Back to root, so that the sandbox's cleanup removes it.
@@ -179,19 +140,14 @@ fn a_pin_directory_of_another_user_is_refused_and_nothing_is_attached() {
 
 #[test]
 fn a_lock_held_by_another_process_is_refused_naming_it_and_nothing_is_attached() {
-    let sandbox = Sandbox::new("pin-dir-held");
-    let manifests = cluster(&sandbox);
     // As an agent leaves it: 0700, with its lock.
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&sandbox.pin_dir)
-        .expect("make the pin directory");
+    let (sandbox, manifests) = pin_dir_made("pin-dir-held", 0o700);
     let lock = sandbox.pin_dir.join("lock");
     std::fs::DirBuilder::new()
         .mode(0o600)
         .create(&lock)
         .expect("make the lock");
-    let holder = Holder(hold_lock(&sandbox, &lock, 0));
+    let holder = KillOnDrop(hold_lock(&sandbox, &lock, 0));
 
     let stderr = refused(agent(&sandbox, &manifests, "1s"));
     assert!(
@@ -220,34 +176,30 @@ fn an_earlier_agents_pin_directory_is_taken_over_and_made_private() {
     std::fs::remove_dir(sandbox.pin_dir.join("lock")).expect("remove the lock");
     std::fs::set_permissions(&sandbox.pin_dir, std::fs::Permissions::from_mode(0o755))
         .expect("chmod 0755");
-    let old_agent = Holder(hold_lock(&sandbox, &sandbox.pin_dir, 0));
-    let mut next = agent(&sandbox, &manifests, "30s");
-    let mut lines = BufReader::new(next.stderr.take().expect("stderr")).lines();
-    let mut wait_for = |text: &str| {
-        for line in lines.by_ref() {
-            if line.expect("the new agent's log").contains(text) {
-                return;
-            }
-        }
-        panic!("the new agent exited before logging {text:?}");
-    };
-    wait_for("waiting for it to exit");
+    let old_agent = KillOnDrop(hold_lock(&sandbox, &sandbox.pin_dir, 0));
+    let mut next = KillOnDrop(
+        agent(&sandbox, &manifests, "30s")
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start socklb"),
+    );
+    let mut log = LogFollower::new(&mut next.0);
+    log.wait_for("waiting for it to exit");
     wait_for_answer(&sandbox, "while the new agent waits");
     drop(old_agent);
-    wait_for("datapath attached; ready");
+    log.wait_for("datapath attached; ready");
     wait_for_answer(&sandbox, "the new agent serves");
     let mode = std::fs::metadata(&sandbox.pin_dir)
         .expect("the pin directory")
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o700, "made private: {mode:o}");
-    let _ = next.kill();
-    let _ = next.wait();
+    drop(next);
 
     // Again from 0755, now with a process of another user on the old lock.
     std::fs::set_permissions(&sandbox.pin_dir, std::fs::Permissions::from_mode(0o755))
         .expect("chmod 0755");
-    let _squatter = Holder(hold_lock(&sandbox, &sandbox.pin_dir, 65534));
+    let _squatter = KillOnDrop(hold_lock(&sandbox, &sandbox.pin_dir, 65534));
     let agent = Agent::start(
         &sandbox,
         &manifests.path,
@@ -255,9 +207,9 @@ fn an_earlier_agents_pin_directory_is_taken_over_and_made_private() {
         &["--handover-wait", "30s"],
     );
     wait_for_answer(&sandbox, "with another user on the old lock");
-    let log = agent.stop();
-    assert!(
-        log.contains("a process of another user holds a lock on the pin directory"),
-        "the passed-over holder is logged:\n{log}"
+    assert_logged(
+        &agent.stop(),
+        &["a process of another user holds a lock on the pin directory"],
+        "the passed-over holder is logged",
     );
 }

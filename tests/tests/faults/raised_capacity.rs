@@ -1,48 +1,41 @@
 //! An operator raises a map capacity (as the agent's own warning advises) on a node whose
 //! service map is full: the restarted agent grows the map in place, and the Services that
 //! were serving must keep serving through the restart, ahead of those that never fitted.
-use std::{
-    net::SocketAddr,
-    process::Command,
-    time::{Duration, Instant},
-};
+use std::{process::Command, time::Duration};
 
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox, assert_all_answered_by, monotonic_ns, node_yaml, tcp_backends,
+    Agent, Sandbox, TwoBackendWeb, assert_all_answered_by, eventually, monotonic_ns,
 };
 
 /// Waits until the agent's /metrics has every line of `expected`, failing with what it has.
 fn wait_for_metrics(expected: &[&str]) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let output = Command::new("curl")
-            .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])
-            .output()
-            .expect("prerequisite missing: curl");
-        let metrics = String::from_utf8_lossy(&output.stdout);
-        if expected
-            .iter()
-            .all(|line| metrics.lines().any(|l| l == *line))
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "expected {expected:?} in:\n{metrics}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(
+        &format!("{expected:?} in the metrics"),
+        Duration::from_secs(20),
+        || {
+            let output = Command::new("curl")
+                .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])
+                .output()
+                .expect("prerequisite missing: curl");
+            let metrics = String::from_utf8_lossy(&output.stdout);
+            if expected
+                .iter()
+                .all(|line| metrics.lines().any(|l| l == *line))
+            {
+                Ok(())
+            } else {
+                Err(metrics.into_owned())
+            }
+        },
+    );
 }
 
 #[test]
 fn raising_a_capacity_keeps_serving_services_up() {
     let sandbox = Sandbox::new("raise");
-    let _servers = tcp_backends([127, 0, 22], 2, 8080);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write("node.yaml", &node_yaml("node-a", "zone-a", "192.168.80.1"));
     // The serving Service has the highest VIP: in frontend order it would come last.
-    manifests.two_endpoint_service("web", "10.96.0.90", "127.0.22.1", "127.0.22.2");
-    let serving: SocketAddr = "10.96.0.90:80".parse().expect("address");
+    let TwoBackendWeb { manifests, vip, .. } = &TwoBackendWeb::new(&sandbox, 22, 90);
+    let serving = *vip;
     let first = Agent::start(
         &sandbox,
         &manifests.path,

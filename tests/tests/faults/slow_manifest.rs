@@ -10,58 +10,59 @@ use std::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use socklb_tests::{Agent, ManifestDir, NamedServer, Sandbox, node_yaml, service_yaml, slice_yaml};
+use socklb_tests::{
+    Agent, ManifestDir, NamedServer, ProbeRun, Sandbox, assert_logged, eventually, service_yaml,
+    web_slice,
+};
 
 fn vip(net: u8) -> SocketAddr {
     SocketAddr::from(([10, 96, net, 10], 80))
 }
 
-fn slice(net: u8, endpoint: u8) -> String {
-    let address = format!("127.0.{net}.{endpoint}");
-    slice_yaml(
-        "web-1",
-        "web",
-        8080,
-        &[(&address, "node-a", "zone-a", "")],
-        false,
-    )
-}
-
-/// node-a, the web Service and its slice with endpoint 1; the agent started on them.
-fn cluster(sandbox: &Sandbox, net: u8) -> (ManifestDir, Agent) {
-    let manifests = ManifestDir::new(sandbox);
-    manifests.write(
-        "node.yaml",
-        &node_yaml("node-a", "zone-a", &format!("192.168.{net}.1")),
-    );
-    manifests.write(
-        "web.yaml",
-        &service_yaml("web", &vip(net).ip().to_string(), 80, ""),
-    );
-    manifests.write("slice.yaml", &slice(net, 1));
+/// Two servers, node-a, the web Service and its slice with endpoint 1; the agent started
+/// on them.
+fn cluster(sandbox: &Sandbox, net: u8) -> (Vec<NamedServer>, ManifestDir, Agent) {
+    let servers = NamedServer::numbered(net, 2);
+    let manifests = ManifestDir::web_with_one_endpoint(sandbox, net, &vip(net).ip().to_string());
     let agent = Agent::start(sandbox, &manifests.path, "node-a", &[]);
-    wait_for(sandbox, net, 1, Duration::from_secs(20), "at start");
-    (manifests, agent)
+    wait_for(sandbox, net, 1, 20, "at start");
+    (servers, manifests, agent)
 }
 
-/// Waits until only endpoint `endpoint` answers the VIP, failing after `within`.
-fn wait_for(sandbox: &Sandbox, net: u8, endpoint: u8, within: Duration, what: &str) {
+/// Waits until only endpoint `endpoint` answers the VIP, failing after `seconds`.
+fn wait_for(sandbox: &Sandbox, net: u8, endpoint: u8, seconds: u64, what: &str) {
     let expected = format!("127.0.{net}.{endpoint}");
-    let deadline = Instant::now() + within;
-    loop {
-        let got = sandbox.answering(vip(net), 10);
-        if got.len() == 1 && got.contains(&expected) {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: expected {expected} to answer within {within:?}, got {got:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let within = Duration::from_secs(seconds);
+    eventually(
+        &format!("{what}: {expected} answers"),
+        within,
+        || match sandbox.answering(vip(net), 10) {
+            got if got.len() == 1 && got.contains(&expected) => Ok(()),
+            got => Err(format!("got {got:?}")),
+        },
+    );
+}
+
+/// Two clients that connect to the VIP of net `net` all along, 5 ms apart.
+fn looping_clients(sandbox: &Sandbox, net: u8) -> Vec<ProbeRun> {
+    (0..2)
+        .map(|_| sandbox.spawn_probe("tcp", vip(net), u32::MAX, 5))
+        .collect()
+}
+
+/// No connect of `clients` failed while the manifests were written `how`, and the agent's
+/// log says, naming web.yaml, `held_back` (that it held the file back).
+fn no_connect_failed_and_logged(clients: Vec<ProbeRun>, agent: Agent, how: &str, held_back: &str) {
+    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.stop()).collect();
+    socklb_tests::assert_all_connected(&attempts, &format!("while {how}"));
+    assert_logged(
+        &agent.stop(),
+        &[held_back, "web.yaml"],
+        "one line says that the manifest is held back",
+    );
 }
 
 /// `cmd > file` with a slow `cmd`: truncated, nothing for 500 ms, then written and closed.
@@ -75,39 +76,23 @@ fn write_slowly(path: &std::path::Path, text: &str) {
 fn a_manifest_written_slowly_is_applied_once_written_and_never_half() {
     let net = 40;
     let sandbox = Sandbox::new("slow-manifest");
-    let _servers = NamedServer::numbered(net, 2);
-    let (manifests, agent) = cluster(&sandbox, net);
-    let clients: Vec<_> = (0..2)
-        .map(|_| sandbox.spawn_probe("tcp", vip(net), u32::MAX, 5))
-        .collect();
+    let (_servers, manifests, agent) = cluster(&sandbox, net);
+    let clients = looping_clients(&sandbox, net);
 
     // The Service rewritten unchanged, then the slice rewritten with another endpoint.
     let service = service_yaml("web", &vip(net).ip().to_string(), 80, "");
     write_slowly(&manifests.path.join("web.yaml"), &service);
-    write_slowly(&manifests.path.join("slice.yaml"), &slice(net, 2));
-    wait_for(
-        &sandbox,
-        net,
-        2,
-        Duration::from_secs(5),
-        "the slowly written slice",
-    );
-
-    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.stop()).collect();
-    socklb_tests::assert_all_connected(&attempts, "while manifests were written slowly");
-    let log = agent.stop();
-    assert!(
-        log.contains("manifest is being written") && log.contains("web.yaml"),
-        "one line says that the file is held back:\n{log}"
-    );
+    write_slowly(&manifests.path.join("slice.yaml"), &web_slice(net, 2));
+    wait_for(&sandbox, net, 2, 5, "the slowly written slice");
+    let how = "manifests were written slowly";
+    no_connect_failed_and_logged(clients, agent, how, "manifest is being written");
 }
 
 #[test]
 fn edits_every_2ms_do_not_hold_other_changes_back() {
     let net = 41;
     let sandbox = Sandbox::new("manifest-debounce");
-    let _servers = NamedServer::numbered(net, 2);
-    let (manifests, agent) = cluster(&sandbox, net);
+    let (_servers, manifests, agent) = cluster(&sandbox, net);
 
     // Other tools rewrite their own manifests every 2 ms (edits every 30 ms once held
     // syncing off for seconds; faster and two of them, so that the burst never pauses
@@ -138,12 +123,12 @@ fn edits_every_2ms_do_not_hold_other_changes_back() {
     let stopping = Stop(stop);
     // The change comes amid the edits, not before the first ones (part of the fault).
     std::thread::sleep(Duration::from_millis(300));
-    manifests.write("slice.yaml", &slice(net, 2));
+    manifests.write("slice.yaml", &web_slice(net, 2));
     wait_for(
         &sandbox,
         net,
         2,
-        Duration::from_secs(1),
+        1,
         "a change while other files are rewritten every 2 ms",
     );
     drop(stopping);
@@ -163,19 +148,13 @@ fn a_manifest_written_with_several_opens_is_applied_whole() {
     let net = 42;
     let sandbox = Sandbox::new("manifest-two-opens");
     let _servers = NamedServer::numbered(net, 1);
-    let manifests = ManifestDir::new(&sandbox);
-    manifests.write(
-        "node.yaml",
-        &node_yaml("node-a", "zone-a", &format!("192.168.{net}.1")),
-    );
+    let manifests = ManifestDir::node_a(&sandbox, net);
     let service = service_yaml("web", &vip(net).ip().to_string(), 80, "");
-    let whole = format!("{service}---\n{}", slice(net, 1));
+    let whole = format!("{service}---\n{}", web_slice(net, 1));
     manifests.write("web.yaml", &whole);
     let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
-    wait_for(&sandbox, net, 1, Duration::from_secs(20), "at start");
-    let clients: Vec<_> = (0..2)
-        .map(|_| sandbox.spawn_probe("tcp", vip(net), u32::MAX, 5))
-        .collect();
+    wait_for(&sandbox, net, 1, 20, "at start");
+    let clients = looping_clients(&sandbox, net);
 
     let path = manifests.path.join("web.yaml");
     // `cmd1 > web.yaml`: the Service alone, closed.
@@ -187,22 +166,10 @@ fn a_manifest_written_with_several_opens_is_applied_whole() {
         .append(true)
         .open(&path)
         .expect("open for appending");
-    file.write_all(slice(net, 1).as_bytes())
+    file.write_all(web_slice(net, 1).as_bytes())
         .expect("append the second part");
     drop(file);
-    wait_for(
-        &sandbox,
-        net,
-        1,
-        Duration::from_secs(5),
-        "once written whole",
-    );
-
-    let attempts: Vec<_> = clients.into_iter().flat_map(|c| c.stop()).collect();
-    socklb_tests::assert_all_connected(&attempts, "while the manifest was written in two parts");
-    let log = agent.stop();
-    assert!(
-        log.contains("manifest shorter than what is applied") && log.contains("web.yaml"),
-        "one line says that the first part is held back:\n{log}"
-    );
+    wait_for(&sandbox, net, 1, 5, "once written whole");
+    let how = "the manifest was written in two parts";
+    no_connect_failed_and_logged(clients, agent, how, "manifest shorter than what is applied");
 }

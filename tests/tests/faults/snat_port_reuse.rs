@@ -5,19 +5,14 @@
 //! timeout is 3 s instead of 60 s, to keep the tests short.
 use std::{
     net::{SocketAddr, UdpSocket},
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox,
+    Agent, ServerThread, eventually,
     family::Family,
-    lan::{Addresses, addresses, counters, lan},
+    lan::{Addresses, LanNode},
     netns::Netns,
 };
 
@@ -25,90 +20,74 @@ const NODE_PORT: u16 = 30054;
 const SNAT_PORT: u16 = 61000;
 const UDP_TIMEOUT_S: u32 = 3;
 
-#[test]
-fn a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it_over_ipv4() {
-    a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it(Family::V4);
-}
-
-#[test]
-fn a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it_over_ipv6() {
-    a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it(Family::V6);
-}
+socklb_tests::for_each_family!(
+    a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it,
+    a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port,
+);
 
 fn a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("port-reuse{}", family.tag()));
-    let lan = lan(&format!("p{}", family.tag()));
-    let _server = NamedServer::udp_in(&lan.pod2, "pod2", SocketAddr::new(a.pod2, 5353));
-    let (agent, _manifests) = start(&sandbox, &a);
-    let (old, new) = lan.client.enter(|| (client(&a, 40300), client(&a, 40301)));
+    let node = LanNode::new(family, "port-reuse", "p");
+    let a = &node.a;
+    let _server = node.udp_server(2, 5353);
+    let agent = start(&node);
+    let (old, new) = (node.udp_client(40300), node.udp_client(40301));
     let answer = format!("pod2 {}", Addresses::at(a.node1, SNAT_PORT));
 
     assert_eq!(
-        ask(&a, &old).as_deref(),
+        ask(a, &old).as_deref(),
         Some(answer.as_str()),
         "the first flow"
     );
-    wait_until_idle(&sandbox, &a, 40300);
+    wait_until_idle(&node, 40300);
     // The old flow's entries expired: a new flow takes its port.
     assert_eq!(
-        ask(&a, &new).as_deref(),
+        ask(a, &new).as_deref(),
         Some(answer.as_str()),
         "the new flow"
     );
 
     // The old client comes back: the port is the new flow's, so it is refused.
-    let before = counters(&sandbox);
-    old.send_to(b"ping", node_port(&a)).expect("send");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counters(&sandbox).snat_exhausted == before.snat_exhausted
-        && flows_of(&sandbox, &a, 40300).is_empty()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the old client's datagram did not reach socklb: {:?}",
-            counters(&sandbox)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let before = node.counters();
+    old.send_to(b"ping", node_port(a)).expect("send");
+    eventually(
+        "the old client's datagram reaches socklb",
+        Duration::from_secs(10),
+        || {
+            let now = node.counters();
+            if now.snat_exhausted > before.snat_exhausted || !node.client_flows(40300).is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{now:?}"))
+            }
+        },
+    );
     assert_eq!(
-        ask(&a, &new).as_deref(),
+        ask(a, &new).as_deref(),
         Some(answer.as_str()),
         "the flow that took the port must keep it when the old client comes back: {:?}\n{}",
-        flows_of(&sandbox, &a, 40301),
+        node.client_flows(40301),
         agent.log()
     );
     assert!(
-        counters(&sandbox).snat_exhausted > before.snat_exhausted,
+        node.counters().snat_exhausted > before.snat_exhausted,
         "the old client found the only port taken: {:?}",
-        counters(&sandbox)
+        node.counters()
     );
-    assert!(flows_of(&sandbox, &a, 40300).is_empty());
-    assert_eq!(counters(&sandbox).errors, 0);
-}
-
-#[test]
-fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port_over_ipv4() {
-    a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(Family::V4);
-}
-
-#[test]
-fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port_over_ipv6() {
-    a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(Family::V6);
+    assert!(node.client_flows(40300).is_empty());
+    assert_eq!(node.counters().errors, 0);
 }
 
 /// A UDP flow whose client sent once and whose server streams to it stays unconfirmed; its
 /// port is held while the server sends, however long the client is silent.
 fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("port-stream{}", family.tag()));
-    let lan = lan(&format!("q{}", family.tag()));
+    let node = LanNode::new(family, "port-stream", "q");
+    let LanNode { a, lan, .. } = &node;
     let _streamer = Streamer::start(&lan.pod2, SocketAddr::new(a.pod2, 5353));
-    let (agent, _manifests) = start(&sandbox, &a);
-    let (subscriber, other) = lan.client.enter(|| (client(&a, 40310), client(&a, 40311)));
+    let agent = start(&node);
+    let (subscriber, other) = (node.udp_client(40310), node.udp_client(40311));
 
     subscriber
-        .send_to(b"subscribe", node_port(&a))
+        .send_to(b"subscribe", node_port(a))
         .expect("send");
     let tick = |socket: &UdpSocket| {
         let mut buffer = [0u8; 64];
@@ -117,83 +96,51 @@ fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(family: Fami
             .map(|(len, from)| (String::from_utf8_lossy(&buffer[..len]).into_owned(), from))
     };
     let (text, from) = tick(&subscriber).expect("the stream starts");
-    assert_eq!((text.as_str(), from.to_string()), ("tick", node_port(&a)));
+    assert_eq!((text.as_str(), from.to_string()), ("tick", node_port(a)));
     // The client is silent past the UDP timeout while the stream goes on.
-    wait_until_forward_idle(&sandbox, &a, 40310);
+    wait_until_forward_idle(&node, 40310);
 
     // Another flow draws the only port: it is refused, the stream stays with its client.
-    let before = counters(&sandbox);
-    other.send_to(b"subscribe", node_port(&a)).expect("send");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while counters(&sandbox).snat_exhausted == before.snat_exhausted {
-        assert!(
-            Instant::now() < deadline,
-            "the port of a flow whose server still streams went to another flow: {:?} {:?}\n{}",
-            counters(&sandbox),
-            flows_of(&sandbox, &a, 40311),
-            agent.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let before = node.counters();
+    other.send_to(b"subscribe", node_port(a)).expect("send");
+    eventually(
+        "the other flow is refused the port of a flow whose server still streams",
+        Duration::from_secs(10),
+        || match node.counters() {
+            now if now.snat_exhausted > before.snat_exhausted => Ok(()),
+            now => Err(format!(
+                "{now:?} {:?}\n{}",
+                node.client_flows(40311),
+                agent.log()
+            )),
+        },
+    );
     // What arrived before the refusal aside, the stream still reaches its client.
     subscriber.set_nonblocking(true).expect("nonblocking");
     while tick(&subscriber).is_ok() {}
     subscriber.set_nonblocking(false).expect("blocking");
     let (text, _) = tick(&subscriber).expect("the stream still reaches its client");
     assert_eq!(text, "tick");
-    assert!(flows_of(&sandbox, &a, 40311).is_empty());
-    assert_eq!(counters(&sandbox).errors, 0);
+    assert!(node.client_flows(40311).is_empty());
+    assert_eq!(node.counters().errors, 0);
 }
 
-/// The agent on node1 with a NodePort whose only backend is pod2 (on node2: SNAT), and its
-/// manifests.
-fn start(sandbox: &Sandbox, a: &Addresses) -> (Agent, ManifestDir) {
-    let manifests = ManifestDir::new(sandbox);
-    a.nodes(&manifests);
-    manifests.write(
-        "dns.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "dns",
-                96,
-                &format!(
-                    "[{{name: dns, port: 53, targetPort: 5353, nodePort: {NODE_PORT}, protocol: UDP}}]"
-                ),
-                "  type: NodePort",
-                false
-            ),
-            a.slice("dns-1", "dns", ("dns", 5353, "UDP"), &[a.pod2_endpoint()])
-        ),
-    );
+/// The agent on node1 with a NodePort whose only backend is pod2 (on node2: SNAT).
+fn start(node: &LanNode) -> Agent {
+    node.expose_pod2("dns", 96, ("dns", 53, 5353, NODE_PORT, "UDP"));
     let range = format!("{SNAT_PORT}-{SNAT_PORT}");
     let timeout = format!("{UDP_TIMEOUT_S}s");
-    let agent = Agent::start(
-        sandbox,
-        &manifests.path,
-        "node1",
-        &[
-            "--snat-port-range",
-            &range,
-            "--conntrack-udp-timeout",
-            &timeout,
-        ],
-    );
-    (agent, manifests)
+    node.agent(&[
+        "--snat-port-range",
+        &range,
+        "--conntrack-udp-timeout",
+        &timeout,
+    ])
 }
 
 /// The NodePort on node1.
 fn node_port(a: &Addresses) -> String {
     Addresses::at(a.node1, NODE_PORT)
-}
-
-/// A client socket on `port`, in the calling thread's namespace.
-fn client(a: &Addresses, port: u16) -> UdpSocket {
-    let socket = UdpSocket::bind(Addresses::at(a.client, port)).expect("bind the client");
-    socket
-        .set_read_timeout(Some(Duration::from_secs(3)))
-        .expect("timeout");
-    socket
 }
 
 /// The answer to a datagram through the NodePort, which must come from the NodePort;
@@ -206,95 +153,53 @@ fn ask(a: &Addresses, socket: &UdpSocket) -> Option<String> {
     Some(String::from_utf8_lossy(&buffer[..len]).into_owned())
 }
 
-/// The conntrack entries of the client on `port`, both directions.
-fn flows_of(sandbox: &Sandbox, a: &Addresses, port: u16) -> Vec<inspect::ConntrackState> {
-    let client = Addresses::at(a.client, port);
-    inspect::inspect(&sandbox.pin_dir, None)
-        .expect("inspect")
-        .conntrack
-        .into_iter()
-        .filter(|c| c.from.to_string() == client || c.rewritten_to.to_string() == client)
-        .collect()
-}
-
 /// Until every entry of the client on `port` has been idle past the UDP timeout (with a
 /// second to spare: the programs count whole seconds of a coarser clock).
-fn wait_until_idle(sandbox: &Sandbox, a: &Addresses, port: u16) {
-    wait_until(sandbox, a, port, |_| true);
+fn wait_until_idle(node: &LanNode, port: u16) {
+    wait_until(node, port, |_| true);
 }
 
 /// Until the forward entry of the client on `port` has been idle past the UDP timeout.
-fn wait_until_forward_idle(sandbox: &Sandbox, a: &Addresses, port: u16) {
-    wait_until(sandbox, a, port, |c| c.direction == "forward");
+fn wait_until_forward_idle(node: &LanNode, port: u16) {
+    wait_until(node, port, |c| c.direction == "forward");
 }
 
 /// Until the entries of the client on `port` that `which` picks (one at least) have been
 /// idle past the UDP timeout.
-fn wait_until(
-    sandbox: &Sandbox,
-    a: &Addresses,
-    port: u16,
-    which: impl Fn(&inspect::ConntrackState) -> bool,
-) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let flows = flows_of(sandbox, a, port);
+fn wait_until(node: &LanNode, port: u16, which: impl Fn(&inspect::ConntrackState) -> bool) {
+    eventually("idle past the UDP timeout", Duration::from_secs(30), || {
+        let flows = node.client_flows(port);
         let picked: Vec<_> = flows.iter().filter(|c| which(c)).collect();
         assert!(
             !picked.is_empty(),
             "no such entry of the client on {port}: {flows:?}"
         );
         if picked.iter().all(|c| c.idle_seconds > UDP_TIMEOUT_S + 1) {
-            return;
+            Ok(())
+        } else {
+            Err(format!("{flows:?}"))
         }
-        assert!(Instant::now() < deadline, "still not idle: {flows:?}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    });
 }
 
 /// A UDP server in `netns` that sends "tick" every 100 ms to every peer that sent it a
 /// datagram (a subscription), until dropped.
-struct Streamer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
+struct Streamer;
 
 impl Streamer {
-    fn start(netns: &Netns, addr: SocketAddr) -> Self {
-        let socket = netns.enter(|| {
-            UdpSocket::bind(addr).unwrap_or_else(|e| panic!("bind {addr} in {}: {e}", netns.name))
-        });
-        socket
-            .set_read_timeout(Some(Duration::from_millis(100)))
-            .expect("timeout");
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopping = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut peers = Vec::new();
-            let mut buffer = [0u8; 64];
-            while !stopping.load(Ordering::Relaxed) {
-                if let Ok((_, from)) = socket.recv_from(&mut buffer)
-                    && !peers.contains(&from)
-                {
-                    peers.push(from);
-                }
-                for peer in &peers {
-                    let _ = socket.send_to(b"tick", peer);
-                }
+    fn start(netns: &Netns, addr: SocketAddr) -> ServerThread {
+        let socket = netns.udp_socket(addr, Duration::from_millis(100));
+        let mut peers = Vec::new();
+        let mut buffer = [0u8; 64];
+        ServerThread::run(move || {
+            if let Ok((_, from)) = socket.recv_from(&mut buffer)
+                && !peers.contains(&from)
+            {
+                peers.push(from);
             }
-        });
-        Self {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Streamer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
+            for peer in &peers {
+                let _ = socket.send_to(b"tick", peer);
+            }
+        })
     }
 }

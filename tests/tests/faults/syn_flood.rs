@@ -11,16 +11,15 @@
 use std::{
     io::{Read as _, Write as _},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream},
-    os::fd::AsRawFd as _,
     time::{Duration, Instant},
 };
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox,
     echo::{EchoServer, echo},
     family::Family,
-    lan::{addresses, counters, lan},
+    lan::LanNode,
+    raw_socket,
 };
 
 const IDLE_CONNECTIONS: usize = 1_000;
@@ -30,39 +29,17 @@ const SYN_TIMEOUT_S: u64 = 3;
 /// The main conntrack table's size (two entries per idle connection, a little room).
 const CONNTRACK_ENTRIES: u32 = 2_560;
 
-#[test]
-fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports_over_ipv4() {
-    a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(Family::V4);
-}
-
-#[test]
-fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports_over_ipv6() {
-    a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(Family::V6);
-}
+socklb_tests::for_each_family!(
+    a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports
+);
 
 fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("syn-flood{}", family.tag()));
-    let lan = lan(&format!("y{}", family.tag()));
+    let node = LanNode::new(family, "syn-flood", "y");
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
     let _echo = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    manifests.write(
-        "web.yaml",
-        &format!(
-            "{}---\n{}",
-            a.service(
-                "web",
-                120,
-                &format!(
-                    "[{{name: http, port: 80, targetPort: 8080, nodePort: {NODE_PORT}, protocol: TCP}}]"
-                ),
-                "  type: NodePort",
-                false
-            ),
-            a.slice("web-1", "web", ("http", 8080, "TCP"), &[a.pod2_endpoint()])
-        ),
-    );
+    node.expose_pod2("web", 120, ("http", 80, 8080, NODE_PORT, "TCP"));
     let syn_timeout = format!("{SYN_TIMEOUT_S}s");
     // The IPv6 tables have half the flag's entries.
     let conntrack_entries = match family {
@@ -70,19 +47,14 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
         Family::V6 => 2 * CONNTRACK_ENTRIES,
     }
     .to_string();
-    let agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node1",
-        &[
-            "--snat-port-range",
-            "61000-62999",
-            "--max-conntrack-entries",
-            &conntrack_entries,
-            "--conntrack-tcp-timeout-syn",
-            &syn_timeout,
-        ],
-    );
+    let agent = node.agent(&[
+        "--snat-port-range",
+        "61000-62999",
+        "--max-conntrack-entries",
+        &conntrack_entries,
+        "--conntrack-tcp-timeout-syn",
+        &syn_timeout,
+    ]);
     let frontend = SocketAddr::new(a.node1.parse().expect("node address"), NODE_PORT);
 
     let mut idle: Vec<TcpStream> = lan.client.enter(|| {
@@ -96,10 +68,10 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
             .collect()
     });
 
-    let before = counters(&sandbox);
+    let before = node.counters();
     lan.client.enter(|| syn_flood(frontend, SPOOFED_SYNS));
     let flooded = Instant::now();
-    let after = counters(&sandbox);
+    let after = node.counters();
     assert!(
         after.snat_exhausted > before.snat_exhausted,
         "the flood exhausted the SNAT range: {after:?}"
@@ -166,7 +138,7 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
                 Err(e) => assert!(
                     Instant::now() < deadline,
                     "no new connection within {within:?} of the flood: {e}; {:?}",
-                    counters(&sandbox)
+                    node.counters()
                 ),
             }
         }
@@ -174,9 +146,9 @@ fn a_syn_flood_neither_evicts_established_flows_nor_keeps_the_snat_ports(family:
     println!(
         "new connection after {:?} and {attempts} attempts; counters {:?}",
         flooded.elapsed(),
-        counters(&sandbox)
+        node.counters()
     );
-    assert_eq!(counters(&sandbox).errors, 0);
+    assert_eq!(node.counters().errors, 0);
 }
 
 /// `count` TCP SYNs to `target` from spoofed sources (198.18.0.0/15, the benchmarking
@@ -188,12 +160,7 @@ fn syn_flood(target: SocketAddr, count: u32) {
         SocketAddr::V6(_) => libc::AF_INET6,
     };
     // IPPROTO_RAW: the packets carry their own IP header (IPv6 too).
-    // SAFETY: plain socket creation; the descriptor is owned below.
-    let fd = unsafe { libc::socket(domain, libc::SOCK_RAW, libc::IPPROTO_RAW) };
-    assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
-    // SAFETY: the descriptor was just created and is owned by nobody else.
-    let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    let destination = Destination::new(target.ip());
+    let socket = raw_socket::open(domain, libc::IPPROTO_RAW);
     for i in 0..count {
         let source = match target {
             SocketAddr::V4(_) => {
@@ -206,69 +173,15 @@ fn syn_flood(target: SocketAddr, count: u32) {
         let port = 1024 + u16::try_from(i % 60_000).expect("port");
         let packet = syn_packet(source, port, target, i);
         loop {
-            let (address, length) = destination.sockaddr();
-            // SAFETY: sendto with our socket, a buffer of the length passed and a socket
-            // address of the size passed.
-            let sent = unsafe {
-                libc::sendto(
-                    socket.as_raw_fd(),
-                    packet.as_ptr().cast(),
-                    packet.len(),
-                    0,
-                    address,
-                    length,
-                )
-            };
-            if sent == packet.len() as isize {
-                break;
+            match raw_socket::send_to(&socket, &packet, target.ip()) {
+                Ok(sent) if sent == packet.len() => break,
+                Ok(sent) => panic!("sendto sent {sent} of {} bytes", packet.len()),
+                // The device queue is full: a flood outpaces it; send on.
+                Err(error) => {
+                    assert_eq!(error.raw_os_error(), Some(libc::ENOBUFS), "sendto: {error}");
+                    std::thread::yield_now();
+                }
             }
-            let error = std::io::Error::last_os_error();
-            // The device queue is full: a flood outpaces it; send on.
-            assert_eq!(error.raw_os_error(), Some(libc::ENOBUFS), "sendto: {error}");
-            std::thread::yield_now();
-        }
-    }
-}
-
-/// Where a raw socket sends: the port is unused (the packet carries the TCP header).
-enum Destination {
-    V4(libc::sockaddr_in),
-    V6(libc::sockaddr_in6),
-}
-
-impl Destination {
-    fn new(address: IpAddr) -> Self {
-        match address {
-            IpAddr::V4(address) => Self::V4(libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: 0,
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from(address).to_be(),
-                },
-                sin_zero: [0; 8],
-            }),
-            IpAddr::V6(address) => Self::V6(libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: 0,
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr {
-                    s6_addr: address.octets(),
-                },
-                sin6_scope_id: 0,
-            }),
-        }
-    }
-
-    fn sockaddr(&self) -> (*const libc::sockaddr, libc::socklen_t) {
-        match self {
-            Self::V4(address) => (
-                std::ptr::from_ref(address).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            ),
-            Self::V6(address) => (
-                std::ptr::from_ref(address).cast(),
-                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-            ),
         }
     }
 }

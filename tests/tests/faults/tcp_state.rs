@@ -18,11 +18,11 @@ use std::{
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox,
+    Agent,
     echo::{EchoServer, echo},
     family::Family,
     forged::{self, Capture, Flags},
-    lan::{Addresses, Lan, addresses, counters, lan},
+    lan::{Addresses, LanNode},
     netns::Netns,
 };
 
@@ -31,56 +31,43 @@ const CLOSE_TIMEOUT: &str = "1s";
 /// How long the half-closed flow stays quiet: well past [`CLOSE_TIMEOUT`].
 const QUIET: Duration = Duration::from_secs(4);
 
-#[test]
-fn a_half_closed_flow_gets_its_late_answer_over_ipv4() {
-    a_half_closed_flow_gets_its_late_answer(Family::V4);
-}
+socklb_tests::for_each_family!(
+    a_half_closed_flow_gets_its_late_answer,
+    an_idle_flow_s_entries_leave_a_direct_connection_from_the_same_port_alone,
+    a_blind_rst_and_syn_leave_a_live_flow_alone,
+    blind_fins_both_ways_leave_a_live_flow_alone,
+);
 
-#[test]
-fn a_half_closed_flow_gets_its_late_answer_over_ipv6() {
-    a_half_closed_flow_gets_its_late_answer(Family::V6);
+/// node1 on the LAN with the NodePorts of [`two_node_ports`] and an agent whose closing
+/// timeout is [`CLOSE_TIMEOUT`].
+fn node_with_short_close(family: Family, test: &str, lan: &str, target: u16) -> (LanNode, Agent) {
+    let node = LanNode::new(family, test, lan);
+    two_node_ports(&node, target);
+    let agent = node.agent(&["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT]);
+    (node, agent)
 }
 
 fn a_half_closed_flow_gets_its_late_answer(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("halfclose{}", family.tag()));
-    let lan = lan(&format!("h{}", family.tag()));
+    let (node, _agent) = node_with_short_close(family, "halfclose", "h", 8080);
+    let LanNode { a, lan, .. } = &node;
     let servers = [
         AfterFinServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), QUIET, 1),
         AfterFinServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080), QUIET, 1),
     ];
-    let manifests = ManifestDir::new(&sandbox);
-    two_node_ports(&a, &manifests, 8080);
-    let _agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node1",
-        &["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT],
-    );
 
     for (backend, port) in [("local", 30071), ("remote", 30072)] {
         let frontend: SocketAddr = Addresses::at(a.node1, port).parse().expect("address");
         let answer = lan.client.enter(|| {
-            let mut stream =
-                std::net::TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
-                    .expect("connect through the NodePort");
-            stream
-                .set_read_timeout(Some(QUIET * 3))
-                .expect("read timeout");
-            stream.write_all(b"request").expect("send the request");
-            stream.shutdown(Shutdown::Write).expect("half-close");
-            let mut answer = String::new();
-            stream
-                .read_to_string(&mut answer)
-                .map(|_| answer)
-                .map_err(|e| e.to_string())
+            let stream = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+                .expect("connect through the NodePort");
+            half_closed_request(stream, QUIET * 3).map_err(|e| e.to_string())
         });
         assert_eq!(
             answer.as_deref(),
             Ok("answer to request"),
             "{backend} backend: the answer sent {QUIET:?} after the client's FIN, and the \
              server's close, reach the client; {:?}",
-            counters(&sandbox)
+            node.counters()
         );
     }
     for server in servers {
@@ -88,29 +75,10 @@ fn a_half_closed_flow_gets_its_late_answer(family: Family) {
     }
 }
 
-#[test]
-fn an_idle_flow_s_entries_leave_a_direct_connection_from_the_same_port_alone_over_ipv4() {
-    an_idle_flow_s_entries_leave_a_direct_connection_alone(Family::V4);
-}
-
-#[test]
-fn an_idle_flow_s_entries_leave_a_direct_connection_from_the_same_port_alone_over_ipv6() {
-    an_idle_flow_s_entries_leave_a_direct_connection_alone(Family::V6);
-}
-
-fn an_idle_flow_s_entries_leave_a_direct_connection_alone(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("stale{}", family.tag()));
-    let lan = lan(&format!("s{}", family.tag()));
+fn an_idle_flow_s_entries_leave_a_direct_connection_from_the_same_port_alone(family: Family) {
+    let (node, _agent) = node_with_short_close(family, "stale", "s", 8080);
+    let LanNode { a, lan, .. } = &node;
     let server = AfterFinServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), Duration::ZERO, 2);
-    let manifests = ManifestDir::new(&sandbox);
-    two_node_ports(&a, &manifests, 8080);
-    let _agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node1",
-        &["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT],
-    );
     // The client reaches the pods directly too, through node1.
     let family_flag = match family {
         Family::V4 => "-4",
@@ -140,27 +108,17 @@ fn an_idle_flow_s_entries_leave_a_direct_connection_alone(family: Family) {
         pod,
         "a direct connection from the port the NodePort flow used sees the pod: {direct:?}; \
          {:?}",
-        counters(&sandbox)
+        node.counters()
     );
     assert_eq!(direct.1, "answer to request");
     server.join();
-}
-
-#[test]
-fn a_blind_rst_and_syn_leave_a_live_flow_alone_over_ipv4() {
-    a_blind_rst_and_syn_leave_a_live_flow_alone(Family::V4);
-}
-
-#[test]
-fn a_blind_rst_and_syn_leave_a_live_flow_alone_over_ipv6() {
-    a_blind_rst_and_syn_leave_a_live_flow_alone(Family::V6);
 }
 
 fn a_blind_rst_and_syn_leave_a_live_flow_alone(family: Family) {
     let mut flow = RemoteEchoFlow::start(family, "blindrst", "b");
     // Half the sequence space away: outside any window.
     let blind = flow.client_sequence.wrapping_add(1 << 31);
-    flow.lan.client.enter(|| {
+    flow.node.lan.client.enter(|| {
         forged::send(flow.client, flow.frontend, blind, Flags::Rst);
         forged::send(
             flow.client,
@@ -175,18 +133,8 @@ fn a_blind_rst_and_syn_leave_a_live_flow_alone(family: Family) {
         Ok(()),
         "after a blind RST and SYN from the client's tuple, the flow to the remote backend \
          still echoes; {:?}",
-        counters(&flow.sandbox)
+        flow.node.counters()
     );
-}
-
-#[test]
-fn blind_fins_both_ways_leave_a_live_flow_alone_over_ipv4() {
-    blind_fins_both_ways_leave_a_live_flow_alone(Family::V4);
-}
-
-#[test]
-fn blind_fins_both_ways_leave_a_live_flow_alone_over_ipv6() {
-    blind_fins_both_ways_leave_a_live_flow_alone(Family::V6);
 }
 
 /// FINs both ways mark a flow closing, whose entries then expire after the closing
@@ -194,7 +142,7 @@ fn blind_fins_both_ways_leave_a_live_flow_alone_over_ipv6() {
 fn blind_fins_both_ways_leave_a_live_flow_alone(family: Family) {
     let mut flow = RemoteEchoFlow::start(family, "blindfin", "f");
     // Where the flow reaches pod2 from: node1's SNAT address and port.
-    let snat = inspect::inspect(&flow.sandbox.pin_dir, None)
+    let snat = inspect::inspect(&flow.node.sandbox.pin_dir, None)
         .expect("inspect")
         .conntrack
         .into_iter()
@@ -202,7 +150,7 @@ fn blind_fins_both_ways_leave_a_live_flow_alone(family: Family) {
         .map(|entry| entry.rewritten_from)
         .unwrap_or_else(|| panic!("no forward entry for {}", flow.client));
     let pod2 = SocketAddr::new(flow.pod2, 8080);
-    flow.lan.client.enter(|| {
+    flow.node.lan.client.enter(|| {
         let client_fin = flow.client_sequence.wrapping_add(1 << 31);
         let server_fin = flow.server_sequence.wrapping_add(1 << 31);
         forged::send(flow.client, flow.frontend, client_fin, Flags::Fin);
@@ -215,7 +163,7 @@ fn blind_fins_both_ways_leave_a_live_flow_alone(family: Family) {
         survived,
         Ok(()),
         "after blind FINs both ways, the flow to the remote backend still echoes; {:?}",
-        counters(&flow.sandbox)
+        flow.node.counters()
     );
 }
 
@@ -232,26 +180,15 @@ struct RemoteEchoFlow {
     server_sequence: u32,
     // Dropped in this order: the agent before what it reads and the namespaces.
     _agent: Agent,
-    _manifests: ManifestDir,
     _server: EchoServer,
-    lan: Lan,
-    sandbox: Sandbox,
+    node: LanNode,
 }
 
 impl RemoteEchoFlow {
     fn start(family: Family, name: &str, lan_name: &str) -> Self {
-        let a = addresses(family);
-        let sandbox = Sandbox::new(&format!("{name}{}", family.tag()));
-        let lan = lan(&format!("{lan_name}{}", family.tag()));
+        let (node, agent) = node_with_short_close(family, name, lan_name, 8080);
+        let (a, lan) = (&node.a, &node.lan);
         let server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
-        let manifests = ManifestDir::new(&sandbox);
-        two_node_ports(&a, &manifests, 8080);
-        let agent = Agent::start(
-            &sandbox,
-            &manifests.path,
-            "node1",
-            &["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT],
-        );
         let frontend: SocketAddr = Addresses::at(a.node1, 30072).parse().expect("address");
         let capture = lan.client.enter(Capture::start);
         let mut stream = lan.client.enter(|| {
@@ -271,40 +208,15 @@ impl RemoteEchoFlow {
             client_sequence,
             server_sequence,
             _agent: agent,
-            _manifests: manifests,
             _server: server,
-            lan,
-            sandbox,
+            node,
         }
     }
 }
 
 /// A NodePort Service to pod1 (30071) and one to pod2 (30072), both on `target`.
-fn two_node_ports(a: &Addresses, manifests: &ManifestDir, target: u16) {
-    a.nodes(manifests);
-    let ports = |port: u16| {
-        format!("[{{name: tcp, port: 80, targetPort: {target}, nodePort: {port}, protocol: TCP}}]")
-    };
-    manifests.write(
-        "svc.yaml",
-        &format!(
-            "{}---\n{}---\n{}---\n{}",
-            a.service("local", 71, &ports(30071), "  type: NodePort", false),
-            a.slice(
-                "local-1",
-                "local",
-                ("tcp", target, "TCP"),
-                &[a.pod1_endpoint()]
-            ),
-            a.service("remote", 72, &ports(30072), "  type: NodePort", false),
-            a.slice(
-                "remote-1",
-                "remote",
-                ("tcp", target, "TCP"),
-                &[a.pod2_endpoint()]
-            ),
-        ),
-    );
+fn two_node_ports(node: &LanNode, target: u16) {
+    node.local_and_remote("svc.yaml", 71, ("tcp", 80, target, "TCP"), 30071);
 }
 
 /// Connects from `client:port` to `target` (in the namespace it is called in), sends a
@@ -329,19 +241,23 @@ fn exchange(client: &str, port: u16, target: SocketAddr) -> (SocketAddr, String)
             .unwrap_or_else(|_| panic!("connect to {target} from port {port} timed out"))
             .unwrap_or_else(|e| panic!("connect to {target} from port {port}: {e}"));
         let peer = stream.peer_addr().expect("peer");
-        let mut stream = stream.into_std().expect("std stream");
+        let stream = stream.into_std().expect("std stream");
         stream.set_nonblocking(false).expect("blocking");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .expect("read timeout");
-        stream.write_all(b"request").expect("send the request");
-        stream.shutdown(Shutdown::Write).expect("half-close");
-        let mut answer = String::new();
-        stream
-            .read_to_string(&mut answer)
-            .unwrap_or_else(|e| panic!("read from {target}: {e}"));
+        let answer = half_closed_request(stream, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("request to {target}: {e}"));
         (peer, answer)
     })
+}
+
+/// Sends a request and its FIN on `stream` and reads the answer to the end, waiting for
+/// it up to `wait`.
+fn half_closed_request(mut stream: TcpStream, wait: Duration) -> std::io::Result<String> {
+    stream.set_read_timeout(Some(wait))?;
+    stream.write_all(b"request")?;
+    stream.shutdown(Shutdown::Write)?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
 }
 
 /// A server that reads each client's request to the end (the client's FIN), stays quiet

@@ -10,54 +10,28 @@ use std::{
 
 use socklb_agent::inspect;
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox,
+    Dnsmasq, NamedServer, Sandbox, eventually,
     family::Family,
     forged::{self, Flags},
-    lan::{Addresses, addresses, lan},
+    lan::{Addresses, LanNode},
 };
 
 /// What dnsmasq answers for `who.test`.
 const ANSWER: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 53);
 
-#[test]
-fn a_dns_answer_through_a_node_port_confirms_the_flow_over_ipv4() {
-    a_dns_answer_confirms_the_flow(Family::V4);
-}
+socklb_tests::for_each_family!(a_dns_answer_through_a_node_port_confirms_the_flow);
 
-#[test]
-fn a_dns_answer_through_a_node_port_confirms_the_flow_over_ipv6() {
-    a_dns_answer_confirms_the_flow(Family::V6);
-}
-
-fn a_dns_answer_confirms_the_flow(family: Family) {
-    let a = addresses(family);
-    let sandbox = Sandbox::new(&format!("udpconfirm{}", family.tag()));
-    let lan = lan(&format!("dq{}", family.tag()));
+fn a_dns_answer_through_a_node_port_confirms_the_flow(family: Family) {
+    let node = LanNode::new(family, "udpconfirm", "dq");
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
     let _servers = [
         lan.pod1.enter(|| Dnsmasq::start(a.pod1, ANSWER)),
         lan.pod2.enter(|| Dnsmasq::start(a.pod2, ANSWER)),
     ];
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    let ports = |port: u16| {
-        format!("[{{name: dns, port: 53, targetPort: 53, nodePort: {port}, protocol: UDP}}]")
-    };
-    manifests.write(
-        "dns.yaml",
-        &format!(
-            "{}---\n{}---\n{}---\n{}",
-            a.service("local", 53, &ports(30053), "  type: NodePort", false),
-            a.slice("local-1", "local", ("dns", 53, "UDP"), &[a.pod1_endpoint()]),
-            a.service("remote", 54, &ports(30054), "  type: NodePort", false),
-            a.slice(
-                "remote-1",
-                "remote",
-                ("dns", 53, "UDP"),
-                &[a.pod2_endpoint()]
-            ),
-        ),
-    );
-    let _agent = Agent::start(&sandbox, &manifests.path, "node1", &[]);
+    node.local_and_remote("dns.yaml", 53, ("dns", 53, 53, "UDP"), 30053);
+    let _agent = node.agent(&[]);
 
     for (backend, port) in [("local", 30053), ("remote", 30054)] {
         let dig = lan.client.output(
@@ -78,7 +52,7 @@ fn a_dns_answer_confirms_the_flow(family: Family) {
             ANSWER.to_string(),
             "dig through the NodePort to the {backend} backend: {dig:?}"
         );
-        let flows = client_flows(&sandbox, &a, port);
+        let flows = client_flows(sandbox, a, port);
         assert_eq!(
             flows.len(),
             2,
@@ -99,47 +73,20 @@ fn a_dns_answer_confirms_the_flow(family: Family) {
 fn answered_udp_flows_leave_a_waiting_tcp_handshake_alone() {
     const NEW_TABLE: usize = 16;
     const UDP_FLOWS: usize = 20 * NEW_TABLE;
-    let a = addresses(Family::V4);
-    let sandbox = Sandbox::new("udphandshake");
-    let lan = lan("dh");
+    let node = LanNode::new(Family::V4, "udphandshake", "dh");
+    let LanNode {
+        a, lan, sandbox, ..
+    } = &node;
     let pod1: IpAddr = a.pod1;
     let _tcp = NamedServer::tcp_in(&lan.pod1, "web", SocketAddr::new(pod1, 8080));
     let _udp = NamedServer::udp_in(&lan.pod1, "echo", SocketAddr::new(pod1, 5353));
-    let manifests = ManifestDir::new(&sandbox);
-    a.nodes(&manifests);
-    manifests.write(
-        "services.yaml",
-        &format!(
-            "{}---\n{}---\n{}---\n{}",
-            a.service(
-                "web",
-                80,
-                "[{name: web, port: 80, targetPort: 8080, nodePort: 30080, protocol: TCP}]",
-                "  type: NodePort",
-                false
-            ),
-            a.slice("web-1", "web", ("web", 8080, "TCP"), &[a.pod1_endpoint()]),
-            a.service(
-                "echo",
-                53,
-                "[{name: echo, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]",
-                "  type: NodePort",
-                false
-            ),
-            a.slice(
-                "echo-1",
-                "echo",
-                ("echo", 5353, "UDP"),
-                &[a.pod1_endpoint()]
-            ),
-        ),
-    );
-    let _agent = Agent::start(
-        &sandbox,
-        &manifests.path,
-        "node1",
-        &["--max-conntrack-new-entries", &NEW_TABLE.to_string()],
-    );
+    let services = [
+        a.exposed("web", 80).port("web", 80, 8080, 30080, "TCP"),
+        a.exposed("echo", 53).port("echo", 53, 5353, 30053, "UDP"),
+    ]
+    .map(|service| service.endpoints(&[a.pod1_endpoint()]).yaml());
+    node.write("services.yaml", &services.join("---\n"));
+    let _agent = node.agent(&["--max-conntrack-new-entries", &NEW_TABLE.to_string()]);
     let node1: IpAddr = a.node1.parse().expect("node1");
 
     // The SYN of a client whose ACK is long in coming: from an address on the LAN that no
@@ -155,11 +102,14 @@ fn answered_udp_flows_leave_a_waiting_tcp_handshake_alone() {
             .filter(|flow| flow.from == waiting || flow.rewritten_to == waiting)
             .count()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while handshake(&sandbox) == 0 {
-        assert!(std::time::Instant::now() < deadline, "the SYN made no flow");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        "the SYN makes a flow",
+        Duration::from_secs(10),
+        || match handshake(sandbox) {
+            0 => Err("no entry".to_owned()),
+            _ => Ok(()),
+        },
+    );
 
     let answered = lan.client.enter(|| {
         (0..UDP_FLOWS)
@@ -177,7 +127,7 @@ fn answered_udp_flows_leave_a_waiting_tcp_handshake_alone() {
     });
     assert_eq!(answered, UDP_FLOWS, "every UDP request is answered");
     assert_eq!(
-        handshake(&sandbox),
+        handshake(sandbox),
         2,
         "the waiting handshake keeps both its entries after {UDP_FLOWS} answered UDP flows \
          through a table of {NEW_TABLE} unconfirmed flows"

@@ -38,6 +38,7 @@ use socklb_tests::{
     bench::{
         baseline, client,
         cluster::{ENDPOINT_PORT, ENDPOINT_RANGE, MAX_SERVICES, cluster},
+        flags::Flags,
         kube_proxy::{self, iptables::IptablesSync},
         loader::IptablesBackend,
         netns::{new_netns, run_in},
@@ -120,21 +121,10 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
         smoke: false,
     };
     let mut services_given = false;
-    let mut args = args.iter();
-    while let Some(flag) = args.next() {
-        if flag == "--smoke" {
-            options.smoke = true;
-            continue;
-        }
-        let value = args
-            .next()
-            .with_context(|| format!("{flag} needs a value\n{USAGE}"))?;
-        let number = || -> anyhow::Result<u32> {
-            value
-                .parse()
-                .with_context(|| format!("{flag} {value}: not a number\n{USAGE}"))
-        };
-        match flag.as_str() {
+    let mut flags = Flags::new(args, USAGE);
+    while let Some((flag, value)) = flags.next_flag()? {
+        let number = || flags.number(flag, value);
+        match flag {
             "--services" => {
                 options.services = value
                     .split(',')
@@ -154,6 +144,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
             _ => bail!("unknown flag {flag}\n{USAGE}"),
         }
     }
+    options.smoke = flags.smoke;
     if options.smoke {
         // Seconds long: keeps the benchmark working in CI, measures nothing worth keeping.
         if !services_given {

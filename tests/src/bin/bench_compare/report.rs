@@ -15,11 +15,7 @@ use crate::{
     step::{Control, Step, median},
 };
 
-const SECTION: Section = Section {
-    name: "compare",
-    command: "compare",
-    heading: "Side by side with kube-proxy",
-};
+const SECTION: Section = Section::new("compare", "compare", "Side by side with kube-proxy");
 
 fn us(ns: u64) -> String {
     format!("{:.1} µs", ns as f64 / 1e3)

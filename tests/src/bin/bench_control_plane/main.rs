@@ -65,11 +65,7 @@ const POLL: Duration = Duration::from_micros(50);
 const IDLE: Duration = Duration::from_secs(3);
 /// Keeps the address plan (VIPs in 10.96.0.0/12, endpoints in 10.128.0.0/9) valid.
 const MAX_SERVICES: u32 = 100_000;
-const SECTION: Section = Section {
-    name: "control-plane",
-    command: "control-plane",
-    heading: "Control plane",
-};
+const SECTION: Section = Section::new("control-plane", "control-plane", "Control plane");
 
 struct Options {
     services: u32,
@@ -85,14 +81,7 @@ struct Options {
 
 fn main() {
     let options = parse_options(&std::env::args().skip(1).collect::<Vec<_>>());
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!(
-            "the benchmark runs the agent, which loads BPF programs, in a network namespace and \
-             a cgroup of its own: run it as root (e.g. `sudo cargo xtask bench control-plane`)"
-        );
-        std::process::exit(1);
-    }
+    socklb_tests::bench::preflight::exit_unless_root("control-plane");
     // Before any thread exists, so that only the cleanup thread sees these signals.
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();

@@ -13,11 +13,11 @@ use super::{
     apply, fake_cluster, percentile, start_kube,
 };
 
-pub const SECTION: Section = Section {
-    name: "control-plane outages",
-    command: "control-plane",
-    heading: "Recovery after an API-server outage",
-};
+pub const SECTION: Section = Section::new(
+    "control-plane outages",
+    "control-plane",
+    "Recovery after an API-server outage",
+);
 
 /// How long the restarted server refuses every request.
 const WARMING: Duration = Duration::from_secs(1);

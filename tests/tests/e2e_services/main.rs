@@ -1,0 +1,32 @@
+//! The Kubernetes Service e2e scenarios that a proxy decides (upstream
+//! `test/e2e/network/{service,conntrack,endpointslice,traffic_distribution}.go`), as our own
+//! suite: one test per upstream scenario, named after it, in a module per group of
+//! scenarios. docs/conformance.md maps each upstream test to the test here, or says why it
+//! does not apply.
+//!
+//! Every test builds a small cluster ([`Testbed`](socklb_tests::testbed::Testbed)): two
+//! nodes, pods and an outside client as network namespaces on one LAN, the fake API server,
+//! and the real agent on the `kube` source on the nodes that need one. The test changes
+//! Services and EndpointSlices through the API server as the control plane would (a "pod is
+//! created" when its endpoint appears in a slice and its server runs in its namespace), and
+//! real clients (curl, dig, the probe) check which pod answered and which address it saw. A
+//! destination socklb did not translate hits a blackhole route: the client gets EINVAL,
+//! which is how "not served" is told apart from "refused by socklb" (ECONNREFUSED, counted
+//! as `no_backend`). What the scenarios share is in [`scenario`].
+//!
+//! Each test's tag (the first argument of `Testbed::new`) names its namespaces, cgroups and
+//! pins: it must be unique in this binary, whose tests run in parallel.
+mod addressing;
+mod conntrack;
+mod endpoint_slices;
+mod labels;
+mod no_endpoints;
+mod not_ready_endpoints;
+mod scenario;
+mod serving;
+mod session_affinity;
+mod terminating_endpoints;
+mod traffic_distribution;
+mod traffic_policy;
+mod type_changes;
+mod updates;
