@@ -65,6 +65,18 @@ fn writer() -> Writer<Recorder> {
     Writer::adopt(Recorder::default(), CAPACITY, MapContents::default())
 }
 
+/// An empty writer with room for `service_entries` and `backends`.
+fn sized_writer(service_entries: u32, backends: u32) -> Writer<Recorder> {
+    Writer::adopt(
+        Recorder::default(),
+        Capacity {
+            service_entries,
+            backends,
+        },
+        MapContents::default(),
+    )
+}
+
 fn kinds(ops: &[Op]) -> Vec<String> {
     ops.iter()
         .map(|op| match op {
@@ -363,14 +375,7 @@ fn entry_accounting_matches_the_maps_through_changes() {
 
 #[test]
 fn a_change_that_does_not_fit_leaves_the_frontend_as_it_was() {
-    let mut w = Writer::adopt(
-        Recorder::default(),
-        Capacity {
-            service_entries: 5,
-            backends: 10,
-        },
-        MapContents::default(),
-    );
+    let mut w = sized_writer(5, 10);
     w.apply(&desired(&[(1, &[1, 2]), (2, &[])])).expect("apply");
     let before = w.store.services.clone();
     let report = w
@@ -387,14 +392,7 @@ fn a_change_that_does_not_fit_leaves_the_frontend_as_it_was() {
 
 #[test]
 fn programmed_frontends_get_the_room_and_a_new_one_that_does_not_fit_is_refused() {
-    let mut w = Writer::adopt(
-        Recorder::default(),
-        Capacity {
-            service_entries: 6,
-            backends: 10,
-        },
-        MapContents::default(),
-    );
+    let mut w = sized_writer(6, 10);
     w.apply(&desired(&[(2, &[1, 2])])).expect("apply");
     // Frontend 1 sorts first but is new: frontend 2, programmed, grows first.
     let report = w
@@ -422,14 +420,7 @@ fn programmed_frontends_get_the_room_and_a_new_one_that_does_not_fit_is_refused(
 /// the count when it fits, is removed, or is no longer desired.
 #[test]
 fn rejected_frontends_are_counted_until_they_fit_or_go() {
-    let mut w = Writer::adopt(
-        Recorder::default(),
-        Capacity {
-            service_entries: 4,
-            backends: 10,
-        },
-        MapContents::default(),
-    );
+    let mut w = sized_writer(4, 10);
     let count = |w: &Writer<Recorder>, outcome: Outcome| {
         w.rejected()
             .into_iter()
@@ -478,14 +469,7 @@ fn rejected_frontends_are_counted_until_they_fit_or_go() {
 
 #[test]
 fn a_new_frontend_without_room_even_for_its_master_says_it_is_untranslated() {
-    let mut w = Writer::adopt(
-        Recorder::default(),
-        Capacity {
-            service_entries: 3,
-            backends: 10,
-        },
-        MapContents::default(),
-    );
+    let mut w = sized_writer(3, 10);
     w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
     let report = w
         .apply(&desired(&[(1, &[1, 2]), (2, &[3])]))
@@ -502,14 +486,7 @@ fn a_new_frontend_without_room_even_for_its_master_says_it_is_untranslated() {
 
 #[test]
 fn preferred_frontends_get_the_room_before_other_new_ones() {
-    let mut w = Writer::adopt(
-        Recorder::default(),
-        Capacity {
-            service_entries: 4,
-            backends: 10,
-        },
-        MapContents::default(),
-    );
+    let mut w = sized_writer(4, 10);
     // As after the maps were replaced: frontend 2 was programmed in the old ones.
     w.prefer([frontend(2)]);
     let report = w
@@ -522,14 +499,7 @@ fn preferred_frontends_get_the_room_before_other_new_ones() {
 
 #[test]
 fn backend_map_full_is_reported_with_its_flag() {
-    let mut w = Writer::adopt(
-        Recorder::default(),
-        Capacity {
-            service_entries: 100,
-            backends: 1,
-        },
-        MapContents::default(),
-    );
+    let mut w = sized_writer(100, 1);
     let report = w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
     assert!(report.rejected[0].to_string().contains("--max-backends"));
     assert_eq!(kinds(&w.store.ops), ["+master(count=0)"]);
