@@ -33,11 +33,11 @@ use socklb_abi::{PROTO_TCP, PROTO_UDP};
 use crate::{
     conntrack,
     counters::bump,
+    deliver::TC_ACT_SHOT,
     maps::REJECT_BUDGET,
     packet::{ETH_HLEN, IPV6_HEADER_LEN, PROTO_ICMP, PROTO_ICMPV6},
 };
 
-const TC_ACT_SHOT: i32 = 2;
 /// Answers one CPU sends in a second at most.
 pub const PER_SECOND: u32 = 1000;
 /// What an answer's IP header carries as its TTL or hop limit.
