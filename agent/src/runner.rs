@@ -23,9 +23,8 @@ use tracing::{debug, info, info_span, warn};
 
 use crate::{
     dataplane::{
-        self, ConntrackTimeouts, Dataplane, DataplaneError, DeviceError, Frontend, FrontendLabel,
-        FrontendSpec, Gone, NodeSettings, Rejected, Scope, TcMode, ipv4_forwarding,
-        ipv6_forwarding, local_addresses,
+        self, ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec,
+        Gone, NodeSettings, PodDevices, Rejected, Scope, TcMode, local_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
@@ -35,25 +34,14 @@ use crate::{
     source::{Event, Kind, Object},
     state::{ClusterState, convert},
     sweep::Sweeper,
+    tc_devices::TcDevices,
 };
 
-/// Whether the TC programs can serve `device`, a device found from the Node's addresses.
-/// One that is not Ethernet is skipped, with a warning the first time; one whose link
-/// type cannot be read is tried (attaching then says what is wrong).
-fn servable(device: &str, refused: &mut BTreeSet<String>) -> bool {
-    match dataplane::check_ethernet(device) {
-        Err(error @ DeviceError::NotEthernet { .. }) => {
-            if refused.insert(device.to_owned()) {
-                warn!(
-                    device,
-                    error = %error,
-                    "skipping a device that holds this Node's addresses: traffic from \
-                     outside arriving on it is not translated"
-                );
-            }
-            false
-        }
-        _ => true,
+/// The next change of links, or never when they are not watched.
+async fn link_changed(changes: &mut Option<mpsc::Receiver<()>>) -> Option<()> {
+    match changes {
+        Some(changes) => changes.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -106,11 +94,10 @@ pub struct Runner {
     triggers: BTreeMap<ServiceName, SystemTime>,
     attached: bool,
     external: ExternalTraffic,
-    /// Devices the TC programs are attached to.
-    external_devices: Option<Vec<String>>,
-    /// Devices holding the Node's addresses that are not Ethernet, skipped with a warning
-    /// logged once each.
-    refused_devices: BTreeSet<String>,
+    /// The devices the TC programs serve.
+    tc_devices: TcDevices,
+    /// Says when links came or went (pod devices to serve); `None`: not watched.
+    link_changes: Option<mpsc::Receiver<()>>,
     /// The SNAT addresses last programmed, per family (`None`: not yet), to log only their
     /// changes.
     snat_addresses: Option<(Option<Ipv4Addr>, Option<Ipv6Addr>)>,
@@ -147,8 +134,8 @@ impl Runner {
             triggers: BTreeMap::new(),
             attached: false,
             external: ExternalTraffic::default(),
-            external_devices: None,
-            refused_devices: BTreeSet::new(),
+            tc_devices: TcDevices::new(Vec::new(), PodDevices::None, TcMode::Auto),
+            link_changes: None,
             snat_addresses: None,
             logged_skips: HashMap::new(),
             rejected: BTreeSet::new(),
@@ -166,7 +153,24 @@ impl Runner {
     }
 
     pub fn with_external(mut self, external: ExternalTraffic) -> Self {
+        self.tc_devices = TcDevices::new(external.devices.clone(), PodDevices::None, external.mode);
         self.external = external;
+        self
+    }
+
+    /// Serves the workloads' devices with the per-packet path, picked up as links come and
+    /// go (else at every sync). After [`Self::with_external`].
+    pub fn with_pod_devices(mut self, pods: PodDevices) -> Self {
+        if pods != PodDevices::None {
+            self.link_changes = match dataplane::watch_links() {
+                Ok(changes) => Some(changes),
+                Err(error) => {
+                    warn!(%error, "cannot watch the network devices: new pod devices are picked up at the next sync");
+                    None
+                }
+            };
+        }
+        self.tc_devices = TcDevices::new(self.external.devices.clone(), pods, self.external.mode);
         self
     }
 
@@ -222,6 +226,11 @@ impl Runner {
                     // Whatever else is already queued joins this sync.
                     while let Ok(event) = events.try_recv() {
                         self.receive(event);
+                    }
+                }
+                Some(()) = link_changed(&mut self.link_changes) => {
+                    if self.attached {
+                        self.program_devices();
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => {
@@ -480,8 +489,27 @@ impl Runner {
         }
     }
 
-    /// This node's SNAT settings, and the TC programs on its external devices (re-attached
-    /// when the devices found from the Node's addresses change).
+    /// Serves the devices that came or went since the last time, outside a sync (a pod
+    /// started or ended): a failure is logged, and the next sync tries again.
+    fn program_devices(&mut self) {
+        let local = match local_addresses() {
+            Ok(local) => local,
+            Err(error) => {
+                warn!(%error, "cannot list the network devices; keeping the TC programs as they are");
+                return;
+            }
+        };
+        let node = self.state.this_node();
+        if let Err(error) = self.tc_devices.program(&mut self.dataplane, node, local) {
+            warn!(
+                error = %crate::error_chain(&error),
+                "the TC programs stay as they were until the next sync"
+            );
+        }
+    }
+
+    /// This node's SNAT settings, and the TC programs on its devices (attached where they
+    /// are new: the devices found from the Node's addresses changed, or pods came).
     fn program_external(&mut self) -> Result<(), DataplaneError> {
         let node = self.state.this_node();
         let local = match local_addresses() {
@@ -518,52 +546,7 @@ impl Runner {
             snat_ports: self.external.snat_ports.clone(),
             conntrack_timeouts: self.external.conntrack_timeouts,
         })?;
-        let devices = if self.external.devices.is_empty() {
-            let devices: BTreeSet<String> = local
-                .into_iter()
-                .filter(|(address, _)| node.addresses.contains(address))
-                .map(|(_, device)| device)
-                .collect();
-            devices
-                .into_iter()
-                .filter(|device| servable(device, &mut self.refused_devices))
-                .collect()
-        } else {
-            self.external.devices.clone()
-        };
-        if self.external_devices.as_ref() == Some(&devices) {
-            return Ok(());
-        }
-        if devices.is_empty() {
-            warn!(
-                addresses = ?node.addresses,
-                "no device holds this Node's addresses: traffic from outside the node is not \
-                 translated; pass --devices"
-            );
-        }
-        if !devices.is_empty() && ipv4_forwarding() == Some(false) {
-            warn!(
-                ?devices,
-                "net.ipv4.ip_forward is 0: NodePort, LoadBalancer and externalIP traffic cannot \
-                 reach any pod (kube-proxy needs it too); run `sysctl -w net.ipv4.ip_forward=1` \
-                 on the node, or let the CNI set it"
-            );
-        }
-        if !devices.is_empty()
-            && node.addresses_of(Family::V6).next().is_some()
-            && ipv6_forwarding() == Some(false)
-        {
-            warn!(
-                ?devices,
-                "net.ipv6.conf.all.forwarding is 0: IPv6 NodePort, LoadBalancer and externalIP \
-                 traffic cannot reach any pod; run `sysctl -w net.ipv6.conf.all.forwarding=1` \
-                 on the node, or let the CNI set it"
-            );
-        }
-        self.dataplane
-            .attach_external(&devices, self.external.mode)?;
-        self.external_devices = Some(devices);
-        Ok(())
+        self.tc_devices.program(&mut self.dataplane, node, local)
     }
 
     fn record(&self) {

@@ -812,8 +812,8 @@ mod programs {
     };
 
     use socklb_agent::dataplane::{
-        BackendAddr, ConntrackTimeouts, Desired, Frontend, FrontendSpec, NodeSettings, Protocol,
-        Scope, TcMode,
+        BackendAddr, ConntrackTimeouts, Desired, DeviceRole, Frontend, FrontendSpec, NodeSettings,
+        Protocol, Scope, TcMode,
     };
     use socklb_tests::{
         Sandbox, eventually,
@@ -894,7 +894,11 @@ mod programs {
             })
             .expect("node settings");
         dataplane
-            .attach_external(&["eth0".to_owned()], TcMode::Auto)
+            .attach_tc(
+                &[("eth0".to_owned(), DeviceRole::External)],
+                &[],
+                TcMode::Auto,
+            )
             .expect("attach the TC programs");
 
         // NodePort: a local backend keeps the client's address, a remote one sees node1's.

@@ -140,6 +140,13 @@ pub struct RunArgs {
     /// Cilium's hostNamespaceOnly, for meshes that route by the original destination).
     #[arg(long, value_enum, default_value_t = SocketLbScope::All)]
     pub socket_lb_scope: SocketLbScope,
+    /// Devices of workloads whose packets to internal frontends (ClusterIPs, and the
+    /// node's NodePorts) are translated per packet, for what the socket hooks leave alone
+    /// (VMs, sandboxes, meshed pods, processes outside the cgroup): `auto` (every veth
+    /// whose peer is in another network namespace, as every veth CNI gives its pods),
+    /// `none`, or names, comma-separated, each exact or a prefix ending in `*` (`cali*`).
+    #[arg(long, default_value = "auto")]
+    pub pod_devices: dataplane::PodDevices,
     /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,
     /// CAP_PERFMON or CAP_SYS_ADMIN), netlink SOCK_DESTROY, auto (the iterators if they
     /// load, else netlink), or off. The sweep enters other network namespaces with

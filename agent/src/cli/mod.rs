@@ -290,6 +290,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             metrics,
         )
         .with_external(external_traffic(&args.external))
+        .with_pod_devices(args.pod_devices.clone())
         .with_sweeper(sweeper);
         let result = runner.run(events, shutdown_signal()).await;
         let _ = stop_tx.send(true);

@@ -46,7 +46,7 @@ pub use crate::{
     kernel::{
         attach::{
             Attachment,
-            tc::{TcAttachError, TcMode},
+            tc::{DeviceRole, TcAttachError, TcAttached, TcDevice, TcMode},
         },
         cleanup::{Cleanup, cleanup},
         destroy::{
@@ -61,6 +61,7 @@ pub use crate::{
         load::LoadError,
         pin_lock::{Holder, PinLock, PinLockError, lock as lock_pin_dir},
         pins::{DEFAULT_PIN_DIR, link_pin, lock_path as pin_lock_path, trace_lease_dir},
+        pod_devices::{Link, PodDevices, links, watch_links},
         privileges::{
             FOR_FEATURES as FEATURE_CAPABILITIES, ForFeature, NEEDED as NEEDED_CAPABILITIES,
             Needed, PrivilegeError, diagnose,

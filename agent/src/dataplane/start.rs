@@ -14,7 +14,7 @@ use crate::{
     kernel::{
         attach::{
             Attachment, cgroup,
-            tc::{self, TcMode},
+            tc::{self, TcAttached, TcDevice, TcMode},
         },
         carry,
         destroy::{self, DestroyPrograms, Unavailable as DestroyUnavailable},
@@ -186,7 +186,7 @@ impl Dataplane {
     }
 
     /// Attaches the programs (or replaces those a previous agent left attached). Called
-    /// after [`Self::attach_external`]: from here on only these programs run, so the flow
+    /// after [`Self::attach_tc`]: from here on only these programs run, so the flow
     /// entries of maps replaced with another size are carried over a last time.
     pub fn attach(&mut self) -> Result<Vec<(&'static str, Attachment)>, DataplaneError> {
         let attached = cgroup::attach(&mut self.ebpf, &self.config.pin_dir, &self.cgroup)
@@ -196,14 +196,16 @@ impl Dataplane {
         Ok(attached)
     }
 
-    /// Attaches the TC programs to `devices` (or replaces those a previous agent left), and
-    /// detaches them from devices no longer listed.
-    pub fn attach_external(
+    /// Attaches the TC programs of each device's role to `devices` but those of `done`
+    /// (attached before by this agent; a previous agent's are replaced), and detaches them
+    /// from devices no longer listed.
+    pub fn attach_tc(
         &mut self,
-        devices: &[String],
+        devices: &[TcDevice],
+        done: &[TcDevice],
         mode: TcMode,
-    ) -> Result<Vec<(String, Attachment)>, DataplaneError> {
-        tc::attach(&mut self.ebpf, &self.config.pin_dir, devices, mode)
+    ) -> Result<TcAttached, DataplaneError> {
+        tc::attach(&mut self.ebpf, &self.config.pin_dir, devices, done, mode)
             .map_err(|error| DataplaneError::Tc(Box::new(error)).explain_refusal())
     }
 }

@@ -4,6 +4,8 @@
 //! - `pins`: the pin directory's layout; every other module finds its paths there.
 //! - `host`, `devices`, `privileges`: what the node must provide (cgroup v2, bpffs, Ethernet
 //!   devices, capabilities), each refusal explained with what to do.
+//! - `pod_devices`: which devices are workloads' (the per-packet path's), and when they
+//!   change.
 //! - `pin_lock`: one agent per pin directory.
 //! - `object`, `load`, `carry`, `destroy`, `program_logs`: the embedded object, loaded with
 //!   its maps pinned (flow state carried over when a table changes size), the optional
@@ -24,5 +26,6 @@ pub mod load;
 pub mod object;
 pub mod pin_lock;
 pub mod pins;
+pub mod pod_devices;
 pub mod privileges;
 pub mod program_logs;

@@ -7,8 +7,8 @@ use socklb_abi::{
     Ipv6Words, PROTO_TCP, PROTO_UDP, TRACE_FAMILY_V6, TRACE_REASON_AFFINITY,
     TRACE_REASON_CONNTRACK, TRACE_REASON_MAGLEV, TRACE_REASON_NO_BACKEND, TRACE_REASON_PER_SOCKET,
     TRACE_REASON_RANDOM, TRACE_REASON_REVERSE, TRACE_REASON_SNAT_EXHAUSTED,
-    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_CONNECT, TRACE_SOURCE_EXTERNAL, TRACE_SOURCE_REVERSE,
-    TRACE_SOURCE_SENDMSG, TraceEvent, ipv6_octets,
+    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_CONNECT, TRACE_SOURCE_EXTERNAL, TRACE_SOURCE_POD,
+    TRACE_SOURCE_REVERSE, TRACE_SOURCE_SENDMSG, TraceEvent, ipv6_octets,
 };
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -72,6 +72,7 @@ pub fn source_name(source: u8) -> &'static str {
         TRACE_SOURCE_SENDMSG => "sendmsg",
         TRACE_SOURCE_REVERSE => "reverse",
         TRACE_SOURCE_EXTERNAL => "external",
+        TRACE_SOURCE_POD => "pod",
         _ => "unknown",
     }
 }
@@ -159,12 +160,13 @@ pub struct Shown {
 impl Shown {
     /// The event's fields; the session adds time, process details and the Service.
     pub fn new(event: &TraceEvent, time: String, service: Option<Service>) -> Self {
-        let external = event.source == TRACE_SOURCE_EXTERNAL;
+        // Packets (from outside, or from a pod device) have no process.
+        let packet = matches!(event.source, TRACE_SOURCE_EXTERNAL | TRACE_SOURCE_POD);
         Self {
             time,
             source: source_name(event.source),
             protocol: protocol_name(event.protocol),
-            process: (!external).then(|| Process {
+            process: (!packet).then(|| Process {
                 pid: event.pid,
                 netns_cookie: event.netns_cookie,
                 cgroup_id: event.cgroup_id,

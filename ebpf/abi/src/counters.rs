@@ -91,6 +91,12 @@ counters! {
     /// Translated sockets left without a record because `--max-socket-records` sockets
     /// held one: still translated; the sweep finds them through the socket ring only.
     socket_records_full,
+    /// Flows from pod devices to an internal frontend given a backend by the per-packet
+    /// path (new conntrack entries).
+    pod_flows,
+    /// Packets from pod devices to an internal frontend without a usable backend here
+    /// (internalTrafficPolicy Local without a local endpoint), dropped.
+    pod_no_backend,
 }
 
 impl Counters {

@@ -18,7 +18,7 @@ pub mod map_names {
     /// [`crate::AffinityKey`] -> [`crate::AffinityEntry`]: ClientIP session affinity.
     pub const AFFINITY: &str = "socklb_aff_v1";
     /// Per-CPU [`crate::Counters`], a single entry at index 0.
-    pub const COUNTERS: &str = "socklb_cnt_v7";
+    pub const COUNTERS: &str = "socklb_cnt_v8";
     /// [`crate::CtKey`] -> [`crate::CtEntry`] (LRU): confirmed flows from outside the node
     /// (TCP past its handshake, UDP answered and continued) and their NAT.
     pub const CONNTRACK: &str = "socklb_ct_v1";
@@ -134,13 +134,14 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 13] = [
+    pub const RETIRED: [&str; 14] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
         "socklb_cnt_v4",
         "socklb_cnt_v5",
         "socklb_cnt_v6",
+        "socklb_cnt_v7",
         "socklb_node_v1",
         RETIRED_SERVICES,
         "socklb_be_v1",
@@ -182,6 +183,11 @@ pub mod program_names {
     /// TC egress on the node's external devices: replies of local backends to outside
     /// clients.
     pub const TC_EGRESS: &str = "socklb_tc_out";
+    /// TC ingress on pod devices (their host side): packets from a pod to an internal
+    /// frontend (ClusterIP, or a node address's NodePort) that no socket hook translated,
+    /// and the replies of hairpin flows. Their egress takes [`TC_EGRESS`], which rewrites the
+    /// replies of every backend back to the frontend.
+    pub const TC_POD: &str = "socklb_tc_pod";
 
     /// The cgroup sock_addr programs.
     pub const SOCK_ADDR: [&str; 8] = [
@@ -196,7 +202,7 @@ pub mod program_names {
     ];
 
     /// The TC programs.
-    pub const TC: [&str; 2] = [TC_INGRESS, TC_EGRESS];
+    pub const TC: [&str; 3] = [TC_INGRESS, TC_EGRESS, TC_POD];
 
     /// cgroup sock_release: a socket with a record leaves the count of records.
     pub const SOCK_RELEASE: &str = "socklb_sock_release";

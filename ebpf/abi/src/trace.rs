@@ -10,6 +10,9 @@ pub const TRACE_SOURCE_SENDMSG: u8 = 2;
 pub const TRACE_SOURCE_REVERSE: u8 = 3;
 /// A packet from outside the node (NodePort, LoadBalancer IP, externalIP).
 pub const TRACE_SOURCE_EXTERNAL: u8 = 4;
+/// A packet from a pod device to an internal frontend (the per-packet path: a workload
+/// whose sockets the socket hooks do not translate).
+pub const TRACE_SOURCE_POD: u8 = 5;
 
 // Why the backend was chosen (or none).
 

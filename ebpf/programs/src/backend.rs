@@ -96,6 +96,7 @@ fn backend_in_slot<F: socket_family::Family>(
 pub fn for_flow<F: family::Family>(
     master: &family::Slot<F::Addr>,
     tuple: &Tuple<F::Addr>,
+    scope: u8,
     count: u32,
     record: bool,
 ) -> Option<(family::Slot<F::Addr>, u16, u8)> {
@@ -116,6 +117,7 @@ pub fn for_flow<F: family::Family>(
                     tuple.destination,
                     tuple.destination_port,
                     tuple.protocol,
+                    scope,
                     slot,
                 )
                 .map(|backend| ((), backend.backend_id))
@@ -141,6 +143,7 @@ pub fn for_flow<F: family::Family>(
         tuple.destination,
         tuple.destination_port,
         tuple.protocol,
+        scope,
         slot,
     ) else {
         F::log_missing_slot(tuple.destination, tuple.destination_port, count, slot);

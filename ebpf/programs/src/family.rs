@@ -9,8 +9,8 @@ use aya_ebpf::{
 };
 use socklb_abi::{
     AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityKey6, CtEntry, CtEntry6, CtKey,
-    CtKey6, Ipv6Words, SCOPE_EXTERNAL, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS,
-    SOURCE_RANGE6_FRONTEND_BITS, ServiceKey, ServiceKey6, SourceRange, SourceRange6, ipv6_octets,
+    CtKey6, Ipv6Words, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, SOURCE_RANGE6_FRONTEND_BITS,
+    ServiceKey, ServiceKey6, SourceRange, SourceRange6, ipv6_octets,
 };
 
 use crate::{
@@ -26,7 +26,7 @@ use crate::{
     trace::TracedValue,
 };
 
-/// An entry of the service map (external scope): the master (slot 0) or a backend slot.
+/// An entry of the service map: the master (slot 0) or a backend slot.
 #[derive(Clone, Copy)]
 pub struct Slot<A> {
     pub backend_id: u32,
@@ -61,9 +61,15 @@ pub trait Family: Sized + 'static {
     fn ct_key(key: &CtKey<Self::Addr>) -> &CtKey<Self::Addr>;
     fn ct_entry(entry: &CtEntry<Self::Addr>) -> &CtEntry<Self::Addr>;
 
-    /// The external-scope service map entry of a frontend at `slot` (0: the master).
-    fn service(address: Self::Addr, port: u16, protocol: u8, slot: u16)
-    -> Option<Slot<Self::Addr>>;
+    /// The service map entry of a frontend of `scope` (`SCOPE_*`) at `slot` (0: the
+    /// master).
+    fn service(
+        address: Self::Addr,
+        port: u16,
+        protocol: u8,
+        scope: u8,
+        slot: u16,
+    ) -> Option<Slot<Self::Addr>>;
     /// A backend's address and port, by id.
     fn backend(id: u32) -> Option<(Self::Addr, u16)>;
 
@@ -121,8 +127,7 @@ static ZERO_ENTRY6: CtEntry6 = CtEntry6 {
     sequence_high: 0,
 };
 
-/// The external-scope service map lookup, copied out at once (the same fields in both
-/// families).
+/// The service map lookup, copied out at once (the same fields in both families).
 macro_rules! service_lookup {
     ($services:ident, $key:ident, $backends:ident) => {
         #[inline(always)]
@@ -130,13 +135,14 @@ macro_rules! service_lookup {
             address: Self::Addr,
             port: u16,
             protocol: u8,
+            scope: u8,
             slot: u16,
         ) -> Option<Slot<Self::Addr>> {
             let key = $key {
                 address,
                 port,
                 protocol,
-                scope: SCOPE_EXTERNAL,
+                scope,
                 slot,
                 pad: 0,
             };

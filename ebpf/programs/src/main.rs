@@ -1,13 +1,15 @@
 //! socklb's kernel programs: socket-level service translation at the cgroup hooks, for
 //! IPv4 and IPv6 sockets (an IPv4-mapped address takes the IPv4 maps), and packet-level
-//! translation at TC for traffic from outside the node.
+//! translation at TC for traffic from outside the node and from pods the socket hooks
+//! leave alone.
 //!
 //! Every hook is a thin entry that calls a `try_*` function; an error lets the operation
 //! proceed untranslated (the safe verdict for a socket hook) and is counted.
 //!
 //! - Hooks: `connect`, `sendmsg`, `recvmsg`, `getpeername` and `release` (cgroup), over
-//!   `socket` (the socket path's forward and reverse translation); `external` (TC ingress
-//!   and egress, the flows from outside); `destroy` (socket iterators).
+//!   `socket` (the socket path's forward and reverse translation); `tc` (TC ingress on
+//!   external and pod devices, egress on both) over `flow` (the per-packet flow, for either
+//!   `side`); `destroy` (socket iterators).
 //! - Shared by both paths: `backend` (which backend: session affinity, Maglev, draws).
 //! - The per-packet path's concerns: `conntrack` (flow state), `nat` (SNAT ports and the
 //!   rewrite to a flow's entry), `icmp` (errors about a flow, translated), `deliver` (FIB,
@@ -25,8 +27,8 @@ mod context;
 mod counters;
 mod deliver;
 mod destroy;
-mod external;
 mod family;
+mod flow;
 mod getpeername;
 mod icmp;
 mod log;
@@ -38,8 +40,10 @@ mod recvmsg;
 mod reject;
 mod release;
 mod sendmsg;
+mod side;
 mod socket;
 mod socket_family;
+mod tc;
 mod trace;
 
 /// Verdicts of cgroup sock_addr programs.

@@ -90,7 +90,7 @@ pub const AFFINITY_CAPACITY: usize = 65536;
 #[btf_map(name = "socklb_aff_v1", pin_by_name)]
 pub static AFFINITY: LruHashMap<AffinityKey, AffinityEntry, AFFINITY_CAPACITY> = LruHashMap::new();
 
-#[btf_map(name = "socklb_cnt_v7", pin_by_name)]
+#[btf_map(name = "socklb_cnt_v8", pin_by_name)]
 pub static COUNTERS: PerCpuArray<Counters, 1> = PerCpuArray::new();
 
 /// Placeholder capacity of both conntrack tables, which share one type.

@@ -160,6 +160,45 @@ impl Lan {
     }
 }
 
+/// A workload on node1 whose sockets the socket hooks never see (a VM, a sandbox): its own
+/// network namespace behind the veth `vm1` (10.244.3.10 and fd00:244:3::10, its node-side
+/// gateway .1), as a CNI plugs a pod, with processes outside the served cgroup. node2
+/// routes its network back through node1, and node1 blackholes the service CIDRs, so that a
+/// ClusterIP packet the per-packet path did not translate goes nowhere.
+pub const VM: &str = "10.244.3.10";
+pub const VM6: &str = "fd00:244:3::10";
+
+impl Lan {
+    pub fn vm(&self) -> Netns {
+        let prefix = self.switch.name.trim_end_matches("-sw");
+        let vm = Netns::new(&format!("{prefix}-vm"));
+        here(&veth("vm1", "eth0", &vm.name));
+        here(&["addr", "add", "10.244.3.1/24", "dev", "vm1"]);
+        here(&v6_address("fd00:244:3::1", 64, "vm1"));
+        here(&["link", "set", "vm1", "up"]);
+        pod_addresses(&vm, VM.parse().expect("VM address"), "10.244.3.1");
+        pod_addresses6(&vm, VM6.parse().expect("VM6 address"), "fd00:244:3::1");
+        self.node2
+            .ip(&["route", "add", "10.244.3.0/24", "via", NODE1]);
+        self.node2
+            .ip(&["-6", "route", "add", "fd00:244:3::/64", "via", lan6::NODE1]);
+        here(&[
+            "route",
+            "replace",
+            "blackhole",
+            crate::testbed::SERVICE_CIDR,
+        ]);
+        here(&[
+            "-6",
+            "route",
+            "replace",
+            "blackhole",
+            crate::family::SERVICE_CIDR6,
+        ]);
+        vm
+    }
+}
+
 /// `ip <args>` in node1, the namespace of this thread.
 pub fn here<S: AsRef<std::ffi::OsStr>>(args: &[S]) {
     run(Command::new("ip").args(args));

@@ -3,7 +3,7 @@
 //! filters (kernels without TCX) carry no pin, so each instance records its own.
 use std::{path::PathBuf, process::Command};
 
-use socklb_agent::dataplane::{Config, Dataplane, TcMode};
+use socklb_agent::dataplane::{Config, Dataplane, DeviceRole, TcMode};
 use socklb_tests::{Sandbox, agent_bin, privileges::chart_cleanup, run, stdout_of, tc_filters};
 
 #[test]
@@ -50,7 +50,6 @@ fn cleanup_of_another_pin_dir_leaves_this_instances_netlink_filters() {
 fn two_instances_on_one_device_keep_their_own_netlink_filters() {
     let sandbox = Sandbox::new("shared-device");
     veth_pair(&["ext0"]);
-    let device = ["ext0".to_owned()];
     let (other, mut this, mut another) = two_instances(&sandbox, "ext0", "ext0");
     assert_eq!(
         tc_filters("ext0"),
@@ -58,11 +57,8 @@ fn two_instances_on_one_device_keep_their_own_netlink_filters() {
         "the second instance attached beside the first, not over it"
     );
     // Both again, as restarted agents: each replaces its own filters, nobody else's.
-    this.attach_external(&device, TcMode::Netlink)
-        .expect("attach this instance's TC programs again");
-    another
-        .attach_external(&device, TcMode::Netlink)
-        .expect("attach the other instance's TC programs again");
+    attach_external(&mut this, "ext0");
+    attach_external(&mut another, "ext0");
     drop((this, another));
     assert_eq!(tc_filters("ext0"), 4, "restarts replaced filters in place");
 
@@ -97,8 +93,7 @@ fn two_instances(
     other_device: &str,
 ) -> (OtherPins, Dataplane, Dataplane) {
     let mut this = sandbox.dataplane();
-    this.attach_external(&[this_device.to_owned()], TcMode::Netlink)
-        .expect("attach this instance's TC programs");
+    attach_external(&mut this, this_device);
     let other = OtherPins(PathBuf::from(format!(
         "{}-other",
         sandbox.pin_dir.display()
@@ -109,10 +104,20 @@ fn two_instances(
             ..sandbox.config()
         })
         .expect("load another instance");
-    another
-        .attach_external(&[other_device.to_owned()], TcMode::Netlink)
-        .expect("attach the other instance's TC programs");
+    attach_external(&mut another, other_device);
     (other, this, another)
+}
+
+/// The TC programs of an external device on `device`, by netlink, as a (re)started agent
+/// attaches them.
+fn attach_external(dataplane: &mut Dataplane, device: &str) {
+    dataplane
+        .attach_tc(
+            &[(device.to_owned(), DeviceRole::External)],
+            &[],
+            TcMode::Netlink,
+        )
+        .unwrap_or_else(|e| panic!("attach the TC programs to {device}: {e}"));
 }
 
 /// `socklb cleanup` as the chart's cleanup container runs it.

@@ -1,4 +1,5 @@
-//! Attaching the TC programs to the node's external devices, and removing them.
+//! Attaching the TC programs to the node's external devices and to pod devices, and
+//! removing them.
 //!
 //! TCX (kernel >= 6.6) attaches through bpf links, pinned like the cgroup links so that the
 //! programs stay attached while no agent runs and a new agent swaps its programs in
@@ -61,11 +62,40 @@ impl TcMode {
     }
 }
 
-/// The two programs and their hooks.
-const HOOKS: [(&str, TcAttachType); 2] = [
-    (program_names::TC_INGRESS, TcAttachType::Ingress),
-    (program_names::TC_EGRESS, TcAttachType::Egress),
-];
+/// What a device carries, which decides the programs on its two hooks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceRole {
+    /// A device that holds the Node's addresses: traffic from outside.
+    External,
+    /// The host side of a workload's interface: its packets to internal frontends (the
+    /// per-packet path).
+    Pod,
+}
+
+impl DeviceRole {
+    fn hooks(self) -> [(&'static str, TcAttachType); 2] {
+        let ingress = match self {
+            Self::External => program_names::TC_INGRESS,
+            Self::Pod => program_names::TC_POD,
+        };
+        [
+            (ingress, TcAttachType::Ingress),
+            (program_names::TC_EGRESS, TcAttachType::Egress),
+        ]
+    }
+}
+
+/// The hook of each TC program.
+fn hook_of(program: &str) -> Option<TcAttachType> {
+    [DeviceRole::External, DeviceRole::Pod]
+        .into_iter()
+        .flat_map(DeviceRole::hooks)
+        .find_map(|(name, hook)| (name == program).then_some(hook))
+}
+
+/// A device and what it carries.
+pub type TcDevice = (String, DeviceRole);
 
 /// Whether this network namespace has the device. Asked of the kernel (an ioctl on a
 /// socket of this namespace), not of /sys/class/net, which shows the namespace that
@@ -118,14 +148,16 @@ pub enum TcAttachError {
     },
 }
 
-/// Attaches both TC programs to every device, and detaches them from devices socklb
-/// served before but no longer should.
+/// Attaches the TC programs of its role to every device but those of `done` (attached
+/// before by this agent), and detaches them from devices (or roles) socklb served before
+/// but no longer should.
 pub fn attach(
     ebpf: &mut Ebpf,
     pin_dir: &Path,
-    devices: &[String],
+    devices: &[TcDevice],
+    done: &[TcDevice],
     mode: TcMode,
-) -> Result<Vec<(String, Attachment)>, TcAttachError> {
+) -> Result<TcAttached, TcAttachError> {
     let mode = mode.resolve();
     let records = match mode {
         TcMode::Netlink => pins::netlink_records_dir(pin_dir),
@@ -142,32 +174,71 @@ pub fn attach(
     };
     remove_stale_pins(pin_dir, tcx_devices)?;
     remove_stale_netlink_filters(pin_dir, netlink_devices)?;
-    let mut done = Vec::new();
-    for device in devices {
-        let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
-            device: device.clone(),
-        })?;
-        // Missing, or not Ethernet (the programs would misread every packet).
-        devices::check_ethernet(device)?;
-        for (program_name, hook) in HOOKS {
-            let program = attachable(ebpf, program_name, device, mode)?;
-            let attachment = match mode {
-                TcMode::Netlink => {
-                    attach_netlink(program, program_name, pin_dir, &name, device, hook)?
-                }
-                _ => attach_tcx(program, program_name, pin_dir, &name, device, hook)?,
-            };
-            info!(
-                program = program_name,
-                device,
-                ?mode,
-                ?attachment,
-                "program attached"
-            );
-            done.push((format!("{program_name}@{device}"), attachment));
+    let mut outcome = TcAttached {
+        devices: devices
+            .iter()
+            .filter(|device| done.contains(device))
+            .cloned()
+            .collect(),
+        ..TcAttached::default()
+    };
+    for device in devices.iter().filter(|device| !done.contains(device)) {
+        match attach_device(ebpf, pin_dir, device, mode) {
+            Ok(attached) => {
+                outcome.attached.extend(attached);
+                outcome.devices.push(device.clone());
+            }
+            // A pod's device may be gone already (the pod ended), or refuse the programs:
+            // that pod keeps its socket path, and every other device is served.
+            Err(error) if device.1 == DeviceRole::Pod => {
+                outcome.failed.push((device.0.clone(), error))
+            }
+            Err(error) => return Err(error),
         }
     }
-    Ok(done)
+    Ok(outcome)
+}
+
+/// What [`attach`] did.
+#[derive(Debug, Default)]
+pub struct TcAttached {
+    /// Each program attached (`program@device`), and how.
+    pub attached: Vec<(String, Attachment)>,
+    /// The devices now served (those of `done` still wanted, and the new ones).
+    pub devices: Vec<TcDevice>,
+    /// Pod devices that could not be served, and why.
+    pub failed: Vec<(String, TcAttachError)>,
+}
+
+/// Attaches the programs of the device's role to it.
+fn attach_device(
+    ebpf: &mut Ebpf,
+    pin_dir: &Path,
+    (device, role): &TcDevice,
+    mode: TcMode,
+) -> Result<Vec<(String, Attachment)>, TcAttachError> {
+    let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
+        device: device.clone(),
+    })?;
+    // Missing, or not Ethernet (the programs would misread every packet).
+    devices::check_ethernet(device)?;
+    let mut attached = Vec::new();
+    for (program_name, hook) in role.hooks() {
+        let program = attachable(ebpf, program_name, device, mode)?;
+        let attachment = match mode {
+            TcMode::Netlink => attach_netlink(program, program_name, pin_dir, &name, device, hook)?,
+            _ => attach_tcx(program, program_name, pin_dir, &name, device, hook)?,
+        };
+        info!(
+            program = program_name,
+            device,
+            ?mode,
+            ?attachment,
+            "program attached"
+        );
+        attached.push((format!("{program_name}@{device}"), attachment));
+    }
+    Ok(attached)
 }
 
 fn attach_tcx(
@@ -325,27 +396,19 @@ fn attach_netlink(
 /// many.
 pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, TcAttachError> {
     let mut replaced = 0;
-    let devices: std::collections::BTreeSet<String> = tc_pins(pin_dir)?
-        .into_iter()
-        .map(|(_, device)| device)
-        .collect();
-    for device in devices {
+    for (path, device) in tc_pins(pin_dir)? {
         let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
             device: device.clone(),
         })?;
-        for (program_name, hook) in HOOKS {
-            if !pins::tc_link_pin(pin_dir, program_name, &device).exists() {
-                continue;
-            }
-            let program = attachable(ebpf, program_name, &device, TcMode::Tcx)?;
-            attach_tcx(program, program_name, pin_dir, &name, &device, hook)?;
-            replaced += 1;
-        }
+        let Some((program_name, hook)) = pinned_program(&path) else {
+            continue;
+        };
+        let program = attachable(ebpf, program_name, &device, TcMode::Tcx)?;
+        attach_tcx(program, program_name, pin_dir, &name, &device, hook)?;
+        replaced += 1;
     }
     for record in netlink_records(pin_dir)? {
-        let Some((program_name, hook)) =
-            HOOKS.into_iter().find(|(name, _)| *name == record.program)
-        else {
+        let Some((program_name, hook)) = known_program(&record.program) else {
             continue;
         };
         let device = record.device;
@@ -373,11 +436,36 @@ fn attachable<'a>(
     })
 }
 
-/// Removes TCX link pins of devices not in `devices` (which detaches those programs).
-fn remove_stale_pins(pin_dir: &Path, devices: &[String]) -> Result<(), TcAttachError> {
+/// A TC program by name: its own name (static) and its hook.
+fn known_program(program: &str) -> Option<(&'static str, TcAttachType)> {
+    let name = program_names::TC
+        .into_iter()
+        .find(|name| *name == program)?;
+    Some((name, hook_of(name)?))
+}
+
+/// The TC program of a link pin, from its file name.
+fn pinned_program(path: &Path) -> Option<(&'static str, TcAttachType)> {
+    let file_name = path.file_name()?.to_str()?;
+    known_program(file_name.split_once('@')?.0)
+}
+
+/// Whether the program is one `devices` wants on `device`.
+fn wanted(devices: &[TcDevice], program: &str, device: &str) -> bool {
+    devices.iter().any(|(name, role)| {
+        name == device && role.hooks().iter().any(|(wanted, _)| *wanted == program)
+    })
+}
+
+/// Removes TCX link pins of programs `devices` no longer wants (which detaches them).
+fn remove_stale_pins(pin_dir: &Path, devices: &[TcDevice]) -> Result<(), TcAttachError> {
     for (path, device) in tc_pins(pin_dir)? {
-        if !devices.contains(&device) {
-            warn!(device, "device no longer served: detaching the TC programs");
+        let program = pinned_program(&path).map_or("", |(name, _)| name);
+        if !wanted(devices, program, &device) {
+            info!(
+                device,
+                program, "device no longer served: detaching the TC program"
+            );
             fs::remove_file(&path).map_err(|source| TcAttachError::Pins {
                 path: path.clone(),
                 source,
@@ -417,15 +505,16 @@ pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> 
     Ok(found)
 }
 
-/// Detaches the netlink filters of devices no longer served.
-fn remove_stale_netlink_filters(pin_dir: &Path, devices: &[String]) -> Result<(), TcAttachError> {
+/// Detaches the netlink filters of programs `devices` no longer wants.
+fn remove_stale_netlink_filters(pin_dir: &Path, devices: &[TcDevice]) -> Result<(), TcAttachError> {
     let stale = netlink_records(pin_dir)?
         .into_iter()
-        .filter(|record| !devices.contains(&record.device));
+        .filter(|record| !wanted(devices, &record.program, &record.device));
     for record in stale {
-        warn!(
+        info!(
             device = record.device,
-            "device no longer served: detaching the TC programs"
+            program = record.program,
+            "device no longer served: detaching the TC program"
         );
         detach_netlink_filter(&record).map_err(|source| TcAttachError::Pins {
             path: record.path.clone(),
@@ -461,7 +550,7 @@ fn netlink_records(pin_dir: &Path) -> Result<Vec<NetlinkRecord>, TcAttachError> 
         let file_name = entry.file_name();
         if let Some((program, device, filter)) =
             file_name.to_str().and_then(pins::parse_netlink_record)
-            && HOOKS.iter().any(|(name, _)| *name == program)
+            && known_program(program).is_some()
         {
             records.push(NetlinkRecord {
                 path: entry.path(),
@@ -480,9 +569,7 @@ fn netlink_records(pin_dir: &Path) -> Result<Vec<NetlinkRecord>, TcAttachError> 
 /// with maps nobody updates. A device that is gone took its filters with it.
 fn detach_netlink_filter(record: &NetlinkRecord) -> io::Result<()> {
     let (program, device) = (record.program.as_str(), record.device.as_str());
-    let hook = HOOKS
-        .iter()
-        .find_map(|(name, hook)| (*name == program).then_some(*hook));
+    let hook = hook_of(program);
     if let (Some(hook), Ok(name)) = (hook, CString::new(device))
         && device_exists(device)
     {

@@ -1,60 +1,51 @@
-//! Traffic from outside the node (TC on the external devices): packets to a NodePort, a
-//! LoadBalancer IP or an externalIP get a backend from the frontend's external selection,
-//! and every packet of the flow follows its conntrack entries both ways.
+//! The per-packet path: a packet to a frontend gets a backend, and every packet of its flow
+//! follows the flow's conntrack entries both ways. One path for both sides of the node
+//! ([`Side`]): packets from outside to NodePorts, LoadBalancer IPs and externalIPs (their
+//! External selection), and packets from pod devices to internal frontends (their Cluster
+//! or Local selection, as the socket path gives them).
 //!
-//! - Ingress: a new flow draws a backend; a flow to a backend on another node is SNATed
-//!   to this node's address so that its replies come back here. SNATed packets (and the
-//!   replies of SNATed flows) are forwarded by redirect (FIB lookup), which also keeps the
-//!   kernel from dropping a packet whose new source is one of its own addresses; they never
-//!   cross the node's netfilter. A packet to a backend on this node keeps its client
-//!   address and goes on through the kernel's own path, so that the node's conntrack sees
-//!   the flow from its first packet: the pod's replies are then ESTABLISHED, not INVALID,
-//!   and a CNI's masquerade rule, which acts only on a connection's first packet, leaves
-//!   them alone (a redirect past netfilter broke both).
-//! - Ingress also takes the replies of SNATed flows; egress takes the replies of local
-//!   backends on their way out. Both are rewritten to come from the frontend.
-//! - A frontend without a usable backend here drops the packet (externalTrafficPolicy
-//!   Local without a local endpoint), or refuses it if its Service has no endpoint at all
+//! - Ingress: a new flow draws a backend. A flow the side SNATs (outside: to a backend on
+//!   another node; pods: to the pod itself) gets this node's address, so that its replies
+//!   come back here; its packets and replies are forwarded by redirect (FIB lookup) and
+//!   never cross the node's netfilter. Any other flow keeps its client address and goes on
+//!   through the kernel's own path, so that the node's conntrack sees the flow from its
+//!   first packet: the backend's replies are then ESTABLISHED, not INVALID, and a CNI's
+//!   masquerade rule leaves them alone (docs/architecture.md has the reasons).
+//! - Ingress also takes the replies of SNATed flows; egress takes the replies of the other
+//!   backends on their way to the client. Both are rewritten to come from the frontend.
+//! - A frontend without a usable backend here drops the packet (a traffic policy Local
+//!   without a local endpoint), or refuses it if its Service has no endpoint at all
 //!   (`reject`), as kube-proxy does.
-//! - A packet of ours with a TTL of 1 or less that socklb would forward itself (SNATed, or
-//!   the reply of a SNATed flow) is dropped before it changes any state: it could not be
-//!   forwarded, and must not take a conntrack entry or a SNAT port. One to a backend on this
-//!   node is translated without taking a conntrack or affinity entry and left to the
-//!   kernel's path, which decides (ICMP time exceeded where it forwards to a pod, delivery
-//!   to a hostNetwork backend).
+//! - A packet with a TTL of 1 or less that socklb would forward itself is dropped (or
+//!   answered) before it changes any state; one left to the kernel's path is translated
+//!   without taking a conntrack or affinity entry, and the kernel decides.
 //! - A packet whose rewrite fails half-way is dropped: once any byte changed, passing it
 //!   on would send a half-translated packet.
-//!
-//! IPv4 and IPv6 take the same path, written once over [`Family`], each with its own maps
-//! (IPv6: no header checksum, the hop limit for the TTL, extension headers walked by
-//! `packet`). An ICMP error about a known flow is translated back (`icmp`); anything else,
-//! neighbour discovery included, passes untouched.
-use aya_ebpf::{macros::classifier, programs::TcContext};
+use aya_ebpf::programs::TcContext;
 use socklb_abi::{
-    BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT,
-    CT_FORWARD, CT_REPLY, CtEntry, CtTimeouts, Ipv6Words, PROTO_TCP, SERVICE_FLAG_REJECT,
-    TRACE_REASON_CONNTRACK, TRACE_REASON_NO_BACKEND, TRACE_REASON_SNAT_EXHAUSTED,
-    TRACE_REASON_SOURCE_DENIED, TRACE_SOURCE_EXTERNAL,
+    CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY,
+    CtEntry, CtTimeouts, PROTO_TCP, SERVICE_FLAG_REJECT, TRACE_REASON_CONNTRACK,
+    TRACE_REASON_NO_BACKEND, TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED,
 };
 
 use crate::{
     backend,
     conntrack::{self, Found},
     counters::bump,
-    deliver::{self, TC_ACT_OK, TC_ACT_SHOT, TOO_BIG},
-    family::{Family, V4, V6},
+    deliver::{self, TC_ACT_OK, TC_ACT_SHOT},
+    family::Family,
     icmp::{self, Quoting},
     log,
     maps::NODE,
     nat,
-    packet::{self, Address, ETH_P_IP, ETH_P_IPV6, Ending, Packet, PacketError, Segment, Tuple},
-    reject,
+    packet::{Address, Ending, Packet, PacketError, Segment, Tuple},
+    side::Side,
     trace::{self, Decision, TracedValue},
 };
 
 /// A map or packet operation that should have worked did not: pass untranslated, count it
 /// (or drop the packet, counted, if part of it was already rewritten).
-struct Error;
+pub struct Error;
 
 impl From<PacketError> for Error {
     fn from(_: PacketError) -> Self {
@@ -151,92 +142,20 @@ fn blank_entry<F: Family>() -> CtEntry<F::Addr> {
 
 /// What the TCP and UDP path returns for any other packet: an ICMP error is looked at in a
 /// call of its own from the entry, so that neither path's stack adds to the other's.
-const NOT_TCP_OR_UDP: i32 = -1;
+pub const NOT_TCP_OR_UDP: i32 = -1;
 /// What the TCP and UDP path returns for a packet to refuse (see `reject`), answered in a
 /// call of its own from the entry for the same reason.
-const REFUSE: i32 = -3;
+pub const REFUSE: i32 = -3;
 /// What the TCP and UDP path returns for a packet whose TTL ran out before socklb could
 /// forward it, answered with "time exceeded" from the entry (see `reject`).
-const EXPIRED: i32 = -4;
-
-#[classifier]
-pub fn socklb_tc_in(ctx: TcContext) -> i32 {
-    match packet::ether_type(&ctx) {
-        Some(ETH_P_IP) => match ingress4(&ctx) {
-            NOT_TCP_OR_UDP => icmp_error::<V4>(&ctx, true),
-            REFUSE => reject::refuse4(&ctx),
-            EXPIRED => reject::expired4(&ctx),
-            code if code <= TOO_BIG => reject::too_big4(&ctx, (TOO_BIG - code) as u16),
-            verdict => verdict,
-        },
-        Some(ETH_P_IPV6) => match ingress6(&ctx) {
-            NOT_TCP_OR_UDP => icmp_error::<V6>(&ctx, true),
-            REFUSE => reject::refuse6(&ctx),
-            EXPIRED => reject::expired6(&ctx),
-            code if code <= TOO_BIG => reject::too_big6(&ctx, (TOO_BIG - code) as u16),
-            verdict => verdict,
-        },
-        _ => TC_ACT_OK,
-    }
-}
-
-/// Each family out of line, in a stack frame of its own: the verifier bounds the stack of
-/// a call chain, which then holds one family's path, not both.
-#[inline(never)]
-fn ingress4(ctx: &TcContext) -> i32 {
-    let Some(mut packet) = Packet::<u32>::parse(ctx) else {
-        return NOT_TCP_OR_UDP;
-    };
-    verdict(try_ingress::<V4>(ctx, &mut packet), &packet)
-}
-
-#[inline(never)]
-fn ingress6(ctx: &TcContext) -> i32 {
-    let mut packet = Packet::<Ipv6Words>::empty(ctx);
-    if !Packet::parse_into(ctx, &mut packet) {
-        return NOT_TCP_OR_UDP;
-    }
-    verdict(try_ingress::<V6>(ctx, &mut packet), &packet)
-}
-
-#[classifier]
-pub fn socklb_tc_out(ctx: TcContext) -> i32 {
-    match packet::ether_type(&ctx) {
-        Some(ETH_P_IP) => match egress4(&ctx) {
-            NOT_TCP_OR_UDP => icmp_error::<V4>(&ctx, false),
-            verdict => verdict,
-        },
-        Some(ETH_P_IPV6) => match egress6(&ctx) {
-            NOT_TCP_OR_UDP => icmp_error::<V6>(&ctx, false),
-            verdict => verdict,
-        },
-        _ => TC_ACT_OK,
-    }
-}
-
-#[inline(never)]
-fn egress4(ctx: &TcContext) -> i32 {
-    let Some(mut packet) = Packet::<u32>::parse(ctx) else {
-        return NOT_TCP_OR_UDP;
-    };
-    verdict(try_egress::<V4>(&mut packet), &packet)
-}
-
-#[inline(never)]
-fn egress6(ctx: &TcContext) -> i32 {
-    let mut packet = Packet::<Ipv6Words>::empty(ctx);
-    if !Packet::parse_into(ctx, &mut packet) {
-        return NOT_TCP_OR_UDP;
-    }
-    verdict(try_egress::<V6>(&mut packet), &packet)
-}
+pub const EXPIRED: i32 = -4;
 
 /// An ICMP error about a flow from outside, arriving (`ingress`) or leaving the node,
 /// translated back (see `icmp`) and sent on as the flow's packets are: forwarded here if
 /// the flow is SNATed, else through the kernel's path. Anything else passes untouched. Out
 /// of line: not a TCP or UDP packet, so it needs none of their path's stack.
 #[inline(never)]
-fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
+pub fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
     let Some(quote) = <F::Addr as Quoting>::quote(ctx) else {
         return TC_ACT_OK;
     };
@@ -268,7 +187,7 @@ fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
 
 /// An error before the packet changed lets it pass untranslated; after, it is dropped.
 #[inline(always)]
-fn verdict<A: Address>(result: Result<i32, Error>, packet: &Packet<A>) -> i32 {
+pub fn verdict<A: Address>(result: Result<i32, Error>, packet: &Packet<A>) -> i32 {
     match result {
         Ok(verdict) => verdict,
         Err(Error) if packet.mangled() => {
@@ -295,7 +214,10 @@ fn ttl_exceeded<A>(packet: &Packet<A>) -> bool {
 }
 
 #[inline(always)]
-fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
+pub fn try_ingress<F: Family, S: Side>(
+    ctx: &TcContext,
+    packet: &mut Packet<F::Addr>,
+) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let segment = packet.segment();
     let may_be_reply = conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0));
@@ -313,18 +235,18 @@ fn try_ingress<F: Family>(ctx: &TcContext, packet: &mut Packet<F::Addr>) -> Resu
     let Some(entry) = F::flow_room(&mut local) else {
         return Err(Error);
     };
-    let mut outcome = if known_flow::<F>(packet, segment, now, entry)? {
+    let mut outcome = if known_flow::<F, S>(packet, segment, now, entry)? {
         Flow::To
     } else {
-        new_flow::<F>(packet, now, entry)?
+        new_flow::<F, S>(packet, now, entry)?
     };
     if outcome == Flow::NeedsSnat {
-        outcome = snat::<F>(packet, entry, now)?;
+        outcome = snat::<F, S>(packet, entry, now)?;
     }
     match outcome {
         Flow::NotOurs => return Ok(TC_ACT_OK),
         Flow::NoBackend => {
-            bump(|c| &mut c.external_no_backend);
+            bump(S::no_backend);
             return Ok(TC_ACT_SHOT);
         }
         Flow::SnatExhausted => {
@@ -448,7 +370,7 @@ fn snat_reply_here<F: Family>(
 
 /// Takes the SNAT port of a new flow to a remote backend ([`Flow::NeedsSnat`]).
 #[inline(always)]
-fn snat<F: Family>(
+fn snat<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     entry: &mut CtEntry<F::Addr>,
     now: u32,
@@ -459,12 +381,12 @@ fn snat<F: Family>(
     };
     match nat::insert_snat::<F>(&packet.tuple, entry, snat_address, node, now) {
         Ok(Some(_)) => {
-            bump(|c| &mut c.external_flows);
+            bump(S::flows);
             Ok(Flow::To)
         }
         Ok(None) => {
             if F::SPLIT_FRAMES {
-                trace_snat_exhausted(&packet.tuple, entry);
+                trace_snat_exhausted::<_, S>(&packet.tuple, entry);
             }
             Ok(Flow::SnatExhausted)
         }
@@ -479,23 +401,24 @@ fn snat<F: Family>(
 /// The trace event of a flow that found no SNAT port, in a stack frame of its own: the
 /// caller's frame and the port search's are both near the limit of their chain.
 #[inline(never)]
-fn trace_snat_exhausted<A: TracedValue>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
+fn trace_snat_exhausted<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
     let decision = Decision {
         reason: TRACE_REASON_SNAT_EXHAUSTED,
         service_id: entry.service_id,
         backend: (&entry.destination, entry.destination_port),
         ..Decision::new(
-            TRACE_SOURCE_EXTERNAL,
+            S::TRACE_SOURCE,
             tuple.protocol,
             (&tuple.destination, tuple.destination_port),
         )
     };
-    trace_external(&decision, tuple, false);
+    trace_flow(&decision, tuple, false);
 }
 
-/// Replies of local backends leaving the node: shown as coming from the frontend.
+/// Replies of backends on their way to a client (not SNATed: those come in at ingress):
+/// shown as coming from the frontend.
 #[inline(always)]
-fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
+pub fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let segment = packet.segment();
     if segment.ending == Ending::Fin {
@@ -511,39 +434,39 @@ fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
 /// `false`: a new flow is chosen. An unconfirmed flow whose backend answered is confirmed
 /// by the client's next packet that is neither a SYN nor a FIN or RST.
 #[inline(always)]
-fn known_flow<F: Family>(
+fn known_flow<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     segment: Segment,
     now: u32,
     entry: &mut CtEntry<F::Addr>,
 ) -> Result<bool, Error> {
     if F::SPLIT_FRAMES {
-        match known_flow_apart::<F>(packet, segment, now, entry) {
+        match known_flow_apart::<F, S>(packet, segment, now, entry) {
             1 => Ok(true),
             0 => Ok(false),
             _ => Err(Error),
         }
     } else {
-        known_flow_here::<F>(packet, segment, now, entry)
+        known_flow_here::<F, S>(packet, segment, now, entry)
     }
 }
 
 /// [`known_flow`] in a stack frame of its own: 1, 0 or -1.
 #[inline(never)]
-fn known_flow_apart<F: Family>(
+fn known_flow_apart<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     segment: Segment,
     now: u32,
     entry: &mut CtEntry<F::Addr>,
 ) -> i32 {
-    match known_flow_here::<F>(packet, segment, now, entry) {
+    match known_flow_here::<F, S>(packet, segment, now, entry) {
         Ok(known) => i32::from(known),
         Err(Error) => -1,
     }
 }
 
 #[inline(always)]
-fn known_flow_here<F: Family>(
+fn known_flow_here<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     segment: Segment,
     now: u32,
@@ -578,12 +501,12 @@ fn known_flow_here<F: Family>(
                 service_id: found.entry.service_id,
                 backend: (&found.entry.destination, found.entry.destination_port),
                 ..Decision::new(
-                    TRACE_SOURCE_EXTERNAL,
+                    S::TRACE_SOURCE,
                     tuple.protocol,
                     (&tuple.destination, tuple.destination_port),
                 )
             };
-            trace_external(&decision, tuple, true);
+            trace_flow(&decision, tuple, true);
             *entry = found.entry;
             return Ok(true);
         }
@@ -594,7 +517,7 @@ fn known_flow_here<F: Family>(
 /// A trace event of a packet from outside. The addresses are read where they are (the
 /// packet's tuple, the flow's entry): IPv6's stack has no room for copies.
 #[inline(always)]
-fn trace_external<A: TracedValue>(decision: &Decision<&A>, tuple: &Tuple<A>, packet: bool) {
+fn trace_flow<A: TracedValue>(decision: &Decision<&A>, tuple: &Tuple<A>, packet: bool) {
     trace::external(decision, (&tuple.source, tuple.source_port), packet);
 }
 
@@ -622,57 +545,62 @@ fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>) ->
 
 /// A new flow: its backend chosen, its conntrack entries made (written to `out`).
 #[inline(always)]
-fn new_flow<F: Family>(
+fn new_flow<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     now: u32,
     out: &mut CtEntry<F::Addr>,
 ) -> Result<Flow, Error> {
     if F::SPLIT_FRAMES {
-        Flow::decode(new_flow_apart::<F>(packet, now, out))
+        Flow::decode(new_flow_apart::<F, S>(packet, now, out))
     } else {
-        new_flow_here::<F>(packet, now, out)
+        new_flow_here::<F, S>(packet, now, out)
     }
 }
 
 /// [`new_flow`] in a stack frame of its own ([`Family::SPLIT_FRAMES`]): [`Flow::code`].
 #[inline(never)]
-fn new_flow_apart<F: Family>(
+fn new_flow_apart<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     now: u32,
     out: &mut CtEntry<F::Addr>,
 ) -> i32 {
-    Flow::code(new_flow_here::<F>(packet, now, out))
+    Flow::code(new_flow_here::<F, S>(packet, now, out))
 }
 
 #[inline(always)]
-fn new_flow_here<F: Family>(
+fn new_flow_here<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     now: u32,
     out: &mut CtEntry<F::Addr>,
 ) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
-    let Some(master) = F::service(tuple.destination, tuple.destination_port, tuple.protocol, 0)
-    else {
+    let Some(master) = F::service(
+        tuple.destination,
+        tuple.destination_port,
+        tuple.protocol,
+        S::SCOPE,
+        0,
+    ) else {
         return Ok(Flow::NotOurs);
     };
     let mut decision = Decision {
         service_id: master.service_id,
         count: master.count,
         ..Decision::new(
-            TRACE_SOURCE_EXTERNAL,
+            S::TRACE_SOURCE,
             tuple.protocol,
             (&tuple.destination, tuple.destination_port),
         )
     };
     if !F::source_allowed(tuple) {
         decision.reason = TRACE_REASON_SOURCE_DENIED;
-        trace_external(&decision, tuple, false);
+        trace_flow(&decision, tuple, false);
         return Ok(Flow::Denied);
     }
     let count = u32::from(master.count);
     if count == 0 {
         decision.reason = TRACE_REASON_NO_BACKEND;
-        trace_external(&decision, tuple, false);
+        trace_flow(&decision, tuple, false);
         if master.flags & SERVICE_FLAG_REJECT != 0 {
             return Ok(Flow::Refused);
         }
@@ -682,7 +610,7 @@ fn new_flow_here<F: Family>(
     // entry, whatever becomes of it.
     let forwardable = packet.ttl > 1;
     let (backend, slot, reason) =
-        backend::for_flow::<F>(&master, tuple, count, forwardable).ok_or(Error)?;
+        backend::for_flow::<F>(&master, tuple, S::SCOPE, count, forwardable).ok_or(Error)?;
     decision.reason = reason;
     decision.backend = (&backend.backend_address, backend.backend_port);
     decision.slot = slot;
@@ -702,7 +630,7 @@ fn new_flow_here<F: Family>(
         entry.flags = CT_FLAG_SEQUENCE;
         entry.sequence_high = segment.sequence_high;
     }
-    if backend.flags & u16::from(BACKEND_FLAG_REMOTE) != 0 {
+    if S::snat(&backend, tuple.source) {
         // Before the SNAT port is taken.
         if ttl_exceeded(packet) {
             return Ok(Flow::TtlExceeded);
@@ -711,7 +639,7 @@ fn new_flow_here<F: Family>(
             // The port is taken by the caller, in a frame of its own: the choice is traced
             // here, where its reason and slot are known, and an exhausted port search again
             // there.
-            trace_external(&decision, tuple, false);
+            trace_flow(&decision, tuple, false);
             entry.flags |= CT_FLAG_SNAT;
             *out = entry;
             return Ok(Flow::NeedsSnat);
@@ -725,7 +653,7 @@ fn new_flow_here<F: Family>(
             Ok(Some(_)) => {}
             Ok(None) => {
                 decision.reason = TRACE_REASON_SNAT_EXHAUSTED;
-                trace_external(&decision, tuple, false);
+                trace_flow(&decision, tuple, false);
                 return Ok(Flow::SnatExhausted);
             }
             Err(conntrack::EEXIST) => return Ok(Flow::Raced),
@@ -748,8 +676,8 @@ fn new_flow_here<F: Family>(
             }
         }
     }
-    bump(|c| &mut c.external_flows);
-    trace_external(&decision, tuple, false);
+    bump(S::flows);
+    trace_flow(&decision, tuple, false);
     *out = entry;
     Ok(Flow::To)
 }

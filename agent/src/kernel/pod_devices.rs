@@ -1,0 +1,265 @@
+//! The host side of the workloads' interfaces, where the per-packet path attaches. Every
+//! veth CNI (flannel, Calico, Cilium, kindnet) gives a pod a veth pair whose other end is in
+//! the pod's network namespace, and so do the runtimes of VMs and sandboxes (KubeVirt,
+//! Kata): a veth of this namespace whose peer lives in another one is a workload's device.
+//! `--pod-devices` names them instead. Links are asked of the kernel over rtnetlink in this
+//! network namespace (not /sys/class/net, which shows the namespace that mounted /sys), and
+//! a watch on the link group says when they come and go.
+use std::{io, str::FromStr, thread};
+
+use netlink_packet_core::{
+    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_route::{
+    RouteNetlinkMessage,
+    link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use tokio::sync::mpsc;
+
+/// Which devices the per-packet path serves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum PodDevices {
+    /// Every veth whose peer is in another network namespace.
+    #[default]
+    Auto,
+    /// None: only the socket path serves ClusterIPs.
+    None,
+    /// The devices named, each an exact name or a prefix ending in `*` (`cali*`, `lxc*`).
+    Named(Vec<String>),
+}
+
+impl FromStr for PodDevices {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "none" => Ok(Self::None),
+            names => {
+                let names: Vec<String> = names
+                    .split(',')
+                    .map(|name| name.trim().to_owned())
+                    .collect();
+                match names.iter().find(|name| !valid_pattern(name)) {
+                    Some(name) => Err(format!(
+                        "{name:?} is not a device name or a prefix ending in `*` (a device name \
+                         has 1 to 15 characters, none of them '/', ':' or a space)"
+                    )),
+                    None => Ok(Self::Named(names)),
+                }
+            }
+        }
+    }
+}
+
+/// A device name, or a prefix of one followed by `*`.
+fn valid_pattern(pattern: &str) -> bool {
+    let name = pattern.strip_suffix('*').unwrap_or(pattern);
+    let fits = if pattern.ends_with('*') {
+        name.len() < 15
+    } else {
+        (1..=15).contains(&name.len())
+    };
+    fits && !name.contains(['/', ':', '*']) && !name.chars().any(char::is_whitespace)
+}
+
+fn matches(pattern: &str, device: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => device.starts_with(prefix),
+        None => device == pattern,
+    }
+}
+
+/// A link of this network namespace, as far as choosing pod devices goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub name: String,
+    /// A veth whose peer is in another network namespace.
+    pub workload_veth: bool,
+}
+
+impl PodDevices {
+    /// The devices of `links` this setting serves, but never one of `external` (traffic
+    /// from outside has its own program there), sorted.
+    pub fn select(&self, links: &[Link], external: &[String]) -> Vec<String> {
+        let mut selected: Vec<String> = links
+            .iter()
+            .filter(|link| !external.contains(&link.name))
+            .filter(|link| match self {
+                Self::Auto => link.workload_veth,
+                Self::None => false,
+                Self::Named(patterns) => {
+                    patterns.iter().any(|pattern| matches(pattern, &link.name))
+                }
+            })
+            .map(|link| link.name.clone())
+            .collect();
+        selected.sort();
+        selected
+    }
+
+    /// The exact names of [`Self::Named`] that no link has (to be logged).
+    pub fn missing(&self, links: &[Link]) -> Vec<String> {
+        match self {
+            Self::Named(patterns) => patterns
+                .iter()
+                .filter(|pattern| !pattern.ends_with('*'))
+                .filter(|name| !links.iter().any(|link| &link.name == *name))
+                .cloned()
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// The links of this network namespace.
+pub fn links() -> io::Result<Vec<Link>> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    let mut request = NetlinkMessage::new(
+        header,
+        RouteNetlinkMessage::GetLink(LinkMessage::default()).into(),
+    );
+    request.finalize();
+    let mut buffer = vec![0; request.buffer_len()];
+    request.serialize(&mut buffer);
+    socket.send(&buffer, 0)?;
+
+    let mut links = Vec::new();
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let size = socket.recv(&mut &mut buffer[..], 0)?;
+        let mut offset = 0;
+        while offset < size {
+            let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buffer[offset..size])
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            let length = message.header.length as usize;
+            match message.payload {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => {
+                    links.extend(link_of(&link));
+                }
+                NetlinkPayload::Done(_) => return Ok(links),
+                NetlinkPayload::Error(error) => {
+                    return Err(error.code.map_or_else(
+                        || io::Error::other("link dump failed"),
+                        |code| io::Error::from_raw_os_error(-code.get()),
+                    ));
+                }
+                _ => {}
+            }
+            if length == 0 {
+                break;
+            }
+            offset += length;
+        }
+    }
+}
+
+fn link_of(message: &LinkMessage) -> Option<Link> {
+    let mut name = None;
+    let mut veth = false;
+    let mut peer_elsewhere = false;
+    for attribute in &message.attributes {
+        match attribute {
+            LinkAttribute::IfName(text) => name = Some(text.clone()),
+            LinkAttribute::LinkInfo(infos) => {
+                veth = infos
+                    .iter()
+                    .any(|info| matches!(info, LinkInfo::Kind(InfoKind::Veth)));
+            }
+            // Present only when the peer is in another namespace.
+            LinkAttribute::LinkNetNsId(_) => peer_elsewhere = true,
+            _ => {}
+        }
+    }
+    Some(Link {
+        name: name?,
+        workload_veth: veth && peer_elsewhere,
+    })
+}
+
+/// `RTMGRP_LINK`: the multicast group of link changes.
+const RTMGRP_LINK: u32 = 1;
+
+/// Says (on the channel it returns) that links came or went in this network namespace:
+/// one message per burst of changes the receiver has not yet taken. The watch runs on a
+/// thread of its own for the agent's life.
+pub fn watch_links() -> io::Result<mpsc::Receiver<()>> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind(&SocketAddr::new(0, RTMGRP_LINK))?;
+    let (changed, receiver) = mpsc::channel(1);
+    thread::Builder::new()
+        .name("socklb-links".into())
+        .spawn(move || {
+            let mut buffer = vec![0u8; 64 * 1024];
+            loop {
+                match socket.recv(&mut &mut buffer[..], 0) {
+                    Ok(_) => {}
+                    // Too many changes at once for the socket's buffer: links changed all
+                    // the same.
+                    Err(error) if error.raw_os_error() == Some(libc::ENOBUFS) => {}
+                    Err(error) => {
+                        tracing::warn!(%error, "the watch of network devices stopped: new pod devices are picked up at the next full resync");
+                        return;
+                    }
+                }
+                match changed.try_send(()) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(())) => {}
+                    Err(mpsc::error::TrySendError::Closed(())) => return,
+                }
+            }
+        })?;
+    Ok(receiver)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(name: &str, workload_veth: bool) -> Link {
+        Link {
+            name: name.to_owned(),
+            workload_veth,
+        }
+    }
+
+    #[test]
+    fn auto_takes_veths_whose_peer_is_elsewhere_but_not_external_devices() {
+        let links = [
+            link("eth0", false),
+            link("cali1", true),
+            link("veth0", true),
+            link("lo", false),
+        ];
+        let external = ["veth0".to_owned()];
+        assert_eq!(PodDevices::Auto.select(&links, &external), ["cali1"]);
+        assert!(PodDevices::None.select(&links, &external).is_empty());
+    }
+
+    #[test]
+    fn named_devices_and_prefixes() {
+        let devices: PodDevices = "cali*,tap0,gone0".parse().expect("valid");
+        let links = [
+            link("cali1", true),
+            link("cali2", false),
+            link("tap0", false),
+            link("eth0", false),
+        ];
+        assert_eq!(devices.select(&links, &[]), ["cali1", "cali2", "tap0"]);
+        assert_eq!(devices.missing(&links), ["gone0"]);
+    }
+
+    #[test]
+    fn bad_patterns_are_refused_by_name() {
+        for bad in ["", "a/b", "x*y", "sixteen-chars-xx", "a b"] {
+            let error = bad.parse::<PodDevices>().expect_err(bad);
+            assert!(error.contains("is not a device name"), "{bad}: {error}");
+        }
+        assert_eq!("auto".parse(), Ok(PodDevices::Auto));
+        assert_eq!("none".parse(), Ok(PodDevices::None));
+    }
+}

@@ -1,0 +1,79 @@
+//! The side of the node a packet of the per-packet path arrives from, and what that changes
+//! in its flow: which frontends it reaches (the service map's scope), when its flow is
+//! SNATed, what it counts and how it is traced. Everything else (conntrack, NAT, backend
+//! choice, delivery) is one path for both sides.
+use socklb_abi::{
+    BACKEND_FLAG_REMOTE, Counters, SCOPE_EXTERNAL, SCOPE_INTERNAL, TRACE_SOURCE_EXTERNAL,
+    TRACE_SOURCE_POD,
+};
+
+use crate::{family::Slot, packet::Address};
+
+pub trait Side {
+    /// The service map scope whose frontends and selection serve the packet.
+    const SCOPE: u8;
+    /// `TRACE_SOURCE_*` of its trace events.
+    const TRACE_SOURCE: u8;
+
+    /// Whether a new flow to `backend` from `client` is SNATed to this node's address (and
+    /// forwarded by socklb) so that its replies come back through this node.
+    fn snat<A: Address>(backend: &Slot<A>, client: A) -> bool;
+
+    /// The counter of new flows, and of packets dropped for want of a usable backend here.
+    fn flows(counters: &mut Counters) -> &mut u64;
+    fn no_backend(counters: &mut Counters) -> &mut u64;
+}
+
+/// Traffic from outside the node, on its external devices: NodePorts, LoadBalancer IPs and
+/// externalIPs with their External selection.
+pub struct External;
+
+impl Side for External {
+    const SCOPE: u8 = SCOPE_EXTERNAL;
+    const TRACE_SOURCE: u8 = TRACE_SOURCE_EXTERNAL;
+
+    /// A backend on another node would answer the client directly, past this node.
+    #[inline(always)]
+    fn snat<A: Address>(backend: &Slot<A>, _client: A) -> bool {
+        backend.flags & u16::from(BACKEND_FLAG_REMOTE) != 0
+    }
+
+    #[inline(always)]
+    fn flows(counters: &mut Counters) -> &mut u64 {
+        &mut counters.external_flows
+    }
+
+    #[inline(always)]
+    fn no_backend(counters: &mut Counters) -> &mut u64 {
+        &mut counters.external_no_backend
+    }
+}
+
+/// Traffic from a workload on this node whose sockets the socket hooks leave alone (a
+/// meshed pod, a VM, a netstack), on its host-side device: internal frontends with their
+/// Cluster or Local selection, as the socket path gives them.
+pub struct Pod;
+
+impl Side for Pod {
+    const SCOPE: u8 = SCOPE_INTERNAL;
+    const TRACE_SOURCE: u8 = TRACE_SOURCE_POD;
+
+    /// Pod addresses route across the cluster, so a backend anywhere answers the pod
+    /// straight, through this node, and its reply is rewritten on the pod device's egress.
+    /// Only a pod that is its own backend (hairpin) would see its own address as the source,
+    /// which its kernel drops: that flow is SNATed to the node, as kube-proxy masquerades it.
+    #[inline(always)]
+    fn snat<A: Address>(backend: &Slot<A>, client: A) -> bool {
+        backend.backend_address == client
+    }
+
+    #[inline(always)]
+    fn flows(counters: &mut Counters) -> &mut u64 {
+        &mut counters.pod_flows
+    }
+
+    #[inline(always)]
+    fn no_backend(counters: &mut Counters) -> &mut u64 {
+        &mut counters.pod_no_backend
+    }
+}
