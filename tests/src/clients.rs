@@ -130,6 +130,11 @@ pub fn hold_bin() -> PathBuf {
     target_bin("socklb-hold", "SOCKLB_HOLD_BIN")
 }
 
+/// The service-mesh sidecar of the tests (`socklb-mesh-proxy`).
+pub fn mesh_proxy_bin() -> PathBuf {
+    target_bin("socklb-mesh-proxy", "SOCKLB_MESH_PROXY_BIN")
+}
+
 pub(crate) fn probe_bin() -> PathBuf {
     target_bin("socklb-probe", "SOCKLB_PROBE_BIN")
 }

@@ -55,7 +55,7 @@ pub use agent::{
 };
 pub use clients::{
     Attempt, ProbeRun, SetChanges, assert_all_answered_by, assert_all_connected, assert_peer,
-    hold_bin, monotonic_ns, tally,
+    hold_bin, mesh_proxy_bin, monotonic_ns, tally,
 };
 pub use frontends::{addr, frontend, spec};
 pub use machine::{machine_context, process_memory_kib};

@@ -330,7 +330,7 @@ fn start_agent(node: &File, files: &Files, services: usize) -> anyhow::Result<Ag
 /// Run time and run count, summed, of the TC programs socklb pinned links for on eth0.
 fn tc_run_time(pin_dir: &Path) -> anyhow::Result<(u64, u64)> {
     let mut ids = Vec::new();
-    for program in program_names::TC {
+    for program in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
         let pin = socklb_agent::dataplane::link_pin(pin_dir, &format!("{program}@eth0"));
         let link = PinnedLink::from_pin(&pin)
             .with_context(|| format!("open the link pin {}", pin.display()))?;

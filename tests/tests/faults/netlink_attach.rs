@@ -78,7 +78,7 @@ fn restarts_and_growth_replace_netlink_filters_without_a_failed_connection() {
         let replaced = agent
             .log()
             .lines()
-            .filter(|line| line.contains("mode=Netlink") && line.contains("attachment=Replaced"))
+            .filter(|line| line.contains(r#"device="eth0" mode=Netlink attachment=Replaced"#))
             .count();
         assert_eq!(
             replaced,
