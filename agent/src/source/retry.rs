@@ -119,6 +119,10 @@ mod tests {
         Duration::from_millis(millis)
     }
 
+    fn each_ms(millis: &[u64]) -> Vec<Duration> {
+        millis.iter().copied().map(ms).collect()
+    }
+
     /// The delays of a sequence of failures at `now`, with the largest jitter (the bound).
     fn delays(retry: &mut Retry, failures: &[Failure], now: Instant) -> Vec<Duration> {
         failures
@@ -133,15 +137,7 @@ mod tests {
         let failures = [Failure::Unreachable; 7];
         assert_eq!(
             delays(&mut retry, &failures, Instant::now()),
-            [
-                ms(250),
-                ms(500),
-                ms(1000),
-                ms(2000),
-                ms(2000),
-                ms(2000),
-                ms(2000)
-            ]
+            each_ms(&[250, 500, 1000, 2000, 2000, 2000, 2000])
         );
         // Thousands of failures (a long outage) stay at the cap.
         for _ in 0..10_000 {
@@ -181,7 +177,7 @@ mod tests {
         delays(&mut retry, &[Failure::Unreachable; 10], now);
         // Back, but refusing (403 while its authorizer warms up): quick retries, growing.
         let refused = delays(&mut retry, &[Failure::Refused; 5], now);
-        assert_eq!(refused, [ms(250), ms(500), ms(1000), ms(2000), ms(2000)]);
+        assert_eq!(refused, each_ms(&[250, 500, 1000, 2000, 2000]));
         // Then 410 Gone on the old resource version: relist within a second; again: back
         // off.
         assert_eq!(
@@ -198,16 +194,7 @@ mod tests {
         let delays_now = delays(&mut retry, &flaps, start);
         assert_eq!(
             delays_now,
-            [
-                ms(250),
-                ms(250),
-                ms(500),
-                ms(1000),
-                ms(2000),
-                ms(2000),
-                ms(2000),
-                ms(2000)
-            ]
+            each_ms(&[250, 250, 500, 1000, 2000, 2000, 2000, 2000])
         );
         let later = start + RESTART_GUARD;
         let delays_later = delays(&mut retry, &[Failure::Unreachable, Failure::Refused], later);
