@@ -3,14 +3,10 @@
 //! and every packet of the flow follows its conntrack entries both ways.
 //!
 //! - Ingress: a new flow draws a backend; a flow to a backend on another node is SNATed
-//!   to this node's address so that its replies come back here. SNATed packets (and the
-//!   replies of SNATed flows) are forwarded by redirect (FIB lookup), which also keeps the
-//!   kernel from dropping a packet whose new source is one of its own addresses; they never
-//!   cross the node's netfilter. A packet to a backend on this node keeps its client
-//!   address and goes on through the kernel's own path, so that the node's conntrack sees
-//!   the flow from its first packet: the pod's replies are then ESTABLISHED, not INVALID,
-//!   and a CNI's masquerade rule, which acts only on a connection's first packet, leaves
-//!   them alone (a redirect past netfilter broke both).
+//!   to this node's address and forwarded by redirect (FIB lookup), past netfilter. A
+//!   packet to a backend on this node keeps its client address and goes on through the
+//!   kernel's own path, so that the node's conntrack and a CNI's rules see the flow from
+//!   its first packet (docs/architecture.md says why).
 //! - Ingress also takes the replies of SNATed flows; egress takes the replies of local
 //!   backends on their way out. Both are rewritten to come from the frontend.
 //! - A frontend without a usable backend here drops the packet (externalTrafficPolicy
