@@ -132,6 +132,13 @@ cat >"$WORK/common.py" <<'EOF'
 import copy
 import os
 
+import yaml
+
+chart = os.environ["CHART"]
+work = os.environ["WORK"]
+# The chart's own values, under the user's.
+defaults = yaml.safe_load(open(os.path.join(chart, "values.yaml")))
+
 
 def merge(base, override):
     """Helm's coalescing of user values over the chart's: maps merge, the rest replaces."""
@@ -164,11 +171,8 @@ import helm_sdkpy
 import yaml
 
 sys.path.insert(0, os.environ["WORK"])
-from common import check, merge
+from common import chart, check, defaults, merge, work
 
-chart = os.environ["CHART"]
-work = os.environ["WORK"]
-defaults = yaml.safe_load(open(os.path.join(chart, "values.yaml")))
 config = helm_sdkpy.Configuration(namespace="kube-system")
 SEVERITY = {1: "info", 2: "warning", 3: "error"}
 
@@ -208,16 +212,13 @@ import kubernetes_validate
 import yaml
 
 sys.path.insert(0, os.environ["WORK"])
-from common import check, merge
+from common import chart, check, defaults, merge, work
 
-chart = os.environ["CHART"]
-work = os.environ["WORK"]
 agent = os.environ["BIN"]
 nocaps = os.environ["NOCAPS"].split()
 NAMESPACE = "kube-system"
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schemas.
 KUBE_VERSIONS = [kubernetes_validate.utils.all_versions()[0], kubernetes_validate.utils.latest_version()]
-defaults = yaml.safe_load(open(os.path.join(chart, "values.yaml")))
 schema = json.load(open(os.path.join(chart, "values.schema.json")))
 
 

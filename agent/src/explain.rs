@@ -68,6 +68,15 @@ pub fn explain(state: &ClusterState, only: Option<&ServiceName>) -> Explanation 
     }
 }
 
+/// `items` separated by spaces.
+fn spaced<T: std::fmt::Display>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub fn table(explanation: &Explanation) -> String {
     let mut rows: Vec<[String; 7]> = vec![[
         "SERVICE".into(),
@@ -86,13 +95,7 @@ pub fn table(explanation: &Explanation) -> String {
             } else if choice.spec.backends.is_empty() {
                 "none: connections refused".to_owned()
             } else {
-                choice
-                    .spec
-                    .backends
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(" ")
+                spaced(&choice.spec.backends)
             };
             rows.push([
                 service.service.to_string(),
@@ -157,13 +160,7 @@ pub fn table(explanation: &Explanation) -> String {
         "node {} (zone {}, addresses {})\n",
         explanation.node.name,
         explanation.node.zone.as_deref().unwrap_or("unset"),
-        explanation
-            .node
-            .addresses
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join(" ")
+        spaced(&explanation.node.addresses)
     );
     for row in &rows {
         let mut line = String::new();

@@ -159,81 +159,71 @@ fn service_port() -> BoxedStrategy<ServicePort> {
         .boxed()
 }
 
-fn service(namespace: Namespaces) -> BoxedStrategy<Service> {
-    let spec = (
-        opt_text(&["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]),
-        opt_text(ADDRESSES),
-        option::of(vec(text(ADDRESSES), 0..3)),
-        option::of(vec(service_port(), 0..4)),
-        option::of(vec(text(ADDRESSES), 0..3)),
-        opt_text(&["Cluster", "Local"]),
-        opt_text(&["Cluster", "Local"]),
-        opt_text(&["ClientIP", "None"]),
-        option::of(any::<i32>()),
-        option::of(vec(
+prop_compose! {
+    /// A spec with each field selection reads, named next to what it may hold.
+    fn service_spec()(
+        type_ in opt_text(&["ClusterIP", "NodePort", "LoadBalancer", "ExternalName"]),
+        cluster_ip in opt_text(ADDRESSES),
+        cluster_ips in option::of(vec(text(ADDRESSES), 0..3)),
+        ports in option::of(vec(service_port(), 0..4)),
+        external_ips in option::of(vec(text(ADDRESSES), 0..3)),
+        external_traffic_policy in opt_text(&["Cluster", "Local"]),
+        internal_traffic_policy in opt_text(&["Cluster", "Local"]),
+        session_affinity in opt_text(&["ClientIP", "None"]),
+        timeout in option::of(any::<i32>()),
+        load_balancer_source_ranges in option::of(vec(
             text(&["10.0.0.0/8", "192.0.2.0/24", "fd00::/8", "::ffff:0:0/96"]),
             0..3,
         )),
-        option::of(any::<i32>()),
-        option::of(vec(text(&["IPv4", "IPv6"]), 0..3)),
-    );
+        health_check_node_port in option::of(any::<i32>()),
+        ip_families in option::of(vec(text(&["IPv4", "IPv6"]), 0..3)),
+    ) -> ServiceSpec {
+        ServiceSpec {
+            type_,
+            cluster_ip,
+            cluster_ips,
+            ports,
+            external_ips,
+            external_traffic_policy,
+            internal_traffic_policy,
+            session_affinity,
+            session_affinity_config: timeout.map(|timeout_seconds| SessionAffinityConfig {
+                client_ip: Some(ClientIPConfig {
+                    timeout_seconds: Some(timeout_seconds),
+                }),
+            }),
+            load_balancer_source_ranges,
+            health_check_node_port,
+            ip_families,
+            ..ServiceSpec::default()
+        }
+    }
+}
+
+fn service(namespace: Namespaces) -> BoxedStrategy<Service> {
     let status = option::of(vec(
         (opt_text(ADDRESSES), opt_text(&["VIP", "Proxy"])),
         0..3,
     ));
-    (meta(namespace), spec, status)
-        .prop_map(|(metadata, spec, status)| {
-            let (
-                type_,
-                cluster_ip,
-                cluster_ips,
-                ports,
-                external_ips,
-                external_traffic_policy,
-                internal_traffic_policy,
-                session_affinity,
-                timeout,
-                load_balancer_source_ranges,
-                health_check_node_port,
-                ip_families,
-            ) = spec;
-            Service {
-                metadata,
-                spec: Some(ServiceSpec {
-                    type_,
-                    cluster_ip,
-                    cluster_ips,
-                    ports,
-                    external_ips,
-                    external_traffic_policy,
-                    internal_traffic_policy,
-                    session_affinity,
-                    session_affinity_config: timeout.map(|timeout_seconds| SessionAffinityConfig {
-                        client_ip: Some(ClientIPConfig {
-                            timeout_seconds: Some(timeout_seconds),
-                        }),
-                    }),
-                    load_balancer_source_ranges,
-                    health_check_node_port,
-                    ip_families,
-                    ..ServiceSpec::default()
+    (meta(namespace), service_spec(), status)
+        .prop_map(|(metadata, spec, status)| Service {
+            metadata,
+            spec: Some(spec),
+            status: status.map(|ingress| ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(
+                        ingress
+                            .into_iter()
+                            .map(|(ip, ip_mode)| LoadBalancerIngress {
+                                ip,
+                                ip_mode,
+                                ..LoadBalancerIngress::default()
+                            })
+                            .collect(),
+                    ),
                 }),
-                status: status.map(|ingress| ServiceStatus {
-                    load_balancer: Some(LoadBalancerStatus {
-                        ingress: Some(
-                            ingress
-                                .into_iter()
-                                .map(|(ip, ip_mode)| LoadBalancerIngress {
-                                    ip,
-                                    ip_mode,
-                                    ..LoadBalancerIngress::default()
-                                })
-                                .collect(),
-                        ),
-                    }),
-                    ..ServiceStatus::default()
-                }),
-            }
+                ..ServiceStatus::default()
+            }),
         })
         .boxed()
 }

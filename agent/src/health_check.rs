@@ -1,14 +1,9 @@
 //! kube-proxy's healthCheckNodePorts. A Service of type LoadBalancer with
 //! `externalTrafficPolicy: Local` gets a `spec.healthCheckNodePort`; the cloud load balancer
 //! polls it on every node and sends traffic only to the nodes that answer 200, those with a
-//! ready local endpoint. Every node answers on that port, on all its addresses, like
-//! kube-proxy's `pkg/proxy/healthcheck/service_health.go`:
-//!
-//! - any path and method; 200 when this node has ready local endpoints and the agent is
-//!   healthy (the `/healthz` rule), else 503;
-//! - `Content-Type: application/json`, `X-Content-Type-Options: nosniff`,
-//!   `X-Load-Balancing-Endpoint-Weight: <local endpoints>`;
-//! - the body names the Service and gives the count, with kube-proxy's exact layout.
+//! ready local endpoint. Every node answers on that port, on all its addresses, as
+//! kube-proxy's `pkg/proxy/healthcheck/service_health.go` does (status, headers and body:
+//! the README's healthCheckNodePorts).
 //!
 //! The runner hands [`HealthChecks::sync`] the wanted ports after each sync: new ports are
 //! opened, ports no longer wanted closed, counts updated in place (a listener is never

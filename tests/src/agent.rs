@@ -138,6 +138,15 @@ impl Agent {
         Self::start_as(chart_agent_minimal(), sandbox, manifests, node, extra)
     }
 
+    /// Starts node-a's agent on `manifests` after a moment with none (the pinned links keep
+    /// the programs attached meanwhile), as after a restart, and waits for its first sync.
+    pub fn start_after_a_gap(sandbox: &Sandbox, manifests: &Path) -> Self {
+        std::thread::sleep(Duration::from_millis(300));
+        let agent = Self::start(sandbox, manifests, "node-a", &[]);
+        agent.wait_for_log("synced", 1);
+        agent
+    }
+
     /// Starts the agent on the API server of `kubeconfig` and waits until it is ready.
     pub fn start_kube(sandbox: &Sandbox, kubeconfig: &Path, node: &str, extra: &[&str]) -> Self {
         let state = (sandbox.pin_dir.as_path(), sandbox.cgroup.as_path());

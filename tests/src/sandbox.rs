@@ -94,6 +94,18 @@ impl Sandbox {
         chart_agent_minimal().within(|| Dataplane::load(config))
     }
 
+    /// Asserts that the pin directory does not exist; `why` says why it must not.
+    pub fn assert_no_pins(&self, why: &str) {
+        let left: Vec<_> = fs::read_dir(&self.pin_dir)
+            .map(|entries| entries.flatten().map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(
+            !self.pin_dir.exists(),
+            "{why}; {} holds {left:?}",
+            self.pin_dir.display()
+        );
+    }
+
     /// Loads the datapath, programs `desired` (every frontend must fit) and attaches it.
     pub fn programmed(&self, desired: &dataplane::Desired) -> Dataplane {
         let mut dataplane = self.dataplane();
@@ -128,6 +140,17 @@ impl Sandbox {
     /// `socklb inspect -o json` as an operator runs it in the agent's container.
     pub fn inspect(&self) -> serde_json::Value {
         self.inspect_as(chart_agent_minimal())
+    }
+
+    /// The internal frontend on `address` as [`Self::inspect`] shows it, if the maps hold
+    /// one.
+    pub fn inspected_frontend(&self, address: &str) -> Option<serde_json::Value> {
+        let inspection = self.inspect();
+        inspection["frontends"]
+            .as_array()?
+            .iter()
+            .find(|f| f["frontend"]["address"] == address && f["frontend"]["scope"] == "internal")
+            .cloned()
     }
 
     /// `socklb inspect -o json` run with `privileges`.

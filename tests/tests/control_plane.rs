@@ -30,6 +30,14 @@ fn web_service() -> String {
     service_yaml("web", "10.96.1.10", 80, "")
 }
 
+/// Writes slice-2.yaml: a second slice of the web Service with one `(address, node, zone)`.
+fn write_second_slice(manifests: &ManifestDir, (address, node, zone): (&str, &str, &str)) {
+    manifests.write(
+        "slice-2.yaml",
+        &slice_yaml("web-2", "web", 8080, &[(address, node, zone, "")], false),
+    );
+}
+
 /// Manifests of node-a and the web Service with one endpoint, 127.0.<net>.1:8080.
 fn one_endpoint_cluster(sandbox: &Sandbox, net: u8) -> ManifestDir {
     ManifestDir::web_with_one_endpoint(sandbox, net, "10.96.1.10")
@@ -78,16 +86,7 @@ fn connections_follow_edits_of_the_manifests() {
     wait_for_answers(&sandbox, &["127.0.20.1", "127.0.20.2", "127.0.20.3"]);
 
     // Scale up: a fourth endpoint in a second slice.
-    manifests.write(
-        "slice-2.yaml",
-        &slice_yaml(
-            "web-2",
-            "web",
-            8080,
-            &[("127.0.20.4", "node-b", "zone-b", "")],
-            false,
-        ),
-    );
+    write_second_slice(&manifests, ("127.0.20.4", "node-b", "zone-b"));
     wait_for_answers(
         &sandbox,
         &["127.0.20.1", "127.0.20.2", "127.0.20.3", "127.0.20.4"],
@@ -142,16 +141,7 @@ fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
         agent.log()
     );
     // Another file changes meanwhile and is applied.
-    manifests.write(
-        "slice-2.yaml",
-        &slice_yaml(
-            "web-2",
-            "web",
-            8080,
-            &[("127.0.21.2", "node-a", "zone-a", "")],
-            false,
-        ),
-    );
+    write_second_slice(&manifests, ("127.0.21.2", "node-a", "zone-a"));
     wait_for_answers(&sandbox, &["127.0.21.1", "127.0.21.2"]);
 
     // A Service with an unreadable field: that part is skipped, the rest served.
@@ -340,10 +330,7 @@ fn a_health_or_metrics_port_in_use_stops_the_agent_at_start() {
             && stderr.contains("--metrics-bind-address"),
         "the error names the address and the flag:\n{stderr}"
     );
-    assert!(
-        !sandbox.pin_dir.exists(),
-        "nothing may be loaded before the ports are bound"
-    );
+    sandbox.assert_no_pins("nothing may be loaded before the ports are bound");
 }
 
 /// A part of a Service that is not served is logged once, naming the Service, the part and
@@ -461,12 +448,7 @@ fn explained(explanation: &serde_json::Value, service: &str) -> Vec<(String, Str
 
 /// Backends (address and port) the pinned maps hold for the frontend on `address`, port 80.
 fn programmed(sandbox: &Sandbox, address: &str) -> Option<Vec<String>> {
-    let inspection = sandbox.inspect();
-    let frontend = inspection["frontends"]
-        .as_array()?
-        .iter()
-        .find(|f| f["frontend"]["address"] == address && f["frontend"]["scope"] == "internal")?;
-    Some(backends(&frontend["backends"]))
+    Some(backends(&sandbox.inspected_frontend(address)?["backends"]))
 }
 
 /// Backends of explain's or inspect's JSON as `address port`.

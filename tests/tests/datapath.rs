@@ -15,7 +15,7 @@ use socklb_agent::dataplane::{
 };
 use socklb_tests::{
     Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, TwoBackendWeb, addr, assert_peer, bpftool,
-    endpoint_slice, family::Family, frontend, node_yaml, spec, tally, tcp_backends,
+    endpoint_slice, family::Family, frontend, node_yaml, service_yaml, spec, tally, tcp_backends,
 };
 
 socklb_tests::for_each_family!(
@@ -33,9 +33,7 @@ fn tcp_spreads_over_backends_and_getpeername_shows_the_vip(family: Family) {
     let sandbox = Sandbox::new(&format!("tcp{}", family.tag()));
     let servers = family.tcp_servers(&sandbox, 1, 3, 8080);
     let vip = family.frontend(10, 80, Protocol::Tcp);
-    let mut desired = Desired::default();
-    desired.insert(vip, spec(&servers));
-    let dataplane = sandbox.programmed(&desired);
+    let dataplane = serve(&sandbox, vip, &servers);
 
     let attempts = sandbox.probe("tcp", addr(&vip), 300);
     let tally = tally(&attempts);
@@ -204,9 +202,7 @@ fn udp_replies_appear_from_the_vip_connected_or_not(family: Family) {
     let sandbox = Sandbox::new(&format!("udp{}", family.tag()));
     let servers = family.udp_servers(&sandbox, 3, 2, 9000);
     let vip = family.frontend(20, 90, Protocol::Udp);
-    let mut desired = Desired::default();
-    desired.insert(vip, spec(&servers));
-    let _dataplane = sandbox.programmed(&desired);
+    let _dataplane = serve(&sandbox, vip, &servers);
 
     let shown = addr(&vip).to_string();
     let mut cases = vec![
@@ -274,9 +270,7 @@ fn a_process_outside_the_cgroup_is_not_translated(family: Family) {
         protocol: Protocol::Tcp,
         scope: Scope::Internal,
     };
-    let mut desired = Desired::default();
-    desired.insert(vip, spec(&servers));
-    let _dataplane = sandbox.programmed(&desired);
+    let _dataplane = serve(&sandbox, vip, &servers);
 
     let inside = tally(&sandbox.probe("tcp", addr(&vip), 10));
     assert_eq!(inside.get("b1"), Some(&10), "{inside:?}");
@@ -335,17 +329,11 @@ fn the_real_agent_serves_a_service_of_the_family_from_manifests(family: Family) 
         .collect();
     manifests.service(
         "web",
-        &format!(
-            "apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: default}}
-spec:
-  ipFamilies: [{kind}]
-  clusterIP: \"{vip}\"
-  clusterIPs: [\"{vip}\"]
-  ports: [{{name: http, port: 80, protocol: TCP}}]
-",
-            vip = vip.address
+        &service_yaml(
+            "web",
+            &vip.address.to_string(),
+            80,
+            &format!("  ipFamilies: [{kind}]\n"),
         ),
         &endpoint_slice("web-1", "web", kind, ("http", 8080, "TCP"), &endpoints),
     );
@@ -440,10 +428,7 @@ fn agent_restart_keeps_translating_and_adopts_the_pinned_state() {
     let client = sandbox.spawn_probe("tcp", vip, 400, 5);
     std::thread::sleep(Duration::from_millis(300));
     first.stop();
-    // No agent at all for a while: the pinned links keep the programs attached.
-    std::thread::sleep(Duration::from_millis(300));
-    let second = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
-    second.wait_for_log("synced", 1);
+    let second = Agent::start_after_a_gap(&sandbox, &manifests.path);
     let log = second.log();
     assert!(
         log.contains("full=true services=1 writes=0"),
@@ -495,9 +480,7 @@ fn cleanup_detaches_the_programs_and_removes_only_socklb_pins() {
         SocketAddrV4::new(Ipv4Addr::new(127, 0, 12, 99), 80),
     );
     let vip = frontend([127, 0, 12, 99], 80, Protocol::Tcp);
-    let mut desired = Desired::default();
-    desired.insert(vip, spec(&servers));
-    drop(sandbox.programmed(&desired));
+    drop(serve(&sandbox, vip, &servers));
     assert_eq!(
         tally(&sandbox.probe("tcp", addr(&vip), 3)).get("b1"),
         Some(&3)
@@ -580,11 +563,7 @@ fn a_full_map_refuses_only_the_frontend_that_does_not_fit() {
     let servers = tcp_backends([127, 0, 10], 3, 8080);
     let small = frontend([10, 96, 0, 80], 80, Protocol::Tcp);
     let big = frontend([10, 96, 0, 81], 80, Protocol::Tcp);
-    let capacities = Capacities {
-        service_entries: 5,
-        ..Capacities::default()
-    };
-    let mut dataplane = sandbox.load_with(capacities).expect("load");
+    let mut dataplane = load_with_service_entries(&sandbox, 5);
     let mut desired = Desired::default();
     desired.insert(small, spec(&servers[..1]));
     dataplane.apply(&desired).expect("apply");
@@ -621,13 +600,7 @@ fn a_pinned_map_with_another_capacity_is_replaced_not_reused() {
     desired.insert(vip, spec(&servers));
     drop(sandbox.programmed(&desired));
 
-    let capacities = Capacities {
-        service_entries: 1024,
-        ..Capacities::default()
-    };
-    let mut dataplane = sandbox
-        .load_with(capacities)
-        .expect("load with a new capacity");
+    let mut dataplane = load_with_service_entries(&sandbox, 1024);
     let report = dataplane.apply(&desired).expect("apply");
     assert!(report.writes > 0, "the new map must be programmed");
     sandbox.attach(&mut dataplane);
@@ -682,13 +655,7 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
     };
     older.insert(&master, &entry, 0).expect("write the old map");
 
-    let capacities = Capacities {
-        service_entries: 2,
-        ..Capacities::default()
-    };
-    let mut dataplane = sandbox
-        .load_with(capacities)
-        .expect("load over an older agent's maps");
+    let mut dataplane = load_with_service_entries(&sandbox, 2);
     let mut desired = Desired::default();
     desired.insert(first, spec(&servers));
     desired.insert(serving, spec(&servers));
@@ -739,10 +706,25 @@ fn a_cgroup_path_outside_cgroup_v2_is_a_clear_error() {
         message.contains("not a cgroup v2 directory") && message.contains("--cgroup-path"),
         "{message}"
     );
-    assert!(
-        !sandbox.pin_dir.exists(),
-        "nothing may be pinned when the check fails"
-    );
+    sandbox.assert_no_pins("nothing may be pinned when the check fails");
+}
+
+/// Loads and attaches the datapath with one frontend, `vip` over `servers`.
+fn serve(sandbox: &Sandbox, vip: Frontend, servers: &[NamedServer]) -> Dataplane {
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(servers));
+    sandbox.programmed(&desired)
+}
+
+/// Loads the datapath (not attached) with room for `service_entries` service map entries.
+fn load_with_service_entries(sandbox: &Sandbox, service_entries: u32) -> Dataplane {
+    let capacities = Capacities {
+        service_entries,
+        ..Capacities::default()
+    };
+    sandbox
+        .load_with(capacities)
+        .unwrap_or_else(|e| panic!("load with {service_entries} service entries: {e}"))
 }
 
 fn service_entries(sandbox: &Sandbox) -> usize {

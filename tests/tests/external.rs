@@ -60,13 +60,7 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
     );
 
     let nodeport = Addresses::at(a.node1, 30080);
-    let attempts = lan.client.probe("tcp", &nodeport, 40);
-    a.assert_translated(&attempts, &nodeport);
-    assert_eq!(
-        servers_of(&attempts),
-        ["pod1", "pod2"],
-        "both backends serve"
-    );
+    node.assert_both_pods_serve("tcp", &nodeport, 40);
 
     for frontend in [Addresses::at(a.lb_ip, 80), Addresses::at(a.external_ip, 80)] {
         let attempts = lan.client.probe("tcp", &frontend, 20);
@@ -83,10 +77,7 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
     );
 
     // UDP: every datagram's answer comes back from the frontend.
-    let udp = Addresses::at(a.node1, 30053);
-    let attempts = lan.client.probe("udp", &udp, 30);
-    a.assert_translated(&attempts, &udp);
-    assert_eq!(servers_of(&attempts), ["pod1", "pod2"]);
+    node.assert_both_pods_serve("udp", &Addresses::at(a.node1, 30053), 30);
 
     let seen = inspect::inspect(&sandbox.pin_dir, None).expect("inspect");
     // Shown with --nocapture: the samples of docs/operations.md.
@@ -818,7 +809,7 @@ mod programs {
     use socklb_tests::{
         Sandbox, eventually,
         family::Family,
-        lan::{Addresses, LanNode, counters, servers_of},
+        lan::{Addresses, LanNode, counters},
         raw_socket,
     };
 
@@ -902,14 +893,7 @@ mod programs {
             .expect("attach the TC programs");
 
         // NodePort: a local backend keeps the client's address, a remote one sees node1's.
-        let nodeport = Addresses::at(a.node1, 30080);
-        let attempts = lan.client.probe("tcp", &nodeport, 30);
-        a.assert_translated(&attempts, &nodeport);
-        assert_eq!(
-            servers_of(&attempts),
-            ["pod1", "pod2"],
-            "both backends serve"
-        );
+        node.assert_both_pods_serve("tcp", &Addresses::at(a.node1, 30080), 30);
 
         // UDP through the NodePort, each answer from the frontend.
         let udp = Addresses::at(a.node1, 30053);

@@ -215,6 +215,15 @@ fn list_count(api: &FakeApiServer) -> usize {
     api.served().iter().filter(|request| !request.watch).count()
 }
 
+/// The resourceVersion each list of Services asked for (`None`: a quorum read), in order.
+fn service_list_versions(api: &FakeApiServer) -> Vec<Option<String>> {
+    api.served()
+        .into_iter()
+        .filter(|r| r.path == "/api/v1/services" && !r.watch)
+        .map(|r| r.resource_version)
+        .collect()
+}
+
 fn metadata(object: &Object) -> &ObjectMeta {
     match object {
         Object::Service(service) => &service.metadata,
@@ -453,13 +462,11 @@ async fn expired_versions_relist_and_reset_with_the_current_state() {
 
     // The first lists came from the watch cache, as client-go's do; the relists after
     // 410 Gone are quorum reads, which never go back before what was seen.
-    let services: Vec<Option<String>> = api
-        .served()
-        .into_iter()
-        .filter(|r| r.path == "/api/v1/services" && !r.watch)
-        .map(|r| r.resource_version)
-        .collect();
-    assert_eq!(services, [Some("0".to_owned()), None], "service lists");
+    assert_eq!(
+        service_list_versions(&api),
+        [Some("0".to_owned()), None],
+        "service lists"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,14 +549,8 @@ async fn large_lists_come_whole_from_the_cache_first_and_paged_after_a_410() {
         }
     };
     assert_eq!(relisted, 521);
-    let service_lists: Vec<Option<String>> = api
-        .served()
-        .into_iter()
-        .filter(|r| r.path == "/api/v1/services" && !r.watch)
-        .map(|r| r.resource_version)
-        .collect();
     assert_eq!(
-        service_lists,
+        service_list_versions(&api),
         [Some("0".to_owned()), None, None],
         "one list from the cache, then a quorum relist in two pages"
     );

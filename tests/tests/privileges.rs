@@ -155,10 +155,7 @@ fn a_seccomp_profile_that_gates_bpf_on_sys_admin_is_named_as_the_cause() {
             && error.contains("Operation not permitted"),
         "the error names the seccomp filter and the chart value first:\n{error}"
     );
-    assert!(
-        !sandbox.pin_dir.exists(),
-        "the failed start left pins behind"
-    );
+    sandbox.assert_no_pins("the failed start left pins behind");
 }
 
 /// The manifests of one Service, web (10.96.0.10:80), with one endpoint on node-a.

@@ -31,19 +31,9 @@ const SHIPPED: [(&str, &[&str]); 4] = [
 
 /// The static release binary.
 fn build_static() -> anyhow::Result<String> {
-    super::step(
+    super::build_agent(
         "build the static agent",
-        &[
-            "build",
-            "--quiet",
-            "--release",
-            "--package",
-            "socklb-agent",
-            "--bin",
-            "socklb",
-            "--target",
-            MUSL_TARGET,
-        ],
+        &["--quiet", "--release", "--target", MUSL_TARGET],
     )?;
     Ok(format!("target/{MUSL_TARGET}/release/socklb"))
 }

@@ -188,10 +188,7 @@ fn main() -> anyhow::Result<()> {
         Task::Demo => {
             require_root("the demo")?;
             setup::run()?;
-            step(
-                "build the agent",
-                &["build", "--quiet", "--package", "socklb-agent", "--bins"],
-            )?;
+            build_agent("build the agent", &["--quiet"])?;
             step(
                 "demo",
                 &[
@@ -216,18 +213,7 @@ fn main() -> anyhow::Result<()> {
                 } => {
                     // The release agent, next to the benchmark binary: the trace session
                     // runs it, and the sandbox's cleanup (`socklb cleanup`) always does.
-                    step(
-                        "build the agent",
-                        &[
-                            "build",
-                            "--quiet",
-                            "--release",
-                            "--package",
-                            "socklb-agent",
-                            "--bin",
-                            "socklb",
-                        ],
-                    )?;
+                    build_agent("build the agent", &["--quiet", "--release"])?;
                     let services: Vec<String> = services.iter().map(u32::to_string).collect();
                     let args = [
                         "datapath".to_owned(),
@@ -244,7 +230,7 @@ fn main() -> anyhow::Result<()> {
                         "--family".to_owned(),
                         family,
                     ];
-                    cargo_run_release("socklb-bench", &args)
+                    run_bench("socklb-bench", true, &args)
                 }
                 Bench::ControlPlane {
                     services,
@@ -341,11 +327,8 @@ fn main() -> anyhow::Result<()> {
 
 /// A benchmark that runs the agent binary next to it: both in the release build.
 fn run_with_agent(bench: &str, args: &[String]) -> anyhow::Result<()> {
-    step(
-        "build the agent (release)",
-        &["build", "--release", "--package", "socklb-agent", "--bins"],
-    )?;
-    cargo_run_release(bench, args)
+    build_agent("build the agent (release)", &["--release"])?;
+    run_bench(bench, true, args)
 }
 
 fn flag_args(flags: &[(&str, u32)]) -> Vec<String> {
@@ -371,21 +354,8 @@ fn nodeport(flags: &[(&str, u32)], iptables: &str, smoke: bool) -> anyhow::Resul
 /// A benchmark's smoke run: the debug build of the agent and the benchmark (which `test`
 /// has built).
 fn smoke_run(bench: &str, args: &[String]) -> anyhow::Result<()> {
-    step(
-        "build the agent",
-        &["build", "--package", "socklb-agent", "--bins"],
-    )?;
-    let mut full = vec![
-        "run",
-        "--quiet",
-        "--package",
-        "socklb-tests",
-        "--bin",
-        bench,
-        "--",
-    ];
-    full.extend(args.iter().map(String::as_str));
-    step(&format!("benchmark {bench} (smoke)"), &full)
+    build_agent("build the agent", &[])?;
+    run_bench(bench, false, args)
 }
 
 /// `bench compare`: the benchmark runs the agent binary next to it, so both are built in the
@@ -482,10 +452,7 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
     )?;
     ebpf_clippy()?;
     // The privileged tests start the real agent binary.
-    step(
-        "build the agent",
-        &["build", "--package", "socklb-agent", "--bins"],
-    )?;
+    build_agent("build the agent", &[])?;
     // --all-targets: unit, integration and binary tests (there are no doc tests).
     let mut args = vec!["test", "--all-targets", "--no-fail-fast"];
     if let Some(filter) = filter {
@@ -681,19 +648,33 @@ fn ebpf_clippy() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn cargo_run_release(bin: &str, args: &[String]) -> anyhow::Result<()> {
+/// Runs benchmark `bench` with `args`: its release build measures, its debug build is a
+/// smoke run.
+fn run_bench(bench: &str, release: bool, args: &[String]) -> anyhow::Result<()> {
     let mut full = vec![
         "run",
         "--quiet",
-        "--release",
         "--package",
         "socklb-tests",
         "--bin",
-        bin,
-        "--",
+        bench,
     ];
+    let what = if release {
+        full.push("--release");
+        format!("benchmark {bench}")
+    } else {
+        format!("benchmark {bench} (smoke)")
+    };
+    full.push("--");
     full.extend(args.iter().map(String::as_str));
-    step(&format!("benchmark {bin}"), &full)
+    step(&what, &full)
+}
+
+/// Builds the agent binary; `extra` adds cargo arguments (`--release`, a target).
+fn build_agent(what: &str, extra: &[&str]) -> anyhow::Result<()> {
+    let mut args = vec!["build", "--package", "socklb-agent", "--bins"];
+    args.extend_from_slice(extra);
+    step(what, &args)
 }
 
 fn step(what: &str, args: &[&str]) -> anyhow::Result<()> {

@@ -149,10 +149,9 @@ impl Dataplane {
         let writer = &self.writer;
         let result = self.names.apply(labels, |f| writer.service_id(f), full);
         if let Err(error) = result {
-            self.names.readopt().map_err(|source| DataplaneError::Map {
-                name: map_names::NAMES,
-                source,
-            })?;
+            self.names
+                .readopt()
+                .map_err(DataplaneError::map(map_names::NAMES))?;
             return Err(DataplaneError::Names(error));
         }
         Ok(())
@@ -205,27 +204,17 @@ impl Dataplane {
             .writer
             .store()
             .read()
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::SERVICES,
-                source,
-            })?;
+            .map_err(DataplaneError::map(map_names::SERVICES))?;
         self.writer.readopt(contents);
         self.source_ranges
             .readopt()
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::SOURCE_RANGES,
-                source,
-            })?;
+            .map_err(DataplaneError::map(map_names::SOURCE_RANGES))?;
         self.maglev
             .readopt()
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::MAGLEV,
-                source,
-            })?;
-        self.names.readopt().map_err(|source| DataplaneError::Map {
-            name: map_names::NAMES,
-            source,
-        })?;
+            .map_err(DataplaneError::map(map_names::MAGLEV))?;
+        self.names
+            .readopt()
+            .map_err(DataplaneError::map(map_names::NAMES))?;
         Ok(())
     }
 }

@@ -51,6 +51,11 @@ pub enum DataplaneError {
 }
 
 impl DataplaneError {
+    /// An error of map `name`, for `map_err`.
+    pub(super) fn map(name: &'static str) -> impl Fn(MapError) -> Self + Copy {
+        move |source| Self::Map { name, source }
+    }
+
     /// Puts the missing privilege first when that is why the kernel refused.
     pub(super) fn explain_refusal(self) -> Self {
         match privileges::diagnose(&self) {

@@ -20,10 +20,7 @@ impl Dataplane {
             ct_timeout_closing_s: timeout_seconds(settings.conntrack_timeouts.tcp_close),
             ct_timeout_udp_s: timeout_seconds(settings.conntrack_timeouts.udp),
         };
-        let map_error = |source| DataplaneError::Map {
-            name: map_names::NODE,
-            source,
-        };
+        let map_error = DataplaneError::map(map_names::NODE);
         if self.node.get(&0, 0).map_err(map_error)? != wanted {
             self.node.set(0, &wanted, 0).map_err(map_error)?;
             info!(
@@ -39,10 +36,7 @@ impl Dataplane {
                     .snat_address6
                     .map_or([0; 4], |a| socklb_abi::ipv6_words(a.octets())),
             };
-            let map_error = |source| DataplaneError::Map {
-                name: map_names::NODE6,
-                source,
-            };
+            let map_error = DataplaneError::map(map_names::NODE6);
             if node6.get(&0, 0).map_err(map_error)? != wanted {
                 node6.set(0, &wanted, 0).map_err(map_error)?;
                 info!(

@@ -76,63 +76,38 @@ impl Dataplane {
             services6: take_map(&mut ebpf, map_names::SERVICES6)?,
             backends6: take_map(&mut ebpf, map_names::BACKENDS6)?,
         })
-        .map_err(|source| DataplaneError::Map {
-            name: map_names::SERVICES,
-            source,
-        })?;
+        .map_err(DataplaneError::map(map_names::SERVICES))?;
         let counters = take_map(&mut ebpf, map_names::COUNTERS)?
             .try_into()
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::COUNTERS,
-                source,
-            })?;
+            .map_err(DataplaneError::map(map_names::COUNTERS))?;
         let socket_records = take_map(&mut ebpf, map_names::SOCKET_RECORD_COUNT)?
             .try_into()
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::SOCKET_RECORD_COUNT,
-                source,
-            })?;
+            .map_err(DataplaneError::map(map_names::SOCKET_RECORD_COUNT))?;
         let source_ranges = SourceRangeWriter::adopt(
             take_trie(&mut ebpf, map_names::SOURCE_RANGES)?,
             take_trie(&mut ebpf, map_names::SOURCE_RANGES6)?,
             config.capacities.source_ranges,
         )
-        .map_err(|source| DataplaneError::Map {
-            name: map_names::SOURCE_RANGES,
-            source,
-        })?;
+        .map_err(DataplaneError::map(map_names::SOURCE_RANGES))?;
         let maglev = take_map(&mut ebpf, map_names::MAGLEV)?
             .try_into()
             .and_then(|map| MaglevWriter::adopt(map, config.maglev_table_size))
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::MAGLEV,
-                source,
-            })?;
+            .map_err(DataplaneError::map(map_names::MAGLEV))?;
         let names = take_map(&mut ebpf, map_names::NAMES)?
             .try_into()
             .and_then(NamesWriter::adopt)
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::NAMES,
-                source,
-            })?;
+            .map_err(DataplaneError::map(map_names::NAMES))?;
         let node = take_map(&mut ebpf, map_names::NODE)?
             .try_into()
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::NODE,
-                source,
-            })?;
+            .map_err(DataplaneError::map(map_names::NODE))?;
         let node6 = ebpf
             .take_map(map_names::NODE6)
             .map(Array::try_from)
             .transpose()
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::NODE6,
-                source,
-            })?;
-        let contents = kernel_maps.read().map_err(|source| DataplaneError::Map {
-            name: map_names::SERVICES,
-            source,
-        })?;
+            .map_err(DataplaneError::map(map_names::NODE6))?;
+        let contents = kernel_maps
+            .read()
+            .map_err(DataplaneError::map(map_names::SERVICES))?;
         let destroy = kfunc.and_then(|(btf, _)| destroy::load(&mut ebpf, &btf));
         let adopted = contents.services.len();
         let capacity = Capacity {

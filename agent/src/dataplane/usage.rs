@@ -70,10 +70,7 @@ impl Dataplane {
         let per_cpu = self
             .counters
             .get(&0, 0)
-            .map_err(|source| DataplaneError::Map {
-                name: map_names::COUNTERS,
-                source,
-            })?;
+            .map_err(DataplaneError::map(map_names::COUNTERS))?;
         Ok(Counters::sum(per_cpu.iter()))
     }
 }

@@ -32,35 +32,28 @@ impl Gone {
     /// The gone map's key (network byte order), as the iterators compare it with a socket
     /// map entry; `None` for an IPv6 pair (see [`key6`](Self::key6)).
     pub fn key(&self) -> Option<GoneKey> {
-        let (IpAddr::V4(frontend), IpAddr::V4(backend)) =
-            (self.frontend.address, self.backend.address)
-        else {
-            return None;
-        };
-        Some(GoneKey {
-            frontend_address: u32::from(frontend).to_be(),
-            frontend_port: self.frontend.port.to_be(),
-            protocol: self.frontend.protocol.number(),
-            pad: 0,
-            backend_address: u32::from(backend).to_be(),
-            backend_port: self.backend.port.to_be(),
-            pad2: 0,
+        self.key_of(|address| match address {
+            IpAddr::V4(address) => Some(u32::from(address).to_be()),
+            IpAddr::V6(_) => None,
         })
     }
 
     /// The IPv6 gone map's key; `None` for an IPv4 pair.
     pub fn key6(&self) -> Option<GoneKey6> {
-        let (IpAddr::V6(frontend), IpAddr::V6(backend)) =
-            (self.frontend.address, self.backend.address)
-        else {
-            return None;
-        };
-        Some(GoneKey6 {
-            frontend_address: ipv6_words(frontend.octets()),
+        self.key_of(|address| match address {
+            IpAddr::V6(address) => Some(ipv6_words(address.octets())),
+            IpAddr::V4(_) => None,
+        })
+    }
+
+    /// The key of the family whose addresses `encode` encodes (`None`: the other family).
+    fn key_of<A>(&self, encode: impl Fn(IpAddr) -> Option<A>) -> Option<GoneKey<A>> {
+        Some(GoneKey {
+            frontend_address: encode(self.frontend.address)?,
             frontend_port: self.frontend.port.to_be(),
             protocol: self.frontend.protocol.number(),
             pad: 0,
-            backend_address: ipv6_words(backend.octets()),
+            backend_address: encode(self.backend.address)?,
             backend_port: self.backend.port.to_be(),
             pad2: 0,
         })

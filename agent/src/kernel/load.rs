@@ -13,14 +13,12 @@ use std::{
 use aya::{
     Ebpf, EbpfError, EbpfLoader,
     maps::{HashMap, Map, MapData, MapError},
-    programs::{
-        CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier, links::LinkError,
-    },
+    programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier},
 };
 use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
 
-use super::{carry, destroy, pins, program_logs::ProgramLogLevel};
+use super::{carry, destroy, links::PinnedLinkError, pins, program_logs::ProgramLogLevel};
 use crate::desired::sizing::{self, Capacities, Sizes};
 
 #[derive(Debug, thiserror::Error)]
@@ -49,24 +47,13 @@ pub enum LoadError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot {action} the pinned link {path}")]
-    Link {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: LinkError,
-    },
+    #[error(transparent)]
+    PinnedLink(#[from] PinnedLinkError),
     #[error("cannot swap the program of the pinned link {path}")]
     UpdateLink {
         path: PathBuf,
         #[source]
         source: io::Error,
-    },
-    #[error("cannot pin the link {path}")]
-    PinLink {
-        path: PathBuf,
-        #[source]
-        source: aya::pin::PinError,
     },
     #[error("cannot create {path}")]
     Dir {

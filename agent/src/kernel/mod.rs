@@ -10,7 +10,7 @@
 //! - `object`, `load`, `carry`, `destroy`, `program_logs`: the embedded object, loaded with
 //!   its maps pinned (flow state carried over when a table changes size), the optional
 //!   socket iterators, and the programs' own log lines.
-//! - `attach`: the cgroup and TC programs, through pinned links.
+//! - `attach`: the cgroup and TC programs, through pinned links (`links`).
 //! - `cleanup`: `socklb cleanup`.
 //!
 //! Of the model it reads only how large the maps are (`desired::sizing`); what they hold is
@@ -22,6 +22,7 @@ pub mod cleanup;
 pub mod destroy;
 pub mod devices;
 pub mod host;
+pub mod links;
 pub mod load;
 pub mod object;
 pub mod pin_lock;

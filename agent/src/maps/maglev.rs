@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use aya::maps::{HashMap as BpfHashMap, MapData, MapError};
 use socklb_abi::MaglevKey;
 
-use super::ignore_missing;
+use super::{ignore_missing, not_named};
 use crate::desired::{BackendAddr, Frontend, FrontendSpec, Scope, maglev::slots};
 
 /// What one frontend's table holds: its service id and the slot at every position.
@@ -23,6 +23,21 @@ pub struct MaglevError {
     source: MapError,
 }
 
+/// The tables `map` holds, by service id.
+fn tables(map: &BpfHashMap<MapData, MaglevKey, u32>) -> Result<HashMap<u32, Vec<u32>>, MapError> {
+    let mut tables: HashMap<u32, Vec<u32>> = HashMap::new();
+    for entry in map.iter() {
+        let (key, slot) = entry?;
+        let slots = tables.entry(key.service_id).or_default();
+        let index = key.index as usize;
+        if slots.len() <= index {
+            slots.resize(index + 1, 0);
+        }
+        slots[index] = slot;
+    }
+    Ok(tables)
+}
+
 /// Owns the Maglev map: per Maglev frontend, `size` entries naming a slot.
 pub struct MaglevWriter {
     map: BpfHashMap<MapData, MaglevKey, u32>,
@@ -34,30 +49,20 @@ pub struct MaglevWriter {
 
 impl MaglevWriter {
     pub fn adopt(map: BpfHashMap<MapData, MaglevKey, u32>, size: u32) -> Result<Self, MapError> {
-        let mut writer = Self {
+        let adopted = tables(&map)?;
+        Ok(Self {
             map,
             size,
             held: BTreeMap::new(),
-            adopted: HashMap::new(),
-        };
-        writer.readopt()?;
-        Ok(writer)
+            adopted,
+        })
     }
 
     /// Forgets the mirror and reads the map again; tables are matched to frontends by
     /// service id at the next apply.
     pub fn readopt(&mut self) -> Result<(), MapError> {
         self.held.clear();
-        self.adopted.clear();
-        for entry in self.map.iter() {
-            let (key, slot) = entry?;
-            let slots = self.adopted.entry(key.service_id).or_default();
-            let index = key.index as usize;
-            if slots.len() <= index {
-                slots.resize(index + 1, 0);
-            }
-            slots[index] = slot;
-        }
+        self.adopted = tables(&self.map)?;
         Ok(())
     }
 
@@ -125,13 +130,7 @@ impl MaglevWriter {
             self.update(*frontend, wanted)?;
         }
         if full {
-            let stale: Vec<Frontend> = self
-                .held
-                .keys()
-                .filter(|f| !named.contains(f))
-                .copied()
-                .collect();
-            for frontend in stale {
+            for frontend in not_named(&self.held, |f| named.contains(f)) {
                 self.update(frontend, None)?;
             }
             // Tables no frontend claimed: left by a removed frontend.

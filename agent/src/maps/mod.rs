@@ -9,7 +9,11 @@
 //!
 //! Nothing here loads or attaches anything: the maps come in as aya handles (`kernel`
 //! loads them; `dataplane` hands them over), so a map's writer is tested without a kernel.
+use std::collections::BTreeMap;
+
 use aya::maps::MapError;
+
+use crate::desired::Frontend;
 
 pub mod maglev;
 pub mod names;
@@ -35,4 +39,9 @@ fn ignore_missing(result: Result<(), MapError>) -> Result<(), MapError> {
         Err(MapError::SyscallError(e)) if e.io_error.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         other => other,
     }
+}
+
+/// The frontends of `held` that `named` does not name: what a full apply removes.
+fn not_named<V>(held: &BTreeMap<Frontend, V>, named: impl Fn(&Frontend) -> bool) -> Vec<Frontend> {
+    held.keys().filter(|f| !named(f)).copied().collect()
 }

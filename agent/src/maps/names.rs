@@ -9,7 +9,7 @@ use socklb_abi::{
     FRONTEND_KIND_NODE_PORT, FrontendName,
 };
 
-use super::ignore_missing;
+use super::{ignore_missing, not_named};
 use crate::desired::Frontend;
 
 /// Which Service a frontend belongs to, as the control plane knows it.
@@ -89,13 +89,12 @@ pub struct NamesWriter {
 
 impl NamesWriter {
     pub fn adopt(map: BpfHashMap<MapData, u32, FrontendName>) -> Result<Self, MapError> {
-        let mut writer = Self {
+        let adopted = map.iter().collect::<Result<_, _>>()?;
+        Ok(Self {
             map,
             held: BTreeMap::new(),
-            adopted: HashMap::new(),
-        };
-        writer.readopt()?;
-        Ok(writer)
+            adopted,
+        })
     }
 
     pub fn readopt(&mut self) -> Result<(), MapError> {
@@ -138,13 +137,7 @@ impl NamesWriter {
             }
         }
         if full {
-            let stale: Vec<Frontend> = self
-                .held
-                .keys()
-                .filter(|f| !labels.contains_key(f))
-                .copied()
-                .collect();
-            for frontend in stale {
+            for frontend in not_named(&self.held, |f| labels.contains_key(f)) {
                 if let Some((id, _)) = self.held.remove(&frontend) {
                     self.remove(id)?;
                 }

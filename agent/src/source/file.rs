@@ -10,13 +10,9 @@
 //! instead). A change therefore costs the changed file, not the directory. A file that
 //! does not parse keeps its last good objects and the error is logged with file and line.
 //!
-//! A file is not read while it is being written: `cmd > file` truncates the file, then
-//! writes it when `cmd` has output, which can be seconds later. Its objects stay as they
-//! were until the writer closes it (inotify's close-write), or until it has not changed for
-//! [`HOLD_MAX`]. An emptied file that held objects is read twice, a debounce apart, before
-//! its objects are deleted, which catches a writer that truncated it just as it was read.
-//! And a file that lost objects or much of its text is applied once it has not changed for
-//! [`SETTLE`] (a file written with several opens is closed between its parts).
+//! A file being written (`cmd > file` truncates it long before it is whole) keeps its
+//! objects until the writer closes it or [`HOLD_MAX`] passes, and one that lost objects
+//! waits [`SETTLE`]: docs/operations.md, "A manifest written slowly".
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,

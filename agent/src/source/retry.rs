@@ -1,28 +1,11 @@
-//! How long a watch waits before it asks the API server again after a failure.
+//! How long a watch waits before it asks the API server again after a failure (kube-rs's
+//! default, client-go's, had grown to tens of seconds by the end of a 15 s outage).
 //!
-//! The numbers that matter after an outage are how soon the agent notices that the server is
-//! back and how soon it stops being refused while the server warms up. kube-rs's default
-//! (client-go's reflector: 0.8 s doubling to 30 s, jittered up to twice that) had grown to
-//! tens of seconds by the end of a 15 s outage, so changes were applied 12-51 s after the
-//! server was back. This policy:
-//!
-//! - doubles from [`BASE`] up to a cap (`--api-retry-max`, 2 s by default), each delay drawn
-//!   between half and all of it, so that the agents of a cluster that lost the server
-//!   together do not come back in step;
-//! - starts again from [`BASE`] when an unreachable server answers again, even with an error
-//!   (403 while a restarted server's authorizer warms its cache, 5xx): it is back, so it
-//!   is asked again soon, and a refusal that lasts grows back to the cap within seconds. At
-//!   most once per [`RESTART_GUARD`], so that a load balancer in front of half-dead servers
-//!   cannot keep the delays short;
-//! - backs off to [`THROTTLED_MAX`] (client-go's cap) while the server answers 429 Too Many
-//!   Requests: the server is shedding load, and a fleet of agents retrying every 1-2 s
-//!   would add to it;
-//! - relists soon on the first 410 Gone (an expired resource version is part of the
-//!   protocol, not a failure of the server), after a delay drawn within [`GONE_SPREAD`]:
-//!   a server that compacted or restarted expires every agent's watch at once, and a
-//!   fleet relisting in the same instant is the load spike client-go's jitter avoids;
-//!   410s in a row back off like any failure;
-//! - forgets the failures once the watch delivers an object again.
+//! Delays double from [`BASE`] to a cap, each drawn between half and all of its step so that
+//! a cluster's agents do not come back in step; they start again when an unreachable server
+//! answers again (at most once per [`RESTART_GUARD`]), grow to [`THROTTLED_MAX`] while it
+//! throttles (429), and a first 410 Gone relists within [`GONE_SPREAD`]. Why these numbers:
+//! docs/operations.md, "The API server goes away".
 //!
 //! Pure: time and randomness come from the caller, so the policy is unit tested.
 use std::time::{Duration, Instant};
@@ -119,6 +102,10 @@ mod tests {
         Duration::from_millis(millis)
     }
 
+    fn each_ms(millis: &[u64]) -> Vec<Duration> {
+        millis.iter().copied().map(ms).collect()
+    }
+
     /// The delays of a sequence of failures at `now`, with the largest jitter (the bound).
     fn delays(retry: &mut Retry, failures: &[Failure], now: Instant) -> Vec<Duration> {
         failures
@@ -133,15 +120,7 @@ mod tests {
         let failures = [Failure::Unreachable; 7];
         assert_eq!(
             delays(&mut retry, &failures, Instant::now()),
-            [
-                ms(250),
-                ms(500),
-                ms(1000),
-                ms(2000),
-                ms(2000),
-                ms(2000),
-                ms(2000)
-            ]
+            each_ms(&[250, 500, 1000, 2000, 2000, 2000, 2000])
         );
         // Thousands of failures (a long outage) stay at the cap.
         for _ in 0..10_000 {
@@ -181,7 +160,7 @@ mod tests {
         delays(&mut retry, &[Failure::Unreachable; 10], now);
         // Back, but refusing (403 while its authorizer warms up): quick retries, growing.
         let refused = delays(&mut retry, &[Failure::Refused; 5], now);
-        assert_eq!(refused, [ms(250), ms(500), ms(1000), ms(2000), ms(2000)]);
+        assert_eq!(refused, each_ms(&[250, 500, 1000, 2000, 2000]));
         // Then 410 Gone on the old resource version: relist within a second; again: back
         // off.
         assert_eq!(
@@ -198,16 +177,7 @@ mod tests {
         let delays_now = delays(&mut retry, &flaps, start);
         assert_eq!(
             delays_now,
-            [
-                ms(250),
-                ms(250),
-                ms(500),
-                ms(1000),
-                ms(2000),
-                ms(2000),
-                ms(2000),
-                ms(2000)
-            ]
+            each_ms(&[250, 250, 500, 1000, 2000, 2000, 2000, 2000])
         );
         let later = start + RESTART_GUARD;
         let delays_later = delays(&mut retry, &[Failure::Unreachable, Failure::Refused], later);

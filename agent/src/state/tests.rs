@@ -23,6 +23,15 @@ fn name(name: &str) -> ServiceName {
     }
 }
 
+/// A selection's skipped parts, each as `part: reason`.
+fn skipped(selection: &ServiceSelection) -> Vec<String> {
+    selection
+        .skipped
+        .iter()
+        .map(|s| format!("{}: {}", s.part, s.reason))
+        .collect()
+}
+
 fn state_with(yaml: &str) -> ClusterState {
     let mut state = ClusterState::new("node-a");
     for event in applied(yaml) {
@@ -534,23 +543,12 @@ status: {addresses: [{type: InternalIP, address: 192.168.0.1}]}
         ]
     );
     // The reasons name both ports (the runner logs them once, as a warning).
-    let skipped: Vec<(String, String)> = selection
-        .skipped
-        .iter()
-        .map(|s| (s.part.clone(), s.reason.to_string()))
-        .collect();
     assert_eq!(
-        skipped,
+        skipped(&selection),
         [
-            (
-                "port web".to_owned(),
-                "invalid: 80/TCP is also port http's: only port http is served".to_owned()
-            ),
-            (
-                "port admin nodePort".to_owned(),
-                "invalid: nodePort 30080/TCP is also port http's: only port http's is served"
-                    .to_owned()
-            ),
+            "port web: invalid: 80/TCP is also port http's: only port http is served",
+            "port admin nodePort: invalid: nodePort 30080/TCP is also port http's: only port \
+             http's is served",
         ]
     );
 }
@@ -745,22 +743,12 @@ fn a_dual_stack_service_is_two_frontend_sets_that_never_cross() {
             "IPv6 [fd00:168::1]:30080/Tcp (Internal) -> [fd00::1]:8080",
         ]
     );
-    let skipped: Vec<(String, String)> = selection
-        .skipped
-        .iter()
-        .map(|s| (s.part.clone(), s.reason.to_string()))
-        .collect();
     assert_eq!(
-        skipped,
+        skipped(&selection),
         [
-            (
-                "EndpointSlice web-v6 endpoint 10.0.0.3".to_owned(),
-                "invalid: not an IPv6 address, in a slice of addressType IPv6".to_owned()
-            ),
-            (
-                "EndpointSlice web-v6 endpoint fd00::zz".to_owned(),
-                "invalid: not an IP address".to_owned()
-            ),
+            "EndpointSlice web-v6 endpoint 10.0.0.3: invalid: not an IPv6 address, in a slice of \
+             addressType IPv6",
+            "EndpointSlice web-v6 endpoint fd00::zz: invalid: not an IP address",
         ]
     );
 }

@@ -501,13 +501,9 @@ pub const EEXIST: i32 = -17;
 /// Records both directions of a new flow whose source this node keeps (no SNAT), as not
 /// confirmed. [`EEXIST`]: another CPU made the flow first.
 ///
-/// The backend sees the client's own address and port, so a flow that reached the same
-/// backend from the same client port through another frontend (a NodePort, then an
-/// external IP) has the same reply key. A confirmed one that is over (both directions
-/// closing, or idle past its timeout) gives the key up: its reply entry, found first,
-/// would send this flow's answers back as the other frontend's. A live one keeps it: the
-/// backend cannot tell two such connections apart, and the open one is not broken for the
-/// new one (netfilter drops such a clash too).
+/// A flow of the same client port to the same backend through another frontend has the
+/// same reply key: one that is over gives the key up (its reply entry would send this
+/// flow's answers back as the other frontend's), a live one keeps it, as netfilter does.
 #[inline(always)]
 pub fn insert<F: Family>(
     arrived: &Tuple<F::Addr>,

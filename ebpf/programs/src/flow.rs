@@ -5,12 +5,10 @@
 //! or Local selection, as the socket path gives them).
 //!
 //! - Ingress: a new flow draws a backend. A flow the side SNATs (outside: to a backend on
-//!   another node; pods: to the pod itself) gets this node's address, so that its replies
-//!   come back here; its packets and replies are forwarded by redirect (FIB lookup) and
-//!   never cross the node's netfilter. Any other flow keeps its client address and goes on
-//!   through the kernel's own path, so that the node's conntrack sees the flow from its
-//!   first packet: the backend's replies are then ESTABLISHED, not INVALID, and a CNI's
-//!   masquerade rule leaves them alone (docs/architecture.md has the reasons).
+//!   another node; pods: to the pod itself) gets this node's address and is forwarded by
+//!   redirect (FIB lookup), past netfilter. Any other flow keeps its client address and
+//!   goes on through the kernel's own path, so that the node's conntrack and a CNI's rules
+//!   see the flow from its first packet (docs/architecture.md says why).
 //! - Ingress also takes the replies of SNATed flows; egress takes the replies of the other
 //!   backends on their way to the client. Both are rewritten to come from the frontend.
 //! - A frontend without a usable backend here drops the packet (a traffic policy Local

@@ -2,8 +2,22 @@
 //! address it saw, and socklb's counters.
 use std::net::SocketAddr;
 
-use super::{Addresses, addresses};
+use super::{Addresses, LanNode, addresses};
 use crate::{clients::Attempt, family::Family, sandbox::Sandbox};
+
+impl LanNode {
+    /// `count` probes (`mode`: tcp, udp) from the client to `frontend`: every one translated
+    /// ([`Addresses::assert_translated`]), and both pods answered.
+    pub fn assert_both_pods_serve(&self, mode: &str, frontend: &str, count: u32) {
+        let attempts = self.lan.client.probe(mode, frontend, count);
+        self.a.assert_translated(&attempts, frontend);
+        assert_eq!(
+            servers_of(&attempts),
+            ["pod1", "pod2"],
+            "both backends serve"
+        );
+    }
+}
 
 impl Addresses {
     /// Every reply came from a backend that saw the client's own address (pod1) or node1's

@@ -18,10 +18,7 @@ fn sigkilled_agents_lose_no_connect() {
     for kill in 1..=3 {
         // Dropping the harness's handle SIGKILLs the agent: no shutdown code runs.
         drop(agent);
-        // No agent at all for a moment: the pinned links keep the programs attached.
-        std::thread::sleep(Duration::from_millis(300));
-        agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
-        agent.wait_for_log("synced", 1);
+        agent = Agent::start_after_a_gap(&sandbox, &manifests.path);
         let log = agent.log();
         assert!(
             log.contains("writes=0"),

@@ -40,10 +40,7 @@ fn cleanup_of_another_pin_dir_leaves_this_instances_netlink_filters() {
         0,
         "cleanup removes this instance's filters"
     );
-    assert!(
-        !sandbox.pin_dir.exists(),
-        "the pin directory (with its netlink records) is gone"
-    );
+    sandbox.assert_no_pins("the pin directory (with its netlink records) is gone");
 }
 
 #[test]

@@ -23,10 +23,7 @@ fn an_explicit_l3_device_fails_the_start_before_anything_is_created() {
         stderr.contains("tun0") && stderr.contains("not an Ethernet device"),
         "the error names the device and why:\n{stderr}"
     );
-    assert!(
-        !sandbox.pin_dir.exists(),
-        "nothing may be created before the devices are checked"
-    );
+    sandbox.assert_no_pins("nothing may be created before the devices are checked");
     assert_eq!(tc_filters("tun0"), 0, "nothing attached to tun0");
 }
 

@@ -33,11 +33,8 @@ endpoints:
 
 /// The backends programmed for the VIP, as `socklb inspect` reads them from the maps.
 fn programmed(sandbox: &Sandbox) -> BTreeSet<String> {
-    let inspection = sandbox.inspect();
-    let frontends = inspection["frontends"].as_array().expect("frontends");
-    let frontend = frontends
-        .iter()
-        .find(|f| f["frontend"]["address"] == VIP)
+    let frontend = sandbox
+        .inspected_frontend(VIP)
         .unwrap_or_else(|| panic!("no frontend {VIP} programmed"));
     frontend["backends"]
         .as_array()

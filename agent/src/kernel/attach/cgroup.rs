@@ -5,17 +5,14 @@ use std::{fs, fs::File, path::Path};
 
 use aya::{
     Ebpf,
-    programs::{
-        CgroupAttachMode, CgroupSockAddr,
-        cgroup_sock_addr::CgroupSockAddrLink,
-        links::{FdLink, PinnedLink},
-    },
+    programs::{CgroupAttachMode, CgroupSockAddr, cgroup_sock_addr::CgroupSockAddrLink},
 };
 use socklb_abi::program_names;
 use tracing::info;
 
 use super::{Attachment, link_update};
 use crate::kernel::{
+    links,
     load::{LoadError, program, release_program},
     pins,
 };
@@ -41,11 +38,6 @@ pub fn attach(
     for name in program_names::SOCK_ADDR {
         let program = program::<CgroupSockAddr>(ebpf, name)?;
         let pin = pins::link_pin(pin_dir, name);
-        let link_error = |action, source| LoadError::Link {
-            action,
-            path: pin.clone(),
-            source,
-        };
         let attachment = if pin.exists() {
             replace_in_link(program, name, &pin)?;
             Attachment::Replaced
@@ -57,11 +49,7 @@ pub fn attach(
             let link = program
                 .take_link(id)
                 .map_err(|source| LoadError::Program { name, source })?;
-            let fd_link = FdLink::try_from(link).map_err(|e| link_error("pin", e))?;
-            fd_link.pin(&pin).map_err(|source| LoadError::PinLink {
-                path: pin.clone(),
-                source,
-            })?;
+            links::pin(link, &pin)?;
             Attachment::Attached
         };
         info!(program = name, cgroup = %cgroup.display(), ?attachment, "program attached");
@@ -90,15 +78,7 @@ fn attach_release(ebpf: &mut Ebpf, pin_dir: &Path, cgroup: &File) -> Result<Atta
     let link = program
         .take_link(id)
         .map_err(|source| LoadError::Program { name, source })?;
-    let fd_link = FdLink::try_from(link).map_err(|source| LoadError::Link {
-        action: "pin",
-        path: pin.clone(),
-        source,
-    })?;
-    fd_link.pin(&pin).map_err(|source| LoadError::PinLink {
-        path: pin.clone(),
-        source,
-    })?;
+    links::pin(link, &pin)?;
     Ok(Attachment::Attached)
 }
 
@@ -121,14 +101,7 @@ fn replace_in_link(
     name: &'static str,
     pin: &Path,
 ) -> Result<(), LoadError> {
-    let link_error = |action, source| LoadError::Link {
-        action,
-        path: pin.to_owned(),
-        source,
-    };
-    let pinned = PinnedLink::from_pin(pin).map_err(|e| link_error("open", e))?;
-    let link = CgroupSockAddrLink::try_from(FdLink::from(pinned))
-        .map_err(|e| link_error("reuse (not a cgroup sock_addr link)", e))?;
+    let link: CgroupSockAddrLink = links::open(pin, "reuse (not a cgroup sock_addr link)")?;
     let id = program
         .attach_to_link(link)
         .map_err(|source| LoadError::Program { name, source })?;

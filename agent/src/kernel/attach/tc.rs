@@ -21,7 +21,7 @@ use aya::{
     Ebpf,
     programs::{
         ProgramError, SchedClassifier, TcAttach, TcAttachType,
-        links::{FdLink, Link as _, LinkError, PinnedLink},
+        links::Link as _,
         tc::{self, NlOptions, SchedClassifierLink, TcError},
     },
     util::KernelVersion,
@@ -33,6 +33,7 @@ use tracing::{info, warn};
 use super::Attachment;
 use crate::kernel::{
     devices::{self, DeviceError},
+    links::{self, PinnedLinkError},
     load::program,
     pins::{self, NlFilter},
     privileges,
@@ -127,19 +128,8 @@ pub enum TcAttachError {
         #[source]
         source: TcError,
     },
-    #[error("cannot {action} the pinned link {path}")]
-    Link {
-        action: &'static str,
-        path: PathBuf,
-        #[source]
-        source: LinkError,
-    },
-    #[error("cannot pin the link {path}")]
-    Pin {
-        path: PathBuf,
-        #[source]
-        source: aya::pin::PinError,
-    },
+    #[error(transparent)]
+    PinnedLink(#[from] PinnedLinkError),
     #[error("cannot list or remove TC link pins in {path}")]
     Pins {
         path: PathBuf,
@@ -250,11 +240,6 @@ fn attach_tcx(
     hook: TcAttachType,
 ) -> Result<Attachment, TcAttachError> {
     let pin = pins::tc_link_pin(pin_dir, program_name, device);
-    let link_error = |action, source| TcAttachError::Link {
-        action,
-        path: pin.clone(),
-        source,
-    };
     let attach_error = |source| TcAttachError::Attach {
         program: program_name,
         device: device.to_owned(),
@@ -262,9 +247,7 @@ fn attach_tcx(
         source,
     };
     if pin.exists() {
-        let pinned = PinnedLink::from_pin(&pin).map_err(|e| link_error("open", e))?;
-        let link = SchedClassifierLink::try_from(FdLink::from(pinned))
-            .map_err(|e| link_error("reuse (not a TCX link)", e))?;
+        let link: SchedClassifierLink = links::open(&pin, "reuse (not a TCX link)")?;
         let id = program.attach_to_link(link).map_err(attach_error)?;
         // Dropping our handle closes the fd only; the pin keeps the link.
         drop(program.take_link(id));
@@ -279,12 +262,7 @@ fn attach_tcx(
             },
         )
         .map_err(attach_error)?;
-    let link = program.take_link(id).map_err(attach_error)?;
-    let fd_link = FdLink::try_from(link).map_err(|e| link_error("pin", e))?;
-    fd_link.pin(&pin).map_err(|source| TcAttachError::Pin {
-        path: pin.clone(),
-        source,
-    })?;
+    links::pin(program.take_link(id).map_err(attach_error)?, &pin)?;
     Ok(Attachment::Attached)
 }
 
@@ -477,32 +455,33 @@ fn remove_stale_pins(pin_dir: &Path, devices: &[TcDevice]) -> Result<(), TcAttac
 
 /// The TCX link pins and their device names.
 pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> {
-    let links = pins::links_dir(pin_dir);
-    let entries = match fs::read_dir(&links) {
+    let found = named_entries(&pins::links_dir(pin_dir))?
+        .into_iter()
+        .filter_map(|(path, name)| Some((path, pins::tc_link_device(&name)?.to_owned())))
+        .collect();
+    Ok(found)
+}
+
+/// The entries of `dir` whose names are text, with their paths; none if `dir` does not
+/// exist.
+fn named_entries(dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> {
+    let pins_error = |source| TcAttachError::Pins {
+        path: dir.to_owned(),
+        source,
+    };
+    let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(TcAttachError::Pins {
-                path: links,
-                source,
-            });
-        }
+        Err(source) => return Err(pins_error(source)),
     };
-    let mut found = Vec::new();
+    let mut named = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(|source| TcAttachError::Pins {
-            path: links.clone(),
-            source,
-        })?;
-        let file_name = entry.file_name();
-        let Some(name) = file_name.to_str() else {
-            continue;
-        };
-        if let Some(device) = pins::tc_link_device(name) {
-            found.push((entry.path(), device.to_owned()));
+        let entry = entry.map_err(pins_error)?;
+        if let Ok(name) = entry.file_name().into_string() {
+            named.push((entry.path(), name));
         }
     }
-    Ok(found)
+    Ok(named)
 }
 
 /// Detaches the netlink filters of programs `devices` no longer wants.
@@ -535,31 +514,18 @@ struct NetlinkRecord {
 
 /// The netlink filters this pin directory's agent attached.
 fn netlink_records(pin_dir: &Path) -> Result<Vec<NetlinkRecord>, TcAttachError> {
-    let dir = pins::netlink_records_dir(pin_dir);
-    let entries = match fs::read_dir(&dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => return Err(TcAttachError::Pins { path: dir, source }),
-    };
-    let mut records = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|source| TcAttachError::Pins {
-            path: dir.clone(),
-            source,
-        })?;
-        let file_name = entry.file_name();
-        if let Some((program, device, filter)) =
-            file_name.to_str().and_then(pins::parse_netlink_record)
-            && known_program(program).is_some()
-        {
-            records.push(NetlinkRecord {
-                path: entry.path(),
+    let records = named_entries(&pins::netlink_records_dir(pin_dir))?
+        .into_iter()
+        .filter_map(|(path, name)| {
+            let (program, device, filter) = pins::parse_netlink_record(&name)?;
+            known_program(program).is_some().then(|| NetlinkRecord {
                 program: program.to_owned(),
                 device: device.to_owned(),
                 filter,
-            });
-        }
-    }
+                path,
+            })
+        })
+        .collect();
     Ok(records)
 }
 

@@ -618,35 +618,37 @@ impl<S: Store> Writer<S> {
         grow: usize,
         new_backends: usize,
     ) -> Result<(), Rejected> {
-        let used = self.service_entries();
-        let free = self.capacity.service_entries.saturating_sub(used);
-        let grow = u32::try_from(grow).unwrap_or(u32::MAX);
-        if grow > free {
-            return Err(Rejected::MapFull {
-                frontend,
-                map: socklb_abi::map_names::SERVICES,
-                flag: "--max-service-entries",
-                capacity: self.capacity.service_entries,
-                free,
-                needed: grow,
-                outcome: Outcome::KeptPrevious,
-            });
-        }
-        let free = self
-            .capacity
-            .backends
-            .saturating_sub(self.backend_entries());
-        let needed = u32::try_from(new_backends).unwrap_or(u32::MAX);
-        if needed > free {
-            return Err(Rejected::MapFull {
-                frontend,
-                map: socklb_abi::map_names::BACKENDS,
-                flag: "--max-backends",
-                capacity: self.capacity.backends,
-                free,
-                needed,
-                outcome: Outcome::KeptPrevious,
-            });
+        // (map, its flag, its capacity, entries used, entries needed)
+        let maps = [
+            (
+                socklb_abi::map_names::SERVICES,
+                "--max-service-entries",
+                self.capacity.service_entries,
+                self.service_entries(),
+                grow,
+            ),
+            (
+                socklb_abi::map_names::BACKENDS,
+                "--max-backends",
+                self.capacity.backends,
+                self.backend_entries(),
+                new_backends,
+            ),
+        ];
+        for (map, flag, capacity, used, needed) in maps {
+            let free = capacity.saturating_sub(used);
+            let needed = u32::try_from(needed).unwrap_or(u32::MAX);
+            if needed > free {
+                return Err(Rejected::MapFull {
+                    frontend,
+                    map,
+                    flag,
+                    capacity,
+                    free,
+                    needed,
+                    outcome: Outcome::KeptPrevious,
+                });
+            }
         }
         Ok(())
     }
@@ -671,22 +673,26 @@ impl<S: Store> Writer<S> {
     /// A backend id no backend has. Ids handed out by one update are distinct without a
     /// check: the counter only moves on, and one update needs fewer than 2^32 of them.
     fn allocate_backend_id(&mut self) -> u32 {
-        loop {
-            let id = self.next_backend_id;
-            self.next_backend_id = self.next_backend_id.checked_add(1).unwrap_or(1);
-            if id != 0 && !self.backends.contains_key(&id) {
-                return id;
-            }
-        }
+        allocate_id(&mut self.next_backend_id, |id| {
+            self.backends.contains_key(&id)
+        })
     }
 
     fn allocate_service_id(&mut self) -> u32 {
-        loop {
-            let id = self.next_service_id;
-            self.next_service_id = self.next_service_id.checked_add(1).unwrap_or(1);
-            if id != 0 && !self.service_ids.contains(&id) {
-                return id;
-            }
+        allocate_id(&mut self.next_service_id, |id| {
+            self.service_ids.contains(&id)
+        })
+    }
+}
+
+/// The first id from `next` on that is not 0 and not `taken` (wrapping); `next` moves past
+/// it.
+fn allocate_id(next: &mut u32, taken: impl Fn(u32) -> bool) -> u32 {
+    loop {
+        let id = *next;
+        *next = next.checked_add(1).unwrap_or(1);
+        if id != 0 && !taken(id) {
+            return id;
         }
     }
 }

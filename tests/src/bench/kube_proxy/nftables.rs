@@ -71,10 +71,7 @@ fn setup(out: &mut String, config: &Config) {
     ] {
         if !created.contains(&destination) {
             created.push(destination);
-            let _ = writeln!(
-                out,
-                "add chain {NFT} {destination}\nflush chain {NFT} {destination}"
-            );
+            empty_chain(out, destination);
         }
         let _ = writeln!(out, "add rule {NFT} {source} {extra}jump {destination}");
     }
@@ -113,6 +110,11 @@ fn setup(out: &mut String, config: &Config) {
     );
 }
 
+/// Adds `chain`, or empties it if it is there.
+fn empty_chain(out: &mut String, chain: &str) {
+    let _ = writeln!(out, "add chain {NFT} {chain}\nflush chain {NFT} {chain}");
+}
+
 /// One service's chains and rules (written when the service is new or changed).
 fn service_chains(out: &mut String, config: &Config, service: &Service) {
     let pod_cidr = config.pod_cidr;
@@ -121,12 +123,9 @@ fn service_chains(out: &mut String, config: &Config, service: &Service) {
         .map(|endpoint| endpoint_chain_name(service, service.endpoint(endpoint)))
         .collect();
     for endpoint in &endpoints {
-        let _ = writeln!(
-            out,
-            "add chain {NFT} {endpoint}\nflush chain {NFT} {endpoint}"
-        );
+        empty_chain(out, endpoint);
     }
-    let _ = writeln!(out, "add chain {NFT} {chain}\nflush chain {NFT} {chain}");
+    empty_chain(out, &chain);
     let _ = writeln!(
         out,
         "add rule {NFT} {chain} ip daddr {} tcp dport {} ip saddr != {pod_cidr} jump \
@@ -139,11 +138,11 @@ fn service_chains(out: &mut String, config: &Config, service: &Service) {
             policy_chain_name("external", service),
             policy_chain_name("local", service),
         );
+        empty_chain(out, &external);
+        empty_chain(out, &local);
         let _ = writeln!(
             out,
-            "add chain {NFT} {external}\nflush chain {NFT} {external}\n\
-             add chain {NFT} {local}\nflush chain {NFT} {local}\n\
-             add rule {NFT} {external} ip saddr {pod_cidr} goto {chain} comment \"short-circuit pod traffic\"\n\
+            "add rule {NFT} {external} ip saddr {pod_cidr} goto {chain} comment \"short-circuit pod traffic\"\n\
              add rule {NFT} {external} fib saddr type local jump mark-for-masquerade comment \"masquerade local traffic\"\n\
              add rule {NFT} {external} fib saddr type local goto {chain} comment \"short-circuit local traffic\"\n\
              add rule {NFT} {external} goto {local}"

@@ -159,26 +159,25 @@ pub fn control(path: &Path, steps: &[Step]) -> anyhow::Result<()> {
             .collect();
         (name.to_owned(), color, points)
     };
+    // A load stopped at the limit has no time from nothing.
+    let from_nothing = |s: &Step, peer: Peer| {
+        let control = &s.control[&peer];
+        if control.stopped {
+            Duration::ZERO
+        } else {
+            control.program
+        }
+    };
     plot(
         path,
         "Programming time: every service from nothing, and one endpoint change",
         "seconds",
         &[
             line("iptables-restore, from nothing", RED, &|s| {
-                let control = &s.control[&Peer::Iptables];
-                if control.stopped {
-                    Duration::ZERO
-                } else {
-                    control.program
-                }
+                from_nothing(s, Peer::Iptables)
             }),
             line("nft -f, from nothing", BLUE, &|s| {
-                let control = &s.control[&Peer::Nftables];
-                if control.stopped {
-                    Duration::ZERO
-                } else {
-                    control.program
-                }
+                from_nothing(s, Peer::Nftables)
             }),
             line("socklb first sync, from nothing", GREEN, &|s| {
                 s.control[&Peer::Socklb].program
