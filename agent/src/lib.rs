@@ -19,6 +19,7 @@ pub mod inspect;
 mod kernel;
 mod maps;
 pub mod metrics;
+mod netlink;
 pub mod runner;
 pub mod select;
 pub mod server;

@@ -9,7 +9,7 @@ use std::{
 
 use socklb_agent::inspect::{self, CountersView};
 use socklb_tests::{
-    Agent, FREE_PORTS, KillOnDrop, ManifestDir, Sandbox, Source, eventually,
+    Agent, FREE_PORTS, KillOnDrop, ManifestDir, Sandbox, Source, assert_logged, eventually,
     family::Family,
     lan::{Addresses, LanNode, cni_netfilter_rules, here, servers_of},
     node_yaml, raw_socket, run,
@@ -43,20 +43,17 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
     node.write(
         "web.yaml",
         &a.exposed("web", 50)
-            .port("http", 80, 8080, 30080, "TCP")
-            .port("dns", 53, 5353, 30053, "UDP")
+            .http_and_dns()
             .load_balancer()
             .external_ips(&[a.external_ip])
             .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
             .yaml(),
     );
     let agent = node.agent(&[]);
-    assert!(
-        agent
-            .log()
-            .contains(r#"program="socklb_tc_in" device="eth0" mode=Tcx"#),
-        "the TC programs attach to the device holding the node's address:\n{}",
-        agent.log()
+    assert_logged(
+        &agent.log(),
+        &[r#"program="socklb_tc_in" device="eth0" mode=Tcx"#],
+        "the TC programs attach to the device holding the node's address",
     );
 
     let nodeport = Addresses::at(a.node1, 30080);

@@ -10,7 +10,7 @@ use std::{
 };
 
 use socklb_tests::{
-    KillOnDrop, command_in_cgroup,
+    KillOnDrop, assert_logged, command_in_cgroup,
     family::Family,
     hold::Holder,
     hold_bin,
@@ -32,18 +32,15 @@ fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
     node.write(
         "web.yaml",
         &a.exposed("web", 60)
-            .port("http", 80, 8080, 30080, "TCP")
-            .port("dns", 53, 5353, 30053, "UDP")
+            .http_and_dns()
             .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
             .yaml(),
     );
     let agent = node.agent(&[]);
-    assert!(
-        agent
-            .log()
-            .contains(r#"program="socklb_tc_pod" device="vm1""#),
-        "the per-packet path attaches to the VM's device without being told:\n{}",
-        agent.log()
+    assert_logged(
+        &agent.log(),
+        &[r#"program="socklb_tc_pod" device="vm1""#],
+        "the per-packet path attaches to the VM's device without being told",
     );
     let vm_address = match family {
         Family::V4 => VM,
@@ -86,8 +83,7 @@ fn a_pod_that_is_its_own_backend_gets_an_answer(family: Family) {
     node.write(
         "self.yaml",
         &a.exposed("self", 61)
-            .port("http", 80, 8080, 30080, "TCP")
-            .port("dns", 53, 5353, 30053, "UDP")
+            .http_and_dns()
             .endpoints(&[a.pod1_endpoint()])
             .yaml(),
     );

@@ -7,15 +7,15 @@
 //! a watch on the link group says when they come and go.
 use std::{io, str::FromStr, thread};
 
-use netlink_packet_core::{
-    NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tokio::sync::mpsc;
+
+use crate::netlink;
 
 /// Which devices the per-packet path serves.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -118,45 +118,19 @@ pub fn links() -> io::Result<Vec<Link>> {
     let mut socket = Socket::new(NETLINK_ROUTE)?;
     socket.bind_auto()?;
     socket.connect(&SocketAddr::new(0, 0))?;
-    let mut header = NetlinkHeader::default();
-    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
-    let mut request = NetlinkMessage::new(
-        header,
-        RouteNetlinkMessage::GetLink(LinkMessage::default()).into(),
-    );
-    request.finalize();
-    let mut buffer = vec![0; request.buffer_len()];
-    request.serialize(&mut buffer);
-    socket.send(&buffer, 0)?;
-
+    netlink::send(
+        &mut socket,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        None,
+        RouteNetlinkMessage::GetLink(LinkMessage::default()),
+    )?;
     let mut links = Vec::new();
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let size = socket.recv(&mut &mut buffer[..], 0)?;
-        let mut offset = 0;
-        while offset < size {
-            let message = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buffer[offset..size])
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            let length = message.header.length as usize;
-            match message.payload {
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(link)) => {
-                    links.extend(link_of(&link));
-                }
-                NetlinkPayload::Done(_) => return Ok(links),
-                NetlinkPayload::Error(error) => {
-                    return Err(error.code.map_or_else(
-                        || io::Error::other("link dump failed"),
-                        |code| io::Error::from_raw_os_error(-code.get()),
-                    ));
-                }
-                _ => {}
-            }
-            if length == 0 {
-                break;
-            }
-            offset += length;
+    netlink::receive_dump(&mut socket, "link dump", |message| {
+        if let RouteNetlinkMessage::NewLink(link) = message {
+            links.extend(link_of(&link));
         }
-    }
+    })?;
+    Ok(links)
 }
 
 fn link_of(message: &LinkMessage) -> Option<Link> {

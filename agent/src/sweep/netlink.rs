@@ -13,9 +13,7 @@ use std::{
 };
 
 use aya::maps::{Array, MapData, MapError};
-use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_sock_diag::{
     SockDiagMessage,
     constants::{AF_INET, AF_INET6, IPPROTO_TCP, IPPROTO_UDP, SOCK_DESTROY},
@@ -27,6 +25,7 @@ use socklb_abi::{SocketFrontend, SocketFrontend6, ipv6_words, map_names};
 use crate::{
     desired::{Gone, Protocol},
     kernel::pins,
+    netlink,
 };
 
 /// The socket maps of both families, read to tell sockets socklb translated from all
@@ -173,17 +172,12 @@ fn send(
     message_type: Option<u16>,
     request: InetRequest,
 ) -> io::Result<()> {
-    let mut header = NetlinkHeader::default();
-    header.flags = flags;
-    let mut packet = NetlinkMessage::new(header, SockDiagMessage::InetRequest(request).into());
-    packet.finalize();
-    if let Some(message_type) = message_type {
-        packet.header.message_type = message_type;
-    }
-    let mut buffer = vec![0; packet.buffer_len()];
-    packet.serialize(&mut buffer);
-    socket.send(&buffer, 0)?;
-    Ok(())
+    netlink::send(
+        socket,
+        flags,
+        message_type,
+        SockDiagMessage::InetRequest(request),
+    )
 }
 
 /// The sockets of a dump that `keep` selects, with their family.
@@ -194,35 +188,14 @@ fn dump(
 ) -> io::Result<Vec<(u8, SocketId)>> {
     send(socket, NLM_F_REQUEST | NLM_F_DUMP, None, request)?;
     let mut kept = Vec::new();
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let size = socket.recv(&mut &mut buffer[..], 0)?;
-        let mut offset = 0;
-        while offset < size {
-            let message = NetlinkMessage::<SockDiagMessage>::deserialize(&buffer[offset..size])
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            let length = message.header.length as usize;
-            match message.payload {
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(response)) => {
-                    if keep(&response.header.socket_id) {
-                        kept.push((response.header.family, response.header.socket_id));
-                    }
-                }
-                NetlinkPayload::Done(_) => return Ok(kept),
-                NetlinkPayload::Error(error) => {
-                    return Err(error.code.map_or_else(
-                        || io::Error::other("sock_diag dump failed"),
-                        |code| io::Error::from_raw_os_error(-code.get()),
-                    ));
-                }
-                _ => {}
-            }
-            if length == 0 {
-                break;
-            }
-            offset += length;
+    netlink::receive_dump(socket, "sock_diag dump", |message| {
+        if let SockDiagMessage::InetResponse(response) = message
+            && keep(&response.header.socket_id)
+        {
+            kept.push((response.header.family, response.header.socket_id));
         }
-    }
+    })?;
+    Ok(kept)
 }
 
 /// SOCK_DESTROY of exactly this socket; false if it went away meanwhile.

@@ -88,7 +88,7 @@ fn backend_in_slot<F: socket_family::Family>(
     Some(F::slot(unsafe { &*entry }))
 }
 
-/// The backend slot of a new flow from outside, and its number: the client's
+/// The backend slot of a new flow of the per-packet path, and its number: the client's
 /// session-affinity choice if fresh, else its Maglev position, else a random slot (with the
 /// `TRACE_REASON_*` saying which); the affinity entry is recorded or refreshed only if
 /// `record`. `None` (logged): the slot is missing, or the affinity entry was not written.
@@ -112,16 +112,7 @@ pub fn for_flow<F: family::Family>(
             master.count,
             now_ns,
             record,
-            |slot| {
-                F::service(
-                    tuple.destination,
-                    tuple.destination_port,
-                    tuple.protocol,
-                    scope,
-                    slot,
-                )
-                .map(|backend| ((), backend.backend_id))
-            },
+            |slot| F::service(tuple, scope, slot).map(|backend| ((), backend.backend_id)),
         )
         .map(|((), slot)| slot)
     });
@@ -139,13 +130,7 @@ pub fn for_flow<F: family::Family>(
             ((draw % count + 1) as u16, TRACE_REASON_RANDOM)
         }
     };
-    let Some(backend) = F::service(
-        tuple.destination,
-        tuple.destination_port,
-        tuple.protocol,
-        scope,
-        slot,
-    ) else {
+    let Some(backend) = F::service(tuple, scope, slot) else {
         F::log_missing_slot(tuple.destination, tuple.destination_port, count, slot);
         return None;
     };

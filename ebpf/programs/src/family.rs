@@ -61,15 +61,9 @@ pub trait Family: Sized + 'static {
     fn ct_key(key: &CtKey<Self::Addr>) -> &CtKey<Self::Addr>;
     fn ct_entry(entry: &CtEntry<Self::Addr>) -> &CtEntry<Self::Addr>;
 
-    /// The service map entry of a frontend of `scope` (`SCOPE_*`) at `slot` (0: the
-    /// master).
-    fn service(
-        address: Self::Addr,
-        port: u16,
-        protocol: u8,
-        scope: u8,
-        slot: u16,
-    ) -> Option<Slot<Self::Addr>>;
+    /// The service map entry, of `scope` (`SCOPE_*`) at `slot` (0: the master), of the
+    /// frontend a packet of `tuple` is addressed to.
+    fn service(tuple: &Tuple<Self::Addr>, scope: u8, slot: u16) -> Option<Slot<Self::Addr>>;
     /// A backend's address and port, by id.
     fn backend(id: u32) -> Option<(Self::Addr, u16)>;
 
@@ -131,17 +125,11 @@ static ZERO_ENTRY6: CtEntry6 = CtEntry6 {
 macro_rules! service_lookup {
     ($services:ident, $key:ident, $backends:ident) => {
         #[inline(always)]
-        fn service(
-            address: Self::Addr,
-            port: u16,
-            protocol: u8,
-            scope: u8,
-            slot: u16,
-        ) -> Option<Slot<Self::Addr>> {
+        fn service(tuple: &Tuple<Self::Addr>, scope: u8, slot: u16) -> Option<Slot<Self::Addr>> {
             let key = $key {
-                address,
-                port,
-                protocol,
+                address: tuple.destination,
+                port: tuple.destination_port,
+                protocol: tuple.protocol,
                 scope,
                 slot,
                 pad: 0,

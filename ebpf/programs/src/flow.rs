@@ -572,13 +572,7 @@ fn new_flow_here<F: Family, S: Side>(
     out: &mut CtEntry<F::Addr>,
 ) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
-    let Some(master) = F::service(
-        tuple.destination,
-        tuple.destination_port,
-        tuple.protocol,
-        S::SCOPE,
-        0,
-    ) else {
+    let Some(master) = F::service(tuple, S::SCOPE, 0) else {
         return Ok(Flow::NotOurs);
     };
     let mut decision = Decision {

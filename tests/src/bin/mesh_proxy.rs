@@ -58,40 +58,33 @@ fn greeting(destination: SocketAddr) -> std::io::Result<String> {
 fn original_destination(client: &TcpStream) -> std::io::Result<SocketAddr> {
     let fd = client.as_raw_fd();
     if client.local_addr()?.is_ipv4() {
-        // SAFETY: sockaddr_in is plain data; getsockopt writes at most `len` bytes into it.
-        let mut address: libc::sockaddr_in = unsafe { zeroed() };
-        let mut len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        let rc = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_IP,
-                SO_ORIGINAL_DST,
-                (&raw mut address).cast(),
-                &mut len,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let address: libc::sockaddr_in = socket_option(fd, libc::SOL_IP)?;
         let ip = Ipv4Addr::from(u32::from_be(address.sin_addr.s_addr));
         Ok(SocketAddr::new(ip.into(), u16::from_be(address.sin_port)))
     } else {
-        // SAFETY: as above, for sockaddr_in6.
-        let mut address: libc::sockaddr_in6 = unsafe { zeroed() };
-        let mut len = size_of::<libc::sockaddr_in6>() as libc::socklen_t;
-        let rc = unsafe {
-            libc::getsockopt(
-                fd,
-                libc::SOL_IPV6,
-                SO_ORIGINAL_DST,
-                (&raw mut address).cast(),
-                &mut len,
-            )
-        };
-        if rc != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let address: libc::sockaddr_in6 = socket_option(fd, libc::SOL_IPV6)?;
         let ip = Ipv6Addr::from(address.sin6_addr.s6_addr);
         Ok(SocketAddr::new(ip.into(), u16::from_be(address.sin6_port)))
+    }
+}
+
+/// `SO_ORIGINAL_DST` at `level`, as the socket address type of that level.
+fn socket_option<T>(fd: libc::c_int, level: libc::c_int) -> std::io::Result<T> {
+    // SAFETY: T is a plain C socket address (all zeroes is valid), and getsockopt writes at
+    // most `len` bytes into it.
+    unsafe {
+        let mut value: T = zeroed();
+        let mut len = size_of::<T>() as libc::socklen_t;
+        if libc::getsockopt(
+            fd,
+            level,
+            SO_ORIGINAL_DST,
+            (&raw mut value).cast(),
+            &mut len,
+        ) != 0
+        {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(value)
     }
 }

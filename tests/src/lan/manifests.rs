@@ -160,6 +160,14 @@ impl Exposed {
         self
     }
 
+    /// The ports the pods' servers of [`super::LanNode::tcp_servers`] and
+    /// [`super::LanNode::udp_servers`] listen on: `http` 80 to 8080 (NodePort 30080, TCP) and
+    /// `dns` 53 to 5353 (NodePort 30053, UDP).
+    pub fn http_and_dns(self) -> Self {
+        self.port("http", 80, 8080, 30080, "TCP")
+            .port("dns", 53, 5353, 30053, "UDP")
+    }
+
     /// A line of the Service's spec, e.g. `externalTrafficPolicy: Local`.
     pub fn spec(mut self, line: &str) -> Self {
         self.spec.push(line.to_owned());
