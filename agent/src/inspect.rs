@@ -139,6 +139,9 @@ pub struct Inspection {
     /// Sockets holding a record of what they were translated for (bounded by
     /// `--max-socket-records`).
     pub socket_records: u64,
+    /// Pods' network namespaces whose sockets the socket hooks translate besides the
+    /// host's (`--socket-lb-scope pods`).
+    pub pod_namespaces: usize,
     pub counters: CountersView,
     /// How an agent in this container closes the sockets of removed backends.
     pub socket_destroy: crate::sweep::Expected,
@@ -395,12 +398,19 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
     let per_cpu = counters_map.get(&0, 0).map_err(read(map_names::COUNTERS))?;
     let sum = Counters::sum(per_cpu.iter());
     let socket_records = socket_records(pin_dir)?;
+    let pod_namespaces = entries_of(
+        open6(pin_dir, map_names::SOCKET_LB_NAMESPACES)?,
+        map_names::SOCKET_LB_NAMESPACES,
+        |_: u64, _: u8| Some(()),
+    )?
+    .len();
     Ok(Inspection {
         frontends,
         affinity,
         conntrack,
         fragments,
         socket_records,
+        pod_namespaces,
         counters: sum,
         socket_destroy: crate::sweep::Expected::probe(),
     })
@@ -590,10 +600,12 @@ pub fn table(inspection: &Inspection) -> String {
     }
     let _ = write!(
         out,
-        "\naffinity entries: {}\nfragmented datagrams: {}\nsockets with a record: {}\ncounters:",
+        "\naffinity entries: {}\nfragmented datagrams: {}\nsockets with a record: {}\npods' \
+         namespaces in the socket hooks' scope: {}\ncounters:",
         inspection.affinity.len(),
         inspection.fragments,
-        inspection.socket_records
+        inspection.socket_records,
+        inspection.pod_namespaces
     );
     for (name, value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
         let _ = write!(out, " {name} {value}");

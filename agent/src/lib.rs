@@ -20,6 +20,7 @@ mod kernel;
 mod maps;
 pub mod metrics;
 mod netlink;
+mod pod_namespaces;
 pub mod runner;
 pub mod select;
 pub mod server;

@@ -29,6 +29,7 @@ use crate::{
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
     metrics::{FrontendLabels, MapLabels, Metrics, ReasonLabels},
+    pod_namespaces::PodNamespaces,
     select::{Family, FrontendKind, ServiceName, SkipReason, SkippedPart},
     server::Health,
     source::{Event, Kind, Object},
@@ -98,6 +99,9 @@ pub struct Runner {
     tc_devices: TcDevices,
     /// Says when links came or went (pod devices to serve); `None`: not watched.
     link_changes: Option<mpsc::Receiver<()>>,
+    /// The pods' namespaces the socket hooks serve (`--socket-lb-scope pods`); `None`:
+    /// another scope.
+    pod_namespaces: Option<PodNamespaces>,
     /// The SNAT addresses last programmed, per family (`None`: not yet), to log only their
     /// changes.
     snat_addresses: Option<(Option<Ipv4Addr>, Option<Ipv6Addr>)>,
@@ -136,6 +140,7 @@ impl Runner {
             external: ExternalTraffic::default(),
             tc_devices: TcDevices::new(Vec::new(), PodDevices::None, TcMode::Auto),
             link_changes: None,
+            pod_namespaces: None,
             snat_addresses: None,
             logged_skips: HashMap::new(),
             rejected: BTreeSet::new(),
@@ -155,6 +160,13 @@ impl Runner {
     pub fn with_external(mut self, external: ExternalTraffic) -> Self {
         self.tc_devices = TcDevices::new(external.devices.clone(), PodDevices::None, external.mode);
         self.external = external;
+        self
+    }
+
+    /// Keeps the socket hooks' list of pods' namespaces (`--socket-lb-scope pods`) in line
+    /// with the namespaces pinned on the node, at every sync and as links come and go.
+    pub fn with_pod_namespaces(mut self) -> Self {
+        self.pod_namespaces = Some(PodNamespaces::default());
         self
     }
 
@@ -229,6 +241,10 @@ impl Runner {
                     }
                 }
                 Some(()) = link_changed(&mut self.link_changes) => {
+                    // A pod's device comes with its namespace, before its containers start.
+                    if let Err(error) = self.program_pod_namespaces() {
+                        warn!(error = %crate::error_chain(&error), "the pods' namespaces stay as they were until the next sync");
+                    }
                     if self.attached {
                         self.program_devices();
                     }
@@ -346,6 +362,13 @@ impl Runner {
             let pairs: Vec<Gone> = pairs.into_iter().collect();
             sweeper.sweep(&pairs, |queued| self.dataplane.still_gone(queued));
             self.recheck.clone_from(&report.gone);
+        }
+        if let Err(error) = self.program_pod_namespaces() {
+            warn!(
+                error = %crate::error_chain(&error),
+                "the pods' namespaces in the socket hooks' scope stay as they were: new pods are \
+                 served per packet until a sync writes them"
+            );
         }
         // Every sync: a change of this Node's addresses marks every Service, so it is
         // applied by the next incremental sync; a device change, by the next sync of any kind.
@@ -487,6 +510,14 @@ impl Runner {
         } else {
             self.logged_skips.insert(name.clone(), skipped);
         }
+    }
+
+    /// The socket hooks' pods' namespaces, found again (`--socket-lb-scope pods`).
+    fn program_pod_namespaces(&mut self) -> Result<(), DataplaneError> {
+        let Some(namespaces) = &mut self.pod_namespaces else {
+            return Ok(());
+        };
+        self.dataplane.set_socket_lb_namespaces(&namespaces.find())
     }
 
     /// Serves the devices that came or went since the last time, outside a sync (a pod

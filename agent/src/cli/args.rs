@@ -51,8 +51,12 @@ pub enum Command {
 /// Which sockets the socket hooks translate (`--socket-lb-scope`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SocketLbScope {
+    /// Every network namespace's.
     All,
+    /// The host's network namespace's only.
     Host,
+    /// The host's and those of this node's pods (the namespaces its runtime pinned).
+    Pods,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -134,11 +138,14 @@ pub struct RunArgs {
         action = clap::ArgAction::Set
     )]
     pub destroy_tcp_on_backend_removal: bool,
-    /// Which sockets the socket hooks translate at connect() and sendmsg(): `all` (every
-    /// network namespace: the host's and every pod's), or `host` (the host's network
-    /// namespace only, where the agent runs; sockets of pods keep the Service address, as
-    /// Cilium's hostNamespaceOnly, for meshes that route by the original destination).
-    #[arg(long, value_enum, default_value_t = SocketLbScope::All)]
+    /// Which sockets the socket hooks translate at connect() and sendmsg(): `pods` (the
+    /// host's network namespace, where the agent runs, and the pods' namespaces the node's
+    /// runtime pinned under /run/netns or /var/run/netns; not namespaces made inside a pod,
+    /// such as a nested cluster's), `host` (the host's only: pods keep the Service address,
+    /// as Cilium's hostNamespaceOnly, for meshes that route by the original destination),
+    /// or `all` (every namespace). What the hooks leave alone is served per packet on the
+    /// pod's device (`--pod-devices`).
+    #[arg(long, value_enum, default_value_t = SocketLbScope::Pods)]
     pub socket_lb_scope: SocketLbScope,
     /// Devices of workloads whose packets to internal frontends (ClusterIPs, and the
     /// node's NodePorts) are translated per packet, for what the socket hooks leave alone

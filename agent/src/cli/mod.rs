@@ -223,6 +223,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     let pin_dir_existed = pin_dir.exists();
     dataplane::prepare_pin_dir(pin_dir)?;
     let _pin_lock = dataplane::lock_pin_dir(pin_dir, args.handover_wait)?;
+    let socket_lb_scope = effective_scope(args.socket_lb_scope);
     let mut dataplane = Dataplane::load(Config {
         pin_dir: pin_dir.clone(),
         cgroup: args.cgroup_path.clone(),
@@ -230,10 +231,11 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         maglev_table_size: args.external.maglev_table_size,
         program_log_level: args.bpf_log_level,
         record_tcp: args.destroy_tcp_on_backend_removal,
-        socket_lb_netns: match args.socket_lb_scope {
+        socket_lb_netns: match socket_lb_scope {
             SocketLbScope::All => None,
-            SocketLbScope::Host => Some(dataplane::netns_cookie()?),
+            SocketLbScope::Host | SocketLbScope::Pods => Some(dataplane::netns_cookie()?),
         },
+        socket_lb_listed: socket_lb_scope == SocketLbScope::Pods,
     })
     .inspect_err(|_| {
         // A failed start leaves nothing behind: the loader unpinned its maps.
@@ -292,6 +294,11 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         .with_external(external_traffic(&args.external))
         .with_pod_devices(args.pod_devices.clone())
         .with_sweeper(sweeper);
+        let runner = if socket_lb_scope == SocketLbScope::Pods {
+            runner.with_pod_namespaces()
+        } else {
+            runner
+        };
         let result = runner.run(events, shutdown_signal()).await;
         let _ = stop_tx.send(true);
         source.abort();
@@ -308,6 +315,24 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         info!("stopped; programs stay attached (`socklb cleanup` removes them)");
         Ok(())
     })
+}
+
+/// `pods` needs setns(2) into the pods' namespaces to learn their cookies: without
+/// CAP_SYS_ADMIN it cannot tell a pod's namespace from a nested one, and serves every
+/// namespace's sockets, as before there was a choice.
+fn effective_scope(scope: SocketLbScope) -> SocketLbScope {
+    use caps::{CapSet, Capability, has_cap};
+    if scope == SocketLbScope::Pods
+        && !has_cap(None, CapSet::Effective, Capability::CAP_SYS_ADMIN).unwrap_or(false)
+    {
+        warn!(
+            "--socket-lb-scope pods needs CAP_SYS_ADMIN to enter the pods' network namespaces \
+             (the chart's closeSocketsInPods grants it): the socket hooks serve every \
+             namespace (as `all`), nested ones included"
+        );
+        return SocketLbScope::All;
+    }
+    scope
 }
 
 fn external_traffic(args: &ExternalArgs) -> ExternalTraffic {

@@ -28,9 +28,11 @@ pub struct Config {
     /// connect() records TCP sockets too, so that they can be closed when their backend
     /// leaves (`--destroy-tcp-on-backend-removal`); connected UDP sockets always are.
     pub record_tcp: bool,
-    /// The only network namespace (by cookie) whose sockets the socket hooks translate
-    /// (`--socket-lb-scope host`: the agent's own); `None`: every namespace.
+    /// The network namespace (by cookie) whose sockets the socket hooks translate (the
+    /// agent's own, the host's), with those of the namespaces map if `socket_lb_listed`
+    /// (`--socket-lb-scope pods`), or alone (`host`); `None`: every namespace (`all`).
     pub socket_lb_netns: Option<u64>,
+    pub socket_lb_listed: bool,
 }
 
 impl Config {
@@ -39,6 +41,7 @@ impl Config {
             log_level: self.program_log_level,
             record_tcp: self.record_tcp,
             socket_lb_netns: self.socket_lb_netns,
+            socket_lb_listed: self.socket_lb_listed,
         }
     }
 }
@@ -56,6 +59,7 @@ impl Default for Config {
             program_log_level: ProgramLogLevel::Off,
             record_tcp: false,
             socket_lb_netns: None,
+            socket_lb_listed: false,
         }
     }
 }

@@ -34,8 +34,8 @@ pub use self::{
 use crate::{
     desired::sizing::Sizes,
     maps::{
-        maglev::MaglevWriter, names::NamesWriter, services::KernelMaps,
-        source_ranges::SourceRangeWriter, writer::Writer,
+        maglev::MaglevWriter, names::NamesWriter, namespaces::NamespacesWriter,
+        services::KernelMaps, source_ranges::SourceRangeWriter, writer::Writer,
     },
 };
 pub use crate::{
@@ -83,6 +83,8 @@ pub struct Dataplane {
     source_ranges: SourceRangeWriter,
     maglev: MaglevWriter,
     names: NamesWriter,
+    /// The pods' namespaces the socket hooks serve (`--socket-lb-scope pods`).
+    namespaces: NamespacesWriter,
     counters: PerCpuArray<MapData, Counters>,
     /// How many sockets hold a record, kept by the programs.
     socket_records: Array<MapData, SocketRecordCount>,

@@ -1,13 +1,35 @@
-//! This node's settings for the TC programs (SNAT address and ports, conntrack timeouts),
-//! written to their maps only when they change.
-use std::time::Duration;
+//! This node's settings for the programs (the TC programs' SNAT address and ports and
+//! conntrack timeouts; the socket hooks' pod namespaces), written to their maps only when
+//! they change.
+use std::{collections::BTreeSet, time::Duration};
 
 use socklb_abi::{NodeConfig, NodeConfig6, map_names};
-use tracing::info;
+use tracing::{debug, info};
 
 use super::{Dataplane, config::NodeSettings, error::DataplaneError};
 
 impl Dataplane {
+    /// Tells the socket hooks which pods' network namespaces they serve besides the host's
+    /// (`--socket-lb-scope pods`); written only on change.
+    pub fn set_socket_lb_namespaces(
+        &mut self,
+        cookies: &BTreeSet<u64>,
+    ) -> Result<(), DataplaneError> {
+        let (added, removed) = self
+            .namespaces
+            .set(cookies)
+            .map_err(DataplaneError::map(map_names::SOCKET_LB_NAMESPACES))?;
+        if added + removed > 0 {
+            debug!(
+                added,
+                removed,
+                total = cookies.len(),
+                "pods' network namespaces in the socket hooks' scope"
+            );
+        }
+        Ok(())
+    }
+
     /// Tells the TC programs this node's SNAT address and ports; written only on change.
     pub fn set_node(&mut self, settings: &NodeSettings) -> Result<(), DataplaneError> {
         let wanted = NodeConfig {

@@ -26,6 +26,7 @@ use crate::{
     maps::{
         maglev::MaglevWriter,
         names::NamesWriter,
+        namespaces::NamespacesWriter,
         services::{self, KernelMaps, RawMaps},
         source_ranges::SourceRangeWriter,
         writer::{Capacity, Writer},
@@ -97,6 +98,10 @@ impl Dataplane {
             .try_into()
             .and_then(NamesWriter::adopt)
             .map_err(DataplaneError::map(map_names::NAMES))?;
+        let namespaces = take_map(&mut ebpf, map_names::SOCKET_LB_NAMESPACES)?
+            .try_into()
+            .and_then(NamespacesWriter::adopt)
+            .map_err(DataplaneError::map(map_names::SOCKET_LB_NAMESPACES))?;
         let node = take_map(&mut ebpf, map_names::NODE)?
             .try_into()
             .map_err(DataplaneError::map(map_names::NODE))?;
@@ -132,6 +137,7 @@ impl Dataplane {
             source_ranges,
             maglev,
             names,
+            namespaces,
             counters,
             socket_records,
             node,

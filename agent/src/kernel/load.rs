@@ -228,8 +228,10 @@ pub struct ProgramSettings {
     /// connect() records TCP sockets for the destroy iterators (only when the agent closes
     /// TCP connections: the record costs an allocation per socket).
     pub record_tcp: bool,
-    /// The only network namespace whose sockets the socket hooks translate; `None`: all.
+    /// The network namespace whose sockets the socket hooks translate (with those of the
+    /// namespaces map if `socket_lb_listed`); `None`: all.
     pub socket_lb_netns: Option<u64>,
+    pub socket_lb_listed: bool,
 }
 
 /// The programs' read-only globals, set at load time.
@@ -245,6 +247,7 @@ struct Globals {
     max_socket_records: u32,
     /// 0: every namespace.
     socket_lb_netns: u64,
+    socket_lb_listed: u32,
 }
 
 impl Globals {
@@ -257,6 +260,7 @@ impl Globals {
             record_tcp: u32::from(programs.record_tcp),
             max_socket_records: capacities.socket_records,
             socket_lb_netns: programs.socket_lb_netns.unwrap_or(0),
+            socket_lb_listed: u32::from(programs.socket_lb_listed),
         }
     }
 }
@@ -289,6 +293,7 @@ fn configure<'a>(
         )
         .override_global(globals::RECORD_TCP, &values.record_tcp, true)
         .override_global(globals::SOCKET_LB_NETNS, &values.socket_lb_netns, true)
+        .override_global(globals::SOCKET_LB_LISTED, &values.socket_lb_listed, true)
         .override_global(
             globals::MAX_SOCKET_RECORDS,
             &values.max_socket_records,

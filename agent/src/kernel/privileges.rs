@@ -46,7 +46,8 @@ pub struct ForFeature {
 pub const FOR_FEATURES: [ForFeature; 1] = [ForFeature {
     capability: Capability::CAP_SYS_ADMIN,
     short_name: "SYS_ADMIN",
-    feature: "setns(2) into pods' network namespaces, to close the sockets of removed backends",
+    feature: "setns(2) into pods' network namespaces, to close the sockets of removed backends \
+              and to tell pods' namespaces from nested ones (--socket-lb-scope pods)",
     chart_value: "closeSocketsInPods",
 }];
 

@@ -17,6 +17,7 @@ use crate::desired::Frontend;
 
 pub mod maglev;
 pub mod names;
+pub mod namespaces;
 pub mod services;
 pub mod source_ranges;
 pub mod writer;

@@ -124,21 +124,11 @@ pub fn enumerate(first: Namespace) -> Found {
         namespaces: vec![first],
         unreadable: 0,
     };
-    for dir in PIN_DIRS {
-        let Ok(entries) = fs::read_dir(dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            // A file there that is not a namespace (nothing mounted on it) is skipped by
-            // the kernel refusing setns; it costs one open here.
-            if let Ok(namespace) = open(&entry.path())
-                && is_net_namespace(&namespace.file)
-                && seen.insert(namespace.inode)
-            {
-                found.namespaces.push(namespace);
-            }
-        }
-    }
+    found.namespaces.extend(
+        pinned()
+            .into_iter()
+            .filter(|namespace| seen.insert(namespace.inode)),
+    );
     let Ok(processes) = fs::read_dir("/proc") else {
         return found;
     };
@@ -171,6 +161,19 @@ pub fn enumerate(first: Namespace) -> Found {
         }
     }
     found
+}
+
+/// The network namespaces pinned under /run/netns and /var/run/netns: where CNI runtimes
+/// (containerd, CRI-O) and `ip netns add` keep them.
+pub fn pinned() -> Vec<Namespace> {
+    PIN_DIRS
+        .iter()
+        .filter_map(|dir| fs::read_dir(dir).ok())
+        .flat_map(|entries| entries.flatten())
+        // A file there that is not a namespace (nothing mounted on it) costs one open.
+        .filter_map(|entry| open(&entry.path()).ok())
+        .filter(|namespace| is_net_namespace(&namespace.file))
+        .collect()
 }
 
 /// Whether `file` is a network namespace (NS_GET_NSTYPE), not any file under a pin dir.

@@ -57,6 +57,10 @@ pub mod map_names {
     /// record. The kernel charges records to the agent's memory cgroup, and any pod can
     /// create them, so connect() stops creating them at [`crate::globals::MAX_SOCKET_RECORDS`].
     pub const SOCKET_RECORD_COUNT: &str = "socklb_skcnt_v1";
+    /// `u64` network namespace cookie -> `u8` (hash): the namespaces besides the host's
+    /// whose sockets the socket hooks translate under `--socket-lb-scope pods` (the pods'
+    /// namespaces the node's runtime pinned), written by the agent.
+    pub const SOCKET_LB_NAMESPACES: &str = "socklb_lbns_v1";
     /// [`crate::GoneKey`] -> `u8` (hash, small): the (frontend, backend) pairs of one sync
     /// whose backend left, read by the socket iterators that close their sockets. Not
     /// pinned: it belongs to the running agent and is empty between sweeps.
@@ -101,7 +105,7 @@ pub mod map_names {
     pub const PROGRAM_LOCAL: [&str; 2] = [SCRATCH6, REJECT_BUDGET];
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 28] = [
+    pub const ALL: [&str; 29] = [
         SERVICES,
         BACKENDS,
         SERVICES6,
@@ -124,6 +128,7 @@ pub mod map_names {
         PROGRAM_LOGS,
         SOCKET_RECORDS,
         SOCKET_RECORD_COUNT,
+        SOCKET_LB_NAMESPACES,
         AFFINITY6,
         CONNTRACK6,
         CONNTRACK_NEW6,
@@ -240,4 +245,9 @@ pub mod globals {
     /// `u64`: the cookie of the only network namespace whose sockets the socket hooks
     /// translate (`--socket-lb-scope host`: the agent's, the host's); 0: every namespace.
     pub const SOCKET_LB_NETNS: &str = "SOCKET_LB_NETNS";
+
+    /// `u32`: 1 when the socket hooks also translate the sockets of the namespaces in
+    /// [`crate::map_names::SOCKET_LB_NAMESPACES`] besides [`SOCKET_LB_NETNS`]'s
+    /// (`--socket-lb-scope pods`); 0: that one namespace only (or every one, with 0 there).
+    pub const SOCKET_LB_LISTED: &str = "SOCKET_LB_LISTED";
 }

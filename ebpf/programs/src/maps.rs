@@ -84,6 +84,13 @@ pub static SOCKET_RECORDS: SkStorage<SocketRecord> = SkStorage::new();
 #[btf_map(name = "socklb_skcnt_v1", pin_by_name)]
 pub static SOCKET_RECORD_COUNT: Array<SocketRecordCount, 1> = Array::new();
 
+/// The pods' namespaces the socket hooks translate besides the host's (see `socket`).
+#[btf_map(name = "socklb_lbns_v1", pin_by_name)]
+pub static SOCKET_LB_NAMESPACES: HashMap<u64, u8, SOCKET_LB_NAMESPACES_CAPACITY> = HashMap::new();
+
+/// Network namespaces in [`SOCKET_LB_NAMESPACES`] at most: far beyond a node's pods.
+pub const SOCKET_LB_NAMESPACES_CAPACITY: usize = 16_384;
+
 /// Placeholder capacity of the affinity maps of both families.
 pub const AFFINITY_CAPACITY: usize = 65536;
 

@@ -15,7 +15,7 @@ use crate::{
     context::SockAddr,
     counters::bump,
     log,
-    maps::socket_slot,
+    maps::{SOCKET_LB_NAMESPACES, socket_slot},
     record,
     socket_family::{Address as _, Family, Frontend, Master, Slot},
     trace::{self, Decision},
@@ -174,13 +174,29 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
 #[unsafe(no_mangle)]
 static SOCKET_LB_NETNS: u64 = 0;
 
+/// 1: the namespaces of `SOCKET_LB_NAMESPACES` are in scope too (socklb-abi
+/// `globals::SOCKET_LB_LISTED`).
+#[unsafe(no_mangle)]
+static SOCKET_LB_LISTED: u32 = 0;
+
 /// Whether `sock` is in the socket hooks' scope (`--socket-lb-scope`): a socket out of it
-/// keeps its destination, for whatever serves that namespace instead.
+/// keeps its destination, for whatever serves that namespace instead (the per-packet path
+/// on a pod's device).
 #[inline(always)]
 fn in_scope(sock: &SockAddr) -> bool {
-    // SAFETY: a read of an initialised static; volatile so the agent's value is used.
-    let only = unsafe { core::ptr::read_volatile(&SOCKET_LB_NETNS) };
-    only == 0 || sock.netns_cookie() == only
+    // SAFETY: reads of initialised statics; volatile so the agent's values are used.
+    let (only, listed) = unsafe {
+        (
+            core::ptr::read_volatile(&SOCKET_LB_NETNS),
+            core::ptr::read_volatile(&SOCKET_LB_LISTED),
+        )
+    };
+    if only == 0 {
+        return true;
+    }
+    let netns = sock.netns_cookie();
+    // SAFETY: a lookup whose value is not read.
+    netns == only || (listed != 0 && unsafe { SOCKET_LB_NAMESPACES.get(&netns) }.is_some())
 }
 
 /// The frontend's master entry (slot 0), copied out.
