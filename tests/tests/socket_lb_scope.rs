@@ -159,9 +159,9 @@ fn the_default_scope_leaves_a_nested_cluster_s_cluster_ips_alone() {
     let nested = KillOnDrop(nested.spawn().expect("unshare --net"));
     let pid = nested.0.id();
     let namespace = format!("/proc/{pid}/ns/net");
-    // `unshare` has made its namespace once `sleep` runs in it.
+    // `unshare` has made its namespace once its process is in another than this thread.
     socklb_tests::eventually("the nested namespace", Duration::from_secs(5), || {
-        let ours = std::fs::read_link("/proc/self/ns/net").map_err(|e| e.to_string())?;
+        let ours = std::fs::read_link("/proc/thread-self/ns/net").map_err(|e| e.to_string())?;
         match std::fs::read_link(&namespace) {
             Ok(theirs) if theirs != ours => Ok(()),
             other => Err(format!("{namespace}: {other:?}")),
