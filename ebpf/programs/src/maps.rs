@@ -86,10 +86,16 @@ pub static SOCKET_RECORD_COUNT: Array<SocketRecordCount, 1> = Array::new();
 
 /// The pods' namespaces the socket hooks translate besides the host's (see `socket`).
 #[btf_map(name = "socklb_lbns_v1", pin_by_name)]
-pub static SOCKET_LB_NAMESPACES: HashMap<u64, u8, SOCKET_LB_NAMESPACES_CAPACITY> = HashMap::new();
+pub static SOCKET_LB_NAMESPACES: HashMap<
+    u64,
+    u8,
+    SOCKET_LB_NAMESPACES_CAPACITY,
+    { BPF_F_NO_PREALLOC as usize },
+> = HashMap::new();
 
-/// Network namespaces in [`SOCKET_LB_NAMESPACES`] at most: far beyond a node's pods.
-pub const SOCKET_LB_NAMESPACES_CAPACITY: usize = 16_384;
+/// Network namespaces in [`SOCKET_LB_NAMESPACES`] at most: far beyond a node's pods (the
+/// kubelet allows 110 by default).
+pub const SOCKET_LB_NAMESPACES_CAPACITY: usize = 4_096;
 
 /// Placeholder capacity of the affinity maps of both families.
 pub const AFFINITY_CAPACITY: usize = 65536;
