@@ -21,7 +21,10 @@ use socklb_abi::{
 
 use crate::{
     desired::{BackendAddr, Frontend, Protocol, Scope},
-    kernel::pins,
+    kernel::{
+        attach::tc::{DeviceRole, TcAttachError, served_devices},
+        pins,
+    },
     maps::{
         names::FrontendLabel,
         services::{decode_key, decode_value},
@@ -44,6 +47,11 @@ pub enum InspectError {
         map: &'static str,
         #[source]
         source: MapError,
+    },
+    #[error("cannot list the devices the TC programs serve")]
+    Devices {
+        #[source]
+        source: Box<TcAttachError>,
     },
 }
 
@@ -142,6 +150,10 @@ pub struct Inspection {
     /// Pods' network namespaces whose sockets the socket hooks translate besides the
     /// host's (`--socket-lb-scope pods`).
     pub pod_namespaces: usize,
+    /// Devices whose traffic from outside the TC programs translate.
+    pub external_devices: Vec<String>,
+    /// Workloads' devices the per-packet path serves (`--pod-devices`).
+    pub pod_devices: Vec<String>,
     pub counters: CountersView,
     /// How an agent in this container closes the sockets of removed backends.
     pub socket_destroy: crate::sweep::Expected,
@@ -404,7 +416,19 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         |_: u64, _: u8| Some(()),
     )?
     .len();
+    let devices = served_devices(pin_dir).map_err(|source| InspectError::Devices {
+        source: Box::new(source),
+    })?;
+    let of_role = |wanted| {
+        devices
+            .iter()
+            .filter(|(_, role)| *role == wanted)
+            .map(|(device, _)| device.clone())
+            .collect()
+    };
     Ok(Inspection {
+        external_devices: of_role(DeviceRole::External),
+        pod_devices: of_role(DeviceRole::Pod),
         frontends,
         affinity,
         conntrack,
@@ -427,6 +451,15 @@ fn socket_records(pin_dir: &Path) -> Result<u64, InspectError> {
         .get(&0, 0)
         .map_err(|source| InspectError::Read { map: name, source })?;
     Ok(u64::try_from(count.live).unwrap_or(0))
+}
+
+/// Names separated by spaces, or "none".
+fn listed(names: &[String]) -> String {
+    if names.is_empty() {
+        "none".to_owned()
+    } else {
+        names.join(" ")
+    }
 }
 
 fn socket(address: u32, port: u16) -> SocketAddr {
@@ -601,11 +634,14 @@ pub fn table(inspection: &Inspection) -> String {
     let _ = write!(
         out,
         "\naffinity entries: {}\nfragmented datagrams: {}\nsockets with a record: {}\npods' \
-         namespaces in the socket hooks' scope: {}\ncounters:",
+         namespaces in the socket hooks' scope: {}\nexternal devices: {}\npod devices (per-packet \
+         path): {}\ncounters:",
         inspection.affinity.len(),
         inspection.fragments,
         inspection.socket_records,
-        inspection.pod_namespaces
+        inspection.pod_namespaces,
+        listed(&inspection.external_devices),
+        listed(&inspection.pod_devices),
     );
     for (name, value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
         let _ = write!(out, " {name} {value}");

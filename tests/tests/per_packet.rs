@@ -74,6 +74,17 @@ fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
     let counters = node.counters();
     assert!(counters.pod_flows >= 80, "{counters:?}");
     assert_eq!(counters.errors, 0, "{counters:?}");
+    let seen = node.sandbox.inspect();
+    assert_eq!(
+        seen["external_devices"],
+        serde_json::json!(["eth0"]),
+        "{seen}"
+    );
+    assert_eq!(
+        seen["pod_devices"],
+        serde_json::json!(["pod1", "vm1"]),
+        "inspect shows the devices of the per-packet path: {seen}"
+    );
 }
 
 fn a_pod_that_is_its_own_backend_gets_an_answer(family: Family) {

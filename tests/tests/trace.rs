@@ -16,7 +16,7 @@ use socklb_abi::{TraceControl, map_names};
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox, agent_bin, cgroup2_root,
     family::Family,
-    lan::{Addresses, addresses, lan},
+    lan::{Addresses, LanNode, VM, VM6, addresses, lan},
     node_yaml,
 };
 
@@ -166,6 +166,7 @@ socklb_tests::for_each_family!(
     the_service_filter_shows_only_that_service,
     the_address_filters_show_only_their_frontend_and_backend,
     flows_from_outside_show_the_client_and_a_denied_source,
+    flows_from_a_pod_device_show_as_pod,
     reverse_translations_show_only_on_request,
 );
 
@@ -348,6 +349,42 @@ fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
     let denied = trace.next("the denied flow");
     assert_eq!(text(&denied, "/service/name"), "guarded");
     assert_eq!(text(&denied, "/reason"), "source-denied");
+}
+
+/// A VM's connection to a ClusterIP, translated by the per-packet path on its device: shown
+/// with the source `pod`, the VM's address as the client, and no process.
+fn flows_from_a_pod_device_show_as_pod(family: Family) {
+    let node = LanNode::new(family, "trace-pod", "p");
+    let vm = node.lan.vm();
+    let a = &node.a;
+    let _server = node.tcp_server(2, 8080);
+    node.write(
+        "web.yaml",
+        &a.exposed("web", 0x86)
+            .port("http", 80, 8080, 30134, "TCP")
+            .endpoints(&[a.pod2_endpoint()])
+            .yaml(),
+    );
+    let _agent = node.agent(&[]);
+    let trace = Trace::start(&node.sandbox, &[]);
+    let frontend = Addresses::at(&family.vip(0x86).to_string(), 80);
+    let attempts = vm.probe("tcp", &frontend, 1);
+    assert!(attempts.iter().all(|a| a.error.is_none()), "{attempts:?}");
+    let event = trace.next("the VM's flow");
+    assert_eq!(text(&event, "/source"), "pod", "{event}");
+    assert_eq!(text(&event, "/service/name"), "web", "{event}");
+    assert_eq!(text(&event, "/frontend"), frontend, "{event}");
+    assert_eq!(
+        text(&event, "/backend"),
+        SocketAddr::new(a.pod2, 8080).to_string()
+    );
+    let client: SocketAddr = text(&event, "/client").parse().expect("a socket address");
+    let vm_address = match family {
+        Family::V4 => VM,
+        Family::V6 => VM6,
+    };
+    assert_eq!(client.ip().to_string(), vm_address, "{event}");
+    assert!(event.get("process").is_none(), "{event}");
 }
 
 #[test]

@@ -453,6 +453,29 @@ fn remove_stale_pins(pin_dir: &Path, devices: &[TcDevice]) -> Result<(), TcAttac
     Ok(())
 }
 
+/// The devices this pin directory's TC programs serve and as what (by their ingress
+/// program: TCX link pins and netlink records alike), sorted.
+pub fn served_devices(pin_dir: &Path) -> Result<Vec<TcDevice>, TcAttachError> {
+    let pinned = tc_pins(pin_dir)?
+        .into_iter()
+        .filter_map(|(path, device)| Some((pinned_program(&path)?.0, device)));
+    let recorded = netlink_records(pin_dir)?
+        .into_iter()
+        .filter_map(|record| Some((known_program(&record.program)?.0, record.device)));
+    let mut devices: Vec<TcDevice> = pinned
+        .chain(recorded)
+        .filter_map(|(program, device)| {
+            [DeviceRole::External, DeviceRole::Pod]
+                .into_iter()
+                .find(|role| role.hooks()[0].0 == program)
+                .map(|role| (device, role))
+        })
+        .collect();
+    devices.sort();
+    devices.dedup();
+    Ok(devices)
+}
+
 /// The TCX link pins and their device names.
 pub fn tc_pins(pin_dir: &Path) -> Result<Vec<(PathBuf, String)>, TcAttachError> {
     let found = named_entries(&pins::links_dir(pin_dir))?
