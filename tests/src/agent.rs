@@ -262,7 +262,13 @@ impl Agent {
 
     /// Waits until the log has `count` lines containing `text`.
     pub fn wait_for_log(&self, text: &str, count: usize) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        self.wait_for_log_within(text, count, Duration::from_secs(30));
+    }
+
+    /// [`Self::wait_for_log`] with a deadline of `within` (a large change: parsing and
+    /// programming tens of thousands of objects in a debug build on a busy machine).
+    pub fn wait_for_log_within(&self, text: &str, count: usize, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
         while self.log().matches(text).count() < count {
             assert!(
                 std::time::Instant::now() < deadline,

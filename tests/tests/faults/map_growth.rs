@@ -111,7 +111,7 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
     ];
     for (stage, services) in STAGES.iter().enumerate().skip(1) {
         manifests.write("fillers.yaml", &filler_services(*services, ENDPOINTS));
-        agent.wait_for_log("maps grown", stage);
+        agent.wait_for_log_within("maps grown", stage, Duration::from_secs(120));
         wait_for_entries(&sandbox.pin_dir, *services, &agent);
         assert!(
             load.iter_mut().all(|client| client.running()),
