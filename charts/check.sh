@@ -545,8 +545,8 @@ def check_release(name, values, docs, notes):
     if agent_on:
         (role,) = kinds["ClusterRole"]
         rules = sorted((tuple(r["apiGroups"]), tuple(sorted(r["resources"])), tuple(sorted(r["verbs"]))) for r in role["rules"])
-        check(f"{name}: ClusterRole is get/list/watch on services, nodes, endpointslices only",
-              rules == [(("",), ("nodes", "services"), ("get", "list", "watch")),
+        check(f"{name}: ClusterRole is get/list/watch on services, nodes, pods, namespaces, endpointslices only",
+              rules == [(("",), ("namespaces", "nodes", "pods", "services"), ("get", "list", "watch")),
                         (("discovery.k8s.io",), ("endpointslices",), ("get", "list", "watch"))],
               json.dumps(role["rules"]))
         (binding,) = kinds["ClusterRoleBinding"]

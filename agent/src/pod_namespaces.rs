@@ -1,10 +1,15 @@
-//! The network namespaces of this node's pods, by cookie, for `--socket-lb-scope pods`:
-//! those the node's runtime pinned (/run/netns, /var/run/netns: containerd, CRI-O and `ip
-//! netns add` pin every pod's). A namespace made inside a pod (a nested cluster's, a
-//! container's within the pod) is pinned, if at all, in the pod's own mount namespace, so
-//! it is not found here, and its sockets keep their destinations. A namespace's cookie is
-//! read from a socket made inside it, so each new one is entered once (CAP_SYS_ADMIN).
-use std::collections::{BTreeSet, HashMap};
+//! The network namespaces of this node's pods, for `--socket-lb-scope pods`: those the
+//! node's runtime pinned (/run/netns, /var/run/netns: containerd, CRI-O and `ip netns add`
+//! pin every pod's), by cookie, with the addresses they hold (which pod each belongs to). A
+//! namespace made inside a pod (a nested cluster's, a container's within the pod) is pinned,
+//! if at all, in the pod's own mount namespace, so it is not found here, and its sockets
+//! keep their destinations. A namespace's cookie and addresses are read from inside it, so
+//! each new one is entered once (CAP_SYS_ADMIN), and again while it holds no address yet
+//! (the CNI plugs the pod after its namespace exists).
+use std::{
+    collections::{BTreeSet, HashMap},
+    net::IpAddr,
+};
 
 use tracing::{info, warn};
 
@@ -13,35 +18,51 @@ use crate::{
     sweep::netns::{self, Namespace},
 };
 
+/// What was read inside one namespace.
+#[derive(Clone, Debug)]
+struct Inside {
+    cookie: u64,
+    addresses: Vec<IpAddr>,
+}
+
 #[derive(Default)]
 pub struct PodNamespaces {
-    /// Cookie of each pinned namespace seen, by inode.
-    cookies: HashMap<u64, u64>,
+    /// What was read in each pinned namespace, by inode.
+    seen: HashMap<u64, Inside>,
     /// Entering a namespace failed (no CAP_SYS_ADMIN): said once.
     refused: bool,
 }
 
 impl PodNamespaces {
-    /// The cookies of the namespaces pinned now; those not yet seen are entered for theirs.
-    pub fn find(&mut self) -> BTreeSet<u64> {
+    /// The cookies of the namespaces pinned now, but those holding one of `per_packet` (the
+    /// addresses of pods the per-packet path serves).
+    pub fn find(&mut self, per_packet: &[IpAddr]) -> BTreeSet<u64> {
         let pinned = netns::pinned();
-        self.cookies
+        self.seen
             .retain(|inode, _| pinned.iter().any(|namespace| namespace.inode == *inode));
-        let new: Vec<Namespace> = pinned
+        let unread: Vec<Namespace> = pinned
             .into_iter()
-            .filter(|namespace| !self.cookies.contains_key(&namespace.inode))
+            .filter(|namespace| {
+                self.seen
+                    .get(&namespace.inode)
+                    .is_none_or(|inside| inside.addresses.is_empty())
+            })
             .collect();
-        if !new.is_empty() {
+        if !unread.is_empty() {
+            let new = unread
+                .iter()
+                .filter(|namespace| !self.seen.contains_key(&namespace.inode))
+                .count();
             // A thread of its own: it is left in the last namespace it entered.
-            let found = std::thread::scope(|scope| {
+            let read = std::thread::scope(|scope| {
                 scope
-                    .spawn(|| new.iter().map(cookie_of).collect::<Vec<_>>())
+                    .spawn(|| unread.iter().map(read_inside).collect::<Vec<_>>())
                     .join()
             });
-            for (namespace, cookie) in new.iter().zip(found.unwrap_or_default()) {
-                match cookie {
-                    Ok(cookie) => {
-                        self.cookies.insert(namespace.inode, cookie);
+            for (namespace, inside) in unread.iter().zip(read.unwrap_or_default()) {
+                match inside {
+                    Ok(inside) => {
+                        self.seen.insert(namespace.inode, inside);
                     }
                     Err(error) if !self.refused => {
                         self.refused = true;
@@ -56,16 +77,34 @@ impl PodNamespaces {
                     Err(_) => {}
                 }
             }
-            info!(
-                namespaces = self.cookies.len(),
-                "pods' network namespaces found"
-            );
+            if new > 0 {
+                info!(
+                    new,
+                    namespaces = self.seen.len(),
+                    "pods' network namespaces found"
+                );
+            }
         }
-        self.cookies.values().copied().collect()
+        self.seen
+            .values()
+            .filter(|inside| !inside.addresses.iter().any(|a| per_packet.contains(a)))
+            .map(|inside| inside.cookie)
+            .collect()
     }
 }
 
-fn cookie_of(namespace: &Namespace) -> std::io::Result<u64> {
+fn read_inside(namespace: &Namespace) -> std::io::Result<Inside> {
     netns::enter(namespace)?;
-    dataplane::netns_cookie().map_err(std::io::Error::other)
+    let cookie = dataplane::netns_cookie().map_err(std::io::Error::other)?;
+    let addresses = dataplane::local_addresses()?
+        .into_iter()
+        .map(|(address, _)| address)
+        .filter(|address| !address.is_loopback() && !is_link_local(address))
+        .collect();
+    Ok(Inside { cookie, addresses })
+}
+
+/// fe80::/10: every IPv6 interface has one; no pod is known by it.
+fn is_link_local(address: &IpAddr) -> bool {
+    matches!(address, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80)
 }

@@ -30,7 +30,7 @@ use crate::{
     health_check::{self, HealthChecks},
     metrics::{FrontendLabels, MapLabels, Metrics, ReasonLabels},
     pod_namespaces::PodNamespaces,
-    select::{Family, FrontendKind, ServiceName, SkipReason, SkippedPart},
+    select::{Family, FrontendKind, ServiceName, SkipReason, SkippedPart, socket_path::SocketPath},
     server::Health,
     source::{Event, Kind, Object},
     state::{ClusterState, convert},
@@ -102,6 +102,8 @@ pub struct Runner {
     /// The pods' namespaces the socket hooks serve (`--socket-lb-scope pods`); `None`:
     /// another scope.
     pod_namespaces: Option<PodNamespaces>,
+    /// The pods whose sockets the socket hooks leave alone, and why, as last logged.
+    per_packet_pods: BTreeMap<String, SocketPath>,
     /// The SNAT addresses last programmed, per family (`None`: not yet), to log only their
     /// changes.
     snat_addresses: Option<(Option<Ipv4Addr>, Option<Ipv6Addr>)>,
@@ -141,6 +143,7 @@ impl Runner {
             tc_devices: TcDevices::new(Vec::new(), PodDevices::None, TcMode::Auto),
             link_changes: None,
             pod_namespaces: None,
+            per_packet_pods: BTreeMap::new(),
             snat_addresses: None,
             logged_skips: HashMap::new(),
             rejected: BTreeSet::new(),
@@ -512,12 +515,30 @@ impl Runner {
         }
     }
 
-    /// The socket hooks' pods' namespaces, found again (`--socket-lb-scope pods`).
+    /// The socket hooks' pods' namespaces, found again (`--socket-lb-scope pods`), but those
+    /// of the pods the per-packet path serves (meshed, or opted out).
     fn program_pod_namespaces(&mut self) -> Result<(), DataplaneError> {
+        self.state.take_workloads_changed();
         let Some(namespaces) = &mut self.pod_namespaces else {
             return Ok(());
         };
-        self.dataplane.set_socket_lb_namespaces(&namespaces.find())
+        let workloads = self.state.workloads();
+        let per_packet = workloads.per_packet_addresses();
+        self.dataplane
+            .set_socket_lb_namespaces(&namespaces.find(&per_packet))?;
+        let pods: BTreeMap<String, SocketPath> = workloads
+            .paths()
+            .filter(|(_, path)| path.per_packet())
+            .map(|(pod, path)| (format!("{}/{}", pod.namespace, pod.name), path))
+            .collect();
+        if pods != self.per_packet_pods {
+            info!(
+                ?pods,
+                "pods served by the per-packet path (their sockets keep the Service address)"
+            );
+            self.per_packet_pods = pods;
+        }
+        Ok(())
     }
 
     /// Serves the devices that came or went since the last time, outside a sync (a pod

@@ -8,7 +8,7 @@
 //! watch sees (an object leaving the selector is `DELETED`); a watch from before the retained
 //! history gets a 410 `ERROR` event in the stream, as from the real watch cache; bookmarks when
 //! asked for; label selectors (`k`, `!k`, `k=v`, `k==v`, `k!=v`) and field selectors on
-//! `metadata.name` and `metadata.namespace`; `timeoutSeconds`; metadata-only responses for
+//! `metadata.name`, `metadata.namespace` and `spec.nodeName`; `timeoutSeconds`; metadata-only responses for
 //! `Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`.
 //!
 //! Not served: writes over HTTP (tests change objects through [`FakeApiServer`]), single-object
@@ -35,7 +35,7 @@ use futures::StreamExt as _;
 use k8s_openapi::{
     ListableResource,
     api::{
-        core::v1::{Node, Service},
+        core::v1::{Namespace, Node, Pod, Service},
         discovery::v1::EndpointSlice,
     },
 };
@@ -47,8 +47,8 @@ use tokio::sync::{mpsc, oneshot};
 /// A watch without `timeoutSeconds` lasts this long (the real server picks 30-60 minutes).
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
 
-/// The fake API server. Serves Services, EndpointSlices and Nodes from the start; any other
-/// listable kind once an object of it is applied. Stops when dropped.
+/// The fake API server. Serves Services, EndpointSlices, Nodes, Pods and Namespaces from the
+/// start; any other listable kind once an object of it is applied. Stops when dropped.
 pub struct FakeApiServer {
     store: Arc<Mutex<Store>>,
     addr: SocketAddr,
@@ -83,6 +83,8 @@ impl FakeApiServer {
         store.register::<Service>();
         store.register::<EndpointSlice>();
         store.register::<Node>();
+        store.register::<Pod>();
+        store.register::<Namespace>();
         let listener =
             TcpListener::bind((address, 0)).unwrap_or_else(|e| panic!("bind {address}:0: {e}"));
         let addr = listener
@@ -118,18 +120,25 @@ impl FakeApiServer {
         store.change(&path, key, Some(value)).to_string()
     }
 
-    /// Applies every Service, EndpointSlice and Node of a YAML manifest text (parsed as the
+    /// Applies every object of a kind the agent reads in a YAML manifest text (parsed as the
     /// agent's file source parses it).
     pub fn apply_manifests(&self, yaml: &str) {
         let objects = socklb_agent::source::file::parse(std::path::Path::new("test.yaml"), yaml)
             .unwrap_or_else(|e| panic!("the test's manifests do not parse: {e}"));
-        for object in objects {
-            match object {
-                Object::Service(service) => self.apply(&*service),
-                Object::EndpointSlice(slice) => self.apply(&*slice),
-                Object::Node(node) => self.apply(&*node),
-            };
+        for object in &objects {
+            self.apply_object(object);
         }
+    }
+
+    /// Applies one object of a kind the agent reads.
+    pub fn apply_object(&self, object: &Object) {
+        match object {
+            Object::Service(service) => self.apply(&**service),
+            Object::EndpointSlice(slice) => self.apply(&**slice),
+            Object::Node(node) => self.apply(&**node),
+            Object::Pod(pod) => self.apply(&**pod),
+            Object::Namespace(namespace) => self.apply(&**namespace),
+        };
     }
 
     /// A kubeconfig for this server (no authentication), for `socklb run --kubeconfig`.
@@ -772,7 +781,9 @@ impl Requirement {
         if key.is_empty() {
             return Err(format!("requirement {text:?} has no key"));
         }
-        if fields && key != "metadata.name" && key != "metadata.namespace" {
+        if fields
+            && !["metadata.name", "metadata.namespace", "spec.nodeName"].contains(&key.as_str())
+        {
             return Err(format!("field label not supported: {key}"));
         }
         Ok(requirement)
@@ -818,6 +829,7 @@ impl Filter {
         let fields = |key: &str| match key {
             "metadata.name" => Some(text(&metadata["name"])),
             "metadata.namespace" => Some(namespace.clone()),
+            "spec.nodeName" => object["spec"]["nodeName"].as_str().map(str::to_owned),
             _ => None,
         };
         self.labels.iter().all(|r| r.holds(labels)) && self.fields.iter().all(|r| r.holds(fields))

@@ -151,7 +151,7 @@ async fn next_set(events: &mut mpsc::Receiver<Event>, n: usize) -> Vec<String> {
 /// The first events: exactly one Reset of each kind.
 async fn initial(events: &mut mpsc::Receiver<Event>) -> HashMap<Kind, Vec<Object>> {
     let mut resets = HashMap::new();
-    while resets.len() < 3 {
+    while resets.len() < FEEDS - 1 {
         match next(events).await {
             Event::Reset(kind, objects) => {
                 let previous = resets.insert(kind, objects);
@@ -163,20 +163,24 @@ async fn initial(events: &mut mpsc::Receiver<Event>) -> HashMap<Kind, Vec<Object
     resets
 }
 
-/// Waits until the source watches all four feeds, so that a test breaks established watches.
+/// The source's watches: Services, EndpointSlices, this Node, the other Nodes (one Reset of
+/// Nodes for both), this node's Pods and Namespaces.
+const FEEDS: usize = 6;
+
+/// Waits until the source watches all its feeds, so that a test breaks established watches.
 async fn watching(api: &FakeApiServer) {
     let wait = async {
-        while api.watch_count() < 4 {
+        while api.watch_count() < FEEDS {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
     tokio::time::timeout(WAIT, wait)
         .await
-        .unwrap_or_else(|_| panic!("the source opened {} of 4 watches", api.watch_count()));
+        .unwrap_or_else(|_| panic!("the source opened {} of {FEEDS} watches", api.watch_count()));
 }
 
 /// The populated API server and the source on it, past its initial lists and watching all
-/// four feeds.
+/// its feeds.
 async fn watching_source() -> (FakeApiServer, mpsc::Receiver<Event>) {
     let api = populated();
     let mut events = start_source(&api);
@@ -224,16 +228,8 @@ fn service_list_versions(api: &FakeApiServer) -> Vec<Option<String>> {
         .collect()
 }
 
-fn metadata(object: &Object) -> &ObjectMeta {
-    match object {
-        Object::Service(service) => &service.metadata,
-        Object::EndpointSlice(slice) => &slice.metadata,
-        Object::Node(node) => &node.metadata,
-    }
-}
-
 fn name(object: &Object) -> String {
-    let metadata = metadata(object);
+    let metadata = object.metadata();
     let name = metadata.name.clone().unwrap_or_default();
     match &metadata.namespace {
         Some(namespace) => format!("{namespace}/{name}"),
@@ -321,12 +317,20 @@ async fn initial_lists_give_one_reset_per_kind_without_what_kube_proxy_skips() {
                 };
                 assert_eq!(fields, Some(expected), "{request:?}");
             }
+            // This node's pods only, in full (their annotations and addresses).
+            "/api/v1/pods" => {
+                let fields = request.field_selector.as_deref();
+                assert_eq!(fields, Some("spec.nodeName=node-a"), "{request:?}");
+                assert!(!request.metadata_only, "{request:?}");
+            }
+            // Their labels only.
+            "/api/v1/namespaces" => assert!(request.metadata_only, "{request:?}"),
             other => panic!("unexpected request for {other}"),
         }
     }
     let lists = served.iter().filter(|r| !r.watch).count();
     let watches = served.iter().filter(|r| r.watch).count();
-    assert_eq!((lists, watches), (4, 4), "{served:#?}");
+    assert_eq!((lists, watches), (FEEDS, FEEDS), "{served:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -433,7 +437,7 @@ async fn broken_watches_resume_from_the_last_version_without_a_reset() {
     ];
     assert_eq!(next_set(&mut events, 2).await, expected);
     settles(&api, &mut events).await;
-    assert_eq!(list_count(&api), 4, "a resumed watch must not relist");
+    assert_eq!(list_count(&api), FEEDS, "a resumed watch must not relist");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -449,15 +453,17 @@ async fn expired_versions_relist_and_reset_with_the_current_state() {
     api.compact();
     api.drop_watches();
 
-    // Services and both node feeds get 410 Gone and relist; each node relist resets the
-    // whole node set.
+    // Services, both node feeds, pods and namespaces get 410 Gone and relist; each node
+    // relist resets the whole node set.
     let expected = [
+        "Reset Namespace []",
         "Reset Node [node-a, node-b, node-c]",
         "Reset Node [node-a, node-b, node-c]",
+        "Reset Pod []",
         "Reset Service [default/web]",
     ];
-    assert_eq!(next_set(&mut events, 3).await, expected);
-    assert_eq!(api.expired_count(), 3);
+    assert_eq!(next_set(&mut events, 5).await, expected);
+    assert_eq!(api.expired_count(), 5);
     settles(&api, &mut events).await;
 
     // The first lists came from the watch cache, as client-go's do; the relists after
@@ -484,7 +490,7 @@ async fn restarted_api_server_replays_what_was_missed() {
     let expected = ["Applied Service default/late", "Deleted Node node-c"];
     assert_eq!(next_set(&mut events, 2).await, expected);
     settles(&api, &mut events).await;
-    assert_eq!(list_count(&api), 4, "a resumed watch must not relist");
+    assert_eq!(list_count(&api), FEEDS, "a resumed watch must not relist");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -499,10 +505,10 @@ async fn restarted_api_server_with_compacted_history_relists() {
     api.compact();
     api.restart();
 
-    // Four relists. The first node Reset may still hold node-c from the cache of the other
-    // node feed, which has not relisted yet; the last one is the current node set.
+    // A relist of every feed. The first node Reset may still hold node-c from the cache of
+    // the other node feed, which has not relisted yet; the last one is the current node set.
     let mut resets: HashMap<Kind, Vec<Vec<String>>> = HashMap::new();
-    for _ in 0..4 {
+    for _ in 0..FEEDS {
         match next(&mut events).await {
             Event::Reset(kind, objects) => resets.entry(kind).or_default().push(names(&objects)),
             other => panic!("expected a Reset, got {}", describe(&other)),
@@ -513,7 +519,8 @@ async fn restarted_api_server_with_compacted_history_relists() {
     let nodes = &resets[&Kind::Node];
     assert_eq!(nodes.len(), 2, "{nodes:?}");
     assert_eq!(nodes[1], ["node-a", "node-b"]);
-    assert_eq!(api.expired_count(), 4);
+    assert_eq!(resets[&Kind::Pod], [Vec::<String>::new()]);
+    assert_eq!(api.expired_count(), FEEDS);
     settles(&api, &mut events).await;
 }
 
@@ -522,7 +529,7 @@ async fn bookmarks_produce_no_events() {
     let (api, mut events) = watching_source().await;
     assert_eq!(
         api.bookmark(),
-        4,
+        FEEDS,
         "the source asks for bookmarks on every watch"
     );
     expect_only_sentinels(&api, &mut events).await;

@@ -11,18 +11,21 @@ use std::{
 };
 
 use socklb_tests::{
-    KillOnDrop, assert_logged, command_in_cgroup,
+    Agent, KillOnDrop, assert_logged, command_in_cgroup,
     family::Family,
     hold::Holder,
     hold_bin,
     lan::{Addresses, LanNode, VM, VM6, answers, servers_of},
-    mesh_proxy_bin, run,
+    mesh_proxy_bin,
+    privileges::chart_agent,
+    run,
 };
 
 socklb_tests::for_each_family!(
     a_vm_reaches_cluster_ips_through_its_device,
     a_pod_that_is_its_own_backend_gets_an_answer,
     a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope,
+    a_pod_s_annotations_choose_its_path_under_the_default_scope,
 );
 
 fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
@@ -128,89 +131,102 @@ fn a_pod_that_is_its_own_backend_gets_an_answer(family: Family) {
     }
 }
 
-/// A meshed pod (Istio's outbound capture): the pod's iptables REDIRECT every outbound TCP
+/// A meshed pod1 (Istio's outbound capture): the pod's iptables REDIRECT every outbound TCP
 /// connection to the sidecar on port 15001 but the sidecar's own (its uid, 1337, excluded as
 /// Istio excludes it), and the sidecar connects to the original destination it reads with
-/// `SO_ORIGINAL_DST`. App and sidecar are in the served cgroup. With `--socket-lb-scope
-/// host` the app's socket keeps the Service address, so the sidecar sees the VIP, and its own
-/// connection to the VIP reaches the backend through the per-packet path on the pod's
-/// device. With `all` the socket hook rewrites the app's connect() before the REDIRECT: the
-/// sidecar sees the backend (documented).
-fn a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope(family: Family) {
-    let node = LanNode::new(family, "pp-mesh", "m");
-    let a = &node.a;
-    let pod = &node.lan.pod1;
-    let _server = node.tcp_server(2, 8080);
-    node.write(
-        "web.yaml",
-        &a.exposed("web", 62)
-            .port("http", 80, 8080, 30080, "TCP")
-            .endpoints(&[a.pod2_endpoint()])
-            .yaml(),
-    );
-    let tables = match family {
-        Family::V4 => "iptables",
-        Family::V6 => "ip6tables",
-    };
-    for rule in [
-        "-t nat -A OUTPUT -p tcp -o lo -j RETURN",
-        "-t nat -A OUTPUT -p tcp -m owner --uid-owner 1337 -j RETURN",
-        "-t nat -A OUTPUT -p tcp -j REDIRECT --to-ports 15001",
-    ] {
-        run(pod.command(tables).args(rule.split(' ')));
-    }
-    let listen = match family {
-        Family::V4 => "0.0.0.0:15001",
-        Family::V6 => "[::]:15001",
-    };
-    let mut sidecar = command_in_cgroup(&node.sandbox.cgroup, "ip");
-    sidecar
-        .args([
-            "netns", "exec", &pod.name, "setpriv", "--reuid", "1337", "--regid", "1337",
-        ])
-        .args(["--clear-groups"])
-        .arg(mesh_proxy_bin())
-        .arg(listen)
-        .stdout(Stdio::piped());
-    let mut sidecar = KillOnDrop(sidecar.spawn().expect("start the sidecar"));
-    let mut ready = String::new();
-    BufReader::new(sidecar.0.stdout.take().expect("sidecar stdout"))
-        .read_line(&mut ready)
-        .expect("the sidecar's first line");
-    assert_eq!(ready.trim(), "listening", "the sidecar listens");
+/// `SO_ORIGINAL_DST`. App and sidecar run in the served cgroup. Service `web` on
+/// [`Family::vip`]`(host)` is served by pod2.
+struct Mesh<'a> {
+    node: &'a LanNode,
+    vip: String,
+    _sidecar: KillOnDrop,
+}
 
-    let vip = Addresses::at(&family.vip(62).to_string(), 80);
-    let backend = Addresses::at(&a.pod2.to_string(), 8080);
-    let app = || {
-        let mut command = command_in_cgroup(&node.sandbox.cgroup, "ip");
+impl<'a> Mesh<'a> {
+    fn new(node: &'a LanNode, host: u8) -> Self {
+        let (a, pod) = (&node.a, &node.lan.pod1);
+        node.write(
+            "web.yaml",
+            &a.exposed("web", host)
+                .port("http", 80, 8080, 30080, "TCP")
+                .endpoints(&[a.pod2_endpoint()])
+                .yaml(),
+        );
+        let (tables, listen) = match a.family {
+            Family::V4 => ("iptables", "0.0.0.0:15001"),
+            Family::V6 => ("ip6tables", "[::]:15001"),
+        };
+        for rule in [
+            "-t nat -A OUTPUT -p tcp -o lo -j RETURN",
+            "-t nat -A OUTPUT -p tcp -m owner --uid-owner 1337 -j RETURN",
+            "-t nat -A OUTPUT -p tcp -j REDIRECT --to-ports 15001",
+        ] {
+            run(pod.command(tables).args(rule.split(' ')));
+        }
+        let mut sidecar = command_in_cgroup(&node.sandbox.cgroup, "ip");
+        sidecar
+            .args(["netns", "exec", &pod.name, "setpriv", "--reuid", "1337"])
+            .args(["--regid", "1337", "--clear-groups"])
+            .arg(mesh_proxy_bin())
+            .arg(listen)
+            .stdout(Stdio::piped());
+        let mut sidecar = KillOnDrop(sidecar.spawn().expect("start the sidecar"));
+        let mut ready = String::new();
+        BufReader::new(sidecar.0.stdout.take().expect("sidecar stdout"))
+            .read_line(&mut ready)
+            .expect("the sidecar's first line");
+        assert_eq!(ready.trim(), "listening", "the sidecar listens");
+        Self {
+            node,
+            vip: Addresses::at(&a.family.vip(host).to_string(), 80),
+            _sidecar: sidecar,
+        }
+    }
+
+    /// The original destination the sidecar saw for one connection of the app to the VIP,
+    /// after checking that pod2 answered and saw the pod's own address.
+    fn sidecar_sees(&self, agent: &Agent, case: &str) -> String {
+        let mut command = command_in_cgroup(&self.node.sandbox.cgroup, "ip");
         command
-            .args(["netns", "exec", &pod.name])
+            .args(["netns", "exec", &self.node.lan.pod1.name])
             .arg(hold_bin())
-            .args(["tcp", &vip]);
-        Holder::start("app", command).1
-    };
-    for (scope, sidecar_sees) in [("host", &vip), ("all", &backend)] {
-        let agent = node.agent(&["--socket-lb-scope", scope]);
-        let answer = app();
+            .args(["tcp", &self.vip]);
+        let answer = Holder::start("app", command).1;
         let reply = answer.reply.as_deref().unwrap_or_else(|| {
-            panic!(
-                "scope {scope}: the app got no answer: {answer:?}\n{}",
-                agent.log()
-            )
+            panic!("{case}: the app got no answer: {answer:?}\n{}", agent.log())
         });
         let [destination, server, seen] = reply.splitn(3, ' ').collect::<Vec<_>>()[..] else {
-            panic!("scope {scope}: unexpected answer {reply:?}");
+            panic!("{case}: unexpected answer {reply:?}");
         };
-        assert_eq!(
-            (destination, server),
-            (sidecar_sees.as_str(), "pod2"),
-            "scope {scope}: the sidecar's original destination, and the backend: {reply:?}"
-        );
+        assert_eq!(server, "pod2", "{case}: {reply:?}");
         let seen: SocketAddr = seen.parse().expect("the address pod2 saw");
         assert_eq!(
             seen.ip(),
-            a.pod1,
-            "pod2 sees the pod's own address: {reply:?}"
+            self.node.a.pod1,
+            "{case}: pod2 sees the pod's own address"
+        );
+        destination.to_owned()
+    }
+
+    fn backend(&self) -> String {
+        Addresses::at(&self.node.a.pod2.to_string(), 8080)
+    }
+}
+
+/// With `--socket-lb-scope host` the app's socket keeps the Service address, so the sidecar
+/// sees the VIP, and its own connection to the VIP reaches the backend through the
+/// per-packet path on the pod's device. With `all` the socket hook rewrites the app's
+/// connect() before the REDIRECT: the sidecar sees the backend (documented).
+fn a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope(family: Family) {
+    let node = LanNode::new(family, "pp-mesh", "m");
+    let _server = node.tcp_server(2, 8080);
+    let mesh = Mesh::new(&node, 62);
+    for (scope, sidecar_sees) in [("host", mesh.vip.clone()), ("all", mesh.backend())] {
+        let agent = node.agent(&["--socket-lb-scope", scope]);
+        assert_eq!(
+            mesh.sidecar_sees(&agent, scope),
+            sidecar_sees,
+            "scope {scope}: the sidecar's original destination"
         );
         if scope == "host" {
             let counters = node.counters();
@@ -218,4 +234,53 @@ fn a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope(family: Fami
         }
         agent.stop();
     }
+}
+
+/// Under the default scope (`pods`, with the chart's capabilities), the pod's Pod object
+/// decides: its Istio sidecar annotation alone, or `socklb.io/socket-lb: "off"`, keeps its
+/// sockets on the Service address (the sidecar sees the VIP; the per-packet path serves
+/// it), and without them its sockets are translated at connect() (the sidecar sees the
+/// backend). Each change takes effect for the next connection, without a restart.
+fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
+    let node = LanNode::new(family, "pp-annot", "a");
+    let _server = node.tcp_server(2, 8080);
+    let mesh = Mesh::new(&node, 63);
+    let pod = |annotations: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\n  namespace: default\n  \
+             annotations: {{{annotations}}}\nspec:\n  nodeName: node1\n  containers: [{{name: \
+             app, image: app}}]\nstatus:\n  podIPs: [{{ip: \"{}\"}}]\n",
+            node.a.pod1
+        )
+    };
+    node.write("pod.yaml", &pod("sidecar.istio.io/status: '{}'"));
+    let agent = Agent::start_as(
+        chart_agent(),
+        &node.sandbox,
+        &node.manifests.path,
+        "node1",
+        &[],
+    );
+    agent.wait_for_log("served by the per-packet path", 1);
+    assert_eq!(
+        mesh.sidecar_sees(&agent, "istio"),
+        mesh.vip,
+        "an Istio sidecar alone"
+    );
+
+    node.write("pod.yaml", &pod(""));
+    agent.wait_for_log("served by the per-packet path", 2);
+    assert_eq!(
+        mesh.sidecar_sees(&agent, "no annotation"),
+        mesh.backend(),
+        "without annotations the socket path serves the pod"
+    );
+
+    node.write("pod.yaml", &pod("socklb.io/socket-lb: \"off\""));
+    agent.wait_for_log("served by the per-packet path", 3);
+    assert_eq!(
+        mesh.sidecar_sees(&agent, "off"),
+        mesh.vip,
+        "socklb.io/socket-lb: off"
+    );
 }

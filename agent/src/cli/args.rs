@@ -72,7 +72,8 @@ pub struct SourceArgs {
     /// Where cluster state comes from.
     #[arg(long, value_enum, default_value = "kube")]
     pub source: SourceKind,
-    /// Directory of Service, EndpointSlice and Node manifests (with --source file).
+    /// Directory of Service, EndpointSlice, Node, Pod and Namespace manifests (with --source
+    /// file).
     #[arg(long, required_if_eq("source", "file"))]
     pub manifests: Option<PathBuf>,
     /// kubeconfig file (with --source kube) [default: in-cluster config, then

@@ -5,6 +5,7 @@
 //! `endpointslicecache.go`), plus the topology-keys annotation; see DESIGN.md "Semantics".
 mod endpoint;
 pub mod model;
+pub mod socket_path;
 mod topology;
 
 use std::{

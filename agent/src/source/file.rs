@@ -22,7 +22,7 @@ use std::{
 
 use k8s_openapi::{
     api::{
-        core::v1::{Node, Service},
+        core::v1::{Namespace, Node, Pod, Service},
         discovery::v1::EndpointSlice,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -125,6 +125,12 @@ fn collect(value: serde_norway::Value, objects: &mut Vec<Object>) -> Result<(), 
         "Node" => objects.push(Object::Node(Box::new(
             serde_norway::from_value::<Node>(value).map_err(invalid)?,
         ))),
+        "Pod" => objects.push(Object::Pod(Box::new(
+            serde_norway::from_value::<Pod>(value).map_err(invalid)?,
+        ))),
+        "Namespace" => objects.push(Object::Namespace(Box::new(
+            serde_norway::from_value::<Namespace>(value).map_err(invalid)?,
+        ))),
         "List" => {
             let items = value.get("items").and_then(|i| i.as_sequence()).cloned();
             for item in items.unwrap_or_default() {
@@ -161,11 +167,8 @@ struct ManifestFile {
 type ObjectId = (Kind, String, String);
 
 fn object_id(object: &Object) -> ObjectId {
-    let (metadata, namespaced) = match object {
-        Object::Service(service) => (&service.metadata, true),
-        Object::EndpointSlice(slice) => (&slice.metadata, true),
-        Object::Node(node) => (&node.metadata, false),
-    };
+    let metadata = object.metadata();
+    let namespaced = !matches!(object.kind(), Kind::Node | Kind::Namespace);
     let namespace = match &metadata.namespace {
         _ if !namespaced => String::new(),
         Some(namespace) => namespace.clone(),
@@ -371,6 +374,8 @@ impl Manifests {
             (Kind::Node, Vec::new()),
             (Kind::Service, Vec::new()),
             (Kind::EndpointSlice, Vec::new()),
+            (Kind::Namespace, Vec::new()),
+            (Kind::Pod, Vec::new()),
         ];
         for (file, held) in &self.files {
             let objects = parsed
@@ -420,7 +425,7 @@ fn differences(changed: Vec<Changed>) -> Vec<Event> {
 /// A deleted object as the file source knows it: only its kind, namespace and name.
 fn identity_only((kind, namespace, name): ObjectId) -> Object {
     let metadata = ObjectMeta {
-        namespace: (kind != Kind::Node).then_some(namespace),
+        namespace: (!matches!(kind, Kind::Node | Kind::Namespace)).then_some(namespace),
         name: Some(name),
         ..ObjectMeta::default()
     };
@@ -436,6 +441,14 @@ fn identity_only((kind, namespace, name): ObjectId) -> Object {
         Kind::Node => Object::Node(Box::new(Node {
             metadata,
             ..Node::default()
+        })),
+        Kind::Pod => Object::Pod(Box::new(Pod {
+            metadata,
+            ..Pod::default()
+        })),
+        Kind::Namespace => Object::Namespace(Box::new(Namespace {
+            metadata,
+            ..Namespace::default()
         })),
     }
 }
@@ -784,7 +797,13 @@ items:
         let mut manifests = Manifests::default();
         assert_eq!(
             read(&mut manifests, &dir),
-            ["reset Node 0", "reset Service 2", "reset EndpointSlice 0"]
+            [
+                "reset Node 0",
+                "reset Service 2",
+                "reset EndpointSlice 0",
+                "reset Namespace 0",
+                "reset Pod 0"
+            ]
         );
     }
 
@@ -838,13 +857,25 @@ items:
         dir.write("b.yaml", &service("web", "10.96.0.2"));
         assert_eq!(
             read(&mut manifests, &dir),
-            ["reset Node 0", "reset Service 2", "reset EndpointSlice 0"]
+            [
+                "reset Node 0",
+                "reset Service 2",
+                "reset EndpointSlice 0",
+                "reset Namespace 0",
+                "reset Pod 0"
+            ]
         );
         // Moving it back to one place: a reset again, then changes only.
         dir.remove("b.yaml");
         assert_eq!(
             read(&mut manifests, &dir),
-            ["reset Node 0", "reset Service 1", "reset EndpointSlice 0"]
+            [
+                "reset Node 0",
+                "reset Service 1",
+                "reset EndpointSlice 0",
+                "reset Namespace 0",
+                "reset Pod 0"
+            ]
         );
         dir.write("a.yaml", &service("web", "10.96.0.3"));
         assert_eq!(read(&mut manifests, &dir), ["applied Service web"]);
@@ -862,7 +893,13 @@ items:
         );
         assert_eq!(
             read(&mut manifests, &dir),
-            ["reset Node 0", "reset Service 2", "reset EndpointSlice 0"]
+            [
+                "reset Node 0",
+                "reset Service 2",
+                "reset EndpointSlice 0",
+                "reset Namespace 0",
+                "reset Pod 0"
+            ]
         );
     }
 

@@ -19,7 +19,7 @@ use futures::{
 };
 use k8s_openapi::{
     api::{
-        core::v1::{Node, Service},
+        core::v1::{Namespace, Node, Pod, Service},
         discovery::v1::EndpointSlice,
     },
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -200,6 +200,26 @@ impl KubeSource {
                 Api::<PartialObjectMeta<Node>>::all(client.clone()),
                 watcher::Config::default().fields(&other_nodes),
                 |n| metadata_node(n.metadata),
+                retry.clone(),
+            ),
+            // This node's pods only, as the kubelet watches them: which path serves each.
+            feed(
+                Feed::Pods,
+                Api::<Pod>::all(client.clone()),
+                watcher::Config::default().fields(&format!("spec.nodeName={}", self.node_name)),
+                |p| Object::Pod(Box::new(p)),
+                retry.clone(),
+            ),
+            feed(
+                Feed::Namespaces,
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                watcher::Config::default(),
+                |n| {
+                    Object::Namespace(Box::new(Namespace {
+                        metadata: n.metadata,
+                        ..Namespace::default()
+                    }))
+                },
                 retry,
             ),
         ]
@@ -224,6 +244,8 @@ enum Feed {
     EndpointSlices,
     ThisNode,
     OtherNodes,
+    Pods,
+    Namespaces,
 }
 
 impl Feed {
@@ -233,6 +255,8 @@ impl Feed {
             Self::EndpointSlices => "endpointslices",
             Self::ThisNode => "this node",
             Self::OtherNodes => "other nodes (metadata)",
+            Self::Pods => "this node's pods",
+            Self::Namespaces => "namespaces (metadata)",
         }
     }
 }
@@ -419,6 +443,8 @@ impl Translator {
         let kind = match feed {
             Feed::Services => Kind::Service,
             Feed::EndpointSlices => Kind::EndpointSlice,
+            Feed::Pods => Kind::Pod,
+            Feed::Namespaces => Kind::Namespace,
             Feed::ThisNode | Feed::OtherNodes => {
                 let part = usize::from(feed == Feed::OtherNodes);
                 return match change {
@@ -505,12 +531,7 @@ impl NodeCache {
 }
 
 fn name(object: &Object) -> &str {
-    let metadata = match object {
-        Object::Service(service) => &service.metadata,
-        Object::EndpointSlice(slice) => &slice.metadata,
-        Object::Node(node) => &node.metadata,
-    };
-    metadata.name.as_deref().unwrap_or_default()
+    object.metadata().name.as_deref().unwrap_or_default()
 }
 
 #[cfg(test)]

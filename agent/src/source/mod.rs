@@ -4,9 +4,12 @@ pub mod file;
 pub mod kube;
 pub mod retry;
 
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
+use k8s_openapi::{
+    api::{
+        core::v1::{Namespace, Node, Pod, Service},
+        discovery::v1::EndpointSlice,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
 /// The kinds of object socklb reads.
@@ -15,6 +18,10 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    /// This node's pods (which path serves each).
+    Pod,
+    /// Namespaces' labels (which path serves their pods).
+    Namespace,
 }
 
 /// One object of a kind socklb reads.
@@ -23,6 +30,8 @@ pub enum Object {
     Service(Box<Service>),
     EndpointSlice(Box<EndpointSlice>),
     Node(Box<Node>),
+    Pod(Box<Pod>),
+    Namespace(Box<Namespace>),
 }
 
 impl Object {
@@ -31,6 +40,18 @@ impl Object {
             Self::Service(_) => Kind::Service,
             Self::EndpointSlice(_) => Kind::EndpointSlice,
             Self::Node(_) => Kind::Node,
+            Self::Pod(_) => Kind::Pod,
+            Self::Namespace(_) => Kind::Namespace,
+        }
+    }
+
+    pub fn metadata(&self) -> &ObjectMeta {
+        match self {
+            Self::Service(service) => &service.metadata,
+            Self::EndpointSlice(slice) => &slice.metadata,
+            Self::Node(node) => &node.metadata,
+            Self::Pod(pod) => &pod.metadata,
+            Self::Namespace(namespace) => &namespace.metadata,
         }
     }
 }

@@ -2,11 +2,13 @@
 //! events; and which Services changed since the last sync (like kube-proxy's change
 //! trackers), so that a sync recomputes only those.
 pub mod convert;
+pub mod workloads;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tracing::warn;
 
+use self::workloads::Workloads;
 use crate::{
     select::{
         NodeLabels, ServiceInfo, ServiceName, ServiceSelection, SkipReason, SliceInfo, ThisNode,
@@ -41,6 +43,8 @@ pub struct ClusterState {
     changes: Changes,
     /// Skipped Services per reason label, kept up to date for the metrics (not recounted).
     skipped_counts: BTreeMap<&'static str, usize>,
+    /// This node's pods and the Namespaces' labels: which path serves each pod.
+    workloads: Workloads,
 }
 
 impl ClusterState {
@@ -57,6 +61,7 @@ impl ClusterState {
             },
             changes: Changes::default(),
             skipped_counts: BTreeMap::new(),
+            workloads: Workloads::default(),
         }
     }
 
@@ -100,7 +105,17 @@ impl ClusterState {
 
     /// Whether a change waits for a sync.
     pub fn has_changes(&self) -> bool {
-        !self.changes.services.is_empty() || self.changes.this_node
+        !self.changes.services.is_empty() || self.changes.this_node || self.workloads.changed()
+    }
+
+    /// This node's pods and the Namespaces' labels.
+    pub fn workloads(&self) -> &Workloads {
+        &self.workloads
+    }
+
+    /// Whether a pod or a Namespace changed since the last call.
+    pub fn take_workloads_changed(&mut self) -> bool {
+        self.workloads.take_changed()
     }
 
     /// Service and EndpointSlice events not yet taken by a sync.
@@ -191,6 +206,7 @@ impl ClusterState {
                     self.remove_slice(&key);
                 }
             }
+            Kind::Pod | Kind::Namespace => self.workloads.reset(&self.node_name, kind, objects),
             Kind::Node => {
                 let old: Vec<String> = self.node_labels.keys().cloned().collect();
                 let mut seen = BTreeSet::new();
@@ -268,6 +284,9 @@ impl ClusterState {
                     self.node_changed(is_this_node);
                 }
             }
+            object @ (Object::Pod(_) | Object::Namespace(_)) => {
+                self.workloads.upsert_for(&self.node_name, object);
+            }
         }
     }
 
@@ -289,6 +308,7 @@ impl ClusterState {
                     self.remove_node(name);
                 }
             }
+            Object::Pod(_) | Object::Namespace(_) => self.workloads.delete(object),
         }
     }
 

@@ -317,11 +317,7 @@ fn ack_at_once_on_loopback() {
 }
 
 fn apply(api: &FakeApiServer, object: &Object) {
-    match object {
-        Object::Service(service) => api.apply(&**service),
-        Object::EndpointSlice(slice) => api.apply(&**slice),
-        Object::Node(node) => api.apply(&**node),
-    };
+    api.apply_object(object);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,0 +1,142 @@
+//! Which path serves a pod's connections to Services: the socket hooks (the default, under
+//! `--socket-lb-scope pods`), or the per-packet path on its device, for a pod whose sockets
+//! must keep the Service address: a meshed pod (its sidecar routes by the original
+//! destination) or one its owner opted out. Pure: the runner applies it to the pods'
+//! network namespaces, `socklb explain` shows it.
+use std::{collections::BTreeMap, net::IpAddr};
+
+use serde::Serialize;
+
+/// Pod annotation and Namespace label: `off` keeps the pod's sockets on the Service address
+/// (the per-packet path serves it), `on` keeps the socket path even for a meshed pod.
+pub const SOCKET_LB_KEY: &str = "socklb.io/socket-lb";
+/// Set on a pod Istio injected its sidecar into.
+pub const ISTIO_SIDECAR: &str = "sidecar.istio.io/status";
+/// Set on a pod Linkerd injected its proxy into.
+pub const LINKERD_PROXY: &str = "linkerd.io/proxy-version";
+
+/// What the choice reads of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub namespace: String,
+    pub name: String,
+    pub ips: Vec<IpAddr>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// The path of a pod's connections, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SocketPath {
+    /// Translated at connect() (the default).
+    Socket,
+    /// The pod's annotation says `on`, over a sidecar or its Namespace's label.
+    SocketByAnnotation,
+    /// The pod's annotation says `off`.
+    PerPacketByAnnotation,
+    /// Its Namespace's label says `off`.
+    PerPacketByNamespace,
+    /// An Istio sidecar.
+    PerPacketIstio,
+    /// A Linkerd proxy.
+    PerPacketLinkerd,
+}
+
+impl SocketPath {
+    pub fn per_packet(self) -> bool {
+        !matches!(self, Self::Socket | Self::SocketByAnnotation)
+    }
+}
+
+/// The path of `pod`, whose Namespace has `namespace_labels`.
+pub fn socket_path(
+    pod: &PodInfo,
+    namespace_labels: Option<&BTreeMap<String, String>>,
+) -> SocketPath {
+    match pod.annotations.get(SOCKET_LB_KEY).map(String::as_str) {
+        Some("off") => return SocketPath::PerPacketByAnnotation,
+        Some("on") => return SocketPath::SocketByAnnotation,
+        _ => {}
+    }
+    if namespace_labels
+        .and_then(|labels| labels.get(SOCKET_LB_KEY))
+        .map(String::as_str)
+        == Some("off")
+    {
+        return SocketPath::PerPacketByNamespace;
+    }
+    if pod.annotations.contains_key(ISTIO_SIDECAR) {
+        return SocketPath::PerPacketIstio;
+    }
+    if pod.annotations.contains_key(LINKERD_PROXY) {
+        return SocketPath::PerPacketLinkerd;
+    }
+    SocketPath::Socket
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(annotations: &[(&str, &str)]) -> PodInfo {
+        PodInfo {
+            namespace: "default".to_owned(),
+            name: "app".to_owned(),
+            ips: Vec::new(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        }
+    }
+
+    /// (pod annotations, namespace labels, path)
+    type Row<'a> = (
+        &'a [(&'a str, &'a str)],
+        Option<&'a BTreeMap<String, String>>,
+        SocketPath,
+    );
+
+    #[test]
+    fn each_rule_decides_in_its_order() {
+        let off = BTreeMap::from([(SOCKET_LB_KEY.to_owned(), "off".to_owned())]);
+        let other = BTreeMap::from([("team".to_owned(), "a".to_owned())]);
+        let rows: [Row; 9] = [
+            (&[], None, SocketPath::Socket),
+            (&[], Some(&other), SocketPath::Socket),
+            (
+                &[(SOCKET_LB_KEY, "off")],
+                None,
+                SocketPath::PerPacketByAnnotation,
+            ),
+            (&[], Some(&off), SocketPath::PerPacketByNamespace),
+            (&[(ISTIO_SIDECAR, "{}")], None, SocketPath::PerPacketIstio),
+            (
+                &[(LINKERD_PROXY, "stable-2.14")],
+                None,
+                SocketPath::PerPacketLinkerd,
+            ),
+            // The pod's own word wins over its Namespace and its sidecar.
+            (
+                &[(SOCKET_LB_KEY, "on"), (ISTIO_SIDECAR, "{}")],
+                Some(&off),
+                SocketPath::SocketByAnnotation,
+            ),
+            // The Namespace's label before the sidecar: both say per packet.
+            (
+                &[(ISTIO_SIDECAR, "{}")],
+                Some(&off),
+                SocketPath::PerPacketByNamespace,
+            ),
+            // Another value is no opinion.
+            (&[(SOCKET_LB_KEY, "maybe")], None, SocketPath::Socket),
+        ];
+        for (annotations, labels, path) in rows {
+            assert_eq!(
+                socket_path(&pod(annotations), labels),
+                path,
+                "{annotations:?} {labels:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! This node's pods and the Namespaces' labels, as far as they choose the path that serves
+//! each pod's connections (`select::socket_path`). Kept apart from the Services: a pod's
+//! change reprograms no frontend, only the socket hooks' list of namespaces.
+use std::{collections::BTreeMap, net::IpAddr};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+
+use crate::{
+    select::socket_path::{PodInfo, SocketPath, socket_path},
+    source::{Kind, Object},
+};
+
+#[derive(Debug, Default)]
+pub struct Workloads {
+    /// This node's pods, by (namespace, name).
+    pods: BTreeMap<(String, String), PodInfo>,
+    /// Namespaces' labels, by name.
+    namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// Something changed since [`Self::take_changed`].
+    changed: bool,
+}
+
+impl Workloads {
+    /// Replaces every pod (of `node`) or every Namespace, as `kind` says, with `objects`.
+    pub fn reset(&mut self, node: &str, kind: Kind, objects: Vec<Object>) {
+        let changed = self.changed;
+        let old_pods = self.pods.clone();
+        let old_namespaces = self.namespaces.clone();
+        match kind {
+            Kind::Pod => self.pods.clear(),
+            Kind::Namespace => self.namespaces.clear(),
+            _ => return,
+        }
+        objects
+            .into_iter()
+            .for_each(|object| self.upsert_for(node, object));
+        self.changed = changed || old_pods != self.pods || old_namespaces != self.namespaces;
+    }
+
+    /// A pod of `node` or any Namespace, added or changed; a pod of another node (the file
+    /// source reads every pod) is left out.
+    pub fn upsert_for(&mut self, node: &str, object: Object) {
+        if let Object::Pod(pod) = &object
+            && pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) != Some(node)
+        {
+            return self.delete(&object);
+        }
+        self.upsert(object);
+    }
+
+    fn upsert(&mut self, object: Object) {
+        match object {
+            Object::Pod(pod) => {
+                let info = pod_info(&pod);
+                let key = (info.namespace.clone(), info.name.clone());
+                if self.pods.get(&key) != Some(&info) {
+                    self.pods.insert(key, info);
+                    self.changed = true;
+                }
+            }
+            Object::Namespace(namespace) => {
+                let (name, labels) = namespace_labels(&namespace);
+                if self.namespaces.get(&name) != Some(&labels) {
+                    self.namespaces.insert(name, labels);
+                    self.changed = true;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub fn delete(&mut self, object: &Object) {
+        let removed = match object {
+            Object::Pod(pod) => {
+                let key = (
+                    pod.metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".to_owned()),
+                    pod.metadata.name.clone().unwrap_or_default(),
+                );
+                self.pods.remove(&key).is_some()
+            }
+            Object::Namespace(namespace) => self
+                .namespaces
+                .remove(namespace.metadata.name.as_deref().unwrap_or_default())
+                .is_some(),
+            _ => false,
+        };
+        self.changed |= removed;
+    }
+
+    /// Whether a pod or a Namespace changed since the last call.
+    pub fn take_changed(&mut self) -> bool {
+        std::mem::take(&mut self.changed)
+    }
+
+    pub fn changed(&self) -> bool {
+        self.changed
+    }
+
+    /// Every pod of this node with its path.
+    pub fn paths(&self) -> impl Iterator<Item = (&PodInfo, SocketPath)> {
+        self.pods.values().map(|pod| {
+            let labels = self.namespaces.get(&pod.namespace);
+            (pod, socket_path(pod, labels))
+        })
+    }
+
+    /// The addresses of this node's pods the per-packet path serves.
+    pub fn per_packet_addresses(&self) -> Vec<IpAddr> {
+        self.paths()
+            .filter(|(_, path)| path.per_packet())
+            .flat_map(|(pod, _)| pod.ips.iter().copied())
+            .collect()
+    }
+}
+
+fn pod_info(pod: &Pod) -> PodInfo {
+    let status = pod.status.as_ref();
+    let mut ips: Vec<IpAddr> = status
+        .and_then(|status| status.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip.ip.parse().ok())
+        .collect();
+    if ips.is_empty()
+        && let Some(ip) = status.and_then(|status| status.pod_ip.as_ref())
+        && let Ok(ip) = ip.parse()
+    {
+        ips.push(ip);
+    }
+    PodInfo {
+        namespace: pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        ips,
+        annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+    }
+}
+
+fn namespace_labels(namespace: &Namespace) -> (String, BTreeMap<String, String>) {
+    (
+        namespace.metadata.name.clone().unwrap_or_default(),
+        namespace.metadata.labels.clone().unwrap_or_default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::{
+        api::core::v1::{PodIP, PodSpec, PodStatus},
+        apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    };
+
+    use super::*;
+
+    fn pod(name: &str, node: &str, ip: &str, annotations: &[(&str, &str)]) -> Object {
+        Object::Pod(Box::new(Pod {
+            metadata: ObjectMeta {
+                namespace: Some("shop".to_owned()),
+                name: Some(name.to_owned()),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some(node.to_owned()),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                pod_ips: Some(vec![PodIP { ip: ip.to_owned() }]),
+                ..PodStatus::default()
+            }),
+        }))
+    }
+
+    fn namespace(name: &str, labels: &[(&str, &str)]) -> Object {
+        Object::Namespace(Box::new(Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        }))
+    }
+
+    #[test]
+    fn meshed_and_opted_out_pods_of_this_node_are_served_per_packet() {
+        let mut workloads = Workloads::default();
+        workloads.upsert_for("n1", pod("app", "n1", "10.244.1.5", &[]));
+        workloads.upsert_for(
+            "n1",
+            pod(
+                "meshed",
+                "n1",
+                "10.244.1.6",
+                &[("sidecar.istio.io/status", "{}")],
+            ),
+        );
+        workloads.upsert_for(
+            "n1",
+            pod(
+                "elsewhere",
+                "n2",
+                "10.244.2.7",
+                &[("socklb.io/socket-lb", "off")],
+            ),
+        );
+        assert!(workloads.take_changed());
+        assert_eq!(
+            workloads.per_packet_addresses(),
+            ["10.244.1.6".parse::<IpAddr>().expect("address")]
+        );
+        workloads.upsert_for("n1", namespace("shop", &[("socklb.io/socket-lb", "off")]));
+        assert!(workloads.take_changed());
+        assert_eq!(workloads.per_packet_addresses().len(), 2);
+        // The same objects again change nothing.
+        workloads.upsert_for("n1", namespace("shop", &[("socklb.io/socket-lb", "off")]));
+        assert!(!workloads.take_changed());
+        workloads.delete(&pod("meshed", "n1", "10.244.1.6", &[]));
+        assert!(workloads.take_changed());
+        assert_eq!(
+            workloads.per_packet_addresses(),
+            ["10.244.1.5".parse::<IpAddr>().expect("address")]
+        );
+    }
+}
