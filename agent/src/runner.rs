@@ -522,6 +522,14 @@ impl Runner {
         let Some(namespaces) = &mut self.pod_namespaces else {
             return Ok(());
         };
+        // Until this node's pods and the Namespaces are listed, a meshed pod would be let
+        // in: the map keeps what it holds (a previous agent's, or nothing: served per packet).
+        if ![Kind::Pod, Kind::Namespace]
+            .iter()
+            .all(|kind| self.listed.contains(kind))
+        {
+            return Ok(());
+        }
         let workloads = self.state.workloads();
         let per_packet = workloads.per_packet_addresses();
         self.dataplane

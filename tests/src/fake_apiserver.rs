@@ -997,6 +997,8 @@ mod tests {
             ("", "metadata.name=web", &plain, true),
             ("", "metadata.name!=web", &plain, false),
             ("", "metadata.namespace=kube-system", &plain, false),
+            // An object without the field (a Service has no spec.nodeName) does not match.
+            ("", "spec.nodeName=node-a", &plain, false),
         ];
         for (labels, fields, object, expected) in rows {
             let matched = filter(labels, fields).matches(object);
@@ -1006,7 +1008,11 @@ mod tests {
 
     #[test]
     fn unsupported_selectors_are_refused() {
-        for (labels, fields) in [("app in (a,b)", ""), ("", "spec.nodeName=a"), ("", "x")] {
+        for (labels, fields) in [
+            ("app in (a,b)", ""),
+            ("", "status.phase=Running"),
+            ("", "x"),
+        ] {
             let query = HashMap::from([
                 ("labelSelector".to_owned(), labels.to_owned()),
                 ("fieldSelector".to_owned(), fields.to_owned()),

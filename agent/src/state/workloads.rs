@@ -158,17 +158,22 @@ mod tests {
 
     use super::*;
 
+    /// Labels or annotations.
+    fn strings(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect(),
+        )
+    }
+
     fn pod(name: &str, node: &str, ip: &str, annotations: &[(&str, &str)]) -> Object {
         Object::Pod(Box::new(Pod {
             metadata: ObjectMeta {
                 namespace: Some("shop".to_owned()),
                 name: Some(name.to_owned()),
-                annotations: Some(
-                    annotations
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
+                annotations: strings(annotations),
                 ..ObjectMeta::default()
             },
             spec: Some(PodSpec {
@@ -186,12 +191,7 @@ mod tests {
         Object::Namespace(Box::new(Namespace {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
-                labels: Some(
-                    labels
-                        .iter()
-                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                        .collect(),
-                ),
+                labels: strings(labels),
                 ..ObjectMeta::default()
             },
             ..Namespace::default()
