@@ -145,13 +145,7 @@ struct Mesh<'a> {
 impl<'a> Mesh<'a> {
     fn new(node: &'a LanNode, host: u8) -> Self {
         let (a, pod) = (&node.a, &node.lan.pod1);
-        node.write(
-            "web.yaml",
-            &a.exposed("web", host)
-                .port("http", 80, 8080, 30080, "TCP")
-                .endpoints(&[a.pod2_endpoint()])
-                .yaml(),
-        );
+        node.expose_pod2("web", host, ("http", 80, 8080, 30080, "TCP"));
         let (tables, listen) = match a.family {
             Family::V4 => ("iptables", "0.0.0.0:15001"),
             Family::V6 => ("ip6tables", "[::]:15001"),

@@ -17,8 +17,13 @@ use std::{
 };
 
 use socklb_tests::{
-    Agent, KillOnDrop, ManifestDir, NamedServer, Sandbox, command_in_cgroup, hold::Holder,
-    hold_bin, netns::Netns, node_yaml, privileges::chart_agent, run, service_yaml, slice_yaml,
+    Agent, KillOnDrop, ManifestDir, NamedServer, Sandbox, command_in_cgroup,
+    hold::Holder,
+    hold_bin,
+    netns::Netns,
+    node_yaml,
+    privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal},
+    run, service_yaml, slice_yaml,
 };
 
 const BACKEND: &str = "10.204.0.1";
@@ -72,6 +77,19 @@ impl World {
         }
     }
 
+    /// The agent with `privileges` and `flags`, once it has synced.
+    fn agent(&self, privileges: &ContainerPrivileges, flags: &[&str]) -> Agent {
+        let agent = Agent::start_as(
+            privileges,
+            &self.sandbox,
+            &self.manifests.path,
+            "node-a",
+            flags,
+        );
+        agent.wait_for_log("synced", 1);
+        agent
+    }
+
     /// The first answer of a TCP client to the VIP, in the served cgroup: on the host, in
     /// the pod, or run by `nsenter` with `enter`'s arguments.
     fn client(&self, place: Place) -> Option<String> {
@@ -109,13 +127,7 @@ enum Place {
 #[test]
 fn host_scope_leaves_a_pods_sockets_on_the_service_address() {
     let world = World::new("sockscope");
-    let agent = Agent::start(
-        &world.sandbox,
-        &world.manifests.path,
-        "node-a",
-        &["--socket-lb-scope", "all"],
-    );
-    agent.wait_for_log("synced", 1);
+    let agent = world.agent(chart_agent_minimal(), &["--socket-lb-scope", "all"]);
     for place in [Place::Host, Place::Pod] {
         assert_eq!(
             world.client(place).as_deref(),
@@ -126,13 +138,7 @@ fn host_scope_leaves_a_pods_sockets_on_the_service_address() {
     }
     agent.stop();
 
-    let agent = Agent::start(
-        &world.sandbox,
-        &world.manifests.path,
-        "node-a",
-        &["--socket-lb-scope", "host"],
-    );
-    agent.wait_for_log("synced", 1);
+    let agent = world.agent(chart_agent_minimal(), &["--socket-lb-scope", "host"]);
     assert_eq!(
         world.client(Place::Host).as_deref(),
         Some("b1"),
@@ -187,14 +193,8 @@ fn the_default_scope_leaves_a_nested_cluster_s_cluster_ips_alone() {
             .expect("the inner server")
     });
 
-    let agent = Agent::start_as(
-        chart_agent(),
-        &world.sandbox,
-        &world.manifests.path,
-        "node-a",
-        &[],
-    );
-    agent.wait_for_log("synced", 1);
+    let agent = world.agent(chart_agent(), &[]);
+    agent.wait_for_log("pods' network namespaces found", 1);
     for (place, answer) in [
         (Place::Host, Some("b1")),
         (Place::Pod, Some("b1")),
@@ -215,14 +215,7 @@ fn the_default_scope_leaves_a_nested_cluster_s_cluster_ips_alone() {
     );
     agent.stop();
 
-    let agent = Agent::start_as(
-        chart_agent(),
-        &world.sandbox,
-        &world.manifests.path,
-        "node-a",
-        &["--socket-lb-scope", "all"],
-    );
-    agent.wait_for_log("synced", 1);
+    let agent = world.agent(chart_agent(), &["--socket-lb-scope", "all"]);
     assert_eq!(
         world.client(Place::Nested(pid)),
         None,

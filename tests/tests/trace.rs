@@ -358,13 +358,7 @@ fn flows_from_a_pod_device_show_as_pod(family: Family) {
     let vm = node.lan.vm();
     let a = &node.a;
     let _server = node.tcp_server(2, 8080);
-    node.write(
-        "web.yaml",
-        &a.exposed("web", 0x86)
-            .port("http", 80, 8080, 30134, "TCP")
-            .endpoints(&[a.pod2_endpoint()])
-            .yaml(),
-    );
+    node.expose_pod2("web", 0x86, ("http", 80, 8080, 30134, "TCP"));
     let _agent = node.agent(&[]);
     let trace = Trace::start(&node.sandbox, &[]);
     let frontend = Addresses::at(&family.vip(0x86).to_string(), 80);

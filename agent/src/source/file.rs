@@ -787,6 +787,18 @@ items:
         object_id(object).2
     }
 
+    /// The events of a read that resets every kind, with `services` Services and nothing
+    /// else.
+    fn resets_with_services(services: usize) -> [String; 5] {
+        [
+            "reset Node 0".to_owned(),
+            format!("reset Service {services}"),
+            "reset EndpointSlice 0".to_owned(),
+            "reset Namespace 0".to_owned(),
+            "reset Pod 0".to_owned(),
+        ]
+    }
+
     #[test]
     fn the_first_read_resets_every_kind() {
         let dir = Dir::new("first");
@@ -795,16 +807,7 @@ items:
             &(service("web", "10.96.0.1") + &service("db", "10.96.0.2")),
         );
         let mut manifests = Manifests::default();
-        assert_eq!(
-            read(&mut manifests, &dir),
-            [
-                "reset Node 0",
-                "reset Service 2",
-                "reset EndpointSlice 0",
-                "reset Namespace 0",
-                "reset Pod 0"
-            ]
-        );
+        assert_eq!(read(&mut manifests, &dir), resets_with_services(2));
     }
 
     #[test]
@@ -855,28 +858,10 @@ items:
         read(&mut manifests, &dir);
         // Which copy wins depends on every file: only a reset says it.
         dir.write("b.yaml", &service("web", "10.96.0.2"));
-        assert_eq!(
-            read(&mut manifests, &dir),
-            [
-                "reset Node 0",
-                "reset Service 2",
-                "reset EndpointSlice 0",
-                "reset Namespace 0",
-                "reset Pod 0"
-            ]
-        );
+        assert_eq!(read(&mut manifests, &dir), resets_with_services(2));
         // Moving it back to one place: a reset again, then changes only.
         dir.remove("b.yaml");
-        assert_eq!(
-            read(&mut manifests, &dir),
-            [
-                "reset Node 0",
-                "reset Service 1",
-                "reset EndpointSlice 0",
-                "reset Namespace 0",
-                "reset Pod 0"
-            ]
-        );
+        assert_eq!(read(&mut manifests, &dir), resets_with_services(1));
         dir.write("a.yaml", &service("web", "10.96.0.3"));
         assert_eq!(read(&mut manifests, &dir), ["applied Service web"]);
     }
@@ -891,16 +876,7 @@ items:
             "b.yaml",
             "kind: Service\nmetadata: {name: web}\nspec: {clusterIP: 10.96.0.2}\n",
         );
-        assert_eq!(
-            read(&mut manifests, &dir),
-            [
-                "reset Node 0",
-                "reset Service 2",
-                "reset EndpointSlice 0",
-                "reset Namespace 0",
-                "reset Pod 0"
-            ]
-        );
+        assert_eq!(read(&mut manifests, &dir), resets_with_services(2));
     }
 
     #[test]

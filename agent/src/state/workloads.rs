@@ -22,10 +22,9 @@ pub struct Workloads {
 
 impl Workloads {
     /// Replaces every pod (of `node`) or every Namespace, as `kind` says, with `objects`.
+    /// Counts as a change even when nothing differs: the first lists (empty ones too) are
+    /// what lets the pods' namespaces be written at all.
     pub fn reset(&mut self, node: &str, kind: Kind, objects: Vec<Object>) {
-        let changed = self.changed;
-        let old_pods = self.pods.clone();
-        let old_namespaces = self.namespaces.clone();
         match kind {
             Kind::Pod => self.pods.clear(),
             Kind::Namespace => self.namespaces.clear(),
@@ -34,7 +33,7 @@ impl Workloads {
         objects
             .into_iter()
             .for_each(|object| self.upsert_for(node, object));
-        self.changed = changed || old_pods != self.pods || old_namespaces != self.namespaces;
+        self.changed = true;
     }
 
     /// A pod of `node` or any Namespace, added or changed; a pod of another node (the file
