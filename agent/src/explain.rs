@@ -1,5 +1,6 @@
 //! `socklb explain`: for every Service frontend, the backends this node uses for internal
-//! and external traffic, and why. A table for people, JSON (`-o json`) for tools.
+//! and external traffic, and why; for every pod of this node, which path serves its
+//! connections, and why. A table for people, JSON (`-o json`) for tools.
 
 use serde::Serialize;
 
@@ -7,6 +8,7 @@ use crate::{
     select::{
         FrontendKind, Policy, ServiceName, ServiceSelection, SkipReason, SkippedPart, ThisNode,
         Topology,
+        socket_path::{Path, PodPath, Scope, pod_path},
     },
     state::ClusterState,
 };
@@ -17,6 +19,15 @@ pub struct Explanation {
     pub node: NodeView,
     pub services: Vec<ServiceSelection>,
     pub skipped: Vec<SkippedService>,
+    pub pods: Vec<PodPath>,
+}
+
+/// Which Services and pods to explain.
+#[derive(Debug, Default)]
+pub struct Only<'a> {
+    pub service: Option<&'a ServiceName>,
+    /// namespace/name.
+    pub pod: Option<&'a str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -33,9 +44,10 @@ pub struct SkippedService {
     pub reason: SkipReason,
 }
 
-pub fn explain(state: &ClusterState, only: Option<&ServiceName>) -> Explanation {
+/// What the agent programs for `state` with `--socket-lb-scope scope`.
+pub fn explain(state: &ClusterState, scope: Scope, only: &Only<'_>) -> Explanation {
     let node: &ThisNode = state.this_node();
-    let wanted = |name: &ServiceName| only.is_none_or(|only| only == name);
+    let wanted = |name: &ServiceName| only.service.is_none_or(|only| only == name);
     Explanation {
         node: NodeView {
             name: node.name.clone(),
@@ -64,6 +76,12 @@ pub fn explain(state: &ClusterState, only: Option<&ServiceName>) -> Explanation 
                 service: service.clone(),
                 reason: reason.clone(),
             })
+            .collect(),
+        pods: state
+            .workloads()
+            .paths()
+            .map(|(pod, choice)| pod_path(scope, pod, choice))
+            .filter(|path| only.pod.is_none_or(|only| only == path.pod))
             .collect(),
     }
 }
@@ -150,19 +168,47 @@ pub fn table(explanation: &Explanation) -> String {
             "-".into(),
         ]);
     }
-    let mut widths = [0usize; 7];
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
     let mut out = format!(
         "node {} (zone {}, addresses {})\n",
         explanation.node.name,
         explanation.node.zone.as_deref().unwrap_or("unset"),
         spaced(&explanation.node.addresses)
     );
-    for row in &rows {
+    out.push_str(&aligned(&rows));
+    if !explanation.pods.is_empty() {
+        let mut pods = vec![[
+            "POD".into(),
+            "ADDRESSES".into(),
+            "PATH".into(),
+            "WHY".into(),
+        ]];
+        pods.extend(explanation.pods.iter().map(|pod| {
+            [
+                pod.pod.clone(),
+                spaced(&pod.addresses),
+                match pod.path {
+                    Path::Socket => "socket".into(),
+                    Path::PerPacket => "per-packet".into(),
+                },
+                pod.why.clone(),
+            ]
+        }));
+        out.push('\n');
+        out.push_str(&aligned(&pods));
+    }
+    out
+}
+
+/// `rows` in columns as wide as their widest cell.
+fn aligned<const N: usize>(rows: &[[String; N]]) -> String {
+    let mut widths = [0usize; N];
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for row in rows {
         let mut line = String::new();
         for (cell, width) in row.iter().zip(widths) {
             // Padded by hand: a format width above u16::MAX (a 100,000-character name, the
@@ -234,6 +280,7 @@ mod tests {
                 },
                 reason: SkipReason::Headless,
             }],
+            pods: Vec::new(),
         };
         let table = table(&explanation);
         assert!(

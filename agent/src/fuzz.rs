@@ -373,7 +373,11 @@ fn sync(
     writer
         .apply(&desired)
         .expect("the in-memory maps never fail a write");
-    let _ = explain::table(&explain::explain(state, None));
+    let _ = explain::table(&explain::explain(
+        state,
+        crate::select::socket_path::Scope::Pods,
+        &explain::Only::default(),
+    ));
     desired
 }
 

@@ -23,6 +23,8 @@ use crate::{
 struct Inside {
     cookie: u64,
     addresses: Vec<IpAddr>,
+    /// The host-side indexes of its veths (its pod devices).
+    peers: Vec<u32>,
 }
 
 #[derive(Default)]
@@ -101,7 +103,50 @@ fn read_inside(namespace: &Namespace) -> std::io::Result<Inside> {
         .map(|(address, _)| address)
         .filter(|address| !address.is_loopback() && !is_link_local(address))
         .collect();
-    Ok(Inside { cookie, addresses })
+    let peers = dataplane::links()?
+        .into_iter()
+        .filter_map(|link| link.peer_index)
+        .collect();
+    Ok(Inside {
+        cookie,
+        addresses,
+        peers,
+    })
+}
+
+/// A pinned network namespace, as `socklb inspect` shows it.
+#[derive(Clone, Debug)]
+pub struct Pinned {
+    pub path: String,
+    pub cookie: u64,
+    pub addresses: Vec<IpAddr>,
+    /// The host-side indexes of its veths.
+    pub peers: Vec<u32>,
+}
+
+/// Every namespace pinned now, read from inside (CAP_SYS_ADMIN).
+pub fn read_pinned() -> std::io::Result<Vec<Pinned>> {
+    let pinned = netns::pinned();
+    // A thread of its own: it is left in the last namespace it entered.
+    let read = std::thread::scope(|scope| {
+        scope
+            .spawn(|| pinned.iter().map(read_inside).collect::<Vec<_>>())
+            .join()
+    })
+    .map_err(|_| std::io::Error::other("reading the pinned namespaces panicked"))?;
+    pinned
+        .iter()
+        .zip(read)
+        .map(|(namespace, inside)| {
+            let inside = inside?;
+            Ok(Pinned {
+                path: namespace.path.display().to_string(),
+                cookie: inside.cookie,
+                addresses: inside.addresses,
+                peers: inside.peers,
+            })
+        })
+        .collect()
 }
 
 /// fe80::/10: every IPv6 interface has one; no pod is known by it.

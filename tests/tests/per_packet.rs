@@ -11,14 +11,14 @@ use std::{
 };
 
 use socklb_tests::{
-    Agent, KillOnDrop, assert_logged, command_in_cgroup,
+    Agent, KillOnDrop, assert_logged, command_in_cgroup, explain_command,
     family::Family,
     hold::Holder,
     hold_bin,
     lan::{Addresses, LanNode, VM, VM6, answers, servers_of},
     mesh_proxy_bin,
     privileges::chart_agent,
-    run,
+    run, stdout_of,
 };
 
 socklb_tests::for_each_family!(
@@ -205,6 +205,36 @@ impl<'a> Mesh<'a> {
     fn backend(&self) -> String {
         Addresses::at(&self.node.a.pod2.to_string(), 8080)
     }
+
+    /// Why `socklb explain` says pod `default/app` takes its path, and the path `socklb
+    /// inspect` finds serving pod1's namespace on the node.
+    fn paths(&self) -> (String, String) {
+        let explained = stdout_of(explain_command(&self.node.manifests.path, "node1").args([
+            "--pod",
+            "default/app",
+            "-o",
+            "json",
+        ]));
+        let explained: serde_json::Value =
+            serde_json::from_str(&explained).expect("socklb explain's JSON");
+        let reason = explained["pods"][0]["reason"].as_str().unwrap_or_default();
+        let inspected: serde_json::Value =
+            serde_json::from_str(&self.node.sandbox.socklb(&["inspect", "-o", "json"]))
+                .expect("socklb inspect's JSON");
+        let pod1 = self.node.a.pod1.to_string();
+        let path = inspected["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|pod| {
+                pod["addresses"]
+                    .as_array()
+                    .is_some_and(|a| a.contains(&pod1.as_str().into()))
+            })
+            .map(|pod| pod["path"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_else(|| panic!("inspect shows no namespace holding {pod1}: {inspected}"));
+        (reason.to_owned(), path)
+    }
 }
 
 /// With `--socket-lb-scope host` the app's socket keeps the Service address, so the sidecar
@@ -261,6 +291,11 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
         mesh.vip,
         "an Istio sidecar alone"
     );
+    assert_eq!(
+        mesh.paths(),
+        ("per-packet-istio".to_owned(), "per-packet".to_owned()),
+        "explain and inspect say the Istio pod is served per packet"
+    );
 
     node.write("pod.yaml", &pod(""));
     agent.wait_for_log("served by the per-packet path", 2);
@@ -268,6 +303,11 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
         mesh.sidecar_sees(&agent, "no annotation"),
         mesh.backend(),
         "without annotations the socket path serves the pod"
+    );
+    assert_eq!(
+        mesh.paths(),
+        ("socket".to_owned(), "socket".to_owned()),
+        "explain and inspect say the plain pod is served at connect()"
     );
 
     node.write("pod.yaml", &pod("socklb.io/socket-lb: \"off\""));

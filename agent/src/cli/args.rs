@@ -48,16 +48,7 @@ pub enum Command {
     MetricsNames,
 }
 
-/// Which sockets the socket hooks translate (`--socket-lb-scope`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SocketLbScope {
-    /// Every network namespace's.
-    All,
-    /// The host's network namespace's only.
-    Host,
-    /// The host's and those of this node's pods (the namespaces its runtime pinned).
-    Pods,
-}
+pub use crate::select::socket_path::Scope as SocketLbScope;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum SourceKind {
@@ -352,6 +343,12 @@ pub struct ExplainArgs {
     /// Only this Service (namespace/name).
     #[arg(long)]
     pub service: Option<String>,
+    /// Only this pod of the node (namespace/name), in the list of which path serves each.
+    #[arg(long)]
+    pub pod: Option<String>,
+    /// The agent's `--socket-lb-scope`: which path serves each pod depends on it.
+    #[arg(long, value_enum, default_value_t = SocketLbScope::Pods)]
+    pub socket_lb_scope: SocketLbScope,
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: Output,
 }

@@ -391,7 +391,11 @@ fn explain_command(args: &ExplainArgs) -> anyhow::Result<()> {
         })
         .transpose()?;
     let state = runtime()?.block_on(initial_state(&args.source, &node_name))?;
-    let explanation = explain::explain(&state, only.as_ref());
+    let only = explain::Only {
+        service: only.as_ref(),
+        pod: args.pod.as_deref(),
+    };
+    let explanation = explain::explain(&state, args.socket_lb_scope, &only);
     match args.output {
         Output::Table => stdout::print(&explain::table(&explanation))?,
         Output::Json => stdout::println(&serde_json::to_string_pretty(&explanation)?)?,
@@ -399,13 +403,14 @@ fn explain_command(args: &ExplainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The cluster as the source first lists it (every kind once).
+/// The cluster as the source first lists it (every kind once: this node's pods and the
+/// Namespaces too).
 async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<ClusterState> {
     let (mut events, source) = start_source(args, node_name).await?;
     let mut state = ClusterState::new(node_name);
     let mut listed = std::collections::HashSet::new();
     let wait = async {
-        while listed.len() < 3 {
+        while listed.len() < Kind::ALL.len() {
             let Some(event) = events.recv().await else {
                 break;
             };
@@ -420,9 +425,12 @@ async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<Clu
         .is_err();
     source.abort();
     if timed_out {
-        bail!("the cluster source did not list Services, EndpointSlices and Nodes within 30 s");
+        bail!(
+            "the cluster source did not list Services, EndpointSlices, Nodes, this node's Pods \
+             and Namespaces within 30 s"
+        );
     }
-    let missing: Vec<Kind> = [Kind::Service, Kind::EndpointSlice, Kind::Node]
+    let missing: Vec<Kind> = Kind::ALL
         .into_iter()
         .filter(|kind| !listed.contains(kind))
         .collect();

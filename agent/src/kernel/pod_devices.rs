@@ -75,8 +75,11 @@ fn matches(pattern: &str, device: &str) -> bool {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Link {
     pub name: String,
+    pub index: u32,
     /// A veth whose peer is in another network namespace.
     pub workload_veth: bool,
+    /// The index of the peer, in the peer's namespace (a pod's eth0 names its host side).
+    pub peer_index: Option<u32>,
 }
 
 impl PodDevices {
@@ -137,9 +140,11 @@ fn link_of(message: &LinkMessage) -> Option<Link> {
     let mut name = None;
     let mut veth = false;
     let mut peer_elsewhere = false;
+    let mut peer_index = None;
     for attribute in &message.attributes {
         match attribute {
             LinkAttribute::IfName(text) => name = Some(text.clone()),
+            LinkAttribute::Link(index) => peer_index = Some(*index),
             LinkAttribute::LinkInfo(infos) => {
                 veth = infos
                     .iter()
@@ -150,9 +155,12 @@ fn link_of(message: &LinkMessage) -> Option<Link> {
             _ => {}
         }
     }
+    let workload_veth = veth && peer_elsewhere;
     Some(Link {
         name: name?,
-        workload_veth: veth && peer_elsewhere,
+        index: message.header.index,
+        workload_veth,
+        peer_index: peer_index.filter(|_| workload_veth),
     })
 }
 
@@ -197,7 +205,9 @@ mod tests {
     fn link(name: &str, workload_veth: bool) -> Link {
         Link {
             name: name.to_owned(),
+            index: 0,
             workload_veth,
+            peer_index: None,
         }
     }
 

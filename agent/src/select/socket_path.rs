@@ -5,6 +5,7 @@
 //! network namespaces, `socklb explain` shows it.
 use std::{collections::BTreeMap, net::IpAddr};
 
+use clap::ValueEnum;
 use serde::Serialize;
 
 /// Pod annotation and Namespace label: `off` keeps the pod's sockets on the Service address
@@ -14,6 +15,18 @@ pub const SOCKET_LB_KEY: &str = "socklb.io/socket-lb";
 pub const ISTIO_SIDECAR: &str = "sidecar.istio.io/status";
 /// Set on a pod Linkerd injected its proxy into.
 pub const LINKERD_PROXY: &str = "linkerd.io/proxy-version";
+
+/// Which sockets the socket hooks translate (`--socket-lb-scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scope {
+    /// Every network namespace's.
+    All,
+    /// The host's network namespace's only.
+    Host,
+    /// The host's and those of this node's pods (the namespaces its runtime pinned).
+    Pods,
+}
 
 /// What the choice reads of a pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -72,6 +85,82 @@ pub fn socket_path(
         return SocketPath::PerPacketLinkerd;
     }
     SocketPath::Socket
+}
+
+/// The path that serves a pod's connections to Services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Path {
+    /// The socket hooks, at connect() and sendmsg().
+    Socket,
+    /// The TC programs on the pod's device, packet by packet.
+    PerPacket,
+}
+
+/// A pod's path under `scope`, and why, for `socklb explain`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PodPath {
+    /// namespace/name.
+    pub pod: String,
+    pub addresses: Vec<IpAddr>,
+    pub path: Path,
+    /// `scope-all`, `scope-host`, or the pod's own choice (`socket`, `per-packet-istio`, ...).
+    pub reason: String,
+    pub why: String,
+}
+
+/// The path of `pod`, whose own choice is `choice`, when the agent runs with `scope`.
+pub fn pod_path(scope: Scope, pod: &PodInfo, choice: SocketPath) -> PodPath {
+    let (path, reason, why) = match scope {
+        Scope::All => (
+            Path::Socket,
+            "scope-all",
+            "--socket-lb-scope all: every namespace's sockets are translated, a sidecar's too",
+        ),
+        Scope::Host => (
+            Path::PerPacket,
+            "scope-host",
+            "--socket-lb-scope host: only the host's sockets are translated",
+        ),
+        Scope::Pods => {
+            let (reason, why) = match choice {
+                SocketPath::Socket => ("socket", "the default for this node's pods"),
+                SocketPath::SocketByAnnotation => (
+                    "socket-by-annotation",
+                    "its annotation socklb.io/socket-lb: on",
+                ),
+                SocketPath::PerPacketByAnnotation => (
+                    "per-packet-by-annotation",
+                    "its annotation socklb.io/socket-lb: off",
+                ),
+                SocketPath::PerPacketByNamespace => (
+                    "per-packet-by-namespace",
+                    "its Namespace's label socklb.io/socket-lb: off",
+                ),
+                SocketPath::PerPacketIstio => (
+                    "per-packet-istio",
+                    "an Istio sidecar (sidecar.istio.io/status) routes by the Service address",
+                ),
+                SocketPath::PerPacketLinkerd => (
+                    "per-packet-linkerd",
+                    "a Linkerd proxy (linkerd.io/proxy-version) routes by the Service address",
+                ),
+            };
+            let path = if choice.per_packet() {
+                Path::PerPacket
+            } else {
+                Path::Socket
+            };
+            (path, reason, why)
+        }
+    };
+    PodPath {
+        pod: format!("{}/{}", pod.namespace, pod.name),
+        addresses: pod.ips.clone(),
+        path,
+        reason: reason.to_owned(),
+        why: why.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -138,5 +227,30 @@ mod tests {
                 "{annotations:?} {labels:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_scope_decides_before_the_pod() {
+        let meshed = pod(&[(ISTIO_SIDECAR, "{}")]);
+        let choice = socket_path(&meshed, None);
+        let under = |scope| {
+            let path = pod_path(scope, &meshed, choice);
+            (path.path, path.reason)
+        };
+        assert_eq!(under(Scope::All), (Path::Socket, "scope-all".to_owned()));
+        assert_eq!(
+            under(Scope::Host),
+            (Path::PerPacket, "scope-host".to_owned())
+        );
+        assert_eq!(
+            under(Scope::Pods),
+            (Path::PerPacket, "per-packet-istio".to_owned())
+        );
+        let plain = pod(&[]);
+        let path = pod_path(Scope::Pods, &plain, socket_path(&plain, None));
+        assert_eq!(
+            (path.path, path.pod.as_str()),
+            (Path::Socket, "default/app")
+        );
     }
 }

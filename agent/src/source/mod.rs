@@ -24,6 +24,17 @@ pub enum Kind {
     Namespace,
 }
 
+impl Kind {
+    /// Every kind, each of which a source lists once before it watches.
+    pub const ALL: [Self; 5] = [
+        Self::Service,
+        Self::EndpointSlice,
+        Self::Node,
+        Self::Pod,
+        Self::Namespace,
+    ];
+}
+
 /// One object of a kind socklb reads.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {

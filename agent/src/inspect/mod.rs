@@ -1,8 +1,9 @@
 //! `socklb inspect`: what the pinned maps hold, read directly from bpffs, so it works while
 //! the agent is down: frontends with their backends per scope, session-affinity entries,
-//! conntrack entries of traffic from outside, and the kernel programs' counters.
+//! conntrack entries of traffic from outside, the kernel programs' counters, and which path
+//! serves each pod (`pods`).
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     path::Path,
@@ -32,6 +33,9 @@ use crate::{
     },
 };
 
+mod pods;
+
+pub use self::pods::{PodPathState, PodState};
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
     #[error(
@@ -150,6 +154,11 @@ pub struct Inspection {
     /// Pods' network namespaces whose sockets the socket hooks translate besides the
     /// host's (`--socket-lb-scope pods`).
     pub pod_namespaces: usize,
+    /// The pods' namespaces the runtime pinned, and which path serves each.
+    pub pods: Vec<PodState>,
+    /// Why `pods` is empty although there may be pods (the namespaces cannot be entered).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pods_unreadable: Option<String>,
     /// Devices whose traffic from outside the TC programs translate.
     pub external_devices: Vec<String>,
     /// Workloads' devices the per-packet path serves (`--pod-devices`).
@@ -410,12 +419,13 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
     let per_cpu = counters_map.get(&0, 0).map_err(read(map_names::COUNTERS))?;
     let sum = Counters::sum(per_cpu.iter());
     let socket_records = socket_records(pin_dir)?;
-    let pod_namespaces = entries_of(
+    let listed: BTreeSet<u64> = entries_of(
         open6(pin_dir, map_names::SOCKET_LB_NAMESPACES)?,
         map_names::SOCKET_LB_NAMESPACES,
-        |_: u64, _: u8| Some(()),
+        |cookie: u64, _: u8| Some(cookie),
     )?
-    .len();
+    .into_iter()
+    .collect();
     let devices = served_devices(pin_dir).map_err(|source| InspectError::Devices {
         source: Box::new(source),
     })?;
@@ -426,15 +436,28 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
             .map(|(device, _)| device.clone())
             .collect()
     };
+    let pod_devices: Vec<String> = of_role(DeviceRole::Pod);
+    let (pods, pods_unreadable) = match pods::pods(&listed, &pod_devices, only) {
+        Ok(pods) => (pods, None),
+        Err(error) => (
+            Vec::new(),
+            Some(format!(
+                "cannot enter the pods' network namespaces ({error}): run as root, or in the \
+                 agent's container with CAP_SYS_ADMIN"
+            )),
+        ),
+    };
     Ok(Inspection {
         external_devices: of_role(DeviceRole::External),
-        pod_devices: of_role(DeviceRole::Pod),
+        pod_devices,
+        pods,
+        pods_unreadable,
         frontends,
         affinity,
         conntrack,
         fragments,
         socket_records,
-        pod_namespaces,
+        pod_namespaces: listed.len(),
         counters: sum,
         socket_destroy: crate::sweep::Expected::probe(),
     })
@@ -645,6 +668,31 @@ pub fn table(inspection: &Inspection) -> String {
     );
     for (name, value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
         let _ = write!(out, " {name} {value}");
+    }
+    if !inspection.pods.is_empty() {
+        out.push_str("\npods (network namespaces the runtime pinned):");
+        for pod in &inspection.pods {
+            let path = match pod.path {
+                PodPathState::Socket => "socket",
+                PodPathState::PerPacket => "per-packet",
+                PodPathState::None => "none (not translated)",
+            };
+            let _ = write!(
+                out,
+                "\n  {} addresses {} devices {}: {path}",
+                pod.namespace,
+                listed(
+                    &pod.addresses
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                ),
+                listed(&pod.devices),
+            );
+        }
+    }
+    if let Some(why) = &inspection.pods_unreadable {
+        let _ = write!(out, "\npods: {why}");
     }
     let destroy = &inspection.socket_destroy;
     let _ = write!(out, "\n{}", destroy.describe());
