@@ -194,9 +194,18 @@ impl Runner {
         self
     }
 
+    /// The first sync waits for these lists: under `--socket-lb-scope pods` this node's
+    /// pods and the Namespaces too, so that ready means both paths serve the pods as they
+    /// will (a pod's first connections are not left to the per-packet path by a start).
     fn initial_lists_done(&self) -> bool {
+        let workloads: &[Kind] = if self.pod_namespaces.is_some() {
+            &[Kind::Pod, Kind::Namespace]
+        } else {
+            &[]
+        };
         [Kind::Service, Kind::EndpointSlice, Kind::Node]
             .iter()
+            .chain(workloads)
             .all(|kind| self.listed.contains(kind))
     }
 

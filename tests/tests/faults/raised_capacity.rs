@@ -60,8 +60,9 @@ fn raising_a_capacity_keeps_serving_services_up() {
         "socklb_rejected_frontends{outcome=\"kept_previous\"} 0",
     ]);
 
-    // Raised, but not enough for everything: 12 entries hold four Services of six.
-    let client = sandbox.spawn_probe_for("tcp", serving, Duration::from_secs(6), 1);
+    // Raised, but not enough for everything: 12 entries hold four Services of six. The
+    // client runs long enough for the restart to fall inside its run on a loaded machine.
+    let client = sandbox.spawn_probe_for("tcp", serving, Duration::from_secs(12), 1);
     // Let the client run against the first agent for a while (checked below).
     std::thread::sleep(Duration::from_millis(500));
     let stopped = monotonic_ns();
