@@ -143,6 +143,28 @@ enum Bench {
         #[arg(long)]
         smoke: bool,
     },
+    /// A pod's connections to a ClusterIP: socklb's per-packet path vs kube-proxy's iptables
+    /// and nftables rules vs socklb's socket path vs the direct path, at each Service count.
+    Pod {
+        /// Service counts (10 endpoints each) ahead of the measured one.
+        #[arg(long, default_value = "1000,10000")]
+        services: String,
+        /// Connections per path and round.
+        #[arg(long, default_value_t = 2000)]
+        connections: u32,
+        /// Rounds, the paths interleaved in each.
+        #[arg(long, default_value_t = 5)]
+        rounds: u32,
+        /// Seconds of each iperf3 run.
+        #[arg(long, default_value_t = 3)]
+        seconds: u32,
+        /// iptables backend of the iptables path: legacy or nft.
+        #[arg(long, default_value = "legacy")]
+        iptables: String,
+        /// Seconds long, 100 filler services, debug build: checks that the benchmark works.
+        #[arg(long)]
+        smoke: bool,
+    },
     /// socklb side by side with kube-proxy's iptables and nftables modes (connection setup,
     /// throughput, programming time, memory) at each service count; writes the results into
     /// docs/benchmarks.md and docs/plots/.
@@ -314,6 +336,14 @@ fn main() -> anyhow::Result<()> {
                     &iptables,
                     smoke,
                 ),
+                Bench::Pod {
+                    services,
+                    connections,
+                    rounds,
+                    seconds,
+                    iptables,
+                    smoke,
+                } => pod(&services, connections, rounds, seconds, &iptables, smoke),
                 Bench::Compare {
                     services,
                     connections,
@@ -349,6 +379,30 @@ fn nodeport(flags: &[(&str, u32)], iptables: &str, smoke: bool) -> anyhow::Resul
     }
     args.push("--smoke".to_owned());
     smoke_run("socklb-bench-nodeport", &args)
+}
+
+/// `bench pod`: release build, or the debug build for the smoke run.
+fn pod(
+    services: &str,
+    connections: u32,
+    rounds: u32,
+    seconds: u32,
+    iptables: &str,
+    smoke: bool,
+) -> anyhow::Result<()> {
+    require_root("the pod benchmark")?;
+    let mut args = flag_args(&[
+        ("--connections", connections),
+        ("--rounds", rounds),
+        ("--seconds", seconds),
+    ]);
+    args.extend(["--services", services, "--iptables", iptables].map(str::to_owned));
+    if !smoke {
+        args.extend(["--docs".to_owned(), docs_dir()?]);
+        return run_with_agent("socklb-bench-pod", &args);
+    }
+    args.push("--smoke".to_owned());
+    smoke_run("socklb-bench-pod", &args)
 }
 
 /// A benchmark's smoke run: the debug build of the agent and the benchmark (which `test`
@@ -505,6 +559,7 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
             let smokes = [
                 ("compare", compare(None, 500, "legacy", true)),
                 ("nodeport", nodeport(&[], "legacy", true)),
+                ("pod", pod("100", 50, 3, 1, "legacy", true)),
                 // The debug socket holder is built by `cargo test` (every binary).
                 (
                     "destroy",

@@ -16,6 +16,7 @@ pub mod kube_proxy;
 pub mod loader;
 pub mod measure;
 pub mod netns;
+pub mod node;
 pub mod peer;
 pub mod preflight;
 pub mod section;

@@ -5,9 +5,10 @@
 //! socklb-bench-nodeport [--connections N] [--rounds N] [--services N] [--seconds S]
 //!                       [--iptables legacy|nft] [--docs DIR] [--smoke]
 //!
-//! Each peer gets its own world of three network namespaces: an external client, a node
-//! that translates (or, for "direct", only routes), and a pod behind the node. Same
-//! addresses in every world, so that the only difference is what the node runs:
+//! Each peer gets its own world of three network namespaces (socklb_tests::bench::node): an
+//! external client, a node that translates (or, for "direct", only routes), and a pod behind
+//! the node. Same addresses in every world, so that the only difference is what the node
+//! runs:
 //!
 //! - socklb: the agent (file source) with its TC programs on the node's eth0;
 //! - iptables / nftables: kube-proxy's rules for the same services, from the generator that
@@ -32,48 +33,39 @@
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    fs::{self, File},
+    fs,
     net::{Ipv4Addr, SocketAddrV4},
-    path::{Path, PathBuf},
-    time::Duration,
+    path::PathBuf,
 };
 
 use anyhow::{Context as _, bail, ensure};
-use aya::programs::{
-    links::{FdLink, PinnedLink},
-    loaded_programs,
-};
 use socklb_abi::program_names;
-use socklb_tests::{
-    Agent, Source,
-    bench::{
-        baseline,
-        cgroup::own_cgroup,
-        client::{self, Client, Place},
-        cluster::{
-            ENDPOINT_PORT, IPERF_PORT, NODE, SERVICE_PORT, Service, ZONE, agent_capacity_flags,
-            manifest_file, services, vip,
-        },
-        flags::Flags,
-        kube_proxy::{
-            self,
-            iptables::{self, IptablesSync},
-            nftables,
-        },
-        loader::{IptablesBackend, load_rules},
-        measure::{self, Moment, Plan, iperf3},
-        netns::{End, enter, new_netns, run_in, veth},
-        peer::{PEERS, Peer},
-        section::Section,
-        server::Servers,
-    },
-    node_yaml,
+use socklb_tests::bench::{
+    baseline,
+    cgroup::own_cgroup,
+    client::{self, Client, Place},
+    cluster::{ENDPOINT_PORT, IPERF_PORT, SERVICE_PORT, Service, services, vip},
+    flags::Flags,
+    kube_proxy,
+    loader::IptablesBackend,
+    measure::{self, Moment, Plan, iperf3},
+    node::{AgentFiles, ClientLink, POD, Translator, World, per_run, world},
+    peer::{PEERS, Peer},
+    section::Section,
+    server::Servers,
 };
 
 const USAGE: &str = "usage: socklb-bench-nodeport [--connections N] [--rounds N] [--services N] \
                      [--seconds S] [--iptables legacy|nft] [--docs DIR] [--smoke]";
 const NODE_IP: &str = "10.88.0.1";
-const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 10);
+/// The client outside (10.88.0.2) on the node's eth0, routed to the pods through it.
+const OUTSIDE: ClientLink = ClientLink {
+    client: "10.88.0.2/24",
+    node: "10.88.0.1/24",
+    node_device: "eth0",
+    route: &["route", "add", "10.244.1.0/24", "via", NODE_IP],
+    node_ip_on_lo: None,
+};
 const NODE_PORT: u16 = 30080;
 const IPERF_NODE_PORT: u16 = 30201;
 /// The pod network is 10.244.0.0/16: the external client (10.88.0.2) is not a pod, so its
@@ -82,8 +74,6 @@ const KUBE_PROXY: kube_proxy::Config = kube_proxy::Config {
     pod_cidr: "10.244.0.0/16",
     node_ip: NODE_IP,
 };
-/// A rule load still running after this fails the benchmark.
-const LOAD_LIMIT: Duration = Duration::from_secs(300);
 const SECTION: Section = Section::new(
     "nodeport",
     "nodeport",
@@ -186,168 +176,20 @@ fn target(peer: Peer, pod_port: u16, node_port: u16) -> SocketAddrV4 {
     }
 }
 
-/// socklb's pins, cgroup and manifests, and the rule loader's scratch files; removed when
-/// dropped.
-struct Files {
-    pin_dir: PathBuf,
-    cgroup: PathBuf,
-    manifests: PathBuf,
-    scratch: PathBuf,
-}
+/// The rule loaders' scratch files; removed when dropped.
+struct Scratch(PathBuf);
 
-impl Files {
-    fn new(services: &[Service]) -> anyhow::Result<Self> {
-        let name = format!("socklb-bench-nodeport-{}", std::process::id());
-        let files = Self {
-            pin_dir: PathBuf::from("/sys/fs/bpf").join(&name),
-            cgroup: socklb_tests::cgroup2_root().join(&name),
-            manifests: std::env::temp_dir().join(format!("{name}-manifests")),
-            scratch: std::env::temp_dir().join(format!("{name}-scratch")),
-        };
-        for dir in [&files.cgroup, &files.manifests, &files.scratch] {
-            fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
-        }
-        let yaml = format!(
-            "{}---\n{}",
-            node_yaml(NODE, ZONE, NODE_IP),
-            manifest_file(services, 0..services.len())
-        );
-        let file = files.manifests.join("cluster.yaml");
-        fs::write(&file, yaml).with_context(|| format!("write {}", file.display()))?;
-        Ok(files)
-    }
-}
-
-impl Drop for Files {
+impl Drop for Scratch {
     fn drop(&mut self) {
-        if let Err(e) = socklb_agent::dataplane::cleanup(&self.pin_dir) {
-            eprintln!("cleanup of {}: {e}", self.pin_dir.display());
-        }
-        socklb_tests::remove_cgroup(&self.cgroup);
-        let _ = fs::remove_dir_all(&self.manifests);
-        let _ = fs::remove_dir_all(&self.scratch);
+        let _ = fs::remove_dir_all(&self.0);
     }
 }
 
-/// One peer's namespaces and what runs in them; dropped in field order.
-struct World {
-    _agent: Option<Agent>,
-    servers: Servers,
-    client: File,
-    _node: File,
-}
-
-/// client (10.88.0.2) - node (10.88.0.1, 10.244.1.1) - pod (10.244.1.10), the node
-/// forwarding; the pod serves 8080 and iperf3; the node runs what the peer is.
-fn world(
-    peer: Peer,
-    options: &Options,
-    files: &Files,
-    cluster: &[Service],
-) -> anyhow::Result<World> {
-    let (client, node, pod) = (new_netns()?, new_netns()?, new_netns()?);
-    for netns in [&client, &node, &pod] {
-        run_in(netns, "ip", &["link", "set", "lo", "up"])?;
-        baseline::apply(netns)?;
-    }
-    let end = |netns, device, address| End {
-        netns,
-        device,
-        address,
-    };
-    veth(
-        &end(&client, "eth0", "10.88.0.2/24"),
-        &end(&node, "eth0", "10.88.0.1/24"),
-    )?;
-    run_in(
-        &client,
-        "ip",
-        &["route", "add", "10.244.1.0/24", "via", NODE_IP],
-    )?;
-    run_in(&node, "sysctl", &["-qw", "net.ipv4.ip_forward=1"])?;
-    veth(
-        &end(&node, "pod1", "10.244.1.1/24"),
-        &end(&pod, "eth0", "10.244.1.10/24"),
-    )?;
-    run_in(
-        &pod,
-        "ip",
-        &["route", "add", "default", "via", "10.244.1.1"],
-    )?;
-    let mut servers = Servers::start(pod, SocketAddrV4::new(POD, ENDPOINT_PORT))?;
-    servers.start_iperf(POD, IPERF_PORT)?;
-
-    let load = |program: &str, args: &[&str], input: String| -> anyhow::Result<()> {
-        let took = load_rules(&node, &files.scratch, program, args, &input, LOAD_LIMIT)?;
-        ensure!(
-            took.is_some(),
-            "{program} did not finish within {LOAD_LIMIT:?}"
-        );
-        Ok(())
-    };
-    let agent = match peer {
-        Peer::Direct => None,
-        Peer::Socklb => Some(start_agent(&node, files, cluster.len())?),
-        Peer::Iptables => {
-            let input = iptables::restore_input(&KUBE_PROXY, cluster, IptablesSync::Initial);
-            load(options.iptables.restore(), &["--noflush"], input)?;
-            None
-        }
-        Peer::Nftables => {
-            load("nft", &["-f", "-"], nftables::initial(&KUBE_PROXY, cluster))?;
-            None
-        }
-    };
-    Ok(World {
-        _agent: agent,
-        servers,
-        client,
-        _node: node,
-    })
-}
-
-/// The agent, in the node's namespace (its TC programs attach to the node's eth0).
-fn start_agent(node: &File, files: &Files, services: usize) -> anyhow::Result<Agent> {
-    let mut flags = agent_capacity_flags(services);
-    flags.extend([
-        "--healthz-bind-address".to_owned(),
-        "127.0.0.1:0".to_owned(),
-    ]);
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> anyhow::Result<Agent> {
-                enter(node)?;
-                let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-                let state = (files.pin_dir.as_path(), files.cgroup.as_path());
-                let source = Source::File(&files.manifests);
-                Ok(Agent::start_at(state, source, NODE, &flags))
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("the agent did not start (its log is above)"))?
-    })
-}
-
-/// Run time and run count, summed, of the TC programs socklb pinned links for on eth0.
-fn tc_run_time(pin_dir: &Path) -> anyhow::Result<(u64, u64)> {
-    let mut ids = Vec::new();
-    for program in [program_names::TC_INGRESS, program_names::TC_EGRESS] {
-        let pin = socklb_agent::dataplane::link_pin(pin_dir, &format!("{program}@eth0"));
-        let link = PinnedLink::from_pin(&pin)
-            .with_context(|| format!("open the link pin {}", pin.display()))?;
-        let info = FdLink::from(link)
-            .info()
-            .with_context(|| format!("read the link {}", pin.display()))?;
-        ids.push(info.program_id());
-    }
-    let mut total = (0, 0);
-    for info in loaded_programs().flatten() {
-        if ids.contains(&info.id()) {
-            total.0 += u64::try_from(info.run_time().as_nanos()).unwrap_or(0);
-            total.1 += info.run_count();
-        }
-    }
-    Ok(total)
-}
+/// socklb's TC programs on the node's eth0, whose run time is measured.
+const TC_LINKS: [(&str, &str); 2] = [
+    (program_names::TC_INGRESS, "eth0"),
+    (program_names::TC_EGRESS, "eth0"),
+];
 
 fn bench(options: &Options) -> anyhow::Result<()> {
     // SAFETY: geteuid has no preconditions.
@@ -366,16 +208,13 @@ fn bench(options: &Options) -> anyhow::Result<()> {
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let cluster = node_services(options.services);
-    let files = Files::new(&cluster)?;
-    socklb_tests::cleanup_on_signal(
-        signals,
-        socklb_tests::Leftovers {
-            pin_dir: files.pin_dir.clone(),
-            cgroup: files.cgroup.clone(),
-            dirs: vec![files.manifests.clone(), files.scratch.clone()],
-            also: None,
-        },
-    );
+    let files = AgentFiles::new("socklb-bench-nodeport", NODE_IP, &cluster)?;
+    let scratch = Scratch(std::env::temp_dir().join(format!(
+        "socklb-bench-nodeport-{}-scratch",
+        std::process::id()
+    )));
+    fs::create_dir_all(&scratch.0).with_context(|| format!("create {}", scratch.0.display()))?;
+    socklb_tests::cleanup_on_signal(signals, files.leftovers(vec![scratch.0.clone()]));
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enable BPF run-time stats")?;
 
@@ -383,9 +222,16 @@ fn bench(options: &Options) -> anyhow::Result<()> {
         "building the four worlds ({} filler services)",
         options.services
     );
-    let mut worlds = BTreeMap::new();
+    let mut worlds: BTreeMap<Peer, World> = BTreeMap::new();
     for peer in PEERS {
-        worlds.insert(peer, world(peer, options, &files, &cluster)?);
+        let translator = match peer {
+            Peer::Direct => Translator::Nothing,
+            Peer::Socklb => Translator::Agent(&files, &[]),
+            Peer::Iptables => Translator::Iptables(options.iptables),
+            Peer::Nftables => Translator::Nftables,
+        };
+        let world = world(&OUTSIDE, &translator, &KUBE_PROXY, &cluster, &scratch.0)?;
+        worlds.insert(peer, world);
     }
     let home = own_cgroup()?;
     let places: BTreeMap<Peer, Place> = worlds
@@ -403,7 +249,7 @@ fn bench(options: &Options) -> anyhow::Result<()> {
         .collect();
     let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
     let mut client = Client::spawn(&worlds[&Peer::Direct].client)?;
-    let tc_before = tc_run_time(&files.pin_dir)?;
+    let tc_before = files.tc_run_time(&TC_LINKS)?;
     let (mut tc_latency, mut tc_mark, mut tc_error) = ((0, 0), (0, 0), None);
     let cells = measure::rounds(
         &mut client,
@@ -415,7 +261,7 @@ fn bench(options: &Options) -> anyhow::Result<()> {
             if peer != Peer::Socklb {
                 return;
             }
-            match (moment, tc_run_time(&files.pin_dir)) {
+            match (moment, files.tc_run_time(&TC_LINKS)) {
                 (Moment::Before, Ok(now)) => tc_mark = now,
                 (Moment::After, Ok(now)) => {
                     tc_latency.0 += now.0 - tc_mark.0;
@@ -439,7 +285,7 @@ fn bench(options: &Options) -> anyhow::Result<()> {
             throughput.entry(peer).or_default().push(stream);
         }
     }
-    let tc_after = tc_run_time(&files.pin_dir)?;
+    let tc_after = files.tc_run_time(&TC_LINKS)?;
 
     let mut report = String::new();
     let _ = writeln!(report, "{machine}\n");
@@ -485,20 +331,13 @@ fn bench(options: &Options) -> anyhow::Result<()> {
         p50(Peer::Socklb) / p50(Peer::Iptables),
         p50(Peer::Socklb) / p50(Peer::Nftables)
     );
-    let per_packet = |(ns, runs): (u64, u64)| {
-        if runs == 0 {
-            0.0
-        } else {
-            ns as f64 / runs as f64
-        }
-    };
     let _ = writeln!(
         report,
         "socklb TC programs: {:.0} ns per packet during the connection rounds ({} packets), \
          {:.0} ns per packet over the whole run",
-        per_packet(tc_latency),
+        per_run(tc_latency),
         tc_latency.1,
-        per_packet((tc_after.0 - tc_before.0, tc_after.1 - tc_before.1)),
+        per_run((tc_after.0 - tc_before.0, tc_after.1 - tc_before.1)),
     );
     println!("## NodePort from outside: socklb TC vs kube-proxy iptables and nftables\n");
     print!("{report}");

@@ -1,0 +1,443 @@
+//! `cargo xtask bench pod`: a pod's connections to a ClusterIP through the node, socklb's
+//! per-packet path (the TC program on the pod's device) against kube-proxy's iptables and
+//! nftables rules and socklb's socket path, the direct path as the floor, at each Service
+//! count, measured in one run with the paths interleaved.
+//!
+//! socklb-bench-pod [--services 1000,10000] [--connections N] [--rounds N] [--seconds S]
+//!                  [--iptables legacy|nft] [--docs DIR] [--smoke]
+//!
+//! Each path gets its own world (socklb_tests::bench::node): a client pod (10.244.2.10, on
+//! the node's device pod2), the node, and the server pod behind it. What differs is what
+//! the node runs:
+//!
+//! - per-packet: the agent with `--socket-lb-scope host`, so the pod's sockets keep the
+//!   VIP, and its pod programs on pod2 (found by `--pod-devices auto`) translate per packet;
+//! - socket: the agent with `--socket-lb-scope all --pod-devices none`, the client in its
+//!   cgroup: the VIP is replaced at connect() (what most pods get);
+//! - iptables / nftables: kube-proxy's rules for the same Services in the node, which
+//!   translate in PREROUTING as for every pod;
+//! - direct: the client connects to the server pod's address.
+//!
+//! The Services: `--services` ClusterIP Services of 10 endpoints, then the measured one and
+//! the iperf3 one, both to the server pod, last in kube-proxy's rule order (its worst case:
+//! iptables matches Services one by one). The method is `bench nodeport`'s: one client
+//! process moving into each path's namespace (and cgroup) before each batch, the paths in
+//! a new random order every round.
+//!
+//! Measured: connection setup (connect, 4-byte answer, close) p50/p99 per path; iperf3
+//! throughput; the per-packet path's TC programs' run time per packet (BPF stats). Prints a
+//! markdown report and, with `--docs DIR` (not with `--smoke`), writes it into the `pod`
+//! section of DIR/benchmarks.md.
+use std::{collections::BTreeMap, fmt::Write as _, fs, net::SocketAddrV4, path::PathBuf};
+
+use anyhow::{Context as _, bail, ensure};
+use socklb_abi::program_names;
+use socklb_tests::bench::{
+    baseline,
+    cgroup::own_cgroup,
+    client::{self, Client, Place},
+    cluster::{ENDPOINT_PORT, IPERF_PORT, SERVICE_PORT, Service, services, vip},
+    flags::Flags,
+    kube_proxy,
+    loader::IptablesBackend,
+    measure::{self, Moment, Plan, iperf3},
+    node::{AgentFiles, ClientLink, POD, Translator, World, per_run, world},
+    section::Section,
+    server::Servers,
+};
+
+const USAGE: &str = "usage: socklb-bench-pod [--services 1000,10000] [--connections N] \
+                     [--rounds N] [--seconds S] [--iptables legacy|nft] [--docs DIR] [--smoke]";
+const NODE_IP: &str = "10.88.0.1";
+/// The client pod on the node's device pod2, its default route through the node.
+const CLIENT_POD: ClientLink = ClientLink {
+    client: "10.244.2.10/24",
+    node: "10.244.2.1/24",
+    node_device: "pod2",
+    route: &["route", "add", "default", "via", "10.244.2.1"],
+    node_ip_on_lo: Some("10.88.0.1/32"),
+};
+/// Both pods are in the pod network: kube-proxy DNATs their traffic without masquerade.
+const KUBE_PROXY: kube_proxy::Config = kube_proxy::Config {
+    pod_cidr: "10.244.0.0/16",
+    node_ip: NODE_IP,
+};
+const SECTION: Section = Section::new(
+    "pod",
+    "pod",
+    "Pods to a ClusterIP: the per-packet path vs kube-proxy and the socket path",
+);
+/// The per-packet path's programs: the pod program on the client's device (requests) and
+/// on the server's (replies), the egress program on both.
+const TC_LINKS: [(&str, &str); 2] = [
+    (program_names::TC_POD, "pod2"),
+    (program_names::TC_EGRESS, "pod2"),
+];
+
+/// What translates the pod's connections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Path {
+    Direct,
+    PerPacket,
+    Socket,
+    Iptables,
+    Nftables,
+}
+
+const PATHS: [Path; 5] = [
+    Path::Direct,
+    Path::PerPacket,
+    Path::Socket,
+    Path::Iptables,
+    Path::Nftables,
+];
+
+impl Path {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::PerPacket => "socklb per-packet",
+            Self::Socket => "socklb socket",
+            Self::Iptables => "iptables",
+            Self::Nftables => "nftables",
+        }
+    }
+}
+
+struct Options {
+    services: Vec<u32>,
+    connections: u32,
+    rounds: u32,
+    seconds: u32,
+    iperf_rounds: u32,
+    iptables: IptablesBackend,
+    docs: Option<PathBuf>,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first() {
+        Some(command) if command == "client" => client::run(),
+        _ => parse_options(&args).and_then(|options| bench(&options)),
+    };
+    if let Err(error) = result {
+        eprintln!("error: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn parse_options(args: &[String]) -> anyhow::Result<Options> {
+    let mut options = Options {
+        services: vec![1_000, 10_000],
+        connections: 2000,
+        rounds: 5,
+        seconds: 3,
+        iperf_rounds: 2,
+        iptables: IptablesBackend::Legacy,
+        docs: None,
+    };
+    let mut flags = Flags::new(args, USAGE);
+    while let Some((flag, value)) = flags.next_flag()? {
+        let number = || flags.number(flag, value);
+        match flag {
+            "--services" => {
+                options.services = value
+                    .split(',')
+                    .map(|count| count.trim().parse())
+                    .collect::<Result<_, _>>()
+                    .with_context(|| format!("--services {value}: a list like 1000,10000"))?;
+            }
+            "--connections" => options.connections = number()?,
+            "--rounds" => options.rounds = number()?,
+            "--seconds" => options.seconds = number()?,
+            "--iptables" => options.iptables = IptablesBackend::parse(value).context(USAGE)?,
+            "--docs" => options.docs = Some(PathBuf::from(value)),
+            _ => bail!("unknown flag {flag}\n{USAGE}"),
+        }
+    }
+    if flags.smoke {
+        // Seconds long: keeps the benchmark working, measures nothing worth keeping.
+        options.services = vec![100];
+        options.connections = options.connections.min(50);
+        options.rounds = options.rounds.min(3);
+        options.seconds = 1;
+        options.iperf_rounds = 1;
+        options.docs = None;
+    }
+    ensure!(
+        options.connections >= 1 && options.rounds >= 1 && options.seconds >= 1,
+        "--connections, --rounds and --seconds must be at least 1"
+    );
+    ensure!(
+        !options.services.is_empty() && options.services.iter().all(|n| *n <= 60_000),
+        "--services: counts of at most 60,000 (the address plan)"
+    );
+    Ok(options)
+}
+
+/// The fillers, then the measured Service and the iperf3 one, both to the server pod.
+fn pod_services(fillers: u32) -> Vec<Service> {
+    let mut cluster = services(fillers);
+    for (index, (name, port, target_port)) in [
+        ("web", SERVICE_PORT, ENDPOINT_PORT),
+        ("web-iperf", IPERF_PORT, IPERF_PORT),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        cluster.push(Service {
+            name: name.to_owned(),
+            vip: vip(fillers + index as u32),
+            port,
+            target_port,
+            node_port: None,
+            endpoints: vec![POD],
+        });
+    }
+    cluster
+}
+
+/// The rule loaders' scratch files; removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What one Service count measured.
+struct Step {
+    services: u32,
+    cells: BTreeMap<Path, measure::Cell>,
+    throughput: BTreeMap<Path, Vec<measure::Stream>>,
+    /// The per-packet path's programs during the connection rounds: (ns, runs).
+    tc: (u64, u64),
+}
+
+fn bench(options: &Options) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "creates network namespaces, rules and BPF programs: run it as root"
+    );
+    for tool in [options.iptables.restore(), "nft", "iperf3", "ip", "sysctl"] {
+        ensure!(
+            which::which(tool).is_ok(),
+            "{tool} is missing: `cargo xtask setup` installs it (apt: iperf3 iptables nftables \
+             iproute2 procps)"
+        );
+    }
+    // Before any thread exists, so that only the cleanup thread sees these signals.
+    let signals = socklb_tests::block_termination_signals();
+    let machine = socklb_tests::machine_context();
+    let scratch = Scratch(
+        std::env::temp_dir().join(format!("socklb-bench-pod-{}-scratch", std::process::id())),
+    );
+    fs::create_dir_all(&scratch.0).with_context(|| format!("create {}", scratch.0.display()))?;
+    let per_packet = AgentFiles::new("socklb-bench-pod-pp", NODE_IP, &[])?;
+    let socket = AgentFiles::new("socklb-bench-pod-sk", NODE_IP, &[])?;
+    let mut leftovers = per_packet.leftovers(vec![scratch.0.clone()]);
+    let (socket_pins, socket_cgroup, socket_manifests) = (
+        socket.pin_dir.clone(),
+        socket.cgroup.clone(),
+        socket.manifests.clone(),
+    );
+    leftovers.also = Some(Box::new(move || {
+        let _ = socklb_agent::dataplane::cleanup(&socket_pins);
+        socklb_tests::remove_cgroup(&socket_cgroup);
+        let _ = fs::remove_dir_all(&socket_manifests);
+    }));
+    socklb_tests::cleanup_on_signal(signals, leftovers);
+    let _stats =
+        aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enable BPF run-time stats")?;
+
+    let mut steps = Vec::new();
+    for &count in &options.services {
+        let cluster = pod_services(count);
+        for files in [&per_packet, &socket] {
+            files.reset(NODE_IP, &cluster)?;
+        }
+        steps.push(step(
+            options,
+            &cluster,
+            count,
+            &per_packet,
+            &socket,
+            &scratch,
+        )?);
+    }
+    let report = report(&machine, options, &steps);
+    println!("## {}\n", SECTION.heading);
+    print!("{report}");
+    if let Some(docs) = &options.docs {
+        SECTION.write(docs, &report)?;
+    }
+    Ok(())
+}
+
+/// Builds the five worlds for `cluster` and measures them.
+fn step(
+    options: &Options,
+    cluster: &[Service],
+    count: u32,
+    per_packet: &AgentFiles,
+    socket: &AgentFiles,
+    scratch: &Scratch,
+) -> anyhow::Result<Step> {
+    eprintln!("building the five worlds ({count} filler services)");
+    let home = own_cgroup()?;
+    let socket_flags = ["--socket-lb-scope", "all", "--pod-devices", "none"];
+    let per_packet_flags = ["--socket-lb-scope", "host"];
+    let mut worlds: BTreeMap<Path, World> = BTreeMap::new();
+    for path in PATHS {
+        let translator = match path {
+            Path::Direct => Translator::Nothing,
+            Path::PerPacket => Translator::Agent(per_packet, &per_packet_flags),
+            Path::Socket => Translator::Agent(socket, &socket_flags),
+            Path::Iptables => Translator::Iptables(options.iptables),
+            Path::Nftables => Translator::Nftables,
+        };
+        let world = world(&CLIENT_POD, &translator, &KUBE_PROXY, cluster, &scratch.0)?;
+        worlds.insert(path, world);
+    }
+    let places: BTreeMap<Path, Place> = worlds
+        .iter()
+        .map(|(&path, world)| {
+            let cgroup = if path == Path::Socket {
+                &socket.cgroup
+            } else {
+                &home
+            };
+            (path, Place::new(&world.client, cgroup))
+        })
+        .collect();
+    let target = |path: Path, service: usize| match path {
+        Path::Direct => SocketAddrV4::new(POD, cluster[service].target_port),
+        _ => SocketAddrV4::new(cluster[service].vip, cluster[service].port),
+    };
+    let web = cluster.len() - 2;
+    let plans: Vec<Plan<'_, Path>> = PATHS
+        .into_iter()
+        .map(|path| Plan {
+            key: path,
+            place: &places[&path],
+            targets: vec![target(path, web)],
+            endpoints: vec![POD],
+        })
+        .collect();
+    let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
+    let mut client = Client::spawn(&worlds[&Path::Direct].client)?;
+    let (mut tc, mut tc_mark, mut tc_error) = ((0, 0), (0, 0), None);
+    let cells = measure::rounds(
+        &mut client,
+        &servers,
+        &plans,
+        options.connections,
+        options.rounds,
+        |path, moment| {
+            if path != Path::PerPacket {
+                return;
+            }
+            match (moment, per_packet.tc_run_time(&TC_LINKS)) {
+                (Moment::Before, Ok(now)) => tc_mark = now,
+                (Moment::After, Ok(now)) => {
+                    tc.0 += now.0 - tc_mark.0;
+                    tc.1 += now.1 - tc_mark.1;
+                }
+                (_, Err(error)) => tc_error = Some(error),
+            }
+        },
+    )?;
+    if let Some(error) = tc_error {
+        return Err(error);
+    }
+    drop(client);
+    ensure!(
+        tc.1 > 0,
+        "the per-packet path's programs never ran: were the pods' devices found?"
+    );
+
+    let mut throughput: BTreeMap<Path, Vec<measure::Stream>> = BTreeMap::new();
+    for round in 0..options.iperf_rounds as usize {
+        for offset in 0..PATHS.len() {
+            let path = PATHS[(offset + round) % PATHS.len()];
+            let cgroup = (path == Path::Socket).then_some(socket.cgroup.as_path());
+            let stream = iperf3(
+                &worlds[&path].client,
+                cgroup,
+                target(path, web + 1),
+                options.seconds,
+            )?;
+            throughput.entry(path).or_default().push(stream);
+        }
+    }
+    Ok(Step {
+        services: count,
+        cells,
+        throughput,
+        tc,
+    })
+}
+
+fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
+    let mut report = String::new();
+    let _ = writeln!(report, "{machine}\n");
+    let _ = writeln!(
+        report,
+        "A pod's TCP connections to a ClusterIP of one endpoint (a pod behind the node), last \
+         of N ClusterIP Services of 10 endpoints in kube-proxy's rules; iptables backend {}; \
+         {} rounds x {} connections per path, one client process, paths in a new random \
+         order every round; iperf3 {} x {} s per path; {}.\n",
+        options.iptables.name(),
+        options.rounds,
+        options.connections,
+        options.iperf_rounds,
+        options.seconds,
+        baseline::SUMMARY,
+    );
+    let _ = writeln!(
+        report,
+        "| Services | path | connect+answer+close p50 (µs) | p99 (µs) | p50 / direct | \
+         connections/s (1 client) | iperf3 Gbit/s |"
+    );
+    let _ = writeln!(report, "|---|---|---|---|---|---|---|");
+    for step in steps {
+        let p50 = |path: Path| step.cells[&path].percentile(50) as f64 / 1e3;
+        for path in PATHS {
+            let runs = &step.throughput[&path];
+            let gbits = runs.iter().map(|s| s.gbits).sum::<f64>() / runs.len().max(1) as f64;
+            let cell = &step.cells[&path];
+            let mean_ns =
+                cell.samples.iter().sum::<u64>() as f64 / cell.samples.len().max(1) as f64;
+            let _ = writeln!(
+                report,
+                "| {} | {} | {:.1} | {:.1} | {:.3} | {:.0} | {:.2} |",
+                step.services,
+                path.name(),
+                p50(path),
+                cell.percentile(99) as f64 / 1e3,
+                p50(path) / p50(Path::Direct),
+                1e9 / mean_ns.max(1.0),
+                gbits,
+            );
+        }
+    }
+    let _ = writeln!(report);
+    for step in steps {
+        let p50 = |path: Path| step.cells[&path].percentile(50) as f64 / 1e3;
+        let _ = writeln!(
+            report,
+            "- {} Services: per-packet / iptables p50 {:.3}, per-packet / nftables p50 {:.3}, \
+             per-packet / socket p50 {:.3}; the per-packet path's programs: {:.0} ns per \
+             packet ({} packets).",
+            step.services,
+            p50(Path::PerPacket) / p50(Path::Iptables),
+            p50(Path::PerPacket) / p50(Path::Nftables),
+            p50(Path::PerPacket) / p50(Path::Socket),
+            per_run(step.tc),
+            step.tc.1,
+        );
+    }
+    report
+}
