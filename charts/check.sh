@@ -77,7 +77,8 @@ cat >"$WORK/value-sets.json" <<'EOF'
                    "maxReverseEntries": 4194304, "maxAffinityEntries": 131072,
                    "maxConntrackEntries": 524288, "maxSourceRanges": 1024, "maxMaglevEntries": 65536},
     "external": {"devices": ["eth0", "bond0"], "tcAttachMode": "netlink",
-                 "snatPortRange": "62000-64999", "maglevTableSize": 4093},
+                 "snatPortRange": "62000-64999", "maglevTableSize": 4093,
+                 "clusterIPsFromOutside": true},
     "minSyncPeriod": "100ms", "syncPeriod": "1m30s", "destroyTcpOnBackendRemoval": true,
     "socketLbScope": "host",
     "podDevices": "cali*,tap0",
@@ -434,6 +435,7 @@ def check_agent(name, values, docs):
         "tc-attach-mode": values["external"]["tcAttachMode"],
         "snat-port-range": values["external"]["snatPortRange"],
         "maglev-table-size": str(values["external"]["maglevTableSize"]),
+        "cluster-ips-from-outside": str(values["external"]["clusterIPsFromOutside"]).lower(),
     }
     wrong = {f: (arg_value(args, f), v) for f, v in expected_args.items() if arg_value(args, f) != v}
     extra = values["extraArgs"]

@@ -23,6 +23,7 @@ socklb_tests::for_each_family!(
     with_maglev_every_node_sends_a_flow_to_the_same_backend,
     a_cni_s_netfilter_rules_leave_every_external_path_working,
     a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it,
+    a_client_routed_to_the_service_cidr_reaches_cluster_ips_with_the_flag,
 );
 
 /// One request with curl from the LAN's client (the servers answer without HTTP headers);
@@ -102,6 +103,39 @@ fn nodeport_lb_ip_and_external_ip_reach_local_and_remote_backends(family: Family
     );
     assert!(seen.counters.external_flows >= 110, "{:?}", seen.counters);
     assert_eq!(seen.counters.errors, 0, "{:?}", seen.counters);
+}
+
+/// A client outside the cluster whose router sends the Service CIDR to node1 (a BGP
+/// advertisement): with `--cluster-ips-from-outside` it reaches a ClusterIP as a NodePort
+/// (a local backend sees it, a remote one sees node1); without the flag the ClusterIP is not
+/// served from outside, and nothing answers.
+fn a_client_routed_to_the_service_cidr_reaches_cluster_ips_with_the_flag(family: Family) {
+    let node = LanNode::new(family, "ext-cip", "r");
+    let _servers = node.tcp_servers(8080);
+    node.write(
+        "web.yaml",
+        &node
+            .a
+            .exposed("web", 52)
+            .port("http", 80, 8080, 30080, "TCP")
+            .endpoints(&[node.a.pod1_endpoint(), node.a.pod2_endpoint()])
+            .yaml(),
+    );
+    node.lan.route_service_cidrs_to_node1();
+    let vip = Addresses::at(&family.vip(52).to_string(), 80);
+
+    let agent = node.agent(&[]);
+    let attempts = node.lan.client.probe("tcp", &vip, 1);
+    assert!(
+        attempts.iter().all(|attempt| attempt.reply.is_none()),
+        "without the flag no backend answers a client outside: {attempts:?}"
+    );
+    assert_eq!(node.counters().external_flows, 0, "no flow from outside");
+    agent.stop();
+
+    let _agent = node.agent(&["--cluster-ips-from-outside"]);
+    node.assert_both_pods_serve("tcp", &vip, 40);
+    assert!(node.counters().external_flows >= 40);
 }
 
 fn external_traffic_policy_local_keeps_the_source_and_drops_without_a_local_endpoint(

@@ -194,6 +194,19 @@ pub struct ExternalArgs {
     /// Idle time after which a UDP flow from outside is forgotten.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub conntrack_udp_timeout: Duration,
+    /// Translate packets from outside the node to ClusterIPs too (clients routed to the
+    /// Service CIDR: a BGP-advertised or static route to the node), as kube-proxy does;
+    /// their flows are SNATed to the node like a NodePort's. Off by default, as in Cilium
+    /// (bpf-lb-external-clusterip): a ClusterIP is then reachable from inside only.
+    #[arg(
+        long,
+        default_value_t = false,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    pub cluster_ips_from_outside: bool,
 }
 
 fn parse_maglev_size(text: &str) -> Result<u32, String> {

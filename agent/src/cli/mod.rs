@@ -236,6 +236,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             SocketLbScope::Host | SocketLbScope::Pods => Some(dataplane::netns_cookie()?),
         },
         socket_lb_listed: socket_lb_scope == SocketLbScope::Pods,
+        cluster_ips_from_outside: args.external.cluster_ips_from_outside,
     })
     .inspect_err(|_| {
         // A failed start leaves nothing behind: the loader unpinned its maps.

@@ -33,6 +33,9 @@ pub struct Config {
     /// (`--socket-lb-scope pods`), or alone (`host`); `None`: every namespace (`all`).
     pub socket_lb_netns: Option<u64>,
     pub socket_lb_listed: bool,
+    /// Packets from outside the node to a ClusterIP are translated on the external devices
+    /// (`--cluster-ips-from-outside`).
+    pub cluster_ips_from_outside: bool,
 }
 
 impl Config {
@@ -42,6 +45,7 @@ impl Config {
             record_tcp: self.record_tcp,
             socket_lb_netns: self.socket_lb_netns,
             socket_lb_listed: self.socket_lb_listed,
+            cluster_ips_from_outside: self.cluster_ips_from_outside,
         }
     }
 }
@@ -60,6 +64,7 @@ impl Default for Config {
             record_tcp: false,
             socket_lb_netns: None,
             socket_lb_listed: false,
+            cluster_ips_from_outside: false,
         }
     }
 }

@@ -232,6 +232,8 @@ pub struct ProgramSettings {
     /// namespaces map if `socket_lb_listed`); `None`: all.
     pub socket_lb_netns: Option<u64>,
     pub socket_lb_listed: bool,
+    /// The external devices' programs translate packets to ClusterIPs too.
+    pub cluster_ips_from_outside: bool,
 }
 
 /// The programs' read-only globals, set at load time.
@@ -248,6 +250,7 @@ struct Globals {
     /// 0: every namespace.
     socket_lb_netns: u64,
     socket_lb_listed: u32,
+    cluster_ips_from_outside: u32,
 }
 
 impl Globals {
@@ -261,6 +264,7 @@ impl Globals {
             max_socket_records: capacities.socket_records,
             socket_lb_netns: programs.socket_lb_netns.unwrap_or(0),
             socket_lb_listed: u32::from(programs.socket_lb_listed),
+            cluster_ips_from_outside: u32::from(programs.cluster_ips_from_outside),
         }
     }
 }
@@ -294,6 +298,11 @@ fn configure<'a>(
         .override_global(globals::RECORD_TCP, &values.record_tcp, true)
         .override_global(globals::SOCKET_LB_NETNS, &values.socket_lb_netns, true)
         .override_global(globals::SOCKET_LB_LISTED, &values.socket_lb_listed, true)
+        .override_global(
+            globals::CLUSTER_IPS_FROM_OUTSIDE,
+            &values.cluster_ips_from_outside,
+            true,
+        )
         .override_global(
             globals::MAX_SOCKET_RECORDS,
             &values.max_socket_records,

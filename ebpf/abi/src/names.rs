@@ -250,4 +250,9 @@ pub mod globals {
     /// [`crate::map_names::SOCKET_LB_NAMESPACES`] besides [`SOCKET_LB_NETNS`]'s
     /// (`--socket-lb-scope pods`); 0: that one namespace only (or every one, with 0 there).
     pub const SOCKET_LB_LISTED: &str = "SOCKET_LB_LISTED";
+
+    /// `u32`: 1 when packets from outside the node to a ClusterIP (a client routed to the
+    /// Service CIDR) are translated on the external devices (`--cluster-ips-from-outside`);
+    /// 0: only NodePorts, LoadBalancer IPs and externalIPs are.
+    pub const CLUSTER_IPS_FROM_OUTSIDE: &str = "CLUSTER_IPS_FROM_OUTSIDE";
 }

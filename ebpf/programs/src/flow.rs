@@ -37,7 +37,7 @@ use crate::{
     maps::NODE,
     nat,
     packet::{Address, Ending, Packet, PacketError, Segment, Tuple},
-    side::Side,
+    side::{self, Side},
     trace::{self, Decision, TracedValue},
 };
 
@@ -572,8 +572,17 @@ fn new_flow_here<F: Family, S: Side>(
     out: &mut CtEntry<F::Addr>,
 ) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
-    let Some(master) = F::service(tuple, S::SCOPE, 0) else {
-        return Ok(Flow::NotOurs);
+    let (master, scope) = match F::service(tuple, S::SCOPE, 0) {
+        Some(master) => (master, S::SCOPE),
+        None => {
+            let Some(scope) = side::fallback_scope::<S>() else {
+                return Ok(Flow::NotOurs);
+            };
+            let Some(master) = F::service(tuple, scope, 0) else {
+                return Ok(Flow::NotOurs);
+            };
+            (master, scope)
+        }
     };
     let mut decision = Decision {
         service_id: master.service_id,
@@ -602,7 +611,7 @@ fn new_flow_here<F: Family, S: Side>(
     // entry, whatever becomes of it.
     let forwardable = packet.ttl > 1;
     let (backend, slot, reason) =
-        backend::for_flow::<F>(&master, tuple, S::SCOPE, count, forwardable).ok_or(Error)?;
+        backend::for_flow::<F>(&master, tuple, scope, count, forwardable).ok_or(Error)?;
     decision.reason = reason;
     decision.backend = (&backend.backend_address, backend.backend_port);
     decision.slot = slot;

@@ -9,9 +9,26 @@ use socklb_abi::{
 
 use crate::{family::Slot, packet::Address};
 
+/// 1: packets from outside the node to a ClusterIP are translated (socklb-abi
+/// `globals::CLUSTER_IPS_FROM_OUTSIDE`). A read-only global: with 0, the verifier removes
+/// the second lookup.
+#[unsafe(no_mangle)]
+static CLUSTER_IPS_FROM_OUTSIDE: u32 = 0;
+
+/// The scope a packet of side `S` that no frontend of `S::SCOPE` took may try next.
+#[inline(always)]
+pub fn fallback_scope<S: Side>() -> Option<u8> {
+    // SAFETY: a read of an initialised static; volatile so the agent's value is used.
+    let allowed = unsafe { core::ptr::read_volatile(&CLUSTER_IPS_FROM_OUTSIDE) } != 0;
+    (S::INTERNAL_TOO && allowed).then_some(SCOPE_INTERNAL)
+}
+
 pub trait Side {
     /// The service map scope whose frontends and selection serve the packet.
     const SCOPE: u8;
+    /// Whether a packet that no frontend of [`Self::SCOPE`] takes may reach the internal
+    /// ones (a ClusterIP), when the agent allows it (`cluster_ips_from_outside`).
+    const INTERNAL_TOO: bool;
     /// `TRACE_SOURCE_*` of its trace events.
     const TRACE_SOURCE: u8;
 
@@ -30,6 +47,9 @@ pub struct External;
 
 impl Side for External {
     const SCOPE: u8 = SCOPE_EXTERNAL;
+    /// A client routed to the Service CIDR (advertised by BGP, or a static route), as
+    /// kube-proxy serves it; its flow is SNATed as a NodePort's is.
+    const INTERNAL_TOO: bool = true;
     const TRACE_SOURCE: u8 = TRACE_SOURCE_EXTERNAL;
 
     /// A backend on another node would answer the client directly, past this node.
@@ -56,6 +76,7 @@ pub struct Pod;
 
 impl Side for Pod {
     const SCOPE: u8 = SCOPE_INTERNAL;
+    const INTERNAL_TOO: bool = false;
     const TRACE_SOURCE: u8 = TRACE_SOURCE_POD;
 
     /// Pod addresses route across the cluster, so a backend anywhere answers the pod

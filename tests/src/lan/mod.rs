@@ -182,21 +182,43 @@ impl Lan {
             .ip(&["route", "add", "10.244.3.0/24", "via", NODE1]);
         self.node2
             .ip(&["-6", "route", "add", "fd00:244:3::/64", "via", lan6::NODE1]);
-        here(&[
-            "route",
-            "replace",
-            "blackhole",
-            crate::testbed::SERVICE_CIDR,
-        ]);
-        here(&[
-            "-6",
-            "route",
-            "replace",
-            "blackhole",
-            crate::family::SERVICE_CIDR6,
-        ]);
+        blackhole_service_cidrs();
         vm
     }
+
+    /// The outside client routes the service CIDRs to node1, as a BGP speaker advertising
+    /// them would make it; node1 blackholes them, so that a ClusterIP packet socklb did not
+    /// translate goes nowhere.
+    pub fn route_service_cidrs_to_node1(&self) {
+        self.client
+            .ip(&["route", "add", crate::testbed::SERVICE_CIDR, "via", NODE1]);
+        self.client.ip(&[
+            "-6",
+            "route",
+            "add",
+            crate::family::SERVICE_CIDR6,
+            "via",
+            lan6::NODE1,
+        ]);
+        blackhole_service_cidrs();
+    }
+}
+
+/// Blackhole routes for the service CIDRs in node1.
+fn blackhole_service_cidrs() {
+    here(&[
+        "route",
+        "replace",
+        "blackhole",
+        crate::testbed::SERVICE_CIDR,
+    ]);
+    here(&[
+        "-6",
+        "route",
+        "replace",
+        "blackhole",
+        crate::family::SERVICE_CIDR6,
+    ]);
 }
 
 /// `ip <args>` in node1, the namespace of this thread.
