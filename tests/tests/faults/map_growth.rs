@@ -1,10 +1,11 @@
 //! A node grows from 100 to 20,000 Services on the default flags, under load: the service
 //! and backend maps grow by themselves (new maps, the programs swapped in place), no
 //! connection fails, and the state the programs keep (conntrack, session affinity, the
-//! socket ring) survives the swaps: the same maps, read by the new programs.
+//! socket ring) survives the swaps: the same maps, read by the new programs. A flow from
+//! outside and a VM's flow through the per-packet path then also survive an agent restart.
 use std::{
     collections::BTreeMap,
-    net::{SocketAddr, SocketAddrV4},
+    net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream},
     path::Path,
     time::{Duration, Instant},
 };
@@ -51,6 +52,7 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
         ..
     } = &node;
     let _echo = EchoServer::start(&lan.pod2, SocketAddrV4::new(POD2, 8080));
+    let vm = lan.vm();
     let _spread = [node.tcp_servers(8081), node.udp_servers(8053)];
     let pods = [POD1_ENDPOINT, POD2_ENDPOINT];
     // Reached from outside through its NodePort; its backend is on node2 (SNAT, conntrack).
@@ -94,6 +96,14 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
             .expect("connect through the NodePort")
     });
     echo(&mut outside).expect("the flow from outside echoes before the growth");
+    // A VM's long-lived flow to the same Service's ClusterIP, through the per-packet path
+    // on its device.
+    let cluster_ip = SocketAddrV4::new(Ipv4Addr::new(10, 96, 0, 140), 80);
+    let mut from_vm = vm.enter(|| {
+        TcpStream::connect_timeout(&cluster_ip.into(), Duration::from_secs(5))
+            .expect("connect from the VM to the ClusterIP")
+    });
+    echo(&mut from_vm).expect("the VM's flow echoes before the growth");
     // Session affinity: where the sticky Service sends this node's clients.
     let sticky: SocketAddr = "10.96.0.142:80".parse().expect("address");
     let stuck = single_backend(&sandbox.probe("tcp", sticky, 3), "before the growth");
@@ -172,6 +182,7 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
     }
 
     echo(&mut outside).expect("the flow from outside echoes after the growths");
+    echo(&mut from_vm).expect("the VM's flow echoes after the growths");
     assert_eq!(
         affinity_entries(&sandbox.pin_dir)
             .into_iter()
@@ -186,6 +197,18 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
         "the sticky client moved"
     );
     assert_eq!(node.counters().errors, 0, "{}", agent.log());
+
+    // The programs stay attached through their pins while no agent runs, and the next one
+    // takes over their state.
+    agent.stop();
+    echo(&mut outside).expect("the flow from outside echoes with no agent running");
+    echo(&mut from_vm).expect("the VM's flow echoes with no agent running");
+    let _next = node.agent(&[]);
+    echo(&mut outside).expect("the flow from outside echoes after a restart");
+    echo(&mut from_vm).expect("the VM's flow echoes after a restart");
+    let again = vm.enter(|| TcpStream::connect_timeout(&cluster_ip.into(), Duration::from_secs(5)));
+    echo(&mut again.expect("a new flow from the VM after the restart"))
+        .expect("the VM's new flow echoes");
 }
 
 /// Waits until the service map holds every filler Service's entries.
