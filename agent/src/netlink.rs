@@ -1,10 +1,11 @@
 //! Asking the kernel over netlink: one request, then the messages of its answer (a dump
-//! ends with `NLMSG_DONE`, an error with its errno). The sock_diag sweep and the listing of
-//! links share it.
+//! ends with `NLMSG_DONE`, an error with its errno; another request has one message). The
+//! sock_diag sweep, the listing of links and the namespace ids share it.
 use std::{fmt::Debug, io};
 
 use netlink_packet_core::{
-    NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
+    ErrorMessage, NetlinkDeserializable, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    NetlinkSerializable,
 };
 use netlink_sys::Socket;
 
@@ -47,12 +48,7 @@ pub fn receive_dump<T: NetlinkDeserializable + Debug>(
             match message.payload {
                 NetlinkPayload::InnerMessage(inner) => each(inner),
                 NetlinkPayload::Done(_) => return Ok(()),
-                NetlinkPayload::Error(error) => {
-                    return Err(error.code.map_or_else(
-                        || io::Error::other(format!("{what} failed")),
-                        |code| io::Error::from_raw_os_error(-code.get()),
-                    ));
-                }
+                NetlinkPayload::Error(error) => return Err(failed(&error, what)),
                 _ => {}
             }
             if length == 0 {
@@ -61,4 +57,28 @@ pub fn receive_dump<T: NetlinkDeserializable + Debug>(
             offset += length;
         }
     }
+}
+
+/// The one message answering a request that is not a dump, or its error.
+pub fn receive_one<T: NetlinkDeserializable + Debug>(
+    socket: &mut Socket,
+    what: &str,
+) -> io::Result<T> {
+    let mut buffer = vec![0u8; 64 * 1024];
+    let size = socket.recv(&mut &mut buffer[..], 0)?;
+    let message = NetlinkMessage::<T>::deserialize(&buffer[..size])
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    match message.payload {
+        NetlinkPayload::InnerMessage(inner) => Ok(inner),
+        NetlinkPayload::Error(error) => Err(failed(&error, what)),
+        _ => Err(io::Error::other(format!("{what}: no answer"))),
+    }
+}
+
+/// An error message's errno, or `what` failed.
+fn failed(error: &ErrorMessage, what: &str) -> io::Error {
+    error.code.map_or_else(
+        || io::Error::other(format!("{what} failed")),
+        |code| io::Error::from_raw_os_error(-code.get()),
+    )
 }

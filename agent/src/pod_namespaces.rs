@@ -23,8 +23,6 @@ use crate::{
 struct Inside {
     cookie: u64,
     addresses: Vec<IpAddr>,
-    /// The host-side indexes of its veths (its pod devices).
-    peers: Vec<u32>,
 }
 
 #[derive(Default)]
@@ -103,15 +101,7 @@ fn read_inside(namespace: &Namespace) -> std::io::Result<Inside> {
         .map(|(address, _)| address)
         .filter(|address| !address.is_loopback() && !is_link_local(address))
         .collect();
-    let peers = dataplane::links()?
-        .into_iter()
-        .filter_map(|link| link.peer_index)
-        .collect();
-    Ok(Inside {
-        cookie,
-        addresses,
-        peers,
-    })
+    Ok(Inside { cookie, addresses })
 }
 
 /// A pinned network namespace, as `socklb inspect` shows it.
@@ -120,8 +110,8 @@ pub struct Pinned {
     pub path: String,
     pub cookie: u64,
     pub addresses: Vec<IpAddr>,
-    /// The host-side indexes of its veths.
-    pub peers: Vec<u32>,
+    /// The id this namespace gives it, which the links to it carry.
+    pub id: Option<i32>,
 }
 
 /// Every namespace pinned now, read from inside (CAP_SYS_ADMIN).
@@ -143,7 +133,7 @@ pub fn read_pinned() -> std::io::Result<Vec<Pinned>> {
                 path: namespace.path.display().to_string(),
                 cookie: inside.cookie,
                 addresses: inside.addresses,
-                peers: inside.peers,
+                id: dataplane::netns_id(&namespace.file)?,
             })
         })
         .collect()

@@ -26,6 +26,7 @@ socklb_tests::for_each_family!(
     a_pod_that_is_its_own_backend_gets_an_answer,
     a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope,
     a_pod_s_annotations_choose_its_path_under_the_default_scope,
+    a_pod_s_established_flow_survives_a_change_of_its_path,
 );
 
 fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
@@ -221,18 +222,15 @@ impl<'a> Mesh<'a> {
         let inspected: serde_json::Value =
             serde_json::from_str(&self.node.sandbox.socklb(&["inspect", "-o", "json"]))
                 .expect("socklb inspect's JSON");
-        let pod1 = self.node.a.pod1.to_string();
+        // By its name: other tests' pods may hold the same address.
+        let pinned = format!("/run/netns/{}", self.node.lan.pod1.name);
         let path = inspected["pods"]
             .as_array()
             .into_iter()
             .flatten()
-            .find(|pod| {
-                pod["addresses"]
-                    .as_array()
-                    .is_some_and(|a| a.contains(&pod1.as_str().into()))
-            })
+            .find(|pod| pod["namespace"] == pinned.as_str())
             .map(|pod| pod["path"].as_str().unwrap_or_default().to_owned())
-            .unwrap_or_else(|| panic!("inspect shows no namespace holding {pod1}: {inspected}"));
+            .unwrap_or_else(|| panic!("inspect shows no namespace {pinned}: {inspected}"));
         (reason.to_owned(), path)
     }
 }
@@ -269,14 +267,7 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
     let node = LanNode::new(family, "pp-annot", "a");
     let _server = node.tcp_server(2, 8080);
     let mesh = Mesh::new(&node, 63);
-    let pod = |annotations: &str| {
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\n  namespace: default\n  \
-             annotations: {{{annotations}}}\nspec:\n  nodeName: node1\n  containers: [{{name: \
-             app, image: app}}]\nstatus:\n  podIPs: [{{ip: \"{}\"}}]\n",
-            node.a.pod1
-        )
-    };
+    let pod = |annotations: &str| app_pod(&node, annotations);
     node.write("pod.yaml", &pod("sidecar.istio.io/status: '{}'"));
     let agent = Agent::start_as(
         chart_agent(),
@@ -317,4 +308,75 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
         mesh.vip,
         "socklb.io/socket-lb: off"
     );
+}
+
+/// A pod's connected UDP socket keeps working while its path changes under it, both ways:
+/// made through the per-packet path (`socklb.io/socket-lb: "off"`), its datagrams keep the
+/// VIP and their flow when the pod moves to the socket path; made at connect() by the
+/// socket path, they carry the backend, which the per-packet path leaves alone.
+fn a_pod_s_established_flow_survives_a_change_of_its_path(family: Family) {
+    let node = LanNode::new(family, "pp-change", "p");
+    let _servers = node.udp_servers(5353);
+    node.expose_pod2("dns", 64, ("dns", 53, 5353, 30053, "UDP"));
+    let pod = |annotations: &str| app_pod(&node, annotations);
+    let vip = Addresses::at(&family.vip(64).to_string(), 53);
+    let hold = || {
+        let mut command = command_in_cgroup(&node.sandbox.cgroup, "ip");
+        command
+            .args(["netns", "exec", &node.lan.pod1.name])
+            .arg(hold_bin())
+            .args(["udp", &vip]);
+        Holder::start("pod1's UDP client", command)
+    };
+    let answered_by_pod2 = |held: &socklb_tests::hold::Held, case: &str| {
+        let reply = held.reply.as_deref().unwrap_or_default();
+        assert!(
+            reply.starts_with("pod2 ") && held.peer.as_deref() == Some(vip.as_str()),
+            "{case}: {held:?}"
+        );
+    };
+
+    node.write("pod.yaml", &pod("socklb.io/socket-lb: \"off\""));
+    let agent = Agent::start_as(
+        chart_agent(),
+        &node.sandbox,
+        &node.manifests.path,
+        "node1",
+        &[],
+    );
+    agent.wait_for_log("served by the per-packet path", 1);
+    let (mut per_packet, first) = hold();
+    answered_by_pod2(&first, "made per packet");
+    let flows = node.counters().pod_flows;
+    assert!(flows >= 1, "the per-packet path served it");
+
+    node.write("pod.yaml", &pod(""));
+    agent.wait_for_log("served by the per-packet path", 2);
+    answered_by_pod2(&per_packet.ask("ping"), "per packet, after the move");
+    let (mut socket, first) = hold();
+    answered_by_pod2(&first, "made at connect()");
+    assert_eq!(
+        node.counters().pod_flows,
+        flows,
+        "the new socket was translated at connect(), not per packet"
+    );
+
+    node.write("pod.yaml", &pod("socklb.io/socket-lb: \"off\""));
+    agent.wait_for_log("served by the per-packet path", 3);
+    answered_by_pod2(
+        &socket.ask("ping"),
+        "made at connect(), after the move back",
+    );
+    answered_by_pod2(&per_packet.ask("ping"), "per packet, after the move back");
+}
+
+/// Pod `default/app` of node1 on pod1's address, with `annotations` (a YAML flow mapping's
+/// insides).
+fn app_pod(node: &LanNode, annotations: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\n  namespace: default\n  \
+         annotations: {{{annotations}}}\nspec:\n  nodeName: node1\n  containers: [{{name: app, \
+         image: app}}]\nstatus:\n  podIPs: [{{ip: \"{}\"}}]\n",
+        node.a.pod1
+    )
 }

@@ -61,7 +61,7 @@ pub use crate::{
         load::LoadError,
         pin_lock::{Holder, PinLock, PinLockError, lock as lock_pin_dir},
         pins::{DEFAULT_PIN_DIR, link_pin, lock_path as pin_lock_path, trace_lease_dir},
-        pod_devices::{Link, PodDevices, links, watch_links},
+        pod_devices::{Link, PodDevices, links, netns_id, watch_links},
         privileges::{
             FOR_FEATURES as FEATURE_CAPABILITIES, ForFeature, NEEDED as NEEDED_CAPABILITIES,
             Needed, PrivilegeError, diagnose,

@@ -3,14 +3,14 @@
 //! per-packet path when its host-side device carries the pod program, else neither. The
 //! pods are the namespaces the runtime pinned; reading them means entering each
 //! (CAP_SYS_ADMIN), as the agent does.
-use std::{
-    collections::{BTreeSet, HashMap},
-    net::IpAddr,
-};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use serde::Serialize;
 
-use crate::{dataplane, pod_namespaces::Pinned};
+use crate::{
+    dataplane::{self, Link},
+    pod_namespaces::Pinned,
+};
 
 /// One pod's network namespace and the path that serves it.
 #[derive(Debug, PartialEq, Eq, Serialize)]
@@ -18,7 +18,7 @@ pub struct PodState {
     /// Where the runtime pinned it (/run/netns/...).
     pub namespace: String,
     pub addresses: Vec<IpAddr>,
-    /// Its host-side devices (the peers of its veths).
+    /// Its host-side devices (veths whose peer is in it).
     pub devices: Vec<String>,
     pub path: PodPathState,
 }
@@ -41,27 +41,24 @@ pub fn pods(
     pod_devices: &[String],
     only: Option<IpAddr>,
 ) -> std::io::Result<Vec<PodState>> {
-    let names: HashMap<u32, String> = dataplane::links()?
-        .into_iter()
-        .map(|link| (link.index, link.name))
-        .collect();
+    let links = dataplane::links()?;
     Ok(crate::pod_namespaces::read_pinned()?
         .into_iter()
         .filter(|pinned| only.is_none_or(|only| pinned.addresses.contains(&only)))
-        .map(|pinned| pod_state(pinned, listed, &names, pod_devices))
+        .map(|pinned| pod_state(pinned, listed, &links, pod_devices))
         .collect())
 }
 
 fn pod_state(
     pinned: Pinned,
     listed: &BTreeSet<u64>,
-    names: &HashMap<u32, String>,
+    links: &[Link],
     pod_devices: &[String],
 ) -> PodState {
-    let devices: Vec<String> = pinned
-        .peers
+    let devices: Vec<String> = links
         .iter()
-        .filter_map(|index| names.get(index).cloned())
+        .filter(|link| pinned.id.is_some() && link.peer_netns == pinned.id)
+        .map(|link| link.name.clone())
         .collect();
     let path = if listed.contains(&pinned.cookie) {
         PodPathState::Socket
@@ -84,22 +81,28 @@ mod tests {
 
     #[test]
     fn the_list_decides_then_the_device() {
-        let names = HashMap::from([(7, "veth7".to_owned()), (8, "veth8".to_owned())]);
+        let link = |name: &str, peer_netns| Link {
+            name: name.to_owned(),
+            index: 0,
+            workload_veth: true,
+            peer_netns: Some(peer_netns),
+        };
+        let links = [link("veth7", 7), link("veth8", 8)];
         let served = ["veth7".to_owned()];
         let listed = BTreeSet::from([100]);
-        let state = |cookie, peer| {
+        let state = |cookie, id| {
             let pinned = Pinned {
                 path: "/run/netns/pod".to_owned(),
                 cookie,
                 addresses: Vec::new(),
-                peers: vec![peer],
+                id,
             };
-            pod_state(pinned, &listed, &names, &served).path
+            pod_state(pinned, &listed, &links, &served).path
         };
-        assert_eq!(state(100, 7), PodPathState::Socket);
-        assert_eq!(state(101, 7), PodPathState::PerPacket);
-        assert_eq!(state(101, 8), PodPathState::None);
-        // A peer the host does not have (a namespace plugged elsewhere).
-        assert_eq!(state(101, 9), PodPathState::None);
+        assert_eq!(state(100, Some(7)), PodPathState::Socket);
+        assert_eq!(state(101, Some(7)), PodPathState::PerPacket);
+        assert_eq!(state(101, Some(8)), PodPathState::None);
+        // A namespace no link of this one reaches (plugged elsewhere).
+        assert_eq!(state(101, None), PodPathState::None);
     }
 }

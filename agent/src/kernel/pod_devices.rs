@@ -5,12 +5,18 @@
 //! `--pod-devices` names them instead. Links are asked of the kernel over rtnetlink in this
 //! network namespace (not /sys/class/net, which shows the namespace that mounted /sys), and
 //! a watch on the link group says when they come and go.
-use std::{io, str::FromStr, thread};
+use std::{
+    io,
+    os::fd::{AsFd, AsRawFd as _},
+    str::FromStr,
+    thread,
+};
 
 use netlink_packet_core::{NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_route::{
     RouteNetlinkMessage,
     link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage},
+    nsid::{NsidAttribute, NsidMessage},
 };
 use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
 use tokio::sync::mpsc;
@@ -78,8 +84,8 @@ pub struct Link {
     pub index: u32,
     /// A veth whose peer is in another network namespace.
     pub workload_veth: bool,
-    /// The index of the peer, in the peer's namespace (a pod's eth0 names its host side).
-    pub peer_index: Option<u32>,
+    /// The id this namespace gives the peer's namespace ([`netns_id`]).
+    pub peer_netns: Option<i32>,
 }
 
 impl PodDevices {
@@ -140,18 +146,20 @@ fn link_of(message: &LinkMessage) -> Option<Link> {
     let mut name = None;
     let mut veth = false;
     let mut peer_elsewhere = false;
-    let mut peer_index = None;
+    let mut peer_netns = None;
     for attribute in &message.attributes {
         match attribute {
             LinkAttribute::IfName(text) => name = Some(text.clone()),
-            LinkAttribute::Link(index) => peer_index = Some(*index),
             LinkAttribute::LinkInfo(infos) => {
                 veth = infos
                     .iter()
                     .any(|info| matches!(info, LinkInfo::Kind(InfoKind::Veth)));
             }
             // Present only when the peer is in another namespace.
-            LinkAttribute::LinkNetNsId(_) => peer_elsewhere = true,
+            LinkAttribute::LinkNetNsId(id) => {
+                peer_elsewhere = true;
+                peer_netns = Some(*id);
+            }
             _ => {}
         }
     }
@@ -160,8 +168,36 @@ fn link_of(message: &LinkMessage) -> Option<Link> {
         name: name?,
         index: message.header.index,
         workload_veth,
-        peer_index: peer_index.filter(|_| workload_veth),
+        peer_netns: peer_netns.filter(|_| workload_veth),
     })
+}
+
+/// The id this network namespace gives `namespace` (RTM_GETNSID), by which its links name
+/// the namespace of their peer; `None` while it has given none (no link reaches it).
+pub fn netns_id(namespace: &impl AsFd) -> io::Result<Option<i32>> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let fd = u32::try_from(namespace.as_fd().as_raw_fd()).map_err(io::Error::other)?;
+    let mut message = NsidMessage::default();
+    message.attributes.push(NsidAttribute::Fd(fd));
+    netlink::send(
+        &mut socket,
+        NLM_F_REQUEST,
+        None,
+        RouteNetlinkMessage::GetNsId(message),
+    )?;
+    let answer = netlink::receive_one(&mut socket, "namespace id")?;
+    let RouteNetlinkMessage::NewNsId(answer) = answer else {
+        return Ok(None);
+    };
+    Ok(answer
+        .attributes
+        .iter()
+        .find_map(|attribute| match attribute {
+            NsidAttribute::Id(id) if *id >= 0 => Some(*id),
+            _ => None,
+        }))
 }
 
 /// `RTMGRP_LINK`: the multicast group of link changes.
@@ -207,7 +243,7 @@ mod tests {
             name: name.to_owned(),
             index: 0,
             workload_veth,
-            peer_index: None,
+            peer_netns: None,
         }
     }
 
