@@ -67,9 +67,9 @@ const SECTION: Section = Section::new(
     "pod",
     "Pods to a ClusterIP: the per-packet path vs kube-proxy and the socket path",
 );
-/// The per-packet path's programs: the pod program on the client's device (requests) and
-/// on the server's (replies), the egress program on both.
-const TC_LINKS: [(&str, &str); 2] = [
+/// The per-packet path's programs, each measured over every device it runs on: the pod
+/// program (ingress of the client's and the server's devices) and the egress program.
+const TC_PROGRAMS: [(&str, &str); 2] = [
     (program_names::TC_POD, "pod2"),
     (program_names::TC_EGRESS, "pod2"),
 ];
@@ -211,8 +211,8 @@ struct Step {
     services: u32,
     cells: BTreeMap<Path, measure::Cell>,
     throughput: BTreeMap<Path, Vec<measure::Stream>>,
-    /// The per-packet path's programs during the connection rounds: (ns, runs).
-    tc: (u64, u64),
+    /// Each of [`TC_PROGRAMS`] during the connection rounds: (ns, runs).
+    tc: [(u64, u64); 2],
 }
 
 fn bench(options: &Options) -> anyhow::Result<()> {
@@ -328,7 +328,9 @@ fn step(
         .collect();
     let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
     let mut client = Client::spawn(&worlds[&Path::Direct].client)?;
-    let (mut tc, mut tc_mark, mut tc_error) = ((0, 0), (0, 0), None);
+    let mut tc = [(0, 0); 2];
+    let mut tc_mark = [(0, 0); 2];
+    let mut tc_error = None;
     let cells = measure::rounds(
         &mut client,
         &servers,
@@ -339,13 +341,15 @@ fn step(
             if path != Path::PerPacket {
                 return;
             }
-            match (moment, per_packet.tc_run_time(&TC_LINKS)) {
-                (Moment::Before, Ok(now)) => tc_mark = now,
-                (Moment::After, Ok(now)) => {
-                    tc.0 += now.0 - tc_mark.0;
-                    tc.1 += now.1 - tc_mark.1;
+            for (index, link) in TC_PROGRAMS.iter().enumerate() {
+                match (moment, per_packet.tc_run_time(&[*link])) {
+                    (Moment::Before, Ok(now)) => tc_mark[index] = now,
+                    (Moment::After, Ok(now)) => {
+                        tc[index].0 += now.0 - tc_mark[index].0;
+                        tc[index].1 += now.1 - tc_mark[index].1;
+                    }
+                    (_, Err(error)) => tc_error = Some(error),
                 }
-                (_, Err(error)) => tc_error = Some(error),
             }
         },
     )?;
@@ -354,7 +358,7 @@ fn step(
     }
     drop(client);
     ensure!(
-        tc.1 > 0,
+        tc[0].1 > 0,
         "the per-packet path's programs never ran: were the pods' devices found?"
     );
 
@@ -429,14 +433,16 @@ fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
         let _ = writeln!(
             report,
             "- {} Services: per-packet / iptables p50 {:.3}, per-packet / nftables p50 {:.3}, \
-             per-packet / socket p50 {:.3}; the per-packet path's programs: {:.0} ns per \
-             packet ({} packets).",
+             per-packet / socket p50 {:.3}; the per-packet path's programs per packet: {:.0} ns \
+             at the pods' ingress ({} packets), {:.0} ns at their egress ({} packets).",
             step.services,
             p50(Path::PerPacket) / p50(Path::Iptables),
             p50(Path::PerPacket) / p50(Path::Nftables),
             p50(Path::PerPacket) / p50(Path::Socket),
-            per_run(step.tc),
-            step.tc.1,
+            per_run(step.tc[0]),
+            step.tc[0].1,
+            per_run(step.tc[1]),
+            step.tc[1].1,
         );
     }
     report
