@@ -19,7 +19,7 @@ use std::{
 
 use k8s_openapi::jiff::Timestamp;
 use tokio::{sync::mpsc, time::Instant};
-use tracing::{debug, info, info_span, warn};
+use tracing::{debug, error, info, info_span, warn};
 
 use crate::{
     dataplane::{
@@ -460,6 +460,7 @@ impl Runner {
                  socklb_rejected_frontends)"
             );
         }
+        self.log_short_of_room(rejected, !new.is_empty());
         let programmed = self.rejected.difference(&now).count();
         if programmed > 0 {
             info!(
@@ -468,6 +469,29 @@ impl Runner {
             );
         }
         self.rejected = now;
+    }
+
+    /// The frontends left out because a map is full at its bound: said once as an error
+    /// with the flags to raise whenever more are left out (`grew`), and kept off /readyz.
+    fn log_short_of_room(&self, rejected: &[Rejected], grew: bool) {
+        let flags: Vec<&str> = rejected
+            .iter()
+            .filter_map(|rejected| match rejected {
+                Rejected::MapFull { flag, .. } => Some(*flag),
+                Rejected::TooManyBackends { .. } => None,
+            })
+            .collect();
+        let short = flags.len();
+        let flags: BTreeSet<&str> = flags.into_iter().collect();
+        self.health.set_short_of_room(short);
+        if short > 0 && grew {
+            error!(
+                frontends = short,
+                raise = ?flags,
+                "Service frontends are not programmed: the maps are full at their bounds; raise \
+                 these flags (the node is not ready until they fit)"
+            );
+        }
     }
 
     /// Records which Service each frontend belongs to, for `socklb inspect`: the `touched`

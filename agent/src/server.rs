@@ -1,6 +1,6 @@
 //! HTTP endpoints: `/healthz` and `/livez` with kube-proxy's meaning (unhealthy when a
 //! queued change has waited longer than twice the sync period), `/readyz` (the first full
-//! sync is done) and `/metrics`.
+//! sync is done, and every frontend found room in the maps) and `/metrics`.
 use std::{
     net::SocketAddr,
     path::Path,
@@ -25,6 +25,8 @@ pub struct Health {
     last_queued: AtomicU64,
     last_updated: AtomicU64,
     ready: AtomicBool,
+    /// Frontends not programmed because the maps are full at their bounds.
+    short_of_room: AtomicU64,
 }
 
 impl Health {
@@ -35,6 +37,7 @@ impl Health {
             last_queued: AtomicU64::new(0),
             last_updated: AtomicU64::new(0),
             ready: AtomicBool::new(false),
+            short_of_room: AtomicU64::new(0),
         }
     }
 
@@ -64,6 +67,12 @@ impl Health {
 
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+
+    /// How many frontends the last sync left out for lack of room in the maps.
+    pub fn set_short_of_room(&self, frontends: usize) {
+        self.short_of_room
+            .store(frontends as u64, Ordering::Relaxed);
     }
 
     /// kube-proxy's rule: healthy unless a queued change waits longer than the timeout.
@@ -155,14 +164,26 @@ async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
     (status, body.to_string())
 }
 
+/// Not ready until the first full sync, nor while Services are left out for lack of room:
+/// a node that cannot serve its cluster must not pass for one that does (a rollout of new
+/// bounds stops there).
 async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
-    if shared.health.is_ready() {
-        (StatusCode::OK, "ok")
-    } else {
+    let short = shared.health.short_of_room.load(Ordering::Relaxed);
+    if !shared.health.is_ready() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "waiting for the first full sync",
+            "waiting for the first full sync".to_owned(),
         )
+    } else if short > 0 {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "{short} frontends are not programmed: the maps are full at their bounds (the \
+                 agent's log names the flag to raise)"
+            ),
+        )
+    } else {
+        (StatusCode::OK, "ok".to_owned())
     }
 }
 

@@ -59,6 +59,25 @@ fn raising_a_capacity_keeps_serving_services_up() {
         "socklb_rejected_frontends{outcome=\"not_programmed\"} 4",
         "socklb_rejected_frontends{outcome=\"kept_previous\"} 0",
     ]);
+    // Said as an error with the count and the flag (once per sync that left more out), and
+    // the node is not ready meanwhile.
+    let log = first.log();
+    assert!(
+        log.lines().any(|line| line.contains("ERROR")
+            && line.contains("frontends=5")
+            && line.contains("--max-service-entries")),
+        "an error counts the frontends that do not fit and names the flag: {log}"
+    );
+    let readyz = Command::new("curl")
+        .args(["-sS", "-m", "5", "-w", " %{http_code}"])
+        .arg("http://127.0.0.1:10256/readyz")
+        .output()
+        .expect("prerequisite missing: curl");
+    let readyz = String::from_utf8_lossy(&readyz.stdout);
+    assert!(
+        readyz.starts_with("5 frontends are not programmed") && readyz.ends_with(" 503"),
+        "/readyz while Services do not fit: {readyz}"
+    );
 
     // Raised, but not enough for everything: 12 entries hold four Services of six. The
     // client runs long enough for the restart to fall inside its run on a loaded machine.
