@@ -17,7 +17,7 @@ use aya::{
     Ebpf, Pod,
     maps::{HashMap, MapData, MapError},
 };
-use socklb_abi::{MaglevKey, map_names};
+use socklb_abi::{FrontendName, MaglevKey, map_names};
 use tracing::{error, info, warn};
 
 use super::Dataplane;
@@ -36,6 +36,13 @@ use crate::{
         writer::Capacity,
     },
 };
+
+/// The maps of a new load the agent writes: services and backends, Maglev, names.
+type Grown = (
+    KernelMaps,
+    HashMap<MapData, MaglevKey, u32>,
+    HashMap<MapData, u32, FrontendName>,
+);
 
 /// How long after a failed growth the next is tried: each try loads every program again.
 const GROWTH_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
@@ -120,6 +127,7 @@ impl Dataplane {
             (map_names::BACKENDS, target.backends != self.sizes.backends),
             (map_names::BACKENDS6, target.backends != self.sizes.backends),
             (map_names::MAGLEV, target.maglev != self.sizes.maglev),
+            (map_names::NAMES, target.services != self.sizes.services),
         ]
         .into_iter()
         .filter_map(|(name, grows)| grows.then_some(name))
@@ -133,7 +141,7 @@ impl Dataplane {
             &grown,
         )
         .map_err(Box::new)?;
-        let (kernel_maps, maglev) = match self.copy_into(&mut ebpf, &grown) {
+        let (kernel_maps, maglev, names) = match self.copy_into(&mut ebpf, &grown) {
             Ok(maps) => maps,
             Err(error) => {
                 load::remove_staging(&pin_dir);
@@ -160,6 +168,7 @@ impl Dataplane {
         // From here on the new maps are the ones: the links read them.
         drop(self.writer.replace_store(kernel_maps));
         drop(self.maglev.replace_map(maglev));
+        drop(self.names.replace_map(names));
         self.ebpf = ebpf;
         self.sizes = target;
         self.writer.set_capacity(Capacity {
@@ -185,11 +194,7 @@ impl Dataplane {
 
 impl Dataplane {
     /// The maps of the new load, the grown ones filled with the entries of the old.
-    fn copy_into(
-        &self,
-        ebpf: &mut Ebpf,
-        grown: &[&'static str],
-    ) -> Result<(KernelMaps, HashMap<MapData, MaglevKey, u32>), GrowError> {
+    fn copy_into(&self, ebpf: &mut Ebpf, grown: &[&'static str]) -> Result<Grown, GrowError> {
         let mut take =
             |name| take_map(ebpf, name).map_err(|error| GrowError::Load(Box::new(error)));
         let raw = RawMaps {
@@ -240,7 +245,16 @@ impl Dataplane {
         if grown.contains(&map_names::MAGLEV) {
             copy(map_names::MAGLEV, self.maglev.map(), &mut maglev)?;
         }
-        Ok((kernel_maps, maglev))
+        let mut names: HashMap<MapData, u32, FrontendName> = take(map_names::NAMES)?
+            .try_into()
+            .map_err(|source| GrowError::Map {
+                name: map_names::NAMES,
+                source,
+            })?;
+        if grown.contains(&map_names::NAMES) {
+            copy(map_names::NAMES, self.names.map(), &mut names)?;
+        }
+        Ok((kernel_maps, maglev, names))
     }
 }
 

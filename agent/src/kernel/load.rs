@@ -314,6 +314,9 @@ fn configure<'a>(
         // Each family's map has the size of the pair: the writer counts both families'
         // entries against one capacity, so neither can overflow.
         .map_max_entries(map_names::SERVICES6, sizes.services)
+        // One name per frontend, and a frontend holds at least one service entry: the names
+        // map grows with the service map (not preallocated: only names cost memory).
+        .map_max_entries(map_names::NAMES, sizes.services)
         .map_max_entries(map_names::BACKENDS6, sizes.backends)
         .map_max_entries(map_names::REVERSE, capacities.reverse)
         // The socket maps of both families share one slot mask.

@@ -97,6 +97,18 @@ impl NamesWriter {
         })
     }
 
+    pub fn map(&self) -> &BpfHashMap<MapData, u32, FrontendName> {
+        &self.map
+    }
+
+    /// Writes go to `map` from now on; it must hold what the old one held.
+    pub fn replace_map(
+        &mut self,
+        map: BpfHashMap<MapData, u32, FrontendName>,
+    ) -> BpfHashMap<MapData, u32, FrontendName> {
+        std::mem::replace(&mut self.map, map)
+    }
+
     pub fn readopt(&mut self) -> Result<(), MapError> {
         self.held.clear();
         self.adopted = self.map.iter().collect::<Result<_, _>>()?;

@@ -18,6 +18,7 @@ use aya::{
     },
 };
 use socklb_abi::{AffinityEntry, AffinityKey, ServiceEntry, ServiceKey, map_names, program_names};
+use socklb_agent::inspect;
 use socklb_tests::{
     Agent,
     echo::{EchoServer, echo},
@@ -35,11 +36,12 @@ const NODE_PORT: u16 = 30140;
 /// The maps that grow here (each family's service and backend maps share one size, so the
 /// IPv6 ones grow with the IPv4 ones); every other map must stay the same object, entries
 /// and all.
-const GROWN: [&str; 4] = [
+const GROWN: [&str; 5] = [
     map_names::SERVICES,
     map_names::BACKENDS,
     map_names::SERVICES6,
     map_names::BACKENDS6,
+    map_names::NAMES,
 ];
 
 #[test]
@@ -181,6 +183,17 @@ fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
         }
     }
 
+    // The names map grew with the service map: every frontend is still named.
+    let named = inspect::inspect(&sandbox.pin_dir, None)
+        .expect("inspect")
+        .frontends
+        .iter()
+        .filter(|frontend| frontend.service.is_some())
+        .count();
+    assert!(
+        named > STAGES[2],
+        "{named} frontends named after the growths"
+    );
     echo(&mut outside).expect("the flow from outside echoes after the growths");
     echo(&mut from_vm).expect("the VM's flow echoes after the growths");
     assert_eq!(
