@@ -57,8 +57,9 @@ impl Capacities {
 impl Default for Capacities {
     fn default() -> Self {
         Self {
-            service_entries: 1_048_576,
-            backends: 262_144,
+            // 100,000 Services of 10 endpoints: 1.1 million entries, a million backends.
+            service_entries: 4_194_304,
+            backends: 2_097_152,
             reverse: 16_384,
             affinity: 8_192,
             conntrack: 32_768,
