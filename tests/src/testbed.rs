@@ -9,19 +9,21 @@
 //!   pods: 10.244.<node>.<10 + i> on their node's bridge cbr0 (10.244.<node>.1)
 //! ```
 //!
-//! Each node forwards and routes the other's pod subnet through it. The service CIDR and the
-//! documentation range used for externalIPs are blackholed in every namespace, so that a
-//! destination socklb did not translate never leaves: the client gets EINVAL. A process "in
-//! a pod" or "on a node" (hostNetwork) runs in that node's cgroup, where that node's agent
-//! attached its programs; the outside client's processes run in no such cgroup. The fake API
-//! server listens on every address of node1, so node2's agent reaches it over the LAN.
-//! Everything is removed in Drop, also when a test panics.
+//! Each node forwards and routes the other's pod subnet through it. A process "in a pod" or
+//! "on a node" (hostNetwork) runs in that node's cgroup, where that node's agent attached its
+//! programs; the outside client's processes run in no such cgroup. Pods reach Services over
+//! one of two paths, chosen per test ([`PodPath`]): the socket hooks, or the per-packet path
+//! on their node's side of their veth. Either way a destination socklb did not translate
+//! never leaves the machine: the service CIDR and the documentation range used for
+//! externalIPs end in a route that stops it ([`PodPath::not_served`] says what the client
+//! gets). The fake API server listens on every address of node1, so node2's agent reaches it
+//! over the LAN. Everything is removed in Drop, also when a test panics.
 use std::{
     ffi::OsStr,
     fs,
     net::{Ipv4Addr, SocketAddrV4},
     path::PathBuf,
-    process::Command,
+    process::{Command, Output, Stdio},
     time::Duration,
 };
 
@@ -49,6 +51,73 @@ pub const EXTERNAL_CIDR: &str = "203.0.113.0/24";
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 10);
 /// How long a test waits for the agents to follow a change of the API objects.
 pub const CONVERGE: Duration = Duration::from_secs(20);
+
+/// The path that translates a pod's connections to Services; hostNetwork clients always
+/// take the socket hooks, the outside client the external TC path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PodPath {
+    /// The socket hooks, at connect() and sendmsg() (the agent's default scope): a pod's
+    /// packets carry the backend already. Every namespace blackholes the service CIDR, so
+    /// an untranslated destination fails at once with EINVAL.
+    SocketLb,
+    /// The per-packet path (`--socket-lb-scope host`): a pod's packets leave it with the
+    /// Service address, and `socklb_tc_pod` on its node's side of the veth translates them.
+    /// Pods route the service CIDR to their node like any address; the nodes end it in an
+    /// `unreachable` route instead of a blackhole (which would drop a forwarded packet
+    /// silently), so an untranslated destination fails with EHOSTUNREACH: at once on the
+    /// node, and in a pod once the node answers it (the kernel answers each source about
+    /// once a second, `net.ipv4.route.error_cost`, so a TCP connect fails with its SYN's
+    /// first retransmission).
+    PerPacket,
+}
+
+impl PodPath {
+    /// The agent's flags for this path.
+    fn agent_flags(self) -> &'static [&'static str] {
+        match self {
+            Self::SocketLb => &[],
+            Self::PerPacket => &["--socket-lb-scope", "host"],
+        }
+    }
+
+    /// What ends the service CIDR and the externalIP range on a node.
+    fn node_route(self) -> &'static str {
+        match self {
+            Self::SocketLb => "blackhole",
+            Self::PerPacket => "unreachable",
+        }
+    }
+
+    /// The error (the probe's name for it) a client at `at` gets for a destination socklb
+    /// did not translate: where its packet is stopped, a blackhole (EINVAL) or an
+    /// unreachable route (EHOSTUNREACH).
+    pub fn not_served(self, at: At) -> &'static str {
+        match (self, at) {
+            (Self::PerPacket, At::Pod(_) | At::Host(_)) => "EHOSTUNREACH",
+            _ => "EINVAL",
+        }
+    }
+}
+
+/// Runs each scenario (a fn of the calling module taking a [`PodPath`]) once per path, as
+/// the tests `socket_lb::<scenario>` and `per_packet::<scenario>`.
+#[macro_export]
+macro_rules! for_each_pod_path {
+    ($($scenario:ident),* $(,)?) => {
+        mod socket_lb {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario($crate::testbed::PodPath::SocketLb);
+            })*
+        }
+        mod per_packet {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario($crate::testbed::PodPath::PerPacket);
+            })*
+        }
+    };
+}
 
 /// One of the two nodes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -137,6 +206,8 @@ impl Drop for SecondNode {
 /// The cluster. Fields drop in order: agents, API server, second node's state, namespaces,
 /// then the sandbox (pins, cgroup, and the thread back in its namespace).
 pub struct Testbed {
+    /// The path that serves the pods.
+    pub path: PodPath,
     agents: Vec<(NodeId, Agent)>,
     pub api: FakeApiServer,
     second: SecondNode,
@@ -149,10 +220,15 @@ pub struct Testbed {
 }
 
 impl Testbed {
-    /// Builds the cluster for test `tag` (short, unique among the tests of the suite) with
-    /// `pods[0]` pods on node1 and `pods[1]` on node2, creates both Nodes in the API, and
-    /// starts the agent on each node of `agents`.
-    pub fn new(tag: &str, pods: [usize; 2], agents: &[NodeId]) -> Self {
+    /// Builds the cluster for test `tag` (short, unique among the scenarios of the suite;
+    /// the path is added to it) with `pods[0]` pods on node1 and `pods[1]` on node2, whose
+    /// connections to Services take `path`, creates both Nodes in the API, and starts the
+    /// agent on each node of `agents`.
+    pub fn new(tag: &str, path: PodPath, pods: [usize; 2], agents: &[NodeId]) -> Self {
+        let tag = match path {
+            PodPath::SocketLb => format!("{tag}-s"),
+            PodPath::PerPacket => format!("{tag}-p"),
+        };
         let sandbox = Sandbox::new(&format!("e2e-{tag}"));
         let prefix = format!("slb{}{tag}", std::process::id());
         let switch = Netns::new(&format!("{prefix}-sw"));
@@ -198,9 +274,17 @@ impl Testbed {
                 "via",
                 &other.address().to_string(),
             ]);
-            blackhole(|args| on(args));
+            stop_untranslated(path.node_route(), |args| on(args));
         }
-        blackhole(|args| client.ip(args));
+        if path == PodPath::PerPacket {
+            // The ICMP limit per destination spends the same tokens as the routing's limit
+            // on unreachable errors per source (one a second): with both, most of a pod's
+            // SYNs to an untranslated address would go unanswered, and its connect time out.
+            let unlimited = "net.ipv4.icmp_ratelimit=0";
+            run(Command::new("sysctl").args(["-qw", unlimited]));
+            node2.sysctl(unlimited);
+        }
+        stop_untranslated("blackhole", |args| client.ip(args));
 
         let mut all_pods = Vec::new();
         for (node, count) in [(NodeId::One, pods[0]), (NodeId::Two, pods[1])] {
@@ -225,7 +309,9 @@ impl Testbed {
                     "via",
                     &node.pod_gateway().to_string(),
                 ]);
-                blackhole(|args| netns.ip(args));
+                if path == PodPath::SocketLb {
+                    stop_untranslated("blackhole", |args| netns.ip(args));
+                }
                 all_pods.push(Pod {
                     name,
                     node,
@@ -263,6 +349,7 @@ impl Testbed {
         let (kubeconfig1, kubeconfig2) = (kubeconfig(NodeId::One), kubeconfig(NodeId::Two));
 
         // Both agents start at once; each waits for its first full sync.
+        let flags = path.agent_flags();
         let agents = std::thread::scope(|scope| {
             let started: Vec<_> = agents
                 .iter()
@@ -272,10 +359,10 @@ impl Testbed {
                     // A new thread starts in the namespace of this one: node1's.
                     scope.spawn(move || {
                         let agent = match node {
-                            NodeId::One => Agent::start_kube(sandbox, kubeconfig1, "node1", &[]),
+                            NodeId::One => Agent::start_kube(sandbox, kubeconfig1, "node1", flags),
                             NodeId::Two => node2.enter(|| {
                                 let state = (second.pin_dir.as_path(), second.cgroup.as_path());
-                                Agent::start_at(state, Source::Kube(kubeconfig2), "node2", &[])
+                                Agent::start_at(state, Source::Kube(kubeconfig2), "node2", flags)
                             }),
                         };
                         (node, agent)
@@ -289,6 +376,7 @@ impl Testbed {
         });
 
         Self {
+            path,
             agents,
             api,
             second,
@@ -387,16 +475,41 @@ impl Testbed {
     /// headers: HTTP/0.9): the body, or curl's error.
     pub fn curl(&self, at: At, target: SocketAddrV4) -> Result<String, String> {
         let output = self
-            .command(at, "curl")
-            .args(["--silent", "--show-error", "--http0.9", "--max-time", "2"])
-            .arg(format!("http://{target}/"))
+            .curl_command(at, target)
             .output()
             .expect("prerequisite missing: curl (apt-get install curl; ./x setup does)");
-        if output.status.success() {
-            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
-        }
+        curl_result(&output)
+    }
+
+    /// `count` requests as [`curl`](Self::curl) makes them, all at once (requests that time
+    /// out take their 2 s together): their results.
+    pub fn curl_at_once(
+        &self,
+        at: At,
+        target: SocketAddrV4,
+        count: usize,
+    ) -> Vec<Result<String, String>> {
+        let children: Vec<_> = (0..count)
+            .map(|_| {
+                self.curl_command(at, target)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("prerequisite missing: curl (apt-get install curl; ./x setup does)")
+            })
+            .collect();
+        children
+            .into_iter()
+            .map(|child| curl_result(&child.wait_with_output().expect("wait for curl")))
+            .collect()
+    }
+
+    fn curl_command(&self, at: At, target: SocketAddrV4) -> Command {
+        let mut command = self.command(at, "curl");
+        command
+            .args(["--silent", "--show-error", "--http0.9", "--max-time", "2"])
+            .arg(format!("http://{target}/"));
+        command
     }
 
     /// A TCP server in `pod` on `port` answering `<pod name> <client address:port>`.
@@ -501,6 +614,15 @@ impl Testbed {
     }
 }
 
+/// curl's body, or its error.
+fn curl_result(output: &Output) -> Result<String, String> {
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+    }
+}
+
 /// `ip <args>` in node1, the namespace of the test's thread.
 fn here(args: &[&str]) {
     run(Command::new("ip").args(args));
@@ -513,9 +635,10 @@ fn on_node(node2: &Netns, node: NodeId, args: &[&str]) {
     }
 }
 
-/// Blackhole routes for the service CIDR and the externalIP range, through `ip`.
-fn blackhole(ip: impl Fn(&[&str])) {
+/// Routes of `kind` (blackhole, unreachable) for the service CIDR and the externalIP range,
+/// through `ip`.
+fn stop_untranslated(kind: &str, ip: impl Fn(&[&str])) {
     for cidr in [SERVICE_CIDR, EXTERNAL_CIDR] {
-        ip(&["route", "add", "blackhole", cidr]);
+        ip(&["route", "add", kind, cidr]);
     }
 }

@@ -94,8 +94,9 @@ counters! {
     /// Flows from pod devices to an internal frontend given a backend by the per-packet
     /// path (new conntrack entries).
     pod_flows,
-    /// Packets from pod devices to an internal frontend without a usable backend here
-    /// (internalTrafficPolicy Local without a local endpoint), dropped.
+    /// Packets from pod devices to an internal frontend without a usable backend: refused
+    /// with ICMP port unreachable if its Service has no endpoint at all (past the rate
+    /// limit, dropped), else (internalTrafficPolicy Local without a local endpoint) dropped.
     pod_no_backend,
 }
 

@@ -3,7 +3,8 @@
 //!
 //! - a packet to a frontend whose Service has no endpoint at all is answered with ICMP
 //!   port unreachable (ICMPv6 port unreachable), as kube-proxy's REJECT answers it, so
-//!   that the client fails at once (ECONNREFUSED) instead of waiting out its timeout;
+//!   that the client fails at once (ECONNREFUSED) instead of waiting out its timeout; so
+//!   is a workload's packet on the per-packet path, each side counting its own;
 //! - a packet too big for the path to its remote backend (an overlay's smaller MTU, a
 //!   route's `mtu`) with "don't fragment" (always, over IPv6) is answered with
 //!   "fragmentation needed" (Packet Too Big) and that MTU, as a router answers it, so
@@ -36,6 +37,7 @@ use crate::{
     deliver::TC_ACT_SHOT,
     maps::REJECT_BUDGET,
     packet::{ETH_HLEN, IPV6_HEADER_LEN, PROTO_ICMP, PROTO_ICMPV6},
+    side::Side,
 };
 
 /// Answers one CPU sends in a second at most.
@@ -108,17 +110,33 @@ impl IcmpError {
     }
 }
 
-/// Answers the IPv4 packet in `ctx` with ICMP port unreachable; its verdict. Out of line,
-/// called from the program's entry: its stack is not added to the TCP/UDP path's.
+/// Answers the IPv4 packet in `ctx`, from side `S`, with ICMP port unreachable; its
+/// verdict. Out of line, called from the program's entry: its stack is not added to the
+/// TCP/UDP path's.
 #[inline(never)]
-pub fn refuse4(ctx: &TcContext) -> i32 {
-    counted(answer_ipv4(ctx, IcmpError::PORT_UNREACHABLE), Refusal)
+pub fn refuse4<S: Side>(ctx: &TcContext) -> i32 {
+    refused::<S>(answer_ipv4(ctx, IcmpError::PORT_UNREACHABLE))
 }
 
 /// [`refuse4`] for IPv6.
 #[inline(never)]
-pub fn refuse6(ctx: &TcContext) -> i32 {
-    counted(answer_ipv6(ctx, IcmpError::PORT_UNREACHABLE6), Refusal)
+pub fn refuse6<S: Side>(ctx: &TcContext) -> i32 {
+    refused::<S>(answer_ipv6(ctx, IcmpError::PORT_UNREACHABLE6))
+}
+
+/// The verdict of a refusal (or the drop of a packet not answered), counted by its side.
+#[inline(always)]
+fn refused<S: Side>(answered: Option<i32>) -> i32 {
+    match answered {
+        Some(verdict) => {
+            bump(S::refused);
+            verdict
+        }
+        None => {
+            bump(S::no_backend);
+            TC_ACT_SHOT
+        }
+    }
 }
 
 /// Answers the IPv4 packet in `ctx`, too big for the path to its backend, with
@@ -151,30 +169,21 @@ pub fn expired6(ctx: &TcContext) -> i32 {
     counted(answer_ipv6(ctx, IcmpError::TIME_EXCEEDED6), Expired)
 }
 
-/// Why a packet is answered, for the counters.
+/// Why a packet from outside is answered, for the counters.
 #[derive(Clone, Copy)]
 enum Why {
-    Refusal,
     TooBig,
     Expired,
 }
-use Why::{Expired, Refusal, TooBig};
+use Why::{Expired, TooBig};
 
 /// The verdict of an answer (or the drop of a packet not answered), counted.
 #[inline(always)]
 fn counted(answered: Option<i32>, why: Why) -> i32 {
     match (answered, why) {
-        (Some(verdict), Refusal) => {
-            bump(|c| &mut c.rejected);
-            verdict
-        }
         (Some(verdict), TooBig) => {
             bump(|c| &mut c.too_big_answered);
             verdict
-        }
-        (None, Refusal) => {
-            bump(|c| &mut c.external_no_backend);
-            TC_ACT_SHOT
         }
         (None, TooBig) => {
             bump(|c| &mut c.too_big_dropped);

@@ -39,6 +39,10 @@ pub trait Side {
     /// The counter of new flows, and of packets dropped for want of a usable backend here.
     fn flows(counters: &mut Counters) -> &mut u64;
     fn no_backend(counters: &mut Counters) -> &mut u64;
+    /// The counter of packets refused (answered with ICMP port unreachable) because their
+    /// Service has no endpoint at all; those past the rate limit count as
+    /// [`no_backend`](Self::no_backend).
+    fn refused(counters: &mut Counters) -> &mut u64;
 }
 
 /// Traffic from outside the node, on its external devices: NodePorts, LoadBalancer IPs and
@@ -66,6 +70,11 @@ impl Side for External {
     #[inline(always)]
     fn no_backend(counters: &mut Counters) -> &mut u64 {
         &mut counters.external_no_backend
+    }
+
+    #[inline(always)]
+    fn refused(counters: &mut Counters) -> &mut u64 {
+        &mut counters.rejected
     }
 }
 
@@ -95,6 +104,13 @@ impl Side for Pod {
 
     #[inline(always)]
     fn no_backend(counters: &mut Counters) -> &mut u64 {
+        &mut counters.pod_no_backend
+    }
+
+    /// One counter for both, as the socket path's `no_backend` counts every connection it
+    /// turns away.
+    #[inline(always)]
+    fn refused(counters: &mut Counters) -> &mut u64 {
         &mut counters.pod_no_backend
     }
 }

@@ -37,14 +37,14 @@ fn ingress<S: Side>(ctx: &TcContext) -> i32 {
     match packet::ether_type(ctx) {
         Some(ETH_P_IP) => match ingress4::<S>(ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V4>(ctx, true),
-            REFUSE => reject::refuse4(ctx),
+            REFUSE => reject::refuse4::<S>(ctx),
             EXPIRED => reject::expired4(ctx),
             code if code <= TOO_BIG => reject::too_big4(ctx, (TOO_BIG - code) as u16),
             verdict => verdict,
         },
         Some(ETH_P_IPV6) => match ingress6::<S>(ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V6>(ctx, true),
-            REFUSE => reject::refuse6(ctx),
+            REFUSE => reject::refuse6::<S>(ctx),
             EXPIRED => reject::expired6(ctx),
             code if code <= TOO_BIG => reject::too_big6(ctx, (TOO_BIG - code) as u16),
             verdict => verdict,

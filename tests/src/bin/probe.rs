@@ -143,6 +143,8 @@ fn error_name(error: &std::io::Error) -> String {
     match error.raw_os_error() {
         Some(libc::ECONNREFUSED) => "ECONNREFUSED".to_owned(),
         Some(libc::ENETUNREACH) => "ENETUNREACH".to_owned(),
+        // What an unreachable route gives (the testbed's nodes with the per-packet path).
+        Some(libc::EHOSTUNREACH) => "EHOSTUNREACH".to_owned(),
         Some(libc::EPERM) => "EPERM".to_owned(),
         // What a blackhole route gives: the destination was not translated.
         Some(libc::EINVAL) => "EINVAL".to_owned(),

@@ -5,14 +5,22 @@ use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use socklb_tests::{
     cluster::{endpoint, service, slice},
-    testbed::{At, Testbed},
+    testbed::{At, PodPath, Testbed},
 };
 
-use crate::scenario::{ONE, TWO, at, curl_answer, seen_by_servers, vip, wait_for};
+use crate::scenario::{
+    ONE, TWO, assert_pods_path, at, curl_answer, seen_by_servers, vip, wait_for,
+};
 
-#[test]
-fn should_preserve_source_pod_ip_for_traffic_thru_service_cluster_ip() {
-    let tb = Testbed::new("sourceip", [2, 1], &[ONE, TWO]);
+socklb_tests::for_each_pod_path!(
+    should_preserve_source_pod_ip_for_traffic_thru_service_cluster_ip,
+    should_allow_pods_to_hairpin_back_to_themselves_through_services,
+    should_be_possible_to_connect_to_a_service_via_externalip_when_the_external_ip_is_not_assigned_to_a_node,
+    should_be_able_to_update_service_type_to_nodeport_listening_on_same_port_number_but_different_protocols,
+);
+
+fn should_preserve_source_pod_ip_for_traffic_thru_service_cluster_ip(path: PodPath) {
+    let tb = Testbed::new("sourceip", path, [2, 1], &[ONE, TWO]);
     let (server, near, far) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(TWO, 0));
     let _server = tb.tcp_server(server, 8080);
     let svc = service("sourceip-test", vip(50)).port("http", 8080, "TCP");
@@ -29,11 +37,12 @@ fn should_preserve_source_pod_ip_for_traffic_thru_service_cluster_ip() {
             client.name
         );
     }
+    assert_pods_path(&tb, ONE);
+    assert_pods_path(&tb, TWO);
 }
 
-#[test]
-fn should_allow_pods_to_hairpin_back_to_themselves_through_services() {
-    let tb = Testbed::new("hairpin", [1, 0], &[ONE]);
+fn should_allow_pods_to_hairpin_back_to_themselves_through_services(path: PodPath) {
+    let tb = Testbed::new("hairpin", path, [1, 0], &[ONE]);
     let pod = tb.pod(ONE, 0);
     let _server = tb.tcp_server(pod, 8080);
     let svc = service("hairpin-test", vip(51)).port("http", 8080, "TCP");
@@ -42,7 +51,13 @@ fn should_allow_pods_to_hairpin_back_to_themselves_through_services() {
     wait_for(&tb, At::Pod(pod), "tcp", target, &["pod11"]);
     assert_eq!(curl_answer(&tb, At::Pod(pod), target), "pod11");
     let attempts = tb.probe(At::Pod(pod), "tcp", target, 3);
-    assert_eq!(seen_by_servers(&attempts), BTreeSet::from([pod.ip.into()]));
+    // Its socket connects to itself; the per-packet path SNATs the flow to the node, as
+    // kube-proxy masquerades it (the pod would drop a packet from its own address).
+    let source = match path {
+        PodPath::SocketLb => pod.ip,
+        PodPath::PerPacket => ONE.address(),
+    };
+    assert_eq!(seen_by_servers(&attempts), BTreeSet::from([source.into()]));
     for attempt in &attempts {
         assert_eq!(
             attempt.peer.as_deref(),
@@ -52,10 +67,10 @@ fn should_allow_pods_to_hairpin_back_to_themselves_through_services() {
     }
 }
 
-#[test]
-fn should_be_possible_to_connect_to_a_service_via_externalip_when_the_external_ip_is_not_assigned_to_a_node()
- {
-    let tb = Testbed::new("extip", [3, 0], &[ONE]);
+fn should_be_possible_to_connect_to_a_service_via_externalip_when_the_external_ip_is_not_assigned_to_a_node(
+    path: PodPath,
+) {
+    let tb = Testbed::new("extip", path, [3, 0], &[ONE]);
     let (pod1, pod2, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(ONE, 2));
     let _servers = [tb.tcp_server(pod1, 9376), tb.tcp_server(pod2, 9376)];
     let external_ip = Ipv4Addr::new(203, 0, 113, 250);
@@ -70,10 +85,10 @@ fn should_be_possible_to_connect_to_a_service_via_externalip_when_the_external_i
     assert!(both.contains(&name.as_str()), "curl got {name}");
 }
 
-#[test]
-fn should_be_able_to_update_service_type_to_nodeport_listening_on_same_port_number_but_different_protocols()
- {
-    let tb = Testbed::new("npproto", [3, 0], &[ONE]);
+fn should_be_able_to_update_service_type_to_nodeport_listening_on_same_port_number_but_different_protocols(
+    path: PodPath,
+) {
+    let tb = Testbed::new("npproto", path, [3, 0], &[ONE]);
     let (pod1, pod2, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(ONE, 2));
     let _servers = [
         tb.tcp_server(pod1, 9376),

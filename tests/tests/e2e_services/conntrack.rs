@@ -11,10 +11,17 @@ use socklb_tests::{
     Dnsmasq,
     boom_server::{BoomServer, Reaction},
     cluster::{ServiceBuilder, endpoint, not_ready, service, slice},
-    testbed::{At, Pod, Testbed},
+    testbed::{At, Pod, PodPath, Testbed},
 };
 
 use crate::scenario::{ONE, TWO, at, vip, wait_for};
+
+socklb_tests::for_each_pod_path!(
+    should_be_able_to_preserve_udp_traffic_when_server_pod_cycles_for_a_nodeport_service,
+    should_be_able_to_preserve_udp_traffic_when_server_pod_cycles_for_a_clusterip_service,
+    should_be_able_to_preserve_udp_traffic_when_initial_unready_endpoints_get_ready,
+    should_drop_invalid_conntrack_entries,
+);
 
 /// dig from `at`, always from source port 12345 (one flow to conntrack, as upstream's
 /// `nc -p 12345`): the address the DNS server answered, or dig's complaint.
@@ -83,27 +90,28 @@ fn udp_through_server_cycle(
     }
 }
 
-#[test]
-fn should_be_able_to_preserve_udp_traffic_when_server_pod_cycles_for_a_nodeport_service() {
+fn should_be_able_to_preserve_udp_traffic_when_server_pod_cycles_for_a_nodeport_service(
+    path: PodPath,
+) {
     // The client pod on node2 sends to node1's NodePort; the servers run on node1.
-    let tb = Testbed::new("udpcyclenp", [2, 1], &[ONE, TWO]);
+    let tb = Testbed::new("udpcyclenp", path, [2, 1], &[ONE, TWO]);
     let svc = service("svc-udp", vip(100)).node_port("udp", 53, "UDP", 30053);
     let pods = (tb.pod(TWO, 0), [tb.pod(ONE, 0), tb.pod(ONE, 1)]);
     udp_through_server_cycle(&tb, svc, pods, at(ONE.address(), 30053));
 }
 
-#[test]
-fn should_be_able_to_preserve_udp_traffic_when_server_pod_cycles_for_a_clusterip_service() {
+fn should_be_able_to_preserve_udp_traffic_when_server_pod_cycles_for_a_clusterip_service(
+    path: PodPath,
+) {
     // The client pod on node1, the servers on node2.
-    let tb = Testbed::new("udpcyclecip", [1, 2], &[ONE, TWO]);
+    let tb = Testbed::new("udpcyclecip", path, [1, 2], &[ONE, TWO]);
     let svc = service("svc-udp", vip(101)).port("udp", 53, "UDP");
     let pods = (tb.pod(ONE, 0), [tb.pod(TWO, 0), tb.pod(TWO, 1)]);
     udp_through_server_cycle(&tb, svc, pods, at(vip(101), 53));
 }
 
-#[test]
-fn should_be_able_to_preserve_udp_traffic_when_initial_unready_endpoints_get_ready() {
-    let tb = Testbed::new("udpunready", [1, 1], &[ONE, TWO]);
+fn should_be_able_to_preserve_udp_traffic_when_initial_unready_endpoints_get_ready(path: PodPath) {
+    let tb = Testbed::new("udpunready", path, [1, 1], &[ONE, TWO]);
     let (client, server) = (tb.pod(ONE, 0), tb.pod(TWO, 0));
     let answer = Ipv4Addr::new(192, 0, 2, 3);
     let _dns = dns_server(server, answer);
@@ -134,14 +142,13 @@ fn should_be_able_to_preserve_udp_traffic_when_initial_unready_endpoints_get_rea
     }
 }
 
-#[test]
-fn should_drop_invalid_conntrack_entries() {
-    let tb = Testbed::new("invalid", [1, 1], &[ONE, TWO]);
+fn should_drop_invalid_conntrack_entries(path: PodPath) {
+    let tb = Testbed::new("invalid", path, [1, 1], &[ONE, TWO]);
     let server = tb.pod(ONE, 0);
     let boom = BoomServer::start(&server.netns, at(server.ip, 9000));
     let svc = service("boom-server", vip(103)).node_port("tcp", 9000, "TCP", 30900);
     tb.serve(svc, ("tcp", 9000, "TCP"), &[server]);
-    // A client pod on the other node through the cluster IP (socket translation), and the
+    // A client pod on the other node through the cluster IP (its node's pod path), and the
     // outside client through the NodePort (TC): every connection gets an out-of-window
     // segment from the server, and must answer it with an ACK, not a RST.
     let client = tb.pod(TWO, 0);

@@ -3,10 +3,15 @@
 use socklb_tests::{
     NamedServer,
     cluster::service,
-    testbed::{At, Pod, Testbed},
+    testbed::{At, Pod, PodPath, Testbed},
 };
 
 use crate::scenario::{ONE, at, vip, wait_for};
+
+socklb_tests::for_each_pod_path!(
+    should_support_a_service_with_multiple_ports_specified_in_multiple_endpointslices,
+    should_support_a_service_with_multiple_endpoint_ips_specified_in_multiple_endpointslices,
+);
 
 /// Service example-custom-endpoints on 10.96.0.`host`, ports 80 and 81, and a slice of its
 /// own for each: `slices` are each one's (target port, endpoint). node1's pod `client`
@@ -36,9 +41,10 @@ fn custom_slices(
     }
 }
 
-#[test]
-fn should_support_a_service_with_multiple_ports_specified_in_multiple_endpointslices() {
-    let tb = Testbed::new("slicesports", [2, 0], &[ONE]);
+fn should_support_a_service_with_multiple_ports_specified_in_multiple_endpointslices(
+    path: PodPath,
+) {
+    let tb = Testbed::new("slicesports", path, [2, 0], &[ONE]);
     let (server, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
     let _servers = [8090, 9090].map(|port| {
         let name = format!("pod11:{port}");
@@ -48,9 +54,10 @@ fn should_support_a_service_with_multiple_ports_specified_in_multiple_endpointsl
     custom_slices(&tb, 110, slices, exec, ["pod11:8090", "pod11:9090"]);
 }
 
-#[test]
-fn should_support_a_service_with_multiple_endpoint_ips_specified_in_multiple_endpointslices() {
-    let tb = Testbed::new("slicesips", [3, 0], &[ONE]);
+fn should_support_a_service_with_multiple_endpoint_ips_specified_in_multiple_endpointslices(
+    path: PodPath,
+) {
+    let tb = Testbed::new("slicesips", path, [3, 0], &[ONE]);
     let (pod1, pod2, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(ONE, 2));
     let _servers = [tb.tcp_server(pod1, 8090), tb.tcp_server(pod2, 8090)];
     custom_slices(

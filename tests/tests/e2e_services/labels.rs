@@ -4,15 +4,20 @@
 use socklb_tests::{
     NamedServer,
     cluster::{endpoint, service, slice},
-    testbed::{At, Testbed},
+    testbed::{At, PodPath, Testbed},
 };
 
-use crate::scenario::{NOT_SERVED, ONE, at, vip, wait_for};
+use crate::scenario::{ONE, at, not_served, vip, wait_for};
+
+socklb_tests::for_each_pod_path!(
+    should_implement_service_kubernetes_io_service_proxy_name,
+    should_implement_service_kubernetes_io_headless,
+);
 
 /// `label` on a Service turns it off for every proxy: one Service has it from the start and
 /// is never served; another gains it (off), then loses it (served again).
-fn label_turns_proxying_off(tag: &str, label: &str, value: &str) {
-    let tb = Testbed::new(tag, [5, 0], &[ONE]);
+fn label_turns_proxying_off((tag, path): (&str, PodPath), label: &str, value: &str) {
+    let tb = Testbed::new(tag, path, [5, 0], &[ONE]);
     let _servers: Vec<NamedServer> = (0..4)
         .map(|i| tb.tcp_server(tb.pod(ONE, i), 9376))
         .collect();
@@ -46,32 +51,30 @@ fn label_turns_proxying_off(tag: &str, label: &str, value: &str) {
     let toggled = at(vip(71), 80);
     let disabled = at(vip(70), 80);
     wait_for(&tb, exec, "tcp", toggled, &["pod13", "pod14"]);
-    wait_for(&tb, exec, "tcp", disabled, &[NOT_SERVED]);
+    wait_for(&tb, exec, "tcp", disabled, &[&not_served(&tb, exec)]);
 
     tb.api.apply(&svc("service-toggled", vip(71), true));
     tb.api.apply(&slice_of("service-toggled", 2, true));
-    wait_for(&tb, exec, "tcp", toggled, &[NOT_SERVED]);
+    wait_for(&tb, exec, "tcp", toggled, &[&not_served(&tb, exec)]);
 
     tb.api.apply(&svc("service-toggled", vip(71), false));
     tb.api.apply(&slice_of("service-toggled", 2, false));
     wait_for(&tb, exec, "tcp", toggled, &["pod13", "pod14"]);
-    wait_for(&tb, exec, "tcp", disabled, &[NOT_SERVED]);
+    wait_for(&tb, exec, "tcp", disabled, &[&not_served(&tb, exec)]);
     assert!(
         tb.inspect(ONE, Some(vip(70))).frontends.is_empty(),
         "the labelled Service was never programmed"
     );
 }
 
-#[test]
-fn should_implement_service_kubernetes_io_service_proxy_name() {
+fn should_implement_service_kubernetes_io_service_proxy_name(path: PodPath) {
     label_turns_proxying_off(
-        "proxyname",
+        ("proxyname", path),
         "service.kubernetes.io/service-proxy-name",
         "foo-bar",
     );
 }
 
-#[test]
-fn should_implement_service_kubernetes_io_headless() {
-    label_turns_proxying_off("headless", "service.kubernetes.io/headless", "");
+fn should_implement_service_kubernetes_io_headless(path: PodPath) {
+    label_turns_proxying_off(("headless", path), "service.kubernetes.io/headless", "");
 }

@@ -3,7 +3,7 @@
 //! refused.
 use socklb_tests::{
     cluster::{endpoint, not_ready, service, slice, terminating_unready},
-    testbed::{At, Testbed},
+    testbed::{At, PodPath, Testbed},
 };
 
 use crate::{
@@ -11,22 +11,33 @@ use crate::{
     terminating_endpoints::TerminatingCase,
 };
 
+socklb_tests::for_each_pod_path!(
+    should_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotreadyaddresses_is_true,
+    should_not_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotreadyaddresses_is_false,
+    should_create_endpoints_for_unready_pods,
+);
+
 /// A NodePort Service whose only endpoint, pod11 on node1, is deleted and fails its
 /// readiness probe (neither ready nor serving, terminating); the client pod is on node2.
-fn terminating_unready_case(tag: &str, host: u8, node_port: u16, publish: bool) -> TerminatingCase {
+fn terminating_unready_case(
+    (tag, path): (&str, PodPath),
+    host: u8,
+    node_port: u16,
+    publish: bool,
+) -> TerminatingCase {
     let svc = service("svc-tolerate-unready", vip(host)).node_port("http", 80, "TCP", node_port);
     let svc = if publish {
         svc.publish_not_ready_addresses()
     } else {
         svc
     };
-    TerminatingCase::new(tag, [1, 1], svc, (TWO, 0), terminating_unready)
+    TerminatingCase::new((tag, path), [1, 1], svc, (TWO, 0), terminating_unready)
 }
 
-#[test]
-fn should_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotreadyaddresses_is_true()
- {
-    let case = terminating_unready_case("pnratrue", 95, 30113, true);
+fn should_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotreadyaddresses_is_true(
+    path: PodPath,
+) {
+    let case = terminating_unready_case(("pnratrue", path), 95, 30113, true);
     let client = At::Pod(case.tb.pod(TWO, 0));
     // The cluster IP, node1's NodePort (from outside node1) and node2's (its own node).
     for target in [
@@ -40,10 +51,10 @@ fn should_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotr
     }
 }
 
-#[test]
-fn should_not_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotreadyaddresses_is_false()
- {
-    let case = terminating_unready_case("pnrafalse", 96, 30114, false);
+fn should_not_be_able_to_connect_to_terminating_and_unready_endpoints_if_publishnotreadyaddresses_is_false(
+    path: PodPath,
+) {
+    let case = terminating_unready_case(("pnrafalse", path), 96, 30114, false);
     let tb = &case.tb;
     let client = At::Pod(tb.pod(TWO, 0));
     // node2's socklb refuses the cluster IP and its own NodePort...
@@ -58,9 +69,8 @@ fn should_not_be_able_to_connect_to_terminating_and_unready_endpoints_if_publish
     assert!(tb.inspect(ONE, None).counters.rejected > before);
 }
 
-#[test]
-fn should_create_endpoints_for_unready_pods() {
-    let tb = Testbed::new("unready", [2, 0], &[ONE]);
+fn should_create_endpoints_for_unready_pods(path: PodPath) {
+    let tb = Testbed::new("unready", path, [2, 0], &[ONE]);
     let (server, exec) = (tb.pod(ONE, 0), At::Pod(tb.pod(ONE, 1)));
     let _server = tb.tcp_server(server, 80);
     let svc = |publish: bool| {

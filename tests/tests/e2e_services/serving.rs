@@ -4,14 +4,21 @@
 use socklb_tests::{
     NamedServer,
     cluster::{ServiceBuilder, endpoint, service, slice},
-    testbed::{At, Pod, Testbed},
+    testbed::{At, Pod, PodPath, Testbed},
 };
 
-use crate::scenario::{ONE, REFUSED, TWO, at, curl_answer, vip, wait_for};
+use crate::scenario::{ONE, REFUSED, TWO, assert_pods_path, at, curl_answer, vip, wait_for};
 
-#[test]
-fn should_serve_a_basic_endpoint_from_pods() {
-    let tb = Testbed::new("basic", [3, 0], &[ONE]);
+socklb_tests::for_each_pod_path!(
+    should_serve_a_basic_endpoint_from_pods,
+    should_serve_multiport_endpoints_from_pods,
+    should_serve_endpoints_on_same_port_and_different_protocols,
+    should_serve_endpoints_on_same_port_and_different_protocol_for_internal_traffic_on_type_loadbalancer,
+    should_be_able_to_create_a_functioning_nodeport_service,
+);
+
+fn should_serve_a_basic_endpoint_from_pods(path: PodPath) {
+    let tb = Testbed::new("basic", path, [3, 0], &[ONE]);
     let (pod1, pod2, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(ONE, 2));
     let _servers = [tb.tcp_server(pod1, 80), tb.tcp_server(pod2, 80)];
     let target = at(vip(10), 80);
@@ -38,11 +45,11 @@ fn should_serve_a_basic_endpoint_from_pods() {
             assert_eq!(curl_answer(&tb, client, target), pod.name);
         }
     }
+    assert_pods_path(&tb, ONE);
 }
 
-#[test]
-fn should_serve_multiport_endpoints_from_pods() {
-    let tb = Testbed::new("multiport", [3, 0], &[ONE]);
+fn should_serve_multiport_endpoints_from_pods(path: PodPath) {
+    let tb = Testbed::new("multiport", path, [3, 0], &[ONE]);
     let (pod1, pod2, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(ONE, 2));
     // Named target ports: svc1 is port 100 of pod1, svc2 port 101 of pod2.
     let _servers = [tb.tcp_server(pod1, 100), tb.tcp_server(pod2, 101)];
@@ -85,11 +92,11 @@ fn should_serve_multiport_endpoints_from_pods() {
 /// and a client in node1's second pod that reaches it over TCP, UDP and connected UDP; the
 /// cluster and the servers.
 fn serves_tcp_and_udp_on_one_port(
-    tag: &str,
+    (tag, path): (&str, PodPath),
     ports: ServiceBuilder,
     host: u8,
 ) -> (Testbed, [NamedServer; 2]) {
-    let tb = Testbed::new(tag, [2, 0], &[ONE]);
+    let tb = Testbed::new(tag, path, [2, 0], &[ONE]);
     let (server, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
     let servers = [tb.tcp_server(server, 80), tb.udp_server(server, 80)];
     let svc = ports.build();
@@ -109,12 +116,11 @@ fn serves_tcp_and_udp_on_one_port(
     (tb, servers)
 }
 
-#[test]
-fn should_serve_endpoints_on_same_port_and_different_protocols() {
+fn should_serve_endpoints_on_same_port_and_different_protocols(path: PodPath) {
     let ports = service("same-port-protocols", vip(12))
         .port("tcp-port", 80, "TCP")
         .port("udp-port", 80, "UDP");
-    let (tb, _servers) = serves_tcp_and_udp_on_one_port("sameport", ports, 12);
+    let (tb, _servers) = serves_tcp_and_udp_on_one_port(("sameport", path), ports, 12);
     let (exec, target) = (At::Pod(tb.pod(ONE, 1)), at(vip(12), 80));
     assert_eq!(curl_answer(&tb, exec, target), "pod11");
     // Replies come back from the VIP, which is what UDP clients check.
@@ -127,19 +133,18 @@ fn should_serve_endpoints_on_same_port_and_different_protocols() {
     }
 }
 
-#[test]
-fn should_serve_endpoints_on_same_port_and_different_protocol_for_internal_traffic_on_type_loadbalancer()
- {
+fn should_serve_endpoints_on_same_port_and_different_protocol_for_internal_traffic_on_type_loadbalancer(
+    path: PodPath,
+) {
     let ports = service("lb-same-port-protocols", vip(17))
         .node_port("tcp-port", 80, "TCP", 30140)
         .node_port("udp-port", 80, "UDP", 30141)
         .load_balancer(None);
-    serves_tcp_and_udp_on_one_port("lbproto", ports, 17);
+    serves_tcp_and_udp_on_one_port(("lbproto", path), ports, 17);
 }
 
-#[test]
-fn should_be_able_to_create_a_functioning_nodeport_service() {
-    let tb = Testbed::new("nodeport", [2, 1], &[ONE, TWO]);
+fn should_be_able_to_create_a_functioning_nodeport_service(path: PodPath) {
+    let tb = Testbed::new("nodeport", path, [2, 1], &[ONE, TWO]);
     let (pod11, exec, pod21) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(TWO, 0));
     let _servers = [tb.tcp_server(pod11, 9376), tb.tcp_server(pod21, 9376)];
     let svc = service("nodeport-test", vip(13)).node_port("http", 80, "TCP", 30080);

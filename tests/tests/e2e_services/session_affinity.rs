@@ -6,10 +6,19 @@ use std::{collections::BTreeSet, net::SocketAddrV4, time::Duration};
 use socklb_tests::{
     NamedServer,
     cluster::{ServiceBuilder, service},
-    testbed::{At, Testbed},
+    testbed::{At, PodPath, Testbed},
 };
 
 use crate::scenario::{ONE, answered, at, vip};
+
+socklb_tests::for_each_pod_path!(
+    should_have_session_affinity_work_for_service_with_type_clusterip,
+    should_have_session_affinity_timeout_work_for_service_with_type_clusterip,
+    should_be_able_to_switch_session_affinity_for_service_with_type_clusterip,
+    should_have_session_affinity_work_for_nodeport_service,
+    should_have_session_affinity_timeout_work_for_nodeport_service,
+    should_be_able_to_switch_session_affinity_for_nodeport_service,
+);
 
 /// The default ClientIP affinity timeout (3 hours).
 const DEFAULT_TIMEOUT: i32 = 10_800;
@@ -23,8 +32,13 @@ struct AffinityCase {
 impl AffinityCase {
     /// Creates `svc`, whose ClientIP affinity has `timeout`, and waits until node1 has
     /// programmed it for `target`.
-    fn new(tag: &str, svc: ServiceBuilder, timeout: i32, target: SocketAddrV4) -> Self {
-        let tb = Testbed::new(tag, [4, 0], &[ONE]);
+    fn new(
+        (tag, path): (&str, PodPath),
+        svc: ServiceBuilder,
+        timeout: i32,
+        target: SocketAddrV4,
+    ) -> Self {
+        let tb = Testbed::new(tag, path, [4, 0], &[ONE]);
         let pods = [tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(ONE, 2)];
         let servers = pods.iter().map(|pod| tb.tcp_server(pod, 9376)).collect();
         tb.serve(
@@ -122,56 +136,55 @@ impl AffinityCase {
     }
 }
 
-#[test]
-fn should_have_session_affinity_work_for_service_with_type_clusterip() {
+fn should_have_session_affinity_work_for_service_with_type_clusterip(path: PodPath) {
     let (svc, target) = (service("affinity-clusterip", vip(20)), at(vip(20), 80));
     let svc = svc.port("http", 80, "TCP");
-    let case = AffinityCase::new("affcip", svc, DEFAULT_TIMEOUT, target);
+    let case = AffinityCase::new(("affcip", path), svc, DEFAULT_TIMEOUT, target);
     let first = case.check_affinity(case.exec(), target, true);
     // Later connections, by other processes of the same pod, keep the server.
     assert_eq!(case.check_affinity(case.exec(), target, true), first);
 }
 
-#[test]
-fn should_have_session_affinity_timeout_work_for_service_with_type_clusterip() {
+fn should_have_session_affinity_timeout_work_for_service_with_type_clusterip(path: PodPath) {
     let svc = service("affinity-clusterip-timeout", vip(21)).port("http", 80, "TCP");
     let target = at(vip(21), 80);
-    let case = AffinityCase::new("affcipto", svc, 1, target);
+    let case = AffinityCase::new(("affcipto", path), svc, 1, target);
     case.check_timeout(case.exec(), target);
 }
 
-#[test]
-fn should_be_able_to_switch_session_affinity_for_service_with_type_clusterip() {
+fn should_be_able_to_switch_session_affinity_for_service_with_type_clusterip(path: PodPath) {
     let svc = || service("affinity-clusterip-transition", vip(22)).port("http", 80, "TCP");
     let target = at(vip(22), 80);
-    let case = AffinityCase::new("affcipsw", svc(), DEFAULT_TIMEOUT, target);
+    let case = AffinityCase::new(("affcipsw", path), svc(), DEFAULT_TIMEOUT, target);
     case.check_switching(svc, case.exec(), target);
 }
 
-#[test]
-fn should_have_session_affinity_work_for_nodeport_service() {
+fn should_have_session_affinity_work_for_nodeport_service(path: PodPath) {
     let svc = service("affinity-nodeport", vip(23)).node_port("http", 80, "TCP", 30090);
     let target = at(ONE.address(), 30090);
-    let case = AffinityCase::new("affnp", svc, DEFAULT_TIMEOUT, target);
-    // A pod connecting to its node's NodePort (socket hooks, keyed by the pod)...
+    let case = AffinityCase::new(("affnp", path), svc, DEFAULT_TIMEOUT, target);
+    // A pod connecting to its node's NodePort (its path: the socket hooks key affinity by
+    // its namespace, the per-packet path by its address)...
     case.check_affinity(case.exec(), target, true);
     // ...and a client outside the cluster (TC, keyed by the client's address).
     case.check_affinity(At::Outside, target, true);
 }
 
-#[test]
-fn should_have_session_affinity_timeout_work_for_nodeport_service() {
+fn should_have_session_affinity_timeout_work_for_nodeport_service(path: PodPath) {
     let svc = service("affinity-nodeport-timeout", vip(24)).node_port("http", 80, "TCP", 30091);
     let target = at(ONE.address(), 30091);
-    let case = AffinityCase::new("affnpto", svc, 1, target);
+    let case = AffinityCase::new(("affnpto", path), svc, 1, target);
+    // A pod on the node (its path), as upstream, and a client outside the cluster (TC).
+    case.check_timeout(case.exec(), target);
     case.check_timeout(At::Outside, target);
 }
 
-#[test]
-fn should_be_able_to_switch_session_affinity_for_nodeport_service() {
+fn should_be_able_to_switch_session_affinity_for_nodeport_service(path: PodPath) {
     let svc =
         || service("affinity-nodeport-transition", vip(25)).node_port("http", 80, "TCP", 30092);
     let target = at(ONE.address(), 30092);
-    let case = AffinityCase::new("affnpsw", svc(), DEFAULT_TIMEOUT, target);
+    let case = AffinityCase::new(("affnpsw", path), svc(), DEFAULT_TIMEOUT, target);
+    // A pod on the node (its path), as upstream, and a client outside the cluster (TC).
+    case.check_switching(svc, case.exec(), target);
     case.check_switching(svc, At::Outside, target);
 }

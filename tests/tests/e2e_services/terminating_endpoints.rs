@@ -6,13 +6,21 @@ use k8s_openapi::api::discovery::v1::Endpoint;
 use socklb_tests::{
     NamedServer,
     cluster::{ServiceBuilder, endpoint, service, slice, terminating},
-    testbed::{At, NodeId, Testbed},
+    testbed::{At, NodeId, PodPath, Testbed},
 };
 
 use crate::{
     scenario::{ONE, TWO, at, curl_answer, vip, wait_for},
     traffic_policy::{check_local_only, local_policy_service},
 };
+
+socklb_tests::for_each_pod_path!(
+    should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoints_with_internaltrafficpolicy_cluster,
+    should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoints_with_internaltrafficpolicy_local,
+    should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoints_with_externaltrafficpolicy_cluster,
+    should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoints_with_externaltrafficpolicy_local,
+    should_fail_health_check_node_port_if_there_are_only_terminating_endpoints,
+);
 
 /// A server pod, pod11, the only endpoint of a Service, which serves a client pod and then
 /// changes (it terminates, or fails its readiness probe as well); the cluster has client
@@ -28,13 +36,13 @@ impl TerminatingCase {
     /// have programmed the change when this returns (the backend is the same before and
     /// after it, so no answer would tell).
     pub fn new(
-        tag: &str,
+        (tag, path): (&str, PodPath),
         pods: [usize; 2],
         svc: ServiceBuilder,
         client: (NodeId, usize),
         then: fn(Endpoint) -> Endpoint,
     ) -> Self {
-        let tb = Testbed::new(tag, pods, &[ONE, TWO]);
+        let tb = Testbed::new(tag, path, pods, &[ONE, TWO]);
         let server = tb.tcp_server(tb.pod(ONE, 0), 80);
         let svc = svc.build();
         let name = svc.metadata.name.clone().unwrap_or_default();
@@ -68,7 +76,7 @@ impl TerminatingCase {
     /// One server pod on node1, a client pod on each node, and `svc` whose only endpoint
     /// is the server; the server then starts terminating (it keeps serving in its grace
     /// period).
-    fn of(tag: &str, svc: ServiceBuilder) -> Self {
+    fn of(tag: (&str, PodPath), svc: ServiceBuilder) -> Self {
         Self::new(tag, [2, 1], svc, (ONE, 1), terminating)
     }
 
@@ -93,41 +101,41 @@ impl TerminatingCase {
     }
 }
 
-#[test]
-fn should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoints_with_internaltrafficpolicy_cluster()
- {
+fn should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoints_with_internaltrafficpolicy_cluster(
+    path: PodPath,
+) {
     let svc = service("svc-proxy-terminating", vip(90)).port("http", 80, "TCP");
-    let case = TerminatingCase::of("termitpc", svc);
+    let case = TerminatingCase::of(("termitpc", path), svc);
     case.served_to_both(at(vip(90), 80));
     let shown = case.tb.inspect(TWO, Some(vip(90)));
     assert_eq!(shown.frontends.len(), 1, "{shown:?}");
 }
 
-#[test]
-fn should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoints_with_internaltrafficpolicy_local()
- {
+fn should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoints_with_internaltrafficpolicy_local(
+    path: PodPath,
+) {
     let svc = local_policy_service("svc-proxy-terminating", vip(91), 80);
-    let case = TerminatingCase::of("termitpl", svc);
+    let case = TerminatingCase::of(("termitpl", path), svc);
     check_local_only(&case.tb, at(vip(91), 80), case.near(), case.far(), "pod11");
 }
 
-#[test]
-fn should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoints_with_externaltrafficpolicy_cluster()
- {
+fn should_fallback_to_terminating_endpoints_when_there_are_no_ready_endpoints_with_externaltrafficpolicy_cluster(
+    path: PodPath,
+) {
     let svc = service("svc-proxy-terminating", vip(92)).node_port("http", 80, "TCP", 30110);
-    let case = TerminatingCase::of("termetpc", svc);
-    // The node's own pod (socket hooks) and a pod on the other node, whose traffic arrives
+    let case = TerminatingCase::of(("termetpc", path), svc);
+    // The node's own pod (its pod path) and a pod on the other node, whose traffic arrives
     // at node1 from outside (TC, externalTrafficPolicy Cluster).
     case.served_to_both(at(ONE.address(), 30110));
 }
 
-#[test]
-fn should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoints_with_externaltrafficpolicy_local()
- {
+fn should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoints_with_externaltrafficpolicy_local(
+    path: PodPath,
+) {
     let svc = service("svc-proxy-terminating", vip(93))
         .node_port("http", 80, "TCP", 30111)
         .external_traffic_policy("Local");
-    let case = TerminatingCase::of("termetpl", svc);
+    let case = TerminatingCase::of(("termetpl", path), svc);
     let (node_port1, node_port2) = (at(ONE.address(), 30111), at(TWO.address(), 30111));
     // Traffic from a pod to its own node's NodePort is neither internal nor external: the
     // Cluster policy (terminating fallback); from outside (the other node's pod) to node1:
@@ -151,15 +159,14 @@ fn should_fallback_to_local_terminating_endpoints_when_there_are_no_ready_endpoi
     }
 }
 
-#[test]
-fn should_fail_health_check_node_port_if_there_are_only_terminating_endpoints() {
+fn should_fail_health_check_node_port_if_there_are_only_terminating_endpoints(path: PodPath) {
     // A LoadBalancer Service with externalTrafficPolicy Local: its nodes answer a health
     // check on healthCheckNodePort 30212, with 200 while they have a local endpoint.
     let svc = service("svc-proxy-terminating", vip(94))
         .node_port("http", 80, "TCP", 30112)
         .external_traffic_policy("Local")
         .load_balancer(Some(30212));
-    let tb = Testbed::new("termhc", [2, 0], &[ONE]);
+    let tb = Testbed::new("termhc", path, [2, 0], &[ONE]);
     let (server, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
     let _server = tb.tcp_server(server, 80);
     tb.serve(svc, ("http", 80, "TCP"), &[server]);

@@ -5,20 +5,24 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use socklb_tests::{
     cluster::{endpoint, hinted, node, service, slice},
-    testbed::{At, Pod, Testbed},
+    testbed::{At, Pod, PodPath, Testbed},
 };
 
 use crate::scenario::{ONE, TWO, at, pod_names, vip, wait_for};
+
+socklb_tests::for_each_pod_path!(
+    should_route_traffic_to_an_endpoint_in_the_same_zone_when_using_prefersamezone,
+    should_route_traffic_to_an_endpoint_on_the_same_node_or_fall_back_to_same_zone_when_using_prefersamenode,
+);
 
 /// Waits until `client`'s connections to `target` reach exactly `servers`.
 fn reaches(tb: &Testbed, client: &Pod, target: SocketAddrV4, servers: &[&Pod]) {
     wait_for(tb, At::Pod(client), "tcp", target, &pod_names(servers));
 }
 
-#[test]
-fn should_route_traffic_to_an_endpoint_in_the_same_zone_when_using_prefersamezone() {
+fn should_route_traffic_to_an_endpoint_in_the_same_zone_when_using_prefersamezone(path: PodPath) {
     // node1 in zone-a and node2 in zone-b each have an endpoint and a client.
-    let tb = Testbed::new("samezone", [2, 2], &[ONE, TWO]);
+    let tb = Testbed::new("samezone", path, [2, 2], &[ONE, TWO]);
     let (server1, client1) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
     let (server2, client2) = (tb.pod(TWO, 0), tb.pod(TWO, 1));
     let _servers = [tb.tcp_server(server1, 9376), tb.tcp_server(server2, 9376)];
@@ -45,13 +49,13 @@ fn should_route_traffic_to_an_endpoint_in_the_same_zone_when_using_prefersamezon
     reaches(&tb, client1, target, &[server1]);
 }
 
-#[test]
-fn should_route_traffic_to_an_endpoint_on_the_same_node_or_fall_back_to_same_zone_when_using_prefersamenode()
- {
+fn should_route_traffic_to_an_endpoint_on_the_same_node_or_fall_back_to_same_zone_when_using_prefersamenode(
+    path: PodPath,
+) {
     // node1 and node2 in zone-a, each with an endpoint and a client; a third endpoint on
     // node3 in zone-b (a Node without an agent; its pod's namespace hangs off node2's
     // bridge, which only the network sees).
-    let tb = Testbed::new("samenode", [2, 3], &[ONE, TWO]);
+    let tb = Testbed::new("samenode", path, [2, 3], &[ONE, TWO]);
     let (server1, client1) = (tb.pod(ONE, 0), tb.pod(ONE, 1));
     let (server2, server3, client2) = (tb.pod(TWO, 0), tb.pod(TWO, 1), tb.pod(TWO, 2));
     let _servers = [

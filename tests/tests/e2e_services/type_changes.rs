@@ -4,16 +4,27 @@
 use socklb_tests::{
     NamedServer,
     cluster::{ServiceBuilder, external_name_service, service},
-    testbed::{At, Testbed},
+    testbed::{At, PodPath, Testbed},
 };
 
-use crate::scenario::{NOT_SERVED, ONE, at, vip, wait_for};
+use crate::scenario::{ONE, at, not_served, vip, wait_for};
+
+socklb_tests::for_each_pod_path!(
+    should_be_able_to_change_the_type_from_externalname_to_clusterip,
+    should_be_able_to_change_the_type_from_externalname_to_nodeport,
+    should_be_able_to_change_the_type_from_clusterip_to_externalname,
+    should_be_able_to_change_the_type_from_nodeport_to_externalname,
+);
 
 /// An ExternalName Service (not proxied: nothing in the maps) becomes `served` with two
 /// pods of node1 as its endpoints; the client pod is node1's third. The cluster, once the
 /// cluster IP answers with both pods, and the servers.
-fn external_name_then(tag: &str, served: ServiceBuilder, host: u8) -> (Testbed, [NamedServer; 2]) {
-    let tb = Testbed::new(tag, [3, 0], &[ONE]);
+fn external_name_then(
+    (tag, path): (&str, PodPath),
+    served: ServiceBuilder,
+    host: u8,
+) -> (Testbed, [NamedServer; 2]) {
+    let tb = Testbed::new(tag, path, [3, 0], &[ONE]);
     let (pod1, pod2, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1), tb.pod(ONE, 2));
     let servers = [tb.tcp_server(pod1, 9376), tb.tcp_server(pod2, 9376)];
     tb.synced(|| {
@@ -33,16 +44,14 @@ fn external_name_then(tag: &str, served: ServiceBuilder, host: u8) -> (Testbed, 
     (tb, servers)
 }
 
-#[test]
-fn should_be_able_to_change_the_type_from_externalname_to_clusterip() {
+fn should_be_able_to_change_the_type_from_externalname_to_clusterip(path: PodPath) {
     let cluster_ip = service("externalname-service", vip(14)).port("http", 80, "TCP");
-    external_name_then("en2cip", cluster_ip, 14);
+    external_name_then(("en2cip", path), cluster_ip, 14);
 }
 
-#[test]
-fn should_be_able_to_change_the_type_from_externalname_to_nodeport() {
+fn should_be_able_to_change_the_type_from_externalname_to_nodeport(path: PodPath) {
     let node_port = service("externalname-service", vip(15)).node_port("http", 80, "TCP", 30081);
-    let (tb, _servers) = external_name_then("en2np", node_port, 15);
+    let (tb, _servers) = external_name_then(("en2np", path), node_port, 15);
     let both = ["pod11", "pod12"];
     let exec = At::Pod(tb.pod(ONE, 2));
     wait_for(&tb, exec, "tcp", at(ONE.address(), 30081), &both);
@@ -52,8 +61,8 @@ fn should_be_able_to_change_the_type_from_externalname_to_nodeport() {
 /// A Service that was served becomes ExternalName: its cluster IP and NodePort are no longer
 /// translated. A host process listening on the node's address and the former NodePort shows
 /// it: connections from a pod and from outside reach that process instead of a pod.
-fn served_then_external_name(tag: &str, node_port: Option<u16>) {
-    let tb = Testbed::new(tag, [2, 0], &[ONE]);
+fn served_then_external_name((tag, path): (&str, PodPath), node_port: Option<u16>) {
+    let tb = Testbed::new(tag, path, [2, 0], &[ONE]);
     let (pod1, exec) = (tb.pod(ONE, 0), At::Pod(tb.pod(ONE, 1)));
     let _server = tb.tcp_server(pod1, 9376);
     let port = node_port.unwrap_or(30082);
@@ -81,7 +90,7 @@ fn served_then_external_name(tag: &str, node_port: Option<u16>) {
             Some("default"),
             "clusterip-service-1",
         );
-    wait_for(&tb, exec, "tcp", cluster_ip, &[NOT_SERVED]);
+    wait_for(&tb, exec, "tcp", cluster_ip, &[&not_served(&tb, exec)]);
     wait_for(&tb, exec, "tcp", host_port, &["host-process"]);
     wait_for(&tb, At::Outside, "tcp", host_port, &["host-process"]);
     assert!(
@@ -90,12 +99,10 @@ fn served_then_external_name(tag: &str, node_port: Option<u16>) {
     );
 }
 
-#[test]
-fn should_be_able_to_change_the_type_from_clusterip_to_externalname() {
-    served_then_external_name("cip2en", None);
+fn should_be_able_to_change_the_type_from_clusterip_to_externalname(path: PodPath) {
+    served_then_external_name(("cip2en", path), None);
 }
 
-#[test]
-fn should_be_able_to_change_the_type_from_nodeport_to_externalname() {
-    served_then_external_name("np2en", Some(30083));
+fn should_be_able_to_change_the_type_from_nodeport_to_externalname(path: PodPath) {
+    served_then_external_name(("np2en", path), Some(30083));
 }

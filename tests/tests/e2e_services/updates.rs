@@ -5,14 +5,19 @@ use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use socklb_tests::{
     NamedServer,
     cluster::service,
-    testbed::{At, Testbed},
+    testbed::{At, PodPath, Testbed},
 };
 
-use crate::scenario::{NOT_SERVED, ONE, at, curl_answer, vip, wait_for};
+use crate::scenario::{ONE, at, curl_answer, not_served, vip, wait_for};
 
-#[test]
-fn should_be_updated_after_adding_or_deleting_ports() {
-    let tb = Testbed::new("editport", [3, 0], &[ONE]);
+socklb_tests::for_each_pod_path!(
+    should_be_updated_after_adding_or_deleting_ports,
+    should_be_able_to_up_and_down_services,
+    should_work_after_the_service_has_been_recreated,
+);
+
+fn should_be_updated_after_adding_or_deleting_ports(path: PodPath) {
+    let tb = Testbed::new("editport", path, [3, 0], &[ONE]);
     let (pod1, pod2, exec) = (tb.pod(ONE, 0), tb.pod(ONE, 1), At::Pod(tb.pod(ONE, 2)));
     let _servers = [tb.tcp_server(pod1, 100), tb.tcp_server(pod2, 101)];
     let one_port = || service("edit-port-test", vip(30)).port("portname1", 80, "TCP");
@@ -21,7 +26,7 @@ fn should_be_updated_after_adding_or_deleting_ports() {
     wait_for(&tb, exec, "tcp", port80, &["pod11"]);
     assert_eq!(
         tb.probe(exec, "tcp", port81, 1)[0].error.as_deref(),
-        Some("EINVAL"),
+        Some(path.not_served(exec)),
         "port 81 is not a port of the Service yet"
     );
 
@@ -36,13 +41,12 @@ fn should_be_updated_after_adding_or_deleting_ports() {
     tb.api.apply(&one_port().build());
     tb.api
         .delete::<EndpointSlice>(Some("default"), "edit-port-test-2");
-    wait_for(&tb, exec, "tcp", port81, &[NOT_SERVED]);
+    wait_for(&tb, exec, "tcp", port81, &[&not_served(&tb, exec)]);
     wait_for(&tb, exec, "tcp", port80, &["pod11"]);
 }
 
-#[test]
-fn should_be_able_to_up_and_down_services() {
-    let tb = Testbed::new("updown", [7, 0], &[ONE]);
+fn should_be_able_to_up_and_down_services(path: PodPath) {
+    let tb = Testbed::new("updown", path, [7, 0], &[ONE]);
     let _servers: Vec<NamedServer> = (0..6)
         .map(|i| tb.tcp_server(tb.pod(ONE, i), 9376))
         .collect();
@@ -68,7 +72,8 @@ fn should_be_able_to_up_and_down_services() {
     tb.api.delete::<Service>(Some("default"), "up-down-1");
     tb.api
         .delete::<EndpointSlice>(Some("default"), "up-down-1-1");
-    wait_for(&tb, At::Host(ONE), "tcp", at(vip(31), 80), &[NOT_SERVED]);
+    let host = At::Host(ONE);
+    wait_for(&tb, host, "tcp", at(vip(31), 80), &[&not_served(&tb, host)]);
     up(2, ["pod13", "pod14"]);
 
     start(3);
@@ -76,9 +81,8 @@ fn should_be_able_to_up_and_down_services() {
     up(3, ["pod15", "pod16"]);
 }
 
-#[test]
-fn should_work_after_the_service_has_been_recreated() {
-    let tb = Testbed::new("recreate", [2, 0], &[ONE]);
+fn should_work_after_the_service_has_been_recreated(path: PodPath) {
+    let tb = Testbed::new("recreate", path, [2, 0], &[ONE]);
     let (pod1, exec) = (tb.pod(ONE, 0), At::Pod(tb.pod(ONE, 1)));
     let _server = tb.tcp_server(pod1, 9376);
     let svc = |ip| service("service-deletion", ip).port("http", 80, "TCP");
@@ -87,11 +91,11 @@ fn should_work_after_the_service_has_been_recreated() {
 
     tb.api
         .delete::<Service>(Some("default"), "service-deletion");
-    wait_for(&tb, exec, "tcp", at(vip(40), 80), &[NOT_SERVED]);
+    wait_for(&tb, exec, "tcp", at(vip(40), 80), &[&not_served(&tb, exec)]);
 
     // Recreated, the API server allocates another cluster IP; the slice stayed.
     tb.api.apply(&svc(vip(41)).build());
     wait_for(&tb, exec, "tcp", at(vip(41), 80), &["pod11"]);
     assert_eq!(curl_answer(&tb, exec, at(vip(41), 80)), "pod11");
-    wait_for(&tb, exec, "tcp", at(vip(40), 80), &[NOT_SERVED]);
+    wait_for(&tb, exec, "tcp", at(vip(40), 80), &[&not_served(&tb, exec)]);
 }
