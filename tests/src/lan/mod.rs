@@ -41,8 +41,13 @@ pub struct Lan {
     switch: Netns,
 }
 
+/// Numbers the LANs of this process, so that two tests that chose the same tag never share
+/// a namespace name.
+static LANS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
 pub fn lan(test: &str) -> Lan {
-    let prefix = format!("slb{}{test}", std::process::id());
+    let number = LANS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let prefix = format!("slb{}{test}{number}", std::process::id());
     let switch = Netns::new(&format!("{prefix}-sw"));
     switch.ip(&["link", "add", "br0", "type", "bridge"]);
     switch.ip(&["link", "set", "br0", "up"]);
