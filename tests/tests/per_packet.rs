@@ -267,8 +267,24 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
     let node = LanNode::new(family, "pp-annot", "a");
     let _server = node.tcp_server(2, 8080);
     let mesh = Mesh::new(&node, 63);
-    let pod = |annotations: &str| app_pod(&node, annotations);
-    node.write("pod.yaml", &pod("sidecar.istio.io/status: '{}'"));
+    let backend = mesh.backend();
+    // (the pod's annotations, what its sidecar sees, explain's reason, inspect's path)
+    let cases = [
+        (
+            "sidecar.istio.io/status: '{}'",
+            mesh.vip.as_str(),
+            "per-packet-istio",
+            "per-packet",
+        ),
+        ("", backend.as_str(), "socket", "socket"),
+        (
+            "socklb.io/socket-lb: \"off\"",
+            mesh.vip.as_str(),
+            "per-packet-by-annotation",
+            "per-packet",
+        ),
+    ];
+    node.write("pod.yaml", &app_pod(&node, cases[0].0));
     let agent = Agent::start_as(
         chart_agent(),
         &node.sandbox,
@@ -276,38 +292,22 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
         "node1",
         &[],
     );
-    agent.wait_for_log("served by the per-packet path", 1);
-    assert_eq!(
-        mesh.sidecar_sees(&agent, "istio"),
-        mesh.vip,
-        "an Istio sidecar alone"
-    );
-    assert_eq!(
-        mesh.paths(),
-        ("per-packet-istio".to_owned(), "per-packet".to_owned()),
-        "explain and inspect say the Istio pod is served per packet"
-    );
-
-    node.write("pod.yaml", &pod(""));
-    agent.wait_for_log("served by the per-packet path", 2);
-    assert_eq!(
-        mesh.sidecar_sees(&agent, "no annotation"),
-        mesh.backend(),
-        "without annotations the socket path serves the pod"
-    );
-    assert_eq!(
-        mesh.paths(),
-        ("socket".to_owned(), "socket".to_owned()),
-        "explain and inspect say the plain pod is served at connect()"
-    );
-
-    node.write("pod.yaml", &pod("socklb.io/socket-lb: \"off\""));
-    agent.wait_for_log("served by the per-packet path", 3);
-    assert_eq!(
-        mesh.sidecar_sees(&agent, "off"),
-        mesh.vip,
-        "socklb.io/socket-lb: off"
-    );
+    for (change, (annotations, sees, reason, path)) in cases.into_iter().enumerate() {
+        if change > 0 {
+            node.write("pod.yaml", &app_pod(&node, annotations));
+        }
+        agent.wait_for_log("served by the per-packet path", change + 1);
+        assert_eq!(
+            mesh.sidecar_sees(&agent, annotations),
+            sees,
+            "{{{annotations}}}: the sidecar's original destination"
+        );
+        assert_eq!(
+            mesh.paths(),
+            (reason.to_owned(), path.to_owned()),
+            "{{{annotations}}}: explain's reason and inspect's path"
+        );
+    }
 }
 
 /// A pod's connected UDP socket keeps working while its path changes under it, both ways:

@@ -262,6 +262,40 @@ impl Drop for AgentFiles {
     }
 }
 
+/// What a node benchmark needs before it starts: root, and the tools of every path.
+pub fn preflight(iptables: IptablesBackend) -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "creates network namespaces, rules and BPF programs: run it as root"
+    );
+    for tool in [iptables.restore(), "nft", "iperf3", "ip", "sysctl"] {
+        ensure!(
+            which::which(tool).is_ok(),
+            "{tool} is missing: `cargo xtask setup` installs it (apt: iperf3 iptables nftables \
+             iproute2 procps)"
+        );
+    }
+    Ok(())
+}
+
+/// The rule loaders' scratch files of benchmark `name`; removed when dropped.
+pub struct Scratch(pub PathBuf);
+
+impl Scratch {
+    pub fn new(name: &str) -> anyhow::Result<Self> {
+        let path = std::env::temp_dir().join(format!("{name}-{}-scratch", std::process::id()));
+        fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+        Ok(Self(path))
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Mean ns per program run of a `(ns, runs)` difference.
 pub fn per_run((ns, runs): (u64, u64)) -> f64 {
     if runs == 0 {

@@ -33,7 +33,6 @@
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
-    fs,
     net::{Ipv4Addr, SocketAddrV4},
     path::PathBuf,
 };
@@ -49,7 +48,7 @@ use socklb_tests::bench::{
     kube_proxy,
     loader::IptablesBackend,
     measure::{self, Moment, Plan, iperf3},
-    node::{AgentFiles, ClientLink, POD, Translator, World, per_run, world},
+    node::{AgentFiles, ClientLink, POD, Scratch, Translator, World, per_run, preflight, world},
     peer::{PEERS, Peer},
     section::Section,
     server::Servers,
@@ -176,15 +175,6 @@ fn target(peer: Peer, pod_port: u16, node_port: u16) -> SocketAddrV4 {
     }
 }
 
-/// The rule loaders' scratch files; removed when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 /// socklb's TC programs on the node's eth0, whose run time is measured.
 const TC_LINKS: [(&str, &str); 2] = [
     (program_names::TC_INGRESS, "eth0"),
@@ -192,28 +182,13 @@ const TC_LINKS: [(&str, &str); 2] = [
 ];
 
 fn bench(options: &Options) -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "creates network namespaces, rules and BPF programs: run it as root"
-    );
-    for tool in [options.iptables.restore(), "nft", "iperf3", "ip", "sysctl"] {
-        ensure!(
-            which::which(tool).is_ok(),
-            "{tool} is missing: `cargo xtask setup` installs it (apt: iperf3 iptables nftables \
-             iproute2 procps)"
-        );
-    }
+    preflight(options.iptables)?;
     // Before any thread exists, so that only the cleanup thread sees these signals.
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let cluster = node_services(options.services);
     let files = AgentFiles::new("socklb-bench-nodeport", NODE_IP, &cluster)?;
-    let scratch = Scratch(std::env::temp_dir().join(format!(
-        "socklb-bench-nodeport-{}-scratch",
-        std::process::id()
-    )));
-    fs::create_dir_all(&scratch.0).with_context(|| format!("create {}", scratch.0.display()))?;
+    let scratch = Scratch::new("socklb-bench-nodeport")?;
     socklb_tests::cleanup_on_signal(signals, files.leftovers(vec![scratch.0.clone()]));
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enable BPF run-time stats")?;

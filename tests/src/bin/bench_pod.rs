@@ -41,7 +41,7 @@ use socklb_tests::bench::{
     kube_proxy,
     loader::IptablesBackend,
     measure::{self, Moment, Plan, iperf3},
-    node::{AgentFiles, ClientLink, POD, Translator, World, per_run, world},
+    node::{AgentFiles, ClientLink, POD, Scratch, Translator, World, per_run, preflight, world},
     section::Section,
     server::Servers,
 };
@@ -197,15 +197,6 @@ fn pod_services(fillers: u32) -> Vec<Service> {
     cluster
 }
 
-/// The rule loaders' scratch files; removed when dropped.
-struct Scratch(PathBuf);
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
-}
-
 /// What one Service count measured.
 struct Step {
     services: u32,
@@ -216,25 +207,11 @@ struct Step {
 }
 
 fn bench(options: &Options) -> anyhow::Result<()> {
-    // SAFETY: geteuid has no preconditions.
-    ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "creates network namespaces, rules and BPF programs: run it as root"
-    );
-    for tool in [options.iptables.restore(), "nft", "iperf3", "ip", "sysctl"] {
-        ensure!(
-            which::which(tool).is_ok(),
-            "{tool} is missing: `cargo xtask setup` installs it (apt: iperf3 iptables nftables \
-             iproute2 procps)"
-        );
-    }
+    preflight(options.iptables)?;
     // Before any thread exists, so that only the cleanup thread sees these signals.
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
-    let scratch = Scratch(
-        std::env::temp_dir().join(format!("socklb-bench-pod-{}-scratch", std::process::id())),
-    );
-    fs::create_dir_all(&scratch.0).with_context(|| format!("create {}", scratch.0.display()))?;
+    let scratch = Scratch::new("socklb-bench-pod")?;
     let per_packet = AgentFiles::new("socklb-bench-pod-pp", NODE_IP, &[])?;
     let socket = AgentFiles::new("socklb-bench-pod-sk", NODE_IP, &[])?;
     let mut leftovers = per_packet.leftovers(vec![scratch.0.clone()]);
