@@ -285,13 +285,7 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
         ),
     ];
     node.write("pod.yaml", &app_pod(&node, cases[0].0));
-    let agent = Agent::start_as(
-        chart_agent(),
-        &node.sandbox,
-        &node.manifests.path,
-        "node1",
-        &[],
-    );
+    let agent = node.agent_as(chart_agent(), &[]);
     for (change, (annotations, sees, reason, path)) in cases.into_iter().enumerate() {
         if change > 0 {
             node.write("pod.yaml", &app_pod(&node, annotations));
@@ -337,13 +331,7 @@ fn a_pod_s_established_flow_survives_a_change_of_its_path(family: Family) {
     };
 
     node.write("pod.yaml", &pod("socklb.io/socket-lb: \"off\""));
-    let agent = Agent::start_as(
-        chart_agent(),
-        &node.sandbox,
-        &node.manifests.path,
-        "node1",
-        &[],
-    );
+    let agent = node.agent_as(chart_agent(), &[]);
     agent.wait_for_log("served by the per-packet path", 1);
     let (mut per_packet, first) = hold();
     answered_by_pod2(&first, "made per packet");

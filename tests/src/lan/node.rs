@@ -11,7 +11,8 @@ use socklb_agent::inspect::{self, ConntrackState};
 
 use super::{Addresses, Lan, addresses, counters, lan};
 use crate::{
-    agent::Agent, family::Family, manifests::ManifestDir, sandbox::Sandbox, servers::NamedServer,
+    agent::Agent, family::Family, manifests::ManifestDir, privileges::ContainerPrivileges,
+    sandbox::Sandbox, servers::NamedServer,
 };
 
 /// Fields drop in order: the manifests, the LAN's namespaces, then the sandbox. Servers
@@ -48,6 +49,17 @@ impl LanNode {
     /// The agent on node1, started on the manifests (and ready).
     pub fn agent(&self, extra: &[&str]) -> Agent {
         Agent::start(&self.sandbox, &self.manifests.path, "node1", extra)
+    }
+
+    /// The agent on node1 with a container's `privileges` (the chart's, say).
+    pub fn agent_as(&self, privileges: &ContainerPrivileges, extra: &[&str]) -> Agent {
+        Agent::start_as(
+            privileges,
+            &self.sandbox,
+            &self.manifests.path,
+            "node1",
+            extra,
+        )
     }
 
     /// A TCP server in pod1 or pod2 (`pod` 1 or 2) on `port`, answering `<podN> <client>`.
