@@ -79,7 +79,7 @@ cat >"$WORK/value-sets.json" <<'EOF'
     "external": {"devices": ["eth0", "bond0"], "tcAttachMode": "netlink",
                  "snatPortRange": "62000-64999", "maglevTableSize": 4093,
                  "clusterIPsFromOutside": true},
-    "minSyncPeriod": "100ms", "syncPeriod": "1m30s", "destroyTcpOnBackendRemoval": true,
+    "minSyncPeriod": "100ms", "syncPeriod": "1m30s", "fullSyncPeriod": "2h", "destroyTcpOnBackendRemoval": true,
     "socketLbScope": "host",
     "podDevices": "cali*,tap0",
     "logLevel": "debug,kube=info",
@@ -418,6 +418,7 @@ def check_agent(name, values, docs):
     expected_args = {
         "min-sync-period": values["minSyncPeriod"],
         "sync-period": values["syncPeriod"],
+        "full-sync-period": values["fullSyncPeriod"],
         "destroy-tcp-on-backend-removal": str(values["destroyTcpOnBackendRemoval"]).lower(),
         "socket-lb-scope": values["socketLbScope"],
         "pod-devices": values["podDevices"],

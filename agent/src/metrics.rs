@@ -82,6 +82,9 @@ pub struct Metrics {
     pub sockets_destroyed: Family<ProtocolLabels, Counter>,
     /// How sockets of removed backends are closed: 1 for the mode in use.
     pub socket_destroy_mode: Family<ModeLabels, Gauge>,
+    /// Service and backend entries found deleted or changed behind the agent's back, and
+    /// written back.
+    pub map_entries_restored: Counter,
 }
 
 /// The registry and every family registered in it: an empty family exports no series (not
@@ -128,6 +131,7 @@ impl Metrics {
             health_check_ports: Family::default(),
             sockets_destroyed: Family::default(),
             socket_destroy_mode: Family::default(),
+            map_entries_restored: Counter::default(),
             registry: Families::default(),
         };
         registry.register(
@@ -179,6 +183,12 @@ impl Metrics {
             "socklb_map_max_entries",
             "The capacity a growing BPF map may reach (its --max-* flag)",
             metrics.map_max_entries.clone(),
+        );
+        registry.register(
+            "socklb_map_entries_restored",
+            "Service and backend map entries found deleted or changed behind the agent's back \
+             (by hand, with bpftool) by the resyncs' verification, and written back",
+            metrics.map_entries_restored.clone(),
         );
         registry.register(
             "socklb_skipped_services",

@@ -3,8 +3,11 @@
 //!
 //! - Changes are coalesced: a sync runs at most every `min_sync_period`, and programs only
 //!   the frontends of the Services that changed.
-//! - Every `sync_period` a full resync re-reads the maps and rewrites whatever differs, which
-//!   repairs drift (an entry changed or deleted by hand).
+//! - Every `sync_period` a resync verifies a bounded part of the service and backend maps
+//!   against what the agent wrote and writes back what drifted (an entry changed or deleted
+//!   by hand): a pass over every entry takes as many resyncs as the maps hold budgets.
+//! - Every `full_sync_period` (an hour, as kube-proxy's full sync), a full resync re-reads
+//!   every map and rewrites whatever differs, also removing entries the agent never wrote.
 //! - Nothing is programmed before every kind (Services, EndpointSlices, Nodes) has been
 //!   listed once: a Service without its endpoints yet would refuse connections.
 //! - The programs are attached after that first full sync, so they never run on maps that
@@ -49,6 +52,9 @@ async fn link_changed(changes: &mut Option<mpsc::Receiver<()>>) -> Option<()> {
 /// How soon a failed sync is retried (as a full sync).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// Entries each resync reads back to verify them: about 50 ms of lookups.
+const VERIFY_BUDGET: usize = 50_000;
+
 /// EndpointSlice annotation: when the change that produced this slice version happened.
 const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
@@ -78,8 +84,22 @@ impl Default for ExternalTraffic {
 pub struct SyncPeriods {
     /// Least time between two syncs: bursts of changes are programmed together.
     pub min: Duration,
-    /// Time between two full resyncs.
+    /// Time between two resyncs, each verifying a part of the maps.
+    pub resync: Duration,
+    /// Time between two full resyncs, which re-read every map (about a second per million
+    /// entries).
     pub full: Duration,
+}
+
+/// What a sync does beyond programming the changed Services.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SyncKind {
+    /// Only the changes.
+    Changes,
+    /// The changes, then a part of the maps read back and what drifted written back.
+    Verify,
+    /// The maps re-read and everything desired applied.
+    Full,
 }
 
 pub struct Runner {
@@ -221,19 +241,21 @@ impl Runner {
         check_drops.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sync: Option<Instant> = None;
         let mut next_full = Instant::now();
+        let mut next_resync = Instant::now() + self.periods.resync;
         loop {
             let ready = self.initial_lists_done();
+            let now = Instant::now();
             let deadline = if !ready {
-                Instant::now() + Duration::from_secs(3600)
+                now + Duration::from_secs(3600)
             } else if !self.attached {
                 // The first full sync, or its retry.
                 next_full
-            } else if Instant::now() >= next_full {
-                Instant::now()
+            } else if now >= next_full.min(next_resync) {
+                now
             } else if self.state.has_changes() || self.retry_soon {
-                last_sync.map_or_else(Instant::now, |at| at + self.periods.min)
+                last_sync.map_or(now, |at| at + self.periods.min)
             } else {
-                next_full
+                next_full.min(next_resync)
             };
             tokio::select! {
                 () = &mut shutdown => return Ok(()),
@@ -262,14 +284,25 @@ impl Runner {
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => {
-                    let full = !self.attached || Instant::now() >= next_full;
-                    let programmed = self.sync(full)?;
-                    last_sync = Some(Instant::now());
+                    let now = Instant::now();
+                    let kind = if !self.attached || now >= next_full {
+                        SyncKind::Full
+                    } else if now >= next_resync {
+                        SyncKind::Verify
+                    } else {
+                        SyncKind::Changes
+                    };
+                    let programmed = self.sync(kind)?;
+                    let now = Instant::now();
+                    last_sync = Some(now);
                     if !programmed {
                         // The maps were re-read; a full sync retries everything soon.
-                        next_full = Instant::now() + RETRY_AFTER.min(self.periods.full);
-                    } else if full {
-                        next_full = Instant::now() + self.periods.full;
+                        next_full = now + RETRY_AFTER.min(self.periods.resync);
+                    } else if kind == SyncKind::Full {
+                        next_full = now + self.periods.full;
+                        next_resync = now + self.periods.resync;
+                    } else if kind == SyncKind::Verify {
+                        next_resync = now + self.periods.resync;
                     }
                 }
             }
@@ -317,9 +350,11 @@ impl Runner {
         }
     }
 
-    /// Programs the changed Services (or, for `full`, everything after re-reading the maps).
-    /// Returns whether the maps were written; errors are only those that stop the agent.
-    fn sync(&mut self, full: bool) -> Result<bool, DataplaneError> {
+    /// Programs the changed Services (for [`SyncKind::Full`], everything after re-reading
+    /// the maps; for [`SyncKind::Verify`], then verifies a part of the maps). Returns
+    /// whether the maps were written; errors are only those that stop the agent.
+    fn sync(&mut self, kind: SyncKind) -> Result<bool, DataplaneError> {
+        let full = kind == SyncKind::Full;
         let started = std::time::Instant::now();
         let changes = self.state.take_changes();
         let mut touched: BTreeSet<Frontend> = BTreeSet::new();
@@ -364,6 +399,12 @@ impl Runner {
                 return Ok(false);
             }
         };
+        if kind == SyncKind::Verify
+            && let Err(error) = self.verify_maps()
+        {
+            warn!(error = %crate::error_chain(&error), "resync failed; retrying with a full sync");
+            return Ok(false);
+        }
         // The maps no longer lead to the backends that left: their sockets can go. The last
         // sync's pairs go once more: a connect() that read a slot just before that sync
         // wrote its socket's record after the sweep had passed.
@@ -401,7 +442,7 @@ impl Runner {
             info!("datapath attached; ready");
         }
         self.health.updated();
-        if full || !changes.services.is_empty() {
+        if kind != SyncKind::Changes || !changes.services.is_empty() {
             // Also retries the ports that could not be bound before.
             let (wanted, conflicts) = health_check::desired(self.table.health_checked());
             self.health_checks.sync(&wanted, &conflicts);
@@ -438,6 +479,30 @@ impl Runner {
             );
         }
         Ok(true)
+    }
+
+    /// Reads a part of the service and backend maps back and writes back what drifted.
+    fn verify_maps(&mut self) -> Result<(), DataplaneError> {
+        let started = std::time::Instant::now();
+        let verified = self.dataplane.verify(VERIFY_BUDGET)?;
+        if verified.restored > 0 {
+            self.metrics
+                .map_entries_restored
+                .inc_by(u64::try_from(verified.restored).unwrap_or(u64::MAX));
+            warn!(
+                entries = verified.restored,
+                "service or backend map entries were deleted or changed behind the agent's \
+                 back (by hand, with bpftool?): written back"
+            );
+        }
+        info!(
+            read = verified.read,
+            restored = verified.restored,
+            pass_done = verified.pass_done,
+            took = ?started.elapsed(),
+            "maps verified"
+        );
+        Ok(())
     }
 
     /// Logs the frontends rejected for the first time (a few by name, the rest counted) and

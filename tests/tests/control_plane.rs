@@ -155,31 +155,74 @@ fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
 }
 
 #[test]
-fn the_full_resync_repairs_entries_changed_by_hand() {
+fn resyncs_write_back_entries_changed_by_hand_and_full_resyncs_remove_strays() {
     let sandbox = Sandbox::new("cp-drift");
-    let (_servers, _manifests, agent) = serving(&sandbox, (22, 1), &["--sync-period", "1s"]);
-
-    // Delete the frontend's master entry behind the agent's back (as `bpftool map delete`).
-    let map = aya::maps::Map::HashMap(
-        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v2"))
-            .expect("open the service map"),
+    let (_servers, _manifests, agent) = serving(
+        &sandbox,
+        (22, 1),
+        &["--sync-period", "1s", "--full-sync-period", "4s"],
     );
+    let open = |name: &str| {
+        aya::maps::Map::HashMap(
+            aya::maps::MapData::from_pin(sandbox.pin_dir.join(name)).expect("open a pinned map"),
+        )
+    };
     let mut services: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
-        map.try_into().expect("service map");
+        open(socklb_abi::map_names::SERVICES)
+            .try_into()
+            .expect("service map");
+    let mut backends: aya::maps::HashMap<_, u32, socklb_abi::Backend> =
+        open(socklb_abi::map_names::BACKENDS)
+            .try_into()
+            .expect("backend map");
     let master = socklb_abi::ServiceKey {
         address: u32::from(Ipv4Addr::new(10, 96, 1, 10)).to_be(),
         port: 80u16.to_be(),
         protocol: socklb_abi::PROTO_TCP,
         ..Default::default()
     };
-    let full_syncs = agent.log().matches("full=true").count();
+    let backend = backends.keys().next().expect("a backend").expect("read");
+
+    // Deleted behind the agent's back (as `bpftool map delete`): the next resync's
+    // verification writes both back, says so, and counts them.
     services.remove(&master).expect("delete the master entry");
-    assert!(services.get(&master, 0).is_err(), "master entry deleted");
-    // A full resync that started after the deletion (at most 2 s away) restores it.
-    agent.wait_for_log("full=true", full_syncs + 2);
+    backends.remove(&backend).expect("delete the backend entry");
+    agent.wait_for_log("written back", 1);
     assert!(services.get(&master, 0).is_ok(), "master entry restored");
+    assert!(backends.get(&backend, 0).is_ok(), "backend entry restored");
     wait_for_answers(&sandbox, &["127.0.22.1"]);
+    let metrics = metrics();
+    assert!(
+        metrics.contains("socklb_map_entries_restored_total 2"),
+        "{metrics}"
+    );
+
+    // An entry the agent never wrote (a frontend of its own) goes at the next full resync.
+    let stray = socklb_abi::ServiceKey {
+        address: u32::from(Ipv4Addr::new(10, 96, 1, 99)).to_be(),
+        ..master
+    };
+    let full_syncs = agent.log().matches("full=true").count();
+    services
+        .insert(&stray, &socklb_abi::ServiceEntry::default(), 0)
+        .expect("insert a stray master entry");
+    agent.wait_for_log("full=true", full_syncs + 2);
+    assert!(services.get(&stray, 0).is_err(), "stray entry removed");
+    assert!(
+        agent.log().contains("maps verified"),
+        "no verification pass logged:\n{}",
+        agent.log()
+    );
     agent.stop();
+}
+
+/// The agent's metrics, as Prometheus scrapes them.
+fn metrics() -> String {
+    let out = Command::new("curl")
+        .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])
+        .output()
+        .expect("prerequisite missing: curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

@@ -228,7 +228,7 @@ fn a_busy_port_is_logged_and_retried_without_stopping_the_others() {
         ]
         .join("---\n"),
     );
-    // Full resyncs every second retry the busy port.
+    // Resyncs every second retry the busy port.
     let agent = Agent::start(
         &sandbox,
         &manifests.path,
@@ -246,8 +246,9 @@ fn a_busy_port_is_logged_and_retried_without_stopping_the_others() {
         "{}",
         agent.log()
     );
-    let full_syncs = agent.log().matches("full=true").count();
-    agent.wait_for_log("full=true", full_syncs + 2);
+    // Two more resyncs.
+    let resyncs = agent.log().matches("maps verified").count();
+    agent.wait_for_log("maps verified", resyncs + 2);
     assert_eq!(
         agent
             .log()

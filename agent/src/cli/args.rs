@@ -101,9 +101,14 @@ pub struct RunArgs {
     /// Least time between two syncs: changes arriving meanwhile are programmed together.
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub min_sync_period: Duration,
-    /// Time between full resyncs, which re-read the maps and repair any drift.
+    /// Time between resyncs: each reads back a part of the service and backend maps (50,000
+    /// entries) and writes back what was deleted or changed behind the agent's back.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_period: Duration,
+    /// Time between full resyncs, which re-read every map and also remove entries the agent
+    /// did not write (as kube-proxy's hourly full sync).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub full_sync_period: Duration,
     /// How long to wait for another agent holding the pin directory to exit (the handover of
     /// a rolling update) before giving up.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]

@@ -80,6 +80,7 @@ pub fn problems(
         );
     }
     positive("--sync-period", args.sync_period, &mut report);
+    positive("--full-sync-period", args.full_sync_period, &mut report);
     if args.min_sync_period > args.sync_period && !args.sync_period.is_zero() {
         report(
             "--min-sync-period",

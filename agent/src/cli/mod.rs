@@ -287,7 +287,8 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             dataplane,
             SyncPeriods {
                 min: args.min_sync_period,
-                full: args.sync_period,
+                resync: args.sync_period,
+                full: args.full_sync_period,
             },
             health,
             metrics,

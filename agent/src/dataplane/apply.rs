@@ -16,7 +16,7 @@ use crate::{
         maglev::MaglevError,
         names::FrontendLabel,
         source_ranges::SourceRangeError,
-        writer::{ApplyReport, Outcome, StoreError},
+        writer::{ApplyReport, Outcome, StoreError, Verified},
     },
 };
 
@@ -195,6 +195,12 @@ impl Dataplane {
                 Err(DataplaneError::Write(error))
             }
         }
+    }
+
+    /// Reads back about `budget` service and backend entries from where the last call
+    /// stopped, and writes back those that drifted from what this agent wrote.
+    pub fn verify(&mut self, budget: usize) -> Result<Verified, DataplaneError> {
+        self.writer.verify(budget).map_err(DataplaneError::Verify)
     }
 
     /// Forgets the writer's mirror and reads the maps again: repairs any drift (entries

@@ -11,7 +11,10 @@ use crate::{
         program_logs::ProgramLogsError,
     },
     maps::{
-        maglev::MaglevError, names::NamesError, source_ranges::SourceRangeError, writer::StoreError,
+        maglev::MaglevError,
+        names::NamesError,
+        source_ranges::SourceRangeError,
+        writer::{StoreError, VerifyError},
     },
 };
 
@@ -29,6 +32,8 @@ pub enum DataplaneError {
     },
     #[error("writing the maps failed; the agent re-read them and retries at the next sync")]
     Write(#[source] StoreError),
+    #[error("verifying the maps failed; the agent re-reads them at the next sync")]
+    Verify(#[source] VerifyError),
     #[error(transparent)]
     Tc(Box<TcAttachError>),
     #[error(

@@ -71,7 +71,7 @@ pub use crate::{
     maps::{
         MapUsage,
         names::FrontendLabel,
-        writer::{ApplyReport, Capacity, Outcome, Rejected, StoreError},
+        writer::{ApplyReport, Capacity, Outcome, Rejected, StoreError, Verified},
     },
 };
 

@@ -12,7 +12,9 @@ use socklb_abi::{
 
 use super::{
     ignore_missing,
-    writer::{MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey},
+    writer::{
+        BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
+    },
 };
 use crate::desired::{BackendAddr, Frontend, Protocol, Scope};
 
@@ -119,11 +121,48 @@ impl Store for KernelMaps {
     fn write(&mut self, op: &Op) -> Result<(), StoreError> {
         self.apply(op).map_err(|error| StoreError {
             op: op.clone(),
-            source: match error {
-                MapError::SyscallError(syscall) => syscall.io_error,
-                other => std::io::Error::other(other.to_string()),
-            },
+            source: io_error(error),
         })
+    }
+
+    fn read_slot(&self, key: &SlotKey) -> std::io::Result<Option<SlotValue>> {
+        let found = match key.frontend.address {
+            IpAddr::V4(_) => encode_key(key).map(|k| {
+                self.services
+                    .get(&k, 0)
+                    .map(|entry| decode_value(key, &entry))
+            }),
+            IpAddr::V6(_) => encode_key(key).map(|k| {
+                self.services6
+                    .get(&k, 0)
+                    .map(|entry| decode_value(key, &entry))
+            }),
+        };
+        found.map_or(Ok(None), found_or_none)
+    }
+
+    fn read_backend(&self, id: u32, address: IpAddr) -> std::io::Result<Option<BackendEntry>> {
+        let found = match address {
+            IpAddr::V4(_) => self.backends.get(&id, 0).map(|b| decode_backend(&(id, b))),
+            IpAddr::V6(_) => self.backends6.get(&id, 0).map(|b| decode_backend(&(id, b))),
+        };
+        found_or_none(found.map(|(_, addr, protocol)| (addr, protocol)))
+    }
+}
+
+/// A lookup's value, `None` when the map has no such key.
+fn found_or_none<T>(result: Result<T, MapError>) -> std::io::Result<Option<T>> {
+    match result {
+        Ok(value) => Ok(Some(value)),
+        Err(MapError::KeyNotFound) => Ok(None),
+        Err(error) => Err(io_error(error)),
+    }
+}
+
+fn io_error(error: MapError) -> std::io::Error {
+    match error {
+        MapError::SyscallError(syscall) => syscall.io_error,
+        other => std::io::Error::other(other.to_string()),
     }
 }
 

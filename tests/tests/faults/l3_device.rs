@@ -36,8 +36,9 @@ fn an_l3_device_holding_the_node_address_is_skipped_with_one_warning() {
         "node-a",
         &["--tc-attach-mode", "netlink", "--sync-period", "1s"],
     );
-    // More full syncs: the device is found again each time, and not warned about again.
-    agent.wait_for_log("synced", 3);
+    // More syncs (resyncs every second): the device is found again each time, and not
+    // warned about again.
+    agent.wait_for_log("maps verified", 2);
     let log = agent.stop();
     let warnings: Vec<&str> = log
         .lines()

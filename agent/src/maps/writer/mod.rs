@@ -23,6 +23,7 @@ mod report;
 mod store;
 #[cfg(test)]
 mod tests;
+mod verify;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -33,7 +34,10 @@ use socklb_abi::{SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT
 
 pub use self::{
     report::{ApplyReport, Capacity, Outcome, Rejected},
-    store::{MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey},
+    store::{
+        BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
+    },
+    verify::{Verified, VerifyError},
 };
 use crate::desired::{
     BackendAddr, Desired, Frontend, FrontendSpec, Protocol, layout::assign_slots,
@@ -93,6 +97,8 @@ pub struct Writer<S> {
     /// Every frontend whose last apply was rejected, whichever apply that was: the
     /// current state, not one sync's report.
     rejected: BTreeMap<Frontend, Outcome>,
+    /// Where [`Self::verify`] goes on from.
+    verify_cursor: verify::Cursor,
 }
 
 impl<S: Store> Writer<S> {
@@ -114,6 +120,7 @@ impl<S: Store> Writer<S> {
             next_service_id: 1,
             preferred: BTreeSet::new(),
             rejected: BTreeMap::new(),
+            verify_cursor: verify::Cursor::START,
         };
         writer.readopt(contents);
         writer
@@ -125,6 +132,7 @@ impl<S: Store> Writer<S> {
         self.backends.clear();
         self.backend_ids.clear();
         self.pending_deletes.clear();
+        self.verify_cursor = verify::Cursor::START;
         self.strays = contents.strays.into_iter().collect();
         self.next_backend_id = 1;
         self.next_service_id = 1;

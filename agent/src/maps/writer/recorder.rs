@@ -1,8 +1,8 @@
 //! An in-memory store for tests: what the maps would hold, checked after every write as a
 //! concurrent lookup would see it.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
-use super::{MapContents, Op, SlotKey, SlotValue, Store, StoreError};
+use super::{BackendEntry, MapContents, Op, SlotKey, SlotValue, Store, StoreError};
 use crate::desired::{BackendAddr, Protocol};
 
 /// Records operations and keeps the resulting map contents.
@@ -51,6 +51,17 @@ impl Default for Recorder {
 }
 
 impl Store for Recorder {
+    fn read_slot(&self, key: &SlotKey) -> std::io::Result<Option<SlotValue>> {
+        Ok(self.services.get(key).copied())
+    }
+
+    fn read_backend(&self, id: u32, _address: IpAddr) -> std::io::Result<Option<BackendEntry>> {
+        Ok(self
+            .backends
+            .get(&id)
+            .map(|(backend, protocol)| (*backend, Some(*protocol))))
+    }
+
     fn write(&mut self, op: &Op) -> Result<(), StoreError> {
         self.ops.push(op.clone());
         match op {

@@ -72,7 +72,16 @@ pub enum Op {
 /// Where the writer's operations go: the pinned BPF maps, or a recorder in tests.
 pub trait Store {
     fn write(&mut self, op: &Op) -> Result<(), StoreError>;
+
+    /// What the service map holds at `key` now (`None`: no entry).
+    fn read_slot(&self, key: &SlotKey) -> std::io::Result<Option<SlotValue>>;
+
+    /// What the backend map of `address`'s family holds for `id` now (`None`: no entry).
+    fn read_backend(&self, id: u32, address: IpAddr) -> std::io::Result<Option<BackendEntry>>;
 }
+
+/// A backend-map entry read back; `None` for a protocol this agent does not know.
+pub type BackendEntry = (BackendAddr, Option<Protocol>);
 
 #[derive(Debug, thiserror::Error)]
 #[error("{op:?} failed")]

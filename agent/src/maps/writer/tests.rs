@@ -504,3 +504,65 @@ fn backend_map_full_is_reported_with_its_flag() {
     assert!(report.rejected[0].to_string().contains("--max-backends"));
     assert_eq!(kinds(&w.store.ops), ["+master(count=0)"]);
 }
+
+#[test]
+fn verification_reads_every_entry_once_per_pass_and_writes_nothing_without_drift() {
+    let mut w = writer();
+    w.apply(&desired(&[(1, &[1, 2]), (2, &[2, 3, 4]), (3, &[])]))
+        .expect("apply");
+    // Masters and slots (3 + 5), then the 4 backends.
+    let entries = 12;
+    w.store.ops.clear();
+    let whole = w.verify(1000).expect("verify");
+    assert_eq!(
+        whole,
+        Verified {
+            read: entries,
+            restored: 0,
+            pass_done: true
+        }
+    );
+    assert!(w.store.ops.is_empty(), "{:?}", w.store.ops);
+
+    // A small budget: the same entries over several calls, the pass done by the last.
+    let mut calls = Vec::new();
+    loop {
+        let part = w.verify(3).expect("verify");
+        calls.push(part);
+        if part.pass_done {
+            break;
+        }
+    }
+    assert_eq!(
+        calls.iter().map(|c| c.read).sum::<usize>(),
+        entries,
+        "{calls:?}"
+    );
+    assert!(calls.len() >= entries / 4, "{calls:?}");
+    assert!(calls[..calls.len() - 1].iter().all(|c| !c.pass_done));
+}
+
+#[test]
+fn verification_writes_back_what_was_deleted_or_changed_behind_the_writer() {
+    let mut w = writer();
+    w.apply(&desired(&[(1, &[1, 2]), (2, &[3])]))
+        .expect("apply");
+    let held = (w.store.services.clone(), w.store.backends.clone());
+    // By hand: one master deleted, one slot pointed elsewhere, one backend deleted.
+    w.store.check_every_write = false;
+    w.store.services.remove(&service_key(&frontend(1), 0));
+    let other = w.store.services[&service_key(&frontend(1), 2)];
+    w.store.services.insert(service_key(&frontend(2), 1), other);
+    let SlotValue::Backend { id, .. } = w.store.services[&service_key(&frontend(1), 1)] else {
+        panic!("slot 1 holds a master");
+    };
+    w.store.backends.remove(&id);
+    w.store.ops.clear();
+    w.store.check_every_write = true;
+
+    let verified = w.verify(1000).expect("verify");
+    assert_eq!(verified.restored, 3, "{:?}", kinds(&w.store.ops));
+    assert_eq!((w.store.services.clone(), w.store.backends.clone()), held);
+    // Restored: the next pass finds nothing.
+    assert_eq!(w.verify(1000).expect("verify").restored, 0);
+}
