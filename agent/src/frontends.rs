@@ -12,9 +12,10 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct FrontendTable {
     selections: BTreeMap<ServiceName, ServiceSelection>,
-    /// Services claiming each frontend. Two Services may claim one address and port (an
-    /// externalIP listed twice); the first by namespace/name wins, deterministically.
-    owners: BTreeMap<Frontend, BTreeSet<ServiceName>>,
+    /// Services claiming each frontend, sorted. Two Services may claim one address and port
+    /// (an externalIP listed twice); the first by namespace/name wins, deterministically.
+    /// A Vec, not a set: almost always one Service, and a set's node takes half a kilobyte.
+    owners: BTreeMap<Frontend, Vec<ServiceName>>,
     /// Services with a healthCheckNodePort, so that a sync need not walk every selection.
     health_checked: BTreeSet<ServiceName>,
     /// Frontends claimed, by family and scope, kept up to date for the metrics (a sync
@@ -39,7 +40,9 @@ impl FrontendTable {
             for choice in &old.frontends {
                 touched.insert(choice.frontend);
                 if let Some(owners) = self.owners.get_mut(&choice.frontend) {
-                    owners.remove(service);
+                    if let Ok(at) = owners.binary_search(service) {
+                        owners.remove(at);
+                    }
                     if owners.is_empty() {
                         self.owners.remove(&choice.frontend);
                         if let Some(count) = self.counts.get_mut(&count_key(&choice.frontend)) {
@@ -60,7 +63,9 @@ impl FrontendTable {
                 if owners.is_empty() {
                     *self.counts.entry(count_key(&choice.frontend)).or_default() += 1;
                 }
-                owners.insert(service.clone());
+                if let Err(at) = owners.binary_search(service) {
+                    owners.insert(at, service.clone());
+                }
                 if owners.len() == 2 {
                     warn!(
                         frontend = %choice.frontend,

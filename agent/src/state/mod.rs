@@ -34,8 +34,9 @@ pub struct Changes {
 pub struct ClusterState {
     node_name: String,
     services: BTreeMap<ServiceName, Result<ServiceInfo, SkipReason>>,
-    /// Slices by owning Service, then by slice name (sorted: deterministic merging).
-    slices: BTreeMap<ServiceName, BTreeMap<String, SliceInfo>>,
+    /// Slices by owning Service, sorted by name (deterministic merging). A Vec, not a map:
+    /// most Services have one slice, and a map's node would take over a kilobyte each.
+    slices: BTreeMap<ServiceName, Vec<SliceInfo>>,
     /// Which Service each slice (namespace, name) belongs to, to follow relabels/deletes.
     slice_owners: HashMap<(String, String), ServiceName>,
     node_labels: NodeLabels,
@@ -155,12 +156,8 @@ impl ClusterState {
     /// Selection for one Service; `None` if it does not exist or is skipped.
     pub fn select(&self, name: &ServiceName) -> Option<ServiceSelection> {
         let service = self.services.get(name)?.as_ref().ok()?;
-        let slices: Vec<SliceInfo> = self
-            .slices
-            .get(name)
-            .map(|s| s.values().cloned().collect())
-            .unwrap_or_default();
-        Some(select(service, &slices, &self.this_node, &self.node_labels))
+        let slices = self.slices.get(name).map_or(&[][..], Vec::as_slice);
+        Some(select(service, slices, &self.this_node, &self.node_labels))
     }
 
     pub fn apply(&mut self, event: Event) {
@@ -260,8 +257,18 @@ impl ClusterState {
                 // FQDN slices too: they have no endpoints, but say why (explain, log).
                 let info = convert::slice(&slice);
                 let slices = self.slices.entry(owner.clone()).or_default();
-                if slices.get(&key.1) != Some(&info) {
-                    slices.insert(key.1.clone(), info);
+                let changed = match slices.binary_search_by(|s| s.name.cmp(&key.1)) {
+                    Ok(at) if slices[at] == info => false,
+                    Ok(at) => {
+                        slices[at] = info;
+                        true
+                    }
+                    Err(at) => {
+                        slices.insert(at, info);
+                        true
+                    }
+                };
+                if changed {
                     self.changes.endpoint_events += 1;
                     self.mark(owner.clone());
                 }
@@ -317,7 +324,8 @@ impl ClusterState {
             return;
         };
         if let Some(slices) = self.slices.get_mut(&owner) {
-            if slices.remove(&key.1).is_some() {
+            if let Ok(at) = slices.binary_search_by(|s| s.name.cmp(&key.1)) {
+                slices.remove(at);
                 self.changes.endpoint_events += 1;
             }
             if slices.is_empty() {

@@ -17,12 +17,14 @@
 //! without backends, so that connections to it are refused rather than left untranslated
 //! (an untranslated VIP could leave the node). Frontends already programmed (or that were
 //! programmed in maps this agent replaced) get the room before new ones.
+mod backends;
 #[cfg(test)]
 pub(crate) mod recorder;
 mod report;
 mod store;
 #[cfg(test)]
 mod tests;
+mod verified;
 mod verify;
 
 use std::{
@@ -37,7 +39,7 @@ pub use self::{
     store::{
         BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
     },
-    verify::{Verified, VerifyError},
+    verified::{Verified, VerifyError},
 };
 use crate::desired::{
     BackendAddr, Desired, Frontend, FrontendSpec, Protocol, layout::assign_slots,
@@ -74,8 +76,7 @@ pub struct Writer<S> {
     store: S,
     capacity: Capacity,
     frontends: BTreeMap<Frontend, Programmed>,
-    backends: HashMap<u32, (BackendAddr, Protocol)>,
-    backend_ids: HashMap<(BackendAddr, Protocol), u32>,
+    backends: backends::Backends,
     /// Service-map entries no count covers any more, deleted at the start of the next
     /// apply: slots above a lowered count, a removed frontend's slots, and what adoption
     /// found without a master or above its count.
@@ -85,10 +86,6 @@ pub struct Writer<S> {
     /// Service-map entries the mirror accounts for (pending deletes included), kept up to
     /// date (not recounted).
     service_entries: usize,
-    /// How many slots name each backend.
-    refs: HashMap<u32, usize>,
-    /// Backends no slot names any more: deleted at the end of the next apply.
-    unreferenced: BTreeSet<u32>,
     service_ids: HashSet<u32>,
     next_backend_id: u32,
     next_service_id: u32,
@@ -98,7 +95,7 @@ pub struct Writer<S> {
     /// current state, not one sync's report.
     rejected: BTreeMap<Frontend, Outcome>,
     /// Where [`Self::verify`] goes on from.
-    verify_cursor: verify::Cursor,
+    verify_cursor: verified::Cursor,
 }
 
 impl<S: Store> Writer<S> {
@@ -108,19 +105,16 @@ impl<S: Store> Writer<S> {
             store,
             capacity,
             frontends: BTreeMap::new(),
-            backends: HashMap::new(),
-            backend_ids: HashMap::new(),
+            backends: backends::Backends::default(),
             pending_deletes: BTreeSet::new(),
             strays: BTreeSet::new(),
             service_entries: 0,
-            refs: HashMap::new(),
-            unreferenced: BTreeSet::new(),
             service_ids: HashSet::new(),
             next_backend_id: 1,
             next_service_id: 1,
             preferred: BTreeSet::new(),
             rejected: BTreeMap::new(),
-            verify_cursor: verify::Cursor::START,
+            verify_cursor: verified::Cursor::START,
         };
         writer.readopt(contents);
         writer
@@ -130,9 +124,8 @@ impl<S: Store> Writer<S> {
     pub fn readopt(&mut self, contents: MapContents) {
         self.frontends.clear();
         self.backends.clear();
-        self.backend_ids.clear();
         self.pending_deletes.clear();
-        self.verify_cursor = verify::Cursor::START;
+        self.verify_cursor = verified::Cursor::START;
         self.strays = contents.strays.into_iter().collect();
         self.next_backend_id = 1;
         self.next_service_id = 1;
@@ -144,11 +137,10 @@ impl<S: Store> Writer<S> {
         for (id, addr, protocol) in contents.backends {
             let Some(protocol) = protocol else {
                 // Unknown protocol: not ours to interpret; dropped at the next apply.
-                self.backends.insert(id, (addr, Protocol::Tcp));
+                self.backends.insert(id, addr, Protocol::Tcp, false);
                 continue;
             };
-            self.backends.insert(id, (addr, protocol));
-            self.backend_ids.entry((addr, protocol)).or_insert(id);
+            self.backends.insert(id, addr, protocol, true);
             self.next_backend_id = self.next_backend_id.max(id.saturating_add(1));
         }
 
@@ -203,32 +195,14 @@ impl<S: Store> Writer<S> {
             + self.pending_deletes.len()
             + self.strays.len();
         self.service_ids = self.frontends.values().map(|p| p.service_id).collect();
-        self.refs.clear();
-        for id in self.frontends.values().flat_map(|p| p.slots.iter()) {
-            *self.refs.entry(*id).or_default() += 1;
+        for programmed in self.frontends.values() {
+            self.backends.reference(&programmed.slots, true);
         }
-        self.unreferenced = self
-            .backends
-            .keys()
-            .filter(|id| !self.refs.contains_key(id))
-            .copied()
-            .collect();
     }
 
     /// Counts the slots of a frontend as added (`+`) or removed (`-`) references.
     fn reference(&mut self, slots: &[u32], added: bool) {
-        for id in slots {
-            if added {
-                *self.refs.entry(*id).or_default() += 1;
-                self.unreferenced.remove(id);
-            } else if let Some(count) = self.refs.get_mut(id) {
-                *count -= 1;
-                if *count == 0 {
-                    self.refs.remove(id);
-                    self.unreferenced.insert(*id);
-                }
-            }
-        }
+        self.backends.reference(slots, added);
     }
 
     pub fn store(&self) -> &S {
@@ -278,9 +252,9 @@ impl<S: Store> Writer<S> {
             .slots
             .iter()
             .map(|id| {
-                self.backends.get(id).map_or(
+                self.backends.get(*id).map_or(
                     BackendAddr::local(unspecified_like(frontend.address), 0),
-                    |(addr, _)| *addr,
+                    |(addr, _)| addr,
                 )
             })
             .collect();
@@ -313,7 +287,7 @@ impl<S: Store> Writer<S> {
                 spec.backends
                     .iter()
                     .map(|addr| (*addr, frontend.protocol))
-                    .filter(|key| !self.backend_ids.contains_key(key)),
+                    .filter(|(addr, protocol)| self.backends.id_of(addr, *protocol).is_none()),
             );
         }
         let total = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
@@ -485,8 +459,8 @@ impl<S: Store> Writer<S> {
         let mut new_ids: HashMap<BackendAddr, u32> = HashMap::new();
         let mut wanted = Vec::with_capacity(spec.backends.len());
         for addr in &spec.backends {
-            let id = match self.backend_ids.get(&(*addr, frontend.protocol)) {
-                Some(id) => *id,
+            let id = match self.backends.id_of(addr, frontend.protocol) {
+                Some(id) => id,
                 None => match new_ids.get(addr) {
                     Some(id) => *id,
                     None => {
@@ -536,8 +510,8 @@ impl<S: Store> Writer<S> {
         let backend_of = |id: u32| {
             new_entry
                 .get(&id)
-                .or_else(|| Some(&self.backends.get(&id)?.0))
                 .copied()
+                .or_else(|| Some(self.backends.get(id)?.0))
         };
         let ops = frontend_ops(
             &frontend,
@@ -550,8 +524,7 @@ impl<S: Store> Writer<S> {
             self.write(report, op)?;
         }
         for (id, addr) in new_backends {
-            self.backends.insert(id, (addr, frontend.protocol));
-            self.backend_ids.insert((addr, frontend.protocol), id);
+            self.backends.insert(id, addr, frontend.protocol, true);
         }
         self.service_entries -= old.as_ref().map_or(0, Programmed::entries);
         self.service_entries += programmed.entries();
@@ -663,17 +636,13 @@ impl<S: Store> Writer<S> {
 
     /// Deletes backends that no frontend's slot refers to any more.
     fn collect_backends(&mut self, report: &mut ApplyReport) -> Result<(), StoreError> {
-        for id in std::mem::take(&mut self.unreferenced) {
-            let Some((addr, _)) = self.backends.get(&id) else {
+        for id in self.backends.take_unreferenced() {
+            let Some((addr, _)) = self.backends.get(id) else {
                 continue;
             };
             let address = addr.address;
             self.write(report, Op::DeleteBackend { id, address })?;
-            if let Some(key) = self.backends.remove(&id)
-                && self.backend_ids.get(&key) == Some(&id)
-            {
-                self.backend_ids.remove(&key);
-            }
+            self.backends.remove(id);
         }
         Ok(())
     }
@@ -681,9 +650,7 @@ impl<S: Store> Writer<S> {
     /// A backend id no backend has. Ids handed out by one update are distinct without a
     /// check: the counter only moves on, and one update needs fewer than 2^32 of them.
     fn allocate_backend_id(&mut self) -> u32 {
-        allocate_id(&mut self.next_backend_id, |id| {
-            self.backends.contains_key(&id)
-        })
+        allocate_id(&mut self.next_backend_id, |id| self.backends.contains(id))
     }
 
     fn allocate_service_id(&mut self) -> u32 {

@@ -6,43 +6,13 @@
 //! from there at the next call: backends by id, then frontends in order. A pass over
 //! everything takes `entries / budget` calls. Only what the mirror says this agent wrote
 //! is read back; entries it never wrote are found by the full resync's re-read.
-use std::{io, ops::Bound};
+use std::ops::Bound;
 
-use super::{Op, SlotValue, Store, StoreError, Writer, service_key, slot_number};
+use super::{
+    Op, SlotValue, Store, Writer, service_key, slot_number,
+    verified::{Cursor, Verified, VerifyError},
+};
 use crate::desired::Frontend;
-
-/// Where the verification goes on from: backends first, so that a slot written back
-/// finds its backend, as in an apply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Cursor {
-    /// Backends from this id on are next.
-    Backends(u32),
-    /// The frontends after this one (from the first: `None`) are next.
-    Frontends(Option<Frontend>),
-}
-
-impl Cursor {
-    pub(super) const START: Self = Self::Backends(1);
-}
-
-/// What one call read and restored.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Verified {
-    /// Entries read back.
-    pub read: usize,
-    /// Entries written back because they differed from what this agent wrote.
-    pub restored: usize,
-    /// This call finished a pass over every entry.
-    pub pass_done: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum VerifyError {
-    #[error("reading the service or backend map back failed")]
-    Read(#[source] io::Error),
-    #[error("writing a drifted entry back failed")]
-    Write(#[source] StoreError),
-}
 
 impl<S: Store> Writer<S> {
     /// Reads back about `budget` entries from where the last call stopped, and writes back
@@ -53,7 +23,7 @@ impl<S: Store> Writer<S> {
         while verified.read < budget && !verified.pass_done {
             match self.verify_cursor {
                 Cursor::Backends(from) => {
-                    let last = self.backends.keys().max().copied().unwrap_or(0);
+                    let last = self.backends.last_id();
                     let mut id = from;
                     while id <= last && verified.read < budget {
                         self.verify_backend(id, &mut verified)?;
@@ -101,14 +71,11 @@ impl<S: Store> Writer<S> {
         let mut writes = Vec::new();
         for (index, id) in programmed.slots.iter().enumerate() {
             // 0: a slot the last re-read could not make sense of; the next apply writes it.
-            let Some((backend, _)) = self.backends.get(id).filter(|_| *id != 0) else {
+            let Some((backend, _)) = self.backends.get(*id).filter(|_| *id != 0) else {
                 continue;
             };
             let key = service_key(&frontend, slot_number(index));
-            let value = SlotValue::Backend {
-                id: *id,
-                backend: *backend,
-            };
+            let value = SlotValue::Backend { id: *id, backend };
             verified.read += 1;
             if self.store.read_slot(&key).map_err(VerifyError::Read)? != Some(value) {
                 writes.push(Op::PutService { key, value });
@@ -123,7 +90,7 @@ impl<S: Store> Writer<S> {
     }
 
     fn verify_backend(&mut self, id: u32, verified: &mut Verified) -> Result<(), VerifyError> {
-        let Some((backend, protocol)) = self.backends.get(&id).copied() else {
+        let Some((backend, protocol)) = self.backends.get(id) else {
             return Ok(());
         };
         verified.read += 1;

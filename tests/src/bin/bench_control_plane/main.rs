@@ -63,6 +63,8 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_micros(50);
 /// The agent's CPU without changes, as a baseline for the sustained rows.
 const IDLE: Duration = Duration::from_secs(3);
+/// How long the resyncs (one a second, nothing changing) are watched.
+const RESYNC_WINDOW: Duration = Duration::from_secs(10);
 /// Keeps the address plan (VIPs in 10.96.0.0/12, endpoints in 10.128.0.0/9) valid.
 const MAX_SERVICES: u32 = 100_000;
 const SECTION: Section = Section::new("control-plane", "control-plane", "Control plane");
@@ -108,6 +110,7 @@ fn main() {
     }
 
     let (file, file_idle) = file_cold_start(&sandbox, &manifests, &cluster);
+    let resyncs = resyncs(&sandbox, &manifests, cluster.len());
     // The kube agent starts on empty maps too, not on the file agent's pinned ones.
     dataplane::cleanup(&sandbox.pin_dir).expect("remove the file agent's pins");
     let mut kube = kube_source(&sandbox, &manifests, &mut cluster, &options);
@@ -116,7 +119,7 @@ fn main() {
     publish(
         &options,
         &SECTION,
-        &report(&machine, &options, &file, &kube),
+        &report(&machine, &options, &file, &resyncs, &kube),
     );
 }
 
@@ -192,9 +195,13 @@ fn agent_flags(services: u32, min_sync_period: &str) -> Vec<String> {
     .to_vec()
 }
 
-fn start_file(sandbox: &Sandbox, manifests: &Path, services: u32) -> Agent {
+fn start_file(sandbox: &Sandbox, manifests: &Path, services: u32, extra: &[&str]) -> Agent {
     let flags = agent_flags(services, "0s");
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let flags: Vec<&str> = flags
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        .collect();
     Agent::start(sandbox, manifests, NODE, &flags)
 }
 
@@ -487,7 +494,7 @@ fn file_cold_start(
             &documents.join("---\n"),
         );
     }
-    let agent = start_file(sandbox, &manifests.path, services);
+    let agent = start_file(sandbox, &manifests.path, services, &[]);
     let mut cold = cold_start(&agent);
     cold.entries = check_maps(&Maps::open(&sandbox.pin_dir), services);
     eprintln!(
@@ -497,6 +504,71 @@ fn file_cold_start(
     let idle = idle(&agent, "file");
     agent.stop();
     (cold, idle)
+}
+
+/// What resyncs cost at this size, from the file agent restarted over its programmed maps.
+struct Resyncs {
+    /// Its first sync: a full resync's re-read of every map, with nothing to write.
+    full: SyncLine,
+    /// Each later resync: entries read back, and its time as the agent took it.
+    verified: Vec<(usize, Duration)>,
+    /// Verification passes over every entry completed in the window.
+    passes: usize,
+    /// The agent's CPU over the window, in seconds.
+    cpu: f64,
+    window: Duration,
+}
+
+/// Restarts the file agent over the maps the cold start programmed, with a resync every
+/// second: its first (full) sync re-reads every map and writes nothing, then for
+/// RESYNC_WINDOW nothing changes but the resyncs.
+fn resyncs(sandbox: &Sandbox, manifests: &ManifestDir, services: u32) -> Resyncs {
+    let agent = start_file(sandbox, &manifests.path, services, &["--sync-period", "1s"]);
+    agent.wait_for_log("synced", 1);
+    let full = agent
+        .syncs(agent.started(), Instant::now())
+        .into_iter()
+        .find(|sync| sync.full)
+        .expect("the first sync is a full one");
+    assert_eq!(full.writes, 0, "the restarted agent rewrote its maps");
+    let began = Instant::now();
+    let cpu_before = cpu_seconds(agent.pid());
+    std::thread::sleep(RESYNC_WINDOW);
+    let cpu = cpu_seconds(agent.pid()) - cpu_before;
+    let window = began.elapsed();
+    let lines: Vec<String> = agent
+        .lines()
+        .into_iter()
+        .filter(|(at, line)| *at >= began && line.contains("maps verified"))
+        .map(|(_, line)| line)
+        .collect();
+    agent.stop();
+    let field = |line: &str, name: &str| -> String {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_else(|| panic!("no {name}= in {line:?}"))
+            .to_owned()
+    };
+    let verified = lines
+        .iter()
+        .map(|line| {
+            let read = field(line, "read").parse().expect("read=");
+            let took = socklb_tests::parse_debug_duration(&field(line, "took")).expect("took=");
+            (read, took)
+        })
+        .collect::<Vec<_>>();
+    assert!(!verified.is_empty(), "no resync within {RESYNC_WINDOW:?}");
+    let passes = lines
+        .iter()
+        .filter(|line| field(line, "pass_done") == "true")
+        .count();
+    Resyncs {
+        full,
+        verified,
+        passes,
+        cpu,
+        window,
+    }
 }
 
 /// The kube source's cold start, then the change latency and the sustained rows.
@@ -762,7 +834,13 @@ fn tail(log: &str, lines: usize) -> String {
 // ---------------------------------------------------------------------------------------
 // Report.
 
-fn report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeResults) -> String {
+fn report(
+    machine: &str,
+    options: &Options,
+    file: &ColdStart,
+    resyncs: &Resyncs,
+    kube: &KubeResults,
+) -> String {
     let mut out = String::new();
     let services = options.services;
     let endpoints = u64::from(services) * u64::from(ENDPOINTS_PER_SERVICE);
@@ -801,6 +879,40 @@ fn report(machine: &str, options: &Options, file: &ColdStart, kube: &KubeResults
             cold.entries.1,
         );
     }
+
+    let entries = file.entries.0 + file.entries.1;
+    let count = resyncs.verified.len();
+    let read: usize = resyncs.verified.iter().map(|(read, _)| read).sum();
+    let mut took: Vec<Duration> = resyncs.verified.iter().map(|(_, took)| *took).collect();
+    took.sort_unstable();
+    let _ = writeln!(
+        out,
+        "\nResyncs (file agent restarted over its maps, --sync-period 1s, nothing changing for \
+         {} s):\n",
+        RESYNC_WINDOW.as_secs()
+    );
+    let _ = writeln!(
+        out,
+        "| resync | entries read back each | took (agent) p50 / max | agent CPU per resync | \
+         passes over all {entries} entries |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| full (first sync, every --full-sync-period) | {entries} | {} | - | - |",
+        ms(resyncs.full.took)
+    );
+    let _ = writeln!(
+        out,
+        "| verification (every --sync-period) | {} | {} / {} | **{:.1} ms** ({count} resyncs in \
+         {}) | {} |",
+        read / count.max(1),
+        ms(percentile(&took, 50)),
+        ms(took.last().copied().unwrap_or_default()),
+        resyncs.cpu * 1e3 / count.max(1) as f64,
+        s(resyncs.window),
+        resyncs.passes,
+    );
 
     let latency = &kube.latency;
     let _ = writeln!(
