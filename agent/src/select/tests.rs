@@ -93,10 +93,9 @@ fn ep_of(family: Family, last: u8, node: &str) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-        node_name: Some(node.to_owned()),
+        node_name: Some(node.into()),
         zone: None,
-        hints_for_nodes: Vec::new(),
-        hints_for_zones: Vec::new(),
+        hints: None,
     }
 }
 
@@ -122,12 +121,12 @@ fn terminating_not_serving(mut e: Endpoint) -> Endpoint {
 }
 
 fn zones(mut e: Endpoint, zones: &[&str]) -> Endpoint {
-    e.hints_for_zones = zones.iter().map(|z| (*z).to_owned()).collect();
+    e.hints.get_or_insert_default().for_zones = zones.iter().map(|z| (*z).into()).collect();
     e
 }
 
 fn nodes(mut e: Endpoint, nodes: &[&str]) -> Endpoint {
-    e.hints_for_nodes = nodes.iter().map(|n| (*n).to_owned()).collect();
+    e.hints.get_or_insert_default().for_nodes = nodes.iter().map(|n| (*n).into()).collect();
     e
 }
 

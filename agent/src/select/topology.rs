@@ -63,7 +63,7 @@ fn by_topology_keys<'e, 'a>(
                 e.endpoint
                     .node_name
                     .as_ref()
-                    .and_then(|name| node_labels.get(name))
+                    .and_then(|name| node_labels.get(&**name))
                     .and_then(|labels| labels.get(key))
                     == Some(value)
             })
@@ -82,18 +82,29 @@ fn by_hints<'e, 'a>(
     if ready.is_empty() {
         return (Topology::None, Vec::new());
     }
-    let all_node_hints = ready.iter().all(|e| !e.endpoint.hints_for_nodes.is_empty());
-    let for_this_node = |e: &&PortEndpoint| e.endpoint.hints_for_nodes.contains(&node.name);
+    let all_node_hints = ready
+        .iter()
+        .all(|e| !e.endpoint.hints_for_nodes().is_empty());
+    let for_this_node = |e: &&PortEndpoint| {
+        e.endpoint
+            .hints_for_nodes()
+            .iter()
+            .any(|n| **n == *node.name)
+    };
     if all_node_hints && ready.iter().any(for_this_node) {
         let chosen = ready.iter().copied().filter(for_this_node).collect();
         return (Topology::NodeHints, chosen);
     }
 
-    let any_zone_hints = ready.iter().any(|e| !e.endpoint.hints_for_zones.is_empty());
+    let any_zone_hints = ready
+        .iter()
+        .any(|e| !e.endpoint.hints_for_zones().is_empty());
     if !any_zone_hints {
         return (Topology::None, ready.to_vec());
     }
-    let all_zone_hints = ready.iter().all(|e| !e.endpoint.hints_for_zones.is_empty());
+    let all_zone_hints = ready
+        .iter()
+        .all(|e| !e.endpoint.hints_for_zones().is_empty());
     let ignored = |reason: String| (Topology::HintsIgnored { reason }, ready.to_vec());
     if !all_zone_hints {
         return ignored("some ready endpoints have no zone hint".to_owned());
@@ -101,7 +112,8 @@ fn by_hints<'e, 'a>(
     let Some(zone) = node.zone() else {
         return ignored(format!("this node has no {ZONE_LABEL} label"));
     };
-    let for_this_zone = |e: &&PortEndpoint| e.endpoint.hints_for_zones.iter().any(|z| z == zone);
+    let for_this_zone =
+        |e: &&PortEndpoint| e.endpoint.hints_for_zones().iter().any(|z| &**z == zone);
     if !ready.iter().any(for_this_zone) {
         return ignored(format!("no endpoint is hinted for zone {zone}"));
     }

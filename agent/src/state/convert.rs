@@ -1,6 +1,10 @@
 //! API objects -> what selection reads. Malformed fields never fail a whole object: the
 //! part that cannot be read is skipped with a reason that names it, the rest is served.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::IpAddr,
+    sync::Arc,
+};
 
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -10,8 +14,8 @@ use k8s_openapi::api::{
 use crate::{
     desired::Protocol,
     select::{
-        Endpoint, Family, ServiceInfo, ServiceName, ServicePort, SkipReason, SkippedPart,
-        SliceInfo, SlicePort,
+        Endpoint, Family, Hints, Name, ServiceInfo, ServiceName, ServicePort, SkipReason,
+        SkippedPart, SliceInfo, SlicePort,
     },
 };
 
@@ -416,7 +420,7 @@ pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceName> {
 /// others, and endpoints whose address is not of the slice's family, are recorded as
 /// skipped parts with the reason. Whether the Service serves the slice's family is
 /// selection's to say.
-pub fn slice(slice: &EndpointSlice) -> SliceInfo {
+pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
     let name = slice.metadata.name.clone().unwrap_or_default();
     let label = format!("EndpointSlice {name}");
     let family = match slice.address_type.as_str() {
@@ -463,7 +467,6 @@ pub fn slice(slice: &EndpointSlice) -> SliceInfo {
         .iter()
         .map(|endpoint| {
             let conditions = endpoint.conditions.clone().unwrap_or_default();
-            let hints = endpoint.hints.clone().unwrap_or_default();
             // Consumers use the first address only (API contract).
             let first = endpoint.addresses.first();
             let address = first
@@ -496,20 +499,28 @@ pub fn slice(slice: &EndpointSlice) -> SliceInfo {
                 ready: conditions.ready.unwrap_or(true),
                 serving: conditions.serving.unwrap_or(true),
                 terminating: conditions.terminating.unwrap_or(false),
-                node_name: endpoint.node_name.clone(),
-                zone: endpoint.zone.clone(),
-                hints_for_nodes: hints
-                    .for_nodes
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|n| n.name)
-                    .collect(),
-                hints_for_zones: hints
-                    .for_zones
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|z| z.name)
-                    .collect(),
+                node_name: endpoint.node_name.as_deref().map(|name| names.get(name)),
+                zone: endpoint.zone.as_deref().map(|zone| names.get(zone)),
+                hints: endpoint.hints.as_ref().and_then(|hints| {
+                    let for_nodes: Vec<Name> = hints
+                        .for_nodes
+                        .iter()
+                        .flatten()
+                        .map(|node| names.get(&node.name))
+                        .collect();
+                    let for_zones: Vec<Name> = hints
+                        .for_zones
+                        .iter()
+                        .flatten()
+                        .map(|zone| names.get(&zone.name))
+                        .collect();
+                    (!for_nodes.is_empty() || !for_zones.is_empty()).then(|| {
+                        Box::new(Hints {
+                            for_nodes,
+                            for_zones,
+                        })
+                    })
+                }),
             }
         })
         .collect();
@@ -541,3 +552,24 @@ pub fn node(node: &Node) -> (BTreeMap<String, String>, Vec<IpAddr>) {
 
 /// How traffic from outside picks a backend: `random` (the default) or `maglev`.
 pub const LB_ALGORITHM_ANNOTATION: &str = "socklb.io/lb-algorithm";
+
+/// The node and zone names endpoints hold, each kept once and shared.
+#[derive(Debug, Default)]
+pub struct Names(HashSet<Name>);
+
+impl Names {
+    /// The shared copy of `name`.
+    pub fn get(&mut self, name: &str) -> Name {
+        if let Some(known) = self.0.get(name) {
+            return known.clone();
+        }
+        let name: Name = Arc::from(name);
+        self.0.insert(name.clone());
+        name
+    }
+
+    /// Forgets the names no endpoint holds any more (nodes gone from the cluster).
+    pub fn forget_unused(&mut self) {
+        self.0.retain(|name| Arc::strong_count(name) > 1);
+    }
+}

@@ -37,6 +37,8 @@ pub struct ClusterState {
     /// Slices by owning Service, sorted by name (deterministic merging). A Vec, not a map:
     /// most Services have one slice, and a map's node would take over a kilobyte each.
     slices: BTreeMap<ServiceName, Vec<SliceInfo>>,
+    /// The node and zone names the slices' endpoints share.
+    names: convert::Names,
     /// Which Service each slice (namespace, name) belongs to, to follow relabels/deletes.
     slice_owners: HashMap<(String, String), ServiceName>,
     node_labels: NodeLabels,
@@ -54,6 +56,7 @@ impl ClusterState {
             node_name: node_name.to_owned(),
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
+            names: convert::Names::default(),
             slice_owners: HashMap::new(),
             node_labels: NodeLabels::new(),
             this_node: ThisNode {
@@ -202,6 +205,7 @@ impl ClusterState {
                 for key in old.into_iter().filter(|k| !seen.contains(k)) {
                     self.remove_slice(&key);
                 }
+                self.names.forget_unused();
             }
             Kind::Pod | Kind::Namespace => self.workloads.reset(&self.node_name, kind, objects),
             Kind::Node => {
@@ -255,7 +259,7 @@ impl ClusterState {
                     return;
                 };
                 // FQDN slices too: they have no endpoints, but say why (explain, log).
-                let info = convert::slice(&slice);
+                let info = convert::slice(&slice, &mut self.names);
                 let slices = self.slices.entry(owner.clone()).or_default();
                 let changed = match slices.binary_search_by(|s| s.name.cmp(&key.1)) {
                     Ok(at) if slices[at] == info => false,
