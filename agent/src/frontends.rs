@@ -183,12 +183,7 @@ mod tests {
     }
 
     fn frontend(last: u8) -> Frontend {
-        Frontend {
-            address: Ipv4Addr::new(203, 0, 113, last).into(),
-            port: 80,
-            protocol: Protocol::Tcp,
-            scope: Scope::Internal,
-        }
+        Frontend::internal(Ipv4Addr::new(203, 0, 113, last), 80, Protocol::Tcp)
     }
 
     fn backend_of(table: &FrontendTable, vip: u8) -> Option<u8> {

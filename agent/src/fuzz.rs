@@ -24,7 +24,7 @@ use k8s_openapi::{
 use proptest::{collection::vec, option, prelude::*};
 
 use crate::{
-    desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol, Scope},
+    desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol},
     explain,
     frontends::FrontendTable,
     maps::writer::{Capacity, MapContents, Writer, recorder::Recorder},
@@ -512,12 +512,8 @@ fn address(v6: bool, net: u8, last: u8) -> IpAddr {
 /// Backend sets of a few frontends of both families, as successive syncs give them to the
 /// writer: sets grow, shrink, empty and vanish; each frontend's backends are of its family.
 fn desired_states() -> impl Strategy<Value = Vec<Desired>> {
-    let frontend = (any::<bool>(), 0..4u8).prop_map(|(v6, last)| Frontend {
-        address: address(v6, 96, last),
-        port: 80,
-        protocol: Protocol::Tcp,
-        scope: Scope::Internal,
-    });
+    let frontend = (any::<bool>(), 0..4u8)
+        .prop_map(|(v6, last)| Frontend::internal(address(v6, 96, last), 80, Protocol::Tcp));
     let backends = vec(1..12u8, 0..8);
     let state = vec((frontend, backends), 0..4).prop_map(|frontends| {
         let mut desired = Desired::default();

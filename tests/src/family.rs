@@ -108,22 +108,31 @@ impl Sandbox {
     }
 }
 
+/// Each scenario as one test per case: `<case>::<scenario>`, calling `<scenario>(<value>)`
+/// of the invoking module, for `[case => value, ...]` and `[scenario, ...]`.
+#[macro_export]
+macro_rules! for_each_case {
+    ([$($case:ident => $value:expr),* $(,)?], $scenarios:tt) => {
+        $($crate::for_each_case!(@case $case, $value, $scenarios);)*
+    };
+    (@case $case:ident, $value:expr, [$($scenario:ident),* $(,)?]) => {
+        mod $case {
+            $(#[test]
+            fn $scenario() {
+                super::$scenario($value);
+            })*
+        }
+    };
+}
+
 /// Each scenario as one test per family: `v4::<scenario>` and `v6::<scenario>`, each
 /// calling `<scenario>(Family::V4 | Family::V6)` of the invoking module.
 #[macro_export]
 macro_rules! for_each_family {
     ($($scenario:ident),* $(,)?) => {
-        mod v4 {
-            $(#[test]
-            fn $scenario() {
-                super::$scenario($crate::family::Family::V4);
-            })*
-        }
-        mod v6 {
-            $(#[test]
-            fn $scenario() {
-                super::$scenario($crate::family::Family::V6);
-            })*
-        }
+        $crate::for_each_case!(
+            [v4 => $crate::family::Family::V4, v6 => $crate::family::Family::V6],
+            [$($scenario),*]
+        );
     };
 }

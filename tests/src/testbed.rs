@@ -104,18 +104,13 @@ impl PodPath {
 #[macro_export]
 macro_rules! for_each_pod_path {
     ($($scenario:ident),* $(,)?) => {
-        mod socket_lb {
-            $(#[test]
-            fn $scenario() {
-                super::$scenario($crate::testbed::PodPath::SocketLb);
-            })*
-        }
-        mod per_packet {
-            $(#[test]
-            fn $scenario() {
-                super::$scenario($crate::testbed::PodPath::PerPacket);
-            })*
-        }
+        $crate::for_each_case!(
+            [
+                socket_lb => $crate::testbed::PodPath::SocketLb,
+                per_packet => $crate::testbed::PodPath::PerPacket,
+            ],
+            [$($scenario),*]
+        );
     };
 }
 

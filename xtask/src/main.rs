@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "socklb's developer and CI tasks")]
@@ -124,24 +124,11 @@ enum Bench {
     /// Traffic from outside through a NodePort: socklb's TC programs vs kube-proxy's
     /// iptables and nftables rules vs the direct path (connection setup, iperf3).
     Nodeport {
-        /// Connections per peer and round.
-        #[arg(long, default_value_t = 2000)]
-        connections: u32,
-        /// Rounds, the peers interleaved in each.
-        #[arg(long, default_value_t = 5)]
-        rounds: u32,
         /// ClusterIP services ahead of the NodePort in kube-proxy's rules.
         #[arg(long, default_value_t = 1000)]
         services: u32,
-        /// Seconds of each iperf3 run.
-        #[arg(long, default_value_t = 3)]
-        seconds: u32,
-        /// iptables backend of the iptables peer: legacy or nft.
-        #[arg(long, default_value = "legacy")]
-        iptables: String,
-        /// Seconds long, 100 filler services, debug build: checks that the benchmark works.
-        #[arg(long)]
-        smoke: bool,
+        #[command(flatten)]
+        flags: NodeBench,
     },
     /// A pod's connections to a ClusterIP: socklb's per-packet path vs kube-proxy's iptables
     /// and nftables rules vs socklb's socket path vs the direct path, at each Service count.
@@ -149,21 +136,8 @@ enum Bench {
         /// Service counts (10 endpoints each) ahead of the measured one.
         #[arg(long, default_value = "1000,10000")]
         services: String,
-        /// Connections per path and round.
-        #[arg(long, default_value_t = 2000)]
-        connections: u32,
-        /// Rounds, the paths interleaved in each.
-        #[arg(long, default_value_t = 5)]
-        rounds: u32,
-        /// Seconds of each iperf3 run.
-        #[arg(long, default_value_t = 3)]
-        seconds: u32,
-        /// iptables backend of the iptables path: legacy or nft.
-        #[arg(long, default_value = "legacy")]
-        iptables: String,
-        /// Seconds long, 100 filler services, debug build: checks that the benchmark works.
-        #[arg(long)]
-        smoke: bool,
+        #[command(flatten)]
+        flags: NodeBench,
     },
     /// socklb side by side with kube-proxy's iptables and nftables modes (connection setup,
     /// throughput, programming time, memory) at each service count; writes the results into
@@ -184,6 +158,39 @@ enum Bench {
         #[arg(long)]
         smoke: bool,
     },
+}
+
+/// The flags both node benchmarks (`nodeport`, `pod`) take besides their Service counts.
+#[derive(Args)]
+struct NodeBench {
+    /// Connections per peer and round.
+    #[arg(long, default_value_t = 2000)]
+    connections: u32,
+    /// Rounds, the peers interleaved in each.
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
+    /// Seconds of each iperf3 run.
+    #[arg(long, default_value_t = 3)]
+    seconds: u32,
+    /// iptables backend of the iptables peer: legacy or nft.
+    #[arg(long, default_value = "legacy")]
+    iptables: String,
+    /// Seconds long, 100 filler services, debug build: checks that the benchmark works.
+    #[arg(long)]
+    smoke: bool,
+}
+
+impl NodeBench {
+    /// What `test` runs: the smoke run's own numbers, as the benchmark would clamp them.
+    fn smoke() -> Self {
+        Self {
+            connections: 50,
+            rounds: 3,
+            seconds: 1,
+            iptables: "legacy".to_owned(),
+            smoke: true,
+        }
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -319,31 +326,10 @@ fn main() -> anyhow::Result<()> {
                     ]);
                     run_with_agent("socklb-bench-destroy", &args)
                 }
-                Bench::Nodeport {
-                    connections,
-                    rounds,
-                    services,
-                    seconds,
-                    iptables,
-                    smoke,
-                } => nodeport(
-                    &[
-                        ("--connections", connections),
-                        ("--rounds", rounds),
-                        ("--services", services),
-                        ("--seconds", seconds),
-                    ],
-                    &iptables,
-                    smoke,
-                ),
-                Bench::Pod {
-                    services,
-                    connections,
-                    rounds,
-                    seconds,
-                    iptables,
-                    smoke,
-                } => pod(&services, connections, rounds, seconds, &iptables, smoke),
+                Bench::Nodeport { services, flags } => {
+                    node_bench(NODEPORT, &services.to_string(), &flags)
+                }
+                Bench::Pod { services, flags } => node_bench(POD, &services, &flags),
                 Bench::Compare {
                     services,
                     connections,
@@ -368,41 +354,29 @@ fn flag_args(flags: &[(&str, u32)]) -> Vec<String> {
         .collect()
 }
 
-/// `bench nodeport`: release build, or the debug build for the smoke run.
-fn nodeport(flags: &[(&str, u32)], iptables: &str, smoke: bool) -> anyhow::Result<()> {
-    require_root("the NodePort benchmark")?;
-    let mut args = flag_args(flags);
-    args.extend(["--iptables".to_owned(), iptables.to_owned()]);
-    if !smoke {
-        args.extend(["--docs".to_owned(), docs_dir()?]);
-        return run_with_agent("socklb-bench-nodeport", &args);
-    }
-    args.push("--smoke".to_owned());
-    smoke_run("socklb-bench-nodeport", &args)
-}
+/// A node benchmark's binary and what it is (for the message that it needs root).
+const NODEPORT: (&str, &str) = ("socklb-bench-nodeport", "the NodePort benchmark");
+const POD: (&str, &str) = ("socklb-bench-pod", "the pod benchmark");
 
-/// `bench pod`: release build, or the debug build for the smoke run.
-fn pod(
+/// `bench nodeport` and `bench pod`: release build, or the debug build for the smoke run.
+fn node_bench(
+    (bench, what): (&str, &str),
     services: &str,
-    connections: u32,
-    rounds: u32,
-    seconds: u32,
-    iptables: &str,
-    smoke: bool,
+    flags: &NodeBench,
 ) -> anyhow::Result<()> {
-    require_root("the pod benchmark")?;
+    require_root(what)?;
     let mut args = flag_args(&[
-        ("--connections", connections),
-        ("--rounds", rounds),
-        ("--seconds", seconds),
+        ("--connections", flags.connections),
+        ("--rounds", flags.rounds),
+        ("--seconds", flags.seconds),
     ]);
-    args.extend(["--services", services, "--iptables", iptables].map(str::to_owned));
-    if !smoke {
+    args.extend(["--services", services, "--iptables", &flags.iptables].map(str::to_owned));
+    if !flags.smoke {
         args.extend(["--docs".to_owned(), docs_dir()?]);
-        return run_with_agent("socklb-bench-pod", &args);
+        return run_with_agent(bench, &args);
     }
     args.push("--smoke".to_owned());
-    smoke_run("socklb-bench-pod", &args)
+    smoke_run(bench, &args)
 }
 
 /// A benchmark's smoke run: the debug build of the agent and the benchmark (which `test`
@@ -558,8 +532,8 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         None => {
             let smokes = [
                 ("compare", compare(None, 500, "legacy", true)),
-                ("nodeport", nodeport(&[], "legacy", true)),
-                ("pod", pod("100", 50, 3, 1, "legacy", true)),
+                ("nodeport", node_bench(NODEPORT, "100", &NodeBench::smoke())),
+                ("pod", node_bench(POD, "100", &NodeBench::smoke())),
                 // The debug socket holder is built by `cargo test` (every binary).
                 (
                     "destroy",

@@ -2,12 +2,28 @@
 //! their defaults and help. What the commands do with them is `cli`'s.
 use std::{net::SocketAddr, ops::RangeInclusive, path::PathBuf, time::Duration};
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Arg, ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
     dataplane::{self, Capacities, ProgramLogLevel, TcMode},
     sweep::Requested,
 };
+
+/// `#[arg(chart_switch())]`: a `bool` flag that is off unless given, alone or as `=true`, and
+/// also takes `=false`, the form the chart writes for a value.
+trait ChartSwitch {
+    fn chart_switch(self) -> Self;
+}
+
+impl ChartSwitch for Arg {
+    fn chart_switch(self) -> Self {
+        self.action(ArgAction::Set)
+            .num_args(0..=1)
+            .require_equals(true)
+            .default_missing_value("true")
+            .default_value("false")
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(
@@ -126,14 +142,7 @@ pub struct RunArgs {
     /// Also close the TCP connections still open to a backend that left its Service
     /// (connected UDP sockets are always closed). Off by default: kube-proxy lets TCP
     /// connections drain. Given alone, or as =true / =false (the chart's form).
-    #[arg(
-        long,
-        default_value_t = false,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        action = clap::ArgAction::Set
-    )]
+    #[arg(long, chart_switch())]
     pub destroy_tcp_on_backend_removal: bool,
     /// Which sockets the socket hooks translate at connect() and sendmsg(): `pods` (the
     /// host's network namespace, where the agent runs, and the pods' namespaces the node's
@@ -203,14 +212,7 @@ pub struct ExternalArgs {
     /// Service CIDR: a BGP-advertised or static route to the node), as kube-proxy does;
     /// their flows are SNATed to the node like a NodePort's. Off by default, as in Cilium
     /// (bpf-lb-external-clusterip): a ClusterIP is then reachable from inside only.
-    #[arg(
-        long,
-        default_value_t = false,
-        num_args = 0..=1,
-        require_equals = true,
-        default_missing_value = "true",
-        action = clap::ArgAction::Set
-    )]
+    #[arg(long, chart_switch())]
     pub cluster_ips_from_outside: bool,
 }
 
@@ -369,4 +371,46 @@ pub struct ExplainArgs {
     pub socket_lb_scope: SocketLbScope,
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: Output,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::{Cli, Command, RunArgs};
+
+    fn run(args: &[&str]) -> Result<Box<RunArgs>, clap::Error> {
+        let cli = Cli::try_parse_from(["socklb", "run"].iter().chain(args))?;
+        match cli.command {
+            Command::Run(run) => Ok(run),
+            _ => panic!("`socklb run` parsed as another command"),
+        }
+    }
+
+    /// Each chart switch, in each form: absent, alone, `=true`, `=false`.
+    #[test]
+    fn chart_switches_take_every_form() {
+        let switches = |args: &[&str]| {
+            let run = run(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+            [
+                run.destroy_tcp_on_backend_removal,
+                run.external.cluster_ips_from_outside,
+            ]
+        };
+        assert_eq!(switches(&[]), [false, false]);
+        let flags = [
+            "--destroy-tcp-on-backend-removal",
+            "--cluster-ips-from-outside",
+        ];
+        for (index, flag) in flags.into_iter().enumerate() {
+            for (form, on) in [("", true), ("=true", true), ("=false", false)] {
+                let arg = format!("{flag}{form}");
+                let mut expected = [false; 2];
+                expected[index] = on;
+                assert_eq!(switches(&[&arg]), expected, "{arg}");
+            }
+            // Only with `=`: a separate word is not the switch's value.
+            assert!(run(&[flag, "false"]).is_err(), "{flag} false");
+        }
+    }
 }

@@ -73,6 +73,19 @@ pub struct Frontend {
     pub scope: Scope,
 }
 
+#[cfg(test)]
+impl Frontend {
+    /// A ClusterIP-like frontend: how tests name one by its address, port and protocol.
+    pub fn internal(address: impl Into<IpAddr>, port: u16, protocol: Protocol) -> Self {
+        Self {
+            address: address.into(),
+            port,
+            protocol,
+            scope: Scope::Internal,
+        }
+    }
+}
+
 impl fmt::Display for Frontend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

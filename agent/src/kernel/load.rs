@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya::{
-    Ebpf, EbpfError, EbpfLoader,
+    Ebpf, EbpfError, EbpfLoader, GlobalData,
     maps::{HashMap, Map, MapData, MapError},
     programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier},
 };
@@ -267,6 +267,30 @@ impl Globals {
             cluster_ips_from_outside: u32::from(programs.cluster_ips_from_outside),
         }
     }
+
+    /// Each value under its name in the object.
+    fn by_name(&self) -> [(&'static str, GlobalData<'_>); 9] {
+        [
+            (globals::SOCKET_SLOT_MASK, (&self.socket_slot_mask).into()),
+            (aya_log::LEVEL, (&self.log_level).into()),
+            (globals::SKC_COOKIE_OFFSET, (&self.skc_cookie_offset).into()),
+            (
+                globals::SKC_V6_DADDR_OFFSET,
+                (&self.skc_v6_daddr_offset).into(),
+            ),
+            (globals::RECORD_TCP, (&self.record_tcp).into()),
+            (globals::SOCKET_LB_NETNS, (&self.socket_lb_netns).into()),
+            (globals::SOCKET_LB_LISTED, (&self.socket_lb_listed).into()),
+            (
+                globals::CLUSTER_IPS_FROM_OUTSIDE,
+                (&self.cluster_ips_from_outside).into(),
+            ),
+            (
+                globals::MAX_SOCKET_RECORDS,
+                (&self.max_socket_records).into(),
+            ),
+        ]
+    }
 }
 
 /// aya-log's ring buffer in the object.
@@ -286,27 +310,6 @@ fn configure<'a>(
         .map_pin_path(
             PROGRAM_LOGS_MAP,
             pins::map_pin(pin_dir, map_names::PROGRAM_LOGS),
-        )
-        .override_global(globals::SOCKET_SLOT_MASK, &values.socket_slot_mask, true)
-        .override_global(aya_log::LEVEL, &values.log_level, true)
-        .override_global(globals::SKC_COOKIE_OFFSET, &values.skc_cookie_offset, true)
-        .override_global(
-            globals::SKC_V6_DADDR_OFFSET,
-            &values.skc_v6_daddr_offset,
-            true,
-        )
-        .override_global(globals::RECORD_TCP, &values.record_tcp, true)
-        .override_global(globals::SOCKET_LB_NETNS, &values.socket_lb_netns, true)
-        .override_global(globals::SOCKET_LB_LISTED, &values.socket_lb_listed, true)
-        .override_global(
-            globals::CLUSTER_IPS_FROM_OUTSIDE,
-            &values.cluster_ips_from_outside,
-            true,
-        )
-        .override_global(
-            globals::MAX_SOCKET_RECORDS,
-            &values.max_socket_records,
-            true,
         )
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         .map_max_entries(map_names::SERVICES, sizes.services)
@@ -334,6 +337,9 @@ fn configure<'a>(
             ipv6_share(capacities.conntrack_new),
         )
         .map_max_entries(map_names::SOURCE_RANGES6, capacities.source_ranges);
+    for (name, value) in values.by_name() {
+        loader.override_global(name, value, true);
+    }
 }
 
 /// The capacity of an IPv6 table the programs write (conntrack, unconfirmed conntrack,

@@ -70,16 +70,11 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::desired::{BackendAddr, Frontend, Protocol, Scope};
+    use crate::desired::{BackendAddr, Frontend, Protocol};
 
     fn pair(backend: u8) -> Gone {
         Gone {
-            frontend: Frontend {
-                address: Ipv4Addr::new(10, 96, 0, 10).into(),
-                port: 53,
-                protocol: Protocol::Udp,
-                scope: Scope::Internal,
-            },
+            frontend: Frontend::internal(Ipv4Addr::new(10, 96, 0, 10), 53, Protocol::Udp),
             backend: BackendAddr::local(Ipv4Addr::new(10, 0, 0, backend), 53),
         }
     }

@@ -7,7 +7,10 @@
 //! pointer on stack"). Each function checks the level, a read-only global the verifier
 //! knows: with logging off it removes the body at load, and what is left on a failure path
 //! is a call that returns at once. Arguments are host-order numbers.
-use aya_log_ebpf::warn;
+use aya_log_ebpf::{
+    macro_support::{Argument, IpFormatter},
+    warn,
+};
 
 /// The socket path's target (`socket`), under the name operators know it by.
 const LB: &str = "socklb::lb";
@@ -115,18 +118,9 @@ pub fn no_snat_address() {
     );
 }
 
+/// `source`: an IPv4 address (`u32`) or an IPv6 one (`[u8; 16]`); one function of each.
 #[inline(never)]
-pub fn rewrite_failed(source: u32) {
-    warn!(
-        &(),
-        target: EXTERNAL,
-        "packet from {:i} dropped: a helper failed after it was partly rewritten",
-        source
-    );
-}
-
-#[inline(never)]
-pub fn rewrite_failed6(source: [u8; 16]) {
+pub fn rewrite_failed<A: IpFormatter + Argument>(source: A) {
     warn!(
         &(),
         target: EXTERNAL,

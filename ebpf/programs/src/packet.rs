@@ -299,7 +299,7 @@ impl Address for Ipv6Words {
 
     #[inline(always)]
     fn log_rewrite_failed(self) {
-        log::rewrite_failed6(ipv6_octets(self));
+        log::rewrite_failed(ipv6_octets(self));
     }
 }
 

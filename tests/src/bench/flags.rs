@@ -40,4 +40,13 @@ impl<'a> Flags<'a> {
             .parse()
             .with_context(|| format!("{flag} {value}: not a number\n{}", self.usage))
     }
+
+    /// `value` of `flag` as comma-separated whole numbers, such as `example`.
+    pub fn numbers(&self, flag: &str, value: &str, example: &str) -> anyhow::Result<Vec<u32>> {
+        value
+            .split(',')
+            .map(|count| count.trim().parse())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{flag} {value}: a list like {example}\n{}", self.usage))
+    }
 }

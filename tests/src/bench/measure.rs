@@ -143,6 +143,23 @@ pub struct Stream {
     pub sender_cpu: f64,
 }
 
+/// `rounds` rounds of one iperf3 stream per key (`stream(key)`), the keys' order rotated by
+/// one every round.
+pub fn iperf3_rounds<K: Copy + Ord>(
+    keys: &[K],
+    rounds: u32,
+    mut stream: impl FnMut(K) -> anyhow::Result<Stream>,
+) -> anyhow::Result<BTreeMap<K, Vec<Stream>>> {
+    let mut throughput: BTreeMap<K, Vec<Stream>> = BTreeMap::new();
+    for round in 0..rounds as usize {
+        for offset in 0..keys.len() {
+            let key = keys[(offset + round) % keys.len()];
+            throughput.entry(key).or_default().push(stream(key)?);
+        }
+    }
+    Ok(throughput)
+}
+
 /// One iperf3 stream of `seconds` to `target`, from `netns` (and `cgroup`).
 pub fn iperf3(
     netns: &File,

@@ -1,6 +1,6 @@
-//! What the side-by-side benchmarks (`bench compare`, `bench nodeport`) share: the peers,
-//! the services and the kube-proxy rules written for them, the network namespaces they run
-//! in, the servers and the timed client, and the interleaved measurement rounds.
+//! What the side-by-side benchmarks (`bench compare`, `bench nodeport`, `bench pod`) share:
+//! the peers, the services and the kube-proxy rules written for them, the network namespaces
+//! they run in, the servers and the timed client, and the interleaved measurement rounds.
 //!
 //! Each benchmark is a thin binary over these modules: it builds its world, programs the
 //! peers and reports; the method (one client process for every peer, the cells in a new
@@ -17,6 +17,7 @@ pub mod loader;
 pub mod measure;
 pub mod netns;
 pub mod node;
+pub mod node_flags;
 pub mod peer;
 pub mod preflight;
 pub mod section;

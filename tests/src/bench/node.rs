@@ -11,6 +11,8 @@
 //! The namespaces are anonymous (they die with the process); the agents' pins, cgroups and
 //! manifests are removed by [`AgentFiles`]'s guard.
 use std::{
+    collections::BTreeMap,
+    fmt::Debug,
     fs::{self, File},
     net::{Ipv4Addr, SocketAddrV4},
     path::{Path, PathBuf},
@@ -25,8 +27,10 @@ use aya::programs::{
 
 use super::{
     baseline,
+    client::{Client, Place},
     cluster::{
-        ENDPOINT_PORT, IPERF_PORT, NODE, Service, ZONE, agent_capacity_flags, manifest_file,
+        ENDPOINT_PORT, IPERF_PORT, NODE, SERVICE_PORT, Service, ZONE, agent_capacity_flags,
+        manifest_file, services, vip,
     },
     kube_proxy::{
         self,
@@ -34,11 +38,22 @@ use super::{
         nftables,
     },
     loader::{IptablesBackend, load_rules},
+    measure::{self, Moment, Plan},
     netns::{End, enter, new_netns, run_in, veth},
     server::Servers,
 };
 use crate::{Agent, Leftovers, Source, node_yaml};
 
+/// The Node's address (in its manifest and in kube-proxy's rules): the node's on the
+/// client's link, or on its `lo` ([`ClientLink::node_ip_on_lo`]).
+pub const NODE_IP: &str = "10.88.0.1";
+/// kube-proxy's rules for the node. The pod network is 10.244.0.0/16: a client outside
+/// (10.88.0.2) is not a pod, so its traffic takes the Local policy, not kube-proxy's pod
+/// short-circuit; a client pod's is DNATed without masquerade.
+const KUBE_PROXY: kube_proxy::Config = kube_proxy::Config {
+    pod_cidr: "10.244.0.0/16",
+    node_ip: NODE_IP,
+};
 /// The pod behind the node: every Service of the benchmarks that is measured ends there.
 pub const POD: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 10);
 /// The node's device towards the pod.
@@ -78,12 +93,10 @@ pub struct World {
 }
 
 /// The world of one peer: `link` between client and node, the pod behind the node serving
-/// [`ENDPOINT_PORT`] and iperf3, and the node running `translator` for `cluster`, with
-/// kube-proxy's rules written for `kube_proxy`.
-pub fn world(
+/// [`ENDPOINT_PORT`] and iperf3, and the node running `translator` for `cluster`.
+fn world(
     link: &ClientLink,
     translator: &Translator<'_>,
-    kube_proxy: &kube_proxy::Config,
     cluster: &[Service],
     scratch: &Path,
 ) -> anyhow::Result<World> {
@@ -132,12 +145,12 @@ pub fn world(
         Translator::Nothing => None,
         Translator::Agent(files, flags) => Some(start_agent(&node, files, cluster.len(), flags)?),
         Translator::Iptables(backend) => {
-            let input = iptables::restore_input(kube_proxy, cluster, IptablesSync::Initial);
+            let input = iptables::restore_input(&KUBE_PROXY, cluster, IptablesSync::Initial);
             load(backend.restore(), &["--noflush"], input)?;
             None
         }
         Translator::Nftables => {
-            load("nft", &["-f", "-"], nftables::initial(kube_proxy, cluster))?;
+            load("nft", &["-f", "-"], nftables::initial(&KUBE_PROXY, cluster))?;
             None
         }
     };
@@ -147,6 +160,75 @@ pub fn world(
         client,
         _node: node,
     })
+}
+
+/// A world per key, the node of each running `translator(key)`.
+pub fn worlds<'a, K: Copy + Ord>(
+    keys: &[K],
+    link: &ClientLink,
+    translator: impl Fn(K) -> Translator<'a>,
+    cluster: &[Service],
+    scratch: &Path,
+) -> anyhow::Result<BTreeMap<K, World>> {
+    let mut worlds = BTreeMap::new();
+    for &key in keys {
+        let world = world(link, &translator(key), cluster, scratch)?;
+        worlds.insert(key, world);
+    }
+    Ok(worlds)
+}
+
+/// `fillers` ClusterIP Services of 10 endpoints, then the measured one ("web") and the
+/// iperf3 one ("web-iperf"), both to [`POD`], with these NodePorts if given.
+pub fn measured_services(fillers: u32, node_ports: Option<[u16; 2]>) -> Vec<Service> {
+    let mut cluster = services(fillers);
+    for (index, (name, port, target_port)) in [
+        ("web", SERVICE_PORT, ENDPOINT_PORT),
+        ("web-iperf", IPERF_PORT, IPERF_PORT),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        cluster.push(Service {
+            name: name.to_owned(),
+            vip: vip(fillers + index as u32),
+            port,
+            target_port,
+            node_port: node_ports.map(|ports| ports[index]),
+            endpoints: vec![POD],
+        });
+    }
+    cluster
+}
+
+/// The connection rounds over `worlds` (`measure::rounds`): from each key's client
+/// namespace and `cgroup(key)`, `connections` per round to `target(key)`, answered by
+/// [`POD`] only. The client process starts in the world of `first`.
+pub fn connection_rounds<'c, K: Copy + Ord + Debug>(
+    worlds: &BTreeMap<K, World>,
+    first: K,
+    cgroup: impl Fn(K) -> &'c Path,
+    target: impl Fn(K) -> SocketAddrV4,
+    connections: u32,
+    rounds: u32,
+    observe: impl FnMut(K, Moment),
+) -> anyhow::Result<BTreeMap<K, measure::Cell>> {
+    let places: BTreeMap<K, Place> = worlds
+        .iter()
+        .map(|(&key, world)| (key, Place::new(&world.client, cgroup(key))))
+        .collect();
+    let plans: Vec<Plan<'_, K>> = worlds
+        .keys()
+        .map(|&key| Plan {
+            key,
+            place: &places[&key],
+            targets: vec![target(key)],
+            endpoints: vec![POD],
+        })
+        .collect();
+    let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
+    let mut client = Client::spawn(&worlds[&first].client)?;
+    measure::rounds(&mut client, &servers, &plans, connections, rounds, observe)
 }
 
 /// The agent, in the node's namespace (its TC programs attach to the node's devices).
@@ -173,8 +255,7 @@ fn start_agent(
     })
 }
 
-/// One agent's pins, cgroup and manifests (the node and `cluster`, its Node address
-/// `node_ip`); removed when dropped.
+/// One agent's pins, cgroup and manifests (the node and `cluster`); removed when dropped.
 pub struct AgentFiles {
     pub pin_dir: PathBuf,
     pub cgroup: PathBuf,
@@ -182,7 +263,7 @@ pub struct AgentFiles {
 }
 
 impl AgentFiles {
-    pub fn new(name: &str, node_ip: &str, cluster: &[Service]) -> anyhow::Result<Self> {
+    pub fn new(name: &str, cluster: &[Service]) -> anyhow::Result<Self> {
         let name = format!("{name}-{}", std::process::id());
         let files = Self {
             pin_dir: PathBuf::from("/sys/fs/bpf").join(&name),
@@ -192,15 +273,15 @@ impl AgentFiles {
         for dir in [&files.cgroup, &files.manifests] {
             fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         }
-        files.write_manifests(node_ip, cluster)?;
+        files.write_manifests(cluster)?;
         Ok(files)
     }
 
-    /// The Node (with `node_ip`) and `cluster`, for the next agent to read at its start.
-    fn write_manifests(&self, node_ip: &str, cluster: &[Service]) -> anyhow::Result<()> {
+    /// The Node (with [`NODE_IP`]) and `cluster`, for the next agent to read at its start.
+    fn write_manifests(&self, cluster: &[Service]) -> anyhow::Result<()> {
         let yaml = format!(
             "{}---\n{}",
-            node_yaml(NODE, ZONE, node_ip),
+            node_yaml(NODE, ZONE, NODE_IP),
             manifest_file(cluster, 0..cluster.len())
         );
         let file = self.manifests.join("cluster.yaml");
@@ -209,10 +290,10 @@ impl AgentFiles {
 
     /// No pins left by the previous agent, and `cluster` for the next (a new Service
     /// count): each count is measured from a fresh start.
-    pub fn reset(&self, node_ip: &str, cluster: &[Service]) -> anyhow::Result<()> {
+    pub fn reset(&self, cluster: &[Service]) -> anyhow::Result<()> {
         socklb_agent::dataplane::cleanup(&self.pin_dir)
             .with_context(|| format!("clean up {}", self.pin_dir.display()))?;
-        self.write_manifests(node_ip, cluster)
+        self.write_manifests(cluster)
     }
 
     /// What a signal's cleanup removes (with `dirs` besides the manifests).
@@ -293,6 +374,51 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The run time of groups of an agent's TC programs (each group's links as in
+/// [`AgentFiles::tc_run_time`]) over the timed batches of the peer that runs them: what each
+/// group added between [`Moment::Before`] and [`Moment::After`], summed over the batches.
+pub struct TcMeter<'a, const N: usize> {
+    files: &'a AgentFiles,
+    groups: [&'a [(&'a str, &'a str)]; N],
+    marks: [(u64, u64); N],
+    totals: [(u64, u64); N],
+    error: Option<anyhow::Error>,
+}
+
+impl<'a, const N: usize> TcMeter<'a, N> {
+    pub fn new(files: &'a AgentFiles, groups: [&'a [(&'a str, &'a str)]; N]) -> Self {
+        Self {
+            files,
+            groups,
+            marks: [(0, 0); N],
+            totals: [(0, 0); N],
+            error: None,
+        }
+    }
+
+    /// Reads the groups at `moment` of a batch; a failed read is kept for [`Self::totals`].
+    pub fn observe(&mut self, moment: Moment) {
+        for (index, group) in self.groups.iter().enumerate() {
+            match (moment, self.files.tc_run_time(group)) {
+                (Moment::Before, Ok(now)) => self.marks[index] = now,
+                (Moment::After, Ok(now)) => {
+                    self.totals[index].0 += now.0 - self.marks[index].0;
+                    self.totals[index].1 += now.1 - self.marks[index].1;
+                }
+                (_, Err(error)) => self.error = Some(error),
+            }
+        }
+    }
+
+    /// Each group's `(ns, runs)` over the batches, or the last read that failed.
+    pub fn totals(self) -> anyhow::Result<[(u64, u64); N]> {
+        match self.error {
+            Some(error) => Err(error),
+            None => Ok(self.totals),
+        }
     }
 }
 

@@ -31,32 +31,27 @@
 //! with this process); the pins, cgroup, manifests and scratch files are removed by a guard
 //! and on SIGINT/SIGTERM/SIGHUP.
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     net::{Ipv4Addr, SocketAddrV4},
-    path::PathBuf,
 };
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use socklb_abi::program_names;
 use socklb_tests::bench::{
-    baseline,
     cgroup::own_cgroup,
-    client::{self, Client, Place},
-    cluster::{ENDPOINT_PORT, IPERF_PORT, SERVICE_PORT, Service, services, vip},
-    flags::Flags,
-    kube_proxy,
-    loader::IptablesBackend,
-    measure::{self, Moment, Plan, iperf3},
-    node::{AgentFiles, ClientLink, POD, Scratch, Translator, World, per_run, preflight, world},
+    cluster::{ENDPOINT_PORT, IPERF_PORT},
+    measure::{self, iperf3, iperf3_rounds},
+    node::{
+        AgentFiles, ClientLink, NODE_IP, POD, Scratch, TcMeter, Translator, connection_rounds,
+        measured_services, per_run, preflight, worlds,
+    },
+    node_flags::{self, Options},
     peer::{PEERS, Peer},
     section::Section,
-    server::Servers,
 };
 
 const USAGE: &str = "usage: socklb-bench-nodeport [--connections N] [--rounds N] [--services N] \
                      [--seconds S] [--iptables legacy|nft] [--docs DIR] [--smoke]";
-const NODE_IP: &str = "10.88.0.1";
 /// The client outside (10.88.0.2) on the node's eth0, routed to the pods through it.
 const OUTSIDE: ClientLink = ClientLink {
     client: "10.88.0.2/24",
@@ -67,104 +62,37 @@ const OUTSIDE: ClientLink = ClientLink {
 };
 const NODE_PORT: u16 = 30080;
 const IPERF_NODE_PORT: u16 = 30201;
-/// The pod network is 10.244.0.0/16: the external client (10.88.0.2) is not a pod, so its
-/// traffic takes the Local policy, not kube-proxy's pod short-circuit.
-const KUBE_PROXY: kube_proxy::Config = kube_proxy::Config {
-    pod_cidr: "10.244.0.0/16",
-    node_ip: NODE_IP,
-};
 const SECTION: Section = Section::new(
     "nodeport",
     "nodeport",
     "Traffic from outside: NodePort through TC vs kube-proxy",
 );
 
-struct Options {
-    connections: u32,
-    rounds: u32,
-    services: u32,
-    seconds: u32,
-    iperf_rounds: u32,
-    iptables: IptablesBackend,
-    /// Where benchmarks.md is, to rewrite the `nodeport` section (never for a smoke run).
-    docs: Option<PathBuf>,
-}
-
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first() {
-        Some(command) if command == "client" => client::run(),
-        _ => parse_options(&args).and_then(|options| bench(&options)),
-    };
-    if let Err(error) = result {
-        eprintln!("error: {error:#}");
-        std::process::exit(1);
-    }
+    node_flags::main(|args| {
+        let (options, services) = parse_options(args)?;
+        bench(&options, services)
+    });
 }
 
-fn parse_options(args: &[String]) -> anyhow::Result<Options> {
-    let mut options = Options {
-        connections: 2000,
-        rounds: 5,
-        services: 1000,
-        seconds: 3,
-        iperf_rounds: 2,
-        iptables: IptablesBackend::Legacy,
-        docs: None,
-    };
-    let mut flags = Flags::new(args, USAGE);
-    while let Some((flag, value)) = flags.next_flag()? {
-        let number = || flags.number(flag, value);
-        match flag {
-            "--connections" => options.connections = number()?,
-            "--rounds" => options.rounds = number()?,
-            "--services" => options.services = number()?,
-            "--seconds" => options.seconds = number()?,
-            "--iptables" => options.iptables = IptablesBackend::parse(value).context(USAGE)?,
-            "--docs" => options.docs = Some(PathBuf::from(value)),
-            _ => bail!("unknown flag {flag}\n{USAGE}"),
+/// The common options and the number of filler Services.
+fn parse_options(args: &[String]) -> anyhow::Result<(Options, u32)> {
+    let mut services = 1000;
+    let options = Options::parse(args, USAGE, |flags, flag, value| {
+        if flag != "--services" {
+            return Ok(false);
         }
-    }
-    if flags.smoke {
-        // Seconds long: keeps the benchmark working, measures nothing worth keeping.
-        options.connections = options.connections.min(50);
-        options.rounds = options.rounds.min(3);
-        options.services = options.services.min(100);
-        options.seconds = 1;
-        options.iperf_rounds = 1;
-        options.docs = None;
+        services = flags.number(flag, value)?;
+        Ok(true)
+    })?;
+    if options.smoke {
+        services = services.min(100);
     }
     ensure!(
-        options.connections >= 1 && options.rounds >= 1 && options.seconds >= 1,
-        "--connections, --rounds and --seconds must be at least 1"
-    );
-    ensure!(
-        options.services <= 60_000,
+        services <= 60_000,
         "--services: at most 60,000 (the address plan)"
     );
-    Ok(options)
-}
-
-/// The fillers, then the measured NodePort and the iperf3 NodePort, both to the one pod.
-fn node_services(fillers: u32) -> Vec<Service> {
-    let mut cluster = services(fillers);
-    for (index, (name, port, target_port, node_port)) in [
-        ("web", SERVICE_PORT, ENDPOINT_PORT, NODE_PORT),
-        ("web-iperf", IPERF_PORT, IPERF_PORT, IPERF_NODE_PORT),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        cluster.push(Service {
-            name: name.to_owned(),
-            vip: vip(fillers + index as u32),
-            port,
-            target_port,
-            node_port: Some(node_port),
-            endpoints: vec![POD],
-        });
-    }
-    cluster
+    Ok((options, services))
 }
 
 /// Where the client connects: the pod itself, or the NodePort.
@@ -181,102 +109,57 @@ const TC_LINKS: [(&str, &str); 2] = [
     (program_names::TC_EGRESS, "eth0"),
 ];
 
-fn bench(options: &Options) -> anyhow::Result<()> {
+fn bench(options: &Options, services: u32) -> anyhow::Result<()> {
     preflight(options.iptables)?;
     // Before any thread exists, so that only the cleanup thread sees these signals.
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
-    let cluster = node_services(options.services);
-    let files = AgentFiles::new("socklb-bench-nodeport", NODE_IP, &cluster)?;
+    let cluster = measured_services(services, Some([NODE_PORT, IPERF_NODE_PORT]));
+    let files = AgentFiles::new("socklb-bench-nodeport", &cluster)?;
     let scratch = Scratch::new("socklb-bench-nodeport")?;
     socklb_tests::cleanup_on_signal(signals, files.leftovers(vec![scratch.0.clone()]));
     let _stats =
         aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enable BPF run-time stats")?;
 
-    eprintln!(
-        "building the four worlds ({} filler services)",
-        options.services
-    );
-    let mut worlds: BTreeMap<Peer, World> = BTreeMap::new();
-    for peer in PEERS {
-        let translator = match peer {
-            Peer::Direct => Translator::Nothing,
-            Peer::Socklb => Translator::Agent(&files, &[]),
-            Peer::Iptables => Translator::Iptables(options.iptables),
-            Peer::Nftables => Translator::Nftables,
-        };
-        let world = world(&OUTSIDE, &translator, &KUBE_PROXY, &cluster, &scratch.0)?;
-        worlds.insert(peer, world);
-    }
+    eprintln!("building the four worlds ({services} filler services)");
+    let translator = |peer| match peer {
+        Peer::Direct => Translator::Nothing,
+        Peer::Socklb => Translator::Agent(&files, &[]),
+        Peer::Iptables => Translator::Iptables(options.iptables),
+        Peer::Nftables => Translator::Nftables,
+    };
+    let worlds = worlds(&PEERS, &OUTSIDE, translator, &cluster, &scratch.0)?;
     let home = own_cgroup()?;
-    let places: BTreeMap<Peer, Place> = worlds
-        .iter()
-        .map(|(&peer, world)| (peer, Place::new(&world.client, &home)))
-        .collect();
-    let plans: Vec<Plan<'_, Peer>> = PEERS
-        .into_iter()
-        .map(|peer| Plan {
-            key: peer,
-            place: &places[&peer],
-            targets: vec![target(peer, ENDPOINT_PORT, NODE_PORT)],
-            endpoints: vec![POD],
-        })
-        .collect();
-    let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
-    let mut client = Client::spawn(&worlds[&Peer::Direct].client)?;
     let tc_before = files.tc_run_time(&TC_LINKS)?;
-    let (mut tc_latency, mut tc_mark, mut tc_error) = ((0, 0), (0, 0), None);
-    let cells = measure::rounds(
-        &mut client,
-        &servers,
-        &plans,
+    let mut tc = TcMeter::new(&files, [&TC_LINKS]);
+    let cells = connection_rounds(
+        &worlds,
+        Peer::Direct,
+        |_| &home,
+        |peer| target(peer, ENDPOINT_PORT, NODE_PORT),
         options.connections,
         options.rounds,
         |peer, moment| {
-            if peer != Peer::Socklb {
-                return;
-            }
-            match (moment, files.tc_run_time(&TC_LINKS)) {
-                (Moment::Before, Ok(now)) => tc_mark = now,
-                (Moment::After, Ok(now)) => {
-                    tc_latency.0 += now.0 - tc_mark.0;
-                    tc_latency.1 += now.1 - tc_mark.1;
-                }
-                (_, Err(error)) => tc_error = Some(error),
+            if peer == Peer::Socklb {
+                tc.observe(moment);
             }
         },
     )?;
-    if let Some(error) = tc_error {
-        return Err(error);
-    }
-    drop(client);
+    let [tc_latency] = tc.totals()?;
 
-    let mut throughput: BTreeMap<Peer, Vec<measure::Stream>> = BTreeMap::new();
-    for round in 0..options.iperf_rounds as usize {
-        for offset in 0..PEERS.len() {
-            let peer = PEERS[(offset + round) % PEERS.len()];
-            let to = target(peer, IPERF_PORT, IPERF_NODE_PORT);
-            let stream = iperf3(&worlds[&peer].client, None, to, options.seconds)?;
-            throughput.entry(peer).or_default().push(stream);
-        }
-    }
+    let throughput = iperf3_rounds(&PEERS, options.iperf_rounds, |peer| {
+        let to = target(peer, IPERF_PORT, IPERF_NODE_PORT);
+        iperf3(&worlds[&peer].client, None, to, options.seconds)
+    })?;
     let tc_after = files.tc_run_time(&TC_LINKS)?;
 
     let mut report = String::new();
     let _ = writeln!(report, "{machine}\n");
     let _ = writeln!(
         report,
-        "One TCP Service, `externalTrafficPolicy: Local`, one local pod; {} ClusterIP services \
-         of 10 endpoints ahead of it in kube-proxy's rules; iptables backend {}; {} rounds x {} \
-         connections per peer, one client process, peers in a new random order every round; \
-         iperf3 {} x {} s per peer; {}.\n",
-        options.services,
-        options.iptables.name(),
-        options.rounds,
-        options.connections,
-        options.iperf_rounds,
-        options.seconds,
-        baseline::SUMMARY,
+        "One TCP Service, `externalTrafficPolicy: Local`, one local pod; {services} ClusterIP \
+         services of 10 endpoints ahead of it in kube-proxy's rules; {}.\n",
+        options.method("peer"),
     );
     let _ = writeln!(
         report,

@@ -28,27 +28,24 @@
 //! throughput; the per-packet path's TC programs' run time per packet (BPF stats). Prints a
 //! markdown report and, with `--docs DIR` (not with `--smoke`), writes it into the `pod`
 //! section of DIR/benchmarks.md.
-use std::{collections::BTreeMap, fmt::Write as _, fs, net::SocketAddrV4, path::PathBuf};
+use std::{collections::BTreeMap, fmt::Write as _, fs, net::SocketAddrV4};
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use socklb_abi::program_names;
 use socklb_tests::bench::{
-    baseline,
     cgroup::own_cgroup,
-    client::{self, Client, Place},
-    cluster::{ENDPOINT_PORT, IPERF_PORT, SERVICE_PORT, Service, services, vip},
-    flags::Flags,
-    kube_proxy,
-    loader::IptablesBackend,
-    measure::{self, Moment, Plan, iperf3},
-    node::{AgentFiles, ClientLink, POD, Scratch, Translator, World, per_run, preflight, world},
+    cluster::Service,
+    measure::{self, iperf3, iperf3_rounds},
+    node::{
+        AgentFiles, ClientLink, POD, Scratch, TcMeter, Translator, connection_rounds,
+        measured_services, per_run, preflight, worlds,
+    },
+    node_flags::{self, Options},
     section::Section,
-    server::Servers,
 };
 
 const USAGE: &str = "usage: socklb-bench-pod [--services 1000,10000] [--connections N] \
                      [--rounds N] [--seconds S] [--iptables legacy|nft] [--docs DIR] [--smoke]";
-const NODE_IP: &str = "10.88.0.1";
 /// The client pod on the node's device pod2, its default route through the node.
 const CLIENT_POD: ClientLink = ClientLink {
     client: "10.244.2.10/24",
@@ -57,11 +54,6 @@ const CLIENT_POD: ClientLink = ClientLink {
     route: &["route", "add", "default", "via", "10.244.2.1"],
     node_ip_on_lo: Some("10.88.0.1/32"),
 };
-/// Both pods are in the pod network: kube-proxy DNATs their traffic without masquerade.
-const KUBE_PROXY: kube_proxy::Config = kube_proxy::Config {
-    pod_cidr: "10.244.0.0/16",
-    node_ip: NODE_IP,
-};
 const SECTION: Section = Section::new(
     "pod",
     "pod",
@@ -69,9 +61,9 @@ const SECTION: Section = Section::new(
 );
 /// The per-packet path's programs, each measured over every device it runs on: the pod
 /// program (ingress of the client's and the server's devices) and the egress program.
-const TC_PROGRAMS: [(&str, &str); 2] = [
-    (program_names::TC_POD, "pod2"),
-    (program_names::TC_EGRESS, "pod2"),
+const TC_PROGRAMS: [&[(&str, &str)]; 2] = [
+    &[(program_names::TC_POD, "pod2")],
+    &[(program_names::TC_EGRESS, "pod2")],
 ];
 
 /// What translates the pod's connections.
@@ -104,97 +96,31 @@ impl Path {
     }
 }
 
-struct Options {
-    services: Vec<u32>,
-    connections: u32,
-    rounds: u32,
-    seconds: u32,
-    iperf_rounds: u32,
-    iptables: IptablesBackend,
-    docs: Option<PathBuf>,
-}
-
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.first() {
-        Some(command) if command == "client" => client::run(),
-        _ => parse_options(&args).and_then(|options| bench(&options)),
-    };
-    if let Err(error) = result {
-        eprintln!("error: {error:#}");
-        std::process::exit(1);
-    }
+    node_flags::main(|args| {
+        let (options, services) = parse_options(args)?;
+        bench(&options, &services)
+    });
 }
 
-fn parse_options(args: &[String]) -> anyhow::Result<Options> {
-    let mut options = Options {
-        services: vec![1_000, 10_000],
-        connections: 2000,
-        rounds: 5,
-        seconds: 3,
-        iperf_rounds: 2,
-        iptables: IptablesBackend::Legacy,
-        docs: None,
-    };
-    let mut flags = Flags::new(args, USAGE);
-    while let Some((flag, value)) = flags.next_flag()? {
-        let number = || flags.number(flag, value);
-        match flag {
-            "--services" => {
-                options.services = value
-                    .split(',')
-                    .map(|count| count.trim().parse())
-                    .collect::<Result<_, _>>()
-                    .with_context(|| format!("--services {value}: a list like 1000,10000"))?;
-            }
-            "--connections" => options.connections = number()?,
-            "--rounds" => options.rounds = number()?,
-            "--seconds" => options.seconds = number()?,
-            "--iptables" => options.iptables = IptablesBackend::parse(value).context(USAGE)?,
-            "--docs" => options.docs = Some(PathBuf::from(value)),
-            _ => bail!("unknown flag {flag}\n{USAGE}"),
+/// The common options and the filler Service counts, one step each.
+fn parse_options(args: &[String]) -> anyhow::Result<(Options, Vec<u32>)> {
+    let mut services = vec![1_000, 10_000];
+    let options = Options::parse(args, USAGE, |flags, flag, value| {
+        if flag != "--services" {
+            return Ok(false);
         }
-    }
-    if flags.smoke {
-        // Seconds long: keeps the benchmark working, measures nothing worth keeping.
-        options.services = vec![100];
-        options.connections = options.connections.min(50);
-        options.rounds = options.rounds.min(3);
-        options.seconds = 1;
-        options.iperf_rounds = 1;
-        options.docs = None;
+        services = flags.numbers(flag, value, "1000,10000")?;
+        Ok(true)
+    })?;
+    if options.smoke {
+        services = vec![100];
     }
     ensure!(
-        options.connections >= 1 && options.rounds >= 1 && options.seconds >= 1,
-        "--connections, --rounds and --seconds must be at least 1"
-    );
-    ensure!(
-        !options.services.is_empty() && options.services.iter().all(|n| *n <= 60_000),
+        !services.is_empty() && services.iter().all(|n| *n <= 60_000),
         "--services: counts of at most 60,000 (the address plan)"
     );
-    Ok(options)
-}
-
-/// The fillers, then the measured Service and the iperf3 one, both to the server pod.
-fn pod_services(fillers: u32) -> Vec<Service> {
-    let mut cluster = services(fillers);
-    for (index, (name, port, target_port)) in [
-        ("web", SERVICE_PORT, ENDPOINT_PORT),
-        ("web-iperf", IPERF_PORT, IPERF_PORT),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        cluster.push(Service {
-            name: name.to_owned(),
-            vip: vip(fillers + index as u32),
-            port,
-            target_port,
-            node_port: None,
-            endpoints: vec![POD],
-        });
-    }
-    cluster
+    Ok((options, services))
 }
 
 /// What one Service count measured.
@@ -206,14 +132,14 @@ struct Step {
     tc: [(u64, u64); 2],
 }
 
-fn bench(options: &Options) -> anyhow::Result<()> {
+fn bench(options: &Options, services: &[u32]) -> anyhow::Result<()> {
     preflight(options.iptables)?;
     // Before any thread exists, so that only the cleanup thread sees these signals.
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let scratch = Scratch::new("socklb-bench-pod")?;
-    let per_packet = AgentFiles::new("socklb-bench-pod-pp", NODE_IP, &[])?;
-    let socket = AgentFiles::new("socklb-bench-pod-sk", NODE_IP, &[])?;
+    let per_packet = AgentFiles::new("socklb-bench-pod-pp", &[])?;
+    let socket = AgentFiles::new("socklb-bench-pod-sk", &[])?;
     let mut leftovers = per_packet.leftovers(vec![scratch.0.clone()]);
     let (socket_pins, socket_cgroup, socket_manifests) = (
         socket.pin_dir.clone(),
@@ -230,10 +156,10 @@ fn bench(options: &Options) -> anyhow::Result<()> {
         aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enable BPF run-time stats")?;
 
     let mut steps = Vec::new();
-    for &count in &options.services {
-        let cluster = pod_services(count);
+    for &count in services {
+        let cluster = measured_services(count, None);
         for files in [&per_packet, &socket] {
-            files.reset(NODE_IP, &cluster)?;
+            files.reset(&cluster)?;
         }
         steps.push(step(
             options,
@@ -266,93 +192,55 @@ fn step(
     let home = own_cgroup()?;
     let socket_flags = ["--socket-lb-scope", "all", "--pod-devices", "none"];
     let per_packet_flags = ["--socket-lb-scope", "host"];
-    let mut worlds: BTreeMap<Path, World> = BTreeMap::new();
-    for path in PATHS {
-        let translator = match path {
-            Path::Direct => Translator::Nothing,
-            Path::PerPacket => Translator::Agent(per_packet, &per_packet_flags),
-            Path::Socket => Translator::Agent(socket, &socket_flags),
-            Path::Iptables => Translator::Iptables(options.iptables),
-            Path::Nftables => Translator::Nftables,
-        };
-        let world = world(&CLIENT_POD, &translator, &KUBE_PROXY, cluster, &scratch.0)?;
-        worlds.insert(path, world);
-    }
-    let places: BTreeMap<Path, Place> = worlds
-        .iter()
-        .map(|(&path, world)| {
-            let cgroup = if path == Path::Socket {
-                &socket.cgroup
-            } else {
-                &home
-            };
-            (path, Place::new(&world.client, cgroup))
-        })
-        .collect();
+    let translator = |path| match path {
+        Path::Direct => Translator::Nothing,
+        Path::PerPacket => Translator::Agent(per_packet, &per_packet_flags),
+        Path::Socket => Translator::Agent(socket, &socket_flags),
+        Path::Iptables => Translator::Iptables(options.iptables),
+        Path::Nftables => Translator::Nftables,
+    };
+    let worlds = worlds(&PATHS, &CLIENT_POD, translator, cluster, &scratch.0)?;
+    let cgroup = |path| {
+        if path == Path::Socket {
+            socket.cgroup.as_path()
+        } else {
+            home.as_path()
+        }
+    };
     let target = |path: Path, service: usize| match path {
         Path::Direct => SocketAddrV4::new(POD, cluster[service].target_port),
         _ => SocketAddrV4::new(cluster[service].vip, cluster[service].port),
     };
     let web = cluster.len() - 2;
-    let plans: Vec<Plan<'_, Path>> = PATHS
-        .into_iter()
-        .map(|path| Plan {
-            key: path,
-            place: &places[&path],
-            targets: vec![target(path, web)],
-            endpoints: vec![POD],
-        })
-        .collect();
-    let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
-    let mut client = Client::spawn(&worlds[&Path::Direct].client)?;
-    let mut tc = [(0, 0); 2];
-    let mut tc_mark = [(0, 0); 2];
-    let mut tc_error = None;
-    let cells = measure::rounds(
-        &mut client,
-        &servers,
-        &plans,
+    let mut meter = TcMeter::new(per_packet, TC_PROGRAMS);
+    let cells = connection_rounds(
+        &worlds,
+        Path::Direct,
+        cgroup,
+        |path| target(path, web),
         options.connections,
         options.rounds,
         |path, moment| {
-            if path != Path::PerPacket {
-                return;
-            }
-            for (index, link) in TC_PROGRAMS.iter().enumerate() {
-                match (moment, per_packet.tc_run_time(&[*link])) {
-                    (Moment::Before, Ok(now)) => tc_mark[index] = now,
-                    (Moment::After, Ok(now)) => {
-                        tc[index].0 += now.0 - tc_mark[index].0;
-                        tc[index].1 += now.1 - tc_mark[index].1;
-                    }
-                    (_, Err(error)) => tc_error = Some(error),
-                }
+            if path == Path::PerPacket {
+                meter.observe(moment);
             }
         },
     )?;
-    if let Some(error) = tc_error {
-        return Err(error);
-    }
-    drop(client);
+    let tc = meter.totals()?;
     ensure!(
         tc[0].1 > 0,
         "the per-packet path's programs never ran: were the pods' devices found?"
     );
 
-    let mut throughput: BTreeMap<Path, Vec<measure::Stream>> = BTreeMap::new();
-    for round in 0..options.iperf_rounds as usize {
-        for offset in 0..PATHS.len() {
-            let path = PATHS[(offset + round) % PATHS.len()];
-            let cgroup = (path == Path::Socket).then_some(socket.cgroup.as_path());
-            let stream = iperf3(
-                &worlds[&path].client,
-                cgroup,
-                target(path, web + 1),
-                options.seconds,
-            )?;
-            throughput.entry(path).or_default().push(stream);
-        }
-    }
+    let throughput = iperf3_rounds(&PATHS, options.iperf_rounds, |path| {
+        let cgroup = (path == Path::Socket).then_some(socket.cgroup.as_path());
+        iperf3(
+            &worlds[&path].client,
+            cgroup,
+            target(path, web + 1),
+            options.seconds,
+        )
+    })?;
     Ok(Step {
         services: count,
         cells,
@@ -367,15 +255,8 @@ fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
     let _ = writeln!(
         report,
         "A pod's TCP connections to a ClusterIP of one endpoint (a pod behind the node), last \
-         of N ClusterIP Services of 10 endpoints in kube-proxy's rules; iptables backend {}; \
-         {} rounds x {} connections per path, one client process, paths in a new random \
-         order every round; iperf3 {} x {} s per path; {}.\n",
-        options.iptables.name(),
-        options.rounds,
-        options.connections,
-        options.iperf_rounds,
-        options.seconds,
-        baseline::SUMMARY,
+         of N ClusterIP Services of 10 endpoints in kube-proxy's rules; {}.\n",
+        options.method("path"),
     );
     let _ = writeln!(
         report,

@@ -207,18 +207,13 @@ fn attach_device(
     (device, role): &TcDevice,
     mode: TcMode,
 ) -> Result<Vec<(String, Attachment)>, TcAttachError> {
-    let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
-        device: device.clone(),
-    })?;
+    let name = device_name(device)?;
     // Missing, or not Ethernet (the programs would misread every packet).
     devices::check_ethernet(device)?;
     let mut attached = Vec::new();
     for (program_name, hook) in role.hooks() {
-        let program = attachable(ebpf, program_name, device, mode)?;
-        let attachment = match mode {
-            TcMode::Netlink => attach_netlink(program, program_name, pin_dir, &name, device, hook)?,
-            _ => attach_tcx(program, program_name, pin_dir, &name, device, hook)?,
-        };
+        let target = Target::new(program_name, pin_dir, &name, device, hook);
+        let attachment = attach_program(ebpf, mode, &target)?;
         info!(
             program = program_name,
             device,
@@ -231,21 +226,70 @@ fn attach_device(
     Ok(attached)
 }
 
+/// Where one program goes: a device (`name`, for the kernel) and its hook, with the
+/// instance's pin directory.
+struct Target<'a> {
+    program_name: &'static str,
+    pin_dir: &'a Path,
+    name: &'a CString,
+    device: &'a str,
+    hook: TcAttachType,
+}
+
+impl<'a> Target<'a> {
+    fn new(
+        program_name: &'static str,
+        pin_dir: &'a Path,
+        name: &'a CString,
+        device: &'a str,
+        hook: TcAttachType,
+    ) -> Self {
+        Self {
+            program_name,
+            pin_dir,
+            name,
+            device,
+            hook,
+        }
+    }
+
+    /// The error of an attach in `mode` that failed.
+    fn attach_error(&self, mode: TcMode) -> impl Fn(ProgramError) -> TcAttachError + Copy + '_ {
+        move |source| TcAttachError::Attach {
+            program: self.program_name,
+            device: self.device.to_owned(),
+            mode,
+            source,
+        }
+    }
+}
+
+/// Attaches (or swaps in) the program of `ebpf` that `target` names, in `mode`.
+fn attach_program(
+    ebpf: &mut Ebpf,
+    mode: TcMode,
+    target: &Target<'_>,
+) -> Result<Attachment, TcAttachError> {
+    let program = attachable(ebpf, target.program_name, target.device, mode)?;
+    match mode {
+        TcMode::Netlink => attach_netlink(program, target),
+        _ => attach_tcx(program, target),
+    }
+}
+
+/// `device` as the kernel takes it.
+fn device_name(device: &str) -> Result<CString, TcAttachError> {
+    CString::new(device).map_err(|_| TcAttachError::NoDevice {
+        device: device.to_owned(),
+    })
+}
+
 fn attach_tcx(
     program: &mut SchedClassifier,
-    program_name: &'static str,
-    pin_dir: &Path,
-    name: &CString,
-    device: &str,
-    hook: TcAttachType,
+    target: &Target<'_>,
 ) -> Result<Attachment, TcAttachError> {
-    let pin = pins::tc_link_pin(pin_dir, program_name, device);
-    let attach_error = |source| TcAttachError::Attach {
-        program: program_name,
-        device: device.to_owned(),
-        mode: TcMode::Tcx,
-        source,
-    };
+    let pin = pins::tc_link_pin(target.pin_dir, target.program_name, target.device);
+    let attach_error = target.attach_error(TcMode::Tcx);
     if pin.exists() {
         let link: SchedClassifierLink = links::open(&pin, "reuse (not a TCX link)")?;
         let id = program.attach_to_link(link).map_err(attach_error)?;
@@ -255,9 +299,9 @@ fn attach_tcx(
     }
     let id = program
         .attach(
-            name.as_c_str(),
+            target.name.as_c_str(),
             TcAttach::Tcx {
-                attach_type: hook,
+                attach_type: target.hook,
                 order: aya::programs::LinkOrder::default(),
             },
         )
@@ -268,12 +312,15 @@ fn attach_tcx(
 
 fn attach_netlink(
     program: &mut SchedClassifier,
-    program_name: &'static str,
-    pin_dir: &Path,
-    name: &CString,
-    device: &str,
-    hook: TcAttachType,
+    target: &Target<'_>,
 ) -> Result<Attachment, TcAttachError> {
+    let &Target {
+        program_name,
+        pin_dir,
+        name,
+        device,
+        hook,
+    } = target;
     match tc::qdisc_add_clsact(name.as_c_str()) {
         Ok(()) | Err(TcError::AlreadyAttached) => {}
         // A clsact qdisc that is already there (ours from before, or another tool's).
@@ -293,12 +340,7 @@ fn attach_netlink(
         .iter()
         .find_map(|record| record.filter)
         .unwrap_or_else(|| NlFilter::of_instance(pin_dir));
-    let attach_error = |source| TcAttachError::Attach {
-        program: program_name,
-        device: device.to_owned(),
-        mode: TcMode::Netlink,
-        source,
-    };
+    let attach_error = target.attach_error(TcMode::Netlink);
     // Without NLM_F_CREATE the kernel swaps the program of the filter at this priority and
     // handle in place (atomic: every packet sees the old program or the new one), or
     // answers that there is none.
@@ -375,14 +417,12 @@ fn attach_netlink(
 pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, TcAttachError> {
     let mut replaced = 0;
     for (path, device) in tc_pins(pin_dir)? {
-        let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
-            device: device.clone(),
-        })?;
+        let name = device_name(&device)?;
         let Some((program_name, hook)) = pinned_program(&path) else {
             continue;
         };
-        let program = attachable(ebpf, program_name, &device, TcMode::Tcx)?;
-        attach_tcx(program, program_name, pin_dir, &name, &device, hook)?;
+        let target = Target::new(program_name, pin_dir, &name, &device, hook);
+        attach_program(ebpf, TcMode::Tcx, &target)?;
         replaced += 1;
     }
     for record in netlink_records(pin_dir)? {
@@ -390,11 +430,9 @@ pub fn replace_attached(ebpf: &mut Ebpf, pin_dir: &Path) -> Result<usize, TcAtta
             continue;
         };
         let device = record.device;
-        let name = CString::new(device.as_str()).map_err(|_| TcAttachError::NoDevice {
-            device: device.clone(),
-        })?;
-        let program = attachable(ebpf, program_name, &device, TcMode::Netlink)?;
-        attach_netlink(program, program_name, pin_dir, &name, &device, hook)?;
+        let name = device_name(&device)?;
+        let target = Target::new(program_name, pin_dir, &name, &device, hook);
+        attach_program(ebpf, TcMode::Netlink, &target)?;
         replaced += 1;
     }
     Ok(replaced)

@@ -6,7 +6,6 @@ use super::{
     recorder::{Recorder, assert_consistent},
     *,
 };
-use crate::desired::Scope;
 
 /// The count of a test frontend's master entry.
 fn master_count(w: &Writer<Recorder>, last: u8) -> u16 {
@@ -22,12 +21,7 @@ const CAPACITY: Capacity = Capacity {
 };
 
 fn frontend(last: u8) -> Frontend {
-    Frontend {
-        address: Ipv4Addr::new(10, 96, 0, last).into(),
-        port: 80,
-        protocol: Protocol::Tcp,
-        scope: Scope::Internal,
-    }
+    Frontend::internal(Ipv4Addr::new(10, 96, 0, last), 80, Protocol::Tcp)
 }
 
 fn backends(lasts: &[u8]) -> Vec<BackendAddr> {

@@ -126,13 +126,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<Options> {
         let number = || flags.number(flag, value);
         match flag {
             "--services" => {
-                options.services = value
-                    .split(',')
-                    .map(|count| count.trim().parse())
-                    .collect::<Result<_, _>>()
-                    .with_context(|| {
-                        format!("--services {value}: a list like 100,1000\n{USAGE}")
-                    })?;
+                options.services = flags.numbers(flag, value, "100,1000")?;
                 services_given = true;
             }
             "--connections" => options.connections = number()?,
