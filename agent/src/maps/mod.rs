@@ -15,6 +15,7 @@ use aya::maps::MapError;
 
 use crate::desired::Frontend;
 
+mod batch;
 pub mod maglev;
 pub mod names;
 pub mod namespaces;

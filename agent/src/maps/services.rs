@@ -2,15 +2,22 @@
 //! writer, and reading them back for adoption (and for `socklb inspect`). The writer
 //! speaks of frontends and backends; this module alone encodes them into each family's
 //! map layout (network byte order, 4- or 16-byte addresses).
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::AsFd as _,
+};
 
-use aya::maps::{HashMap, Map, MapData, MapError};
+use aya::{
+    Pod,
+    maps::{HashMap, IterableMap, Map, MapData, MapError},
+};
 use socklb_abi::{
     BACKEND_FLAG_REMOTE, Backend, Backend6, Ipv6Words, ServiceEntry, ServiceEntry6, ServiceKey,
     ServiceKey6, ipv6_octets, ipv6_words,
 };
 
 use super::{
+    batch::{self, BatchError},
     ignore_missing,
     writer::{
         BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
@@ -25,6 +32,8 @@ pub struct KernelMaps {
     pub(crate) backends: HashMap<MapData, u32, Backend>,
     pub(crate) services6: HashMap<MapData, ServiceKey6, ServiceEntry6>,
     pub(crate) backends6: HashMap<MapData, u32, Backend6>,
+    /// Whether the kernel takes batch updates (false after it refused one).
+    batches: bool,
 }
 
 /// The four maps, as taken from the loaded object.
@@ -42,6 +51,7 @@ impl KernelMaps {
             backends: maps.backends.try_into()?,
             services6: maps.services6.try_into()?,
             backends6: maps.backends6.try_into()?,
+            batches: true,
         })
     }
 
@@ -125,6 +135,27 @@ impl Store for KernelMaps {
         })
     }
 
+    /// Runs of puts into one map (a frontend's backends, then its slots and master) go in
+    /// one batch call each, in order.
+    fn write_all(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        let mut rest = ops;
+        while let Some(first) = rest.first() {
+            let run = Run::of(first);
+            let len = rest
+                .iter()
+                .take_while(|op| run.is_some() && Run::of(op) == run)
+                .count()
+                .max(1);
+            let (these, next) = rest.split_at(len);
+            match run {
+                Some(run) if these.len() > 1 && self.batches => self.write_run(run, these)?,
+                _ => these.iter().try_for_each(|op| self.write(op))?,
+            }
+            rest = next;
+        }
+        Ok(())
+    }
+
     fn read_slot(&self, key: &SlotKey) -> std::io::Result<Option<SlotValue>> {
         let found = match key.frontend.address {
             IpAddr::V4(_) => encode_key(key).map(|k| {
@@ -148,6 +179,90 @@ impl Store for KernelMaps {
         };
         found_or_none(found.map(|(_, addr, protocol)| (addr, protocol)))
     }
+}
+
+/// Which map a put goes to, for batching consecutive puts into one map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Run {
+    Services { v6: bool },
+    Backends { v6: bool },
+}
+
+impl Run {
+    fn of(op: &Op) -> Option<Self> {
+        match op {
+            Op::PutService { key, .. } => Some(Self::Services {
+                v6: key.frontend.address.is_ipv6(),
+            }),
+            Op::PutBackend { backend, .. } => Some(Self::Backends {
+                v6: backend.address.is_ipv6(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl KernelMaps {
+    /// One batch update for `ops` (all puts into `run`'s map); one update each where the
+    /// kernel has no batches.
+    fn write_run(&mut self, run: Run, ops: &[Op]) -> Result<(), StoreError> {
+        let result = match run {
+            Run::Services { v6: false } => put_batch(&self.services, slot_entries(ops)),
+            Run::Services { v6: true } => put_batch(&self.services6, slot_entries(ops)),
+            Run::Backends { v6: false } => put_batch(&self.backends, backend_entries(ops)),
+            Run::Backends { v6: true } => put_batch(&self.backends6, backend_entries(ops)),
+        };
+        match result {
+            Some(Ok(())) => Ok(()),
+            Some(Err(error)) if !error.unsupported() => Err(StoreError {
+                op: ops[error.written.min(ops.len() - 1)].clone(),
+                source: error.error,
+            }),
+            unsupported_or_unencodable => {
+                if unsupported_or_unencodable.is_some() {
+                    self.batches = false;
+                }
+                ops.iter().try_for_each(|op| self.write(op))
+            }
+        }
+    }
+}
+
+/// The entries of a run of service-map puts; `None` if one does not encode for this family
+/// (the one-by-one path reports it).
+fn slot_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(ServiceKey<A>, ServiceEntry<A>)>> {
+    ops.iter()
+        .map(|op| match op {
+            Op::PutService { key, value } => encode_slot::<A>(key, value),
+            _ => None,
+        })
+        .collect()
+}
+
+fn backend_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(u32, Backend<A>)>> {
+    ops.iter()
+        .map(|op| match op {
+            Op::PutBackend {
+                id,
+                backend,
+                protocol,
+            } => Some((*id, encode_backend::<A>(backend, *protocol)?)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// One batch update of `entries` into `map`.
+fn put_batch<K: Pod, V: Pod>(
+    map: &HashMap<MapData, K, V>,
+    entries: Option<Vec<(K, V)>>,
+) -> Option<Result<(), BatchError>> {
+    let (keys, values): (Vec<K>, Vec<V>) = entries?.into_iter().unzip();
+    Some(batch::update(
+        IterableMap::map(map).fd().as_fd(),
+        &keys,
+        &values,
+    ))
 }
 
 /// A lookup's value, `None` when the map has no such key.

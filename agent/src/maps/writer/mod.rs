@@ -520,9 +520,8 @@ impl<S: Store> Writer<S> {
             &new_backends,
             backend_of,
         );
-        for op in ops {
-            self.write(report, op)?;
-        }
+        self.store.write_all(&ops)?;
+        report.writes += ops.len();
         for (id, addr) in new_backends {
             self.backends.insert(id, addr, frontend.protocol, true);
         }

@@ -73,6 +73,11 @@ pub enum Op {
 pub trait Store {
     fn write(&mut self, op: &Op) -> Result<(), StoreError>;
 
+    /// `ops` in order, as many writes would (the kernel's maps batch them).
+    fn write_all(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        ops.iter().try_for_each(|op| self.write(op))
+    }
+
     /// What the service map holds at `key` now (`None`: no entry).
     fn read_slot(&self, key: &SlotKey) -> std::io::Result<Option<SlotValue>>;
 
