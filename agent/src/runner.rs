@@ -310,12 +310,11 @@ impl Runner {
     }
 
     fn receive(&mut self, event: Event) {
-        match &event {
-            Event::Reset(kind, _) => {
-                self.listed.insert(*kind);
-            }
-            Event::Applied(Object::EndpointSlice(slice)) => self.note_trigger(slice),
-            _ => {}
+        if let Some(kind) = event.listed() {
+            self.listed.insert(kind);
+        }
+        if let Event::Applied(Object::EndpointSlice(slice)) = &event {
+            self.note_trigger(slice);
         }
         let before = self.state.pending_events();
         self.state.apply(event);

@@ -416,8 +416,8 @@ async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<Clu
             let Some(event) = events.recv().await else {
                 break;
             };
-            if let Event::Reset(kind, _) = &event {
-                listed.insert(*kind);
+            if let Some(kind) = event.listed() {
+                listed.insert(kind);
             }
             state.apply(event);
         }

@@ -779,6 +779,8 @@ items:
                 Event::Reset(kind, objects) => format!("reset {kind:?} {}", objects.len()),
                 Event::Applied(object) => format!("applied {:?} {}", object.kind(), name(object)),
                 Event::Deleted(object) => format!("deleted {:?} {}", object.kind(), name(object)),
+                Event::Listing(kind) => format!("listing {kind:?}"),
+                Event::Listed(kind) => format!("listed {kind:?}"),
             })
             .collect()
     }

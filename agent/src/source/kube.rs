@@ -425,7 +425,8 @@ fn log_retry(
 /// Turns the feeds' watcher events into [`Event`]s. Pure: no I/O, so it is unit tested.
 #[derive(Default)]
 struct Translator {
-    /// Objects of each feed's list in progress, sent as one Reset when the list is done.
+    /// Objects of each feed's list in progress, sent as one Reset when the list is done
+    /// (the small kinds; Services and EndpointSlices are streamed).
     listing: HashMap<Feed, Vec<Object>>,
     nodes: NodeCache,
 }
@@ -439,6 +440,23 @@ enum Change {
 
 impl Translator {
     fn handle(&mut self, feed: Feed, change: watcher::Event<Object>) -> Option<Event> {
+        let streamed = match feed {
+            Feed::Services => Some(Kind::Service),
+            Feed::EndpointSlices => Some(Kind::EndpointSlice),
+            _ => None,
+        };
+        if let Some(kind) = streamed {
+            // Each object on to the state as it comes: a list of 100,000 Services with
+            // their slices would take hundreds of megabytes held at once.
+            return Some(match change {
+                watcher::Event::Init => Event::Listing(kind),
+                watcher::Event::InitApply(object) | watcher::Event::Apply(object) => {
+                    Event::Applied(object)
+                }
+                watcher::Event::InitDone => Event::Listed(kind),
+                watcher::Event::Delete(object) => Event::Deleted(object),
+            });
+        }
         let change = self.collect(feed, change)?;
         let kind = match feed {
             Feed::Services => Kind::Service,
@@ -595,26 +613,51 @@ mod tests {
     }
 
     #[test]
-    fn a_list_is_one_reset_and_a_relist_replaces_it() {
+    fn services_and_slices_are_listed_object_by_object() {
         let mut t = Translator::default();
-        let first = list(&mut t, Feed::Services, vec![service("a"), service("b")]);
+        let mut feed = |change| t.handle(Feed::Services, change);
+        assert_eq!(
+            feed(watcher::Event::Init),
+            Some(Event::Listing(Kind::Service))
+        );
+        assert_eq!(
+            feed(watcher::Event::InitApply(service("a"))),
+            Some(Event::Applied(service("a")))
+        );
+        assert_eq!(
+            feed(watcher::Event::InitDone),
+            Some(Event::Listed(Kind::Service))
+        );
+        let empty = [watcher::Event::Init, watcher::Event::InitDone]
+            .map(|change| t.handle(Feed::EndpointSlices, change));
+        assert_eq!(
+            empty,
+            [
+                Some(Event::Listing(Kind::EndpointSlice)),
+                Some(Event::Listed(Kind::EndpointSlice))
+            ]
+        );
+    }
+
+    #[test]
+    fn a_list_of_the_small_kinds_is_one_reset_and_a_relist_replaces_it() {
+        let mut t = Translator::default();
+        let first = list(&mut t, Feed::Namespaces, vec![service("a"), service("b")]);
         assert_eq!(
             first,
             Some(Event::Reset(
-                Kind::Service,
+                Kind::Namespace,
                 vec![service("a"), service("b")]
             ))
         );
         // A relist interrupted by another Init starts over.
-        t.handle(Feed::Services, watcher::Event::Init);
-        t.handle(Feed::Services, watcher::Event::InitApply(service("a")));
-        let second = list(&mut t, Feed::Services, vec![service("c")]);
+        t.handle(Feed::Namespaces, watcher::Event::Init);
+        t.handle(Feed::Namespaces, watcher::Event::InitApply(service("a")));
+        let second = list(&mut t, Feed::Namespaces, vec![service("c")]);
         assert_eq!(
             second,
-            Some(Event::Reset(Kind::Service, vec![service("c")]))
+            Some(Event::Reset(Kind::Namespace, vec![service("c")]))
         );
-        let empty = list(&mut t, Feed::EndpointSlices, vec![]);
-        assert_eq!(empty, Some(Event::Reset(Kind::EndpointSlice, vec![])));
     }
 
     #[test]

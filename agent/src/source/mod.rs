@@ -67,6 +67,16 @@ impl Object {
     }
 }
 
+impl Event {
+    /// The kind whose complete set this event ends, if it ends one.
+    pub fn listed(&self) -> Option<Kind> {
+        match self {
+            Self::Reset(kind, _) | Self::Listed(kind) => Some(*kind),
+            _ => None,
+        }
+    }
+}
+
 /// A change in the cluster, as a source sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {
@@ -74,6 +84,13 @@ pub enum Event {
     /// relist (410 Gone, reconnect), or after a manifests directory was re-read. Objects of
     /// that kind not in the set are gone.
     Reset(Kind, Vec<Object>),
+    /// The start of a list of one kind sent object by object, so that a list of 100,000
+    /// Services is never held at once: the objects [`Event::Applied`] until
+    /// [`Event::Listed`] of that kind are its complete set (Services and EndpointSlices).
+    Listing(Kind),
+    /// The end of a list begun by [`Event::Listing`]: objects of that kind not applied
+    /// since are gone.
+    Listed(Kind),
     /// An object was created or changed.
     Applied(Object),
     /// An object was deleted: its last known state (the file source, which keeps no parsed

@@ -4,7 +4,7 @@
 pub mod convert;
 pub mod workloads;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use tracing::warn;
 
@@ -37,6 +37,8 @@ pub struct ClusterState {
     /// Slices by owning Service, sorted by name (deterministic merging). A Vec, not a map:
     /// most Services have one slice, and a map's node would take over a kilobyte each.
     slices: BTreeMap<ServiceName, Vec<SliceInfo>>,
+    /// By kind whose list is under way: what it has not applied yet (namespace, name).
+    unlisted: HashMap<Kind, HashSet<ListKey>>,
     /// The node and zone names the slices' endpoints share.
     names: convert::Names,
     /// Which Service each slice (namespace, name) belongs to, to follow relabels/deletes.
@@ -57,6 +59,7 @@ impl ClusterState {
             services: BTreeMap::new(),
             slices: BTreeMap::new(),
             names: convert::Names::default(),
+            unlisted: HashMap::new(),
             slice_owners: HashMap::new(),
             node_labels: NodeLabels::new(),
             this_node: ThisNode {
@@ -166,67 +169,75 @@ impl ClusterState {
     pub fn apply(&mut self, event: Event) {
         match event {
             Event::Reset(kind, objects) => self.reset(kind, objects),
+            Event::Listing(kind) => self.listing(kind),
+            Event::Listed(kind) => self.listed(kind),
             Event::Applied(object) => self.upsert(object),
             Event::Deleted(object) => self.delete(&object),
         }
     }
 
     fn reset(&mut self, kind: Kind, objects: Vec<Object>) {
-        match kind {
-            Kind::Service => {
-                let old: BTreeSet<ServiceName> = self.services.keys().cloned().collect();
-                let mut seen = BTreeSet::new();
-                for object in objects {
-                    if let Object::Service(service) = &object
-                        && let Some(name) = convert::service_name(
-                            service.metadata.namespace.as_ref(),
-                            service.metadata.name.as_ref(),
-                        )
-                    {
-                        seen.insert(name);
+        if matches!(kind, Kind::Pod | Kind::Namespace) {
+            self.workloads.reset(&self.node_name, kind, objects);
+            return;
+        }
+        self.listing(kind);
+        for object in objects {
+            self.upsert(object);
+        }
+        self.listed(kind);
+    }
+
+    /// A list of `kind` begins: what it does not apply before [`Self::listed`] is gone.
+    fn listing(&mut self, kind: Kind) {
+        let held: HashSet<ListKey> = match kind {
+            Kind::Service => self
+                .services
+                .keys()
+                .map(|name| (name.namespace.clone(), name.name.clone()))
+                .collect(),
+            Kind::EndpointSlice => self.slice_owners.keys().cloned().collect(),
+            Kind::Node => self
+                .node_labels
+                .keys()
+                .map(|name| (String::new(), name.clone()))
+                .collect(),
+            // Listed whole only (Event::Reset).
+            Kind::Pod | Kind::Namespace => return,
+        };
+        self.unlisted.insert(kind, held);
+    }
+
+    /// The list of `kind` is complete: what it did not apply is deleted.
+    fn listed(&mut self, kind: Kind) {
+        let Some(gone) = self.unlisted.remove(&kind) else {
+            return;
+        };
+        for (namespace, name) in gone {
+            match kind {
+                Kind::Service => {
+                    let name = ServiceName { namespace, name };
+                    if self.remove_service(&name) {
+                        self.changes.service_events += 1;
+                        self.mark(name);
                     }
-                    self.upsert(object);
                 }
-                for gone in old.difference(&seen) {
-                    self.remove_service(gone);
-                    self.changes.service_events += 1;
-                    self.mark(gone.clone());
-                }
+                Kind::EndpointSlice => self.remove_slice(&(namespace, name)),
+                Kind::Node => self.remove_node(&name),
+                Kind::Pod | Kind::Namespace => {}
             }
-            Kind::EndpointSlice => {
-                let old: Vec<(String, String)> = self.slice_owners.keys().cloned().collect();
-                let mut seen = BTreeSet::new();
-                for object in objects {
-                    if let Object::EndpointSlice(slice) = &object {
-                        seen.insert(slice_key(slice));
-                    }
-                    self.upsert(object);
-                }
-                for key in old.into_iter().filter(|k| !seen.contains(k)) {
-                    self.remove_slice(&key);
-                }
-                self.names.forget_unused();
-            }
-            Kind::Pod | Kind::Namespace => self.workloads.reset(&self.node_name, kind, objects),
-            Kind::Node => {
-                let old: Vec<String> = self.node_labels.keys().cloned().collect();
-                let mut seen = BTreeSet::new();
-                for object in objects {
-                    if let Object::Node(node) = &object
-                        && let Some(name) = &node.metadata.name
-                    {
-                        seen.insert(name.clone());
-                    }
-                    self.upsert(object);
-                }
-                for name in old.into_iter().filter(|n| !seen.contains(n)) {
-                    self.remove_node(&name);
-                }
-            }
+        }
+        if kind == Kind::EndpointSlice {
+            self.names.forget_unused();
         }
     }
 
     fn upsert(&mut self, object: Object) {
+        if let Some(unlisted) = self.unlisted.get_mut(&object.kind())
+            && let Some(key) = list_key(&object)
+        {
+            unlisted.remove(&key);
+        }
         match object {
             Object::Service(service) => {
                 let Some(name) = convert::service_name(
@@ -388,3 +399,19 @@ fn slice_key(slice: &k8s_openapi::api::discovery::v1::EndpointSlice) -> (String,
 
 #[cfg(test)]
 mod tests;
+
+/// An object's namespace and name in a list ("" for a Node's namespace).
+type ListKey = (String, String);
+
+fn list_key(object: &Object) -> Option<ListKey> {
+    match object {
+        Object::Service(service) => convert::service_name(
+            service.metadata.namespace.as_ref(),
+            service.metadata.name.as_ref(),
+        )
+        .map(|name| (name.namespace, name.name)),
+        Object::EndpointSlice(slice) => Some(slice_key(slice)),
+        Object::Node(node) => Some((String::new(), node.metadata.name.clone()?)),
+        Object::Pod(_) | Object::Namespace(_) => None,
+    }
+}

@@ -244,6 +244,24 @@ fn a_reset_removes_what_it_does_not_list() {
 }
 
 #[test]
+fn a_list_sent_object_by_object_removes_what_it_did_not_apply_when_it_ends() {
+    let mut state = state_with(WEB);
+    state.take_changes();
+    let [_, slice] = <[Object; 2]>::try_from(objects(WEB)).expect("a Service and its slice");
+    // A relist of the slices that brings the same slice again: nothing changes, nothing goes.
+    state.apply(Event::Listing(Kind::EndpointSlice));
+    state.apply(Event::Applied(slice));
+    state.apply(Event::Listed(Kind::EndpointSlice));
+    assert!(state.take_changes().services.is_empty());
+    // A relist of the Services without web: web stays until the list ends, then goes.
+    state.apply(Event::Listing(Kind::Service));
+    assert!(state.select(&name("web")).is_some());
+    state.apply(Event::Listed(Kind::Service));
+    assert_eq!(state.take_changes().services, BTreeSet::from([name("web")]));
+    assert!(state.select(&name("web")).is_none());
+}
+
+#[test]
 fn only_real_changes_are_tracked() {
     let mut state = state_with(WEB);
     assert_eq!(state.take_changes().services, BTreeSet::from([name("web")]));
