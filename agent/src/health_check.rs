@@ -1,14 +1,10 @@
-//! kube-proxy's healthCheckNodePorts. A Service of type LoadBalancer with
-//! `externalTrafficPolicy: Local` gets a `spec.healthCheckNodePort`; the cloud load balancer
-//! polls it on every node and sends traffic only to the nodes that answer 200, those with a
-//! ready local endpoint. Every node answers on that port, on all its addresses, as
-//! kube-proxy's `pkg/proxy/healthcheck/service_health.go` does (status, headers and body:
-//! the README's healthCheckNodePorts).
+//! kube-proxy's healthCheckNodePorts, answered as its
+//! `pkg/proxy/healthcheck/service_health.go` does (README, "Health and metrics", has the
+//! status, headers and body).
 //!
-//! The runner hands [`HealthChecks::sync`] the wanted ports after each sync: new ports are
-//! opened, ports no longer wanted closed, counts updated in place (a listener is never
-//! reopened for a count). A port that cannot be bound is logged and retried at later syncs;
-//! it never stops the other ports or the sync.
+//! The runner hands [`HealthChecks::sync`] the wanted ports after each sync; a count is
+//! updated in place (a listener is never reopened for one), and a port that cannot be bound
+//! is retried at later syncs without stopping the others.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},

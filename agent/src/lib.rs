@@ -1,13 +1,8 @@
 //! socklb's agent: keeps the eBPF socket load balancer's maps in line with the cluster.
 //!
-//! Data flows one way: `source` (events) -> `state` (caches, change tracking) -> `select`
-//! (pure, per node) -> `frontends` (the desired datapath) -> `dataplane` (the maps), driven
-//! by `runner`; `server` and `metrics` report on it, `health_check` answers load balancers'
-//! healthCheckNodePorts, `explain` shows it, `trace` shows each translation live.
-//!
-//! Below `dataplane`, and reached through it from outside the crate: `desired` (the pure
-//! model of what the maps hold, whose types selection produces), `maps` (their encodings
-//! and writers) and `kernel` (loading, attaching, pins).
+//! Data flows one way: `source` -> `state` -> `select` -> `frontends` -> `dataplane`,
+//! driven by `runner`; `desired`, `maps` and `kernel` are reached through `dataplane`.
+//! docs/architecture.md draws the whole.
 pub mod cli;
 pub mod dataplane;
 mod desired;

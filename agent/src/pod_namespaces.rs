@@ -1,11 +1,8 @@
 //! The network namespaces of this node's pods, for `--socket-lb-scope pods`: those the
-//! node's runtime pinned (/run/netns, /var/run/netns: containerd, CRI-O and `ip netns add`
-//! pin every pod's), by cookie, with the addresses they hold (which pod each belongs to). A
-//! namespace made inside a pod (a nested cluster's, a container's within the pod) is pinned,
-//! if at all, in the pod's own mount namespace, so it is not found here, and its sockets
-//! keep their destinations. A namespace's cookie and addresses are read from inside it, so
-//! each new one is entered once (CAP_SYS_ADMIN), and again while it holds no address yet
-//! (the CNI plugs the pod after its namespace exists).
+//! node's runtime pinned, by cookie, with the addresses they hold (which pod each belongs
+//! to); docs/operations.md, "The per-packet path", says which are found. A cookie is read
+//! from inside its namespace, so each new one is entered once (CAP_SYS_ADMIN), and again
+//! while it holds no address yet (the CNI plugs the pod after its namespace exists).
 use std::{
     collections::{BTreeSet, HashMap},
     net::IpAddr,

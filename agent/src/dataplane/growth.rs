@@ -3,14 +3,8 @@
 //! (`kernel::load`), copies the maps' entries, and swaps the programs into the links
 //! (`kernel::attach`).
 //!
-//! A BPF map cannot be resized, so a larger one is created and the programs are loaded
-//! again over it. Every other map is the pinned one the running programs share: conntrack,
-//! session affinity, the socket ring and the counters carry on untouched. The agent copies
-//! the entries into the larger map, swaps the new programs into every attached link
-//! (`BPF_LINK_UPDATE`, atomic per link), then moves the larger map's pin over the old one.
-//! The agent is the only writer of these maps and writes nothing until the swap is done, so
-//! old and new programs read the same entries: no lookup misses, no connection fails.
-//! Until the links are swapped nothing is lost by failing: the old maps keep serving.
+//! The agent, the maps' only writer, writes nothing until the swap is done, so old and new
+//! programs read the same entries; the steps: docs/operations.md, "Growing maps".
 use std::{fs, path::Path};
 
 use aya::{

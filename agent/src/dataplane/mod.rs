@@ -1,12 +1,9 @@
 //! The datapath as the control plane sees it: load and attach the kernel programs, and
 //! `apply` a desired state to their maps.
 //!
-//! This is where the three layers below meet, and the one door to them: `desired` (what
-//! the maps should hold, pure), `maps` (their encodings and writers) and `kernel` (loading,
-//! attaching, pins). [`Dataplane`] owns the loaded object and every map writer; its methods
-//! are split by what they do (`start`, `apply`, `growth`, `node`, `usage`). The items other
-//! modules and crates use are re-exported here, so that `socklb_agent::dataplane::*` is the
-//! datapath's whole public face.
+//! The one door to `desired`, `maps` and `kernel` (docs/architecture.md): [`Dataplane`]
+//! owns the loaded object and every map writer, and what other modules and crates use is
+//! re-exported here, so that `socklb_agent::dataplane::*` is the datapath's whole face.
 mod apply;
 mod config;
 mod error;

@@ -1,13 +1,9 @@
 //! Which backends left which frontends in one apply: the sockets socklb translated to
 //! them are closed afterwards (the `sweep` module).
 //!
-//! A backend *leaves* a frontend when a sync removes it from the backends programmed for
-//! that frontend: its endpoint was deleted, or is no longer selected (not ready while ready
-//! ones exist, moved out by topology, on another node under a Local policy), or the
-//! Service or port itself went away. A terminating endpoint that is still serving and still
-//! selected (the fallback when no endpoint is ready) has not left. Only the frontends of
-//! local sockets (scope internal) count: those are the ones whose sockets socklb
-//! translates at connect().
+//! Only the frontends of local sockets (scope internal) count: socklb translates their
+//! sockets at connect(). What "left" means: docs/operations.md, "Sockets of removed
+//! backends".
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,

@@ -3,11 +3,10 @@
 //! map's writer (`maps::maglev`) writes the tables.
 //!
 //! Every node computes the same table from the same backends (named `address:port`, order
-//! irrelevant), and the TC program hashes only what every node sees alike (client address
-//! and port, frontend port, protocol), so a flow lands on the same backend whichever node
-//! it enters. A backend change moves about 1/N of the flows. The table holds backend *slots*
-//! of the frontend, never ids, so that a stale entry can only name a slot of the same
-//! frontend (the program falls back to a random slot if it is out of range).
+//! irrelevant), so a flow lands on the same backend through any node (README, "Traffic
+//! from outside the node (TC)").
+//! The table holds *slots*, never ids, so that a stale entry can only name a slot of the
+//! same frontend (the program falls back to a random slot if it is out of range).
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::frontend::BackendAddr;

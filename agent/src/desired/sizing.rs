@@ -1,12 +1,9 @@
 //! How large the maps are: their capacities (the `--max-*` flags), and the sizes the
 //! growable ones have now. Pure.
 //!
-//! The service, backend and Maglev maps start small and double, up to their `--max-*`
-//! flag, before an apply would fill them beyond three quarters: a small node pays for a
-//! small map, and a node that grows never sees a Service refused while a flag allows more.
-//! (Their memory is a bucket array of 16 bytes per possible entry plus the entries held;
-//! the LRU tables and the socket ring are preallocated and keep the size their flag sets,
-//! since filling up is their normal state, not a sign that they are too small.)
+//! The service, backend and Maglev maps start small and grow, so that a small node pays
+//! for a small map; the LRU tables and the socket ring keep the size their flag sets
+//! (docs/operations.md, "Growing maps" says when and why).
 
 /// Map capacities (`max_entries`). The service, backend and Maglev maps start smaller and
 /// grow up to theirs (`grown`); the others have theirs from the start.

@@ -3,15 +3,11 @@
 //! `--max-affinity-entries`): without it every flow from outside through SNAT would be
 //! reset and every ClientIP affinity forgotten at that restart.
 //!
-//! The loader moves the old map's pin aside ([`pins::holding_pin`]) instead of dropping it, and
-//! creates the new one. [`copy`] then copies the old entries in twice: right after the load
-//! (the bulk, while the old programs still run over the old map), and again once the new
-//! programs are attached (the flows the old programs created meanwhile), which is when
-//! [`finish`] drops the old maps. Both passes only add keys the new map lacks, so an entry
-//! the new programs already updated is never overwritten by an older copy.
-//!
-//! A map an older agent pinned under an older name ([`map_names::RENAMED`]) is carried the
-//! same way: held under its old name, copied into the map of its new name.
+//! The old map's pin is moved aside ([`pins::holding_pin`]); [`copy`] runs after the load
+//! and again once the new programs are attached (the flows the old ones made meanwhile),
+//! then [`finish`] drops the old maps. Both passes only add keys the new map lacks, so an
+//! entry the new programs updated is never overwritten by an older copy. A map pinned under
+//! an older name ([`map_names::RENAMED`]) is carried the same way.
 use std::{fs, io, path::Path};
 
 use aya::{

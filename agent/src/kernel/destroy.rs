@@ -1,11 +1,9 @@
 //! The socket iterators that close sockets translated to a backend that left (socklb-ebpf
 //! `destroy`), loaded next to the other programs when the kernel allows it.
 //!
-//! They call the `bpf_sock_destroy` kfunc (Linux >= 6.5) through a raw call instruction:
-//! the object carries a placeholder that [`patch_kfunc_call`] replaces with the kfunc's id
-//! in the running kernel's BTF. Whatever fails here (no kfunc, no CAP_PERFMON for a tracing
-//! program, a verifier refusal) only costs this mode: the agent falls back to netlink
-//! SOCK_DESTROY and says why.
+//! [`patch_kfunc_call`] writes the `bpf_sock_destroy` kfunc's id into their raw call.
+//! Whatever fails here only costs this mode: the agent falls back to netlink and says why
+//! (docs/operations.md, "Sockets of removed backends", Modes).
 use std::{
     borrow::Cow,
     os::fd::{AsFd as _, OwnedFd},

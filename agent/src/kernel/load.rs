@@ -344,9 +344,8 @@ fn configure<'a>(
 
 /// The capacity of an IPv6 table the programs write (conntrack, unconfirmed conntrack,
 /// affinity of clients outside the node, unconnected UDP sockets' reverse entries) whose
-/// IPv4 twin has `ipv4`: half of it. They are preallocated LRUs whose IPv6 entries are
-/// larger (a confirmed-flow entry 152 bytes against 112), so a node pays for both families
-/// up front; the same flag raises both.
+/// IPv4 twin has `ipv4`: half of it, as preallocated LRUs with larger entries
+/// (docs/operations.md, "Map memory and capacities").
 fn ipv6_share(ipv4: u32) -> u32 {
     (ipv4 / 2).max(1)
 }

@@ -13,9 +13,8 @@
 //! - `attach`: the cgroup and TC programs, through pinned links (`links`).
 //! - `cleanup`: `socklb cleanup`.
 //!
-//! Of the model it reads only how large the maps are (`desired::sizing`); what they hold is
-//! `maps`' business: the loaded maps are handed to the `dataplane`, which gives each to its
-//! writer.
+//! Of the model it reads only the maps' sizes (`desired::sizing`); the `dataplane` hands the
+//! loaded maps to their writers (docs/architecture.md, "three layers behind one door").
 pub mod attach;
 pub mod carry;
 pub mod cleanup;

@@ -1,10 +1,8 @@
-//! The host side of the workloads' interfaces, where the per-packet path attaches. Every
-//! veth CNI (flannel, Calico, Cilium, kindnet) gives a pod a veth pair whose other end is in
-//! the pod's network namespace, and so do the runtimes of VMs and sandboxes (KubeVirt,
-//! Kata): a veth of this namespace whose peer lives in another one is a workload's device.
-//! `--pod-devices` names them instead. Links are asked of the kernel over rtnetlink in this
-//! network namespace (not /sys/class/net, which shows the namespace that mounted /sys), and
-//! a watch on the link group says when they come and go.
+//! The host side of the workloads' interfaces, where the per-packet path attaches: a veth
+//! of this namespace whose peer lives in another one, or what `--pod-devices` names
+//! (docs/operations.md, "The per-packet path"). Links are asked of the kernel over
+//! rtnetlink (/sys/class/net shows the namespace that mounted /sys), and a watch on the
+//! link group says when they come and go.
 use std::{
     io,
     os::fd::{AsFd, AsRawFd as _},

@@ -1,9 +1,8 @@
 //! The kernel programs' diagnostics (aya-log): their rare failure paths (a map update the
 //! kernel refused, a helper error) as lines in the agent's log.
 //!
-//! Off by default, and free when off: the level is a read-only global of the object, set
-//! at load time, so the verifier sees it as a constant and removes every log call below it
-//! from the programs. Nothing reads the log ring buffer then.
+//! Free when off: the level is a read-only global, so the verifier removes the log calls
+//! (docs/operations.md, "The kernel programs' own log").
 use std::os::fd::AsRawFd as _;
 
 use aya::Ebpf;

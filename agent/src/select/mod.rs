@@ -2,7 +2,8 @@
 //!
 //! A pure function of (service, its endpoint slices, this node, node labels): no I/O, no
 //! clock. The rules are kube-proxy's (`pkg/proxy/topology.go` CategorizeEndpoints and
-//! `endpointslicecache.go`), plus the topology-keys annotation; see DESIGN.md "Semantics".
+//! `endpointslicecache.go`), plus the topology-keys annotation; README, "The control
+//! plane", lists them.
 mod endpoint;
 pub mod model;
 pub mod socket_path;

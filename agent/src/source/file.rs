@@ -1,18 +1,12 @@
 //! The `file` source: a directory of YAML (or JSON) manifests holding Services,
-//! EndpointSlices and Nodes, for demos, tests and clusters without an API server to ask.
+//! EndpointSlices, Nodes, Pods and Namespaces, for demos, tests and clusters without an API
+//! server to ask.
 //!
-//! Every `*.yaml`, `*.yml` and `*.json` file directly in the directory is read; a file may
-//! hold several documents (`---`) and `kind: List` documents. Other kinds are ignored. The
-//! directory is watched: after a change (debounced) it is read again, and only the files
-//! whose text changed are parsed: the objects they lost are sent as deleted and the ones
-//! they hold as applied, which the state compares with what it has (the first read, and a
-//! read after which an object is defined in two places, send a `Reset` of each kind
-//! instead). A change therefore costs the changed file, not the directory. A file that
-//! does not parse keeps its last good objects and the error is logged with file and line.
-//!
-//! A file being written (`cmd > file` truncates it long before it is whole) keeps its
-//! objects until the writer closes it or [`HOLD_MAX`] passes, and one that lost objects
-//! waits [`SETTLE`]: docs/operations.md, "A manifest written slowly".
+//! Only the files whose text changed are parsed, and sent as changes (see [`Reload`]), so
+//! a change costs the changed file, not the directory; README, "The control plane", has
+//! the rest. A file being written (`cmd > file` truncates it long before it is whole)
+//! keeps its objects until the writer closes it or [`HOLD_MAX`] passes, and one that lost
+//! objects waits [`SETTLE`]: docs/operations.md, "A manifest written slowly".
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,

@@ -1,5 +1,6 @@
 //! The Kubernetes API source: list then watch Services, EndpointSlices and Nodes, the way
-//! kube-proxy does, and turn what the watchers see into [`Event`]s.
+//! kube-proxy does (and this node's Pods and the Namespaces, for the pod paths), and turn
+//! what the watchers see into [`Event`]s.
 //!
 //! kube-rs's watcher does the protocol work (relist on 410 Gone, re-watch from the last
 //! resource version, bookmarks); this module only chooses what to request, waits between
@@ -274,11 +275,9 @@ type FeedStream = BoxStream<
 /// A watcher that waits after an error as [`Retry`] says, its objects already wrapped in
 /// [`Object`].
 ///
-/// Its first list is read from the API server's watch cache (`resourceVersion=0`, one
-/// answer), as client-go's informers read theirs: a fleet of agents starting together does
-/// not make quorum reads of every Service. After a 410 Gone the watcher is started again
-/// with paged quorum lists, as client-go relists after an expired version: a relist never
-/// goes back before what the agent has seen (the cache may lag behind it).
+/// As client-go's informers: the first list reads the watch cache (`resourceVersion=0`),
+/// a relist after 410 Gone pages quorum lists, so that it never goes back before what the
+/// agent has seen (docs/operations.md, "The API server goes away").
 fn feed<K>(
     feed: Feed,
     api: Api<K>,

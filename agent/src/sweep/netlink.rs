@@ -1,10 +1,7 @@
-//! The `netlink` mode, for kernels without the `bpf_sock_destroy` kfunc or agents without
-//! CAP_PERFMON to load the iterators: sock_diag dumps the connected sockets of the calling
-//! thread's namespace whose peer is a gone backend, the agent checks each one's socket-map
-//! entry (by cookie) as the iterators do, and SOCK_DESTROY closes the matches by their exact
-//! id, cookie included (CONFIG_INET_DIAG_DESTROY; CAP_NET_ADMIN). It copies every candidate
-//! socket out of the kernel, so it costs more than the iterators, but only sockets whose
-//! peer is a gone backend are candidates.
+//! The `netlink` mode, where the iterators cannot load: sock_diag dumps the sockets whose
+//! peer is a gone backend, the agent checks each one's socket-ring entry by cookie, and
+//! SOCK_DESTROY closes the matches by their exact id (docs/operations.md, "Sockets of
+//! removed backends", Modes). Only those sockets are copied out of the kernel.
 use std::{
     collections::{HashMap, HashSet},
     io,

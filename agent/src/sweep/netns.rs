@@ -3,16 +3,9 @@
 //! A namespace is found through a process inside it (`/proc/<pid>/ns/net`, which needs
 //! ptrace-read access to that process: same user, or CAP_SYS_PTRACE) or through a bind
 //! mount (`/run/netns`, `/var/run/netns`: where CNI plugins and `ip netns add` pin pod
-//! namespaces). Each is kept once, by inode.
-//!
-//! Why a sweep that enumerates after the maps were written misses no namespace that matters:
-//! a socket belongs to the namespace it was created in, for life. A socket translated to a
-//! backend before that backend left was created before the sweep began, in a namespace
-//! that existed then; a namespace created later only ever holds sockets created later,
-//! which connect() after the maps changed and so never to the gone backend. And a namespace
-//! stays alive only while something holds it: a process or a bind mount, both found here,
-//! or an open file or socket (a socket passed to a process in another namespace, or a
-//! namespace held open by an fd alone): those are not found, a documented limit.
+//! namespaces). Each is kept once, by inode. Why enumerating after the maps were written
+//! misses no namespace that matters, and which are not found: docs/operations.md, "Sockets
+//! of removed backends" (Namespaces, Limits).
 use std::{
     collections::HashSet,
     fs::{self, File},

@@ -1,21 +1,12 @@
 //! Flows from outside the node: their two conntrack entries (forward and reply), and how
 //! long they live. The SNAT source port a flow to a remote backend gets is `nat`'s.
 //!
-//! A new flow's entries go to the table of flows not yet confirmed (`CONNTRACK_NEW`, a
-//! smaller LRU). A reply marks them [`CT_FLAG_SEEN_REPLY`]; the client's next packet that
-//! is neither a SYN nor a FIN or RST (the ACK completing a TCP handshake) confirms the
-//! flow: both entries move to the main table (`CONNTRACK`). A UDP flow is confirmed by
-//! the reply itself. Lookups try the main table first. So a SYN flood, whose flows never
-//! complete a handshake, only ever evicts other unconfirmed flows, and its SNAT ports
-//! come back after the SYN timeout.
-//!
-//! TCP's end follows netfilter: a RST ends a flow (on a confirmed flow only one near the
-//! sequence numbers its sender used, see [`touch`]), a FIN only its direction (the other
-//! may go on for as long as an open connection would: a half-close), and FINs both ways
-//! end it.
-//! An entry idle past its timeout never translates again.
-//!
-//! Written once for both address families ([`Family`]): each has its own two tables.
+//! A new flow waits in the smaller unconfirmed table (`CONNTRACK_NEW`) until it is
+//! confirmed ([`CT_FLAG_SEEN_REPLY`], then the client's ACK; UDP: the reply), so a SYN flood
+//! only evicts other unconfirmed flows; TCP's end follows netfilter (see [`touch`]). The
+//! states and timeouts: README, "Traffic from outside the node (TC)"; what was tested:
+//! docs/operations.md, "Traffic from outside the node". Written once for both families
+//! ([`Family`]), each with its own two tables.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
 use socklb_abi::{
     CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FORWARD, CT_REPLY,

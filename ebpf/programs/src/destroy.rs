@@ -1,15 +1,12 @@
 //! Socket iterators (`iter/udp`, `iter/tcp`) that close the sockets socklb translated to a
 //! backend that has left its frontend, with the `bpf_sock_destroy` kfunc (Linux >= 6.5).
 //!
-//! The agent fills the gone map with the (frontend, backend) pairs of one sync, then reads
-//! each iterator once per network namespace (an iterator walks the sockets of the namespace
-//! its reader is in). A socket is closed only if its socket map slot holds its own cookie
-//! and names a gone pair, and its peer is still that backend: a socket connected straight
-//! to the backend, or one reconnected elsewhere since, has no such slot or another peer.
-//! Each closed socket's cookie goes to the iterator's output, which the agent counts.
-//!
-//! A native IPv6 socket's record names IPv6 addresses, looked up in the IPv6 gone map
-//! against the socket's `skc_v6_daddr`.
+//! The agent fills the gone maps with one sync's (frontend, backend) pairs and reads each
+//! iterator once per network namespace (an iterator walks its reader's namespace). A socket
+//! is closed only if what connect() recorded for it (its ring slot while it holds one, else
+//! its record in socket storage) names a gone pair and its peer is still that backend; its
+//! cookie then goes to the output, which the agent counts. docs/operations.md, "Sockets of
+//! removed backends", has the rest.
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::{bpf_get_socket_cookie, bpf_seq_write};

@@ -4,21 +4,10 @@
 //! External selection), and packets from pod devices to internal frontends (their Cluster
 //! or Local selection, as the socket path gives them).
 //!
-//! - Ingress: a new flow draws a backend. A flow the side SNATs (outside: to a backend on
-//!   another node; pods: to the pod itself) gets this node's address and is forwarded by
-//!   redirect (FIB lookup), past netfilter. Any other flow keeps its client address and
-//!   goes on through the kernel's own path, so that the node's conntrack and a CNI's rules
-//!   see the flow from its first packet (docs/architecture.md says why).
-//! - Ingress also takes the replies of SNATed flows; egress takes the replies of the other
-//!   backends on their way to the client. Both are rewritten to come from the frontend.
-//! - A frontend without a usable backend here drops the packet (a traffic policy Local
-//!   without a local endpoint), or refuses it if its Service has no endpoint at all
-//!   (`reject`), as kube-proxy does.
-//! - A packet with a TTL of 1 or less that socklb would forward itself is dropped (or
-//!   answered) before it changes any state; one left to the kernel's path is translated
-//!   without taking a conntrack or affinity entry, and the kernel decides.
-//! - A packet whose rewrite fails half-way is dropped: once any byte changed, passing it
-//!   on would send a half-translated packet.
+//! A SNATed flow is forwarded by redirect, past netfilter; any other keeps its client
+//! address and takes the kernel's own path (docs/architecture.md says why). A packet with a
+//! TTL of 1 or less takes no conntrack or affinity entry, and one whose rewrite fails
+//! half-way is dropped rather than sent on half-translated.
 use aya_ebpf::programs::TcContext;
 use socklb_abi::{
     CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY,
@@ -523,10 +512,8 @@ fn trace_flow<A: TracedValue>(decision: &Decision<&A>, tuple: &Tuple<A>, packet:
 /// timeout). A TCP SYN on a closed connection starts afresh (the client reuses its port;
 /// an unconfirmed flow reset during its handshake was reopened instead, see
 /// [`conntrack::reopen`]); on a live one it is passed on to its backend. An open TCP
-/// connection stays even when its backend left the service, as with kube-proxy's
-/// conntrack: a terminating pod drains its connections. A new connection or a UDP
-/// datagram whose backend is gone chooses again, so new flows never reach a removed
-/// backend.
+/// connection keeps a backend that left; a new one or a UDP datagram chooses again (README,
+/// "Traffic from outside the node (TC)").
 #[inline(always)]
 fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>) -> bool {
     let entry = &found.entry;

@@ -1,18 +1,11 @@
 //! ICMP errors about flows from outside the node: "fragmentation needed" and Packet Too Big
 //! (path MTU discovery), destination unreachable, time exceeded, parameter problem.
 //!
-//! An error quotes the packet it is about as that packet was on the wire, after socklb
-//! translated it, and is addressed to that packet's (translated) source. Left alone, a
-//! client gets an error about a backend it never talked to, a backend one from an address
-//! it never sent to, and neither can match it to a socket: a path MTU below the
-//! interfaces' stalls every large transfer, and a closed port looks like packet loss. As
-//! netfilter's NAT does for related ICMP, the error is taken as a packet of the flow's
-//! other direction: its own addresses are rewritten as that direction's packets are, and
-//! the quoted packet's addresses and ports back to what they were before translation.
-//!
-//! Only an error whose quoted packet is TCP or UDP right after the IP header is
-//! translated (no IPv6 extension headers, before the ICMPv6 header or inside the quote);
-//! the quoted packet's own L4 checksum is left as it is (receivers do not check it).
+//! An error quotes the translated packet, which neither end could match to a socket. As
+//! netfilter's NAT does for related ICMP, it is taken as a packet of the flow's other
+//! direction and the quote gets back its addresses and ports (docs/operations.md, "Traffic
+//! from outside the node", path MTU). Only a quote of TCP or UDP right after the IP header
+//! is translated; its own L4 checksum is left as it is (receivers do not check it).
 use aya_ebpf::programs::TcContext;
 use socklb_abi::{CT_FORWARD, CT_REPLY, CtEntry, Ipv6Words, NodeConfig, PROTO_TCP, PROTO_UDP};
 

@@ -4,17 +4,8 @@
 //! leave alone.
 //!
 //! Every hook is a thin entry that calls a `try_*` function; an error lets the operation
-//! proceed untranslated (the safe verdict for a socket hook) and is counted.
-//!
-//! - Hooks: `connect`, `sendmsg`, `recvmsg`, `getpeername` and `release` (cgroup), over
-//!   `socket` (the socket path's forward and reverse translation); `tc` (TC ingress on
-//!   external and pod devices, egress on both) over `flow` (the per-packet flow, for either
-//!   `side`); `destroy` (socket iterators).
-//! - Shared by both paths: `backend` (which backend: session affinity, Maglev, draws).
-//! - The per-packet path's concerns: `conntrack` (flow state), `nat` (SNAT ports and the
-//!   rewrite to a flow's entry), `icmp` (errors about a flow, translated), `deliver` (FIB,
-//!   redirect), `reject` (ICMP answers socklb sends itself), `packet` (parsing, rewriting).
-//! - Address families as type parameters: `socket_family` (socket path), `family` (TC).
+//! proceed untranslated (the safe verdict for a socket hook) and is counted. One concern
+//! per module: docs/architecture.md has the table of them.
 #![no_std]
 #![no_main]
 // The raw kfunc call of `destroy` (see there).

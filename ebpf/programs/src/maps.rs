@@ -20,9 +20,8 @@ pub type ServiceMap<K, V> = HashMap<K, V, 65536, { BPF_F_NO_PREALLOC as usize }>
 pub type ReverseMap<K, V> = LruHashMap<K, V, 65536>;
 pub type SocketRing<T> = Array<T, 262144>;
 
-/// Not preallocated, as the backend map: the agent writes both, so their memory follows the
-/// entries it programmed and `--max-*` is only an upper bound (the bucket array, 16 bytes per
-/// possible entry, is the fixed cost).
+/// Not preallocated, as the backend map: their memory follows the entries the agent
+/// programmed (docs/operations.md, "Map memory and capacities").
 ///
 /// Reader safety is unchanged by this. Since Linux 6.1 an element freed by an update or a
 /// delete goes back to the BPF memory allocator, which may hand it out again at once, as the

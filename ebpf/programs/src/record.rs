@@ -3,10 +3,9 @@
 //! per connect, but newer sockets overwrite it; a record here lives exactly as long as its
 //! socket, so a sweep finds every socket translated to a backend that left.
 //!
-//! The kernel charges every record to the memory cgroup of the agent that created the map,
-//! and any pod creates them by connecting sockets, so they are counted
-//! (`maps::SOCKET_RECORD_COUNT`: one more at creation, one less in sock_release) and none
-//! is created past `MAX_SOCKET_RECORDS`.
+//! Records are charged to the agent's memory cgroup, so they are counted
+//! (`maps::SOCKET_RECORD_COUNT`) and bounded: docs/operations.md, "Sockets of removed
+//! backends".
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::bpf_sk_storage_get;

@@ -1,17 +1,8 @@
-//! ICMP errors socklb sends itself to a client outside the node, as the kernel's path
-//! would for a packet it forwards:
-//!
-//! - a packet to a frontend whose Service has no endpoint at all is answered with ICMP
-//!   port unreachable (ICMPv6 port unreachable), as kube-proxy's REJECT answers it, so
-//!   that the client fails at once (ECONNREFUSED) instead of waiting out its timeout; so
-//!   is a workload's packet on the per-packet path, each side counting its own;
-//! - a packet too big for the path to its remote backend (an overlay's smaller MTU, a
-//!   route's `mtu`) with "don't fragment" (always, over IPv6) is answered with
-//!   "fragmentation needed" (Packet Too Big) and that MTU, as a router answers it, so
-//!   that the client sends smaller packets instead of having them vanish;
-//! - a packet socklb would forward to a remote backend with a TTL (hop limit) of 1 or less
-//!   is answered with "time exceeded", as a router answers it, so that traceroute through
-//!   a NodePort shows the node as a hop.
+//! ICMP errors socklb sends itself, as kube-proxy's REJECT or a router would: port
+//! unreachable (no endpoint at all, from outside or from a workload, each side counting its
+//! own), "fragmentation needed" (too big for the path to a remote backend) and "time
+//! exceeded" (TTL out before socklb forwards). When each is sent: docs/operations.md,
+//! "Traffic from outside the node".
 //!
 //! The packet itself becomes the answer: cut to its IP header and the transport header
 //! (the whole TCP header without options, or the UDP header: at least the 8 bytes an ICMP

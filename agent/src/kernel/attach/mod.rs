@@ -1,9 +1,8 @@
 //! Attaching the loaded programs: the cgroup programs (`cgroup`) and the TC programs
 //! (`tc`), each through a pinned link where the kernel has one.
 //!
-//! Pinned links keep the programs attached while no agent runs; a new agent swaps its
-//! programs into the existing links atomically (`BPF_LINK_UPDATE`, `link_update`), so
-//! translation never stops across a restart, an upgrade or a growth of the maps.
+//! A new agent swaps its programs into the pinned links atomically (`link_update`), so
+//! translation never stops across a restart, an upgrade or a growth.
 pub mod cgroup;
 mod link_update;
 pub mod tc;

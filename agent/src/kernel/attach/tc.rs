@@ -1,16 +1,11 @@
 //! Attaching the TC programs to the node's external devices and to pod devices, and
 //! removing them.
 //!
-//! TCX (kernel >= 6.6) attaches through bpf links, pinned like the cgroup links so that the
-//! programs stay attached while no agent runs and a new agent swaps its programs in
-//! atomically. Older kernels get a clsact qdisc and netlink filters, which outlive the
-//! agent by themselves. Each instance's filters sit at one priority and a handle derived
-//! from its pin directory ([`NlFilter`], `pins`): a new agent (or a growth) replaces the program of
-//! the filter at that priority and handle in place, which is atomic (no moment without a
-//! program), and another instance's filters on the same device are never touched. A netlink
-//! filter carries no pin, so the pin directory keeps a record of each one (an empty
-//! `netlink-filters/<program>@<device>:<priority>:<handle>/`): cleanup and a change of
-//! devices remove exactly the recorded filters.
+//! TCX (kernel >= 6.6) attaches through pinned bpf links; older kernels get clsact netlink
+//! filters at one priority and a handle derived from the pin directory ([`NlFilter`],
+//! `pins`), so that a new agent replaces its own filters' programs in place and never
+//! touches another instance's. A filter has no pin, so the pin directory records each one
+//! for cleanup. README, "Traffic from outside the node (TC)", has the rest.
 use std::{
     ffi::CString,
     fs, io,
