@@ -117,8 +117,42 @@ fn populated() -> FakeApiServer {
     api
 }
 
-/// Starts the source against `api`; it runs until the receiver is dropped.
+/// Starts the source against `api`; it runs until the receiver is dropped. Lists sent
+/// object by object (Services, EndpointSlices) come folded into one Reset each, as the
+/// state applies them, so that the tests compare whole lists.
 fn start_source(api: &FakeApiServer) -> mpsc::Receiver<Event> {
+    let mut raw = start_raw_source(api);
+    let (tx, rx) = mpsc::channel(16);
+    tokio::spawn(async move {
+        let mut listing: HashMap<Kind, Vec<Object>> = HashMap::new();
+        while let Some(event) = raw.recv().await {
+            let event = match event {
+                Event::Listing(kind) => {
+                    listing.insert(kind, Vec::new());
+                    continue;
+                }
+                Event::Applied(object) if listing.contains_key(&object.kind()) => {
+                    listing
+                        .get_mut(&object.kind())
+                        .expect("checked")
+                        .push(object);
+                    continue;
+                }
+                Event::Listed(kind) => {
+                    Event::Reset(kind, listing.remove(&kind).expect("Listing before Listed"))
+                }
+                other => other,
+            };
+            if tx.send(event).await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// The source's own events, lists object by object.
+fn start_raw_source(api: &FakeApiServer) -> mpsc::Receiver<Event> {
     let url = api.url().parse().expect("fake API server URL");
     let client = kube::Client::try_from(kube::Config::new(url)).expect("kube client");
     let (tx, rx) = mpsc::channel(16);
@@ -249,6 +283,8 @@ fn describe(event: &Event) -> String {
         Event::Reset(kind, objects) => format!("Reset {kind:?} [{}]", names(objects).join(", ")),
         Event::Applied(object) => format!("Applied {:?} {}", object.kind(), name(object)),
         Event::Deleted(object) => format!("Deleted {:?} {}", object.kind(), name(object)),
+        Event::Listing(kind) => format!("Listing {kind:?}"),
+        Event::Listed(kind) => format!("Listed {kind:?}"),
     }
 }
 
@@ -331,6 +367,44 @@ async fn initial_lists_give_one_reset_per_kind_without_what_kube_proxy_skips() {
     let lists = served.iter().filter(|r| !r.watch).count();
     let watches = served.iter().filter(|r| r.watch).count();
     assert_eq!((lists, watches), (FEEDS, FEEDS), "{served:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn services_and_slices_are_listed_object_by_object() {
+    let api = populated();
+    let mut events = start_raw_source(&api);
+    // Each list's own events, in order (the feeds' lists interleave with each other).
+    let mut by_kind: HashMap<Kind, Vec<String>> = HashMap::new();
+    let done = |by_kind: &HashMap<Kind, Vec<String>>, kind| {
+        by_kind
+            .get(&kind)
+            .is_some_and(|events| events.last().is_some_and(|e| e.starts_with("Listed")))
+    };
+    while !(done(&by_kind, Kind::Service) && done(&by_kind, Kind::EndpointSlice)) {
+        let event = next(&mut events).await;
+        let kind = match &event {
+            Event::Listing(kind) | Event::Listed(kind) => *kind,
+            Event::Applied(object) => object.kind(),
+            Event::Reset(..) | Event::Deleted(_) => continue,
+        };
+        by_kind.entry(kind).or_default().push(describe(&event));
+    }
+    assert_eq!(
+        by_kind[&Kind::Service],
+        [
+            "Listing Service",
+            "Applied Service default/web",
+            "Listed Service"
+        ]
+    );
+    assert_eq!(
+        by_kind[&Kind::EndpointSlice],
+        [
+            "Listing EndpointSlice",
+            "Applied EndpointSlice default/web-1",
+            "Listed EndpointSlice"
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
