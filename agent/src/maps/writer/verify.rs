@@ -14,6 +14,9 @@ use super::{
 };
 use crate::desired::Frontend;
 
+/// Backend ids probed per entry of the budget, at most (a probe of a gap is a hash lookup).
+const PROBES: usize = 8;
+
 impl<S: Store> Writer<S> {
     /// Reads back about `budget` entries from where the last call stopped, and writes back
     /// those that differ from the mirror. Slots go before their master, as in an apply,
@@ -25,9 +28,13 @@ impl<S: Store> Writer<S> {
                 Cursor::Backends(from) => {
                     let last = self.backends.last_id();
                     let mut id = from;
-                    while id <= last && verified.read < budget {
+                    // Ids freed by removals leave gaps: probes of them count too, so a
+                    // sparse range costs a bounded time per call as well.
+                    let mut probes = 0;
+                    while id <= last && verified.read < budget && probes < PROBES * budget {
                         self.verify_backend(id, &mut verified)?;
                         id += 1;
+                        probes += 1;
                     }
                     self.verify_cursor = if id > last {
                         Cursor::Frontends(None)
