@@ -117,7 +117,7 @@ pub struct RunArgs {
     /// Least time between two syncs: changes arriving meanwhile are programmed together.
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub min_sync_period: Duration,
-    /// Time between resyncs: each reads back a part of the service and backend maps (50,000
+    /// Time between resyncs: each reads back a part of the service and backend maps (40,000
     /// entries) and writes back what was deleted or changed behind the agent's back.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_period: Duration,

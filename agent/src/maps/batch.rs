@@ -1,6 +1,7 @@
-//! Writing many entries of one map in one system call (`BPF_MAP_UPDATE_BATCH`, Linux 5.6),
-//! which aya does not offer: a first sync of 100,000 Services writes two million entries,
-//! and one call per entry cost it about five seconds.
+//! Writing and reading many entries of one map in one system call (`BPF_MAP_UPDATE_BATCH`,
+//! `BPF_MAP_LOOKUP_BATCH`, Linux 5.6), which aya does not offer: a first sync of 100,000
+//! Services writes two million entries, and a full resync reads them back; one call per
+//! entry (two to read one) cost each about five to ten seconds.
 use std::{
     io,
     os::fd::{AsRawFd, BorrowedFd},
@@ -19,17 +20,21 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// `BPF_MAP_UPDATE_BATCH` in `enum bpf_cmd`.
+/// `BPF_MAP_LOOKUP_BATCH` and `BPF_MAP_UPDATE_BATCH` in `enum bpf_cmd`.
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// Entries read per call.
+const READ_CHUNK: usize = 8192;
 
 /// The kernel's own "not supported" (not in libc): what it answers for a map type without
 /// batch operations.
 const ENOTSUPP: i32 = 524;
 
-/// Why a batch stopped: how many of its entries were written before, and the error.
+/// Why a batch stopped: how many of its entries were written (or read) before, and the error.
 #[derive(Debug)]
 pub struct BatchError {
-    pub written: usize,
+    pub done: usize,
     pub error: io::Error,
 }
 
@@ -37,7 +42,7 @@ impl BatchError {
     /// The kernel has no batch updates for this map (older than 5.6, or another map type):
     /// the caller writes the entries one by one.
     pub fn unsupported(&self) -> bool {
-        self.written == 0
+        self.done == 0
             && matches!(
                 self.error.raw_os_error(),
                 Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP)
@@ -53,7 +58,7 @@ pub fn update<K: Copy, V: Copy>(
 ) -> Result<(), BatchError> {
     assert_eq!(keys.len(), values.len(), "one value per key");
     let fd = u32::try_from(map.as_raw_fd()).map_err(|_| BatchError {
-        written: 0,
+        done: 0,
         error: io::Error::from_raw_os_error(libc::EBADF),
     })?;
     let mut written = 0;
@@ -84,18 +89,83 @@ pub fn update<K: Copy, V: Copy>(
         let done = attr.count as usize;
         if result < 0 {
             return Err(BatchError {
-                written: written + done,
+                done: written + done,
                 error: io::Error::last_os_error(),
             });
         }
         // A kernel that writes none without an error would loop forever.
         if done == 0 {
             return Err(BatchError {
-                written,
+                done: written,
                 error: io::Error::from_raw_os_error(libc::EIO),
             });
         }
         written += done;
     }
     Ok(())
+}
+
+/// Every entry of a hash map, read a chunk per call. Entries added or removed meanwhile may
+/// be seen or not, as with a walk of its keys.
+pub fn read_all<K: Copy + Default, V: Copy + Default>(
+    map: BorrowedFd<'_>,
+) -> Result<Vec<(K, V)>, BatchError> {
+    let fd = u32::try_from(map.as_raw_fd()).map_err(|_| BatchError {
+        done: 0,
+        error: io::Error::from_raw_os_error(libc::EBADF),
+    })?;
+    let mut keys = vec![K::default(); READ_CHUNK];
+    let mut values = vec![V::default(); READ_CHUNK];
+    let mut entries = Vec::new();
+    // The hash map's position: a bucket number the kernel hands back after each call.
+    let (mut position, mut next) = (0u32, 0u32);
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                std::ptr::from_ref(&position) as u64
+            },
+            out_batch: std::ptr::from_mut(&mut next) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: READ_CHUNK as u32,
+            map_fd: fd,
+            elem_flags: 0,
+            flags: 0,
+        };
+        // SAFETY: `attr` has the layout the command reads and its size is passed; `keys`
+        // and `values` have room for `count` elements of the map's key and value sizes
+        // (the caller's types are the map's), and the positions are u32, as hash maps use.
+        let result = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                std::ptr::from_mut(&mut attr),
+                size_of::<BatchAttr>(),
+            )
+        };
+        let error = (result < 0).then(io::Error::last_os_error);
+        let read = (attr.count as usize).min(READ_CHUNK);
+        entries.extend(
+            keys[..read]
+                .iter()
+                .copied()
+                .zip(values[..read].iter().copied()),
+        );
+        match error {
+            // The end of the map.
+            Some(error) if error.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
+            Some(error) => {
+                return Err(BatchError {
+                    done: entries.len(),
+                    error,
+                });
+            }
+            None => {}
+        }
+        position = next;
+        first = false;
+    }
 }

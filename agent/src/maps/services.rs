@@ -58,25 +58,23 @@ impl KernelMaps {
     /// Reads the maps of both families. Entries that vanish during the walk are skipped.
     pub fn read(&self) -> Result<MapContents, MapError> {
         let mut contents = MapContents::default();
-        for entry in self.services.iter() {
-            let (key, value) = entry?;
+        for (key, value) in entries(&self.services)? {
             match decode_key(&key) {
                 Some(key) => contents.services.push((key, decode_value(&key, &value))),
                 None => contents.strays.push(StrayKey::V4(key)),
             }
         }
-        for entry in self.services6.iter() {
-            let (key, value) = entry?;
+        for (key, value) in entries(&self.services6)? {
             match decode_key(&key) {
                 Some(key) => contents.services.push((key, decode_value(&key, &value))),
                 None => contents.strays.push(StrayKey::V6(key)),
             }
         }
-        for entry in self.backends.iter() {
-            contents.backends.push(decode_backend(&entry?));
+        for entry in entries(&self.backends)? {
+            contents.backends.push(decode_backend(&entry));
         }
-        for entry in self.backends6.iter() {
-            contents.backends.push(decode_backend(&entry?));
+        for entry in entries(&self.backends6)? {
+            contents.backends.push(decode_backend(&entry));
         }
         Ok(contents)
     }
@@ -215,7 +213,7 @@ impl KernelMaps {
         match result {
             Some(Ok(())) => Ok(()),
             Some(Err(error)) if !error.unsupported() => Err(StoreError {
-                op: ops[error.written.min(ops.len() - 1)].clone(),
+                op: ops[error.done.min(ops.len() - 1)].clone(),
                 source: error.error,
             }),
             unsupported_or_unencodable => {
@@ -250,6 +248,20 @@ fn backend_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(u32, Backend<A>)>> 
             _ => None,
         })
         .collect()
+}
+
+/// Every entry of `map`, in batches where the kernel has them, else key by key.
+fn entries<K: Pod + Default, V: Pod + Default>(
+    map: &HashMap<MapData, K, V>,
+) -> Result<Vec<(K, V)>, MapError> {
+    match batch::read_all(IterableMap::map(map).fd().as_fd()) {
+        Ok(entries) => Ok(entries),
+        Err(error) if error.unsupported() => map.iter().collect(),
+        Err(error) => Err(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error: error.error,
+        })),
+    }
 }
 
 /// One batch update of `entries` into `map`.

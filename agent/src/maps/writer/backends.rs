@@ -27,6 +27,8 @@ pub(super) struct Backends {
     hasher: RandomState,
     /// Backends no slot names: deleted at the end of the next apply.
     unreferenced: BTreeSet<u32>,
+    /// No id held is above it (removals leave it as it is).
+    last_id: u32,
 }
 
 impl Backends {
@@ -34,6 +36,7 @@ impl Backends {
         self.by_id.clear();
         self.index.clear();
         self.unreferenced.clear();
+        self.last_id = 0;
     }
 
     pub(super) fn len(&self) -> usize {
@@ -50,9 +53,9 @@ impl Backends {
             .map(|entry| (entry.addr, entry.protocol))
     }
 
-    /// The highest id held (0: none).
+    /// No id held is above it (0: none was ever held since the last clear).
     pub(super) fn last_id(&self) -> u32 {
-        self.by_id.keys().max().copied().unwrap_or(0)
+        self.last_id
     }
 
     /// The id of the backend at `addr` for `protocol`, if one can be found by address.
@@ -72,6 +75,7 @@ impl Backends {
     /// id of an address wins, as when the maps hold two).
     pub(super) fn insert(&mut self, id: u32, addr: BackendAddr, protocol: Protocol, indexed: bool) {
         let indexed = indexed && self.id_of(&addr, protocol).is_none();
+        self.last_id = self.last_id.max(id);
         self.by_id.insert(
             id,
             Entry {
