@@ -50,6 +50,28 @@ impl BatchError {
     }
 }
 
+/// Runs a batch `command` on `attr`; the kernel writes back how far it got in `attr.count`.
+///
+/// # Safety
+/// `attr.keys` and `attr.values` must point to `attr.count` elements of the map's key and
+/// value sizes, writable for a lookup, and `in_batch`/`out_batch` to u32s or be 0.
+unsafe fn batch(command: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
+    // SAFETY: `attr` has the layout the command reads and its size is passed; the buffers
+    // it names are the caller's promise.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            std::ptr::from_mut(attr),
+            size_of::<BatchAttr>(),
+        )
+    };
+    if result < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Inserts or replaces `keys[i]` with `values[i]` in order, as that many updates would.
 pub fn update<K: Copy, V: Copy>(
     map: BorrowedFd<'_>,
@@ -74,23 +96,15 @@ pub fn update<K: Copy, V: Copy>(
             elem_flags: 0,
             flags: 0,
         };
-        // SAFETY: `attr` has the layout the command reads and its size is passed; `keys`
-        // and `values` hold `count` elements of the map's key and value sizes (the caller's
-        // types are the map's), and the kernel only reads them.
-        let result = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_UPDATE_BATCH,
-                std::ptr::from_mut(&mut attr),
-                size_of::<BatchAttr>(),
-            )
-        };
+        // SAFETY: `keys` and `values` hold `count` elements of the map's key and value
+        // sizes (the caller's types are the map's), and the kernel only reads them.
+        let result = unsafe { batch(BPF_MAP_UPDATE_BATCH, &mut attr) };
         // The kernel says in `count` how many it wrote, also when it stopped early.
         let done = attr.count as usize;
-        if result < 0 {
+        if let Err(error) = result {
             return Err(BatchError {
                 done: written + done,
-                error: io::Error::last_os_error(),
+                error,
             });
         }
         // A kernel that writes none without an error would loop forever.
@@ -135,18 +149,10 @@ pub fn read_all<K: Copy + Default, V: Copy + Default>(
             elem_flags: 0,
             flags: 0,
         };
-        // SAFETY: `attr` has the layout the command reads and its size is passed; `keys`
-        // and `values` have room for `count` elements of the map's key and value sizes
-        // (the caller's types are the map's), and the positions are u32, as hash maps use.
-        let result = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                std::ptr::from_mut(&mut attr),
-                size_of::<BatchAttr>(),
-            )
-        };
-        let error = (result < 0).then(io::Error::last_os_error);
+        // SAFETY: `keys` and `values` have room for `count` elements of the map's key and
+        // value sizes (the caller's types are the map's), and the positions are u32, as
+        // hash maps use.
+        let result = unsafe { batch(BPF_MAP_LOOKUP_BATCH, &mut attr) };
         let read = (attr.count as usize).min(READ_CHUNK);
         entries.extend(
             keys[..read]
@@ -154,16 +160,16 @@ pub fn read_all<K: Copy + Default, V: Copy + Default>(
                 .copied()
                 .zip(values[..read].iter().copied()),
         );
-        match error {
+        match result {
             // The end of the map.
-            Some(error) if error.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
-            Some(error) => {
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
+            Err(error) => {
                 return Err(BatchError {
                     done: entries.len(),
                     error,
                 });
             }
-            None => {}
+            Ok(()) => {}
         }
         position = next;
         first = false;
