@@ -86,8 +86,7 @@ pub struct SyncPeriods {
     pub min: Duration,
     /// Time between two resyncs, each verifying a part of the maps.
     pub resync: Duration,
-    /// Time between two full resyncs, which re-read every map (about a second per million
-    /// entries).
+    /// Time between two full resyncs, which re-read every map (4 s at 100,000 Services).
     pub full: Duration,
 }
 
