@@ -13,7 +13,7 @@ use std::{
 use aya::{
     Ebpf, EbpfError, EbpfLoader, GlobalData,
     maps::{HashMap, Map, MapData, MapError},
-    programs::{CgroupSock, CgroupSockAddr, Program, ProgramError, SchedClassifier},
+    programs::{CgroupSock, Program, ProgramError},
 };
 use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{info, warn};
@@ -408,21 +408,63 @@ fn pinned_masters(path: &Path) -> Vec<ServiceKey> {
         .collect()
 }
 
-fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
-    for name in program_names::SOCK_ADDR {
-        program::<CgroupSockAddr>(ebpf, name)?
-            .load()
-            .map_err(|source| LoadError::Program { name, source })?;
+/// Has the kernel verify every program but the optional socket iterators. The verifier is
+/// most of a start's cost (about a second for the TC programs), and it runs in the calling
+/// thread: the programs are spread over one thread per CPU, the costliest first.
+pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
+    let started = std::time::Instant::now();
+    let wanted = program_names::TC
+        .into_iter()
+        .chain(program_names::SOCK_ADDR)
+        .chain([program_names::SOCK_RELEASE]);
+    let mut queue: Vec<(&'static str, &mut Program)> = Vec::new();
+    let mut programs: std::collections::HashMap<&str, &mut Program> = ebpf.programs_mut().collect();
+    for name in wanted {
+        let program = programs
+            .remove(name)
+            .ok_or(LoadError::MissingProgram(name))?;
+        queue.push((name, program));
     }
-    for name in program_names::TC {
-        program::<SchedClassifier>(ebpf, name)?
-            .load()
-            .map_err(|source| LoadError::Program { name, source })?;
-    }
-    let name = program_names::SOCK_RELEASE;
-    release_program(ebpf)?
-        .load()
-        .map_err(|source| LoadError::Program { name, source })
+    // Popped from the end: the TC programs last in, first verified.
+    queue.reverse();
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let queue = std::sync::Mutex::new(queue);
+    let next = || {
+        queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .pop()
+    };
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    while let Some((name, program)) = next() {
+                        load_program(name, program)?;
+                    }
+                    Ok::<(), LoadError>(())
+                })
+            })
+            .collect();
+        workers.into_iter().try_for_each(|worker| {
+            worker
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    })?;
+    info!(took = ?started.elapsed(), threads, "programs verified and loaded by the kernel");
+    Ok(())
+}
+
+/// Loads one program of a type the agent attaches (the types have no common `load`).
+fn load_program(name: &'static str, program: &mut Program) -> Result<(), LoadError> {
+    let result = match program {
+        Program::CgroupSockAddr(program) => program.load(),
+        Program::SchedClassifier(program) => program.load(),
+        Program::CgroupSock(program) => program.load(),
+        _ => Err(ProgramError::UnexpectedProgramType),
+    };
+    result.map_err(|source| LoadError::Program { name, source })
 }
 
 /// The program `name` of the loaded object, as the type its hook needs. A program that is
