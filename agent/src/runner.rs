@@ -375,7 +375,11 @@ impl Runner {
         touched.extend(self.rejected.iter().copied());
         let report = if full {
             self.dataplane.readopt()?;
-            self.dataplane.apply(&self.table.desired())
+            let desired = self.table.desired();
+            if !self.attached {
+                self.dataplane.prepare(&desired)?;
+            }
+            self.dataplane.apply(&desired)
         } else {
             let specs: BTreeMap<Frontend, Option<&FrontendSpec>> = touched
                 .iter()

@@ -5,7 +5,7 @@ use std::{collections::BTreeSet, net::Ipv4Addr, process::Command, time::Duration
 
 use socklb_tests::{
     Agent, FREE_PORTS, KillOnDrop, LogFollower, ManifestDir, NamedServer, Sandbox, endpoint_slice,
-    eventually, explain_command, fake_apiserver::FakeApiServer, node_yaml,
+    eventually, explain_command, fake_apiserver::FakeApiServer, filler_services, node_yaml,
     privileges::chart_agent_minimal, run_to_exit, service_yaml, slice_yaml, stdout_of,
 };
 
@@ -217,6 +217,38 @@ fn resyncs_write_back_entries_changed_by_hand_and_full_resyncs_remove_strays() {
 }
 
 /// The agent's metrics, as Prometheus scrapes them.
+#[test]
+fn a_fresh_node_has_the_programs_verified_once_over_maps_sized_for_its_cluster() {
+    let sandbox = Sandbox::new("cp-sized");
+    let _servers = NamedServer::numbered(23, 1);
+    let manifests = one_endpoint_cluster(&sandbox, 23);
+    // 3,200 one-endpoint Services need 6,400 service entries: more than three quarters of
+    // the 8,192 the service map starts with.
+    manifests.write("fillers.yaml", &filler_services(3_200, 1));
+    let verified = |agent: &Agent| agent.log().matches("programs verified").count();
+
+    // Loaded at start and again over the grown maps, the programs would be verified twice.
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    wait_for_answers(&sandbox, &["127.0.23.1"]);
+    assert!(
+        verified(&agent) == 1 && agent.log().contains("maps grown"),
+        "the first sync did not grow the maps before the one verification:\n{}",
+        agent.log()
+    );
+    agent.stop();
+
+    // A restart adopts the pinned maps, already large enough: verified at load, not grown.
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    agent.wait_for_log("synced", 1);
+    wait_for_answers(&sandbox, &["127.0.23.1"]);
+    assert!(
+        verified(&agent) == 1 && !agent.log().contains("maps grown"),
+        "the restart verified the programs other than once:\n{}",
+        agent.log()
+    );
+    agent.stop();
+}
+
 fn metrics() -> String {
     let out = Command::new("curl")
         .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 pub use self::args::*;
 use crate::{
-    dataplane::{self, Capacities, Config, Dataplane},
+    dataplane::{self, Capacities, Config, Dataplane, ProgramLoad},
     explain, inspect,
     metrics::Metrics,
     runner::{ExternalTraffic, Runner, SyncPeriods},
@@ -237,14 +237,9 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         },
         socket_lb_listed: socket_lb_scope == SocketLbScope::Pods,
         cluster_ips_from_outside: args.external.cluster_ips_from_outside,
+        program_load: ProgramLoad::WhenSized,
     })
-    .inspect_err(|_| {
-        // A failed start leaves nothing behind: the loader unpinned its maps.
-        if !pin_dir_existed {
-            let _ = std::fs::remove_dir(dataplane::pin_lock_path(pin_dir));
-            let _ = std::fs::remove_dir(pin_dir);
-        }
-    })?;
+    .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed))?;
     let program_logs = dataplane.program_logs()?;
     info!(node = %node_name, source = ?args.source.source, "starting");
     runtime()?.block_on(async {
@@ -301,7 +296,11 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         } else {
             runner
         };
-        let result = runner.run(events, shutdown_signal()).await;
+        let result = runner
+            .run(events, shutdown_signal())
+            .await
+            // A failed first sync unpinned its maps (`Dataplane::prepare`).
+            .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed));
         let _ = stop_tx.send(true);
         source.abort();
         for server in servers {
@@ -317,6 +316,21 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         info!("stopped; programs stay attached (`socklb cleanup` removes them)");
         Ok(())
     })
+}
+
+/// A failed start leaves nothing behind: the loader unpinned its maps, and a pin directory
+/// this start made goes with its lock if nothing else is in it.
+fn remove_pin_dir_left_empty(pin_dir: &std::path::Path, pin_dir_existed: bool) {
+    if !pin_dir_existed
+        && std::fs::read_dir(pin_dir).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .all(|entry| entry.path() == dataplane::pin_lock_path(pin_dir))
+        })
+    {
+        let _ = std::fs::remove_dir(dataplane::pin_lock_path(pin_dir));
+        let _ = std::fs::remove_dir(pin_dir);
+    }
 }
 
 /// `pods` needs setns(2) into the pods' namespaces to learn their cookies: without

@@ -10,7 +10,11 @@ use std::{
 
 use crate::{
     desired::sizing::Capacities,
-    kernel::{load::ProgramSettings, pins::DEFAULT_PIN_DIR, program_logs::ProgramLogLevel},
+    kernel::{
+        load::{ProgramLoad, ProgramSettings},
+        pins::DEFAULT_PIN_DIR,
+        program_logs::ProgramLogLevel,
+    },
 };
 
 #[derive(Clone, Debug)]
@@ -36,6 +40,9 @@ pub struct Config {
     /// Packets from outside the node to a ClusterIP are translated on the external devices
     /// (`--cluster-ips-from-outside`).
     pub cluster_ips_from_outside: bool,
+    /// When the kernel verifies the programs: the agent waits, on a fresh node, for
+    /// [`Dataplane::prepare`](super::Dataplane::prepare) to size the maps.
+    pub program_load: ProgramLoad,
 }
 
 impl Config {
@@ -65,6 +72,7 @@ impl Default for Config {
             socket_lb_netns: None,
             socket_lb_listed: false,
             cluster_ips_from_outside: false,
+            program_load: ProgramLoad::Now,
         }
     }
 }

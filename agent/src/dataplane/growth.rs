@@ -146,8 +146,10 @@ impl Dataplane {
             Ok(swapped) => swapped,
             Err(failure) => {
                 // Links already swapped go back to the programs over the old maps, which
-                // the agent keeps writing.
-                if let Err(error) = swap(&mut self.ebpf, &pin_dir) {
+                // the agent keeps writing (if they were loaded: else none was attached).
+                if self.programs_loaded
+                    && let Err(error) = swap(&mut self.ebpf, &pin_dir)
+                {
                     error!(
                         error = %crate::error_chain(&error),
                         "cannot put the programs over the old maps back after a failed \
@@ -164,6 +166,7 @@ impl Dataplane {
         drop(self.maglev.replace_map(maglev));
         drop(self.names.replace_map(names));
         self.ebpf = ebpf;
+        self.programs_loaded = true;
         self.sizes = target;
         self.writer.set_capacity(Capacity {
             service_entries: target.services,

@@ -55,7 +55,7 @@ pub use crate::{
             HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding,
             local_addresses, netns_cookie, prepare_pin_dir,
         },
-        load::LoadError,
+        load::{LoadError, ProgramLoad},
         pin_lock::{Holder, PinLock, PinLockError, lock as lock_pin_dir},
         pins::{DEFAULT_PIN_DIR, link_pin, lock_path as pin_lock_path, trace_lease_dir},
         pod_devices::{Link, PodDevices, links, netns_id, watch_links},
@@ -101,6 +101,8 @@ pub struct Dataplane {
     destroy: Option<Result<DestroyPrograms, DestroyUnavailable>>,
     /// Pairs whose backend a failed sync removed: swept after the next sync that succeeds.
     unswept: Vec<Gone>,
+    /// False until the kernel verified the programs ([`Config::program_load`]).
+    programs_loaded: bool,
 }
 
 impl Dataplane {

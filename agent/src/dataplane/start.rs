@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 use super::{Dataplane, config::Config, error::DataplaneError};
 use crate::{
+    desired::Desired,
     kernel::{
         attach::{
             Attachment, cgroup,
@@ -20,7 +21,7 @@ use crate::{
         destroy::{self, DestroyPrograms, Unavailable as DestroyUnavailable},
         host,
         load::{self, take_map},
-        object,
+        object, pins,
         program_logs::ProgramLogs,
     },
     maps::{
@@ -57,11 +58,13 @@ impl Dataplane {
             mut ebpf,
             replaced_masters,
             sizes,
+            programs_loaded,
         } = load::load(
             &config.pin_dir,
             &config.capacities,
             config.program_settings(),
             &object,
+            config.program_load,
         )
         .map_err(|error| {
             // The loader unpinned its maps; the directory goes too if this load made it.
@@ -149,7 +152,40 @@ impl Dataplane {
             object,
             destroy: Some(destroy),
             unswept: Vec::new(),
+            programs_loaded,
         })
+    }
+
+    /// Before the first apply: grows the maps to hold `desired` and, if [`Config::program_load`]
+    /// deferred them on this fresh node, has the kernel verify the programs over those maps,
+    /// once. A refusal fails the start before anything is written, and the maps this agent
+    /// pinned are unpinned again.
+    pub fn prepare(&mut self, desired: &Desired) -> Result<(), DataplaneError> {
+        if self.programs_loaded {
+            return Ok(());
+        }
+        let frontends = || desired.frontends.iter().map(|(f, spec)| (f, Some(spec)));
+        // A growth loads the programs over the larger maps.
+        self.make_room(
+            self.writer.demand(frontends()),
+            self.maglev.demand(frontends()),
+        );
+        self.load_programs().inspect_err(|_| {
+            for name in map_names::ALL {
+                let _ = std::fs::remove_file(pins::map_pin(&self.config.pin_dir, name));
+            }
+            load::remove_staging(&self.config.pin_dir);
+        })
+    }
+
+    /// Has the kernel verify the programs, unless it did already.
+    fn load_programs(&mut self) -> Result<(), DataplaneError> {
+        if !self.programs_loaded {
+            load::load_programs(&mut self.ebpf)
+                .map_err(|error| DataplaneError::from(error).explain_refusal())?;
+            self.programs_loaded = true;
+        }
+        Ok(())
     }
 
     /// The reader of the programs' log lines, taken once (`None` when logging is off).
@@ -170,6 +206,7 @@ impl Dataplane {
     /// after [`Self::attach_tc`]: from here on only these programs run, so the flow
     /// entries of maps replaced with another size are carried over a last time.
     pub fn attach(&mut self) -> Result<Vec<(&'static str, Attachment)>, DataplaneError> {
+        self.load_programs()?;
         let attached = cgroup::attach(&mut self.ebpf, &self.config.pin_dir, &self.cgroup)
             .map_err(|error| DataplaneError::from(error).explain_refusal())?;
         carry_over(&self.config.pin_dir, "after the programs were swapped");
@@ -186,6 +223,7 @@ impl Dataplane {
         done: &[TcDevice],
         mode: TcMode,
     ) -> Result<TcAttached, DataplaneError> {
+        self.load_programs()?;
         tc::attach(&mut self.ebpf, &self.config.pin_dir, devices, done, mode)
             .map_err(|error| DataplaneError::Tc(Box::new(error)).explain_refusal())
     }

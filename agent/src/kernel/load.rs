@@ -72,29 +72,48 @@ pub struct Loaded {
     pub replaced_masters: Vec<ServiceKey>,
     /// The sizes the growable maps were loaded with.
     pub sizes: Sizes,
+    /// False when [`ProgramLoad::WhenSized`] left them for [`load_programs`].
+    pub programs_loaded: bool,
+}
+
+/// When [`load`] has the kernel verify the programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProgramLoad {
+    #[default]
+    Now,
+    /// At once over pinned maps, but on a pin directory without socklb's maps (a fresh
+    /// node) only once the caller knows how large the maps must be ([`load_programs`]):
+    /// maps grown by the first apply would have the kernel verify every program again.
+    WhenSized,
 }
 
 /// Loads `object` (the embedded one, its kfunc call patched), adopting compatible pinned
 /// maps, and loads every program into the kernel (verifier included) but the socket
-/// iterators, which are optional (`destroy`); nothing is attached yet. When loading fails,
-/// the maps this call pinned are unpinned again: a failed start leaves what it found,
-/// nothing more.
+/// iterators, which are optional (`destroy`), unless `when` defers them; nothing is attached
+/// yet. When loading fails, the maps this call pinned are unpinned again: a failed start
+/// leaves what it found, nothing more.
 pub fn load(
     pin_dir: &Path,
     capacities: &Capacities,
     programs: ProgramSettings,
     object: &[u8],
+    when: ProgramLoad,
 ) -> Result<Loaded, LoadError> {
     let unpinned: Vec<PathBuf> = map_names::ALL
         .iter()
         .map(|name| pins::map_pin(pin_dir, name))
         .filter(|path| !path.exists())
         .collect();
+    let no_older_maps = map_names::RETIRED
+        .iter()
+        .all(|name| !pins::map_pin(pin_dir, name).exists());
     remove_staging(pin_dir);
     let renamed = carry::hold_renamed(pin_dir).map_err(|source| LoadError::ReplaceMap {
         path: pins::holding_dir(pin_dir),
         source,
     })?;
+    let fresh = unpinned.len() == map_names::ALL.len() && no_older_maps && renamed.is_empty();
+    let defer = fresh && when == ProgramLoad::WhenSized;
     if !renamed.is_empty() {
         info!(
             maps = ?renamed,
@@ -102,7 +121,7 @@ pub fn load(
              into the maps of the new names"
         );
     }
-    load_pinning(pin_dir, capacities, programs, object).inspect_err(|_| {
+    load_pinning(pin_dir, capacities, programs, object, !defer).inspect_err(|_| {
         carry::restore(pin_dir);
         for path in unpinned.iter().filter(|path| path.exists()) {
             if let Err(error) = fs::remove_file(path) {
@@ -117,6 +136,7 @@ fn load_pinning(
     capacities: &Capacities,
     programs: ProgramSettings,
     object: &[u8],
+    load_now: bool,
 ) -> Result<Loaded, LoadError> {
     // An older agent's service map, under its old name: the frontends it holds were serving.
     let mut replaced_masters = pinned_masters(&pins::map_pin(pin_dir, map_names::RETIRED_SERVICES));
@@ -134,7 +154,9 @@ fn load_pinning(
         configure(&mut loader, pin_dir, capacities, &sizes, &globals);
         match loader.load(object) {
             Ok(mut ebpf) => {
-                load_programs(&mut ebpf)?;
+                if load_now {
+                    load_programs(&mut ebpf)?;
+                }
                 // Only now: a failed load leaves the older agent's maps pinned as it found
                 // them (and their frontends to be read again by the next attempt).
                 remove_retired(pin_dir);
@@ -142,6 +164,7 @@ fn load_pinning(
                     ebpf,
                     replaced_masters,
                     sizes,
+                    programs_loaded: load_now,
                 });
             }
             Err(EbpfError::MapError(MapError::IncompatiblePinnedMap {
