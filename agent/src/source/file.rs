@@ -231,16 +231,7 @@ impl Manifests {
         writing: impl Fn(&Path) -> bool,
         settled: impl Fn(&Path) -> bool,
     ) -> Result<Reload, FileSourceError> {
-        let entries = fs::read_dir(dir).map_err(|source| FileSourceError::ReadDir {
-            path: dir.to_owned(),
-            source,
-        })?;
-        let listed: BTreeSet<PathBuf> = entries
-            .filter_map(Result::ok)
-            .map(|entry| entry.path())
-            .filter(|path| path.is_file() && is_manifest(path))
-            .collect();
-
+        let listed = list_manifests(dir)?;
         let mut errors = Vec::new();
         let mut held = Vec::new();
         let mut changed = Vec::new();
@@ -269,14 +260,10 @@ impl Manifests {
                 held.push((file, Held::Writing));
                 continue;
             }
-            let text = match fs::read_to_string(&file) {
+            let text = match read_text(&file) {
                 Ok(text) => text,
-                Err(e) => {
-                    errors.push(ManifestError {
-                        file,
-                        line: None,
-                        message: e.to_string(),
-                    });
+                Err(error) => {
+                    errors.push(error);
                     continue;
                 }
             };
@@ -389,6 +376,114 @@ impl Manifests {
     }
 }
 
+/// The first read of a directory, one file at a time ([`Manifests::first_read`]), so that
+/// only one file's parsed objects are held (100,000 Services' EndpointSlices parsed at once
+/// take about 430 MB). Its events open a list of each kind, apply every file's objects in
+/// file order (a later copy of an object wins, as in a `Reset`) and close the lists; Pods
+/// and Namespaces, which the state takes whole only, come in one `Reset` each at the end.
+pub struct FirstRead {
+    /// Files not read yet; `None` once the lists are closed.
+    files: Option<std::vec::IntoIter<PathBuf>>,
+    opened: bool,
+    workloads: Vec<Object>,
+    errors: Vec<ManifestError>,
+    held: Vec<(PathBuf, Held)>,
+}
+
+/// The kinds listed object by object.
+const STREAMED: [Kind; 3] = [Kind::Node, Kind::Service, Kind::EndpointSlice];
+
+impl Manifests {
+    /// Starts the first read of `dir`, skipping the files `writing` says are being written
+    /// (they come as changes once closed). [`Self::read_next`] gives its events.
+    pub fn first_read(
+        &mut self,
+        dir: &Path,
+        writing: impl Fn(&Path) -> bool,
+    ) -> Result<FirstRead, FileSourceError> {
+        let (held, files): (Vec<PathBuf>, Vec<PathBuf>) =
+            list_manifests(dir)?.into_iter().partition(|file| writing(file));
+        self.read_before = true;
+        Ok(FirstRead {
+            files: Some(files.into_iter()),
+            opened: false,
+            workloads: Vec::new(),
+            errors: Vec::new(),
+            held: held.into_iter().map(|file| (file, Held::Writing)).collect(),
+        })
+    }
+
+    /// The next events of `read`: the lists' opening, one file's objects, or the lists'
+    /// closing; `None` when it is done.
+    pub fn read_next(&mut self, read: &mut FirstRead) -> Option<Vec<Event>> {
+        let files = read.files.as_mut()?;
+        if !read.opened {
+            read.opened = true;
+            return Some(STREAMED.into_iter().map(Event::Listing).collect());
+        }
+        let Some(file) = files.next() else {
+            read.files = None;
+            let workloads = std::mem::take(&mut read.workloads);
+            let (namespaces, pods) = workloads
+                .into_iter()
+                .partition(|object| object.kind() == Kind::Namespace);
+            let mut closing = vec![
+                Event::Reset(Kind::Namespace, namespaces),
+                Event::Reset(Kind::Pod, pods),
+            ];
+            closing.extend(STREAMED.into_iter().map(Event::Listed));
+            return Some(closing);
+        };
+        let parsed = read_text(&file).and_then(|text| Ok((parse(&file, &text)?, text)));
+        let (objects, text) = match parsed {
+            Ok(parsed) => parsed,
+            Err(error) => {
+                read.errors.push(error);
+                return Some(Vec::new());
+            }
+        };
+        let ids = objects.iter().map(object_id).collect();
+        self.files.insert(file, ManifestFile { text, ids });
+        let (streamed, workloads): (Vec<Object>, Vec<Object>) = objects
+            .into_iter()
+            .partition(|object| STREAMED.contains(&object.kind()));
+        read.workloads.extend(workloads);
+        Some(streamed.into_iter().map(Event::Applied).collect())
+    }
+}
+
+impl FirstRead {
+    /// What the read could not apply, as a [`Reload`] without events (they were sent).
+    pub fn finish(self) -> Reload {
+        Reload {
+            events: Vec::new(),
+            errors: self.errors,
+            held: self.held,
+        }
+    }
+}
+
+/// The manifests of `dir`, in name order.
+fn list_manifests(dir: &Path) -> Result<BTreeSet<PathBuf>, FileSourceError> {
+    let entries = fs::read_dir(dir).map_err(|source| FileSourceError::ReadDir {
+        path: dir.to_owned(),
+        source,
+    })?;
+    Ok(entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.path())
+        .filter(|path| path.is_file() && is_manifest(path))
+        .collect())
+}
+
+fn read_text(file: &Path) -> Result<String, ManifestError> {
+    fs::read_to_string(file).map_err(|e| ManifestError {
+        file: file.to_owned(),
+        line: None,
+        message: e.to_string(),
+    })
+}
+
 /// Whether a file of the directory is read, by its name.
 fn is_manifest(path: &Path) -> bool {
     matches!(
@@ -499,11 +594,23 @@ impl FileSource {
                 writers.note(&event, Instant::now());
             }
             let now = Instant::now();
-            let reload = manifests.reload_settling(
-                &self.dir,
-                |file| writers.writing(file, now),
-                |file| writers.settled(file, now),
-            )?;
+            let reload = if manifests.read_before {
+                manifests.reload_settling(
+                    &self.dir,
+                    |file| writers.writing(file, now),
+                    |file| writers.settled(file, now),
+                )?
+            } else {
+                let mut read = manifests.first_read(&self.dir, |file| writers.writing(file, now))?;
+                while let Some(batch) = manifests.read_next(&mut read) {
+                    for event in batch {
+                        if events.send(event).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+                read.finish()
+            };
             for error in reload.errors {
                 warn!(%error, "manifest not applied; its last good state is kept");
             }
@@ -765,9 +872,11 @@ items:
 
     /// The events of a reload, one line each: "reset Service 2", "applied Service web".
     fn read(manifests: &mut Manifests, dir: &Dir) -> Vec<String> {
-        let reload = manifests.reload(&dir.0).expect("reload");
-        reload
-            .events
+        lines(&manifests.reload(&dir.0).expect("reload").events)
+    }
+
+    fn lines(events: &[Event]) -> Vec<String> {
+        events
             .iter()
             .map(|event| match event {
                 Event::Reset(kind, objects) => format!("reset {kind:?} {}", objects.len()),
@@ -804,6 +913,52 @@ items:
         );
         let mut manifests = Manifests::default();
         assert_eq!(read(&mut manifests, &dir), resets_with_services(2));
+    }
+
+    #[test]
+    fn the_agent_s_first_read_lists_file_by_file_and_workloads_whole() {
+        let dir = Dir::new("streamed");
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.1") + &service("db", "10.96.0.2")),
+        );
+        dir.write("b.yaml", "kind: Service\nmetadata: [\n");
+        dir.write(
+            "c.yaml",
+            &(service("web", "10.96.0.9")
+                + "kind: Pod\nmetadata: {name: p, namespace: default}\n---\n"),
+        );
+        let mut manifests = Manifests::default();
+        let mut read = manifests.first_read(&dir.0, |_| false).expect("read");
+        let mut events = Vec::new();
+        while let Some(batch) = manifests.read_next(&mut read) {
+            events.extend(batch);
+        }
+        // The later copy of web is applied last, so it wins, as in a Reset.
+        assert_eq!(
+            lines(&events),
+            [
+                "listing Node",
+                "listing Service",
+                "listing EndpointSlice",
+                "applied Service web",
+                "applied Service db",
+                "applied Service web",
+                "reset Namespace 0",
+                "reset Pod 1",
+                "listed Node",
+                "listed Service",
+                "listed EndpointSlice",
+            ]
+        );
+        let errors = read.finish().errors;
+        assert!(
+            errors.len() == 1 && errors[0].file.ends_with("b.yaml"),
+            "{errors:?}"
+        );
+        // Later reads send what changed: the broken file, fixed.
+        dir.write("b.yaml", &service("cache", "10.96.0.3"));
+        assert_eq!(read(&mut manifests, &dir), ["applied Service cache"]);
     }
 
     #[test]
