@@ -175,8 +175,9 @@ fn object_id(object: &Object) -> ObjectId {
 /// One read of the directory.
 #[derive(Debug)]
 pub struct Reload {
-    /// The first read, or a read after which an object is defined in two places: one
-    /// `Reset` per kind with every object of the directory. Otherwise the objects that the
+    /// The first read (the agent's is [`Manifests::first_read`]), or a read after which an
+    /// object is defined in two places: one `Reset` per kind with every object of the
+    /// directory. Otherwise the objects that the
     /// changed files lost, as deleted, then every object they hold, as applied.
     pub events: Vec<Event>,
     /// Files that did not parse (their last good objects are kept).
@@ -401,8 +402,9 @@ impl Manifests {
         dir: &Path,
         writing: impl Fn(&Path) -> bool,
     ) -> Result<FirstRead, FileSourceError> {
-        let (held, files): (Vec<PathBuf>, Vec<PathBuf>) =
-            list_manifests(dir)?.into_iter().partition(|file| writing(file));
+        let (held, files): (Vec<PathBuf>, Vec<PathBuf>) = list_manifests(dir)?
+            .into_iter()
+            .partition(|file| writing(file));
         self.read_before = true;
         Ok(FirstRead {
             files: Some(files.into_iter()),
@@ -601,7 +603,8 @@ impl FileSource {
                     |file| writers.settled(file, now),
                 )?
             } else {
-                let mut read = manifests.first_read(&self.dir, |file| writers.writing(file, now))?;
+                let mut read =
+                    manifests.first_read(&self.dir, |file| writers.writing(file, now))?;
                 while let Some(batch) = manifests.read_next(&mut read) {
                     for event in batch {
                         if events.send(event).await.is_err() {
@@ -929,9 +932,9 @@ items:
                 + "kind: Pod\nmetadata: {name: p, namespace: default}\n---\n"),
         );
         let mut manifests = Manifests::default();
-        let mut read = manifests.first_read(&dir.0, |_| false).expect("read");
+        let mut first = manifests.first_read(&dir.0, |_| false).expect("read");
         let mut events = Vec::new();
-        while let Some(batch) = manifests.read_next(&mut read) {
+        while let Some(batch) = manifests.read_next(&mut first) {
             events.extend(batch);
         }
         // The later copy of web is applied last, so it wins, as in a Reset.
@@ -951,7 +954,7 @@ items:
                 "listed EndpointSlice",
             ]
         );
-        let errors = read.finish().errors;
+        let errors = first.finish().errors;
         assert!(
             errors.len() == 1 && errors[0].file.ends_with("b.yaml"),
             "{errors:?}"
