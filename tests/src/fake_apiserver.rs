@@ -7,7 +7,9 @@
 //! streams the changes after RV as newline-delimited JSON, with the transitions a filtered
 //! watch sees (an object leaving the selector is `DELETED`); a watch from before the retained
 //! history gets a 410 `ERROR` event in the stream, as from the real watch cache; bookmarks when
-//! asked for; label selectors (`k`, `!k`, `k=v`, `k==v`, `k!=v`) and field selectors on
+//! asked for; streamed lists (`sendInitialEvents=true`: the current objects as ADDED, then a
+//! BOOKMARK annotated `k8s.io/initial-events-end`), or their refusal as by a server with the
+//! WatchList feature off; label selectors (`k`, `!k`, `k=v`, `k==v`, `k!=v`) and field selectors on
 //! `metadata.name`, `metadata.namespace` and `spec.nodeName`; `timeoutSeconds`; metadata-only responses for
 //! `Accept: application/json;as=PartialObjectMetadata[List];g=meta.k8s.io;v=v1`.
 //!
@@ -67,6 +69,8 @@ pub struct Served {
     pub field_selector: Option<String>,
     /// `resourceVersion` as asked ("0": any version, e.g. from the watch cache).
     pub resource_version: Option<String>,
+    /// A watch that streams the list first (`sendInitialEvents=true`).
+    pub send_initial_events: bool,
 }
 
 impl FakeApiServer {
@@ -240,6 +244,12 @@ current-context: fake
         self.lock().refusing = Some((code, reason, until));
     }
 
+    /// Refuses streamed lists from now on, as an API server with the WatchList feature off
+    /// (Kubernetes 1.33's default) does: 422 Invalid.
+    pub fn without_watch_list(&self) {
+        self.lock().watch_list = false;
+    }
+
     /// Serves again on the same address, after [`stop`](Self::stop) (or at once).
     pub fn restart(&mut self) {
         self.stop();
@@ -326,6 +336,9 @@ struct Store {
     served: Vec<Served>,
     /// Until when every request is refused, and how (see [`FakeApiServer::refuse_for`]).
     refusing: Option<(StatusCode, &'static str, std::time::Instant)>,
+    /// Streamed lists are served (the WatchList feature, on by default since Kubernetes
+    /// 1.34).
+    watch_list: bool,
 }
 
 struct Collection {
@@ -390,6 +403,15 @@ impl Watch {
     }
 
     fn bookmark(&self, revision: u64) -> String {
+        self.bookmark_with(revision, json!({}))
+    }
+
+    /// The bookmark that ends a streamed list's initial objects.
+    fn initial_events_end(&self, revision: u64) -> String {
+        self.bookmark_with(revision, json!({"k8s.io/initial-events-end": "true"}))
+    }
+
+    fn bookmark_with(&self, revision: u64, annotations: Value) -> String {
         let (kind, api_version) = if self.metadata_only {
             ("PartialObjectMetadata", "meta.k8s.io/v1")
         } else {
@@ -398,7 +420,7 @@ impl Watch {
         let object = json!({
             "kind": kind,
             "apiVersion": api_version,
-            "metadata": {"resourceVersion": revision.to_string()},
+            "metadata": {"resourceVersion": revision.to_string(), "annotations": annotations},
         });
         event_line("BOOKMARK", &object)
     }
@@ -418,6 +440,7 @@ impl Store {
             expired: 0,
             served: Vec::new(),
             refusing: None,
+            watch_list: true,
         }
     }
 
@@ -529,6 +552,9 @@ impl Store {
         &mut self,
         request: &ParsedRequest,
     ) -> Result<(Vec<String>, Option<mpsc::UnboundedReceiver<Signal>>), Refusal> {
+        if request.flag("sendInitialEvents") {
+            return self.streamed_list(request);
+        }
         let from = match request.query.get("resourceVersion").map(String::as_str) {
             // No version or "0": the current objects as ADDED, then the changes.
             None | Some("" | "0") => None,
@@ -560,6 +586,53 @@ impl Store {
                 .filter_map(|change| watch.event(change))
                 .collect(),
         };
+        self.watches.push(watch);
+        Ok((initial, Some(rx)))
+    }
+
+    /// A watch that starts with the current objects and a bookmark that ends them, with the
+    /// real server's validation of the request.
+    fn streamed_list(
+        &mut self,
+        request: &ParsedRequest,
+    ) -> Result<(Vec<String>, Option<mpsc::UnboundedReceiver<Signal>>), Refusal> {
+        let invalid = |message: &str| {
+            Refusal::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Invalid",
+                message.to_owned(),
+            )
+        };
+        if !self.watch_list {
+            return Err(invalid(
+                "sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless \
+                 the WatchList feature gate is enabled",
+            ));
+        }
+        if request
+            .query
+            .get("resourceVersionMatch")
+            .map(String::as_str)
+            != Some("NotOlderThan")
+        {
+            return Err(invalid(
+                "resourceVersionMatch: Forbidden: sendInitialEvents requires setting \
+                 resourceVersionMatch to NotOlderThan",
+            ));
+        }
+        if !request.flag("allowWatchBookmarks") {
+            return Err(invalid(
+                "allowWatchBookmarks: Forbidden: sendInitialEvents requires allowWatchBookmarks",
+            ));
+        }
+        let (watch, rx) = self.new_watch(request);
+        let mut initial: Vec<String> = self.collections[&request.path]
+            .objects
+            .values()
+            .filter(|object| request.filter.matches(object))
+            .map(|object| event_line("ADDED", &shown(object, request.metadata_only)))
+            .collect();
+        initial.push(watch.initial_events_end(self.revision));
         self.watches.push(watch);
         Ok((initial, Some(rx)))
     }
@@ -662,6 +735,7 @@ fn serve(
         label_selector: request.query.get("labelSelector").cloned(),
         field_selector: request.query.get("fieldSelector").cloned(),
         resource_version: request.query.get("resourceVersion").cloned(),
+        send_initial_events: request.flag("sendInitialEvents"),
     });
     if !watch {
         let list = store.list(&request)?;

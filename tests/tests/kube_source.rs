@@ -249,16 +249,27 @@ async fn expect_only_sentinels(api: &FakeApiServer, events: &mut mpsc::Receiver<
     assert_eq!(next_set(events, 4).await, expected);
 }
 
+/// Lists, streamed or not.
 fn list_count(api: &FakeApiServer) -> usize {
-    api.served().iter().filter(|request| !request.watch).count()
+    api.served()
+        .iter()
+        .filter(|request| !request.watch || request.send_initial_events)
+        .count()
 }
 
-/// The resourceVersion each list of Services asked for (`None`: a quorum read), in order.
-fn service_list_versions(api: &FakeApiServer) -> Vec<Option<String>> {
+/// How each list of Services was asked for, in order: "streamed" (a watch that sends the
+/// current objects first), "cache" (`resourceVersion=0`) or "quorum" (none).
+fn service_lists(api: &FakeApiServer) -> Vec<&'static str> {
     api.served()
         .into_iter()
-        .filter(|r| r.path == "/api/v1/services" && !r.watch)
-        .map(|r| r.resource_version)
+        .filter(|r| r.path == "/api/v1/services" && (!r.watch || r.send_initial_events))
+        .map(
+            |r| match (r.send_initial_events, r.resource_version.as_deref()) {
+                (true, _) => "streamed",
+                (false, Some("0")) => "cache",
+                (false, _) => "quorum",
+            },
+        )
         .collect()
 }
 
@@ -364,9 +375,29 @@ async fn initial_lists_give_one_reset_per_kind_without_what_kube_proxy_skips() {
             other => panic!("unexpected request for {other}"),
         }
     }
+    // Each feed's list is streamed by its watch, which goes on with the changes.
     let lists = served.iter().filter(|r| !r.watch).count();
+    let streamed = served.iter().filter(|r| r.send_initial_events).count();
     let watches = served.iter().filter(|r| r.watch).count();
-    assert_eq!((lists, watches), (FEEDS, FEEDS), "{served:#?}");
+    assert_eq!((lists, streamed, watches), (0, FEEDS, FEEDS), "{served:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_does_not_stream_lists_is_listed_from_its_cache() {
+    let api = populated();
+    api.without_watch_list();
+    let mut events = start_source(&api);
+    let resets = initial(&mut events).await;
+    assert_eq!(names(&resets[&Kind::Service]), ["default/web"]);
+    assert_eq!(names(&resets[&Kind::EndpointSlice]), ["default/web-1"]);
+    watching(&api).await;
+    assert_eq!(service_lists(&api), ["streamed", "cache"]);
+    // And it watches on from there.
+    api.apply(&service("late", 80, &[]));
+    assert_eq!(
+        describe(&next(&mut events).await),
+        "Applied Service default/late"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -540,13 +571,9 @@ async fn expired_versions_relist_and_reset_with_the_current_state() {
     assert_eq!(api.expired_count(), 5);
     settles(&api, &mut events).await;
 
-    // The first lists came from the watch cache, as client-go's do; the relists after
-    // 410 Gone are quorum reads, which never go back before what was seen.
-    assert_eq!(
-        service_list_versions(&api),
-        [Some("0".to_owned()), None],
-        "service lists"
-    );
+    // The first lists were streamed from the watch cache; the relists after 410 Gone are
+    // quorum reads, which never go back before what was seen.
+    assert_eq!(service_lists(&api), ["streamed", "quorum"], "service lists");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -610,7 +637,7 @@ async fn bookmarks_produce_no_events() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_lists_come_whole_from_the_cache_first_and_paged_after_a_410() {
+async fn large_lists_are_streamed_first_and_paged_after_a_410() {
     let api = populated();
     // Past kube-rs's page size of 500.
     for i in 0..520 {
@@ -631,9 +658,9 @@ async fn large_lists_come_whole_from_the_cache_first_and_paged_after_a_410() {
     };
     assert_eq!(relisted, 521);
     assert_eq!(
-        service_list_versions(&api),
-        [Some("0".to_owned()), None, None],
-        "one list from the cache, then a quorum relist in two pages"
+        service_lists(&api),
+        ["streamed", "quorum", "quorum"],
+        "one streamed list, then a quorum relist in two pages"
     );
 }
 

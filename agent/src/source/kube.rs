@@ -275,9 +275,13 @@ type FeedStream = BoxStream<
 /// A watcher that waits after an error as [`Retry`] says, its objects already wrapped in
 /// [`Object`].
 ///
-/// As client-go's informers: the first list reads the watch cache (`resourceVersion=0`),
-/// a relist after 410 Gone pages quorum lists, so that it never goes back before what the
-/// agent has seen (docs/operations.md, "The API server goes away").
+/// The first list is streamed from the watch cache (a watch with `sendInitialEvents`, the
+/// WatchList feature): objects arrive one at a time, where a list of 100,000 Services
+/// would be one response decoded whole. A server that refuses it (WatchList off, as in
+/// Kubernetes 1.33) is listed from its watch cache instead (`resourceVersion=0`), as
+/// client-go's informers do. A relist after 410 Gone pages quorum lists, so that it never
+/// goes back before what the agent has seen (docs/operations.md, "The API server goes
+/// away").
 fn feed<K>(
     feed: Feed,
     api: Api<K>,
@@ -299,16 +303,33 @@ where
         page_size: None,
         ..config.clone()
     };
-    let results = start(from_cache.any_semantic());
+    let results = start(config.clone().streaming_lists());
     futures::stream::unfold(
-        (results, retry, None),
-        move |(mut results, mut retry, wait): (_, Retry, Option<Duration>)| {
-            let (start, config) = (start.clone(), config.clone());
+        (results, retry, None, true),
+        move |(mut results, mut retry, wait, mut streaming): (_, Retry, Option<Duration>, bool)| {
+            let (start, config, from_cache) = (start.clone(), config.clone(), from_cache.clone());
             async move {
                 if let Some(wait) = wait {
                     tokio::time::sleep(wait).await;
                 }
-                let result = results.next().await?;
+                let mut result = results.next().await?;
+                if streaming
+                    && let Err(error) = &result
+                    && refuses_streamed_lists(error)
+                {
+                    info!(
+                        feed = feed.describe(),
+                        %error,
+                        "the API server does not stream lists (WatchList off): listing from its \
+                         watch cache instead"
+                    );
+                    streaming = false;
+                    results = start(from_cache.any_semantic());
+                    result = results.next().await?;
+                }
+                if let Ok(watcher::Event::InitDone) = &result {
+                    streaming = false;
+                }
                 if let Err(error) = &result
                     && failure(error) == Failure::Gone
                 {
@@ -325,11 +346,21 @@ where
                         Some(retry.delay(failure(error), Instant::now(), fastrand::f64()))
                     }
                 };
-                Some(((feed, result, wait), (results, retry, wait)))
+                Some(((feed, result, wait), (results, retry, wait, streaming)))
             }
         },
     )
     .boxed()
+}
+
+/// Whether the server refused a streamed list as one without the WatchList feature does
+/// (422 Invalid, naming `sendInitialEvents`), rather than failing.
+fn refuses_streamed_lists(error: &watcher::Error) -> bool {
+    matches!(
+        error,
+        watcher::Error::WatchStartFailed(kube::Error::Api(status))
+            if status.code == 422 || status.code == 400
+    )
 }
 
 /// What kind of failure a watcher error is, for [`Retry`].
