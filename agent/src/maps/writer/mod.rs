@@ -278,7 +278,8 @@ impl<S: Store> Writer<S> {
         changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
     ) -> Capacity {
         let mut service_entries = self.service_entries;
-        let mut new_backends = HashSet::new();
+        // foldhash: SipHash took about 5% of the first sync of 100,000 Services.
+        let mut new_backends = hashbrown::HashSet::new();
         for (frontend, spec) in changes {
             let Some(spec) = spec else { continue };
             let old = self.frontends.get(frontend).map_or(0, Programmed::entries);
