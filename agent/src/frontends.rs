@@ -64,6 +64,8 @@ impl FrontendTable {
                     *self.counts.entry(count_key(&choice.frontend)).or_default() += 1;
                 }
                 if let Err(at) = owners.binary_search(service) {
+                    // Most frontends have one owner: no room for four.
+                    owners.reserve_exact(1);
                     owners.insert(at, service.clone());
                 }
                 if owners.len() == 2 {

@@ -143,6 +143,9 @@ pub fn select(
             );
         }
     }
+    // Kept for the Service's life: a growth's spare room would be most of it (a Service
+    // usually has one frontend).
+    frontends.shrink_to_fit();
     ServiceSelection {
         service: service.name.clone(),
         frontends,

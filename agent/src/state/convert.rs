@@ -115,7 +115,8 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
         &mut partial_skips,
     );
 
-    let mut ports = Vec::new();
+    // Sized to fit: kept for the Service's life (100,000 of them).
+    let mut ports = Vec::with_capacity(spec.ports.as_ref().map_or(0, Vec::len));
     for port in spec.ports.as_deref().unwrap_or_default() {
         let port_name = port.name.clone().unwrap_or_default();
         let label = || {
@@ -348,7 +349,7 @@ fn address(text: &str) -> Result<IpAddr, SkipReason> {
 
 /// The addresses among `texts`; the others are recorded as skipped.
 fn addresses(field: &str, texts: &[String], skips: &mut Vec<(String, SkipReason)>) -> Vec<IpAddr> {
-    let mut ips = Vec::new();
+    let mut ips = Vec::with_capacity(texts.len());
     for text in texts {
         match address(text) {
             Ok(ip) => ips.push(ip),
@@ -444,7 +445,7 @@ pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
         }
     };
     let mut skipped = Vec::new();
-    let ports = slice
+    let mut ports: Vec<SlicePort> = slice
         .ports
         .as_deref()
         .unwrap_or_default()
@@ -462,6 +463,7 @@ pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
             })
         })
         .collect();
+    ports.shrink_to_fit();
     let endpoints = slice
         .endpoints
         .iter()

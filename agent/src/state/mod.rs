@@ -279,6 +279,8 @@ impl ClusterState {
                         true
                     }
                     Err(at) => {
+                        // Most Services have one slice: no room for four.
+                        slices.reserve_exact(1);
                         slices.insert(at, info);
                         true
                     }

@@ -38,6 +38,16 @@ impl Backends {
         self.last_id = 0;
     }
 
+    /// Room for `additional` more backends, in the table and in the index.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        self.by_id.reserve(additional);
+        let (by_id, hasher) = (&self.by_id, &self.hasher);
+        self.index.reserve(additional, |id| {
+            let entry = &by_id[id];
+            hasher.hash_one((&entry.addr, entry.protocol))
+        });
+    }
+
     pub(super) fn len(&self) -> usize {
         self.by_id.len()
     }

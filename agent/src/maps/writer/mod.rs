@@ -361,6 +361,12 @@ impl<S: Store> Writer<S> {
             .iter()
             .filter_map(|(frontend, spec)| Some((frontend, (*spec)?)))
             .collect();
+        if self.backends.len() == 0 {
+            // Sized once: growing by doubling holds the old and new tables at once (35 MB
+            // more at the peak of a first sync of 1,000,000 backends).
+            self.backends
+                .reserve(changes.iter().map(|(_, spec)| spec.backends.len()).sum());
+        }
         changes.sort_by_key(|(frontend, spec)| {
             let old = self.frontends.get(frontend);
             let grows = (spec.backends.len() + 1)
