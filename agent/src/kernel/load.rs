@@ -79,6 +79,7 @@ pub struct Loaded {
 /// When [`load`] has the kernel verify the programs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ProgramLoad {
+    /// At load.
     #[default]
     Now,
     /// At once over pinned maps, but on a pin directory without socklb's maps (a fresh
@@ -448,7 +449,7 @@ pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
             .ok_or(LoadError::MissingProgram(name))?;
         queue.push((name, program));
     }
-    // Popped from the end: the TC programs last in, first verified.
+    // pop() takes from the end: the TC programs, the costliest, go first.
     queue.reverse();
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let queue = std::sync::Mutex::new(queue);
