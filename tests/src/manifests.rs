@@ -24,6 +24,16 @@ impl ManifestDir {
         fs::rename(&tmp, self.path.join(file)).expect("move a manifest into place");
     }
 
+    /// Removes every file, so that the directory holds only what is written next.
+    pub fn clear(&self) {
+        let entries = fs::read_dir(&self.path).expect("list the manifests directory");
+        for entry in entries {
+            let path = entry.expect("list the manifests directory").path();
+            fs::remove_file(&path)
+                .unwrap_or_else(|e| panic!("remove the manifest {}: {e}", path.display()));
+        }
+    }
+
     pub fn remove(&self, file: &str) {
         fs::remove_file(self.path.join(file)).expect("remove a manifest");
     }

@@ -94,6 +94,16 @@ enum Bench {
         #[arg(long, default_value_t = 15)]
         outage_seconds: u32,
     },
+    /// The agent with its default flags at each Service count: time to ready, peak RSS,
+    /// BPF map memory, resync CPU, change latency, and VIP/direct connection setup.
+    Scale {
+        /// Service counts (10 endpoints each) to measure at.
+        #[arg(long, default_value = "1000,10000,100000")]
+        services: String,
+        /// Changes timed one at a time at each count.
+        #[arg(long, default_value_t = 100)]
+        changes: u32,
+    },
     /// One Service with very many endpoints: its first sync and the sync after a change of
     /// one endpoint, at each endpoint count.
     LargeService {
@@ -280,6 +290,17 @@ fn main() -> anyhow::Result<()> {
                     args.extend(["--docs".to_owned(), docs_dir()?]);
                     run_with_agent("socklb-bench-control-plane", &args)
                 }
+                Bench::Scale { services, changes } => run_with_agent(
+                    "socklb-bench-control-plane",
+                    &[
+                        "--scale".to_owned(),
+                        services,
+                        "--changes".to_owned(),
+                        changes.to_string(),
+                        "--docs".to_owned(),
+                        docs_dir()?,
+                    ],
+                ),
                 Bench::LargeService { endpoints, changes } => {
                     let endpoints: Vec<String> = endpoints.iter().map(u32::to_string).collect();
                     run_with_agent(
@@ -534,6 +555,13 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
                 ("compare", compare(None, 500, "legacy", true)),
                 ("nodeport", node_bench(NODEPORT, "100", &NodeBench::smoke())),
                 ("pod", node_bench(POD, "100", &NodeBench::smoke())),
+                (
+                    "scale",
+                    smoke_run(
+                        "socklb-bench-control-plane",
+                        &["--scale", "200", "--changes", "5"].map(str::to_owned),
+                    ),
+                ),
                 // The debug socket holder is built by `cargo test` (every binary).
                 (
                     "destroy",

@@ -19,6 +19,7 @@ pub mod netns;
 pub mod node;
 pub mod node_flags;
 pub mod peer;
+pub mod pinned_maps;
 pub mod preflight;
 pub mod section;
 pub mod server;

@@ -5,13 +5,11 @@ use std::{
     collections::BTreeMap,
     fs::{self, File},
     net::SocketAddrV4,
-    os::fd::{AsFd as _, AsRawFd as _},
     path::Path,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, ensure};
-use aya::maps::MapData;
 use socklb_agent::dataplane;
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
@@ -32,6 +30,7 @@ use socklb_tests::{
         measure::{self, Cell, Plan, iperf3},
         netns::{End, new_netns, run_in, veth},
         peer::{PEERS, Peer},
+        pinned_maps::map_memory,
         server::Servers,
     },
     node_yaml,
@@ -457,51 +456,4 @@ fn wait_for_sync(agent: &Agent, since: Instant) -> anyhow::Result<(Duration, Dur
         );
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-/// Kernel memory of the agent's pinned maps (the kernel's `memlock` figure for each map,
-/// which counts preallocated entries), and their entries.
-fn map_memory(pin_dir: &Path) -> anyhow::Result<(u64, usize)> {
-    let mut bytes = 0;
-    let mut entries = 0;
-    let mut pending = vec![pin_dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in fs::read_dir(&dir).with_context(|| format!("list {}", dir.display()))? {
-            let path = entry.context("list the pins")?.path();
-            if path.is_dir() {
-                pending.push(path);
-                continue;
-            }
-            // Links and programs are pinned here too: only maps open as maps.
-            let Ok(map) = MapData::from_pin(&path) else {
-                continue;
-            };
-            let fd = map.fd().as_fd().as_raw_fd();
-            let info = fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).unwrap_or_default();
-            bytes += info
-                .lines()
-                .find_map(|line| line.strip_prefix("memlock:"))
-                .and_then(|value| value.trim().parse::<u64>().ok())
-                .unwrap_or(0);
-            if path.file_name().is_some_and(|name| {
-                let name = name.to_string_lossy();
-                name.contains("svc") || name.contains("_be_")
-            }) {
-                let map = aya::maps::Map::HashMap(map);
-                if let Ok(keys) = aya::maps::HashMap::<
-                    _,
-                    socklb_abi::ServiceKey,
-                    socklb_abi::ServiceEntry,
-                >::try_from(&map)
-                {
-                    entries += keys.keys().count();
-                } else if let Ok(keys) =
-                    aya::maps::HashMap::<_, u32, socklb_abi::Backend>::try_from(&map)
-                {
-                    entries += keys.keys().count();
-                }
-            }
-        }
-    }
-    Ok((bytes, entries))
 }

@@ -9,8 +9,10 @@
 use std::fmt::Write as _;
 
 use super::{
-    Agent, Cluster, Duration, FakeApiServer, Instant, ManifestDir, Maps, Options, Sandbox, Section,
-    apply, fake_cluster, percentile, start_kube,
+    Agent, Duration, FakeApiServer, Instant, ManifestDir, Options, Sandbox, Section, Sizing,
+    cluster::{Cluster, apply, fake_cluster},
+    maps::Maps,
+    percentile, start_kube,
 };
 
 pub const SECTION: Section = Section::new(
@@ -41,7 +43,7 @@ pub fn run(
     options: &Options,
 ) -> Recovery {
     let (mut api, kubeconfig) = fake_cluster(manifests, cluster);
-    let agent = start_kube(sandbox, &kubeconfig, cluster.len(), "20ms");
+    let agent = start_kube(sandbox, &kubeconfig, Sizing::Fitted(cluster.len()), "20ms");
     let maps = Maps::open(&sandbox.pin_dir);
     let outage = Duration::from_secs(options.outage_seconds.into());
     let mut samples = Vec::new();

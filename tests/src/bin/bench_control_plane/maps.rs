@@ -1,0 +1,107 @@
+//! The pinned maps, read as the kernel programs read them.
+use std::{
+    net::Ipv4Addr,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use aya::maps::{HashMap, Map, MapData};
+use socklb_abi::{Backend, PROTO_TCP, SCOPE_INTERNAL, ServiceEntry, ServiceKey, map_names};
+use socklb_tests::Agent;
+
+use crate::{
+    ENDPOINTS_PER_SERVICE, SERVICE_PORT,
+    cluster::{service_name, vip},
+    tail,
+};
+
+/// A change not in the maps by then fails the benchmark.
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the maps are read while waiting for a change.
+const POLL: Duration = Duration::from_micros(50);
+
+pub struct Maps {
+    services: HashMap<MapData, ServiceKey, ServiceEntry>,
+    backends: HashMap<MapData, u32, Backend>,
+}
+
+impl Maps {
+    pub fn open(pin_dir: &Path) -> Self {
+        let open = |name: &str| {
+            let path = pin_dir.join(name);
+            Map::HashMap(
+                MapData::from_pin(&path)
+                    .unwrap_or_else(|e| panic!("open the pinned map {}: {e}", path.display())),
+            )
+        };
+        Self {
+            services: open(map_names::SERVICES)
+                .try_into()
+                .expect("the service map's key and value types"),
+            backends: open(map_names::BACKENDS)
+                .try_into()
+                .expect("the backend map's key and value types"),
+        }
+    }
+
+    /// Whether `address` is in one of the service's backend slots.
+    pub fn serves(&self, service: u32, address: Ipv4Addr) -> bool {
+        let key = |slot: u16| ServiceKey {
+            address: u32::from(vip(service)).to_be(),
+            port: SERVICE_PORT.to_be(),
+            protocol: PROTO_TCP,
+            scope: SCOPE_INTERNAL,
+            slot,
+            pad: 0,
+        };
+        let wanted = u32::from(address).to_be();
+        let Ok(master) = self.services.get(&key(0), 0) else {
+            return false;
+        };
+        (1..=master.count).any(|slot| {
+            self.services
+                .get(&key(slot), 0)
+                .is_ok_and(|entry| entry.backend_address == wanted)
+        })
+    }
+
+    /// Waits until `address` serves `service`; panics with the agent's log after a while.
+    pub fn wait_for(&self, service: u32, address: Ipv4Addr, agent: &Agent) {
+        self.wait_within(service, address, agent, CHANGE_TIMEOUT);
+    }
+
+    pub fn wait_within(&self, service: u32, address: Ipv4Addr, agent: &Agent, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.serves(service, address) {
+            assert!(
+                Instant::now() < deadline,
+                "{address} did not reach {}'s slots within {timeout:?}; agent log:\n{}",
+                service_name(service),
+                tail(&agent.log(), 30)
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Entries of the service map and of the backend map.
+    pub fn entries(&self) -> (usize, usize) {
+        (self.services.keys().count(), self.backends.keys().count())
+    }
+}
+
+/// Every service must have a master entry and ENDPOINTS_PER_SERVICE slots, every endpoint
+/// one backend: the numbers are only worth reporting for fully programmed maps.
+pub fn check_maps(maps: &Maps, services: u32) -> (usize, usize) {
+    let (service_entries, backends) = maps.entries();
+    let expected = services as usize * (1 + ENDPOINTS_PER_SERVICE as usize);
+    assert_eq!(
+        service_entries, expected,
+        "service map entries: {services} services x (1 + {ENDPOINTS_PER_SERVICE}) expected"
+    );
+    assert_eq!(
+        backends,
+        services as usize * ENDPOINTS_PER_SERVICE as usize,
+        "backend map entries: one per endpoint expected"
+    );
+    (service_entries, backends)
+}

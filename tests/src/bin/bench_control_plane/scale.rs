@@ -1,0 +1,242 @@
+//! `cargo xtask bench scale`: the agent with its default flags at each Service count, one
+//! row per count: cold start to ready from manifests and from the (fake) API server, peak
+//! RSS, the kernel memory of its maps, what resyncs cost, one EndpointSlice change, and
+//! connection setup through a VIP against the same connections made to the endpoints
+//! directly, at the first, middle and last Service.
+//!
+//! Per count, in the benchmark's one `Sandbox`:
+//! 1. the file agent's cold start over empty maps, then the connections (the client in the
+//!    sandbox's cgroup, the endpoints served on the sandbox's loopback);
+//! 2. the file agent restarted over its maps with a resync every second ([`resyncs`]);
+//! 3. the pins removed, the kube agent's cold start, then `--changes` changes one at a time.
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    fs::File,
+    net::{Ipv4Addr, SocketAddrV4},
+    time::Duration,
+};
+
+use socklb_agent::dataplane;
+use socklb_tests::{
+    ManifestDir, Sandbox,
+    bench::{
+        baseline,
+        client::{Client, Place},
+        cluster::{POSITIONS, Position},
+        measure::{self, Plan},
+        pinned_maps::map_memory,
+        section::Section,
+        server::Servers,
+    },
+};
+
+use crate::{
+    ColdStart, ENDPOINT_PORT, ENDPOINTS_PER_SERVICE, Latency, Options, Resyncs, SERVICE_PORT,
+    Sizing, change_latency,
+    cluster::{Cluster, fake_cluster, vip},
+    cold_start,
+    maps::{Maps, check_maps},
+    percentile, resyncs, start_file, start_kube,
+};
+
+pub const SECTION: Section = Section::new("scale", "scale", "Scale: 1,000 to 100,000 Services");
+
+/// Timed connections per path and round; rounds after one untimed warm-up batch.
+const CONNECTIONS: u32 = 1_000;
+const ROUNDS: u32 = 5;
+/// Where every endpoint address is local: the sandbox's loopback answers them all.
+const ENDPOINT_CIDR: &str = "10.128.0.0/9";
+/// The Service CIDR: a VIP that is not translated goes nowhere.
+const SERVICE_CIDR: &str = "10.96.0.0/12";
+
+/// One Service count's results.
+pub struct Row {
+    services: u32,
+    file: ColdStart,
+    kube: ColdStart,
+    /// Kernel memory charged for every pinned map (memlock), once the file agent is ready.
+    map_bytes: u64,
+    resyncs: Resyncs,
+    latency: Latency,
+    /// connect()+answer+close() p50 through the VIP over p50 to the endpoints, per position.
+    connect: BTreeMap<Position, f64>,
+}
+
+/// Through the Service's VIP, or to its endpoints directly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Path {
+    Vip,
+    Direct,
+}
+
+pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec<Row> {
+    let netns = File::open("/proc/thread-self/ns/net").expect("open the sandbox's namespace");
+    let route = |args: &[&str]| socklb_tests::run(std::process::Command::new("ip").args(args));
+    route(&["route", "add", "local", ENDPOINT_CIDR, "dev", "lo"]);
+    route(&["route", "add", "blackhole", SERVICE_CIDR]);
+    baseline::apply(&netns).expect("the benchmark baseline in the sandbox");
+    let bind = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, ENDPOINT_PORT);
+    let servers = Servers::start(netns.try_clone().expect("clone the namespace fd"), bind)
+        .expect("start the endpoint servers");
+    let mut client = Client::spawn(&netns).expect("start the timed client");
+    let place = Place::new(&netns, &sandbox.cgroup);
+
+    let mut rows = Vec::new();
+    for &services in &options.scale {
+        let mut cluster = Cluster::new(services);
+        cluster.write_manifests(manifests);
+        let agent = start_file(sandbox, &manifests.path, Sizing::Defaults, &[]);
+        let mut file = cold_start(&agent);
+        file.entries = check_maps(&Maps::open(&sandbox.pin_dir), services);
+        let (map_bytes, _) = map_memory(&sandbox.pin_dir).expect("read the maps' memory");
+        let connect = connect_ratios(&mut client, &servers, &place, &cluster);
+        agent.stop();
+        eprintln!(
+            "{services} services: ready from manifests after {:.2?}, VIP / direct {connect:?}",
+            file.ready
+        );
+
+        let resyncs = resyncs(sandbox, manifests, Sizing::Defaults);
+        dataplane::cleanup(&sandbox.pin_dir).expect("remove the file agent's pins");
+        let (api, kubeconfig) = fake_cluster(manifests, &cluster);
+        let agent = start_kube(sandbox, &kubeconfig, Sizing::Defaults, "0s");
+        let mut kube = cold_start(&agent);
+        let maps = Maps::open(&sandbox.pin_dir);
+        kube.entries = check_maps(&maps, services);
+        let latency = change_latency(&api, &maps, &agent, &mut cluster, options.changes);
+        agent.stop();
+        drop(api);
+        dataplane::cleanup(&sandbox.pin_dir).expect("remove the kube agent's pins");
+        eprintln!(
+            "{services} services: ready from the API server after {:.2?}, change p50 {:.2?}",
+            kube.ready, latency.p50
+        );
+        rows.push(Row {
+            services,
+            file,
+            kube,
+            map_bytes,
+            resyncs,
+            latency,
+            connect,
+        });
+    }
+    rows
+}
+
+/// VIP over direct, p50 of connect()+answer+close(), at each position: the two paths
+/// interleaved in rounds by one client process in the agent's cgroup.
+fn connect_ratios(
+    client: &mut Client,
+    servers: &Servers,
+    place: &Place,
+    cluster: &Cluster,
+) -> BTreeMap<Position, f64> {
+    let plans: Vec<Plan<'_, (Position, Path)>> = POSITIONS
+        .iter()
+        .flat_map(|&position| {
+            let service = position.index(cluster.len());
+            let endpoints = cluster.endpoints(service).to_vec();
+            let direct = endpoints
+                .iter()
+                .map(|&address| SocketAddrV4::new(address, ENDPOINT_PORT))
+                .collect();
+            [
+                Plan {
+                    key: (position, Path::Vip),
+                    place,
+                    targets: vec![SocketAddrV4::new(vip(service), SERVICE_PORT)],
+                    endpoints: endpoints.clone(),
+                },
+                Plan {
+                    key: (position, Path::Direct),
+                    place,
+                    targets: direct,
+                    endpoints,
+                },
+            ]
+        })
+        .collect();
+    let cells = measure::rounds(client, &[servers], &plans, CONNECTIONS, ROUNDS, |_, _| {})
+        .expect("connections through the VIPs and to the endpoints");
+    POSITIONS
+        .iter()
+        .map(|&position| {
+            let p50 = |path| cells[&(position, path)].percentile(50) as f64;
+            (position, p50(Path::Vip) / p50(Path::Direct))
+        })
+        .collect()
+}
+
+pub fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
+    let mut out = String::new();
+    let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
+    let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
+    let mib = |bytes: f64| format!("{:.0} MiB", bytes / (1024.0 * 1024.0));
+    let _ = writeln!(out, "{machine}");
+    let _ = writeln!(
+        out,
+        "Services of {ENDPOINTS_PER_SERVICE} endpoints on this node, one port each; release \
+         build of the agent with its default flags (and --min-sync-period 0s); {} changes \
+         timed one at a time; {CONNECTIONS} connections per path, position and round, {ROUNDS} \
+         rounds.\n",
+        options.changes
+    );
+    let _ = writeln!(
+        out,
+        "| Services | ready: manifests / API server | peak RSS: manifests / API server | BPF \
+         maps (memlock) | full resync | CPU per resync (verified entries) | one change p50 / \
+         p99 | VIP / direct connect p50: first / middle / last |"
+    );
+    let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for row in rows {
+        let resyncs = &row.resyncs;
+        let count = resyncs.verified.len().max(1);
+        let read: usize = resyncs.verified.iter().map(|(read, _)| read).sum();
+        let ratios: Vec<String> = row
+            .connect
+            .values()
+            .map(|ratio| format!("{ratio:.3}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "| {} | **{}** / **{}** | **{}** / **{}** | {} | {} | **{:.1} ms** ({}) | {} / {} \
+             | {} |",
+            row.services,
+            s(row.file.ready),
+            s(row.kube.ready),
+            mib(row.file.peak_rss_kib as f64 * 1024.0),
+            mib(row.kube.peak_rss_kib as f64 * 1024.0),
+            mib(row.map_bytes as f64),
+            ms(resyncs.full.took),
+            resyncs.cpu * 1e3 / count as f64,
+            read / count,
+            ms(row.latency.p50),
+            ms(row.latency.p99),
+            ratios.join(" / "),
+        );
+    }
+    let _ = writeln!(out);
+    for row in rows {
+        let mut took: Vec<Duration> = row.resyncs.verified.iter().map(|(_, t)| *t).collect();
+        took.sort_unstable();
+        let _ = writeln!(
+            out,
+            "- {} Services: first full sync {} from manifests, {} from the API server ({} map \
+             writes); RSS at ready {} / {}; resyncs {} in {} (p50 {}); agent sync per change \
+             p50 {}.",
+            row.services,
+            s(row.file.sync.took),
+            s(row.kube.sync.took),
+            row.kube.sync.writes,
+            mib(row.file.rss_kib as f64 * 1024.0),
+            mib(row.kube.rss_kib as f64 * 1024.0),
+            row.resyncs.verified.len(),
+            s(row.resyncs.window),
+            ms(percentile(&took, 50)),
+            ms(row.latency.sync_p50),
+        );
+    }
+    out
+}
