@@ -376,10 +376,11 @@ impl Runner {
         let report = if full {
             self.dataplane.readopt()?;
             let desired = self.table.desired();
-            if !self.attached {
-                self.dataplane.prepare(&desired)?;
+            if self.attached {
+                self.dataplane.apply(&desired)
+            } else {
+                self.dataplane.apply_first(&desired)?
             }
-            self.dataplane.apply(&desired)
         } else {
             let specs: BTreeMap<Frontend, Option<&FrontendSpec>> = touched
                 .iter()

@@ -299,7 +299,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         let result = runner
             .run(events, shutdown_signal())
             .await
-            // A failed first sync unpinned its maps (`Dataplane::prepare`).
+            // A failed first sync unpinned its maps (`Dataplane::apply_first`).
             .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed));
         let _ = stop_tx.send(true);
         source.abort();

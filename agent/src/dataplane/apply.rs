@@ -22,7 +22,10 @@ use crate::{
 
 impl Dataplane {
     /// Backends programmed for local sockets' frontends among `frontends`.
-    fn internal_backends<'a>(&self, frontends: impl Iterator<Item = &'a Frontend>) -> Programmed {
+    pub(super) fn internal_backends<'a>(
+        &self,
+        frontends: impl Iterator<Item = &'a Frontend>,
+    ) -> Programmed {
         frontends
             .filter(|f| f.scope == Scope::Internal)
             .filter_map(|f| Some((*f, self.writer.programmed(f)?.1)))
@@ -32,11 +35,30 @@ impl Dataplane {
     /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
     /// does not fit are left as they were and listed in the report.
     pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
-        let changes = || desired.frontends.iter().map(|(f, spec)| (f, Some(spec)));
-        self.make_room(self.writer.demand(changes()), self.maglev.demand(changes()));
+        self.make_room_for(desired);
         let before = self.internal_backends(self.writer.frontends());
         let result = self.writer.apply(desired);
-        let report = self.report_gone(result, &before)?;
+        self.apply_after_writer(desired, result, &before)
+    }
+
+    /// Grows the maps that cannot hold `desired`, when they can grow.
+    pub(super) fn make_room_for(&mut self, desired: &Desired) {
+        let frontends = || desired.frontends.iter().map(|(f, spec)| (f, Some(spec)));
+        self.make_room(
+            self.writer.demand(frontends()),
+            self.maglev.demand(frontends()),
+        );
+    }
+
+    /// The rest of [`Self::apply`] once the writer wrote the service and backend maps
+    /// (`result`), with the internal backends programmed before it.
+    pub(super) fn apply_after_writer(
+        &mut self,
+        desired: &Desired,
+        result: Result<ApplyReport, StoreError>,
+        before: &Programmed,
+    ) -> Result<ApplyReport, DataplaneError> {
+        let report = self.report_gone(result, before)?;
         let ranges = self.source_ranges.apply_all(&desired.frontends);
         let rest = self.report_ranges(ranges).and_then(|()| {
             self.apply_maglev(

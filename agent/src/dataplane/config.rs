@@ -41,7 +41,7 @@ pub struct Config {
     /// (`--cluster-ips-from-outside`).
     pub cluster_ips_from_outside: bool,
     /// When the kernel verifies the programs: the agent waits, on a fresh node, for
-    /// [`Dataplane::prepare`](super::Dataplane::prepare) to size the maps.
+    /// [`Dataplane::apply_first`](super::Dataplane::apply_first) to size the maps.
     pub program_load: ProgramLoad,
 }
 

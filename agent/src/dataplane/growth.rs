@@ -89,12 +89,18 @@ impl Dataplane {
             return;
         }
         self.growth_retry_at = None;
+        let loaded = self.programs_loaded;
         match self.grow(target) {
-            Ok(swapped) => info!(
+            Ok(swapped) if loaded => info!(
                 from = ?current,
                 to = ?target,
                 links_swapped = swapped,
                 "maps grown: the programs now run over the larger maps"
+            ),
+            Ok(_) => info!(
+                from = ?current,
+                to = ?target,
+                "maps grown to fit the first lists, before the programs are loaded"
             ),
             Err(error) => {
                 warn!(
@@ -111,7 +117,8 @@ impl Dataplane {
     }
 
     /// Loads the programs over maps of `target` sizes, copies the entries and swaps the
-    /// programs in. Returns how many links now run the new programs.
+    /// programs in. Returns how many links now run the new programs. Programs not loaded
+    /// yet (a fresh node before its first sync) stay so, over the new maps.
     fn grow(&mut self, target: Sizes) -> Result<usize, GrowError> {
         let pin_dir = self.config.pin_dir.clone();
         // Each family's service and backend maps grow together (they share one size).
@@ -133,6 +140,7 @@ impl Dataplane {
             &self.object,
             &target,
             &grown,
+            self.programs_loaded,
         )
         .map_err(Box::new)?;
         let (kernel_maps, maglev, names) = match self.copy_into(&mut ebpf, &grown) {
@@ -142,7 +150,13 @@ impl Dataplane {
                 return Err(error);
             }
         };
-        let swapped = match swap(&mut ebpf, &pin_dir) {
+        // Programs never loaded run nowhere: no link to swap.
+        let swapped = if self.programs_loaded {
+            swap(&mut ebpf, &pin_dir)
+        } else {
+            Ok(0)
+        };
+        let swapped = match swapped {
             Ok(swapped) => swapped,
             Err(failure) => {
                 // Links already swapped go back to the programs over the old maps, which
@@ -166,7 +180,6 @@ impl Dataplane {
         drop(self.maglev.replace_map(maglev));
         drop(self.names.replace_map(names));
         self.ebpf = ebpf;
-        self.programs_loaded = true;
         self.sizes = target;
         self.writer.set_capacity(Capacity {
             service_entries: target.services,

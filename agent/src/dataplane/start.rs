@@ -30,7 +30,7 @@ use crate::{
         namespaces::NamespacesWriter,
         services::{self, KernelMaps, RawMaps},
         source_ranges::SourceRangeWriter,
-        writer::{Capacity, Writer},
+        writer::{ApplyReport, Capacity, Writer},
     },
 };
 
@@ -156,26 +156,43 @@ impl Dataplane {
         })
     }
 
-    /// Before the first apply: grows the maps to hold `desired` and, if [`Config::program_load`]
-    /// deferred them on this fresh node, has the kernel verify the programs over those maps,
-    /// once. A refusal fails the start before anything is written, and the maps this agent
-    /// pinned are unpinned again.
-    pub fn prepare(&mut self, desired: &Desired) -> Result<(), DataplaneError> {
+    /// The first full sync, [`Self::apply`] on a node whose programs are not loaded yet
+    /// ([`Config::program_load`] deferred them on this fresh node): grows the maps to hold
+    /// `desired`, then writes them while the kernel verifies the programs over those maps,
+    /// once. Both cost about as much at 10,000 Services, so the overlap saves most of the
+    /// verifier's time from a cold start.
+    ///
+    /// The outer error is the kernel refusing the programs: the start fails, and the maps
+    /// this agent pinned are unpinned again. The inner one is the sync's, retried as any
+    /// other.
+    pub fn apply_first(
+        &mut self,
+        desired: &Desired,
+    ) -> Result<Result<ApplyReport, DataplaneError>, DataplaneError> {
         if self.programs_loaded {
-            return Ok(());
+            return Ok(self.apply(desired));
         }
-        let frontends = || desired.frontends.iter().map(|(f, spec)| (f, Some(spec)));
-        // A growth loads the programs over the larger maps.
-        self.make_room(
-            self.writer.demand(frontends()),
-            self.maglev.demand(frontends()),
-        );
-        self.load_programs().inspect_err(|_| {
+        // A growth here swaps in larger maps; the programs are loaded over them below.
+        self.make_room_for(desired);
+        let before = self.internal_backends(self.writer.frontends());
+        let (ebpf, writer) = (&mut self.ebpf, &mut self.writer);
+        let (result, loaded) = std::thread::scope(|scope| {
+            let verifying = scope.spawn(|| load::load_programs(ebpf));
+            let result = writer.apply(desired);
+            let loaded = verifying
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (result, loaded)
+        });
+        if let Err(error) = loaded {
             for name in map_names::ALL {
                 let _ = std::fs::remove_file(pins::map_pin(&self.config.pin_dir, name));
             }
             load::remove_staging(&self.config.pin_dir);
-        })
+            return Err(DataplaneError::from(error).explain_refusal());
+        }
+        self.programs_loaded = true;
+        Ok(self.apply_after_writer(desired, result, &before))
     }
 
     /// Has the kernel verify the programs, unless it did already.

@@ -205,7 +205,8 @@ fn load_pinning(
 /// Loads the object again over the pinned maps, except the `grown` maps, which are created
 /// anew with their size in `sizes` and pinned under [`pins::staging_dir`] (the caller copies their
 /// entries, swaps the programs in and moves the pins). Every other map must be the pinned
-/// one: nothing is replaced here.
+/// one: nothing is replaced here. The programs are verified only with `verify` (not before
+/// the agent's first sync on a fresh node: it has them verified over the final maps).
 pub fn load_grown(
     pin_dir: &Path,
     capacities: &Capacities,
@@ -213,6 +214,7 @@ pub fn load_grown(
     object: &[u8],
     sizes: &Sizes,
     grown: &[&'static str],
+    verify: bool,
 ) -> Result<Ebpf, LoadError> {
     let staging = pins::staging_dir(pin_dir);
     remove_staging(pin_dir);
@@ -229,7 +231,12 @@ pub fn load_grown(
     let result = loader
         .load(object)
         .map_err(LoadError::Load)
-        .and_then(|mut ebpf| load_programs(&mut ebpf).map(|()| ebpf));
+        .and_then(|mut ebpf| {
+            if verify {
+                load_programs(&mut ebpf)?;
+            }
+            Ok(ebpf)
+        });
     if result.is_err() {
         remove_staging(pin_dir);
     }
