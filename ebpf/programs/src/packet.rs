@@ -2,9 +2,13 @@
 //! of them that keep the checksums right (IPv4's header checksum; the L4 checksum, whose
 //! pseudo-header holds the addresses of either family).
 //!
-//! Reads and writes go through `bpf_skb_load_bytes`/`bpf_skb_store_bytes`, so no packet
-//! pointer needs bounds proofs, and the checksum helpers handle every `ip_summed` state
-//! (a packet from a local veth often carries only a partial checksum).
+//! Writes go through `bpf_skb_store_bytes` and the checksum helpers, which handle every
+//! `ip_summed` state (a packet from a local veth often carries only a partial checksum) and
+//! a cloned packet. Reads too, except for the usual IPv4 TCP/UDP packet (no IP options, not
+//! a fragment, its headers in the linear part): its headers are read in place at constant
+//! offsets, one bounds check instead of five helper calls (about 90 ns of a no-match run of
+//! about 400 ns, measured with `bpftool prog run`), and anything else falls back to
+//! `bpf_skb_load_bytes`.
 use aya_ebpf::{
     EbpfContext,
     bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
@@ -360,8 +364,50 @@ pub struct Packet<'a, A> {
 /// The EtherType of the frame (host order).
 #[inline(always)]
 pub fn ether_type(ctx: &TcContext) -> Option<u16> {
+    if let Some(ether_type) = read_direct::<u16, 12>(ctx) {
+        return Some(u16::from_be(ether_type));
+    }
     ctx.load::<u16>(12).ok().map(u16::from_be)
 }
+
+/// A value at the constant `OFFSET` of the packet, read in place if the linear part of the
+/// packet holds it (the usual case: headers a local stack or a veth wrote), without a
+/// helper call; `None` sends the caller to `bpf_skb_load_bytes`, which reads any part. The
+/// offset is a constant, so the bounds proof needs no pointer arithmetic with a variable,
+/// which the verifier refuses without CAP_PERFMON.
+#[inline(always)]
+fn read_direct<T: Copy, const OFFSET: usize>(ctx: &TcContext) -> Option<T> {
+    let start = ctx.data();
+    if start + OFFSET + size_of::<T>() > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: the bytes are within the packet's linear data, checked just above.
+    Some(unsafe { core::ptr::read_unaligned((start + OFFSET) as *const T) })
+}
+
+/// The first bytes of an IPv4 packet with a 20-byte header (no options) and a TCP or UDP
+/// header after it: the IP header, the ports, and for TCP its sequence number and flags
+/// (for UDP, its length, checksum and first payload bytes, unused).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Ipv4Head {
+    ip: Ipv4Header,
+    ports: [u16; 2],
+    sequence: [u16; 2],
+    acknowledgement: u32,
+    offset: u8,
+    flags: u8,
+}
+
+/// The TCP sequence number's high 16 bits (host order) of an IPv4 packet whose TCP header
+/// is at [`IPV4_PLAIN_L4`], read in place; `None`: not in the linear part.
+#[inline(always)]
+fn sequence_high_direct(ctx: &TcContext) -> Option<u16> {
+    read_direct::<u16, { IPV4_PLAIN_L4 + TCP_SEQUENCE_OFFSET }>(ctx).map(u16::from_be)
+}
+
+/// Where the L4 header of an IPv4 packet without options starts.
+const IPV4_PLAIN_L4: usize = ETH_HLEN + 20;
 
 /// Where a packet's L4 header is, and what its IP header said.
 struct Layer3<A> {
@@ -435,6 +481,42 @@ impl<'a> Packet<'a, u32> {
     /// by (source, destination, IP id, protocol) as they arrive.
     #[inline(always)]
     pub fn parse(ctx: &'a TcContext) -> Option<Self> {
+        // The usual packet, read in place: no options, not a fragment, its L4 header in the
+        // linear part. Anything else is read by the helper below.
+        if let Some(head) = read_direct::<Ipv4Head, ETH_HLEN>(ctx) {
+            let ip = head.ip;
+            if ip.version_ihl == 0x45
+                && u16::from_be(ip.fragment) & IP_FRAGMENT_MASK == 0
+                && (ip.protocol == PROTO_TCP || ip.protocol == PROTO_UDP)
+            {
+                let l4_check = if ip.protocol == PROTO_TCP {
+                    TCP_CHECK_OFFSET
+                } else {
+                    UDP_CHECK_OFFSET
+                };
+                return Some(Packet {
+                    ctx,
+                    tuple: Tuple {
+                        source: ip.source,
+                        destination: ip.destination,
+                        source_port: head.ports[0],
+                        destination_port: head.ports[1],
+                        protocol: ip.protocol,
+                    },
+                    tcp_flags: if ip.protocol == PROTO_TCP {
+                        head.flags
+                    } else {
+                        0
+                    },
+                    ttl: ip.ttl,
+                    l4_offset: IPV4_PLAIN_L4,
+                    l4_check_offset: IPV4_PLAIN_L4 + l4_check,
+                    mangled: false,
+                    has_l4: true,
+                    pseudo_sum: true,
+                });
+            }
+        }
         let ip: Ipv4Header = ctx.load(ETH_HLEN).ok()?;
         if ip.version_ihl >> 4 != 4 || ip.version_ihl & 0x0f < 5 {
             return None;
@@ -699,7 +781,15 @@ impl<'a, A: Address> Packet<'a, A> {
     /// packet here, not kept in `Packet`: IPv6's stack has no room to spare.
     pub fn segment(&self) -> Segment {
         let tcp = self.tuple.protocol == PROTO_TCP && self.has_l4;
-        let sequence_high = if tcp {
+        let direct =
+            if tcp && self.l4_offset == IPV4_PLAIN_L4 && A::SOURCE_OFFSET == IP_SOURCE_OFFSET {
+                sequence_high_direct(self.ctx)
+            } else {
+                None
+            };
+        let sequence_high = if let Some(sequence_high) = direct {
+            sequence_high
+        } else if tcp {
             self.ctx
                 .load::<u16>(self.l4_offset + TCP_SEQUENCE_OFFSET)
                 .map_or(0, u16::from_be)
