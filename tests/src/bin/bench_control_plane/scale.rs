@@ -43,8 +43,8 @@ use crate::{
 pub const SECTION: Section = Section::new("scale", "scale", "Scale: 1,000 to 100,000 Services");
 
 /// Timed connections per path and round; rounds after one untimed warm-up batch.
-const CONNECTIONS: u32 = 1_000;
-const ROUNDS: u32 = 5;
+const CONNECTIONS: u32 = 2_000;
+const ROUNDS: u32 = 10;
 /// Where every endpoint address is local: the sandbox's loopback answers them all.
 const ENDPOINT_CIDR: &str = "10.128.0.0/9";
 /// The Service CIDR: a VIP that is not translated goes nowhere.
