@@ -231,6 +231,37 @@ pub fn connection_rounds<'c, K: Copy + Ord + Debug>(
     measure::rounds(&mut client, &servers, &plans, connections, rounds, observe)
 }
 
+/// One more batch of `connections` from `key`'s world to `target` (after a warm-up batch),
+/// with `observe` around it: what a meter reads while that path alone runs, outside the
+/// timed rounds.
+pub fn metered_batch<K: Copy + Ord + Debug>(
+    worlds: &BTreeMap<K, World>,
+    key: K,
+    cgroup: &Path,
+    target: SocketAddrV4,
+    connections: u32,
+    observe: impl FnMut(K, Moment),
+) -> anyhow::Result<()> {
+    let world = &worlds[&key];
+    let place = Place::new(&world.client, cgroup);
+    let plan = Plan {
+        key,
+        place: &place,
+        targets: vec![target],
+        endpoints: vec![POD],
+    };
+    let mut client = Client::spawn(&world.client)?;
+    measure::rounds(
+        &mut client,
+        &[&world.servers],
+        &[plan],
+        connections,
+        1,
+        observe,
+    )?;
+    Ok(())
+}
+
 /// The agent, in the node's namespace (its TC programs attach to the node's devices).
 fn start_agent(
     node: &File,
