@@ -177,7 +177,11 @@ impl Dataplane {
         let (ebpf, writer) = (&mut self.ebpf, &mut self.writer);
         let (result, loaded) = std::thread::scope(|scope| {
             let verifying = scope.spawn(|| load::load_programs(ebpf));
+            // No program reads these maps yet (they are new: the programs wait for them).
+            writer.store_mut().hold_writes();
             let result = writer.apply(desired);
+            let held = writer.store_mut().write_held();
+            let result = result.and_then(|report| held.map(|()| report));
             let loaded = verifying
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic));

@@ -29,7 +29,10 @@ use serde::Deserialize as _;
 use tokio::{sync::mpsc, time::Instant};
 use tracing::{debug, info, warn};
 
-use super::{Event, Kind, Object};
+use super::{
+    Event, Kind, Object,
+    read_ahead::{self, ReadAhead},
+};
 
 /// A burst of changes is read once it has been quiet this long...
 const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -383,8 +386,8 @@ impl Manifests {
 /// file order (a later copy of an object wins, as in a `Reset`) and close the lists; Pods
 /// and Namespaces, which the state takes whole only, come in one `Reset` each at the end.
 pub struct FirstRead {
-    /// Files not read yet; `None` once the lists are closed.
-    files: Option<std::vec::IntoIter<PathBuf>>,
+    /// Files not handed out yet (a few read ahead); `None` once the lists are closed.
+    files: Option<ReadAhead<Result<Parsed, ManifestError>>>,
     opened: bool,
     workloads: Vec<Object>,
     errors: Vec<ManifestError>,
@@ -407,7 +410,11 @@ impl Manifests {
             .partition(|file| writing(file));
         self.read_before = true;
         Ok(FirstRead {
-            files: Some(files.into_iter()),
+            files: Some(ReadAhead::new(
+                files,
+                read_ahead::window_for_this_machine(),
+                read_and_parse,
+            )),
             opened: false,
             workloads: Vec::new(),
             errors: Vec::new(),
@@ -423,7 +430,7 @@ impl Manifests {
             read.opened = true;
             return Some(STREAMED.into_iter().map(Event::Listing).collect());
         }
-        let Some(file) = files.next() else {
+        let Some((file, parsed)) = files.next() else {
             read.files = None;
             let workloads = std::mem::take(&mut read.workloads);
             let (namespaces, pods) = workloads
@@ -436,7 +443,6 @@ impl Manifests {
             closing.extend(STREAMED.into_iter().map(Event::Listed));
             return Some(closing);
         };
-        let parsed = read_text(&file).and_then(|text| Ok((parse(&file, &text)?, text)));
         let (objects, text) = match parsed {
             Ok(parsed) => parsed,
             Err(error) => {
@@ -476,6 +482,14 @@ fn list_manifests(dir: &Path) -> Result<BTreeSet<PathBuf>, FileSourceError> {
         .map(|entry| entry.path())
         .filter(|path| path.is_file() && is_manifest(path))
         .collect())
+}
+
+/// A file's objects and the text they were parsed from.
+type Parsed = (Vec<Object>, String);
+
+fn read_and_parse(file: &Path) -> Result<Parsed, ManifestError> {
+    let text = read_text(file)?;
+    Ok((parse(file, &text)?, text))
 }
 
 fn read_text(file: &Path) -> Result<String, ManifestError> {

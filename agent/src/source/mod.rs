@@ -2,6 +2,7 @@
 //! reads: the Kubernetes API (`kube`) or a directory of manifests (`file`).
 pub mod file;
 pub mod kube;
+mod read_ahead;
 pub mod retry;
 
 use k8s_openapi::{

@@ -209,7 +209,6 @@ impl<S: Store> Writer<S> {
         &self.store
     }
 
-    #[cfg(test)]
     pub fn store_mut(&mut self) -> &mut S {
         &mut self.store
     }
