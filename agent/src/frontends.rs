@@ -107,11 +107,11 @@ impl FrontendTable {
     }
 
     /// Every frontend: what a full resync programs.
-    pub fn desired(&self) -> Desired {
+    pub fn desired(&self) -> Desired<'_> {
         let mut desired = Desired::default();
         for frontend in self.owners.keys() {
             if let Some(spec) = self.spec(frontend) {
-                desired.insert(*frontend, spec.clone());
+                desired.borrow(*frontend, spec);
             }
         }
         desired

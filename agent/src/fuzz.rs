@@ -361,7 +361,7 @@ fn sync(
     table: &mut FrontendTable,
     writer: &mut Writer<Recorder>,
     events: Vec<Event>,
-) -> Desired {
+) -> Desired<'static> {
     for event in events {
         state.apply(event);
     }
@@ -369,7 +369,7 @@ fn sync(
         let selection = state.select(&name);
         table.update(&name, selection);
     }
-    let desired = table.desired();
+    let desired = table.desired().into_owned();
     writer
         .apply(&desired)
         .expect("the in-memory maps never fail a write");
@@ -511,7 +511,7 @@ fn address(v6: bool, net: u8, last: u8) -> IpAddr {
 
 /// Backend sets of a few frontends of both families, as successive syncs give them to the
 /// writer: sets grow, shrink, empty and vanish; each frontend's backends are of its family.
-fn desired_states() -> impl Strategy<Value = Vec<Desired>> {
+fn desired_states() -> impl Strategy<Value = Vec<Desired<'static>>> {
     let frontend = (any::<bool>(), 0..4u8)
         .prop_map(|(v6, last)| Frontend::internal(address(v6, 96, last), 80, Protocol::Tcp));
     let backends = vec(1..12u8, 0..8);
@@ -565,7 +565,7 @@ proptest! {
     fn an_apply_never_holds_more_than_its_demand(states in desired_states()) {
         let (_, _, mut writer) = fresh();
         for desired in states {
-            let demand = writer.demand(desired.frontends.iter().map(|(f, spec)| (f, Some(spec))));
+            let demand = writer.demand(desired.iter().map(|(f, spec)| (f, Some(spec))));
             writer.store_mut().reset_peaks();
             writer.apply(&desired).expect("the in-memory maps never fail a write");
             let store = writer.store();

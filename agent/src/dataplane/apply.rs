@@ -34,7 +34,7 @@ impl Dataplane {
 
     /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
     /// does not fit are left as they were and listed in the report.
-    pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, DataplaneError> {
+    pub fn apply(&mut self, desired: &Desired<'_>) -> Result<ApplyReport, DataplaneError> {
         self.make_room_for(desired);
         let before = self.internal_backends(self.writer.frontends());
         let result = self.writer.apply(desired);
@@ -42,8 +42,8 @@ impl Dataplane {
     }
 
     /// Grows the maps that cannot hold `desired`, when they can grow.
-    pub(super) fn make_room_for(&mut self, desired: &Desired) {
-        let frontends = || desired.frontends.iter().map(|(f, spec)| (f, Some(spec)));
+    pub(super) fn make_room_for(&mut self, desired: &Desired<'_>) {
+        let frontends = || desired.iter().map(|(f, spec)| (f, Some(spec)));
         self.make_room(
             self.writer.demand(frontends()),
             self.maglev.demand(frontends()),
@@ -54,17 +54,14 @@ impl Dataplane {
     /// (`result`), with the internal backends programmed before it.
     pub(super) fn apply_after_writer(
         &mut self,
-        desired: &Desired,
+        desired: &Desired<'_>,
         result: Result<ApplyReport, StoreError>,
         before: &Programmed,
     ) -> Result<ApplyReport, DataplaneError> {
         let report = self.report_gone(result, before)?;
-        let ranges = self.source_ranges.apply_all(&desired.frontends);
+        let ranges = self.source_ranges.apply_all(desired.iter());
         let rest = self.report_ranges(ranges).and_then(|()| {
-            self.apply_maglev(
-                desired.frontends.iter().map(|(f, spec)| (f, Some(spec))),
-                true,
-            )
+            self.apply_maglev(desired.iter().map(|(f, spec)| (f, Some(spec))), true)
         });
         self.finish(report, rest)
     }

@@ -166,7 +166,7 @@ impl Dataplane {
     /// other.
     pub fn apply_first(
         &mut self,
-        desired: &Desired,
+        desired: &Desired<'_>,
     ) -> Result<Result<ApplyReport, DataplaneError>, DataplaneError> {
         if self.programs_loaded {
             return Ok(self.apply(desired));

@@ -2,6 +2,7 @@
 //! Plain data, no kernel types; the maps' writer turns it into map entries. Selection and
 //! the frontend table produce it, so it sits below both and below the maps.
 use std::{
+    borrow::Cow,
     collections::BTreeMap,
     fmt,
     net::{IpAddr, SocketAddr},
@@ -161,14 +162,37 @@ pub struct FrontendSpec {
     pub no_endpoints: bool,
 }
 
-/// The whole desired datapath.
+/// The whole desired datapath. A full sync borrows the specs from the frontend table
+/// rather than copying them (36 MB at 100,000 Services, at the first sync's peak).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Desired {
-    pub frontends: BTreeMap<Frontend, FrontendSpec>,
+pub struct Desired<'a> {
+    pub frontends: BTreeMap<Frontend, Cow<'a, FrontendSpec>>,
 }
 
-impl Desired {
+impl<'a> Desired<'a> {
     pub fn insert(&mut self, frontend: Frontend, spec: FrontendSpec) {
-        self.frontends.insert(frontend, spec);
+        self.frontends.insert(frontend, Cow::Owned(spec));
+    }
+
+    pub fn borrow(&mut self, frontend: Frontend, spec: &'a FrontendSpec) {
+        self.frontends.insert(frontend, Cow::Borrowed(spec));
+    }
+
+    /// A copy that borrows nothing, to keep past the table it came from.
+    pub fn into_owned(self) -> Desired<'static> {
+        Desired {
+            frontends: self
+                .frontends
+                .into_iter()
+                .map(|(frontend, spec)| (frontend, Cow::Owned(spec.into_owned())))
+                .collect(),
+        }
+    }
+
+    /// Every frontend and its spec.
+    pub fn iter(&self) -> impl Iterator<Item = (&Frontend, &FrontendSpec)> {
+        self.frontends
+            .iter()
+            .map(|(frontend, spec)| (frontend, &**spec))
     }
 }

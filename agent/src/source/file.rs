@@ -31,6 +31,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     Event, Kind, Object,
+    last_good::LastGood,
     read_ahead::{self, ReadAhead},
 };
 
@@ -155,7 +156,7 @@ pub struct Manifests {
 /// A file's last text that parsed and which objects it holds.
 #[derive(Debug)]
 struct ManifestFile {
-    text: String,
+    text: LastGood,
     ids: HashSet<ObjectId>,
 }
 
@@ -271,7 +272,7 @@ impl Manifests {
                     continue;
                 }
             };
-            if self.files.get(&file).is_some_and(|old| old.text == text) {
+            if self.files.get(&file).is_some_and(|old| old.text.is(&text)) {
                 continue;
             }
             let held_objects = self.files.get(&file).is_some_and(|old| !old.ids.is_empty());
@@ -307,6 +308,7 @@ impl Manifests {
                 held.push((file, Held::Settling));
                 continue;
             }
+            let text = LastGood::new(&text);
             self.files.insert(file.clone(), ManifestFile { text, ids });
             changed.push(Changed {
                 file,
@@ -365,7 +367,7 @@ impl Manifests {
         for (file, held) in &self.files {
             let objects = parsed
                 .remove(file)
-                .unwrap_or_else(|| parse_last_good(file, &held.text));
+                .unwrap_or_else(|| parse_last_good(file, &held.text.text()));
             for object in objects {
                 let kind = object.kind();
                 if let Some((_, list)) = by_kind.iter_mut().find(|(k, _)| *k == kind) {
@@ -485,11 +487,12 @@ fn list_manifests(dir: &Path) -> Result<BTreeSet<PathBuf>, FileSourceError> {
 }
 
 /// A file's objects and the text they were parsed from.
-type Parsed = (Vec<Object>, String);
+type Parsed = (Vec<Object>, LastGood);
 
+/// Compressing the text too, on the thread that read it.
 fn read_and_parse(file: &Path) -> Result<Parsed, ManifestError> {
     let text = read_text(file)?;
-    Ok((parse(file, &text)?, text))
+    Ok((parse(file, &text)?, LastGood::new(&text)))
 }
 
 fn read_text(file: &Path) -> Result<String, ManifestError> {

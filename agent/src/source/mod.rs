@@ -2,6 +2,7 @@
 //! reads: the Kubernetes API (`kube`) or a directory of manifests (`file`).
 pub mod file;
 pub mod kube;
+mod last_good;
 mod read_ahead;
 pub mod retry;
 

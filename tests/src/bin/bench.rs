@@ -434,7 +434,12 @@ fn placeholder_backend(family: Family, service: u32, backend: u32) -> SocketAddr
 }
 
 /// `services` Services of each family in `families`.
-fn desired(sandbox: &Sandbox, families: &[Family], services: u32, measured: u32) -> Desired {
+fn desired(
+    sandbox: &Sandbox,
+    families: &[Family],
+    services: u32,
+    measured: u32,
+) -> Desired<'static> {
     let mut desired = Desired::default();
     for &family in families {
         let real = real_backends(sandbox, family);

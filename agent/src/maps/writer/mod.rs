@@ -311,7 +311,7 @@ impl<S: Store> Writer<S> {
     ///
     /// After an error the mirror may no longer match the maps: adopt them again (the
     /// [`Dataplane`](crate::dataplane::Dataplane) does) before the next apply.
-    pub fn apply(&mut self, desired: &Desired) -> Result<ApplyReport, StoreError> {
+    pub fn apply(&mut self, desired: &Desired<'_>) -> Result<ApplyReport, StoreError> {
         // A frontend no longer desired is no longer rejected, programmed or not.
         self.rejected
             .retain(|frontend, _| desired.frontends.contains_key(frontend));
@@ -321,7 +321,7 @@ impl<S: Store> Writer<S> {
             .filter(|f| !desired.frontends.contains_key(f))
             .map(|f| (*f, None))
             .collect();
-        changes.extend(desired.frontends.iter().map(|(f, spec)| (*f, Some(spec))));
+        changes.extend(desired.iter().map(|(f, spec)| (*f, Some(spec))));
         self.apply_changes(&changes)
     }
 

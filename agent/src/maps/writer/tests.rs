@@ -31,7 +31,7 @@ fn backends(lasts: &[u8]) -> Vec<BackendAddr> {
         .collect()
 }
 
-fn desired(entries: &[(u8, &[u8])]) -> Desired {
+fn desired(entries: &[(u8, &[u8])]) -> Desired<'static> {
     let mut desired = Desired::default();
     for (f, b) in entries {
         desired.insert(
@@ -190,7 +190,7 @@ fn a_remote_backend_is_flagged_in_its_slot_and_survives_adoption() {
     let mut w = writer();
     let mut d = desired(&[(1, &[1, 2])]);
     for spec in d.frontends.values_mut() {
-        spec.backends[1].remote = true;
+        spec.to_mut().backends[1].remote = true;
     }
     w.apply(&d).expect("apply");
     let remote: Vec<bool> = (1..=2)
@@ -221,6 +221,7 @@ fn affinity_change_rewrites_only_the_master() {
     d.frontends
         .get_mut(&frontend(1))
         .expect("frontend")
+        .to_mut()
         .affinity_timeout_seconds = Some(30);
     w.apply(&d).expect("apply");
     assert_eq!(kinds(&w.store.ops), ["+master(count=1)"]);
@@ -423,7 +424,7 @@ fn rejected_frontends_are_counted_until_they_fit_or_go() {
     };
     w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
     let wanted = desired(&[(1, &[1, 2, 3, 4]), (2, &[5]), (3, &[6])]);
-    let spec = |f: u8| wanted.frontends.get(&frontend(f));
+    let spec = |f: u8| wanted.frontends.get(&frontend(f)).map(|spec| &**spec);
     // Frontend 1 cannot grow (kept), frontend 2 gets a master only (refused).
     let report = w
         .apply_changes(&BTreeMap::from([
