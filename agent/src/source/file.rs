@@ -382,11 +382,12 @@ impl Manifests {
     }
 }
 
-/// The first read of a directory, one file at a time ([`Manifests::first_read`]), so that
-/// only one file's parsed objects are held (100,000 Services' EndpointSlices parsed at once
-/// take about 430 MB). Its events open a list of each kind, apply every file's objects in
-/// file order (a later copy of an object wins, as in a `Reset`) and close the lists; Pods
-/// and Namespaces, which the state takes whole only, come in one `Reset` each at the end.
+/// The first read of a directory, file by file ([`Manifests::first_read`]; a few files are
+/// parsed ahead, one per CPU), so that only those files' parsed objects are held (100,000
+/// Services' EndpointSlices parsed at once take about 430 MB). Its events open a list of
+/// each kind, apply every file's objects in file order (a later copy of an object wins, as
+/// in a `Reset`) and close the lists; Pods and Namespaces, which the state takes whole only,
+/// come in one `Reset` each at the end.
 pub struct FirstRead {
     /// Files not handed out yet (a few read ahead); `None` once the lists are closed.
     files: Option<ReadAhead<Result<Parsed, ManifestError>>>,
