@@ -437,11 +437,16 @@ impl Runner {
             ),
             Ok(()) => {}
         }
-        self.name_frontends(if full { None } else { Some(&touched) });
-        if !self.attached {
+        let attaching = !self.attached;
+        if attaching {
             self.dataplane.attach()?;
             self.attached = true;
             self.health.set_ready();
+        }
+        // Display only, so written once the node serves: naming 100,000 frontends takes
+        // about 0.3 s. The log line comes after, for whoever reads the names at once.
+        self.name_frontends(if full { None } else { Some(&touched) });
+        if attaching {
             info!("datapath attached; ready");
         }
         self.health.updated();
@@ -565,9 +570,10 @@ impl Runner {
     /// Records which Service each frontend belongs to, for `socklb inspect`: the `touched`
     /// ones, or (`None`) all of them. Display only: a failure is logged, never fatal.
     fn name_frontends(&mut self, touched: Option<&BTreeSet<Frontend>>) {
+        let table = &self.table;
         let label = |frontend: &Frontend| {
-            let choice = self.table.choice(frontend)?;
-            let owner = self.table.owner(frontend)?;
+            let choice = table.choice(frontend)?;
+            let owner = table.owner(frontend)?;
             Some(FrontendLabel {
                 namespace: owner.namespace.clone(),
                 name: owner.name.clone(),
@@ -580,11 +586,16 @@ impl Runner {
                 },
             })
         };
-        let labels: BTreeMap<Frontend, Option<FrontendLabel>> = match touched {
-            Some(touched) => touched.iter().map(|f| (*f, label(f))).collect(),
-            None => self.table.frontends().map(|f| (*f, label(f))).collect(),
+        let labelled = |frontend: &Frontend| (*frontend, label(frontend));
+        let result = match touched {
+            Some(touched) => self
+                .dataplane
+                .apply_labels(touched.iter().map(labelled), false),
+            None => self
+                .dataplane
+                .apply_labels(table.frontends().map(labelled), true),
         };
-        if let Err(error) = self.dataplane.apply_labels(&labels, touched.is_none()) {
+        if let Err(error) = result {
             warn!(error = %crate::error_chain(&error), "frontend names not written (display only)");
         }
     }

@@ -162,7 +162,7 @@ impl Dataplane {
     /// inspect`; with `full`, the names of frontends not given are removed.
     pub fn apply_labels(
         &mut self,
-        labels: &BTreeMap<Frontend, Option<FrontendLabel>>,
+        labels: impl IntoIterator<Item = (Frontend, Option<FrontendLabel>)>,
         full: bool,
     ) -> Result<(), DataplaneError> {
         let writer = &self.writer;

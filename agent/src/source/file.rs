@@ -25,13 +25,14 @@ use notify::{
     EventKind, RecursiveMode, Watcher as _,
     event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode},
 };
-use serde::Deserialize as _;
 use tokio::{sync::mpsc, time::Instant};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
+pub use super::manifest::{ManifestError, parse};
 use super::{
     Event, Kind, Object,
     last_good::LastGood,
+    object_ids::{self, ObjectId, ObjectIds, object_id},
     read_ahead::{self, ReadAhead},
 };
 
@@ -56,15 +57,6 @@ const SETTLE: Duration = Duration::from_secs(2);
 /// (an endpoint replaced), which must not be slowed down.
 const SHRINK_MARGIN: usize = 16;
 
-/// A manifest that cannot be read, with where.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}: {message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
-pub struct ManifestError {
-    pub file: PathBuf,
-    pub line: Option<usize>,
-    pub message: String,
-}
-
 #[derive(Debug, thiserror::Error)]
 pub enum FileSourceError {
     #[error("cannot read the manifests directory {path}")]
@@ -79,65 +71,6 @@ pub enum FileSourceError {
         #[source]
         source: notify::Error,
     },
-}
-
-/// Parses one file's text into the objects socklb reads.
-pub fn parse(file: &Path, text: &str) -> Result<Vec<Object>, ManifestError> {
-    let error = |line: Option<usize>, message: String| ManifestError {
-        file: file.to_owned(),
-        line,
-        message,
-    };
-    let mut objects = Vec::new();
-    for document in serde_norway::Deserializer::from_str(text) {
-        let value = serde_norway::Value::deserialize(document)
-            .map_err(|e| error(e.location().map(|l| l.line()), e.to_string()))?;
-        if value.is_null() {
-            continue; // an empty document, e.g. a trailing `---`
-        }
-        collect(value, &mut objects).map_err(|message| error(None, message))?;
-    }
-    Ok(objects)
-}
-
-fn collect(value: serde_norway::Value, objects: &mut Vec<Object>) -> Result<(), String> {
-    let kind = value
-        .get("kind")
-        .and_then(|k| k.as_str())
-        .unwrap_or_default()
-        .to_owned();
-    let name = value
-        .get("metadata")
-        .and_then(|m| m.get("name"))
-        .and_then(|n| n.as_str())
-        .unwrap_or("<unnamed>")
-        .to_owned();
-    let invalid = |e: serde_norway::Error| format!("{kind} {name}: {e}");
-    match kind.as_str() {
-        "Service" => objects.push(Object::Service(Box::new(
-            serde_norway::from_value::<Service>(value).map_err(invalid)?,
-        ))),
-        "EndpointSlice" => objects.push(Object::EndpointSlice(Box::new(
-            serde_norway::from_value::<EndpointSlice>(value).map_err(invalid)?,
-        ))),
-        "Node" => objects.push(Object::Node(Box::new(
-            serde_norway::from_value::<Node>(value).map_err(invalid)?,
-        ))),
-        "Pod" => objects.push(Object::Pod(Box::new(
-            serde_norway::from_value::<Pod>(value).map_err(invalid)?,
-        ))),
-        "Namespace" => objects.push(Object::Namespace(Box::new(
-            serde_norway::from_value::<Namespace>(value).map_err(invalid)?,
-        ))),
-        "List" => {
-            let items = value.get("items").and_then(|i| i.as_sequence()).cloned();
-            for item in items.unwrap_or_default() {
-                collect(item, objects)?;
-            }
-        }
-        other => debug!(kind = other, name, "ignoring a manifest of another kind"),
-    }
-    Ok(())
 }
 
 /// The manifests of a directory. Each file's last text that parsed is kept (text is a few
@@ -157,23 +90,18 @@ pub struct Manifests {
 #[derive(Debug)]
 struct ManifestFile {
     text: LastGood,
-    ids: HashSet<ObjectId>,
+    ids: ObjectIds,
 }
 
-/// An object's identity as the state keys it: its kind, namespace (`default` when a
-/// namespaced object names none; empty for Nodes) and name.
-type ObjectId = (Kind, String, String);
-
-fn object_id(object: &Object) -> ObjectId {
-    let metadata = object.metadata();
-    let namespaced = !matches!(object.kind(), Kind::Node | Kind::Namespace);
-    let namespace = match &metadata.namespace {
-        _ if !namespaced => String::new(),
-        Some(namespace) => namespace.clone(),
-        None => "default".to_owned(),
-    };
-    let name = metadata.name.clone().unwrap_or_default();
-    (object.kind(), namespace, name)
+impl ManifestFile {
+    /// The objects it holds and `now` does not (every one for an empty `now`), named from
+    /// its last good text: only a file that lost objects parses that again.
+    fn lost(&self, file: &Path, now: &ObjectIds) -> Vec<ObjectId> {
+        if self.ids.all_in(now) {
+            return Vec::new();
+        }
+        object_ids::lost(&parse_last_good(file, &self.text.text()), now)
+    }
 }
 
 /// One read of the directory.
@@ -249,7 +177,7 @@ impl Manifests {
         for file in gone {
             if let Some(old) = self.files.remove(&file) {
                 changed.push(Changed {
-                    lost: old.ids.into_iter().collect(),
+                    lost: old.lost(&file, &ObjectIds::default()),
                     new: Vec::new(),
                     repeats: false,
                     file,
@@ -288,12 +216,12 @@ impl Manifests {
                     continue;
                 }
             };
-            let ids: HashSet<ObjectId> = new.iter().map(object_id).collect();
+            let ids = ObjectIds::of(&new);
             let repeats = ids.len() < new.len();
             let lost: Vec<ObjectId> = self
                 .files
                 .get(&file)
-                .map(|old| old.ids.difference(&ids).cloned().collect())
+                .map(|old| old.lost(&file, &ids))
                 .unwrap_or_default();
             // Perhaps the first part of a file written with several opens: it lost objects,
             // or more text than an edited address or port accounts for.
@@ -453,7 +381,7 @@ impl Manifests {
                 return Some(Vec::new());
             }
         };
-        let ids = objects.iter().map(object_id).collect();
+        let ids = ObjectIds::of(&objects);
         self.files.insert(file, ManifestFile { text, ids });
         let (streamed, workloads): (Vec<Object>, Vec<Object>) = objects
             .into_iter()
@@ -811,52 +739,6 @@ impl Writers {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_multi_document_files_lists_and_ignores_other_kinds() {
-        let text = "\
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: default}
-spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {name: web}
----
-apiVersion: v1
-kind: List
-items:
-- apiVersion: v1
-  kind: Node
-  metadata: {name: node-a, labels: {topology.kubernetes.io/zone: a}}
-- apiVersion: discovery.k8s.io/v1
-  kind: EndpointSlice
-  metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
-  addressType: IPv4
-  endpoints: [{addresses: [10.0.0.1]}]
----
-";
-        let objects = parse(Path::new("x.yaml"), text).expect("parse");
-        let kinds: Vec<Kind> = objects.iter().map(Object::kind).collect();
-        assert_eq!(kinds, [Kind::Service, Kind::Node, Kind::EndpointSlice]);
-    }
-
-    #[test]
-    fn a_syntax_error_names_the_file_and_line() {
-        let text = "apiVersion: v1\nkind: Service\nmetadata:\n  name: [unclosed\n";
-        let error = parse(Path::new("dir/bad.yaml"), text).expect_err("must fail");
-        assert_eq!(error.file, Path::new("dir/bad.yaml"));
-        assert!(error.line.is_some(), "{error}");
-        assert!(error.to_string().starts_with("dir/bad.yaml:"), "{error}");
-    }
-
-    #[test]
-    fn a_wrong_field_type_names_the_object() {
-        let text = "kind: Service\nmetadata: {name: web}\nspec: {ports: notalist}\n";
-        let error = parse(Path::new("a.yaml"), text).expect_err("must fail");
-        assert!(error.message.contains("Service web"), "{error}");
-    }
 
     /// A scratch manifests directory, removed when dropped.
     struct Dir(PathBuf);

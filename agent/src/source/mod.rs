@@ -3,6 +3,8 @@
 pub mod file;
 pub mod kube;
 mod last_good;
+mod manifest;
+mod object_ids;
 mod read_ahead;
 pub mod retry;
 
@@ -15,7 +17,7 @@ use k8s_openapi::{
 };
 
 /// The kinds of object socklb reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Service,
     EndpointSlice,
