@@ -49,6 +49,9 @@ async fn link_changed(changes: &mut Option<mpsc::Receiver<()>>) -> Option<()> {
     }
 }
 
+/// How long the events of the first lists gather between two takes.
+const LIST_BATCH: Duration = Duration::from_millis(1);
+
 /// How soon a failed sync is retried (as a full sync).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -271,6 +274,12 @@ impl Runner {
                     // Whatever else is already queued joins this sync.
                     while let Ok(event) = events.try_recv() {
                         self.receive(event);
+                    }
+                    if !ready {
+                        // The first lists come as fast as the source decodes them: taken a
+                        // batch at a time rather than woken for each object, which cost a
+                        // fifth of the CPU of 100,000 Services' lists.
+                        tokio::time::sleep(LIST_BATCH).await;
                     }
                 }
                 Some(()) = link_changed(&mut self.link_changes) => {
