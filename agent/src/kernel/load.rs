@@ -16,7 +16,7 @@ use aya::{
     programs::{CgroupSock, Program, ProgramError},
 };
 use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{carry, destroy, links::PinnedLinkError, pins, program_logs::ProgramLogLevel};
 use crate::desired::sizing::{self, Capacities, Sizes};
@@ -489,12 +489,14 @@ pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
 
 /// Loads one program of a type the agent attaches (the types have no common `load`).
 fn load_program(name: &'static str, program: &mut Program) -> Result<(), LoadError> {
+    let started = std::time::Instant::now();
     let result = match program {
         Program::CgroupSockAddr(program) => program.load(),
         Program::SchedClassifier(program) => program.load(),
         Program::CgroupSock(program) => program.load(),
         _ => Err(ProgramError::UnexpectedProgramType),
     };
+    debug!(program = name, took = ?started.elapsed(), "program verified");
     result.map_err(|source| LoadError::Program { name, source })
 }
 
