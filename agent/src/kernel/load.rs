@@ -496,7 +496,7 @@ fn load_program(name: &'static str, program: &mut Program) -> Result<(), LoadErr
         Program::CgroupSock(program) => program.load(),
         _ => Err(ProgramError::UnexpectedProgramType),
     };
-    debug!(program = name, took = ?started.elapsed(), "program verified");
+    debug!(program = name, took = ?started.elapsed(), refused = result.is_err(), "program through the verifier");
     result.map_err(|source| LoadError::Program { name, source })
 }
 
