@@ -27,7 +27,7 @@ use crate::{
     desired::{BackendAddr, Desired, Frontend, FrontendSpec, Protocol},
     explain,
     frontends::FrontendTable,
-    maps::writer::{Capacity, MapContents, Writer, recorder::Recorder},
+    maps::writer::{Capacity, MapContents, Room, Writer, recorder::Recorder},
     source::{Event, Object, file::parse},
     state::{
         ClusterState,
@@ -350,10 +350,10 @@ fn event(namespaces: Namespaces, nodes: &'static [&'static str]) -> BoxedStrateg
 }
 
 /// Small maps, so that full maps are exercised too.
-const CAPACITY: Capacity = Capacity {
+const CAPACITY: Capacity = Capacity::both(Room {
     service_entries: 64,
     backends: 32,
-};
+});
 
 /// Applies `events` and programs the result, as the runner's sync does.
 fn sync(
@@ -569,13 +569,22 @@ proptest! {
             writer.store_mut().reset_peaks();
             writer.apply(&desired).expect("the in-memory maps never fail a write");
             let store = writer.store();
+            for (family, room) in [demand.maps.v4, demand.maps.v6].into_iter().enumerate() {
+                prop_assert!(
+                    store.peak_services[family] <= room.service_entries as usize,
+                    "family {family}: {} service entries at once, demand {}",
+                    store.peak_services[family], room.service_entries
+                );
+                prop_assert!(
+                    store.peak_backends[family] <= room.backends as usize,
+                    "family {family}: {} backends at once, demand {}",
+                    store.peak_backends[family], room.backends
+                );
+            }
+            let held = writer.frontends().count();
             prop_assert!(
-                store.peak_services <= demand.service_entries as usize,
-                "{} service entries at once, demand {}", store.peak_services, demand.service_entries
-            );
-            prop_assert!(
-                store.peak_backends <= demand.backends as usize,
-                "{} backends at once, demand {}", store.peak_backends, demand.backends
+                held <= demand.frontends as usize,
+                "{held} frontends programmed, demand {}", demand.frontends
             );
         }
     }

@@ -27,6 +27,7 @@ socklb_tests::for_each_family!(
     a_process_outside_the_cgroup_is_not_translated,
     session_affinity_sticks_within_the_timeout_and_reselects_after,
     the_real_agent_serves_a_service_of_the_family_from_manifests,
+    a_familys_maps_grow_with_its_own_frontends_only,
 );
 
 fn tcp_spreads_over_backends_and_getpeername_shows_the_vip(family: Family) {
@@ -319,6 +320,76 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after(family: Family
     assert!(
         hits >= rounds as u64 * 14,
         "{hits} affinity hits in {rounds} rounds"
+    );
+}
+
+/// Each family's service and backend maps grow with that family's frontends: 700 Services
+/// of 10 endpoints (7,700 service entries, 7,000 backends) grow this family's maps past
+/// their starting sizes (8,192 and 4,096 entries), while the other family's stay there.
+fn a_familys_maps_grow_with_its_own_frontends_only(family: Family) {
+    let sandbox = Sandbox::new(&format!("grow{}", family.tag()));
+    let servers = family.tcp_servers(&sandbox, 14, 2, 8080);
+    let vip = family.frontend(0x70, 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers));
+    // Addresses nobody connects to: frontends in 10.97/16 or fd00:97::/64, backends in
+    // 10.98/16 or fd00:98::/64.
+    let address = |prefix: u8, index: u32| -> std::net::IpAddr {
+        match family {
+            Family::V4 => {
+                let [_, _, high, low] = index.to_be_bytes();
+                Ipv4Addr::new(10, prefix, high, low).into()
+            }
+            Family::V6 => {
+                let net = 0xfd00_0000 | u128::from(prefix) << 16;
+                std::net::Ipv6Addr::from(net << 96 | u128::from(index)).into()
+            }
+        }
+    };
+    for service in 0..700 {
+        let frontend = Frontend {
+            address: address(97, service),
+            ..vip
+        };
+        let backends = (0..10)
+            .map(|endpoint| BackendAddr::local(address(98, service * 10 + endpoint), 8080))
+            .collect();
+        desired.insert(
+            frontend,
+            FrontendSpec {
+                backends,
+                ..spec(&servers)
+            },
+        );
+    }
+    let _dataplane = sandbox.programmed(&desired);
+
+    let size = |name: &str| {
+        aya::maps::MapInfo::from_pin(sandbox.pin_dir.join(name))
+            .unwrap_or_else(|e| panic!("map info of {name}: {e}"))
+            .max_entries()
+    };
+    let (ours, theirs) = match family {
+        Family::V4 => (
+            [map_names::SERVICES, map_names::BACKENDS],
+            [map_names::SERVICES6, map_names::BACKENDS6],
+        ),
+        Family::V6 => (
+            [map_names::SERVICES6, map_names::BACKENDS6],
+            [map_names::SERVICES, map_names::BACKENDS],
+        ),
+    };
+    assert!(size(ours[0]) > 8_192, "{}: {}", ours[0], size(ours[0]));
+    assert!(size(ours[1]) > 4_096, "{}: {}", ours[1], size(ours[1]));
+    assert_eq!(size(theirs[0]), 8_192, "{} grew", theirs[0]);
+    assert_eq!(size(theirs[1]), 4_096, "{} grew", theirs[1]);
+    let answered = tally(&sandbox.probe("tcp", addr(&vip), 10));
+    assert_eq!(answered.values().sum::<usize>(), 10, "{answered:?}");
+    assert!(
+        answered
+            .keys()
+            .all(|server| server == "b1" || server == "b2"),
+        "{answered:?}"
     );
 }
 

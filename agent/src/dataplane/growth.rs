@@ -27,7 +27,7 @@ use crate::{
     },
     maps::{
         services::{KernelMaps, RawMaps},
-        writer::Capacity,
+        writer::{Capacity, Demand, Room},
     },
 };
 
@@ -67,20 +67,25 @@ impl Dataplane {
     /// Grows the maps that an apply needing `demand` (and `maglev_demand` Maglev entries)
     /// would fill beyond three quarters, within their flags. A failed growth is logged and
     /// leaves the maps as they were: the writer then refuses what does not fit, as at a flag.
-    pub(super) fn make_room(&mut self, demand: Capacity, maglev_demand: u32) {
+    pub(super) fn make_room(&mut self, demand: Demand, maglev_demand: u32) {
         let bounds = self.config.capacities;
         let current = self.sizes;
+        let grown = |current: u32, demand: u32, bound: u32| {
+            sizing::grown(current, demand, bound).unwrap_or(current)
+        };
+        let (v4, v6) = (demand.maps.v4, demand.maps.v6);
         let target = Sizes {
-            services: sizing::grown(
-                current.services,
-                demand.service_entries,
+            services: grown(current.services, v4.service_entries, bounds.service_entries),
+            backends: grown(current.backends, v4.backends, bounds.backends),
+            services6: grown(
+                current.services6,
+                v6.service_entries,
                 bounds.service_entries,
-            )
-            .unwrap_or(current.services),
-            backends: sizing::grown(current.backends, demand.backends, bounds.backends)
-                .unwrap_or(current.backends),
-            maglev: sizing::grown(current.maglev, maglev_demand, bounds.maglev_entries)
-                .unwrap_or(current.maglev),
+            ),
+            backends6: grown(current.backends6, v6.backends, bounds.backends),
+            // Bounded as the service map: every frontend holds a service entry.
+            names: grown(current.names, demand.frontends, bounds.service_entries),
+            maglev: grown(current.maglev, maglev_demand, bounds.maglev_entries),
         };
         let retry_later = self
             .growth_retry_at
@@ -121,14 +126,14 @@ impl Dataplane {
     /// yet (a fresh node before its first sync) stay so, over the new maps.
     fn grow(&mut self, target: Sizes) -> Result<usize, GrowError> {
         let pin_dir = self.config.pin_dir.clone();
-        // Each family's service and backend maps grow together (they share one size).
+        let now = self.sizes;
         let grown: Vec<&'static str> = [
-            (map_names::SERVICES, target.services != self.sizes.services),
-            (map_names::SERVICES6, target.services != self.sizes.services),
-            (map_names::BACKENDS, target.backends != self.sizes.backends),
-            (map_names::BACKENDS6, target.backends != self.sizes.backends),
-            (map_names::MAGLEV, target.maglev != self.sizes.maglev),
-            (map_names::NAMES, target.services != self.sizes.services),
+            (map_names::SERVICES, target.services != now.services),
+            (map_names::SERVICES6, target.services6 != now.services6),
+            (map_names::BACKENDS, target.backends != now.backends),
+            (map_names::BACKENDS6, target.backends6 != now.backends6),
+            (map_names::MAGLEV, target.maglev != now.maglev),
+            (map_names::NAMES, target.names != now.names),
         ]
         .into_iter()
         .filter_map(|(name, grows)| grows.then_some(name))
@@ -181,10 +186,7 @@ impl Dataplane {
         drop(self.names.replace_map(names));
         self.ebpf = ebpf;
         self.sizes = target;
-        self.writer.set_capacity(Capacity {
-            service_entries: target.services,
-            backends: target.backends,
-        });
+        self.writer.set_capacity(capacity(&target));
         for name in &grown {
             let staged = pins::staged_map_pin(&pin_dir, name);
             let pinned = pins::map_pin(&pin_dir, name);
@@ -288,4 +290,18 @@ fn copy<K: Pod, V: Pod>(
         to.insert(&key, &value, 0).map_err(error)?;
     }
     Ok(())
+}
+
+/// The room of each family's service and backend maps at `sizes`, as the writer counts it.
+pub(super) fn capacity(sizes: &Sizes) -> Capacity {
+    Capacity {
+        v4: Room {
+            service_entries: sizes.services,
+            backends: sizes.backends,
+        },
+        v6: Room {
+            service_entries: sizes.services6,
+            backends: sizes.backends6,
+        },
+    }
 }

@@ -9,7 +9,7 @@ use aya::{
 use socklb_abi::map_names;
 use tracing::{info, warn};
 
-use super::{Dataplane, config::Config, error::DataplaneError};
+use super::{Dataplane, config::Config, error::DataplaneError, growth::capacity};
 use crate::{
     desired::Desired,
     kernel::{
@@ -30,7 +30,7 @@ use crate::{
         namespaces::NamespacesWriter,
         services::{self, KernelMaps, RawMaps},
         source_ranges::SourceRangeWriter,
-        writer::{ApplyReport, Capacity, Writer},
+        writer::{ApplyReport, Writer},
     },
 };
 
@@ -118,11 +118,7 @@ impl Dataplane {
             .map_err(DataplaneError::map(map_names::SERVICES))?;
         let destroy = kfunc.and_then(|(btf, _)| destroy::load(&mut ebpf, &btf));
         let adopted = contents.services.len();
-        let capacity = Capacity {
-            service_entries: sizes.services,
-            backends: sizes.backends,
-        };
-        let mut writer = Writer::adopt(kernel_maps, capacity, contents);
+        let mut writer = Writer::adopt(kernel_maps, capacity(&sizes), contents);
         writer.prefer(
             replaced_masters
                 .iter()

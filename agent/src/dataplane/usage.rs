@@ -8,7 +8,7 @@ use crate::maps::MapUsage;
 impl Dataplane {
     /// Entries in use, capacity now and the capacity they may grow to, of the maps the
     /// agent fills, for metrics.
-    pub fn usage(&self) -> [MapUsage; 6] {
+    pub fn usage(&self) -> [MapUsage; 8] {
         let bounds = &self.config.capacities;
         let usage = |map, entries, capacity, max_entries| MapUsage {
             map,
@@ -16,17 +16,30 @@ impl Dataplane {
             capacity,
             max_entries,
         };
+        let entries = self.writer.entries();
         [
             usage(
                 map_names::SERVICES,
-                self.writer.service_entries(),
+                entries.v4.service_entries,
                 self.sizes.services,
                 bounds.service_entries,
             ),
             usage(
                 map_names::BACKENDS,
-                self.writer.backend_entries(),
+                entries.v4.backends,
                 self.sizes.backends,
+                bounds.backends,
+            ),
+            usage(
+                map_names::SERVICES6,
+                entries.v6.service_entries,
+                self.sizes.services6,
+                bounds.service_entries,
+            ),
+            usage(
+                map_names::BACKENDS6,
+                entries.v6.backends,
+                self.sizes.backends6,
                 bounds.backends,
             ),
             usage(

@@ -68,19 +68,27 @@ impl Default for Capacities {
     }
 }
 
-/// The sizes (`max_entries`) the growable maps have now.
+/// The sizes (`max_entries`) the growable maps have now. Each family's service and backend
+/// maps grow with that family's frontends, so a node serving one family keeps the other's
+/// small; the names map grows with the frontends of both, one name each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sizes {
     pub services: u32,
     pub backends: u32,
+    pub services6: u32,
+    pub backends6: u32,
+    pub names: u32,
     pub maglev: u32,
 }
 
 /// Sizes a new map starts with, before its flag caps them: room for about 500 Services of a
-/// few endpoints, and for one Maglev table of the default size.
+/// few endpoints in each family, and for one Maglev table of the default size.
 pub const INITIAL: Sizes = Sizes {
     services: 8_192,
     backends: 4_096,
+    services6: 8_192,
+    backends6: 4_096,
+    names: 8_192,
     maglev: 16_384,
 };
 

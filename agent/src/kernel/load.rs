@@ -343,15 +343,14 @@ fn configure<'a>(
             pins::map_pin(pin_dir, map_names::PROGRAM_LOGS),
         )
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
+        // Each family's maps have their own size: the writer counts each family's entries
+        // against its own maps.
         .map_max_entries(map_names::SERVICES, sizes.services)
         .map_max_entries(map_names::BACKENDS, sizes.backends)
-        // Each family's map has the size of the pair: the writer counts both families'
-        // entries against one capacity, so neither can overflow.
-        .map_max_entries(map_names::SERVICES6, sizes.services)
-        // One name per frontend, and a frontend holds at least one service entry: the names
-        // map grows with the service map (not preallocated: only names cost memory).
-        .map_max_entries(map_names::NAMES, sizes.services)
-        .map_max_entries(map_names::BACKENDS6, sizes.backends)
+        .map_max_entries(map_names::SERVICES6, sizes.services6)
+        .map_max_entries(map_names::BACKENDS6, sizes.backends6)
+        // One name per frontend (not preallocated: only names cost memory).
+        .map_max_entries(map_names::NAMES, sizes.names)
         .map_max_entries(map_names::REVERSE, capacities.reverse)
         // The socket maps of both families share one slot mask.
         .map_max_entries(map_names::SOCKETS6, capacities.socket_slots())
@@ -402,6 +401,21 @@ fn starting_sizes(pin_dir: &Path, capacities: &Capacities) -> Sizes {
             map_names::BACKENDS,
             sizing::INITIAL.backends,
             capacities.backends,
+        ),
+        services6: size(
+            map_names::SERVICES6,
+            sizing::INITIAL.services6,
+            capacities.service_entries,
+        ),
+        backends6: size(
+            map_names::BACKENDS6,
+            sizing::INITIAL.backends6,
+            capacities.backends,
+        ),
+        names: size(
+            map_names::NAMES,
+            sizing::INITIAL.names,
+            capacities.service_entries,
         ),
         maglev: size(
             map_names::MAGLEV,

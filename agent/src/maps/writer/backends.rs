@@ -28,6 +28,8 @@ pub(super) struct Backends {
     unreferenced: BTreeSet<u32>,
     /// No id held is above it (removals leave it as it is).
     last_id: u32,
+    /// How many of them are IPv6 (their own map, sized apart).
+    ipv6: usize,
 }
 
 impl Backends {
@@ -36,6 +38,7 @@ impl Backends {
         self.index.clear();
         self.unreferenced.clear();
         self.last_id = 0;
+        self.ipv6 = 0;
     }
 
     /// Room for `additional` more backends, in the table and in the index.
@@ -50,6 +53,15 @@ impl Backends {
 
     pub(super) fn len(&self) -> usize {
         self.by_id.len()
+    }
+
+    /// How many backends of one family it holds: IPv6 if `ipv6`, else IPv4.
+    pub(super) fn count(&self, ipv6: bool) -> usize {
+        if ipv6 {
+            self.ipv6
+        } else {
+            self.by_id.len() - self.ipv6
+        }
     }
 
     pub(super) fn contains(&self, id: u32) -> bool {
@@ -85,7 +97,7 @@ impl Backends {
     pub(super) fn insert(&mut self, id: u32, addr: BackendAddr, protocol: Protocol, indexed: bool) {
         let indexed = indexed && self.id_of(&addr, protocol).is_none();
         self.last_id = self.last_id.max(id);
-        self.by_id.insert(
+        let replaced = self.by_id.insert(
             id,
             Entry {
                 addr,
@@ -93,6 +105,12 @@ impl Backends {
                 refs: 0,
             },
         );
+        if replaced.is_some_and(|old| old.addr.address.is_ipv6()) {
+            self.ipv6 -= 1;
+        }
+        if addr.address.is_ipv6() {
+            self.ipv6 += 1;
+        }
         self.unreferenced.insert(id);
         if indexed {
             let (by_id, hasher) = (&self.by_id, &self.hasher);
@@ -132,6 +150,9 @@ impl Backends {
         let Some(entry) = self.by_id.remove(&id) else {
             return;
         };
+        if entry.addr.address.is_ipv6() {
+            self.ipv6 -= 1;
+        }
         let hash = self.hasher.hash_one((&entry.addr, entry.protocol));
         if let Ok(found) = self.index.find_entry(hash, |indexed| *indexed == id) {
             found.remove();

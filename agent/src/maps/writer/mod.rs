@@ -32,10 +32,10 @@ use std::{
     net::IpAddr,
 };
 
-use socklb_abi::{SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT};
+use socklb_abi::{SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, map_names};
 
 pub use self::{
-    report::{ApplyReport, Capacity, Outcome, Rejected},
+    report::{ApplyReport, Capacity, Demand, Outcome, Rejected, Room},
     store::{
         BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
     },
@@ -83,9 +83,9 @@ pub struct Writer<S> {
     pending_deletes: BTreeSet<SlotKey>,
     /// Entries found in the maps that name no frontend, deleted at the next apply.
     strays: BTreeSet<StrayKey>,
-    /// Service-map entries the mirror accounts for (pending deletes included), kept up to
-    /// date (not recounted).
-    service_entries: usize,
+    /// Service-map entries the mirror accounts for (pending deletes included), each
+    /// family's, kept up to date (not recounted).
+    service_entries: PerFamily,
     service_ids: HashSet<u32>,
     next_backend_id: u32,
     next_service_id: u32,
@@ -108,7 +108,7 @@ impl<S: Store> Writer<S> {
             backends: backends::Backends::default(),
             pending_deletes: BTreeSet::new(),
             strays: BTreeSet::new(),
-            service_entries: 0,
+            service_entries: PerFamily::default(),
             service_ids: HashSet::new(),
             next_backend_id: 1,
             next_service_id: 1,
@@ -187,13 +187,17 @@ impl<S: Store> Writer<S> {
             self.pending_deletes
                 .extend(held.into_keys().map(|slot| SlotKey { frontend, slot }));
         }
-        self.service_entries = self
-            .frontends
-            .values()
-            .map(Programmed::entries)
-            .sum::<usize>()
-            + self.pending_deletes.len()
-            + self.strays.len();
+        let mut entries = PerFamily::default();
+        for (frontend, programmed) in &self.frontends {
+            *entries.of(frontend.address.is_ipv6()) += programmed.entries();
+        }
+        for key in &self.pending_deletes {
+            *entries.of(key.frontend.address.is_ipv6()) += 1;
+        }
+        for stray in &self.strays {
+            *entries.of(stray.is_ipv6()) += 1;
+        }
+        self.service_entries = entries;
         self.service_ids = self.frontends.values().map(|p| p.service_id).collect();
         for programmed in self.frontends.values() {
             self.backends.reference(&programmed.slots, true);
@@ -233,9 +237,22 @@ impl<S: Store> Writer<S> {
         !self.pending_deletes.is_empty() || !self.strays.is_empty()
     }
 
-    /// Number of service-map entries the mirror accounts for.
+    /// Number of service-map entries the mirror accounts for, both families.
+    #[cfg(test)]
     pub fn service_entries(&self) -> u32 {
-        u32::try_from(self.service_entries).unwrap_or(u32::MAX)
+        count(self.service_entries.v4 + self.service_entries.v6)
+    }
+
+    /// Entries each family's service and backend maps hold, as the mirror accounts for them.
+    pub fn entries(&self) -> Capacity {
+        let room = |ipv6: bool| Room {
+            service_entries: count(self.service_entries.get(ipv6)),
+            backends: count(self.backends.count(ipv6)),
+        };
+        Capacity {
+            v4: room(false),
+            v6: room(true),
+        }
     }
 
     /// Every programmed frontend.
@@ -265,24 +282,29 @@ impl<S: Store> Writer<S> {
         Some(self.frontends.get(frontend)?.service_id)
     }
 
+    #[cfg(test)]
     pub fn backend_entries(&self) -> u32 {
-        u32::try_from(self.backends.len()).unwrap_or(u32::MAX)
+        count(self.backends.len())
     }
 
     /// At most how many entries the maps hold while `changes` are applied: what they hold
     /// now (entries waiting for deletion included) plus what growing frontends and new
-    /// backends add. Removals and shrinks free nothing within an apply.
+    /// backends add, and how many frontends are programmed at once. Removals and shrinks
+    /// free nothing within an apply.
     pub fn demand<'a>(
         &self,
         changes: impl IntoIterator<Item = (&'a Frontend, Option<&'a FrontendSpec>)>,
-    ) -> Capacity {
+    ) -> Demand {
         let mut service_entries = self.service_entries;
+        let mut frontends = self.frontends.len();
         // foldhash: SipHash took about 5% of the first sync of 100,000 Services.
         let mut new_backends = hashbrown::HashSet::new();
         for (frontend, spec) in changes {
             let Some(spec) = spec else { continue };
             let old = self.frontends.get(frontend).map_or(0, Programmed::entries);
-            service_entries += (1 + spec.backends.len()).saturating_sub(old);
+            frontends += usize::from(old == 0);
+            *service_entries.of(frontend.address.is_ipv6()) +=
+                (1 + spec.backends.len()).saturating_sub(old);
             new_backends.extend(
                 spec.backends
                     .iter()
@@ -290,10 +312,20 @@ impl<S: Store> Writer<S> {
                     .filter(|(addr, protocol)| self.backends.id_of(addr, *protocol).is_none()),
             );
         }
-        let total = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
-        Capacity {
-            service_entries: total(service_entries),
-            backends: total(self.backends.len() + new_backends.len()),
+        let new_ipv6 = new_backends
+            .iter()
+            .filter(|(addr, _)| addr.address.is_ipv6())
+            .count();
+        let room = |ipv6: bool, new: usize| Room {
+            service_entries: count(service_entries.get(ipv6)),
+            backends: count(self.backends.count(ipv6) + new),
+        };
+        Demand {
+            maps: Capacity {
+                v4: room(false, new_backends.len() - new_ipv6),
+                v6: room(true, new_ipv6),
+            },
+            frontends: count(frontends),
         }
     }
 
@@ -339,14 +371,14 @@ impl<S: Store> Writer<S> {
                 self.pending_deletes.insert(key);
                 return Err(error);
             }
-            self.service_entries -= 1;
+            *self.service_entries.of(key.frontend.address.is_ipv6()) -= 1;
         }
         while let Some(key) = self.strays.pop_first() {
             if let Err(error) = self.write(&mut report, Op::DeleteStray { key }) {
                 self.strays.insert(key);
                 return Err(error);
             }
-            self.service_entries -= 1;
+            *self.service_entries.of(key.is_ipv6()) -= 1;
         }
 
         for (frontend, _) in changes.iter().filter(|(_, spec)| spec.is_none()) {
@@ -410,7 +442,7 @@ impl<S: Store> Writer<S> {
     fn delete_later(&mut self, keys: impl IntoIterator<Item = SlotKey>) {
         for key in keys {
             if self.pending_deletes.insert(key) {
-                self.service_entries += 1;
+                *self.service_entries.of(key.frontend.address.is_ipv6()) += 1;
             }
         }
     }
@@ -433,7 +465,7 @@ impl<S: Store> Writer<S> {
         )?;
         self.frontends.remove(&frontend);
         self.reference(&programmed.slots, false);
-        self.service_entries -= programmed.entries();
+        *self.service_entries.of(frontend.address.is_ipv6()) -= programmed.entries();
         self.delete_later(
             (1..=programmed.slots.len()).map(|i| service_key(&frontend, slot_number(i - 1))),
         );
@@ -531,8 +563,9 @@ impl<S: Store> Writer<S> {
         for (id, addr) in new_backends {
             self.backends.insert(id, addr, frontend.protocol, true);
         }
-        self.service_entries -= old.as_ref().map_or(0, Programmed::entries);
-        self.service_entries += programmed.entries();
+        let entries = self.service_entries.of(frontend.address.is_ipv6());
+        *entries -= old.as_ref().map_or(0, Programmed::entries);
+        *entries += programmed.entries();
         // Only the slots that changed move references: a one-endpoint change of a large
         // Service costs a few hash updates, not two per slot.
         let old_slots = old.as_ref().map_or(&[][..], |p| &p.slots[..]);
@@ -576,7 +609,8 @@ impl<S: Store> Writer<S> {
         if self.frontends.contains_key(&frontend) {
             return Ok(Err(rejected.with_outcome(Outcome::KeptPrevious)));
         }
-        if self.service_entries() >= self.capacity.service_entries {
+        let room = self.capacity.of(frontend.address);
+        if self.service_entries.get(frontend.address.is_ipv6()) >= room.service_entries as usize {
             return Ok(Err(rejected.with_outcome(Outcome::NotProgrammed)));
         }
         let programmed = Programmed {
@@ -592,7 +626,7 @@ impl<S: Store> Writer<S> {
                 value: SlotValue::Master(programmed.master()),
             },
         )?;
-        self.service_entries += programmed.entries();
+        *self.service_entries.of(frontend.address.is_ipv6()) += programmed.entries();
         self.service_ids.insert(programmed.service_id);
         self.frontends.insert(frontend, programmed);
         Ok(Err(rejected.with_outcome(Outcome::Refused)))
@@ -604,20 +638,30 @@ impl<S: Store> Writer<S> {
         grow: usize,
         new_backends: usize,
     ) -> Result<(), Rejected> {
+        let ipv6 = frontend.address.is_ipv6();
+        let (room, used) = (
+            self.capacity.of(frontend.address),
+            self.entries().of(frontend.address),
+        );
+        let (services, backends) = if ipv6 {
+            (map_names::SERVICES6, map_names::BACKENDS6)
+        } else {
+            (map_names::SERVICES, map_names::BACKENDS)
+        };
         // (map, its flag, its capacity, entries used, entries needed)
         let maps = [
             (
-                socklb_abi::map_names::SERVICES,
+                services,
                 "--max-service-entries",
-                self.capacity.service_entries,
-                self.service_entries(),
+                room.service_entries,
+                used.service_entries,
                 grow,
             ),
             (
-                socklb_abi::map_names::BACKENDS,
+                backends,
                 "--max-backends",
-                self.capacity.backends,
-                self.backend_entries(),
+                room.backends,
+                used.backends,
                 new_backends,
             ),
         ];
@@ -735,4 +779,26 @@ pub fn service_key(frontend: &Frontend, slot: u16) -> SlotKey {
         frontend: *frontend,
         slot,
     }
+}
+
+/// A count for each family (service-map entries).
+#[derive(Clone, Copy, Debug, Default)]
+struct PerFamily {
+    v4: usize,
+    v6: usize,
+}
+
+impl PerFamily {
+    fn get(&self, ipv6: bool) -> usize {
+        if ipv6 { self.v6 } else { self.v4 }
+    }
+
+    fn of(&mut self, ipv6: bool) -> &mut usize {
+        if ipv6 { &mut self.v6 } else { &mut self.v4 }
+    }
+}
+
+/// A count as map sizes are given (`max_entries`), saturating.
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }

@@ -11,16 +11,37 @@ pub struct Recorder {
     pub services: BTreeMap<SlotKey, SlotValue>,
     pub backends: BTreeMap<u32, (BackendAddr, Protocol)>,
     pub check_every_write: bool,
-    /// The most entries each map held at once, since the start or `reset_peaks`.
-    pub peak_services: usize,
-    pub peak_backends: usize,
+    /// The most entries each map held at once, since the start or `reset_peaks`, by family
+    /// (index 0: IPv4, 1: IPv6).
+    pub peak_services: [usize; 2],
+    pub peak_backends: [usize; 2],
 }
 
 impl Recorder {
     /// Peaks start again from what the maps hold now.
     pub fn reset_peaks(&mut self) {
-        self.peak_services = self.services.len();
-        self.peak_backends = self.backends.len();
+        self.peak_services = self.service_counts();
+        self.peak_backends = self.backend_counts();
+    }
+
+    /// Service entries held now, by family (index 1: IPv6).
+    fn service_counts(&self) -> [usize; 2] {
+        let ipv6 = self
+            .services
+            .keys()
+            .filter(|key| key.frontend.address.is_ipv6())
+            .count();
+        [self.services.len() - ipv6, ipv6]
+    }
+
+    /// Backends held now, by family (index 1: IPv6).
+    fn backend_counts(&self) -> [usize; 2] {
+        let ipv6 = self
+            .backends
+            .values()
+            .filter(|(backend, _)| backend.address.is_ipv6())
+            .count();
+        [self.backends.len() - ipv6, ipv6]
     }
 
     /// What the maps hold, as a store would read it back.
@@ -44,8 +65,8 @@ impl Default for Recorder {
             services: BTreeMap::new(),
             backends: BTreeMap::new(),
             check_every_write: true,
-            peak_services: 0,
-            peak_backends: 0,
+            peak_services: [0; 2],
+            peak_backends: [0; 2],
         }
     }
 }
@@ -83,8 +104,11 @@ impl Store for Recorder {
                 self.backends.remove(id);
             }
         }
-        self.peak_services = self.peak_services.max(self.services.len());
-        self.peak_backends = self.peak_backends.max(self.backends.len());
+        let (services, backends) = (self.service_counts(), self.backend_counts());
+        for family in 0..2 {
+            self.peak_services[family] = self.peak_services[family].max(services[family]);
+            self.peak_backends[family] = self.peak_backends[family].max(backends[family]);
+        }
         // After every single write, what a lookup sees must be consistent.
         if self.check_every_write {
             assert_consistent(&self.services, &self.backends);

@@ -1,12 +1,42 @@
 //! What an apply reports: the frontends it could not program as desired and what became of
 //! them, read by the runner's logs and metrics.
+use std::net::IpAddr;
+
 use crate::desired::{Frontend, Gone};
 
-/// Capacities of the maps the writer fills (entries, as in `max_entries`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Capacity {
+/// Entries of one family's service and backend maps (as in `max_entries`): the room they
+/// have, or what an apply needs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Room {
     pub service_entries: u32,
     pub backends: u32,
+}
+
+/// Each family's [`Room`]. The IPv6 maps are sized apart from the IPv4 ones, so that a
+/// node serving one family does not pay for the other's maps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capacity {
+    pub v4: Room,
+    pub v6: Room,
+}
+
+impl Capacity {
+    /// The same room for both families.
+    pub const fn both(room: Room) -> Self {
+        Self { v4: room, v6: room }
+    }
+
+    /// The room of the family of `address`.
+    pub fn of(&self, address: IpAddr) -> Room {
+        if address.is_ipv6() { self.v6 } else { self.v4 }
+    }
+}
+
+/// What an apply needs: each family's entries, and the frontends it names (one name each).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Demand {
+    pub maps: Capacity,
+    pub frontends: u32,
 }
 
 /// A frontend that was not programmed as desired.

@@ -44,6 +44,12 @@ pub enum StrayKey {
     V6(ServiceKey6),
 }
 
+impl StrayKey {
+    pub fn is_ipv6(&self) -> bool {
+        matches!(self, Self::V6(_))
+    }
+}
+
 /// One write to the maps, in the order the writer issues them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {

@@ -15,10 +15,10 @@ fn master_count(w: &Writer<Recorder>, last: u8) -> u16 {
     }
 }
 
-const CAPACITY: Capacity = Capacity {
+const CAPACITY: Capacity = Capacity::both(Room {
     service_entries: 1000,
     backends: 1000,
-};
+});
 
 fn frontend(last: u8) -> Frontend {
     Frontend::internal(Ipv4Addr::new(10, 96, 0, last), 80, Protocol::Tcp)
@@ -63,10 +63,10 @@ fn writer() -> Writer<Recorder> {
 fn sized_writer(service_entries: u32, backends: u32) -> Writer<Recorder> {
     Writer::adopt(
         Recorder::default(),
-        Capacity {
+        Capacity::both(Room {
             service_entries,
             backends,
-        },
+        }),
         MapContents::default(),
     )
 }
@@ -560,4 +560,70 @@ fn verification_writes_back_what_was_deleted_or_changed_behind_the_writer() {
     assert_eq!((w.store.services.clone(), w.store.backends.clone()), held);
     // Restored: the next pass finds nothing.
     assert_eq!(w.verify(1000).expect("verify").restored, 0);
+}
+
+#[test]
+fn each_family_is_counted_against_its_own_maps() {
+    // Room for the IPv4 frontend and its two backends; for the IPv6 one's entries, but not
+    // its backend.
+    let capacity = Capacity {
+        v4: Room {
+            service_entries: 3,
+            backends: 2,
+        },
+        v6: Room {
+            service_entries: 2,
+            backends: 0,
+        },
+    };
+    let mut w = Writer::adopt(Recorder::default(), capacity, MapContents::default());
+    let v6 = Frontend::internal(
+        std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 1),
+        80,
+        Protocol::Tcp,
+    );
+    let mut wanted = desired(&[(1, &[1, 2])]);
+    wanted.insert(
+        v6,
+        FrontendSpec {
+            backends: vec![BackendAddr::local(
+                std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1),
+                8080,
+            )],
+            affinity_timeout_seconds: None,
+            source_ranges: None,
+            maglev: false,
+            no_endpoints: false,
+        },
+    );
+    let report = w.apply(&wanted).expect("apply");
+
+    // IPv4 fits exactly, whatever IPv6 holds; the IPv6 backend has no room in its own map.
+    assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
+    assert_eq!(report.rejected[0].frontend(), v6);
+    let message = report.rejected[0].to_string();
+    assert!(message.contains("socklb_be6_v1"), "{message}");
+    assert_eq!(master_count(&w, 1), 2);
+    let held = w.entries();
+    assert_eq!(held.v4, capacity.v4);
+    assert_eq!(
+        held.v6,
+        Room {
+            service_entries: 1,
+            backends: 0,
+        },
+        "the refused frontend has its master only"
+    );
+
+    // What growing would have to give each family, and one name per frontend.
+    let demand = w.demand(wanted.iter().map(|(f, spec)| (f, Some(spec))));
+    assert_eq!(demand.maps.v4, capacity.v4);
+    assert_eq!(
+        demand.maps.v6,
+        Room {
+            service_entries: 2,
+            backends: 1,
+        }
+    );
+    assert_eq!(demand.frontends, 2);
 }
