@@ -62,6 +62,8 @@ pub struct BatchResult {
     pub cpu_ns: u64,
     /// The address that answered each connection.
     pub replies: Vec<Ipv4Addr>,
+    /// The index in the batch's targets of each connection's target.
+    pub targets: Vec<u32>,
 }
 
 impl Client {
@@ -160,13 +162,18 @@ pub fn run() -> anyhow::Result<()> {
             ns: Vec::with_capacity(count as usize),
             cpu_ns: 0,
             replies: Vec::with_capacity(count as usize),
+            targets: Vec::with_capacity(count as usize),
         };
         let cpu_before = cpu_ns();
         for _ in 0..count {
             next = next.wrapping_add(1);
-            let (ns, reply) = connect_read_close(&targets[next % targets.len()])?;
+            let target = next % targets.len();
+            let (ns, reply) = connect_read_close(&targets[target])?;
             result.ns.push(ns);
             result.replies.push(reply);
+            result
+                .targets
+                .push(u32::try_from(target).context("too many targets")?);
         }
         result.cpu_ns = cpu_ns().saturating_sub(cpu_before);
         let json = serde_json::to_string(&result).context("encode the batch")?;

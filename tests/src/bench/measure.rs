@@ -27,6 +27,8 @@ pub struct Cell {
     pub cpu_ns: u64,
     /// Connections per answering endpoint.
     pub answered: BTreeMap<Ipv4Addr, u64>,
+    /// The index in the plan's targets of each sample's target.
+    pub targets: Vec<u32>,
 }
 
 impl Cell {
@@ -35,6 +37,23 @@ impl Cell {
         sorted.sort_unstable();
         let rank = (sorted.len() * percent).div_ceil(100).max(1);
         sorted.get(rank - 1).copied().unwrap_or(0)
+    }
+
+    /// The samples of the connections to the targets `wanted` picks (by their index in
+    /// [`Plan::targets`]): one path of a plan whose targets interleave several, connection
+    /// by connection. CPU time and answers are not split: the part has none.
+    pub fn part(&self, wanted: impl Fn(u32) -> bool) -> Self {
+        let (samples, targets) = self
+            .samples
+            .iter()
+            .zip(&self.targets)
+            .filter(|(_, target)| wanted(**target))
+            .unzip();
+        Self {
+            samples,
+            targets,
+            ..Self::default()
+        }
     }
 
     pub fn cpu_per_connection_ns(&self) -> f64 {
@@ -98,6 +117,7 @@ pub fn rounds<K: Copy + Ord + Debug>(
             made += u64::from(batch);
             let cell = results.entry(plan.key).or_default();
             cell.samples.extend(result.ns);
+            cell.targets.extend(result.targets);
             cell.cpu_ns += result.cpu_ns;
             for reply in result.replies {
                 *cell.answered.entry(reply).or_default() += 1;
