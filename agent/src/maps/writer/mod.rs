@@ -609,8 +609,11 @@ impl<S: Store> Writer<S> {
         if self.frontends.contains_key(&frontend) {
             return Ok(Err(rejected.with_outcome(Outcome::KeptPrevious)));
         }
-        let room = self.capacity.of(frontend.address);
-        if self.service_entries.get(frontend.address.is_ipv6()) >= room.service_entries as usize {
+        let (room, used) = (
+            self.capacity.of(frontend.address),
+            self.entries().of(frontend.address),
+        );
+        if used.service_entries >= room.service_entries {
             return Ok(Err(rejected.with_outcome(Outcome::NotProgrammed)));
         }
         let programmed = Programmed {
