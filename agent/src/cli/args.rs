@@ -246,12 +246,13 @@ fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
 
 #[derive(Debug, Args)]
 pub struct CapacityArgs {
-    /// Service map entries: one per frontend plus one per backend of each frontend. An
-    /// upper bound: the map starts smaller and grows by itself.
+    /// Service map entries of each family: one per frontend plus one per backend of each
+    /// frontend. An upper bound: each family's map starts smaller and grows by itself with
+    /// that family's frontends (the names map with all frontends, up to this bound too).
     #[arg(long, default_value_t = Capacities::default().service_entries)]
     pub max_service_entries: u32,
-    /// Distinct backends (address, port, protocol). An upper bound: the map starts smaller
-    /// and grows by itself.
+    /// Distinct backends (address, port, protocol) of each family. An upper bound: each
+    /// family's map starts smaller and grows by itself with that family's backends.
     #[arg(long, default_value_t = Capacities::default().backends)]
     pub max_backends: u32,
     /// Translated sockets whose peer getpeername() and recvmsg() show as the frontend:
