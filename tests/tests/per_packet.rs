@@ -10,6 +10,8 @@ use std::{
     process::Stdio,
 };
 
+use aya::maps::{Array, Map, MapData};
+use socklb_abi::{FLOW_FILTER_READY, map_names};
 use socklb_tests::{
     Agent, KillOnDrop, assert_logged, command_in_cgroup, explain_command,
     family::Family,
@@ -27,6 +29,7 @@ socklb_tests::for_each_family!(
     a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope,
     a_pod_s_annotations_choose_its_path_under_the_default_scope,
     a_pod_s_established_flow_survives_a_change_of_its_path,
+    a_flow_older_than_the_flow_filter_goes_on_after_the_upgrade,
 );
 
 fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
@@ -356,6 +359,61 @@ fn a_pod_s_established_flow_survives_a_change_of_its_path(family: Family) {
         "made at connect(), after the move back",
     );
     answered_by_pod2(&per_packet.ask("ping"), "per packet, after the move back");
+}
+
+/// A flow made by programs without the flow filter (an agent upgraded from a version before
+/// it: the flow is in conntrack, no filter is pinned) keeps its entries after the upgrade:
+/// the new agent marks what the tables hold before the programs trust the filter, so its
+/// next datagram follows the flow instead of making a new one.
+fn a_flow_older_than_the_flow_filter_goes_on_after_the_upgrade(family: Family) {
+    let node = LanNode::new(family, "pp-filter", "f");
+    let _servers = node.udp_servers(5353);
+    node.expose_pod2("dns", 64, ("dns", 53, 5353, 30053, "UDP"));
+    node.write("pod.yaml", &app_pod(&node, "socklb.io/socket-lb: \"off\""));
+    let vip = Addresses::at(&family.vip(64).to_string(), 53);
+    let answered_by_pod2 = |held: &socklb_tests::hold::Held, case: &str| {
+        let reply = held.reply.as_deref().unwrap_or_default();
+        assert!(
+            reply.starts_with("pod2 ") && held.peer.as_deref() == Some(vip.as_str()),
+            "{case}: {held:?}"
+        );
+    };
+    let agent = node.agent_as(chart_agent(), &[]);
+    agent.wait_for_log("served by the per-packet path", 1);
+    let mut command = command_in_cgroup(&node.sandbox.cgroup, "ip");
+    command
+        .args(["netns", "exec", &node.lan.pod1.name])
+        .arg(hold_bin())
+        .args(["udp", &vip]);
+    let (mut held, first) = Holder::start("pod1's UDP client", command);
+    answered_by_pod2(&first, "before the upgrade");
+    assert_eq!(flow_filter_ready(&node), 1, "the agent trusts its filter");
+    agent.stop();
+
+    let pin = node.sandbox.pin_dir.join(map_names::FLOW_FILTER);
+    std::fs::remove_file(&pin).unwrap_or_else(|e| panic!("remove {}: {e}", pin.display()));
+    let flows = node.counters().pod_flows;
+    let agent = node.agent_as(chart_agent(), &[]);
+    agent.wait_for_log("datapath attached; ready", 1);
+    assert_eq!(
+        flow_filter_ready(&node),
+        1,
+        "the new filter is trusted once seeded"
+    );
+    answered_by_pod2(&held.ask("ping"), "after the upgrade");
+    assert_eq!(
+        node.counters().pod_flows,
+        flows,
+        "the datagram followed its flow: no new flow was made"
+    );
+}
+
+/// The flow filter's ready word, as pinned.
+fn flow_filter_ready(node: &LanNode) -> u64 {
+    let pin = node.sandbox.pin_dir.join(map_names::FLOW_FILTER);
+    let map = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("open {}: {e}", pin.display()));
+    let filter: Array<MapData, u64> = Map::Array(map).try_into().expect("an array map");
+    filter.get(&FLOW_FILTER_READY, 0).expect("the ready word")
 }
 
 /// Pod `default/app` of node1 on pod1's address, with `annotations` (a YAML flow mapping's

@@ -5,6 +5,7 @@ use aya::maps::MapError;
 use crate::{
     kernel::{
         attach::tc::TcAttachError,
+        flow_filter::FlowFilterError,
         host::HostError,
         load::LoadError,
         privileges::{self, PrivilegeError},
@@ -46,6 +47,8 @@ pub enum DataplaneError {
     Names(#[source] NamesError),
     #[error(transparent)]
     ProgramLogs(#[from] ProgramLogsError),
+    #[error(transparent)]
+    FlowFilter(#[from] FlowFilterError),
     /// The kernel refused for lack of a privilege: what to grant, then what was refused.
     #[error("{diagnosis}")]
     Privileges {

@@ -7,7 +7,7 @@ use aya::{
     maps::{Array, MapData},
 };
 use socklb_abi::map_names;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{Dataplane, config::Config, error::DataplaneError, growth::capacity};
 use crate::{
@@ -19,7 +19,7 @@ use crate::{
         },
         carry,
         destroy::{self, DestroyPrograms, Unavailable as DestroyUnavailable},
-        host,
+        flow_filter, host,
         load::{self, take_map},
         object, pins,
         program_logs::ProgramLogs,
@@ -74,6 +74,8 @@ impl Dataplane {
             DataplaneError::from(error).explain_refusal()
         })?;
         carry_over(&config.pin_dir, "at load");
+        // Before any program of this load runs; until the seed, every packet is looked up.
+        flow_filter::distrust(&config.pin_dir)?;
         let kernel_maps = KernelMaps::new(RawMaps {
             services: take_map(&mut ebpf, map_names::SERVICES)?,
             backends: take_map(&mut ebpf, map_names::BACKENDS)?,
@@ -227,6 +229,7 @@ impl Dataplane {
             .map_err(|error| DataplaneError::from(error).explain_refusal())?;
         carry_over(&self.config.pin_dir, "after the programs were swapped");
         carry::finish(&self.config.pin_dir);
+        seed_flow_filter(&self.config.pin_dir);
         Ok(attached)
     }
 
@@ -261,6 +264,20 @@ fn carry_over(pin_dir: &Path, when: &str) {
             when,
             "cannot carry conntrack and affinity entries over into the resized maps: the \
              flows they held start anew (SNATed flows from outside are reset)"
+        ),
+    }
+}
+
+/// Rebuilds the flow filter from the entries in the conntrack tables and trusts it (see
+/// `flow_filter`). A failure is logged: the filter stays distrusted, and the programs look
+/// up every packet, as they did before it existed.
+fn seed_flow_filter(pin_dir: &Path) {
+    match flow_filter::seed(pin_dir) {
+        Ok(entries) => debug!(entries, "flow filter rebuilt from the conntrack tables"),
+        Err(error) => warn!(
+            error = %crate::error_chain(&error),
+            "cannot seed the flow filter: the TC programs look up every packet in conntrack \
+             (correct, but slower)"
         ),
     }
 }

@@ -24,6 +24,7 @@ use crate::{
     desired::{BackendAddr, Frontend, Protocol, Scope},
     kernel::{
         attach::tc::{DeviceRole, TcAttachError, served_devices},
+        flow_filter::{self, FlowFilterError},
         pins,
     },
     maps::{
@@ -56,6 +57,11 @@ pub enum InspectError {
     Devices {
         #[source]
         source: Box<TcAttachError>,
+    },
+    #[error("cannot read the flow filter")]
+    FlowFilter {
+        #[source]
+        source: Box<FlowFilterError>,
     },
 }
 
@@ -164,6 +170,8 @@ pub struct Inspection {
     /// Workloads' devices the per-packet path serves (`--pod-devices`).
     pub pod_devices: Vec<String>,
     pub counters: CountersView,
+    /// How full the flow filter of the TC programs is (`None`: not pinned).
+    pub flow_filter: Option<flow_filter::Fill>,
     /// How an agent in this container closes the sockets of removed backends.
     pub socket_destroy: crate::sweep::Expected,
 }
@@ -459,6 +467,9 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         socket_records,
         pod_namespaces: listed.len(),
         counters: sum,
+        flow_filter: flow_filter::fill(pin_dir).map_err(|source| InspectError::FlowFilter {
+            source: Box::new(source),
+        })?,
         socket_destroy: crate::sweep::Expected::probe(),
     })
 }
@@ -668,6 +679,21 @@ pub fn table(inspection: &Inspection) -> String {
     );
     for (name, value) in Counters::NAMES.iter().zip(inspection.counters.values()) {
         let _ = write!(out, " {name} {value}");
+    }
+    if let Some(fill) = &inspection.flow_filter {
+        let _ = write!(
+            out,
+            "\nflow filter: {}, {} of {} frontend slots and {} of {} backend slots marked",
+            if fill.ready {
+                "trusted"
+            } else {
+                "not trusted yet (every packet is looked up)"
+            },
+            fill.frontends,
+            fill.slots,
+            fill.backends,
+            fill.slots,
+        );
     }
     if !inspection.pods.is_empty() {
         out.push_str("\npods (network namespaces the runtime pinned):");

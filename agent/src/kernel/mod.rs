@@ -10,6 +10,8 @@
 //! - `object`, `load`, `carry`, `destroy`, `program_logs`: the embedded object, loaded with
 //!   its maps pinned (flow state carried over when a table changes size), the optional
 //!   socket iterators, and the programs' own log lines.
+//! - `flow_filter`: the filter that spares the TC programs conntrack lookups, distrusted at
+//!   each load and seeded from the tables once the new programs run.
 //! - `attach`: the cgroup and TC programs, through pinned links (`links`).
 //! - `cleanup`: `socklb cleanup`.
 //!
@@ -20,6 +22,7 @@ pub mod carry;
 pub mod cleanup;
 pub mod destroy;
 pub mod devices;
+pub mod flow_filter;
 pub mod host;
 pub mod links;
 pub mod load;

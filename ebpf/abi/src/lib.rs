@@ -15,6 +15,7 @@
 mod address;
 mod counters;
 mod flow;
+mod flow_filter;
 mod names;
 mod service;
 mod socket;
@@ -22,7 +23,9 @@ mod trace;
 
 use core::mem::size_of;
 
-pub use self::{address::*, counters::*, flow::*, names::*, service::*, socket::*, trace::*};
+pub use self::{
+    address::*, counters::*, flow::*, flow_filter::*, names::*, service::*, socket::*, trace::*,
+};
 
 /// Version of the map layouts when none changed since the first release; a map whose
 /// layout changed carries its own higher `_vN` suffix (and its old name is in

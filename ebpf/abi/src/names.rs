@@ -25,6 +25,10 @@ pub mod map_names {
     /// [`crate::CtKey`] -> [`crate::CtEntry`] (LRU, smaller): flows from outside not yet
     /// confirmed. A SYN flood fills this table and never evicts a confirmed flow.
     pub const CONNTRACK_NEW: &str = "socklb_ctn_v1";
+    /// Array of [`crate::FLOW_FILTER_ENTRIES`] 64-bit words (mmapable): which packets may
+    /// have an entry in the conntrack tables of either family, so that the others skip
+    /// their lookups (see `flow_filter_destination`).
+    pub const FLOW_FILTER: &str = "socklb_ctf_v1";
     /// [`crate::NodeConfig`], a single entry at index 0: what the TC programs need to
     /// know about this node.
     pub const NODE: &str = "socklb_node_v2";
@@ -105,7 +109,7 @@ pub mod map_names {
     pub const PROGRAM_LOCAL: [&str; 2] = [SCRATCH6, REJECT_BUDGET];
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 29] = [
+    pub const ALL: [&str; 30] = [
         SERVICES,
         BACKENDS,
         SERVICES6,
@@ -118,6 +122,7 @@ pub mod map_names {
         COUNTERS,
         CONNTRACK,
         CONNTRACK_NEW,
+        FLOW_FILTER,
         NODE,
         FRAGMENTS,
         SOURCE_RANGES,

@@ -15,6 +15,7 @@ use socklb_abi::{
 
 use crate::{
     family::{CtTable, Family},
+    flow_filter,
     maps::NODE,
     packet::{Ending, Segment, Tuple},
 };
@@ -181,6 +182,14 @@ pub fn peek<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, now: u32) -> Optio
 /// lookup path of IPv6 has no stack to spare for the other direction's key.
 #[inline(never)]
 pub fn record_fin<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_high: u16) -> bool {
+    let may_have_entry = if direction == CT_FORWARD {
+        flow_filter::may_have_forward(tuple)
+    } else {
+        flow_filter::may_have_reply(tuple)
+    };
+    if !may_have_entry {
+        return false;
+    }
     let key = key(tuple, direction);
     fin_in::<F>(F::conntrack(), true, &key, sequence_high)
         || fin_in::<F>(F::conntrack_new(), false, &key, sequence_high)

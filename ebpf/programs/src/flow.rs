@@ -21,6 +21,7 @@ use crate::{
     counters::bump,
     deliver::{self, TC_ACT_OK, TC_ACT_SHOT},
     family::Family,
+    flow_filter,
     icmp::{self, Quoting},
     log,
     maps::NODE,
@@ -222,7 +223,10 @@ pub fn try_ingress<F: Family, S: Side>(
     let Some(entry) = F::flow_room(&mut local) else {
         return Err(Error);
     };
-    let mut outcome = if known_flow::<F, S>(packet, segment, now, entry)? {
+    // Most packets are of no translated flow: the flow filter spares them the lookups.
+    let known = flow_filter::may_have_forward(&packet.tuple)
+        && known_flow::<F, S>(packet, segment, now, entry)?;
+    let mut outcome = if known {
         Flow::To
     } else {
         new_flow::<F, S>(packet, now, entry)?
@@ -251,6 +255,12 @@ pub fn try_ingress<F: Family, S: Side>(
         }
         Flow::Refused => return Ok(REFUSE),
         Flow::To | Flow::NeedsSnat => {}
+    }
+    if !known {
+        // Before this packet goes on, so before any reply. A packet of the same flow on
+        // another CPU in between misses the slot, makes the flow again and is dropped as
+        // raced (`flow_races`), as two first packets at once are.
+        flow_filter::mark(&packet.tuple, entry);
     }
     deliver::<F>(ctx, packet, entry)
 }
@@ -406,6 +416,9 @@ fn trace_snat_exhausted<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEnt
 /// shown as coming from the frontend.
 #[inline(always)]
 pub fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error> {
+    if !flow_filter::may_have_reply(&packet.tuple) {
+        return Ok(TC_ACT_OK);
+    }
     let now = conntrack::now_s();
     let segment = packet.segment();
     if segment.ending == Ending::Fin {

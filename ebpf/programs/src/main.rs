@@ -20,6 +20,7 @@ mod deliver;
 mod destroy;
 mod family;
 mod flow;
+mod flow_filter;
 mod getpeername;
 mod icmp;
 mod log;

@@ -1,17 +1,17 @@
 //! The maps, as described in socklb-abi. Capacities here are placeholders: the agent sets
 //! the real ones at load time from its flags.
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     btf_maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf, SkStorage},
     macros::btf_map,
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Counters, CtEntry, CtEntry6,
-    CtKey, CtKey6, FragmentKey, FragmentKey6, FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey,
-    GoneKey6, MaglevKey, NodeConfig, NodeConfig6, ReverseEntry, ReverseEntry6, ReverseKey,
-    ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend,
-    SocketFrontend6, SocketRecord, SocketRecordCount, SourceRange, SourceRange6, SourceVerdict,
-    TraceControl, TraceEvent,
+    CtKey, CtKey6, FLOW_FILTER_ENTRIES, FragmentKey, FragmentKey6, FragmentPorts, FrontendName,
+    GONE_CAPACITY, GoneKey, GoneKey6, MaglevKey, NodeConfig, NodeConfig6, ReverseEntry,
+    ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6,
+    SocketFrontend, SocketFrontend6, SocketRecord, SocketRecordCount, SourceRange, SourceRange6,
+    SourceVerdict, TraceControl, TraceEvent,
 };
 
 /// The shapes the service, reverse and socket maps of both families share, so that `socket`
@@ -115,6 +115,12 @@ pub static CONNTRACK: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::new(
 /// Flows from outside not yet confirmed.
 #[btf_map(name = "socklb_ctn_v1", pin_by_name)]
 pub static CONNTRACK_NEW: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::new();
+
+/// Which packets may have an entry in the conntrack tables of either family (see
+/// `flow_filter`). Mmapable, so that the agent marks slots as the programs do.
+#[btf_map(name = "socklb_ctf_v1", pin_by_name)]
+pub static FLOW_FILTER: Array<u64, { FLOW_FILTER_ENTRIES as usize }, { BPF_F_MMAPABLE as usize }> =
+    Array::new();
 
 /// Ports of first fragments, for the later fragments of the same datagram (see `packet`).
 #[btf_map(name = "socklb_frag_v1", pin_by_name)]

@@ -158,9 +158,17 @@ pub trait Address: Copy + PartialEq {
 
     /// Logs a packet from `self` dropped after a partial rewrite.
     fn log_rewrite_failed(self);
+
+    /// The address in one word, for the flow filter (socklb-abi `flow_filter_slot`).
+    fn folded(&self) -> u32;
 }
 
 impl Address for u32 {
+    #[inline(always)]
+    fn folded(&self) -> u32 {
+        *self
+    }
+
     const SOURCE_OFFSET: usize = IP_SOURCE_OFFSET;
     const DESTINATION_OFFSET: usize = IP_DESTINATION_OFFSET;
 
@@ -236,6 +244,11 @@ impl Address for u32 {
 }
 
 impl Address for Ipv6Words {
+    #[inline(always)]
+    fn folded(&self) -> u32 {
+        socklb_abi::fold_ipv6(self)
+    }
+
     const SOURCE_OFFSET: usize = IPV6_SOURCE_OFFSET;
     const DESTINATION_OFFSET: usize = IPV6_DESTINATION_OFFSET;
 

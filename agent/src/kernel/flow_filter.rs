@@ -1,0 +1,198 @@
+//! The flow filter the TC programs read before their conntrack lookups (socklb-abi
+//! `flow_filter_destination`). The programs mark the slots of every flow they make; entries
+//! they did not make (written by programs that predate the filter, or carried over from
+//! resized tables) are marked here. So each load [`distrust`]s the filter, and once the new
+//! programs replaced every earlier one, [`seed`] rebuilds it from the tables and trusts it
+//! again. Until then the programs look up every packet, as without a filter.
+//!
+//! The map is mmapped, so that the agent marks a slot as the programs do: an atomic OR of
+//! its bit into its word (the programs mark other bits of the same words meanwhile).
+use std::{
+    num::NonZeroUsize,
+    os::fd::AsFd,
+    path::Path,
+    ptr::NonNull,
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use aya::maps::{HashMap, Map, MapData, MapError};
+use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+use socklb_abi::{
+    CT_FORWARD, CtEntry, CtKey, FLOW_FILTER_ENTRIES, FLOW_FILTER_READY, FLOW_FILTER_SLOTS,
+    flow_filter_destination, flow_filter_source, fold_ipv6, map_names,
+};
+
+use super::pins;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FlowFilterError {
+    #[error("cannot open map {name}")]
+    Open {
+        name: &'static str,
+        #[source]
+        source: MapError,
+    },
+    #[error(
+        "cannot map {} into memory (was it created without BPF_F_MMAPABLE?)",
+        map_names::FLOW_FILTER
+    )]
+    Mmap(#[source] nix::Error),
+}
+
+const LENGTH: NonZeroUsize = match NonZeroUsize::new(FLOW_FILTER_ENTRIES as usize * 8) {
+    Some(length) => length,
+    None => panic!("the filter has slots"),
+};
+
+/// The filter's single value, mapped into this process.
+struct Mapped {
+    start: NonNull<u64>,
+}
+
+impl Mapped {
+    fn open(pin_dir: &Path) -> Result<Self, FlowFilterError> {
+        let name = map_names::FLOW_FILTER;
+        let map = MapData::from_pin(pins::map_pin(pin_dir, name))
+            .map_err(|source| FlowFilterError::Open { name, source })?;
+        // SAFETY: a new shared mapping of the map's entries (an mmapable array, its entries
+        // from offset 0), at an address the kernel picks; unmapped on drop. The fd may close
+        // after: the mapping holds the map.
+        let start = unsafe {
+            mmap(
+                None,
+                LENGTH,
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_SHARED,
+                map.fd().as_fd(),
+                0,
+            )
+        }
+        .map_err(FlowFilterError::Mmap)?;
+        Ok(Self {
+            start: start.cast(),
+        })
+    }
+
+    fn set_ready(&self, ready: bool) {
+        self.word(FLOW_FILTER_READY)
+            .store(u64::from(ready), Ordering::SeqCst);
+    }
+
+    /// Marks the slot of an entry's key: its destination for a forward entry (the frontend),
+    /// its source for a reply entry (the backend), as the programs do.
+    fn mark<A>(&self, key: &CtKey<A>, fold: impl Fn(&A) -> u32) {
+        let slot = if key.direction == CT_FORWARD {
+            flow_filter_destination(fold(&key.destination), key.destination_port, key.protocol)
+        } else {
+            flow_filter_source(fold(&key.source), key.source_port, key.protocol)
+        };
+        self.word(slot.word).fetch_or(slot.bit, Ordering::Relaxed);
+    }
+
+    fn word(&self, index: u32) -> &AtomicU64 {
+        let index = index as usize;
+        assert!(index < FLOW_FILTER_ENTRIES as usize, "a word of the filter");
+        // SAFETY: within the mapping (checked above), 8-byte aligned (page-aligned start,
+        // 8-byte entries), shared with the programs, which write it only atomically.
+        unsafe { AtomicU64::from_ptr(self.start.add(index).as_ptr()) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `open`, not used after this.
+        let _ = unsafe { munmap(self.start.cast(), LENGTH.get()) };
+    }
+}
+
+/// Makes the programs look up every packet until [`seed`] runs: called at load, before any
+/// program of this load is attached.
+pub fn distrust(pin_dir: &Path) -> Result<(), FlowFilterError> {
+    Mapped::open(pin_dir)?.set_ready(false);
+    Ok(())
+}
+
+/// Rebuilds the filter from the conntrack tables, then lets the programs trust it: every
+/// bit cleared (so that bits of flows long gone do not pile up), then the slots of every
+/// entry marked. Called once this load's programs replaced every earlier one (attached,
+/// and the resized tables' entries carried over), while the filter is distrusted: a bit the
+/// clearing removes belongs to an entry already in the tables, which the walk after it
+/// marks again, and the programs mark every flow they make after it. Returns how many
+/// entries were read.
+pub fn seed(pin_dir: &Path) -> Result<usize, FlowFilterError> {
+    let filter = Mapped::open(pin_dir)?;
+    for word in FLOW_FILTER_READY + 1..FLOW_FILTER_ENTRIES {
+        filter.word(word).store(0, Ordering::Relaxed);
+    }
+    // The unconfirmed tables first: a flow confirmed meanwhile moves to its main table, which
+    // is walked after; a walk the other way round could miss it in both.
+    let mut entries = 0;
+    for name in [map_names::CONNTRACK_NEW, map_names::CONNTRACK] {
+        entries += filter.mark_table::<u32>(pin_dir, name, |address| *address)?;
+    }
+    for name in [map_names::CONNTRACK_NEW6, map_names::CONNTRACK6] {
+        entries += filter.mark_table(pin_dir, name, fold_ipv6)?;
+    }
+    filter.set_ready(true);
+    Ok(entries)
+}
+
+/// How full the filter is, for `socklb inspect`: the more slots are marked, the more
+/// packets of no flow are looked up all the same.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Fill {
+    /// Whether the programs trust it (else they look up every packet).
+    pub ready: bool,
+    /// Slots per direction.
+    pub slots: u32,
+    /// Marked slots of frontends with flows, and of their backends.
+    pub frontends: u32,
+    pub backends: u32,
+}
+
+/// The filter's [`Fill`]; `None` when it is not pinned (an agent from before it).
+pub fn fill(pin_dir: &Path) -> Result<Option<Fill>, FlowFilterError> {
+    if !pins::map_pin(pin_dir, map_names::FLOW_FILTER).exists() {
+        return Ok(None);
+    }
+    let filter = Mapped::open(pin_dir)?;
+    let words = FLOW_FILTER_SLOTS / 64;
+    let marked = |first: u32| -> u32 {
+        (first..first + words)
+            .map(|word| filter.word(word).load(Ordering::Relaxed).count_ones())
+            .sum()
+    };
+    Ok(Some(Fill {
+        ready: filter.word(FLOW_FILTER_READY).load(Ordering::Relaxed) != 0,
+        slots: FLOW_FILTER_SLOTS,
+        frontends: marked(FLOW_FILTER_READY + 1),
+        backends: marked(FLOW_FILTER_READY + 1 + words),
+    }))
+}
+
+impl Mapped {
+    /// Marks the slots of every key of a pinned conntrack table; how many it read. Keys of
+    /// an LRU map may go while it is walked: a vanished key is skipped (its entry is gone,
+    /// and needs no slot).
+    fn mark_table<A>(
+        &self,
+        pin_dir: &Path,
+        name: &'static str,
+        fold: impl Fn(&A) -> u32,
+    ) -> Result<usize, FlowFilterError>
+    where
+        CtKey<A>: aya::Pod,
+        CtEntry<A>: aya::Pod,
+    {
+        let error = |source| FlowFilterError::Open { name, source };
+        let map = MapData::from_pin(pins::map_pin(pin_dir, name)).map_err(error)?;
+        let table: HashMap<MapData, CtKey<A>, CtEntry<A>> =
+            Map::HashMap(map).try_into().map_err(error)?;
+        let mut read = 0;
+        for key in table.keys().filter_map(Result::ok) {
+            self.mark(&key, &fold);
+            read += 1;
+        }
+        Ok(read)
+    }
+}
