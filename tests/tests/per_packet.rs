@@ -29,7 +29,7 @@ socklb_tests::for_each_family!(
     a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope,
     a_pod_s_annotations_choose_its_path_under_the_default_scope,
     a_pod_s_established_flow_survives_a_change_of_its_path,
-    a_flow_older_than_the_flow_filter_goes_on_after_the_upgrade,
+    a_flow_goes_on_across_a_restart_and_the_upgrade_to_the_flow_filter,
 );
 
 fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
@@ -361,11 +361,12 @@ fn a_pod_s_established_flow_survives_a_change_of_its_path(family: Family) {
     answered_by_pod2(&per_packet.ask("ping"), "per packet, after the move back");
 }
 
-/// A flow made by programs without the flow filter (an agent upgraded from a version before
-/// it: the flow is in conntrack, no filter is pinned) keeps its entries after the upgrade:
-/// the new agent marks what the tables hold before the programs trust the filter, so its
-/// next datagram follows the flow instead of making a new one.
-fn a_flow_older_than_the_flow_filter_goes_on_after_the_upgrade(family: Family) {
+/// A flow keeps its entries across agent restarts, which rebuild the flow filter from the
+/// tables: a plain restart (the filter cleared and rebuilt), and an upgrade from a version
+/// before the filter (the flow is in conntrack, no filter is pinned). The new agent marks
+/// what the tables hold before the programs trust the filter, so the flow's next datagram
+/// follows it instead of making a new one.
+fn a_flow_goes_on_across_a_restart_and_the_upgrade_to_the_flow_filter(family: Family) {
     let node = LanNode::new(family, "pp-filter", "f");
     let _servers = node.udp_servers(5353);
     node.expose_pod2("dns", 64, ("dns", 53, 5353, 30053, "UDP"));
@@ -388,6 +389,16 @@ fn a_flow_older_than_the_flow_filter_goes_on_after_the_upgrade(family: Family) {
     let (mut held, first) = Holder::start("pod1's UDP client", command);
     answered_by_pod2(&first, "before the upgrade");
     assert_eq!(flow_filter_ready(&node), 1, "the agent trusts its filter");
+    agent.stop();
+    let flows = node.counters().pod_flows;
+    let agent = node.agent_as(chart_agent(), &[]);
+    agent.wait_for_log("datapath attached; ready", 1);
+    answered_by_pod2(&held.ask("ping"), "after a restart");
+    assert_eq!(
+        node.counters().pod_flows,
+        flows,
+        "after a restart, the datagram followed its flow: no new flow was made"
+    );
     agent.stop();
 
     let pin = node.sandbox.pin_dir.join(map_names::FLOW_FILTER);

@@ -44,7 +44,7 @@ const LENGTH: NonZeroUsize = match NonZeroUsize::new(FLOW_FILTER_ENTRIES as usiz
     None => panic!("the filter has slots"),
 };
 
-/// The filter's single value, mapped into this process.
+/// The filter's words, mapped into this process.
 struct Mapped {
     start: NonNull<u64>,
 }
@@ -116,8 +116,8 @@ pub fn distrust(pin_dir: &Path) -> Result<(), FlowFilterError> {
 /// bit cleared (so that bits of flows long gone do not pile up), then the slots of every
 /// entry marked. Called once this load's programs replaced every earlier one (attached,
 /// and the resized tables' entries carried over), while the filter is distrusted: a bit the
-/// clearing removes belongs to an entry already in the tables, which the walk after it
-/// marks again, and the programs mark every flow they make after it. Returns how many
+/// clearing removes that still matters belongs to an entry already in the tables, which the
+/// walk after it marks again, and the programs mark every flow they make after it. Returns how many
 /// entries were read.
 pub fn seed(pin_dir: &Path) -> Result<usize, FlowFilterError> {
     let filter = Mapped::open(pin_dir)?;

@@ -10,12 +10,13 @@
 //! - a reply entry exists only for a packet from a backend a flow was sent to, so
 //!   [`flow_filter_source`] marks the slot of each such (backend, port, protocol).
 //!
-//! Slots are marked before a new flow's packet goes on and never cleared, so an unmarked
-//! slot proves that no entry exists (a marked one only says "look"). A frontend deleted
-//! since keeps its mark: its open flows go on. The programs trust the filter only while the
-//! word at [`FLOW_FILTER_READY`] is nonzero: the agent clears it at each load and sets it
-//! once it has marked the slots of every entry already in the tables (made by programs that
-//! predate the filter, or carried over from resized tables).
+//! Slots are marked before a new flow's packet goes on and never cleared while the programs
+//! trust the filter, so an unmarked slot proves that no entry exists (a marked one only
+//! says "look"). A frontend deleted since keeps its mark: its open flows go on. The
+//! programs trust the filter only while the word at [`FLOW_FILTER_READY`] is nonzero: the
+//! agent clears it at each load, rebuilds the slots from the entries in the tables (made by
+//! programs that predate the filter, or carried over from resized tables, among others)
+//! and sets it again.
 //!
 //! The map is an mmapable array of 64-bit words, a slot a bit, marked by an atomic OR (the
 //! programs' and the agent's alike), read and written through map lookups of a word: a bit

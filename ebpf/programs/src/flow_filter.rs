@@ -2,7 +2,7 @@
 //! packet asks whether its flow can have an entry at all. A packet of no translated flow
 //! (most of a pod's traffic) then costs two reads of a small array instead of two lookups
 //! in tables whose buckets are rarely in cache. Slots are marked before a new flow's packet
-//! goes on, and never cleared.
+//! goes on; the programs never clear one (the agent rebuilds the filter at each start).
 //!
 //! Each function is out of line and reads what it needs through its arguments' pointers:
 //! its slot arithmetic and lookup keys then live in a frame of its own (IPv6's path has no
