@@ -9,6 +9,7 @@
 //! its bit into its word (the programs mark other bits of the same words meanwhile).
 use std::{
     num::NonZeroUsize,
+    ops::Range,
     os::fd::AsFd,
     path::Path,
     ptr::NonNull,
@@ -18,8 +19,9 @@ use std::{
 use aya::maps::{HashMap, Map, MapData, MapError};
 use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
 use socklb_abi::{
-    CT_FORWARD, CtEntry, CtKey, FLOW_FILTER_ENTRIES, FLOW_FILTER_READY, FLOW_FILTER_SLOTS,
-    flow_filter_destination, flow_filter_source, fold_ipv6, map_names,
+    CT_FORWARD, CtEntry, CtKey, FLOW_FILTER_DESTINATIONS, FLOW_FILTER_ENTRIES, FLOW_FILTER_READY,
+    FLOW_FILTER_SLOTS, FLOW_FILTER_SOURCES, flow_filter_destination, flow_filter_source, fold_ipv6,
+    map_names,
 };
 
 use super::pins;
@@ -121,7 +123,7 @@ pub fn distrust(pin_dir: &Path) -> Result<(), FlowFilterError> {
 /// entries were read.
 pub fn seed(pin_dir: &Path) -> Result<usize, FlowFilterError> {
     let filter = Mapped::open(pin_dir)?;
-    for word in FLOW_FILTER_READY + 1..FLOW_FILTER_ENTRIES {
+    for word in FLOW_FILTER_DESTINATIONS.start..FLOW_FILTER_SOURCES.end {
         filter.word(word).store(0, Ordering::Relaxed);
     }
     // The unconfirmed tables first: a flow confirmed meanwhile moves to its main table, which
@@ -156,17 +158,16 @@ pub fn fill(pin_dir: &Path) -> Result<Option<Fill>, FlowFilterError> {
         return Ok(None);
     }
     let filter = Mapped::open(pin_dir)?;
-    let words = FLOW_FILTER_SLOTS / 64;
-    let marked = |first: u32| -> u32 {
-        (first..first + words)
+    let marked = |words: Range<u32>| -> u32 {
+        words
             .map(|word| filter.word(word).load(Ordering::Relaxed).count_ones())
             .sum()
     };
     Ok(Some(Fill {
         ready: filter.word(FLOW_FILTER_READY).load(Ordering::Relaxed) != 0,
         slots: FLOW_FILTER_SLOTS,
-        frontends: marked(FLOW_FILTER_READY + 1),
-        backends: marked(FLOW_FILTER_READY + 1 + words),
+        frontends: marked(FLOW_FILTER_DESTINATIONS),
+        backends: marked(FLOW_FILTER_SOURCES),
     }))
 }
 

@@ -2,7 +2,7 @@
 //! sees on a pod's or the node's device are of no translated flow (a pod talking to another
 //! pod, a backend's own traffic); each would miss two conntrack lookups per direction, in
 //! tables of a quarter of a million buckets, where the cache misses cost more than the rest
-//! of the program. The filter answers first, from one byte:
+//! of the program. The filter answers first, from one bit:
 //!
 //! - a forward entry exists only for a packet to a frontend a flow was made for (its key
 //!   holds the destination before translation), so [`flow_filter_destination`] marks the
@@ -23,6 +23,8 @@
 //! or byte index used as an offset into one large value would have the verifier track the
 //! packet's fields precisely and walk the conntrack path once per protocol and port range.
 
+use core::ops::Range;
+
 use crate::Ipv6Words;
 
 /// Slots per direction (32 KiB of bits each): 10,000 frontends (or backends) with flows
@@ -32,8 +34,12 @@ pub const FLOW_FILTER_SLOTS: u32 = 1 << 18;
 const WORDS: u32 = FLOW_FILTER_SLOTS / 64;
 /// The index of the word that says whether the programs may trust the slots.
 pub const FLOW_FILTER_READY: u32 = 0;
+/// The words of the frontends' slots (destinations of forward entries).
+pub const FLOW_FILTER_DESTINATIONS: Range<u32> = 1..1 + WORDS;
+/// The words of the backends' slots (sources of reply entries).
+pub const FLOW_FILTER_SOURCES: Range<u32> = 1 + WORDS..1 + 2 * WORDS;
 /// Words of the map: the ready flag, then the destination slots, then the source slots.
-pub const FLOW_FILTER_ENTRIES: u32 = 1 + 2 * WORDS;
+pub const FLOW_FILTER_ENTRIES: u32 = FLOW_FILTER_SOURCES.end;
 
 /// A slot: the index of its word in the map, and its bit there.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,14 +52,14 @@ pub struct FlowFilterSlot {
 #[must_use]
 #[inline(always)]
 pub fn flow_filter_destination(address: u32, port: u16, protocol: u8) -> FlowFilterSlot {
-    slot(1, address, port, protocol)
+    slot(FLOW_FILTER_DESTINATIONS.start, address, port, protocol)
 }
 
 /// A backend's slot (the source of reply entries).
 #[must_use]
 #[inline(always)]
 pub fn flow_filter_source(address: u32, port: u16, protocol: u8) -> FlowFilterSlot {
-    slot(1 + WORDS, address, port, protocol)
+    slot(FLOW_FILTER_SOURCES.start, address, port, protocol)
 }
 
 /// The slot of an endpoint of a flow among those from word `first`: its address (IPv6
