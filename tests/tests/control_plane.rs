@@ -155,12 +155,13 @@ fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
 }
 
 #[test]
-fn resyncs_write_back_entries_changed_by_hand_and_full_resyncs_remove_strays() {
+fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_not_write() {
     let sandbox = Sandbox::new("cp-drift");
     let (_servers, _manifests, agent) = serving(
         &sandbox,
         (22, 1),
-        &["--sync-period", "1s", "--full-sync-period", "4s"],
+        // No full resync during the test: resyncs alone repair the maps.
+        &["--sync-period", "1s", "--full-sync-period", "1h"],
     );
     let open = |name: &str| {
         aya::maps::Map::HashMap(
@@ -197,20 +198,49 @@ fn resyncs_write_back_entries_changed_by_hand_and_full_resyncs_remove_strays() {
         "{metrics}"
     );
 
-    // An entry the agent never wrote (a frontend of its own) goes at the next full resync.
+    // Entries the agent never wrote: a frontend of its own, a slot above the count of a
+    // frontend it did write, and a backend no slot names. A resync's walk finds them, and
+    // the sync after it deletes them.
     let stray = socklb_abi::ServiceKey {
         address: u32::from(Ipv4Addr::new(10, 96, 1, 99)).to_be(),
         ..master
     };
-    let full_syncs = agent.log().matches("full=true").count();
+    let above = socklb_abi::ServiceKey { slot: 5, ..master };
+    let stray_backend = u32::MAX - 1;
+    let found = agent.log().matches("did not write").count();
+    let entry = socklb_abi::ServiceEntry::default();
     services
-        .insert(&stray, &socklb_abi::ServiceEntry::default(), 0)
+        .insert(&stray, &entry, 0)
         .expect("insert a stray master entry");
-    agent.wait_for_log("full=true", full_syncs + 2);
-    assert!(services.get(&stray, 0).is_err(), "stray entry removed");
-    assert!(
-        agent.log().contains("maps verified"),
-        "no verification pass logged:\n{}",
+    services
+        .insert(&above, &entry, 0)
+        .expect("insert a slot above the count");
+    let copy = backends.get(&backend, 0).expect("a backend");
+    backends
+        .insert(&stray_backend, &copy, 0)
+        .expect("insert a backend no slot names");
+    agent.wait_for_log("did not write", found + 1);
+    eventually(
+        "the entries the agent did not write are deleted",
+        Duration::from_secs(20),
+        || {
+            let left = [
+                services.get(&stray, 0).is_ok(),
+                services.get(&above, 0).is_ok(),
+                backends.get(&stray_backend, 0).is_ok(),
+            ];
+            if left.contains(&true) {
+                Err(format!("still there (stray, above, backend): {left:?}"))
+            } else {
+                Ok(())
+            }
+        },
+    );
+    wait_for_answers(&sandbox, &["127.0.22.1"]);
+    assert_eq!(
+        agent.log().matches("full=true").count(),
+        1,
+        "only the first sync was a full one:\n{}",
         agent.log()
     );
     agent.stop();

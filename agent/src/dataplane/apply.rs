@@ -16,7 +16,7 @@ use crate::{
         maglev::MaglevError,
         names::FrontendLabel,
         source_ranges::SourceRangeError,
-        writer::{ApplyReport, Outcome, StoreError, Verified},
+        writer::{ApplyReport, Extras, Outcome, StoreError, Verified},
     },
 };
 
@@ -38,6 +38,21 @@ impl Dataplane {
         self.make_room_for(desired);
         let before = self.internal_backends(self.writer.frontends());
         let result = self.writer.apply(desired);
+        self.apply_after_writer(desired, result, &before)
+    }
+
+    /// A full resync: every frontend whose desired state differs from what the writer
+    /// programmed (a change the change tracking missed) is applied, without re-reading the
+    /// service and backend maps: the resyncs' verification and walk repair their drift.
+    /// The smaller maps (source ranges, Maglev, names) are re-read and rewritten where
+    /// they differ.
+    pub fn apply_drifted(&mut self, desired: &Desired<'_>) -> Result<ApplyReport, DataplaneError> {
+        self.readopt_small_maps()?;
+        let changes = self.writer.drifted(desired);
+        let changed = || changes.iter().map(|(f, spec)| (f, *spec));
+        self.make_room(self.writer.demand(changed()), self.maglev.demand(changed()));
+        let before = self.internal_backends(changes.keys());
+        let result = self.writer.apply_changes(&changes);
         self.apply_after_writer(desired, result, &before)
     }
 
@@ -217,9 +232,23 @@ impl Dataplane {
     }
 
     /// Reads back about `budget` service and backend entries from where the last call
-    /// stopped, and writes back those that drifted from what this agent wrote.
-    pub fn verify(&mut self, budget: usize) -> Result<Verified, DataplaneError> {
-        self.writer.verify(budget).map_err(DataplaneError::Verify)
+    /// stopped, and writes back those that drifted from what this agent wrote; then walks
+    /// on through about `walk_budget` entries of the maps for those it did not write,
+    /// which the next apply deletes.
+    pub fn verify(
+        &mut self,
+        budget: usize,
+        walk_budget: usize,
+    ) -> Result<(Verified, Extras), DataplaneError> {
+        let result = self
+            .writer
+            .verify(budget)
+            .and_then(|verified| Ok((verified, self.writer.find_extras(walk_budget)?)));
+        result.or_else(|error| {
+            // A write back that failed left the mirror ahead of the maps.
+            self.readopt()?;
+            Err(DataplaneError::Verify(error))
+        })
     }
 
     /// Forgets the writer's mirror and reads the maps again: repairs any drift (entries
@@ -231,6 +260,12 @@ impl Dataplane {
             .read()
             .map_err(DataplaneError::map(map_names::SERVICES))?;
         self.writer.readopt(contents);
+        self.readopt_small_maps()
+    }
+
+    /// Reads the source-range, Maglev and names maps again, each at most an entry per
+    /// frontend (or per Maglev slot): what drifted there is rewritten by the next apply.
+    fn readopt_small_maps(&mut self) -> Result<(), DataplaneError> {
         self.source_ranges
             .readopt()
             .map_err(DataplaneError::map(map_names::SOURCE_RANGES))?;

@@ -33,7 +33,7 @@ pub enum DataplaneError {
     },
     #[error("writing the maps failed; the agent re-read them and retries at the next sync")]
     Write(#[source] StoreError),
-    #[error("verifying the maps failed; the agent re-reads them at the next sync")]
+    #[error("verifying the maps failed; the agent re-read them and retries at the next sync")]
     Verify(#[source] VerifyError),
     #[error(transparent)]
     Tc(Box<TcAttachError>),

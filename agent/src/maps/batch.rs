@@ -119,59 +119,52 @@ pub fn update<K: Copy, V: Copy>(
     Ok(())
 }
 
-/// Every entry of a hash map, read a chunk per call. Entries added or removed meanwhile may
-/// be seen or not, as with a walk of its keys.
-pub fn read_all<K: Copy + Default, V: Copy + Default>(
+/// Reads one chunk (at most [`READ_CHUNK`] entries, whole buckets) of a hash map from the
+/// bucket `from` on (`None`: its start) into `entries`. Returns where the next chunk
+/// begins, `None` at the map's end: a walk can stop between two calls and go on later.
+pub fn read_chunk<K: Copy + Default, V: Copy + Default>(
     map: BorrowedFd<'_>,
-) -> Result<Vec<(K, V)>, BatchError> {
+    from: Option<u32>,
+    entries: &mut Vec<(K, V)>,
+) -> Result<Option<u32>, BatchError> {
     let fd = u32::try_from(map.as_raw_fd()).map_err(|_| BatchError {
         done: 0,
         error: io::Error::from_raw_os_error(libc::EBADF),
     })?;
     let mut keys = vec![K::default(); READ_CHUNK];
     let mut values = vec![V::default(); READ_CHUNK];
-    let mut entries = Vec::new();
     // The hash map's position: a bucket number the kernel hands back after each call.
-    let (mut position, mut next) = (0u32, 0u32);
-    let mut first = true;
-    loop {
-        let mut attr = BatchAttr {
-            in_batch: if first {
-                0
-            } else {
-                std::ptr::from_ref(&position) as u64
-            },
-            out_batch: std::ptr::from_mut(&mut next) as u64,
-            keys: keys.as_mut_ptr() as u64,
-            values: values.as_mut_ptr() as u64,
-            count: READ_CHUNK as u32,
-            map_fd: fd,
-            elem_flags: 0,
-            flags: 0,
-        };
-        // SAFETY: `keys` and `values` have room for `count` elements of the map's key and
-        // value sizes (the caller's types are the map's), and the positions are u32, as
-        // hash maps use.
-        let result = unsafe { batch(BPF_MAP_LOOKUP_BATCH, &mut attr) };
-        let read = (attr.count as usize).min(READ_CHUNK);
-        entries.extend(
-            keys[..read]
-                .iter()
-                .copied()
-                .zip(values[..read].iter().copied()),
-        );
-        match result {
-            // The end of the map.
-            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => return Ok(entries),
-            Err(error) => {
-                return Err(BatchError {
-                    done: entries.len(),
-                    error,
-                });
-            }
-            Ok(()) => {}
-        }
-        position = next;
-        first = false;
+    let position = from.unwrap_or(0);
+    let mut next = 0u32;
+    let mut attr = BatchAttr {
+        in_batch: if from.is_some() {
+            std::ptr::from_ref(&position) as u64
+        } else {
+            0
+        },
+        out_batch: std::ptr::from_mut(&mut next) as u64,
+        keys: keys.as_mut_ptr() as u64,
+        values: values.as_mut_ptr() as u64,
+        count: READ_CHUNK as u32,
+        map_fd: fd,
+        elem_flags: 0,
+        flags: 0,
+    };
+    // SAFETY: `keys` and `values` have room for `count` elements of the map's key and
+    // value sizes (the caller's types are the map's), and the positions are u32, as hash
+    // maps use.
+    let result = unsafe { batch(BPF_MAP_LOOKUP_BATCH, &mut attr) };
+    let read = (attr.count as usize).min(READ_CHUNK);
+    entries.extend(
+        keys[..read]
+            .iter()
+            .copied()
+            .zip(values[..read].iter().copied()),
+    );
+    match result {
+        // The end of the map.
+        Err(error) if error.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+        Err(error) => Err(BatchError { done: read, error }),
+        Ok(()) => Ok(Some(next)),
     }
 }

@@ -22,6 +22,7 @@ use super::{
     ignore_missing,
     writer::{
         BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
+        WalkPosition,
     },
 };
 use crate::desired::{BackendAddr, Frontend, Protocol, Scope};
@@ -174,25 +175,46 @@ impl KernelMaps {
     /// Reads the maps of both families. Entries that vanish during the walk are skipped.
     pub fn read(&self) -> Result<MapContents, MapError> {
         let mut contents = MapContents::default();
-        for (key, value) in entries(&self.services)? {
-            match decode_key(&key) {
-                Some(key) => contents.services.push((key, decode_value(&key, &value))),
-                None => contents.strays.push(StrayKey::V4(key)),
+        for map in 0..MAPS {
+            let mut from = None;
+            while let Some(next) = self.read_chunk(map, from, &mut contents)? {
+                from = Some(next);
             }
-        }
-        for (key, value) in entries(&self.services6)? {
-            match decode_key(&key) {
-                Some(key) => contents.services.push((key, decode_value(&key, &value))),
-                None => contents.strays.push(StrayKey::V6(key)),
-            }
-        }
-        for entry in entries(&self.backends)? {
-            contents.backends.push(decode_backend(&entry));
-        }
-        for entry in entries(&self.backends6)? {
-            contents.backends.push(decode_backend(&entry));
         }
         Ok(contents)
+    }
+
+    /// One chunk of the `map`th map (v4 services, v6 services, v4 backends, v6 backends)
+    /// from the position `from` on (`None`: its start), decoded into `contents`. Returns
+    /// where that map's next chunk begins, `None` at its end.
+    fn read_chunk(
+        &self,
+        map: usize,
+        from: Option<u32>,
+        contents: &mut MapContents,
+    ) -> Result<Option<u32>, MapError> {
+        match map {
+            0 => {
+                let (entries, next) = chunk(&self.services, from)?;
+                decode_services(entries, StrayKey::V4, contents);
+                Ok(next)
+            }
+            1 => {
+                let (entries, next) = chunk(&self.services6, from)?;
+                decode_services(entries, StrayKey::V6, contents);
+                Ok(next)
+            }
+            2 => {
+                let (entries, next) = chunk(&self.backends, from)?;
+                contents.backends.extend(entries.iter().map(decode_backend));
+                Ok(next)
+            }
+            _ => {
+                let (entries, next) = chunk(&self.backends6, from)?;
+                contents.backends.extend(entries.iter().map(decode_backend));
+                Ok(next)
+            }
+        }
     }
 
     fn apply(&mut self, op: &Op) -> Result<(), MapError> {
@@ -296,6 +318,31 @@ impl Store for KernelMaps {
         found.map_or(Ok(None), found_or_none)
     }
 
+    fn walk(
+        &self,
+        from: WalkPosition,
+        budget: usize,
+    ) -> std::io::Result<(MapContents, Option<WalkPosition>)> {
+        let mut contents = MapContents::default();
+        let mut at = from;
+        while contents.len() < budget && at.map < MAPS {
+            let next = self
+                .read_chunk(at.map, at.within, &mut contents)
+                .map_err(io_error)?;
+            at = match next {
+                Some(within) => WalkPosition {
+                    map: at.map,
+                    within: Some(within),
+                },
+                None => WalkPosition {
+                    map: at.map + 1,
+                    within: None,
+                },
+            };
+        }
+        Ok((contents, (at.map < MAPS).then_some(at)))
+    }
+
     fn read_backend(&self, id: u32, address: IpAddr) -> std::io::Result<Option<BackendEntry>> {
         let found = match address {
             IpAddr::V4(_) => self.backends.get(&id, 0).map(|b| decode_backend(&(id, b))),
@@ -386,16 +433,44 @@ fn backend_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(u32, Backend<A>)>> 
 }
 
 /// Every entry of `map`, in batches where the kernel has them, else key by key.
-fn entries<K: Pod + Default, V: Pod + Default>(
+/// The service and backend maps of both families, as [`KernelMaps::read_chunk`] numbers
+/// them.
+const MAPS: usize = 4;
+
+/// Entries of one map read back, and where the next chunk begins (`None`: the map's end).
+type Chunk<K, V> = (Vec<(K, V)>, Option<u32>);
+
+/// One chunk of `map` from the position `from` on. A kernel without batch lookups gives
+/// the whole map at once.
+fn chunk<K: Pod + Default, V: Pod + Default>(
     map: &HashMap<MapData, K, V>,
-) -> Result<Vec<(K, V)>, MapError> {
-    match batch::read_all(IterableMap::map(map).fd().as_fd()) {
-        Ok(entries) => Ok(entries),
-        Err(error) if error.unsupported() => map.iter().collect(),
+    from: Option<u32>,
+) -> Result<Chunk<K, V>, MapError> {
+    let mut entries = Vec::new();
+    match batch::read_chunk(IterableMap::map(map).fd().as_fd(), from, &mut entries) {
+        Ok(next) => Ok((entries, next)),
+        Err(error) if error.unsupported() => Ok((map.iter().collect::<Result<_, _>>()?, None)),
         Err(error) => Err(MapError::SyscallError(aya::sys::SyscallError {
             call: "bpf_map_lookup_batch",
             io_error: error.error,
         })),
+    }
+}
+
+/// Service-map entries read back, into `contents`: those that name no frontend this agent
+/// knows as strays (`stray` says of which family).
+fn decode_services<A: MapAddress>(
+    entries: Vec<(ServiceKey<A>, ServiceEntry<A>)>,
+    stray: fn(ServiceKey<A>) -> StrayKey,
+    contents: &mut MapContents,
+) {
+    for (key, value) in entries {
+        match decode_key(&key) {
+            Some(decoded) => contents
+                .services
+                .push((decoded, decode_value(&decoded, &value))),
+            None => contents.strays.push(stray(key)),
+        }
     }
 }
 

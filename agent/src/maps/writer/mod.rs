@@ -18,6 +18,7 @@
 //! (an untranslated VIP could leave the node). Frontends already programmed (or that were
 //! programmed in maps this agent replaced) get the room before new ones.
 mod backends;
+mod extras;
 #[cfg(test)]
 pub(crate) mod recorder;
 mod report;
@@ -35,9 +36,11 @@ use std::{
 use socklb_abi::{SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, map_names};
 
 pub use self::{
+    extras::Extras,
     report::{ApplyReport, Capacity, Demand, Outcome, Rejected, Room},
     store::{
         BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
+        WalkPosition,
     },
     verified::{Verified, VerifyError},
 };
@@ -83,6 +86,9 @@ pub struct Writer<S> {
     pending_deletes: BTreeSet<SlotKey>,
     /// Entries found in the maps that name no frontend, deleted at the next apply.
     strays: BTreeSet<StrayKey>,
+    /// Backend-map entries found that the mirror does not hold (by id, with the address
+    /// that says which family's map), deleted at the next apply.
+    stray_backends: BTreeSet<(u32, IpAddr)>,
     /// Service-map entries the mirror accounts for (pending deletes included), each
     /// family's, kept up to date (not recounted).
     service_entries: PerFamily,
@@ -96,6 +102,8 @@ pub struct Writer<S> {
     rejected: BTreeMap<Frontend, Outcome>,
     /// Where [`Self::verify`] goes on from.
     verify_cursor: verified::Cursor,
+    /// Where [`Self::find_extras`] goes on from.
+    walk_from: WalkPosition,
 }
 
 impl<S: Store> Writer<S> {
@@ -108,6 +116,7 @@ impl<S: Store> Writer<S> {
             backends: backends::Backends::default(),
             pending_deletes: BTreeSet::new(),
             strays: BTreeSet::new(),
+            stray_backends: BTreeSet::new(),
             service_entries: PerFamily::default(),
             service_ids: HashSet::new(),
             next_backend_id: 1,
@@ -115,6 +124,7 @@ impl<S: Store> Writer<S> {
             preferred: BTreeSet::new(),
             rejected: BTreeMap::new(),
             verify_cursor: verified::Cursor::START,
+            walk_from: WalkPosition::default(),
         };
         writer.readopt(contents);
         writer
@@ -126,7 +136,9 @@ impl<S: Store> Writer<S> {
         self.backends.clear();
         self.pending_deletes.clear();
         self.verify_cursor = verified::Cursor::START;
+        self.walk_from = WalkPosition::default();
         self.strays = contents.strays.into_iter().collect();
+        self.stray_backends.clear();
         self.next_backend_id = 1;
         self.next_service_id = 1;
         let backend_entries: HashMap<u32, BackendAddr> = contents
@@ -234,7 +246,9 @@ impl<S: Store> Writer<S> {
     }
 
     pub fn has_pending_deletes(&self) -> bool {
-        !self.pending_deletes.is_empty() || !self.strays.is_empty()
+        !self.pending_deletes.is_empty()
+            || !self.strays.is_empty()
+            || !self.stray_backends.is_empty()
     }
 
     /// Number of service-map entries the mirror accounts for, both families.
@@ -336,7 +350,61 @@ impl<S: Store> Writer<S> {
 
     /// Writes go to `store` from now on; it must hold what the old one held.
     pub fn replace_store(&mut self, store: S) -> S {
+        // A position in the old maps means nothing in the new ones.
+        self.walk_from = WalkPosition::default();
         std::mem::replace(&mut self.store, store)
+    }
+
+    /// The frontends an apply of `desired` would change: those not programmed as desired
+    /// (or refused), and those programmed or refused but no longer desired (`None`). Found
+    /// from the mirror alone: a full resync applies only these instead of every frontend.
+    pub fn drifted<'d>(
+        &self,
+        desired: &'d Desired<'_>,
+    ) -> BTreeMap<Frontend, Option<&'d FrontendSpec>> {
+        let mut changes: BTreeMap<Frontend, Option<&FrontendSpec>> = self
+            .frontends
+            .keys()
+            .chain(self.rejected.keys())
+            .filter(|f| !desired.frontends.contains_key(f))
+            .map(|f| (*f, None))
+            .collect();
+        changes.extend(
+            desired
+                .iter()
+                .filter(|(frontend, spec)| !self.holds(frontend, spec))
+                .map(|(frontend, spec)| (*frontend, Some(spec))),
+        );
+        changes
+    }
+
+    /// Whether `frontend` is programmed as `spec` asks, so that an update would write
+    /// nothing: its flags, and its slots holding exactly the spec's backends.
+    fn holds(&self, frontend: &Frontend, spec: &FrontendSpec) -> bool {
+        let Some(programmed) = self.frontends.get(frontend) else {
+            return false;
+        };
+        if self.rejected.contains_key(frontend)
+            || (programmed.flags, programmed.affinity_timeout_s) != flags_of(spec)
+            || programmed.slots.len() != spec.backends.len()
+        {
+            return false;
+        }
+        let mut wanted = Vec::with_capacity(spec.backends.len());
+        for addr in &spec.backends {
+            match self.backends.id_of(addr, frontend.protocol) {
+                Some(id) => wanted.push(id),
+                None => return false,
+            }
+        }
+        // Both ways, as the slots hold no id twice and a spec might: a few backends are
+        // compared in place, many through the layout the update would compute.
+        if wanted.len() <= 32 {
+            wanted.iter().all(|id| programmed.slots.contains(id))
+                && programmed.slots.iter().all(|id| wanted.contains(id))
+        } else {
+            assign_slots(&programmed.slots, &wanted) == programmed.slots
+        }
     }
 
     /// Makes the maps hold `desired` (every frontend), writing only what differs.
@@ -379,6 +447,16 @@ impl<S: Store> Writer<S> {
                 return Err(error);
             }
             *self.service_entries.of(key.is_ipv6()) -= 1;
+        }
+        // Before any id is handed out: a stray's id may be the next one.
+        while let Some((id, address)) = self.stray_backends.pop_first() {
+            if self.backends.contains(id) {
+                continue;
+            }
+            if let Err(error) = self.write(&mut report, Op::DeleteBackend { id, address }) {
+                self.stray_backends.insert((id, address));
+                return Err(error);
+            }
         }
 
         for (frontend, _) in changes.iter().filter(|(_, spec)| spec.is_none()) {
@@ -481,16 +559,7 @@ impl<S: Store> Writer<S> {
         spec: &FrontendSpec,
     ) -> Result<Result<(), Rejected>, StoreError> {
         let old = self.frontends.get(&frontend).cloned();
-        let (mut flags, affinity_timeout_s) = match spec.affinity_timeout_seconds {
-            Some(timeout) => (SERVICE_FLAG_AFFINITY, timeout),
-            None => (0, 0),
-        };
-        if spec.maglev {
-            flags |= SERVICE_FLAG_MAGLEV;
-        }
-        if spec.no_endpoints && spec.backends.is_empty() {
-            flags |= SERVICE_FLAG_REJECT;
-        }
+        let (flags, affinity_timeout_s) = flags_of(spec);
 
         // Backend ids: existing ones reused, new ones reserved (written only if accepted).
         let mut new_backends: Vec<(u32, BackendAddr)> = Vec::new();
@@ -710,6 +779,21 @@ impl<S: Store> Writer<S> {
             self.service_ids.contains(&id)
         })
     }
+}
+
+/// The master entry's flags and affinity timeout for `spec`.
+fn flags_of(spec: &FrontendSpec) -> (u16, u32) {
+    let (mut flags, affinity_timeout_s) = match spec.affinity_timeout_seconds {
+        Some(timeout) => (SERVICE_FLAG_AFFINITY, timeout),
+        None => (0, 0),
+    };
+    if spec.maglev {
+        flags |= SERVICE_FLAG_MAGLEV;
+    }
+    if spec.no_endpoints && spec.backends.is_empty() {
+        flags |= SERVICE_FLAG_REJECT;
+    }
+    (flags, affinity_timeout_s)
 }
 
 /// The first id from `next` on that is not 0 and not `taken` (wrapping); `next` moves past

@@ -2,7 +2,7 @@
 //! concurrent lookup would see it.
 use std::{collections::BTreeMap, net::IpAddr};
 
-use super::{BackendEntry, MapContents, Op, SlotKey, SlotValue, Store, StoreError};
+use super::{BackendEntry, MapContents, Op, SlotKey, SlotValue, Store, StoreError, WalkPosition};
 use crate::desired::{BackendAddr, Protocol};
 
 /// Records operations and keeps the resulting map contents.
@@ -81,6 +81,45 @@ impl Store for Recorder {
             .backends
             .get(&id)
             .map(|(backend, protocol)| (*backend, Some(*protocol))))
+    }
+
+    /// The service map is map 0 and the backend map map 1; a position counts entries.
+    fn walk(
+        &self,
+        from: WalkPosition,
+        budget: usize,
+    ) -> std::io::Result<(MapContents, Option<WalkPosition>)> {
+        let mut contents = MapContents::default();
+        let mut at = from;
+        while contents.len() < budget && at.map < 2 {
+            let skip = at.within.unwrap_or(0) as usize;
+            let room = budget - contents.len();
+            let (taken, len) = if at.map == 0 {
+                let before = contents.services.len();
+                let services = self.services.iter().skip(skip).take(room);
+                contents.services.extend(services.map(|(k, v)| (*k, *v)));
+                (contents.services.len() - before, self.services.len())
+            } else {
+                let before = contents.backends.len();
+                let backends = self.backends.iter().skip(skip).take(room);
+                contents
+                    .backends
+                    .extend(backends.map(|(id, (addr, protocol))| (*id, *addr, Some(*protocol))));
+                (contents.backends.len() - before, self.backends.len())
+            };
+            at = if skip + taken < len {
+                WalkPosition {
+                    map: at.map,
+                    within: u32::try_from(skip + taken).ok(),
+                }
+            } else {
+                WalkPosition {
+                    map: at.map + 1,
+                    within: None,
+                }
+            };
+        }
+        Ok((contents, (at.map < 2).then_some(at)))
     }
 
     fn write(&mut self, op: &Op) -> Result<(), StoreError> {

@@ -89,6 +89,23 @@ pub trait Store {
 
     /// What the backend map of `address`'s family holds for `id` now (`None`: no entry).
     fn read_backend(&self, id: u32, address: IpAddr) -> std::io::Result<Option<BackendEntry>>;
+
+    /// Reads the maps' entries from `from` on, about `budget` of them (the store reads whole
+    /// chunks), in the order the maps keep them: a walk through every map in bounded steps.
+    /// Returns where the next step goes on from, `None` once the last map is read through.
+    fn walk(
+        &self,
+        from: WalkPosition,
+        budget: usize,
+    ) -> std::io::Result<(MapContents, Option<WalkPosition>)>;
+}
+
+/// Where a walk through the maps ([`Store::walk`]) goes on from: which map, and a position
+/// in it that only the store interprets (`None`: its start).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WalkPosition {
+    pub map: usize,
+    pub within: Option<u32>,
 }
 
 /// A backend-map entry read back; `None` for a protocol this agent does not know.
@@ -110,4 +127,11 @@ pub struct MapContents {
     pub strays: Vec<StrayKey>,
     /// `None`: a protocol this agent does not know (the entry goes at the next apply).
     pub backends: Vec<(u32, BackendAddr, Option<Protocol>)>,
+}
+
+impl MapContents {
+    /// Entries read, of every kind.
+    pub fn len(&self) -> usize {
+        self.services.len() + self.strays.len() + self.backends.len()
+    }
 }

@@ -538,6 +538,24 @@ fn verification_reads_every_entry_once_per_pass_and_writes_nothing_without_drift
 }
 
 #[test]
+fn a_backend_id_near_the_top_keeps_each_verification_call_bounded() {
+    // A backend read back with an id near 2^32 (written by hand): the ids below it are
+    // gaps, and a call probes a bounded number of them (before, one call went through
+    // four billion).
+    let contents = MapContents {
+        backends: vec![
+            (1, backends(&[1])[0], Some(Protocol::Tcp)),
+            (u32::MAX - 1, backends(&[2])[0], Some(Protocol::Tcp)),
+        ],
+        ..MapContents::default()
+    };
+    let mut w = Writer::adopt(Recorder::default(), CAPACITY, contents);
+    let call = w.verify(10).expect("verify");
+    assert!(!call.pass_done, "{call:?}");
+    assert!(call.read <= 10, "{call:?}");
+}
+
+#[test]
 fn verification_writes_back_what_was_deleted_or_changed_behind_the_writer() {
     let mut w = writer();
     w.apply(&desired(&[(1, &[1, 2]), (2, &[3])]))
@@ -560,6 +578,91 @@ fn verification_writes_back_what_was_deleted_or_changed_behind_the_writer() {
     assert_eq!((w.store.services.clone(), w.store.backends.clone()), held);
     // Restored: the next pass finds nothing.
     assert_eq!(w.verify(1000).expect("verify").restored, 0);
+}
+
+#[test]
+fn the_walk_finds_what_the_writer_did_not_write_and_the_next_apply_deletes_it() {
+    let mut w = writer();
+    w.apply(&desired(&[(1, &[1, 2]), (2, &[3])]))
+        .expect("apply");
+    let held = (w.store.services.clone(), w.store.backends.clone());
+    // By hand: a slot above a count, a master of a frontend the writer never had, a
+    // backend no slot names.
+    let slot = w.store.services[&service_key(&frontend(1), 1)];
+    w.store.services.insert(service_key(&frontend(2), 2), slot);
+    w.store.services.insert(
+        service_key(&frontend(9), 0),
+        SlotValue::Master(Master::default()),
+    );
+    w.store
+        .backends
+        .insert(77, (backends(&[77])[0], Protocol::Tcp));
+    let entries = w.store.services.len() + w.store.backends.len();
+
+    // In small steps: every entry read once over the pass, the three found.
+    let mut steps = Vec::new();
+    loop {
+        let step = w.find_extras(2).expect("walk");
+        steps.push(step);
+        if step.pass_done {
+            break;
+        }
+    }
+    assert_eq!(steps.iter().map(|s| s.read).sum::<usize>(), entries);
+    assert_eq!(steps.iter().map(|s| s.found).sum::<usize>(), 3, "{steps:?}");
+    assert!(steps[..steps.len() - 1].iter().all(|s| !s.pass_done));
+
+    w.store.ops.clear();
+    w.apply_changes(&BTreeMap::new()).expect("apply");
+    let mut deleted = kinds(&w.store.ops);
+    deleted.sort();
+    assert_eq!(deleted, ["-be77", "-master", "-slot2"]);
+    assert_eq!((w.store.services.clone(), w.store.backends.clone()), held);
+    // Accounted for while they were there, and no longer.
+    assert_eq!(w.service_entries(), 3 + 2);
+    assert_eq!(w.backend_entries(), 3);
+    // The next pass finds nothing.
+    let again = w.find_extras(1000).expect("walk");
+    assert_eq!((again.found, again.pass_done), (0, true));
+}
+
+#[test]
+fn only_frontends_not_programmed_as_desired_have_drifted() {
+    let mut w = writer();
+    let before = desired(&[(1, &[1, 2]), (2, &[3]), (3, &[])]);
+    w.apply(&before).expect("apply");
+    assert!(w.drifted(&before).is_empty());
+    // Same backends in another order: nothing to write.
+    assert!(
+        w.drifted(&desired(&[(1, &[2, 1]), (2, &[3]), (3, &[])]))
+            .is_empty()
+    );
+
+    let mut after = desired(&[(1, &[1, 2]), (2, &[3, 4]), (4, &[5])]);
+    let mut affinity = after.frontends[&frontend(1)].clone().into_owned();
+    affinity.affinity_timeout_seconds = Some(60);
+    after.insert(frontend(1), affinity);
+    let drifted = w.drifted(&after);
+    let frontends: Vec<(Frontend, bool)> = drifted
+        .iter()
+        .map(|(frontend, spec)| (*frontend, spec.is_some()))
+        .collect();
+    assert_eq!(
+        frontends,
+        [
+            (frontend(1), true),
+            (frontend(2), true),
+            (frontend(3), false),
+            (frontend(4), true)
+        ]
+    );
+    // Applying only those makes the maps what a whole apply would.
+    w.apply_changes(&drifted).expect("apply");
+    assert!(w.drifted(&after).is_empty());
+    let mut whole = writer();
+    whole.apply(&after).expect("apply");
+    assert_eq!(w.store.services.len(), whole.store.services.len());
+    assert_eq!(w.store.backends.len(), whole.store.backends.len());
 }
 
 #[test]

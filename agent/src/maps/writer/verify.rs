@@ -23,14 +23,15 @@ impl<S: Store> Writer<S> {
     /// so a lookup sees either the drifted frontend or the restored one.
     pub fn verify(&mut self, budget: usize) -> Result<Verified, VerifyError> {
         let mut verified = Verified::default();
-        while verified.read < budget && !verified.pass_done {
+        // Ids freed by removals leave gaps: probes of them count too, over the whole call,
+        // so a sparse range (a backend id near 2^32 read back once) costs a bounded time
+        // per call as well.
+        let mut probes = 0;
+        while verified.read < budget && !verified.pass_done && probes < PROBES * budget {
             match self.verify_cursor {
                 Cursor::Backends(from) => {
                     let last = self.backends.last_id();
                     let mut id = from;
-                    // Ids freed by removals leave gaps: probes of them count too, so a
-                    // sparse range costs a bounded time per call as well.
-                    let mut probes = 0;
                     while id <= last && verified.read < budget && probes < PROBES * budget {
                         self.verify_backend(id, &mut verified)?;
                         id += 1;

@@ -325,7 +325,8 @@ fn file_cold_start(
 
 /// What resyncs cost at this size, from the file agent restarted over its programmed maps.
 struct Resyncs {
-    /// Its first sync: a full resync's re-read of every map, with nothing to write.
+    /// A periodic full resync after the window (every Service selected again, with nothing
+    /// to write).
     full: SyncLine,
     /// Each later resync: entries read back, and its time as the agent took it.
     verified: Vec<(usize, Duration)>,
@@ -337,26 +338,39 @@ struct Resyncs {
 }
 
 /// Restarts the file agent over the maps the cold start programmed, with a resync every
-/// second: its first (full) sync re-reads every map and writes nothing, then for
-/// RESYNC_WINDOW nothing changes but the resyncs.
+/// second: its first (full) sync writes nothing, then for RESYNC_WINDOW nothing changes
+/// but the resyncs, and then comes a periodic full resync (the hourly one), timed.
 fn resyncs(sandbox: &Sandbox, manifests: &ManifestDir, sizing: Sizing) -> Resyncs {
-    let agent = start_file(sandbox, &manifests.path, sizing, &["--sync-period", "1s"]);
+    let full_period = format!("{}s", (RESYNC_WINDOW + Duration::from_secs(3)).as_secs());
+    let agent = start_file(
+        sandbox,
+        &manifests.path,
+        sizing,
+        &["--sync-period", "1s", "--full-sync-period", &full_period],
+    );
     agent.wait_for_log("synced", 1);
-    let full = agent
+    let first = agent
         .syncs(agent.started(), Instant::now())
         .into_iter()
         .find(|sync| sync.full)
         .expect("the first sync is a full one");
-    assert_eq!(full.writes, 0, "the restarted agent rewrote its maps");
+    assert_eq!(first.writes, 0, "the restarted agent rewrote its maps");
     let began = Instant::now();
     let cpu_before = cpu_seconds(agent.pid());
     std::thread::sleep(RESYNC_WINDOW);
     let cpu = cpu_seconds(agent.pid()) - cpu_before;
     let window = began.elapsed();
+    agent.wait_for_log("full=true", 2);
+    let full = agent
+        .syncs(began, Instant::now())
+        .into_iter()
+        .find(|sync| sync.full)
+        .expect("a periodic full resync");
+    assert_eq!(full.writes, 0, "the full resync rewrote the maps");
     let lines: Vec<String> = agent
         .lines()
         .into_iter()
-        .filter(|(at, line)| *at >= began && line.contains("maps verified"))
+        .filter(|(at, line)| *at >= began && *at < began + window && line.contains("maps verified"))
         .map(|(_, line)| line)
         .collect();
     agent.stop();

@@ -71,7 +71,7 @@ pub fn report(
     let _ = writeln!(out, "|---|---:|---:|---:|---:|");
     let _ = writeln!(
         out,
-        "| full (first sync, every --full-sync-period) | {entries} | {} | - | - |",
+        "| full (every --full-sync-period: every Service selected again) | - | {} | - | - |",
         ms(resyncs.full.took)
     );
     let _ = writeln!(
