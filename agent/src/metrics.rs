@@ -85,6 +85,8 @@ pub struct Metrics {
     /// Service and backend entries found deleted or changed behind the agent's back, and
     /// written back.
     pub map_entries_restored: Counter,
+    /// Service and backend entries found that the agent did not write, and deleted.
+    pub map_entries_removed: Counter,
 }
 
 /// The registry and every family registered in it: an empty family exports no series (not
@@ -132,6 +134,7 @@ impl Metrics {
             sockets_destroyed: Family::default(),
             socket_destroy_mode: Family::default(),
             map_entries_restored: Counter::default(),
+            map_entries_removed: Counter::default(),
             registry: Families::default(),
         };
         registry.register(
@@ -189,6 +192,12 @@ impl Metrics {
             "Service and backend map entries found deleted or changed behind the agent's back \
              (by hand, with bpftool) by the resyncs' verification, and written back",
             metrics.map_entries_restored.clone(),
+        );
+        registry.register(
+            "socklb_map_entries_removed",
+            "Service and backend map entries the agent did not write (added by hand, with \
+             bpftool), found by the resyncs' walk through the maps and deleted by the next sync",
+            metrics.map_entries_removed.clone(),
         );
         registry.register(
             "socklb_skipped_services",

@@ -509,6 +509,9 @@ impl Runner {
         let started = std::time::Instant::now();
         let (verified, extras) = self.dataplane.verify(VERIFY_BUDGET, WALK_BUDGET)?;
         if extras.found > 0 {
+            self.metrics
+                .map_entries_removed
+                .inc_by(u64::try_from(extras.found).unwrap_or(u64::MAX));
             warn!(
                 entries = extras.found,
                 "service or backend map entries this agent did not write were found (added \

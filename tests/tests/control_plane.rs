@@ -237,6 +237,11 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
         },
     );
     wait_for_answers(&sandbox, &["127.0.22.1"]);
+    let metrics = self::metrics();
+    assert!(
+        metrics.contains("socklb_map_entries_removed_total 3"),
+        "{metrics}"
+    );
     assert_eq!(
         agent.log().matches("full=true").count(),
         1,

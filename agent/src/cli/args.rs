@@ -117,12 +117,13 @@ pub struct RunArgs {
     /// Least time between two syncs: changes arriving meanwhile are programmed together.
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub min_sync_period: Duration,
-    /// Time between resyncs: each reads back a part of the service and backend maps (40,000
-    /// entries) and writes back what was deleted or changed behind the agent's back.
+    /// Time between resyncs: each reads back a part of the service and backend entries the
+    /// agent wrote (30,000) and writes back what was deleted or changed behind its back, and
+    /// walks through 40,000 more for entries it did not write, which the next sync deletes.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_period: Duration,
-    /// Time between full resyncs, which re-read every map and also remove entries the agent
-    /// did not write (as kube-proxy's hourly full sync).
+    /// Time between full resyncs, which select every Service's backends again and program
+    /// what differs from what was written (as kube-proxy's hourly full sync).
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     pub full_sync_period: Duration,
     /// How long to wait for another agent holding the pin directory to exit (the handover of

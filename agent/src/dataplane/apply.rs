@@ -32,15 +32,6 @@ impl Dataplane {
             .collect()
     }
 
-    /// Makes the maps hold `desired`, writing only the differences. Frontends whose change
-    /// does not fit are left as they were and listed in the report.
-    pub fn apply(&mut self, desired: &Desired<'_>) -> Result<ApplyReport, DataplaneError> {
-        self.make_room_for(desired);
-        let before = self.internal_backends(self.writer.frontends());
-        let result = self.writer.apply(desired);
-        self.apply_after_writer(desired, result, &before)
-    }
-
     /// A full resync: every frontend whose desired state differs from what the writer
     /// programmed (a change the change tracking missed) is applied, without re-reading the
     /// service and backend maps: the resyncs' verification and walk repair their drift.
@@ -48,6 +39,14 @@ impl Dataplane {
     /// they differ.
     pub fn apply_drifted(&mut self, desired: &Desired<'_>) -> Result<ApplyReport, DataplaneError> {
         self.readopt_small_maps()?;
+        self.apply(desired)
+    }
+
+    /// Makes the maps hold `desired`, writing only the differences and going through only
+    /// the frontends that differ from the writer's mirror (at 100,000 Services with nothing
+    /// to write, going through every frontend took a second). Frontends whose change does
+    /// not fit are left as they were and listed in the report.
+    pub fn apply(&mut self, desired: &Desired<'_>) -> Result<ApplyReport, DataplaneError> {
         let changes = self.writer.drifted(desired);
         let changed = || changes.iter().map(|(f, spec)| (f, *spec));
         self.make_room(self.writer.demand(changed()), self.maglev.demand(changed()));

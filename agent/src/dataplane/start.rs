@@ -167,6 +167,7 @@ impl Dataplane {
         desired: &Desired<'_>,
     ) -> Result<Result<ApplyReport, DataplaneError>, DataplaneError> {
         if self.programs_loaded {
+            // A restart: the mirror was adopted from the maps at load.
             return Ok(self.apply(desired));
         }
         // A growth here replaces the maps; the programs are loaded over the new ones below.

@@ -26,8 +26,7 @@ pub struct MaglevError {
 /// The tables `map` holds, by service id.
 fn tables(map: &BpfHashMap<MapData, MaglevKey, u32>) -> Result<HashMap<u32, Vec<u32>>, MapError> {
     let mut tables: HashMap<u32, Vec<u32>> = HashMap::new();
-    for entry in map.iter() {
-        let (key, slot) = entry?;
+    for (key, slot) in super::batch::entries(map)? {
         let slots = tables.entry(key.service_id).or_default();
         let index = key.index as usize;
         if slots.len() <= index {

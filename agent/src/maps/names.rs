@@ -94,7 +94,7 @@ pub struct NamesWriter {
 
 impl NamesWriter {
     pub fn adopt(map: BpfHashMap<MapData, u32, FrontendName>) -> Result<Self, MapError> {
-        let adopted = map.iter().collect::<Result<_, _>>()?;
+        let adopted = super::batch::entries(&map)?.into_iter().collect();
         Ok(Self {
             map,
             held: BTreeMap::new(),
@@ -117,7 +117,7 @@ impl NamesWriter {
 
     pub fn readopt(&mut self) -> Result<(), MapError> {
         self.held.clear();
-        self.adopted = self.map.iter().collect::<Result<_, _>>()?;
+        self.adopted = super::batch::entries(&self.map)?.into_iter().collect();
         Ok(())
     }
 

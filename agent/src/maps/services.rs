@@ -195,22 +195,22 @@ impl KernelMaps {
     ) -> Result<Option<u32>, MapError> {
         match map {
             0 => {
-                let (entries, next) = chunk(&self.services, from)?;
+                let (entries, next) = batch::chunk(&self.services, from)?;
                 decode_services(entries, StrayKey::V4, contents);
                 Ok(next)
             }
             1 => {
-                let (entries, next) = chunk(&self.services6, from)?;
+                let (entries, next) = batch::chunk(&self.services6, from)?;
                 decode_services(entries, StrayKey::V6, contents);
                 Ok(next)
             }
             2 => {
-                let (entries, next) = chunk(&self.backends, from)?;
+                let (entries, next) = batch::chunk(&self.backends, from)?;
                 contents.backends.extend(entries.iter().map(decode_backend));
                 Ok(next)
             }
             _ => {
-                let (entries, next) = chunk(&self.backends6, from)?;
+                let (entries, next) = batch::chunk(&self.backends6, from)?;
                 contents.backends.extend(entries.iter().map(decode_backend));
                 Ok(next)
             }
@@ -436,26 +436,6 @@ fn backend_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(u32, Backend<A>)>> 
 /// The service and backend maps of both families, as [`KernelMaps::read_chunk`] numbers
 /// them.
 const MAPS: usize = 4;
-
-/// Entries of one map read back, and where the next chunk begins (`None`: the map's end).
-type Chunk<K, V> = (Vec<(K, V)>, Option<u32>);
-
-/// One chunk of `map` from the position `from` on. A kernel without batch lookups gives
-/// the whole map at once.
-fn chunk<K: Pod + Default, V: Pod + Default>(
-    map: &HashMap<MapData, K, V>,
-    from: Option<u32>,
-) -> Result<Chunk<K, V>, MapError> {
-    let mut entries = Vec::new();
-    match batch::read_chunk(IterableMap::map(map).fd().as_fd(), from, &mut entries) {
-        Ok(next) => Ok((entries, next)),
-        Err(error) if error.unsupported() => Ok((map.iter().collect::<Result<_, _>>()?, None)),
-        Err(error) => Err(MapError::SyscallError(aya::sys::SyscallError {
-            call: "bpf_map_lookup_batch",
-            io_error: error.error,
-        })),
-    }
-}
 
 /// Service-map entries read back, into `contents`: those that name no frontend this agent
 /// knows as strays (`stray` says of which family).
