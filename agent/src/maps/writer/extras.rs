@@ -7,18 +7,10 @@
 //! entry), and compares every entry with the mirror. What the mirror does not account for
 //! is deleted by the next apply, as if a full re-read had found it, so the hourly full
 //! resync no longer needs to re-read two million entries at 100,000 Services.
-use super::{Store, Writer, verified::VerifyError};
-
-/// What one step of the walk read.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Extras {
-    /// Entries read.
-    pub read: usize,
-    /// Entries the mirror did not account for: deleted by the next apply.
-    pub found: usize,
-    /// This step read the last map through: the next goes on from the first.
-    pub pass_done: bool,
-}
+use super::{
+    Store, Writer,
+    verified::{Extras, VerifyError},
+};
 
 impl<S: Store> Writer<S> {
     /// Reads about `budget` entries of the maps from where the last call stopped, and

@@ -36,13 +36,12 @@ use std::{
 use socklb_abi::{SERVICE_FLAG_AFFINITY, SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, map_names};
 
 pub use self::{
-    extras::Extras,
     report::{ApplyReport, Capacity, Demand, Outcome, Rejected, Room},
     store::{
         BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
         WalkPosition,
     },
-    verified::{Verified, VerifyError},
+    verified::{Extras, Verified, VerifyError},
 };
 use crate::desired::{
     BackendAddr, Desired, Frontend, FrontendSpec, Protocol, layout::assign_slots,

@@ -1,4 +1,5 @@
-//! What a verification of the maps reports, and where the next one goes on from.
+//! What a verification of the maps (and the walk for entries the writer did not write)
+//! reports, and where the next one goes on from.
 use std::io;
 
 use super::store::StoreError;
@@ -26,6 +27,18 @@ pub struct Verified {
     /// Entries written back because they differed from what this agent wrote.
     pub restored: usize,
     /// This call finished a pass over every entry.
+    pub pass_done: bool,
+}
+
+/// What one step of the walk for entries the writer did not write read
+/// ([`Writer::find_extras`](super::Writer::find_extras)).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// Entries read.
+    pub read: usize,
+    /// Entries the mirror did not account for: deleted by the next apply.
+    pub found: usize,
+    /// This step read the last map through: the next goes on from the first.
     pub pass_done: bool,
 }
 
