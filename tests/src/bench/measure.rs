@@ -124,6 +124,67 @@ pub fn rounds<K: Copy + Ord + Debug>(
             }
         }
     }
+    check_answers(servers, accepted_before, made, plans, &results)?;
+    Ok(results)
+}
+
+/// [`rounds`] with the plans alternating connection by connection instead of a batch each:
+/// per round `batch` connections per plan, one of each plan in turn (the client moves into
+/// the next plan's place before each, untimed), the plans' turn in a new random order every
+/// round, after a warm-up round. Every plan then sees the machine as it is at that moment,
+/// where a batch paid for whatever the machine did during it. Each plan's first target
+/// only; CPU time is not split between the plans.
+pub fn alternating<K: Copy + Ord + Debug>(
+    client: &mut Client,
+    servers: &[&Servers],
+    plans: &[Plan<'_, K>],
+    batch: u32,
+    rounds: u32,
+) -> anyhow::Result<BTreeMap<K, Cell>> {
+    let accepted_before = servers.iter().map(|s| s.accepted()).sum::<u64>();
+    let places = |order: &[usize]| -> Vec<(&Place, SocketAddrV4)> {
+        order
+            .iter()
+            .map(|&index| (plans[index].place, plans[index].targets[0]))
+            .collect()
+    };
+    let mut order: Vec<usize> = (0..plans.len()).collect();
+    let per_round = u64::from(batch) * plans.len() as u64;
+    client.alternate(batch, &places(&order))?;
+    let mut made = per_round;
+    let mut results: BTreeMap<K, Cell> = BTreeMap::new();
+    let mut rng = fastrand::Rng::with_seed(0x50c1b);
+    for _ in 0..rounds {
+        rng.shuffle(&mut order);
+        let result = client.alternate(batch, &places(&order))?;
+        made += per_round;
+        for ((ns, reply), turn) in result.ns.iter().zip(&result.replies).zip(&result.targets) {
+            let plan = &plans[order[*turn as usize]];
+            let cell = results.entry(plan.key).or_default();
+            cell.samples.push(*ns);
+            cell.targets.push(0);
+            *cell.answered.entry(*reply).or_default() += 1;
+        }
+    }
+    check_answers(servers, accepted_before, made, plans, &results)?;
+    Ok(results)
+}
+
+/// Waits until `servers` accepted the `made` connections since `accepted_before`, then
+/// checks that every plan's connections reached its endpoints only, and all of them.
+fn check_answers<K: Copy + Ord + Debug>(
+    servers: &[&Servers],
+    accepted_before: u64,
+    made: u64,
+    plans: &[Plan<'_, K>],
+    results: &BTreeMap<K, Cell>,
+) -> anyhow::Result<()> {
+    let accepted = || {
+        servers
+            .iter()
+            .map(|servers| servers.accepted())
+            .sum::<u64>()
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     while accepted() < accepted_before + made {
         ensure!(
@@ -152,7 +213,7 @@ pub fn rounds<K: Copy + Ord + Debug>(
             expected.len()
         );
     }
-    Ok(results)
+    Ok(())
 }
 
 /// What one iperf3 run measured.

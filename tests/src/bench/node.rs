@@ -213,11 +213,49 @@ pub fn connection_rounds<'c, K: Copy + Ord + Debug>(
     rounds: u32,
     observe: impl FnMut(K, Moment),
 ) -> anyhow::Result<BTreeMap<K, measure::Cell>> {
-    let places: BTreeMap<K, Place> = worlds
+    let places = places(worlds, cgroup);
+    let plans = plans(worlds, &places, target);
+    let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
+    let mut client = Client::spawn(&worlds[&first].client)?;
+    measure::rounds(&mut client, &servers, &plans, connections, rounds, observe)
+}
+
+/// [`connection_rounds`] with the worlds alternating connection by connection
+/// (`measure::alternating`): the client moves into the next world's namespace (and
+/// cgroup) before each connection.
+pub fn alternating_rounds<'c, K: Copy + Ord + Debug>(
+    worlds: &BTreeMap<K, World>,
+    first: K,
+    cgroup: impl Fn(K) -> &'c Path,
+    target: impl Fn(K) -> SocketAddrV4,
+    connections: u32,
+    rounds: u32,
+) -> anyhow::Result<BTreeMap<K, measure::Cell>> {
+    let places = places(worlds, cgroup);
+    let plans = plans(worlds, &places, target);
+    let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
+    let mut client = Client::spawn(&worlds[&first].client)?;
+    measure::alternating(&mut client, &servers, &plans, connections, rounds)
+}
+
+/// Each world's client namespace, with `cgroup(key)`.
+fn places<'c, K: Copy + Ord>(
+    worlds: &BTreeMap<K, World>,
+    cgroup: impl Fn(K) -> &'c Path,
+) -> BTreeMap<K, Place> {
+    worlds
         .iter()
         .map(|(&key, world)| (key, Place::new(&world.client, cgroup(key))))
-        .collect();
-    let plans: Vec<Plan<'_, K>> = worlds
+        .collect()
+}
+
+/// One plan per world: from its place to `target(key)`, answered by [`POD`] only.
+fn plans<'p, K: Copy + Ord>(
+    worlds: &BTreeMap<K, World>,
+    places: &'p BTreeMap<K, Place>,
+    target: impl Fn(K) -> SocketAddrV4,
+) -> Vec<Plan<'p, K>> {
+    worlds
         .keys()
         .map(|&key| Plan {
             key,
@@ -225,10 +263,7 @@ pub fn connection_rounds<'c, K: Copy + Ord + Debug>(
             targets: vec![target(key)],
             endpoints: vec![POD],
         })
-        .collect();
-    let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
-    let mut client = Client::spawn(&worlds[&first].client)?;
-    measure::rounds(&mut client, &servers, &plans, connections, rounds, observe)
+        .collect()
 }
 
 /// One more batch of `connections` from `key`'s world to `target` (after a warm-up batch),

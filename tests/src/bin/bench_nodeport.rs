@@ -159,7 +159,7 @@ fn bench(options: &Options, services: u32) -> anyhow::Result<()> {
         report,
         "One TCP Service, `externalTrafficPolicy: Local`, one local pod; {services} ClusterIP \
          services of 10 endpoints ahead of it in kube-proxy's rules; {}.\n",
-        options.method("peer"),
+        options.method("peer", false),
     );
     let _ = writeln!(
         report,

@@ -38,7 +38,7 @@ use socklb_tests::bench::{
     cluster::Service,
     measure::{self, iperf3, iperf3_rounds},
     node::{
-        AgentFiles, ClientLink, POD, Scratch, TcMeter, Translator, connection_rounds,
+        AgentFiles, ClientLink, POD, Scratch, TcMeter, Translator, alternating_rounds,
         measured_services, metered_batch, per_run, preflight, worlds,
     },
     node_flags::{self, Options},
@@ -211,14 +211,13 @@ fn step(
         _ => SocketAddrV4::new(cluster[service].vip, cluster[service].port),
     };
     let web = cluster.len() - 2;
-    let cells = connection_rounds(
+    let cells = alternating_rounds(
         &worlds,
         Path::Direct,
         cgroup,
         |path| target(path, web),
         options.connections,
         options.rounds,
-        |_, _| {},
     )?;
     // The programs' cost per packet, from the kernel's run-time stats, in one more batch of
     // the per-packet path: the stats add two clock reads to every program run, which the
@@ -267,7 +266,7 @@ fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
         "A pod's TCP connections to a ClusterIP of one endpoint (a pod behind the node), last \
          of N ClusterIP Services of 10 endpoints in kube-proxy's rules; {}; BPF run-time \
          stats on only for one more, untimed batch of the per-packet path.\n",
-        options.method("path"),
+        options.method("path", true),
     );
     let _ = writeln!(
         report,
