@@ -107,29 +107,6 @@ impl Client {
         )
         .and_then(|()| self.stdin.flush())
         .context("send a batch to the client")?;
-        self.answer()
-    }
-
-    /// COUNT connections from each of `places` in turn, each to its own target (the first
-    /// place's, the second's, ..., then the first's again), moving into the next place
-    /// before each (untimed). Each connection's [`BatchResult::targets`] entry is its
-    /// place's index.
-    pub fn alternate(
-        &mut self,
-        count: u32,
-        places: &[(&Place, SocketAddrV4)],
-    ) -> anyhow::Result<BatchResult> {
-        let places: Vec<String> = places
-            .iter()
-            .map(|(place, target)| format!("{} {} {target}", place.netns, place.cgroup.display()))
-            .collect();
-        writeln!(self.stdin, "alternate {count} {}", places.join(" "))
-            .and_then(|()| self.stdin.flush())
-            .context("send an alternating batch to the client")?;
-        self.answer()
-    }
-
-    fn answer(&mut self) -> anyhow::Result<BatchResult> {
         let mut line = String::new();
         self.stdout
             .read_line(&mut line)
@@ -148,8 +125,7 @@ impl Drop for Client {
 
 /// The `client` command of a benchmark binary: reads "COUNT NETNS CGROUP ADDR,ADDR,..." lines, moves into the namespace and
 /// cgroup, makes COUNT connections round-robin over the addresses, answers with one JSON
-/// line; and "alternate COUNT NETNS CGROUP ADDR NETNS CGROUP ADDR ..." lines
-/// ([`Client::alternate`]).
+/// line.
 pub fn run() -> anyhow::Result<()> {
     let stdin = io::stdin();
     let mut stdout = io::stdout();
@@ -158,14 +134,6 @@ pub fn run() -> anyhow::Result<()> {
     let mut here = (String::new(), String::new());
     for line in stdin.lock().lines() {
         let line = line.context("read a command")?;
-        if let Some(rest) = line.strip_prefix("alternate ") {
-            let result = alternate(rest, &mut here)?;
-            let json = serde_json::to_string(&result).context("encode the batch")?;
-            writeln!(stdout, "{json}")
-                .and_then(|()| stdout.flush())
-                .context("answer")?;
-            continue;
-        }
         let mut fields = line.split(' ');
         let (Some(count), Some(netns), Some(cgroup), Some(targets), None) = (
             fields.next(),
@@ -177,7 +145,14 @@ pub fn run() -> anyhow::Result<()> {
             bail!("expected COUNT NETNS CGROUP ADDR,..., got {line:?}");
         };
         let count: u32 = count.parse().context("COUNT")?;
-        move_to(netns, cgroup, &mut here)?;
+        if (netns, cgroup) != (here.0.as_str(), here.1.as_str()) {
+            // The client is single-threaded, so setns moves the whole process; sockets
+            // take the cgroup they are created in, so every later socket is the peer's.
+            enter(&File::open(netns).with_context(|| format!("open {netns}"))?)?;
+            fs::write(Path::new(cgroup).join("cgroup.procs"), "0")
+                .with_context(|| format!("move into the cgroup {cgroup}"))?;
+            here = (netns.to_owned(), cgroup.to_owned());
+        }
         let targets: Vec<libc::sockaddr_in> = targets
             .split(',')
             .map(|target| target.parse::<SocketAddrV4>().map(sockaddr))
@@ -207,62 +182,6 @@ pub fn run() -> anyhow::Result<()> {
             .context("answer")?;
     }
     Ok(())
-}
-
-/// Moves the client into `netns` and `cgroup` unless it is there (`here`).
-fn move_to(netns: &str, cgroup: &str, here: &mut (String, String)) -> anyhow::Result<()> {
-    if (netns, cgroup) != (here.0.as_str(), here.1.as_str()) {
-        // The client is single-threaded, so setns moves the whole process; sockets take
-        // the cgroup they are created in, so every later socket is the peer's.
-        enter(&File::open(netns).with_context(|| format!("open {netns}"))?)?;
-        if cgroup != here.1 {
-            fs::write(Path::new(cgroup).join("cgroup.procs"), "0")
-                .with_context(|| format!("move into the cgroup {cgroup}"))?;
-        }
-        *here = (netns.to_owned(), cgroup.to_owned());
-    }
-    Ok(())
-}
-
-/// An "alternate" line after its keyword: COUNT connections from each place in turn.
-fn alternate(line: &str, here: &mut (String, String)) -> anyhow::Result<BatchResult> {
-    let fields: Vec<&str> = line.split(' ').collect();
-    let (Some(count), places) = (fields.first(), fields.get(1..).unwrap_or_default()) else {
-        bail!("expected alternate COUNT NETNS CGROUP ADDR ..., got {line:?}");
-    };
-    ensure!(
-        !places.is_empty() && places.len() % 3 == 0,
-        "expected alternate COUNT NETNS CGROUP ADDR ..., got {line:?}"
-    );
-    let count: u32 = count.parse().context("COUNT")?;
-    let places: Vec<(&str, &str, libc::sockaddr_in)> = places
-        .chunks(3)
-        .map(|place| {
-            let target = place[2].parse::<SocketAddrV4>().context("ADDR")?;
-            Ok((place[0], place[1], sockaddr(target)))
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let connections = count as usize * places.len();
-    let mut result = BatchResult {
-        ns: Vec::with_capacity(connections),
-        cpu_ns: 0,
-        replies: Vec::with_capacity(connections),
-        targets: Vec::with_capacity(connections),
-    };
-    let cpu_before = cpu_ns();
-    for _ in 0..count {
-        for (index, (netns, cgroup, target)) in places.iter().enumerate() {
-            move_to(netns, cgroup, here)?;
-            let (ns, reply) = connect_read_close(target)?;
-            result.ns.push(ns);
-            result.replies.push(reply);
-            result
-                .targets
-                .push(u32::try_from(index).context("too many places")?);
-        }
-    }
-    result.cpu_ns = cpu_ns().saturating_sub(cpu_before);
-    Ok(result)
 }
 
 fn sockaddr(addr: SocketAddrV4) -> libc::sockaddr_in {

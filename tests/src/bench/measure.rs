@@ -129,41 +129,43 @@ pub fn rounds<K: Copy + Ord + Debug>(
 }
 
 /// [`rounds`] with the plans alternating connection by connection instead of a batch each:
-/// per round `batch` connections per plan, one of each plan in turn (the client moves into
-/// the next plan's place before each, untimed), the plans' turn in a new random order every
-/// round, after a warm-up round. Every plan then sees the machine as it is at that moment,
-/// where a batch paid for whatever the machine did during it. Each plan's first target
-/// only; CPU time is not split between the plans.
+/// one client process per plan, each staying in its plan's place (`clients[i]` for
+/// `plans[i]`), and per round `batch` connections per plan, one of each plan in turn, the
+/// turns in a new random order every round, after a warm-up batch per plan. Every plan then
+/// sees the machine as it is at that moment, where a batch paid for whatever the machine
+/// did during it; and no connection follows a move of its process into another namespace
+/// or cgroup. CPU time is not kept.
 pub fn alternating<K: Copy + Ord + Debug>(
-    client: &mut Client,
+    clients: &mut [Client],
     servers: &[&Servers],
     plans: &[Plan<'_, K>],
     batch: u32,
     rounds: u32,
 ) -> anyhow::Result<BTreeMap<K, Cell>> {
+    ensure!(clients.len() == plans.len(), "one client per plan");
     let accepted_before = servers.iter().map(|s| s.accepted()).sum::<u64>();
-    let places = |order: &[usize]| -> Vec<(&Place, SocketAddrV4)> {
-        order
-            .iter()
-            .map(|&index| (plans[index].place, plans[index].targets[0]))
-            .collect()
-    };
-    let mut order: Vec<usize> = (0..plans.len()).collect();
-    let per_round = u64::from(batch) * plans.len() as u64;
-    client.alternate(batch, &places(&order))?;
-    let mut made = per_round;
+    let mut made = 0u64;
+    for (client, plan) in clients.iter_mut().zip(plans) {
+        client.batch(batch, plan.place, &plan.targets)?;
+        made += u64::from(batch);
+    }
     let mut results: BTreeMap<K, Cell> = BTreeMap::new();
     let mut rng = fastrand::Rng::with_seed(0x50c1b);
+    let mut order: Vec<usize> = (0..plans.len()).collect();
     for _ in 0..rounds {
         rng.shuffle(&mut order);
-        let result = client.alternate(batch, &places(&order))?;
-        made += per_round;
-        for ((ns, reply), turn) in result.ns.iter().zip(&result.replies).zip(&result.targets) {
-            let plan = &plans[order[*turn as usize]];
-            let cell = results.entry(plan.key).or_default();
-            cell.samples.push(*ns);
-            cell.targets.push(0);
-            *cell.answered.entry(*reply).or_default() += 1;
+        for _ in 0..batch {
+            for &index in &order {
+                let plan = &plans[index];
+                let result = clients[index].batch(1, plan.place, &plan.targets)?;
+                made += 1;
+                let cell = results.entry(plan.key).or_default();
+                cell.samples.extend(result.ns);
+                cell.targets.extend(result.targets);
+                for reply in result.replies {
+                    *cell.answered.entry(reply).or_default() += 1;
+                }
+            }
         }
     }
     check_answers(servers, accepted_before, made, plans, &results)?;

@@ -221,11 +221,9 @@ pub fn connection_rounds<'c, K: Copy + Ord + Debug>(
 }
 
 /// [`connection_rounds`] with the worlds alternating connection by connection
-/// (`measure::alternating`): the client moves into the next world's namespace (and
-/// cgroup) before each connection.
+/// (`measure::alternating`): a client process in each world's namespace (and cgroup).
 pub fn alternating_rounds<'c, K: Copy + Ord + Debug>(
     worlds: &BTreeMap<K, World>,
-    first: K,
     cgroup: impl Fn(K) -> &'c Path,
     target: impl Fn(K) -> SocketAddrV4,
     connections: u32,
@@ -234,8 +232,11 @@ pub fn alternating_rounds<'c, K: Copy + Ord + Debug>(
     let places = places(worlds, cgroup);
     let plans = plans(worlds, &places, target);
     let servers: Vec<&Servers> = worlds.values().map(|world| &world.servers).collect();
-    let mut client = Client::spawn(&worlds[&first].client)?;
-    measure::alternating(&mut client, &servers, &plans, connections, rounds)
+    let mut clients = worlds
+        .values()
+        .map(|world| Client::spawn(&world.client))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    measure::alternating(&mut clients, &servers, &plans, connections, rounds)
 }
 
 /// Each world's client namespace, with `cgroup(key)`.

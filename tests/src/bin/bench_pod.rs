@@ -20,9 +20,9 @@
 //!
 //! The Services: `--services` ClusterIP Services of 10 endpoints, then the measured one and
 //! the iperf3 one, both to the server pod, last in kube-proxy's rule order (its worst case:
-//! iptables matches Services one by one). The method is `bench nodeport`'s: one client
-//! process moving into each path's namespace (and cgroup) before each batch, the paths in
-//! a new random order every round.
+//! iptables matches Services one by one). The paths alternate connection by connection: a
+//! client process per path, staying in its namespace (and cgroup), all on one CPU, the
+//! paths' turn in a new random order every round.
 //!
 //! Measured: connection setup (connect, 4-byte answer, close) p50/p99 per path; iperf3
 //! throughput; the per-packet path's TC programs' run time per packet (BPF stats, on only
@@ -213,7 +213,6 @@ fn step(
     let web = cluster.len() - 2;
     let cells = alternating_rounds(
         &worlds,
-        Path::Direct,
         cgroup,
         |path| target(path, web),
         options.connections,
