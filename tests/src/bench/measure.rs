@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, bail, ensure};
 
 use super::{
-    client::{Client, Place},
+    client::{BatchResult, Client, Place},
     netns::in_netns,
     server::Servers,
 };
@@ -53,6 +53,16 @@ impl Cell {
             samples,
             targets,
             ..Self::default()
+        }
+    }
+
+    /// A batch's connections added to the cell.
+    fn add(&mut self, batch: BatchResult) {
+        self.samples.extend(batch.ns);
+        self.targets.extend(batch.targets);
+        self.cpu_ns += batch.cpu_ns;
+        for reply in batch.replies {
+            *self.answered.entry(reply).or_default() += 1;
         }
     }
 
@@ -115,13 +125,7 @@ pub fn rounds<K: Copy + Ord + Debug>(
             let result = client.batch(batch, plan.place, &plan.targets)?;
             observe(plan.key, Moment::After);
             made += u64::from(batch);
-            let cell = results.entry(plan.key).or_default();
-            cell.samples.extend(result.ns);
-            cell.targets.extend(result.targets);
-            cell.cpu_ns += result.cpu_ns;
-            for reply in result.replies {
-                *cell.answered.entry(reply).or_default() += 1;
-            }
+            results.entry(plan.key).or_default().add(result);
         }
     }
     check_answers(servers, accepted_before, made, plans, &results)?;
@@ -134,7 +138,7 @@ pub fn rounds<K: Copy + Ord + Debug>(
 /// turns in a new random order every round, after a warm-up batch per plan. Every plan then
 /// sees the machine as it is at that moment, where a batch paid for whatever the machine
 /// did during it; and no connection follows a move of its process into another namespace
-/// or cgroup. CPU time is not kept.
+/// or cgroup.
 pub fn alternating<K: Copy + Ord + Debug>(
     clients: &mut [Client],
     servers: &[&Servers],
@@ -159,12 +163,7 @@ pub fn alternating<K: Copy + Ord + Debug>(
                 let plan = &plans[index];
                 let result = clients[index].batch(1, plan.place, &plan.targets)?;
                 made += 1;
-                let cell = results.entry(plan.key).or_default();
-                cell.samples.extend(result.ns);
-                cell.targets.extend(result.targets);
-                for reply in result.replies {
-                    *cell.answered.entry(reply).or_default() += 1;
-                }
+                results.entry(plan.key).or_default().add(result);
             }
         }
     }
