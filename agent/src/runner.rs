@@ -365,8 +365,8 @@ impl Runner {
     }
 
     /// Programs the changed Services (for [`SyncKind::Full`], every frontend that differs
-    /// from what was written; for [`SyncKind::Verify`], then verifies a part of the maps). Returns
-    /// whether the maps were written; errors are only those that stop the agent.
+    /// from what was written; for [`SyncKind::Verify`], then verifies a part of the maps).
+    /// Returns whether the maps were written; errors are only those that stop the agent.
     fn sync(&mut self, kind: SyncKind) -> Result<bool, DataplaneError> {
         let full = kind == SyncKind::Full;
         let started = std::time::Instant::now();

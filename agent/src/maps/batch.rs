@@ -1,7 +1,8 @@
 //! Writing and reading many entries of one map in one system call (`BPF_MAP_UPDATE_BATCH`,
 //! `BPF_MAP_LOOKUP_BATCH`, Linux 5.6), which aya does not offer: a first sync of 100,000
-//! Services writes two million entries, and a full resync reads them back; one call per
-//! entry (two to read one) cost each about five to ten seconds.
+//! Services writes two million entries, and a restarted agent reads them back; one call
+//! per entry (two to read one) cost each about five to ten seconds. Reads go a chunk at a
+//! time, so that the resyncs' walk through the maps can stop between two chunks.
 use std::{
     io,
     os::fd::{AsFd as _, AsRawFd, BorrowedFd},

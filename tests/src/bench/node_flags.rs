@@ -99,7 +99,8 @@ impl Options {
             )
         };
         format!(
-            "iptables backend {}; {} rounds x {} connections per {unit}, {order}; iperf3 {} x {} s per {unit}; {}",
+            "iptables backend {}; {} rounds x {} connections per {unit}, {order}; iperf3 {} x \
+             {} s per {unit}; {}",
             self.iptables.name(),
             self.rounds,
             self.connections,

@@ -5,7 +5,8 @@
 //! microsecond per lookup), so each call reads at most a budget of entries and goes on
 //! from there at the next call: backends by id, then frontends in order. A pass over
 //! everything takes `entries / budget` calls. Only what the mirror says this agent wrote
-//! is read back; entries it never wrote are found by the full resync's re-read.
+//! is read back; entries it never wrote are found by the walk through the maps
+//! (`extras.rs`).
 use std::ops::Bound;
 
 use super::{
