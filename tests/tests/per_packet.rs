@@ -6,21 +6,27 @@
 use std::{
     collections::BTreeSet,
     io::{BufRead as _, BufReader},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     process::Stdio,
+    time::Duration,
 };
 
 use aya::maps::{Array, Map, MapData};
-use socklb_abi::{FLOW_FILTER_READY, map_names};
+use socklb_abi::{
+    FLOW_FILTER_READY, FRONTEND_FILTER_READY, fold_ipv6, frontend_filter_slot, ipv6_words,
+    map_names,
+};
 use socklb_tests::{
-    Agent, KillOnDrop, assert_logged, command_in_cgroup, explain_command,
+    Agent, KillOnDrop, assert_logged,
+    clients::Attempt,
+    command_in_cgroup, explain_command,
     family::Family,
     hold::Holder,
     hold_bin,
     lan::{Addresses, LanNode, VM, VM6, answers, servers_of},
     mesh_proxy_bin,
     privileges::chart_agent,
-    run, stdout_of,
+    run, stdout_of, wait,
 };
 
 socklb_tests::for_each_family!(
@@ -30,6 +36,7 @@ socklb_tests::for_each_family!(
     a_pod_s_annotations_choose_its_path_under_the_default_scope,
     a_pod_s_established_flow_survives_a_change_of_its_path,
     a_flow_goes_on_across_a_restart_and_the_upgrade_to_the_flow_filter,
+    the_frontend_filter_follows_services_as_they_come_and_go,
 );
 
 fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
@@ -417,6 +424,113 @@ fn a_flow_goes_on_across_a_restart_and_the_upgrade_to_the_flow_filter(family: Fa
         flows,
         "the datagram followed its flow: no new flow was made"
     );
+}
+
+/// The frontend filter (README, "The frontend filter"): a Service added while the agent
+/// runs is marked before its master entry is written, so its first packets from the VM
+/// are translated; one removed keeps its slot (a stale mark costs only a lookup) until a
+/// full sync rebuilds the filter, here a restart's; the others keep theirs and keep being
+/// served.
+fn the_frontend_filter_follows_services_as_they_come_and_go(family: Family) {
+    let node = LanNode::new(family, "pp-fef", "e");
+    let vm = node.lan.vm();
+    let a = &node.a;
+    let _servers = [node.tcp_servers(8080), node.udp_servers(5353)];
+    let service = |name: &str, host: u8| {
+        a.exposed(name, host)
+            .http_and_dns()
+            .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
+            .yaml()
+    };
+    node.write("web.yaml", &service("web", 60));
+    let agent = node.agent(&[]);
+    let (web, late) = (family.vip(60), family.vip(61));
+    assert_eq!(
+        frontend_filter_word(&node, FRONTEND_FILTER_READY),
+        1,
+        "trusted once the first sync marked every frontend"
+    );
+    assert_ne!(
+        frontend_slot(web, 80, 6),
+        frontend_slot(late, 80, 6),
+        "the test needs two slots"
+    );
+    assert!(marked(&node, web, 80, 6) && marked(&node, web, 53, 17));
+    assert!(!marked(&node, late, 80, 6), "no Service on {late} yet");
+    let seen = node.sandbox.inspect();
+    assert_eq!(seen["frontend_filter"]["ready"], true, "{seen}");
+    assert!(
+        seen["frontend_filter"]["marked"].as_u64() >= Some(2),
+        "inspect counts the marked slots: {seen}"
+    );
+
+    // An incremental sync (the next full sync is an hour away) marks the new frontends.
+    node.write("late.yaml", &service("late", 61));
+    wait::eventually("the new Service's slot", Duration::from_secs(10), || {
+        marked(&node, late, 80, 6)
+            .then_some(())
+            .ok_or_else(|| "not marked".to_owned())
+    });
+    for (mode, port) in [("tcp", 80), ("udp", 53)] {
+        let frontend = Addresses::at(&late.to_string(), port);
+        assert_served(&vm.probe(mode, &frontend, 6), &frontend);
+    }
+
+    let syncs = agent.log().matches("synced").count();
+    node.manifests.remove("late.yaml");
+    agent.wait_for_log("synced", syncs + 1);
+    assert!(
+        marked(&node, late, 80, 6),
+        "a removed frontend's mark stays until the next full sync"
+    );
+    agent.stop();
+    let _agent = node.agent(&[]);
+    assert!(
+        !marked(&node, late, 80, 6),
+        "a restart's first sync rebuilt the filter without the removed Service"
+    );
+    assert!(
+        marked(&node, web, 80, 6),
+        "the other Service keeps its slot"
+    );
+    let frontend = Addresses::at(&web.to_string(), 80);
+    assert_served(&vm.probe("tcp", &frontend, 6), &frontend);
+}
+
+/// The slot of a frontend (port in host order) as the programs compute it from a packet.
+fn frontend_slot(address: IpAddr, port: u16, protocol: u8) -> (u32, u64) {
+    let folded = match address {
+        IpAddr::V4(address) => u32::from_ne_bytes(address.octets()),
+        IpAddr::V6(address) => fold_ipv6(&ipv6_words(address.octets())),
+    };
+    let slot = frontend_filter_slot(folded, port.to_be(), protocol);
+    (slot.word, slot.bit)
+}
+
+/// Whether the pinned frontend filter marks the frontend.
+fn marked(node: &LanNode, address: IpAddr, port: u16, protocol: u8) -> bool {
+    let (word, bit) = frontend_slot(address, port, protocol);
+    frontend_filter_word(node, word) & bit != 0
+}
+
+/// A word of the pinned frontend filter.
+fn frontend_filter_word(node: &LanNode, word: u32) -> u64 {
+    let pin = node.sandbox.pin_dir.join(map_names::FRONTEND_FILTER);
+    let map = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("open {}: {e}", pin.display()));
+    let filter: Array<MapData, u64> = Map::Array(map).try_into().expect("an array map");
+    filter.get(&word, 0).expect("a word of the filter")
+}
+
+/// Every attempt answered by a backend, through the frontend.
+fn assert_served(attempts: &[Attempt], frontend: &str) {
+    for attempt in attempts {
+        assert_eq!(
+            attempt.peer.as_deref(),
+            Some(frontend),
+            "the VM sees the frontend answer: {attempt:?}"
+        );
+    }
+    assert_eq!(answers(attempts).len(), attempts.len(), "{attempts:?}");
 }
 
 /// The flow filter's ready word, as pinned.

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use socklb_abi::map_names;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use super::{Dataplane, error::DataplaneError};
 use crate::{
@@ -73,6 +73,11 @@ impl Dataplane {
         before: &Programmed,
     ) -> Result<ApplyReport, DataplaneError> {
         let report = self.report_gone(result, before)?;
+        // Every frontend the maps hold is marked now: the filter loses the slots of those
+        // removed since, and the programs may trust it (from the first sync on).
+        let writer = &self.writer;
+        let marked = writer.store().frontend_filter.rebuild(writer.frontends());
+        debug!(marked, "frontend filter rebuilt");
         let ranges = self.source_ranges.apply_all(desired.iter());
         let rest = self.report_ranges(ranges).and_then(|()| {
             self.apply_maglev(desired.iter().map(|(f, spec)| (f, Some(spec))), true)

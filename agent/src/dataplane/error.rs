@@ -5,9 +5,9 @@ use aya::maps::MapError;
 use crate::{
     kernel::{
         attach::tc::TcAttachError,
-        flow_filter::FlowFilterError,
         host::HostError,
         load::LoadError,
+        mapped_words::MappedWordsError,
         privileges::{self, PrivilegeError},
         program_logs::ProgramLogsError,
     },
@@ -47,8 +47,9 @@ pub enum DataplaneError {
     Names(#[source] NamesError),
     #[error(transparent)]
     ProgramLogs(#[from] ProgramLogsError),
+    /// The flow filter or the frontend filter.
     #[error(transparent)]
-    FlowFilter(#[from] FlowFilterError),
+    Filter(#[from] MappedWordsError),
     /// The kernel refused for lack of a privilege: what to grant, then what was refused.
     #[error("{diagnosis}")]
     Privileges {

@@ -23,9 +23,11 @@ use crate::{
             tc::{self, TcAttachError},
         },
         load::{self, LoadError, take_map},
+        mapped_words::MappedWordsError,
         pins,
     },
     maps::{
+        frontend_filter::FrontendFilter,
         services::{KernelMaps, RawMaps},
         writer::{Capacity, Demand, Room},
     },
@@ -57,6 +59,8 @@ pub enum GrowError {
         #[source]
         source: MapError,
     },
+    #[error(transparent)]
+    FrontendFilter(#[from] MappedWordsError),
     #[error("cannot swap the programs into the attached links")]
     SwapCgroup(#[source] Box<LoadError>),
     #[error("cannot swap the programs into the attached TC links")]
@@ -214,6 +218,7 @@ impl Dataplane {
             backends: take(map_names::BACKENDS)?,
             services6: take(map_names::SERVICES6)?,
             backends6: take(map_names::BACKENDS6)?,
+            frontend_filter: FrontendFilter::open(&self.config.pin_dir)?,
         };
         let maglev = take(map_names::MAGLEV)?;
         let mut kernel_maps = KernelMaps::new(raw).map_err(|source| GrowError::Map {

@@ -25,6 +25,7 @@ use crate::{
         program_logs::ProgramLogs,
     },
     maps::{
+        frontend_filter::FrontendFilter,
         maglev::MaglevWriter,
         names::NamesWriter,
         namespaces::NamespacesWriter,
@@ -81,6 +82,7 @@ impl Dataplane {
             backends: take_map(&mut ebpf, map_names::BACKENDS)?,
             services6: take_map(&mut ebpf, map_names::SERVICES6)?,
             backends6: take_map(&mut ebpf, map_names::BACKENDS6)?,
+            frontend_filter: FrontendFilter::open(&config.pin_dir)?,
         })
         .map_err(DataplaneError::map(map_names::SERVICES))?;
         let counters = take_map(&mut ebpf, map_names::COUNTERS)?

@@ -24,10 +24,12 @@ use crate::{
     desired::{BackendAddr, Frontend, Protocol, Scope},
     kernel::{
         attach::tc::{DeviceRole, TcAttachError, served_devices},
-        flow_filter::{self, FlowFilterError},
+        flow_filter,
+        mapped_words::MappedWordsError,
         pins,
     },
     maps::{
+        frontend_filter,
         names::FrontendLabel,
         services::{decode_key, decode_value},
         writer::{SlotKey, SlotValue},
@@ -61,7 +63,12 @@ pub enum InspectError {
     #[error("cannot read the flow filter")]
     FlowFilter {
         #[source]
-        source: Box<FlowFilterError>,
+        source: Box<MappedWordsError>,
+    },
+    #[error("cannot read the frontend filter")]
+    FrontendFilter {
+        #[source]
+        source: Box<MappedWordsError>,
     },
 }
 
@@ -172,6 +179,7 @@ pub struct Inspection {
     pub counters: CountersView,
     /// How full the flow filter of the TC programs is (`None`: not pinned).
     pub flow_filter: Option<flow_filter::Fill>,
+    pub frontend_filter: Option<frontend_filter::Fill>,
     /// How an agent in this container closes the sockets of removed backends.
     pub socket_destroy: crate::sweep::Expected,
 }
@@ -470,6 +478,11 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         flow_filter: flow_filter::fill(pin_dir).map_err(|source| InspectError::FlowFilter {
             source: Box::new(source),
         })?,
+        frontend_filter: frontend_filter::fill(pin_dir).map_err(|source| {
+            InspectError::FrontendFilter {
+                source: Box::new(source),
+            }
+        })?,
         socket_destroy: crate::sweep::Expected::probe(),
     })
 }
@@ -692,6 +705,19 @@ pub fn table(inspection: &Inspection) -> String {
             fill.frontends,
             fill.slots,
             fill.backends,
+            fill.slots,
+        );
+    }
+    if let Some(fill) = &inspection.frontend_filter {
+        let _ = write!(
+            out,
+            "\nfrontend filter: {}, {} of {} slots marked",
+            if fill.ready {
+                "trusted"
+            } else {
+                "not trusted yet (every packet of no flow is looked up)"
+            },
+            fill.marked,
             fill.slots,
         );
     }

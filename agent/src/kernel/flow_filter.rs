@@ -8,71 +8,29 @@
 //! The map is mmapped, so that the agent marks a slot as the programs do: an atomic OR of
 //! its bit into its word (the programs mark other bits of the same words meanwhile).
 use std::{
-    num::NonZeroUsize,
     ops::Range,
-    os::fd::AsFd,
     path::Path,
-    ptr::NonNull,
     sync::atomic::{AtomicU64, Ordering},
 };
 
-use aya::maps::{HashMap, Map, MapData, MapError};
-use nix::sys::mman::{MapFlags, ProtFlags, mmap, munmap};
+use aya::maps::{HashMap, Map, MapData};
 use socklb_abi::{
     CT_FORWARD, CtEntry, CtKey, FLOW_FILTER_DESTINATIONS, FLOW_FILTER_ENTRIES, FLOW_FILTER_READY,
     FLOW_FILTER_SLOTS, FLOW_FILTER_SOURCES, flow_filter_destination, flow_filter_source, fold_ipv6,
     map_names,
 };
 
-use super::pins;
-
-#[derive(Debug, thiserror::Error)]
-pub enum FlowFilterError {
-    #[error("cannot open map {name}")]
-    Open {
-        name: &'static str,
-        #[source]
-        source: MapError,
-    },
-    #[error(
-        "cannot map {} into memory (was it created without BPF_F_MMAPABLE?)",
-        map_names::FLOW_FILTER
-    )]
-    Mmap(#[source] nix::Error),
-}
-
-const LENGTH: NonZeroUsize = match NonZeroUsize::new(FLOW_FILTER_ENTRIES as usize * 8) {
-    Some(length) => length,
-    None => panic!("the filter has slots"),
+use super::{
+    mapped_words::{MappedWords, MappedWordsError},
+    pins,
 };
 
 /// The filter's words, mapped into this process.
-struct Mapped {
-    start: NonNull<u64>,
-}
+struct Mapped(MappedWords);
 
 impl Mapped {
-    fn open(pin_dir: &Path) -> Result<Self, FlowFilterError> {
-        let name = map_names::FLOW_FILTER;
-        let map = MapData::from_pin(pins::map_pin(pin_dir, name))
-            .map_err(|source| FlowFilterError::Open { name, source })?;
-        // SAFETY: a new shared mapping of the map's entries (an mmapable array, its entries
-        // from offset 0), at an address the kernel picks; unmapped on drop. The fd may close
-        // after: the mapping holds the map.
-        let start = unsafe {
-            mmap(
-                None,
-                LENGTH,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_SHARED,
-                map.fd().as_fd(),
-                0,
-            )
-        }
-        .map_err(FlowFilterError::Mmap)?;
-        Ok(Self {
-            start: start.cast(),
-        })
+    fn open(pin_dir: &Path) -> Result<Self, MappedWordsError> {
+        MappedWords::open_pin(pin_dir, map_names::FLOW_FILTER, FLOW_FILTER_ENTRIES).map(Self)
     }
 
     fn set_ready(&self, ready: bool) {
@@ -92,24 +50,13 @@ impl Mapped {
     }
 
     fn word(&self, index: u32) -> &AtomicU64 {
-        let index = index as usize;
-        assert!(index < FLOW_FILTER_ENTRIES as usize, "a word of the filter");
-        // SAFETY: within the mapping (checked above), 8-byte aligned (page-aligned start,
-        // 8-byte entries), shared with the programs, which write it only atomically.
-        unsafe { AtomicU64::from_ptr(self.start.add(index).as_ptr()) }
-    }
-}
-
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `open`, not used after this.
-        let _ = unsafe { munmap(self.start.cast(), LENGTH.get()) };
+        self.0.word(index)
     }
 }
 
 /// Makes the programs look up every packet until [`seed`] runs: called at load, before any
 /// program of this load is attached.
-pub fn distrust(pin_dir: &Path) -> Result<(), FlowFilterError> {
+pub fn distrust(pin_dir: &Path) -> Result<(), MappedWordsError> {
     Mapped::open(pin_dir)?.set_ready(false);
     Ok(())
 }
@@ -121,7 +68,7 @@ pub fn distrust(pin_dir: &Path) -> Result<(), FlowFilterError> {
 /// clearing removes that still matters belongs to an entry already in the tables, which the
 /// walk after it marks again, and the programs mark every flow they make after it. Returns how many
 /// entries were read.
-pub fn seed(pin_dir: &Path) -> Result<usize, FlowFilterError> {
+pub fn seed(pin_dir: &Path) -> Result<usize, MappedWordsError> {
     let filter = Mapped::open(pin_dir)?;
     for word in FLOW_FILTER_DESTINATIONS.start..FLOW_FILTER_SOURCES.end {
         filter.word(word).store(0, Ordering::Relaxed);
@@ -153,7 +100,7 @@ pub struct Fill {
 }
 
 /// The filter's [`Fill`]; `None` when it is not pinned (an agent from before it).
-pub fn fill(pin_dir: &Path) -> Result<Option<Fill>, FlowFilterError> {
+pub fn fill(pin_dir: &Path) -> Result<Option<Fill>, MappedWordsError> {
     if !pins::map_pin(pin_dir, map_names::FLOW_FILTER).exists() {
         return Ok(None);
     }
@@ -180,12 +127,12 @@ impl Mapped {
         pin_dir: &Path,
         name: &'static str,
         fold: impl Fn(&A) -> u32,
-    ) -> Result<usize, FlowFilterError>
+    ) -> Result<usize, MappedWordsError>
     where
         CtKey<A>: aya::Pod,
         CtEntry<A>: aya::Pod,
     {
-        let error = |source| FlowFilterError::Open { name, source };
+        let error = |source| MappedWordsError::Open { name, source };
         let map = MapData::from_pin(pins::map_pin(pin_dir, name)).map_err(error)?;
         let table: HashMap<MapData, CtKey<A>, CtEntry<A>> =
             Map::HashMap(map).try_into().map_err(error)?;

@@ -11,7 +11,8 @@
 //!   its maps pinned (flow state carried over when a table changes size), the optional
 //!   socket iterators, and the programs' own log lines.
 //! - `flow_filter`: the filter that spares the TC programs conntrack lookups, distrusted at
-//!   each load and seeded from the tables once the new programs run.
+//!   each load and seeded from the tables once the new programs run; `mapped_words` maps
+//!   it (and the frontend filter, `maps::frontend_filter`) into the agent.
 //! - `attach`: the cgroup and TC programs, through pinned links (`links`).
 //! - `cleanup`: `socklb cleanup`.
 //!
@@ -26,6 +27,7 @@ pub mod flow_filter;
 pub mod host;
 pub mod links;
 pub mod load;
+pub mod mapped_words;
 pub mod object;
 pub mod pin_lock;
 pub mod pins;

@@ -4,6 +4,8 @@
 //!
 //! - `writer`: the service and backend maps' diff writer, over a [`writer::Store`];
 //!   `services` is that store for the kernel's maps (the codecs of both families).
+//! - `frontend_filter`: which destinations may be frontends, marked by `services` before
+//!   each master entry, for the TC programs to skip the service map's lookup.
 //! - `maglev`, `source_ranges`, `names`: the Maglev tables, the loadBalancerSourceRanges
 //!   tries, and the Services' names (for display only).
 //!
@@ -16,6 +18,7 @@ use aya::maps::MapError;
 use crate::desired::Frontend;
 
 mod batch;
+pub mod frontend_filter;
 pub mod maglev;
 pub mod names;
 pub mod namespaces;

@@ -19,6 +19,7 @@ use socklb_abi::{
 
 use super::{
     batch::{self, BatchError},
+    frontend_filter::FrontendFilter,
     ignore_missing,
     writer::{
         BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
@@ -34,6 +35,8 @@ pub struct KernelMaps {
     pub(crate) backends: HashMap<MapData, u32, Backend>,
     pub(crate) services6: HashMap<MapData, ServiceKey6, ServiceEntry6>,
     pub(crate) backends6: HashMap<MapData, u32, Backend6>,
+    /// Marked before each master entry is written (see `frontend_filter`).
+    pub(crate) frontend_filter: FrontendFilter,
     /// Whether the kernel takes batch updates (false after it refused one).
     batches: bool,
     /// Puts held back while no program reads the maps ([`Self::hold_writes`]).
@@ -56,12 +59,13 @@ type WrittenRun = (Vec<Op>, Option<Result<(), BatchError>>);
 /// million).
 const HELD_CHUNK: usize = 1 << 15;
 
-/// The four maps, as taken from the loaded object.
+/// The four maps, as taken from the loaded object, and the frontend filter, mapped.
 pub struct RawMaps {
     pub services: Map,
     pub backends: Map,
     pub services6: Map,
     pub backends6: Map,
+    pub frontend_filter: FrontendFilter,
 }
 
 impl KernelMaps {
@@ -71,6 +75,7 @@ impl KernelMaps {
             backends: maps.backends.try_into()?,
             services6: maps.services6.try_into()?,
             backends6: maps.backends6.try_into()?,
+            frontend_filter: maps.frontend_filter,
             batches: true,
             held: None,
         })
@@ -265,6 +270,7 @@ impl KernelMaps {
 
 impl Store for KernelMaps {
     fn write(&mut self, op: &Op) -> Result<(), StoreError> {
+        self.mark_frontend(op);
         if self.held.is_some() {
             if self.hold(op)? {
                 return Ok(());
@@ -284,6 +290,7 @@ impl Store for KernelMaps {
         if self.held.is_some() {
             return ops.iter().try_for_each(|op| self.write(op));
         }
+        ops.iter().for_each(|op| self.mark_frontend(op));
         let mut rest = ops;
         while let Some(first) = rest.first() {
             let run = Run::of(first);
@@ -374,6 +381,18 @@ impl Run {
 }
 
 impl KernelMaps {
+    /// A master entry's frontend, marked in the frontend filter before the entry is
+    /// written (a held write included: the programs may read the filter already).
+    fn mark_frontend(&self, op: &Op) {
+        if let Op::PutService {
+            key,
+            value: SlotValue::Master(_),
+        } = op
+        {
+            self.frontend_filter.mark(&key.frontend);
+        }
+    }
+
     /// One batch update for `ops` (all puts into `run`'s map); one update each where the
     /// kernel has no batches.
     fn write_run(&mut self, run: Run, ops: &[Op]) -> Result<(), StoreError> {

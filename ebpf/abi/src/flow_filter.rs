@@ -25,7 +25,7 @@
 
 use core::ops::Range;
 
-use crate::Ipv6Words;
+use crate::{FilterSlot, Ipv6Words, filter_slot};
 
 /// Slots per direction (32 KiB of bits each): 10,000 frontends (or backends) with flows
 /// mark 4% of them.
@@ -41,38 +41,30 @@ pub const FLOW_FILTER_SOURCES: Range<u32> = 1 + WORDS..1 + 2 * WORDS;
 /// Words of the map: the ready flag, then the destination slots, then the source slots.
 pub const FLOW_FILTER_ENTRIES: u32 = FLOW_FILTER_SOURCES.end;
 
-/// A slot: the index of its word in the map, and its bit there.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlowFilterSlot {
-    pub word: u32,
-    pub bit: u64,
-}
-
 /// A frontend's slot (the destination of forward entries).
 #[must_use]
 #[inline(always)]
-pub fn flow_filter_destination(address: u32, port: u16, protocol: u8) -> FlowFilterSlot {
-    slot(FLOW_FILTER_DESTINATIONS.start, address, port, protocol)
+pub fn flow_filter_destination(address: u32, port: u16, protocol: u8) -> FilterSlot {
+    filter_slot(
+        FLOW_FILTER_DESTINATIONS.start,
+        FLOW_FILTER_SLOTS,
+        address,
+        port,
+        protocol,
+    )
 }
 
 /// A backend's slot (the source of reply entries).
 #[must_use]
 #[inline(always)]
-pub fn flow_filter_source(address: u32, port: u16, protocol: u8) -> FlowFilterSlot {
-    slot(FLOW_FILTER_SOURCES.start, address, port, protocol)
-}
-
-/// The slot of an endpoint of a flow among those from word `first`: its address (IPv6
-/// folded by [`fold_ipv6`]), port and protocol, as the conntrack key holds them (network
-/// byte order).
-#[inline(always)]
-fn slot(first: u32, address: u32, port: u16, protocol: u8) -> FlowFilterSlot {
-    let mixed = (address ^ (u32::from(port) << 16) ^ u32::from(protocol)).wrapping_mul(0x9e37_79b1);
-    let slot = (mixed >> 14) & (FLOW_FILTER_SLOTS - 1);
-    FlowFilterSlot {
-        word: first + slot / 64,
-        bit: 1 << (slot % 64),
-    }
+pub fn flow_filter_source(address: u32, port: u16, protocol: u8) -> FilterSlot {
+    filter_slot(
+        FLOW_FILTER_SOURCES.start,
+        FLOW_FILTER_SLOTS,
+        address,
+        port,
+        protocol,
+    )
 }
 
 /// An IPv6 address in one word, for the slot functions.
@@ -109,7 +101,7 @@ mod tests {
     fn endpoints_that_differ_in_one_field_spread() {
         // A pod CIDR's addresses (network order: the last octet is the high byte) and a
         // range of ports each cover nearly as many slots as there are endpoints.
-        let of = |slot: FlowFilterSlot| (slot.word, slot.bit);
+        let of = |slot: FilterSlot| (slot.word, slot.bit);
         let addresses: HashSet<_> = (0..1000u32)
             .map(|host| {
                 of(flow_filter_destination(

@@ -14,8 +14,10 @@
 
 mod address;
 mod counters;
+mod filter_slot;
 mod flow;
 mod flow_filter;
+mod frontend_filter;
 mod names;
 mod service;
 mod socket;
@@ -24,7 +26,8 @@ mod trace;
 use core::mem::size_of;
 
 pub use self::{
-    address::*, counters::*, flow::*, flow_filter::*, names::*, service::*, socket::*, trace::*,
+    address::*, counters::*, filter_slot::*, flow::*, flow_filter::*, frontend_filter::*, names::*,
+    service::*, socket::*, trace::*,
 };
 
 /// Version of the map layouts when none changed since the first release; a map whose

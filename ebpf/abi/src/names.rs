@@ -29,6 +29,10 @@ pub mod map_names {
     /// have an entry in the conntrack tables of either family, so that the others skip
     /// their lookups (see `flow_filter_destination`).
     pub const FLOW_FILTER: &str = "socklb_ctf_v1";
+    /// Array of [`crate::FRONTEND_FILTER_ENTRIES`] 64-bit words (mmapable): which packets
+    /// may be addressed to a frontend, so that the others skip the service map's lookup
+    /// (see `frontend_filter_slot`). Written only by the agent.
+    pub const FRONTEND_FILTER: &str = "socklb_fef_v1";
     /// [`crate::NodeConfig`], a single entry at index 0: what the TC programs need to
     /// know about this node.
     pub const NODE: &str = "socklb_node_v2";
@@ -109,7 +113,7 @@ pub mod map_names {
     pub const PROGRAM_LOCAL: [&str; 2] = [SCRATCH6, REJECT_BUDGET];
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 30] = [
+    pub const ALL: [&str; 31] = [
         SERVICES,
         BACKENDS,
         SERVICES6,
@@ -123,6 +127,7 @@ pub mod map_names {
         CONNTRACK,
         CONNTRACK_NEW,
         FLOW_FILTER,
+        FRONTEND_FILTER,
         NODE,
         FRAGMENTS,
         SOURCE_RANGES,

@@ -21,7 +21,7 @@ use crate::{
     counters::bump,
     deliver::{self, TC_ACT_OK, TC_ACT_SHOT},
     family::Family,
-    flow_filter,
+    flow_filter, frontend_filter,
     icmp::{self, Quoting},
     log,
     maps::NODE,
@@ -572,6 +572,10 @@ fn new_flow_here<F: Family, S: Side>(
     out: &mut CtEntry<F::Addr>,
 ) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
+    // Most packets of no flow go to no frontend either: the filter spares them the lookups.
+    if !frontend_filter::may_be_frontend(tuple) {
+        return Ok(Flow::NotOurs);
+    }
     let (master, scope) = match F::service(tuple, S::SCOPE, 0) {
         Some(master) => (master, S::SCOPE),
         None => {

@@ -9,7 +9,7 @@
 //! stack to spare), and the verifier walks its few paths once per call, not the caller's
 //! path after each.
 use socklb_abi::{
-    CtEntry, FLOW_FILTER_READY, FlowFilterSlot, flow_filter_destination, flow_filter_source,
+    CtEntry, FLOW_FILTER_READY, FilterSlot, flow_filter_destination, flow_filter_source,
 };
 
 use crate::{
@@ -60,7 +60,7 @@ pub fn mark<A: Address>(arrived: &Tuple<A>, forward: &CtEntry<A>) {
 /// line), and by an atomic OR: other CPUs, and the agent, mark other bits of the word
 /// meanwhile.
 #[inline(always)]
-fn set(slot: FlowFilterSlot) {
+fn set(slot: FilterSlot) {
     let Some(word) = FLOW_FILTER.get_ptr_mut(slot.word) else {
         return;
     };
@@ -80,7 +80,7 @@ fn set(slot: FlowFilterSlot) {
 }
 
 #[inline(always)]
-fn marked(slot: FlowFilterSlot) -> bool {
+fn marked(slot: FilterSlot) -> bool {
     let ready = FLOW_FILTER
         .get(FLOW_FILTER_READY)
         .is_some_and(|ready| *ready != 0);

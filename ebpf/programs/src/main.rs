@@ -21,6 +21,7 @@ mod destroy;
 mod family;
 mod flow;
 mod flow_filter;
+mod frontend_filter;
 mod getpeername;
 mod icmp;
 mod log;

@@ -7,11 +7,11 @@ use aya_ebpf::{
 };
 use socklb_abi::{
     AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Counters, CtEntry, CtEntry6,
-    CtKey, CtKey6, FLOW_FILTER_ENTRIES, FragmentKey, FragmentKey6, FragmentPorts, FrontendName,
-    GONE_CAPACITY, GoneKey, GoneKey6, MaglevKey, NodeConfig, NodeConfig6, ReverseEntry,
-    ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6,
-    SocketFrontend, SocketFrontend6, SocketRecord, SocketRecordCount, SourceRange, SourceRange6,
-    SourceVerdict, TraceControl, TraceEvent,
+    CtKey, CtKey6, FLOW_FILTER_ENTRIES, FRONTEND_FILTER_ENTRIES, FragmentKey, FragmentKey6,
+    FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey, GoneKey6, MaglevKey, NodeConfig,
+    NodeConfig6, ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceEntry6,
+    ServiceKey, ServiceKey6, SocketFrontend, SocketFrontend6, SocketRecord, SocketRecordCount,
+    SourceRange, SourceRange6, SourceVerdict, TraceControl, TraceEvent,
 };
 
 /// The shapes the service, reverse and socket maps of both families share, so that `socket`
@@ -121,6 +121,15 @@ pub static CONNTRACK_NEW: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::
 #[btf_map(name = "socklb_ctf_v1", pin_by_name)]
 pub static FLOW_FILTER: Array<u64, { FLOW_FILTER_ENTRIES as usize }, { BPF_F_MMAPABLE as usize }> =
     Array::new();
+
+/// Which packets may be addressed to a frontend (see `frontend_filter`). Mmapable: the
+/// agent marks the slots, the programs only read them.
+#[btf_map(name = "socklb_fef_v1", pin_by_name)]
+pub static FRONTEND_FILTER: Array<
+    u64,
+    { FRONTEND_FILTER_ENTRIES as usize },
+    { BPF_F_MMAPABLE as usize },
+> = Array::new();
 
 /// Ports of first fragments, for the later fragments of the same datagram (see `packet`).
 #[btf_map(name = "socklb_frag_v1", pin_by_name)]
