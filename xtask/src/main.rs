@@ -149,6 +149,17 @@ enum Bench {
         #[command(flatten)]
         flags: NodeBench,
     },
+    /// What each packet of a pod's connection to a ClusterIP costs the per-packet path's
+    /// programs, packet by packet (BPF_PROG_TEST_RUN), with the frontend filter and
+    /// without.
+    Packets {
+        /// Service counts (10 endpoints each) ahead of the measured one.
+        #[arg(long, default_value = "1000,10000")]
+        services: String,
+        /// Connections replayed per Service count.
+        #[arg(long, default_value_t = 4_000)]
+        connections: u32,
+    },
     /// socklb side by side with kube-proxy's iptables and nftables modes (connection setup,
     /// throughput, programming time, memory) at each service count; writes the results into
     /// docs/benchmarks.md and docs/plots/.
@@ -351,6 +362,16 @@ fn main() -> anyhow::Result<()> {
                     node_bench(NODEPORT, &services.to_string(), &flags)
                 }
                 Bench::Pod { services, flags } => node_bench(POD, &services, &flags),
+                Bench::Packets {
+                    services,
+                    connections,
+                } => {
+                    require_root("the packet benchmark")?;
+                    let mut args = flag_args(&[("--connections", connections)]);
+                    args.extend(["--services".to_owned(), services, "--docs".to_owned()]);
+                    args.push(docs_dir()?);
+                    run_with_agent("socklb-bench-packets", &args)
+                }
                 Bench::Compare {
                     services,
                     connections,
@@ -555,6 +576,10 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
                 ("compare", compare(None, 500, "legacy", true)),
                 ("nodeport", node_bench(NODEPORT, "100", &NodeBench::smoke())),
                 ("pod", node_bench(POD, "100", &NodeBench::smoke())),
+                (
+                    "packets",
+                    smoke_run("socklb-bench-packets", &["--smoke".to_owned()]),
+                ),
                 (
                     "scale",
                     smoke_run(

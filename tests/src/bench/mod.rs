@@ -23,3 +23,4 @@ pub mod pinned_maps;
 pub mod preflight;
 pub mod section;
 pub mod server;
+pub mod test_run;

@@ -299,7 +299,7 @@ pub fn metered_batch<K: Copy + Ord + Debug>(
 }
 
 /// The agent, in the node's namespace (its TC programs attach to the node's devices).
-fn start_agent(
+pub fn start_agent(
     node: &File,
     files: &AgentFiles,
     services: usize,
