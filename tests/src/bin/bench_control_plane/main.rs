@@ -257,7 +257,9 @@ struct ColdStart {
     read: Option<Duration>,
     /// How often the file source read the manifests before the agent was ready.
     reads: usize,
-    /// Until "datapath attached; ready": the first full sync is done.
+    /// Until "programs attached": the first full sync is done and the node serves every
+    /// Service (`/readyz` answers 200 from then on; the frontends' names, for display, are
+    /// written after).
     ready: Duration,
     /// The first full sync as the agent timed it, and its map writes.
     sync: SyncLine,
@@ -277,7 +279,8 @@ fn cold_start(agent: &Agent) -> ColdStart {
             .find(|(_, line)| line.contains(text))
             .map(|(at, _)| at.duration_since(agent.started()))
     };
-    let ready = since_start("datapath attached; ready").expect("Agent::start waits for ready");
+    let ready = since_start("programs attached; the node serves")
+        .expect("Agent::start waits for ready, which comes after");
     let reads = agent
         .lines()
         .iter()

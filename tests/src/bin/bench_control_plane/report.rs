@@ -26,7 +26,10 @@ pub fn report(
          port each, all on this node; release build of the agent\n"
     );
 
-    let _ = writeln!(out, "Cold start (spawn -> \"datapath attached; ready\"):\n");
+    let _ = writeln!(
+        out,
+        "Cold start (spawn -> \"programs attached\": the node serves, /readyz 200):\n"
+    );
     let _ = writeln!(
         out,
         "| source | datapath loaded | manifests read | first full sync (agent) | map writes | \
