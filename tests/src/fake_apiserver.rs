@@ -956,10 +956,12 @@ fn list_item(object: &Value, metadata_only: bool) -> Value {
     item
 }
 
+/// A watch event as the API server writes it: `type` before `object` (the field order of
+/// `metav1.WatchEvent`). A client reads `type` first and decodes the object straight into
+/// its kind; with `object` first (a JSON map's sorted keys), kube-rs buffers every object
+/// and decodes it twice.
 fn event_line(kind: &str, object: &Value) -> String {
-    let mut line = json!({"type": kind, "object": object}).to_string();
-    line.push('\n');
-    line
+    format!("{{\"type\":{},\"object\":{object}}}\n", Value::from(kind))
 }
 
 fn status_object(code: u16, reason: &str, message: &str) -> Value {
@@ -1060,6 +1062,17 @@ mod tests {
             ("fieldSelector".to_owned(), fields.to_owned()),
         ]);
         Filter::parse(&query).expect("valid selectors")
+    }
+
+    /// kube-rs decodes a watch event without buffering it only when `type` comes first.
+    #[test]
+    fn watch_events_name_their_type_before_their_object() {
+        let object = object("default", "web", json!({"app": "web"}));
+        let line = event_line("ADDED", &object);
+        assert!(line.starts_with(r#"{"type":"ADDED","object":{"#), "{line}");
+        let event: kube::api::WatchEvent<Value> =
+            serde_json::from_str(&line).expect("a watch event kube-rs reads");
+        assert!(matches!(event, kube::api::WatchEvent::Added(read) if read == object));
     }
 
     #[test]
