@@ -3,7 +3,11 @@
 //! Backends that stay keep their slot (so session-affinity entries stay valid and few
 //! entries are written); new backends fill the holes left by removed ones, then append;
 //! when the set shrinks, backends from the tail move into the remaining holes.
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
+
+// foldhash rather than std's SipHash: a first sync of 100,000 Services lays out 100,000
+// frontends.
+use hashbrown::HashSet;
 
 /// The new slot contents (index 0 is slot 1) for a frontend whose slots held `old` and
 /// that should now use `wanted` (backend ids, in preference order, duplicates ignored).

@@ -96,6 +96,15 @@ impl Backends {
     /// id of an address wins, as when the maps hold two).
     pub(super) fn insert(&mut self, id: u32, addr: BackendAddr, protocol: Protocol, indexed: bool) {
         let indexed = indexed && self.id_of(&addr, protocol).is_none();
+        self.add(id, addr, protocol, indexed);
+    }
+
+    /// Adds a backend no slot names yet, whose address the caller found no backend of.
+    pub(super) fn insert_new(&mut self, id: u32, addr: BackendAddr, protocol: Protocol) {
+        self.add(id, addr, protocol, true);
+    }
+
+    fn add(&mut self, id: u32, addr: BackendAddr, protocol: Protocol, indexed: bool) {
         self.last_id = self.last_id.max(id);
         let replaced = self.by_id.insert(
             id,
