@@ -118,7 +118,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "20ms", value_parser = humantime::parse_duration)]
     pub min_sync_period: Duration,
     /// Time between resyncs: each reads back a part of the service and backend entries the
-    /// agent wrote (30,000) and writes back what was deleted or changed behind its back, and
+    /// agent wrote (20,000) and writes back what was deleted or changed behind its back, and
     /// walks through 40,000 more for entries it did not write, which the next sync deletes.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub sync_period: Duration,
