@@ -90,12 +90,9 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
     for &services in &options.scale {
         let mut cluster = Cluster::new(services);
         cluster.write_manifests(manifests);
-        let start = || start_file(sandbox, &manifests.path, Sizing::Defaults, &[]);
-        let mut file_ready = timed_cold_starts(sandbox, start);
-        let agent = start();
-        let mut file = cold_start(&agent);
-        file_ready.push(file.ready);
-        file_ready.sort_unstable();
+        let (agent, mut file, file_ready) = cold_starts(sandbox, || {
+            start_file(sandbox, &manifests.path, Sizing::Defaults, &[])
+        });
         file.entries = check_maps(&Maps::open(&sandbox.pin_dir), services);
         let (map_bytes, _) = map_memory(&sandbox.pin_dir).expect("read the maps' memory");
         let connect = connect_ratios(&mut client, &servers, &place, &cluster);
@@ -108,12 +105,9 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
         let resyncs = resyncs(sandbox, manifests, Sizing::Defaults);
         dataplane::cleanup(&sandbox.pin_dir).expect("remove the file agent's pins");
         let (api, kubeconfig) = fake_cluster(manifests, &cluster);
-        let start = || start_kube(sandbox, &kubeconfig, Sizing::Defaults, "0s");
-        let mut kube_ready = timed_cold_starts(sandbox, start);
-        let agent = start();
-        let mut kube = cold_start(&agent);
-        kube_ready.push(kube.ready);
-        kube_ready.sort_unstable();
+        let (agent, mut kube, kube_ready) = cold_starts(sandbox, || {
+            start_kube(sandbox, &kubeconfig, Sizing::Defaults, "0s")
+        });
         let maps = Maps::open(&sandbox.pin_dir);
         kube.entries = check_maps(&maps, services);
         let latency = change_latency(&api, &maps, &agent, &mut cluster, options.changes);
@@ -140,10 +134,10 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
     rows
 }
 
-/// All but the last of [`COLD_STARTS`] cold starts of the agent `start` spawns, each over
-/// maps it creates (the pins left by the one before are removed first), timed to ready.
-/// The pins are removed after the last one too: the measured start comes next.
-fn timed_cold_starts(sandbox: &Sandbox, start: impl Fn() -> Agent) -> Vec<Duration> {
+/// [`COLD_STARTS`] cold starts of the agent `start` spawns, each over new maps (the pins
+/// removed before each): the last agent, still running, with its start measured in full,
+/// and every start's time to ready, sorted.
+fn cold_starts(sandbox: &Sandbox, start: impl Fn() -> Agent) -> (Agent, ColdStart, Vec<Duration>) {
     let remove_pins = || dataplane::cleanup(&sandbox.pin_dir).expect("remove the agent's pins");
     let mut ready = Vec::new();
     for _ in 1..COLD_STARTS {
@@ -153,7 +147,11 @@ fn timed_cold_starts(sandbox: &Sandbox, start: impl Fn() -> Agent) -> Vec<Durati
         agent.stop();
     }
     remove_pins();
-    ready
+    let agent = start();
+    let measured = cold_start(&agent);
+    ready.push(measured.ready);
+    ready.sort_unstable();
+    (agent, measured, ready)
 }
 
 /// VIP over direct, p50 of connect()+answer+close(), at each position. One client process
