@@ -2,6 +2,8 @@
 //! backend on another node gets (so that its replies come back to this node), and the
 //! rewrite of a packet to what its flow's conntrack entry says, both ways. ICMP errors
 //! about a flow are translated by `icmp`.
+use core::ffi::c_void;
+
 use aya_ebpf::helpers;
 use socklb_abi::{CT_FORWARD, CtEntry, CtTimeouts, NodeConfig};
 
@@ -81,32 +83,123 @@ fn insert_snat_here<F: Family>(
     node: &NodeConfig,
     now: u32,
 ) -> Result<Option<u16>, i32> {
-    let timeouts = CtTimeouts::of(Some(node));
     let (min, max) = (node.snat_port_min, node.snat_port_max);
     if min == 0 || max < min {
         return Ok(None);
     }
-    let span = u32::from(max - min) + 1;
     forward.source = snat_address;
-    for _ in 0..SNAT_ATTEMPTS {
-        // SAFETY: helper without arguments.
-        let draw = unsafe { helpers::bpf_get_prandom_u32() };
-        // span >= 1 and the sum stays within min..=max, a u16.
-        let port = (u32::from(min) + draw % span) as u16;
-        forward.source_port = port.to_be();
-        let (reply_key, reply) = reply_of(arrived, forward);
-        if held::<F>(
-            F::conntrack(),
-            true,
-            &reply_key,
-            timeouts,
-            now,
-            Closing::Lives,
-        ) == Holder::Live
-        {
-            continue;
+    let mut attempts = Attempts::<F> {
+        arrived,
+        forward: &raw mut *forward,
+        timeouts: CtTimeouts::of(Some(node)),
+        now,
+        min: u32::from(min),
+        span: u32::from(max - min) + 1,
+        outcome: NO_PORT,
+    };
+    // In bpf_loop rather than a loop of our own: the verifier checks the attempt once, not
+    // once per iteration (sixteen of them were 70% of a TC program's verification).
+    // SAFETY: `try_port::<F>` takes the pointer as the `Attempts<F>` it is, and bpf_loop
+    // calls it only before it returns.
+    unsafe {
+        helpers::bpf_loop(
+            SNAT_ATTEMPTS,
+            try_port::<F> as *mut c_void,
+            (&raw mut attempts).cast(),
+            0,
+        )
+    };
+    let outcome = attempts.outcome;
+    attempts.clear_pointers();
+    match outcome {
+        NO_PORT => Ok(None),
+        port @ 0..=0xffff => Ok(Some(port as u16)),
+        error => Err(error as i32),
+    }
+}
+
+/// What each of [`try_port`]'s attempts reads, and what the last one leaves.
+struct Attempts<F: Family> {
+    arrived: *const Tuple<F::Addr>,
+    forward: *mut Entry<F>,
+    timeouts: CtTimeouts,
+    now: u32,
+    min: u32,
+    /// Ports in the range: at least one.
+    span: u32,
+    /// The port claimed, [`NO_PORT`], or a negative error.
+    outcome: i64,
+}
+
+impl<F: Family> Attempts<F> {
+    /// Overwrites the pointers whole once bpf_loop is done. The compiler reuses their stack
+    /// slots, and without CAP_PERFMON the verifier refuses a narrower store over a pointer
+    /// ("attempt to corrupt spilled pointer on stack").
+    #[inline(always)]
+    fn clear_pointers(&mut self) {
+        // SAFETY: writes to this struct's own fields; volatile so that they are not dropped
+        // as dead stores.
+        unsafe {
+            core::ptr::write_volatile(&raw mut self.arrived, core::ptr::null());
+            core::ptr::write_volatile(&raw mut self.forward, core::ptr::null_mut());
         }
-        if held::<F>(
+    }
+}
+
+/// One attempt of [`insert_snat`], as bpf_loop's callback: 0 to draw again, 1 once the
+/// outcome is known.
+extern "C" fn try_port<F: Family>(_index: u64, attempts: *mut c_void) -> i64 {
+    const AGAIN: i64 = 0;
+    const DONE: i64 = 1;
+    // SAFETY: the pointer `insert_snat_here` handed bpf_loop, to its live `Attempts<F>`,
+    // whose pointers lead to its live tuple and entry until bpf_loop returns.
+    let attempts = unsafe { &mut *attempts.cast::<Attempts<F>>() };
+    let (arrived, forward) = unsafe { (&*attempts.arrived, &mut *attempts.forward) };
+    match attempt::<F>(arrived, forward, attempts) {
+        TAKEN => AGAIN,
+        outcome => {
+            attempts.outcome = outcome;
+            DONE
+        }
+    }
+}
+
+/// [`attempt`]'s "a live flow holds the port drawn".
+const TAKEN: i64 = 0x2_0000;
+
+/// Draws a port and claims it if free: the port, a negative error, or [`TAKEN`]. Out of
+/// line, so that the tuple and the entry are arguments the compiler knows apart from the
+/// scratch room the map helpers read: reached through the callback's pointer alone,
+/// IPv6's copies into that room became memmoves, whose pointer subtraction the verifier
+/// refuses without CAP_PERFMON.
+#[inline(never)]
+fn attempt<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &mut Entry<F>,
+    attempts: &Attempts<F>,
+) -> i64 {
+    // Read once, before the helper call: read again after it, the value would need a
+    // second check against 0, or carry a panic path that the kernel refuses.
+    let (min, span) = (attempts.min, attempts.span);
+    let (timeouts, now) = (attempts.timeouts, attempts.now);
+    if span == 0 {
+        return NO_PORT;
+    }
+    // SAFETY: helper without arguments.
+    let draw = unsafe { helpers::bpf_get_prandom_u32() };
+    // The sum stays within the configured range, a u16.
+    let port = (min + draw % span) as u16;
+    forward.source_port = port.to_be();
+    let (reply_key, reply) = reply_of(arrived, forward);
+    if held::<F>(
+        F::conntrack(),
+        true,
+        &reply_key,
+        timeouts,
+        now,
+        Closing::Lives,
+    ) == Holder::Live
+        || held::<F>(
             F::conntrack_new(),
             false,
             &reply_key,
@@ -114,24 +207,24 @@ fn insert_snat_here<F: Family>(
             now,
             Closing::Lives,
         ) == Holder::Live
-        {
-            continue;
-        }
-        // Free (an expired holder's entries are gone): claimed only if no other CPU
-        // claimed it since.
-        let table = F::conntrack_new();
-        if table
-            .insert(F::ct_key(&reply_key), F::ct_entry(&reply), NOEXIST)
-            .is_err()
-        {
-            continue;
-        }
-        let forward_key = key(arrived, CT_FORWARD);
-        if let Err(error) = table.insert(F::ct_key(&forward_key), F::ct_entry(forward), NOEXIST) {
-            let _ = table.remove(F::ct_key(&reply_key));
-            return Err(error);
-        }
-        return Ok(Some(port));
+    {
+        return TAKEN;
     }
-    Ok(None)
+    // Free (an expired holder's entries are gone): claimed only if no other CPU claimed
+    // it since.
+    let table = F::conntrack_new();
+    if table
+        .insert(F::ct_key(&reply_key), F::ct_entry(&reply), NOEXIST)
+        .is_err()
+    {
+        return TAKEN;
+    }
+    let forward_key = key(arrived, CT_FORWARD);
+    match table.insert(F::ct_key(&forward_key), F::ct_entry(forward), NOEXIST) {
+        Ok(()) => i64::from(port),
+        Err(error) => {
+            let _ = table.remove(F::ct_key(&reply_key));
+            i64::from(error.min(-1))
+        }
+    }
 }
