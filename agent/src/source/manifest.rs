@@ -3,6 +3,11 @@
 //! time it takes to read 100,000 Services. A file that does not read that way is read again
 //! through a YAML value, which names the object in its error and skips a document without
 //! a kind as any other kind is skipped.
+//!
+//! A file whose text starts with `{` (what `kubectl get -o json` writes: one object or a
+//! List, or several objects one after another) is read by a JSON parser: about six times
+//! faster than the YAML parser reads the same objects, which is most of a start from
+//! 100,000 Services' manifests.
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::{
@@ -26,7 +31,12 @@ pub struct ManifestError {
 /// Parses one file's text into the objects socklb reads.
 pub fn parse(file: &Path, text: &str) -> Result<Vec<Object>, ManifestError> {
     let mut objects = Vec::new();
-    if parse_typed(text, &mut objects).is_ok() {
+    let read = if is_json(text) {
+        parse_json(text, &mut objects).is_ok()
+    } else {
+        parse_typed(text, &mut objects).is_ok()
+    };
+    if read {
         return Ok(objects);
     }
     objects.clear();
@@ -61,6 +71,18 @@ fn parse_typed(text: &str, objects: &mut Vec<Object>) -> Result<(), serde_norway
     Ok(())
 }
 
+/// JSON is YAML too: the JSON parser is only a faster way to read it.
+fn is_json(text: &str) -> bool {
+    text.trim_start().starts_with('{')
+}
+
+fn parse_json(text: &str, objects: &mut Vec<Object>) -> Result<(), serde_json::Error> {
+    for document in serde_json::Deserializer::from_str(text).into_iter::<Document>() {
+        document?.collect(objects);
+    }
+    Ok(())
+}
+
 impl Document {
     fn collect(self, objects: &mut Vec<Object>) {
         match self {
@@ -75,6 +97,9 @@ impl Document {
     }
 }
 
+/// Reads `text` again through YAML values (JSON values for JSON: objects one after another
+/// are not a YAML stream), to name what does not read: the line of a syntax error, or the
+/// object whose fields do not fit its kind.
 fn parse_through_values(
     file: &Path,
     text: &str,
@@ -85,15 +110,40 @@ fn parse_through_values(
         line,
         message,
     };
-    for document in serde_norway::Deserializer::from_str(text) {
-        let value = serde_norway::Value::deserialize(document)
-            .map_err(|e| error(e.location().map(|l| l.line()), e.to_string()))?;
+    let values = if is_json(text) {
+        json_values(text)
+    } else {
+        yaml_values(text)
+    };
+    for value in values.map_err(|(line, message)| error(line, message))? {
         if value.is_null() {
             continue; // an empty document, e.g. a trailing `---`
         }
         collect(value, objects).map_err(|message| error(None, message))?;
     }
     Ok(())
+}
+
+/// A syntax error's line, if known, and message.
+type SyntaxError = (Option<usize>, String);
+
+fn yaml_values(text: &str) -> Result<Vec<serde_norway::Value>, SyntaxError> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|document| {
+            serde_norway::Value::deserialize(document)
+                .map_err(|e| (e.location().map(|l| l.line()), e.to_string()))
+        })
+        .collect()
+}
+
+fn json_values(text: &str) -> Result<Vec<serde_norway::Value>, SyntaxError> {
+    serde_json::Deserializer::from_str(text)
+        .into_iter::<serde_json::Value>()
+        .map(|document| {
+            let document = document.map_err(|e| (Some(e.line()), e.to_string()))?;
+            serde_norway::to_value(document).map_err(|e| (None, e.to_string()))
+        })
+        .collect()
 }
 
 fn collect(value: serde_norway::Value, objects: &mut Vec<Object>) -> Result<(), String> {
@@ -192,6 +242,77 @@ spec:
             .expect("read through values");
         assert_eq!(straight.len(), 2);
         assert_eq!(format!("{straight:?}"), format!("{through_values:?}"));
+    }
+
+    /// What `kubectl get -o json` writes (a List), and objects one after another, read as
+    /// the same text in YAML's block style is.
+    #[test]
+    fn json_is_read_as_its_yaml_twin() {
+        let list = r#"{"apiVersion": "v1", "kind": "List", "items": [
+  {"apiVersion": "v1", "kind": "Service",
+   "metadata": {"name": "web", "namespace": "default"},
+   "spec": {"clusterIP": "10.96.0.10", "ports": [{"name": "http", "port": 80}]}},
+  {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+   "metadata": {"name": "web-1", "namespace": "default",
+                "labels": {"kubernetes.io/service-name": "web"}},
+   "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.1"]}]},
+  {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}}
+]}"#;
+        let stream = r#"{"kind": "Node", "metadata": {"name": "a"}}
+{"kind": "Namespace", "metadata": {"name": "default"}}"#;
+        let yaml = "\
+kind: List
+items:
+- apiVersion: v1
+  kind: Service
+  metadata: {name: web, namespace: default}
+  spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+  addressType: IPv4
+  endpoints: [{addresses: [10.0.0.1]}]
+- {apiVersion: apps/v1, kind: Deployment, metadata: {name: web}}
+---
+kind: Node
+metadata: {name: a}
+---
+kind: Namespace
+metadata: {name: default}
+";
+        let mut from_json = Vec::new();
+        parse_json(list, &mut from_json).expect("read the List");
+        parse_json(stream, &mut from_json).expect("read the objects");
+        let from_yaml = parse(Path::new("x.yaml"), yaml).expect("read the YAML");
+        let kinds: Vec<Kind> = from_json.iter().map(Object::kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::Service,
+                Kind::EndpointSlice,
+                Kind::Node,
+                Kind::Namespace
+            ]
+        );
+        assert_eq!(format!("{from_json:?}"), format!("{from_yaml:?}"));
+        let through_parse =
+            parse(Path::new("x.json"), &format!("{list}\n{stream}")).expect("parse the JSON");
+        assert_eq!(format!("{through_parse:?}"), format!("{from_json:?}"));
+    }
+
+    #[test]
+    fn json_that_does_not_read_is_named_as_yaml_is() {
+        let text = r#"{"kind": "Service", "metadata": {"name": "web"}, "spec": {"ports": 5}}"#;
+        let error = parse(Path::new("a.json"), text).expect_err("must fail");
+        assert!(error.message.contains("Service web"), "{error}");
+        let kindless = r#"{"metadata": {"name": "x"}}
+{"kind": "Node", "metadata": {"name": "a"}}"#;
+        let objects = parse(Path::new("b.json"), kindless).expect("parse");
+        let kinds: Vec<Kind> = objects.iter().map(Object::kind).collect();
+        assert_eq!(kinds, [Kind::Node]);
+        let broken = "{\"kind\": \"Node\", \"metadata\": {\"name\": \"a\"}}\n{\"kind\": ";
+        let error = parse(Path::new("c.json"), broken).expect_err("must fail");
+        assert_eq!(error.line, Some(2), "{error}");
     }
 
     #[test]
