@@ -374,9 +374,9 @@ impl Runner {
         let started = std::time::Instant::now();
         let changes = self.state.take_changes();
         let mut touched: BTreeSet<Frontend> = BTreeSet::new();
-        for name in &changes.services {
-            let _span = info_span!("service", service = %name).entered();
-            let selection = self.state.select(name);
+        let names: Vec<&ServiceName> = changes.services.iter().collect();
+        let selections = self.state.select_each(&names);
+        for (name, selection) in names.into_iter().zip(selections) {
             let skipped: Vec<SkippedPart> = match (&selection, self.state.skip_reason(name)) {
                 (Some(selection), _) => selection.skipped.clone(),
                 (None, Some(reason)) => vec![SkippedPart {
@@ -642,6 +642,8 @@ impl Runner {
         {
             return;
         }
+        // Only here: a span per Service of every sync took a tenth of a full sync.
+        let _span = info_span!("service", service = %name).entered();
         for SkippedPart { part, reason } in &skipped {
             match reason {
                 SkipReason::Invalid(_) => warn!(part, %reason, "not served"),

@@ -30,6 +30,10 @@ pub struct Changes {
     pub endpoint_events: u64,
 }
 
+/// From this many Services on, [`ClusterState::select_each`] shares them out between
+/// threads; fewer take less than a thread's start.
+const SELECT_APART_FROM: usize = 1_000;
+
 #[derive(Debug)]
 pub struct ClusterState {
     node_name: String,
@@ -164,6 +168,35 @@ impl ClusterState {
         let service = self.services.get(name)?.as_ref().ok()?;
         let slices = self.slices.get(name).map_or(&[][..], Vec::as_slice);
         Some(select(service, slices, &self.this_node, &self.node_labels))
+    }
+
+    /// Selection for each of `names`, in their order. Many are selected on as many threads
+    /// as the node has cores: a full sync of 100,000 Services spent a quarter of a second
+    /// here on one, while the other waited.
+    pub fn select_each(&self, names: &[&ServiceName]) -> Vec<Option<ServiceSelection>> {
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
+        if names.len() < SELECT_APART_FROM || threads == 1 {
+            return names.iter().map(|name| self.select(name)).collect();
+        }
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = names
+                .chunks(names.len().div_ceil(threads))
+                .map(|part| {
+                    scope.spawn(|| {
+                        part.iter()
+                            .map(|name| self.select(name))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|part| {
+                    part.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                })
+                .collect()
+        })
     }
 
     pub fn apply(&mut self, event: Event) {

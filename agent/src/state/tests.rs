@@ -810,3 +810,32 @@ fn an_ipv6_slice_for_an_ipv4_service_is_skipped_and_nothing_else_changes() {
         "the Service is served"
     );
 }
+
+/// Shared out between threads or not, the selections are those of one at a time, in order.
+#[test]
+fn many_services_are_selected_as_one_at_a_time_would() {
+    let count = SELECT_APART_FROM * 3 + 7;
+    let yaml: Vec<String> = (0..count)
+        .map(|n| {
+            WEB.replace("name: web,", &format!("name: web{n},"))
+                .replace("name: web-1,", &format!("name: web{n}-1,"))
+                .replace("service-name: web}", &format!("service-name: web{n}}}"))
+                .replace("10.96.0.10", &format!("10.96.{}.{}", n / 250, n % 250 + 1))
+        })
+        .collect();
+    let state = state_with(&yaml.join("---\n"));
+    let mut names: Vec<ServiceName> = (0..count).map(|n| name(&format!("web{n}"))).collect();
+    names.push(name("missing"));
+    let names: Vec<&ServiceName> = names.iter().collect();
+    for names in [&names[..], &names[..SELECT_APART_FROM - 1]] {
+        let each = state.select_each(names);
+        let one_at_a_time: Vec<_> = names.iter().map(|name| state.select(name)).collect();
+        assert_eq!(each.len(), names.len());
+        assert_eq!(format!("{each:?}"), format!("{one_at_a_time:?}"));
+    }
+    // Each has its own slice: the last one's endpoint is chosen.
+    let last = state.select_each(&names)[count - 1]
+        .clone()
+        .expect("selected");
+    assert!(format!("{last:?}").contains("10.0.0.1"), "{last:?}");
+}
