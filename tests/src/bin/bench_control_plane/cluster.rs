@@ -47,12 +47,13 @@ impl Cluster {
         }
     }
 
-    /// The Node and the Services with their slices, in files of SERVICES_PER_FILE Services,
-    /// in place of what `manifests` held.
-    pub fn write_manifests(&self, manifests: &ManifestDir) {
+    /// The Node and the Services with their slices, in files of SERVICES_PER_FILE Services
+    /// in `format`, in place of what `manifests` held.
+    pub fn write_manifests(&self, manifests: &ManifestDir, format: Format) {
         let services = self.len();
         eprintln!(
-            "file source: writing {services} services x {ENDPOINTS_PER_SERVICE} endpoints to {}",
+            "file source: writing {services} services x {ENDPOINTS_PER_SERVICE} endpoints to {} \
+             ({format:?})",
             manifests.path.display()
         );
         manifests.clear();
@@ -61,10 +62,16 @@ impl Cluster {
             let documents: Vec<String> = (first..services.min(first + SERVICES_PER_FILE))
                 .flat_map(|service| [self.service_yaml(service), self.slice_yaml(service)])
                 .collect();
-            manifests.write(
-                &format!("services-{first:05}.yaml"),
-                &documents.join("---\n"),
-            );
+            match format {
+                Format::Yaml => manifests.write(
+                    &format!("services-{first:05}.yaml"),
+                    &documents.join("---\n"),
+                ),
+                Format::Json => manifests.write(
+                    &format!("services-{first:05}.json"),
+                    &json_lines(&documents.join("---\n")),
+                ),
+            }
         }
     }
 
@@ -125,6 +132,29 @@ impl Cluster {
             address,
         }
     }
+}
+
+/// How the manifests are written: as YAML, or as JSON (as `kubectl get -o json` writes an
+/// object, one per line).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Yaml,
+    Json,
+}
+
+/// The objects of `yaml` in JSON, one per line.
+fn json_lines(yaml: &str) -> String {
+    let mut out = String::new();
+    for object in objects(yaml) {
+        let json = match object {
+            Object::Service(service) => serde_json::to_string(&service),
+            Object::EndpointSlice(slice) => serde_json::to_string(&slice),
+            other => panic!("the benchmark writes Services and slices only, not {other:?}"),
+        };
+        out.push_str(&json.expect("k8s objects serialize"));
+        out.push('\n');
+    }
+    out
 }
 
 pub fn service_name(service: u32) -> String {

@@ -39,7 +39,7 @@ use socklb_tests::{
 };
 
 use crate::{
-    cluster::{Cluster, apply, fake_cluster},
+    cluster::{Cluster, Format, apply, fake_cluster},
     maps::{Maps, check_maps},
     report::report,
 };
@@ -313,7 +313,7 @@ fn file_cold_start(
     cluster: &Cluster,
 ) -> (ColdStart, Sustained) {
     let services = cluster.len();
-    cluster.write_manifests(manifests);
+    cluster.write_manifests(manifests, Format::Yaml);
     let agent = start_file(sandbox, &manifests.path, Sizing::Fitted(services), &[]);
     let mut cold = cold_start(&agent);
     cold.entries = check_maps(&Maps::open(&sandbox.pin_dir), services);

@@ -9,7 +9,8 @@
 //!    before each), then the connections through the last one (the client in the sandbox's
 //!    cgroup, the endpoints served on the sandbox's loopback);
 //! 2. the file agent restarted over its maps with a resync every second ([`resyncs`]);
-//! 3. the pins removed, the kube agent's cold starts, then `--changes` changes one at a
+//! 3. the same manifests written as JSON, and the file agent's cold starts over them;
+//! 4. the pins removed, the kube agent's cold starts, then `--changes` changes one at a
 //!    time through the last one.
 use std::{
     collections::BTreeMap,
@@ -36,7 +37,7 @@ use socklb_tests::{
 use crate::{
     ColdStart, ENDPOINT_PORT, ENDPOINTS_PER_SERVICE, Latency, Options, Resyncs, SERVICE_PORT,
     Sizing, change_latency,
-    cluster::{Cluster, fake_cluster, vip},
+    cluster::{Cluster, Format, fake_cluster, vip},
     cold_start,
     maps::{Maps, check_maps},
     percentile, resyncs, start_file, start_kube,
@@ -63,8 +64,10 @@ pub struct Row {
     /// The last cold start of each source, measured in full.
     file: ColdStart,
     kube: ColdStart,
-    /// Every cold start's time to ready, per source, sorted.
+    /// Every cold start's time to ready, per source (the manifests in YAML, in JSON, the
+    /// API server), sorted.
     file_ready: Vec<Duration>,
+    json_ready: Vec<Duration>,
     kube_ready: Vec<Duration>,
     /// Kernel memory charged for every pinned map (memlock), once the file agent is ready.
     map_bytes: u64,
@@ -89,7 +92,7 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
     let mut rows = Vec::new();
     for &services in &options.scale {
         let mut cluster = Cluster::new(services);
-        cluster.write_manifests(manifests);
+        cluster.write_manifests(manifests, Format::Yaml);
         let (agent, mut file, file_ready) = cold_starts(sandbox, || {
             start_file(sandbox, &manifests.path, Sizing::Defaults, &[])
         });
@@ -104,6 +107,13 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
 
         let resyncs = resyncs(sandbox, manifests, Sizing::Defaults);
         dataplane::cleanup(&sandbox.pin_dir).expect("remove the file agent's pins");
+        cluster.write_manifests(manifests, Format::Json);
+        let (agent, _, json_ready) = cold_starts(sandbox, || {
+            start_file(sandbox, &manifests.path, Sizing::Defaults, &[])
+        });
+        agent.stop();
+        dataplane::cleanup(&sandbox.pin_dir).expect("remove the file agent's pins");
+        eprintln!("{services} services: ready from JSON manifests after {json_ready:.2?}");
         let (api, kubeconfig) = fake_cluster(manifests, &cluster);
         let (agent, mut kube, kube_ready) = cold_starts(sandbox, || {
             start_kube(sandbox, &kubeconfig, Sizing::Defaults, "0s")
@@ -124,6 +134,7 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
             file,
             kube,
             file_ready,
+            json_ready,
             kube_ready,
             map_bytes,
             resyncs,
@@ -223,8 +234,8 @@ pub fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
     );
     let _ = writeln!(
         out,
-        "| Services | ready (median): manifests / API server | peak RSS: manifests / API server | BPF \
-         maps (memlock) | full resync | CPU per resync (verified entries) | one change p50 / \
+        "| Services | ready (median): manifests in YAML / in JSON / API server | peak RSS: \
+         manifests / API server | BPF maps (memlock) | full resync | CPU per resync (verified entries) | one change p50 / \
          p99 | VIP / direct connect p50: first / middle / last |"
     );
     let _ = writeln!(out, "|---:|---:|---:|---:|---:|---:|---:|---:|");
@@ -239,10 +250,11 @@ pub fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
             .collect();
         let _ = writeln!(
             out,
-            "| {} | **{}** / **{}** | **{}** / **{}** | {} | {} | **{:.1} ms** ({}) | {} / {} \
-             | {} |",
+            "| {} | **{}** / {} / **{}** | **{}** / **{}** | {} | {} | **{:.1} ms** ({}) | {} / \
+             {} | {} |",
             row.services,
             s(percentile(&row.file_ready, 50)),
+            s(percentile(&row.json_ready, 50)),
             s(percentile(&row.kube_ready, 50)),
             mib(row.file.peak_rss_kib as f64 * 1024.0),
             mib(row.kube.peak_rss_kib as f64 * 1024.0),
@@ -265,11 +277,13 @@ pub fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
         };
         let _ = writeln!(
             out,
-            "- {} Services: ready from manifests {}, from the API server {}; first full sync {} \
+            "- {} Services: ready from YAML manifests {}, from JSON manifests {}, from the API \
+             server {}; first full sync {} \
              from manifests, {} from the API server ({} map writes); RSS at ready {} / {}; \
              resyncs {} in {} (p50 {}); agent sync per change p50 {}.",
             row.services,
             all(&row.file_ready),
+            all(&row.json_ready),
             all(&row.kube_ready),
             s(row.file.sync.took),
             s(row.kube.sync.took),
