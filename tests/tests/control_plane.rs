@@ -163,17 +163,15 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
         // No full resync during the test: resyncs alone repair the maps.
         &["--sync-period", "1s", "--full-sync-period", "1h"],
     );
-    let open = |name: &str| {
-        aya::maps::Map::HashMap(
-            aya::maps::MapData::from_pin(sandbox.pin_dir.join(name)).expect("open a pinned map"),
-        )
+    let pinned = |name: &str| {
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join(name)).expect("open a pinned map")
     };
     let mut services: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
-        open(socklb_abi::map_names::SERVICES)
+        aya::maps::Map::HashMap(pinned(socklb_abi::map_names::SERVICES))
             .try_into()
             .expect("service map");
-    let mut backends: aya::maps::HashMap<_, u32, socklb_abi::Backend> =
-        open(socklb_abi::map_names::BACKENDS)
+    let mut backends: aya::maps::Array<_, socklb_abi::Backend> =
+        aya::maps::Map::Array(pinned(socklb_abi::map_names::BACKENDS))
             .try_into()
             .expect("backend map");
     let master = socklb_abi::ServiceKey {
@@ -182,15 +180,24 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
         protocol: socklb_abi::PROTO_TCP,
         ..Default::default()
     };
-    let backend = backends.keys().next().expect("a backend").expect("read");
+    // The backend array: an id no backend holds reads as zeros.
+    let none = socklb_abi::Backend::default();
+    let held = |backends: &aya::maps::Array<_, socklb_abi::Backend>, id: u32| {
+        backends.get(&id, 0).expect("read a backend") != none
+    };
+    let backend = (1..backends.len())
+        .find(|id| held(&backends, *id))
+        .expect("a backend");
 
-    // Deleted behind the agent's back (as `bpftool map delete`): the next resync's
-    // verification writes both back, says so, and counts them.
+    // Deleted behind the agent's back (as `bpftool map delete`, or zeros written into the
+    // array): the next resync's verification writes both back, says so, and counts them.
     services.remove(&master).expect("delete the master entry");
-    backends.remove(&backend).expect("delete the backend entry");
+    backends
+        .set(backend, &none, 0)
+        .expect("clear the backend entry");
     agent.wait_for_log("written back", 1);
     assert!(services.get(&master, 0).is_ok(), "master entry restored");
-    assert!(backends.get(&backend, 0).is_ok(), "backend entry restored");
+    assert!(held(&backends, backend), "backend entry restored");
     wait_for_answers(&sandbox, &["127.0.22.1"]);
     let metrics = metrics();
     assert!(
@@ -206,7 +213,7 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
         ..master
     };
     let above = socklb_abi::ServiceKey { slot: 5, ..master };
-    let stray_backend = u32::MAX - 1;
+    let stray_backend = backends.len() - 1;
     let found = agent.log().matches("did not write").count();
     let entry = socklb_abi::ServiceEntry::default();
     services
@@ -217,8 +224,8 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
         .expect("insert a slot above the count");
     let copy = backends.get(&backend, 0).expect("a backend");
     backends
-        .insert(&stray_backend, &copy, 0)
-        .expect("insert a backend no slot names");
+        .set(stray_backend, &copy, 0)
+        .expect("write a backend no slot names");
     agent.wait_for_log("did not write", found + 1);
     eventually(
         "the entries the agent did not write are deleted",
@@ -227,7 +234,7 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
             let left = [
                 services.get(&stray, 0).is_ok(),
                 services.get(&above, 0).is_ok(),
-                backends.get(&stray_backend, 0).is_ok(),
+                held(&backends, stray_backend),
             ];
             if left.contains(&true) {
                 Err(format!("still there (stray, above, backend): {left:?}"))

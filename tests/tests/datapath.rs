@@ -636,7 +636,7 @@ fn bpftool_map_dump_shows_named_fields() {
     ] {
         assert!(services.contains(field), "{field} missing in:\n{services}");
     }
-    let backends = dump("socklb_be_v2");
+    let backends = dump(map_names::BACKENDS);
     assert!(backends.contains("\"protocol\": 6"), "{backends}");
 }
 

@@ -9,7 +9,7 @@ use std::{fs, path::Path};
 
 use aya::{
     Ebpf, Pod,
-    maps::{HashMap, MapData, MapError},
+    maps::{Array, HashMap, MapData, MapError},
 };
 use socklb_abi::{FrontendName, MaglevKey, map_names};
 use tracing::{error, info, warn};
@@ -246,7 +246,7 @@ impl Dataplane {
             )?;
         }
         if grown.contains(&map_names::BACKENDS) {
-            copy(
+            copy_array(
                 map_names::BACKENDS,
                 &old.backends,
                 &mut kernel_maps.backends,
@@ -293,6 +293,22 @@ fn copy<K: Pod, V: Pod>(
     for entry in from.iter() {
         let (key, value) = entry.map_err(error)?;
         to.insert(&key, &value, 0).map_err(error)?;
+    }
+    Ok(())
+}
+
+/// The held entries of the array `from` into the larger `to`, at the same indexes.
+fn copy_array<V: Pod + PartialEq + Default>(
+    name: &'static str,
+    from: &Array<MapData, V>,
+    to: &mut Array<MapData, V>,
+) -> Result<(), GrowError> {
+    let error = |source| GrowError::Copy { name, source };
+    for (index, entry) in (0..).zip(from.iter()) {
+        let value = entry.map_err(error)?;
+        if value != V::default() {
+            to.set(index, &value, 0).map_err(error)?;
+        }
     }
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::{
 
 use aya::{
     Pod,
-    maps::{HashMap, IterableMap, MapData, MapError},
+    maps::{Array, HashMap, IterableMap, MapData, MapError},
 };
 
 /// `union bpf_attr` for the batch commands (UAPI layout).
@@ -125,9 +125,10 @@ pub fn update<K: Copy, V: Copy>(
     Ok(())
 }
 
-/// Reads one chunk (at most [`READ_CHUNK`] entries, whole buckets) of a hash map from the
-/// bucket `from` on (`None`: its start) into `entries`. Returns where the next chunk
-/// begins, `None` at the map's end: a walk can stop between two calls and go on later.
+/// Reads one chunk (at most [`READ_CHUNK`] entries) of a map from the position `from` on
+/// (`None`: its start) into `entries`: a bucket of a hash map (whole buckets are read), the
+/// last index read of an array. Returns where the next chunk begins, `None` at the map's
+/// end: a walk can stop between two calls and go on later.
 pub fn read_chunk<K: Copy + Default, V: Copy + Default>(
     map: BorrowedFd<'_>,
     from: Option<u32>,
@@ -158,7 +159,7 @@ pub fn read_chunk<K: Copy + Default, V: Copy + Default>(
     };
     // SAFETY: `keys` and `values` have room for `count` elements of the map's key and
     // value sizes (the caller's types are the map's), and the positions are u32, as hash
-    // maps use.
+    // maps and arrays use.
     let result = unsafe { batch(BPF_MAP_LOOKUP_BATCH, &mut attr) };
     let read = (attr.count as usize).min(READ_CHUNK);
     entries.extend(
@@ -188,6 +189,27 @@ pub fn chunk<K: Pod + Default, V: Pod + Default>(
     match read_chunk(IterableMap::map(map).fd().as_fd(), from, &mut entries) {
         Ok(next) => Ok((entries, next)),
         Err(error) if error.unsupported() => Ok((map.iter().collect::<Result<_, _>>()?, None)),
+        Err(error) => Err(MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_batch",
+            io_error: error.error,
+        })),
+    }
+}
+
+/// One chunk of the array `map` from the position `from` on, as [`chunk`] reads a hash
+/// map; index by index where the kernel has no batch lookups.
+pub fn array_chunk<V: Pod + Default>(
+    map: &Array<MapData, V>,
+    from: Option<u32>,
+) -> Result<Chunk<u32, V>, MapError> {
+    let mut entries = Vec::new();
+    match read_chunk(IterableMap::map(map).fd().as_fd(), from, &mut entries) {
+        Ok(next) => Ok((entries, next)),
+        Err(error) if error.unsupported() => {
+            let indexes = 0..map.len();
+            let read = indexes.map(|index| Ok((index, map.get(&index, 0)?)));
+            Ok((read.collect::<Result<_, MapError>>()?, None))
+        }
         Err(error) => Err(MapError::SyscallError(aya::sys::SyscallError {
             call: "bpf_map_lookup_batch",
             io_error: error.error,

@@ -10,7 +10,7 @@ use std::{
 
 use aya::{
     Pod,
-    maps::{HashMap, IterableMap, Map, MapData, MapError},
+    maps::{Array, HashMap, IterableMap, Map, MapData, MapError},
 };
 use socklb_abi::{
     BACKEND_FLAG_REMOTE, Backend, Backend6, Ipv6Words, ServiceEntry, ServiceEntry6, ServiceKey,
@@ -32,7 +32,8 @@ use crate::desired::{BackendAddr, Frontend, Protocol, Scope};
 /// fields, to copy the entries into larger maps.
 pub struct KernelMaps {
     pub(crate) services: HashMap<MapData, ServiceKey, ServiceEntry>,
-    pub(crate) backends: HashMap<MapData, u32, Backend>,
+    /// Indexed by id; all zeros where no backend holds the id.
+    pub(crate) backends: Array<MapData, Backend>,
     pub(crate) services6: HashMap<MapData, ServiceKey6, ServiceEntry6>,
     pub(crate) backends6: HashMap<MapData, u32, Backend6>,
     /// Marked before each master entry is written (see `frontend_filter`).
@@ -210,8 +211,9 @@ impl KernelMaps {
                 Ok(next)
             }
             2 => {
-                let (entries, next) = batch::chunk(&self.backends, from)?;
-                contents.backends.extend(entries.iter().map(decode_backend));
+                let (entries, next) = batch::array_chunk(&self.backends, from)?;
+                let held = entries.iter().filter(|(_, backend)| *backend != NO_BACKEND);
+                contents.backends.extend(held.map(decode_backend));
                 Ok(next)
             }
             _ => {
@@ -231,7 +233,7 @@ impl KernelMaps {
             } => match backend.address {
                 IpAddr::V4(_) => {
                     let entry = encode_backend(backend, *protocol).ok_or_else(family_mismatch)?;
-                    self.backends.insert(id, &entry, 0)
+                    self.backends.set(*id, &entry, 0)
                 }
                 IpAddr::V6(_) => {
                     let entry = encode_backend(backend, *protocol).ok_or_else(family_mismatch)?;
@@ -261,7 +263,7 @@ impl KernelMaps {
                 StrayKey::V6(key) => self.services6.remove(key),
             }),
             Op::DeleteBackend { id, address } => ignore_missing(match address {
-                IpAddr::V4(_) => self.backends.remove(id),
+                IpAddr::V4(_) => self.backends.set(*id, &NO_BACKEND, 0),
                 IpAddr::V6(_) => self.backends6.remove(id),
             }),
         }
@@ -352,7 +354,10 @@ impl Store for KernelMaps {
 
     fn read_backend(&self, id: u32, address: IpAddr) -> std::io::Result<Option<BackendEntry>> {
         let found = match address {
-            IpAddr::V4(_) => self.backends.get(&id, 0).map(|b| decode_backend(&(id, b))),
+            IpAddr::V4(_) => match self.backends.get(&id, 0) {
+                Ok(NO_BACKEND) | Err(MapError::OutOfBounds { .. }) => Err(MapError::KeyNotFound),
+                found => found.map(|b| decode_backend(&(id, b))),
+            },
             IpAddr::V6(_) => self.backends6.get(&id, 0).map(|b| decode_backend(&(id, b))),
         };
         found_or_none(found.map(|(_, addr, protocol)| (addr, protocol)))
@@ -452,6 +457,14 @@ fn backend_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(u32, Backend<A>)>> 
 }
 
 /// Every entry of `map`, in batches where the kernel has them, else key by key.
+/// What the IPv4 backend array holds at an id no backend has.
+pub const NO_BACKEND: Backend = Backend {
+    address: 0,
+    port: 0,
+    protocol: 0,
+    flags: 0,
+};
+
 /// The service and backend maps of both families, as [`KernelMaps::read_chunk`] numbers
 /// them.
 const MAPS: usize = 4;

@@ -7,8 +7,9 @@ pub mod map_names {
     /// [`crate::ServiceKey`] -> [`crate::ServiceEntry`]: frontends and their backend slots.
     /// Not preallocated (`_v1` was).
     pub const SERVICES: &str = "socklb_svc_v2";
-    /// backend id (`u32`) -> [`crate::Backend`]. Not preallocated (`_v1` was).
-    pub const BACKENDS: &str = "socklb_be_v2";
+    /// Array of [`crate::Backend`] indexed by backend id (ids of both families: the lowest
+    /// free one is handed out); an id no backend holds reads as zeros. `_v2` was a hash map.
+    pub const BACKENDS: &str = "socklb_be_v3";
     /// [`crate::ReverseKey`] -> [`crate::ReverseEntry`] (LRU): which VIP an unconnected UDP
     /// socket sent each datagram to, so that the replies come from it.
     pub const REVERSE: &str = "socklb_rev_v1";
@@ -149,7 +150,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 14] = [
+    pub const RETIRED: [&str; 15] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
@@ -160,6 +161,7 @@ pub mod map_names {
         "socklb_node_v1",
         RETIRED_SERVICES,
         "socklb_be_v1",
+        "socklb_be_v2",
         // IPv4-only trace events and filters.
         "socklb_trace_v1",
         "socklb_trctl_v1",

@@ -80,7 +80,8 @@ pub struct ServiceEntry<A = u32> {
     pub affinity_timeout_s: u32,
 }
 
-/// Value of the backend map (key: backend id, `u32`, never 0).
+/// Value of the backend map (index or key: backend id, `u32`, never 0). All zeros in the
+/// IPv4 array: no backend holds the id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Backend<A = u32> {

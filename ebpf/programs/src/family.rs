@@ -123,7 +123,7 @@ static ZERO_ENTRY6: CtEntry6 = CtEntry6 {
 
 /// The service map lookup, copied out at once (the same fields in both families).
 macro_rules! service_lookup {
-    ($services:ident, $key:ident, $backends:ident) => {
+    ($services:ident, $key:ident) => {
         #[inline(always)]
         fn service(tuple: &Tuple<Self::Addr>, scope: u8, slot: u16) -> Option<Slot<Self::Addr>> {
             let key = $key {
@@ -145,13 +145,6 @@ macro_rules! service_lookup {
                 service_id: entry.service_id,
                 affinity_timeout_s: entry.affinity_timeout_s,
             })
-        }
-
-        #[inline(always)]
-        fn backend(id: u32) -> Option<(Self::Addr, u16)> {
-            // SAFETY: pointer from a successful lookup; copied out at once.
-            let backend = unsafe { *$backends.get_ptr(&id)? };
-            Some((backend.address, backend.port))
         }
     };
 }
@@ -183,7 +176,15 @@ impl Family for V4 {
         entry
     }
 
-    service_lookup!(SERVICES, ServiceKey, BACKENDS);
+    service_lookup!(SERVICES, ServiceKey);
+
+    /// An id no backend holds reads as zeros, which match no flow's backend.
+    #[inline(always)]
+    fn backend(id: u32) -> Option<(Self::Addr, u16)> {
+        // SAFETY: pointer from a successful lookup; copied out at once.
+        let backend = unsafe { *BACKENDS.get_ptr(id)? };
+        Some((backend.address, backend.port))
+    }
 
     #[inline(always)]
     fn affinity() -> &'static LruHashMap<AffinityKey, AffinityEntry, AFFINITY_CAPACITY> {
@@ -314,7 +315,14 @@ impl Family for V6 {
         }
     }
 
-    service_lookup!(SERVICES6, ServiceKey6, BACKENDS6);
+    service_lookup!(SERVICES6, ServiceKey6);
+
+    #[inline(always)]
+    fn backend(id: u32) -> Option<(Self::Addr, u16)> {
+        // SAFETY: pointer from a successful lookup; copied out at once.
+        let backend = unsafe { *BACKENDS6.get_ptr(&id)? };
+        Some((backend.address, backend.port))
+    }
 
     #[inline(always)]
     fn affinity() -> &'static LruHashMap<AffinityKey6, AffinityEntry, AFFINITY_CAPACITY> {

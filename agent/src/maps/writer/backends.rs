@@ -1,12 +1,22 @@
-//! The writer's mirror of the backend map: each backend by id, found by address too, with
-//! how many slots name it. At 100,000 Services of 10 endpoints it holds a million backends,
-//! so each is stored once: the index by address keeps ids only, and the reference count
-//! lives beside the backend rather than in a map of its own.
+//! The writer's mirror of the backend maps: each backend by id, found by address too, with
+//! how many slots name it, and the ids handed out. At 100,000 Services of 10 endpoints it
+//! holds a million backends, so each is stored once: the index by address keeps ids only,
+//! and the reference count lives beside the backend rather than in a map of its own.
+//!
+//! Ids are dense within each family: the lowest free one is handed out, so that the IPv4
+//! backend map, an array indexed by id, is about as large as the backends it holds. IPv6
+//! ids carry [`IPV6_ID`], so that an id alone says which map holds it. An id freed by a
+//! removal may name another backend at a later apply: the programs compare a flow's
+//! backend address with the id's, and an affinity follows its slot, so a reused id never
+//! leads a flow to a backend it was not given.
 use std::{collections::BTreeSet, hash::BuildHasher};
 
-use hashbrown::{DefaultHashBuilder, HashMap, HashTable};
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::desired::{BackendAddr, Protocol};
+
+/// The bit that marks an IPv6 backend's id; the bits below are its index in its family.
+pub const IPV6_ID: u32 = 1 << 31;
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -16,9 +26,70 @@ struct Entry {
     refs: u32,
 }
 
+/// One family's backends, by index (0 is never one).
+#[derive(Debug, Default)]
+struct Family {
+    /// No `None` at the end.
+    by_index: Vec<Option<Entry>>,
+    /// The indexes below `by_index.len()` no backend holds (0 aside), lowest first.
+    vacant: BTreeSet<u32>,
+    held: usize,
+}
+
+impl Family {
+    fn get(&self, index: u32) -> Option<&Entry> {
+        self.by_index.get(index as usize)?.as_ref()
+    }
+
+    fn get_mut(&mut self, index: u32) -> Option<&mut Entry> {
+        self.by_index.get_mut(index as usize)?.as_mut()
+    }
+
+    /// The indexes the next backends get, lowest first.
+    fn vacant(&self) -> impl Iterator<Item = u32> + '_ {
+        let past_the_end = u32::try_from(self.by_index.len().max(1)).unwrap_or(u32::MAX);
+        self.vacant.iter().copied().chain(past_the_end..)
+    }
+
+    /// Puts `entry` at `index`; the entry it replaces, if any.
+    fn put(&mut self, index: u32, entry: Entry) -> Option<Entry> {
+        let at = index as usize;
+        if at >= self.by_index.len() {
+            let first_new = u32::try_from(self.by_index.len().max(1)).unwrap_or(u32::MAX);
+            self.vacant.extend(first_new..index);
+            self.by_index.resize(at + 1, None);
+        }
+        self.vacant.remove(&index);
+        let replaced = self.by_index[at].replace(entry);
+        self.held += usize::from(replaced.is_none());
+        replaced
+    }
+
+    fn take(&mut self, index: u32) -> Option<Entry> {
+        let entry = self.by_index.get_mut(index as usize)?.take()?;
+        self.held -= 1;
+        self.vacant.insert(index);
+        // No free index past the last held one: the span shrinks back.
+        while self.by_index.last().is_some_and(Option::is_none) {
+            self.by_index.pop();
+            let past = u32::try_from(self.by_index.len()).unwrap_or(u32::MAX);
+            self.vacant.remove(&past);
+        }
+        Some(entry)
+    }
+
+    /// Held indexes from `from` on, in order.
+    fn held_from(&self, from: u32) -> impl Iterator<Item = u32> + '_ {
+        let held = self.by_index.iter().enumerate().skip(from as usize);
+        held.filter(|(_, entry)| entry.is_some())
+            .map(|(index, _)| u32::try_from(index).unwrap_or(u32::MAX))
+    }
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Backends {
-    by_id: HashMap<u32, Entry>,
+    /// IPv4, then IPv6.
+    families: [Family; 2],
     /// Ids of the backends that can be found by address, hashed by what they name.
     index: HashTable<u32>,
     /// foldhash, seeded per process as std's SipHash is: SipHash made a fifth of a full
@@ -26,74 +97,95 @@ pub(super) struct Backends {
     hasher: DefaultHashBuilder,
     /// Backends no slot names: deleted at the end of the next apply.
     unreferenced: BTreeSet<u32>,
-    /// No id held is above it (removals leave it as it is).
-    last_id: u32,
-    /// How many of them are IPv6 (their own map, sized apart).
-    ipv6: usize,
+}
+
+/// The family (0: IPv4, 1: IPv6) and index of `id`.
+fn split(id: u32) -> (usize, u32) {
+    (usize::from(id & IPV6_ID != 0), id & !IPV6_ID)
+}
+
+fn id_of(ipv6: bool, index: u32) -> u32 {
+    if ipv6 { index | IPV6_ID } else { index }
+}
+
+/// Whether `id` is one this mirror may hold for a backend at `addr`: an index in the
+/// family's own range, tagged as the family is.
+pub fn fits_family(id: u32, addr: &BackendAddr) -> bool {
+    id != 0 && (id & IPV6_ID != 0) == addr.address.is_ipv6() && id != IPV6_ID
 }
 
 impl Backends {
     pub(super) fn clear(&mut self) {
-        self.by_id.clear();
+        self.families = Default::default();
         self.index.clear();
         self.unreferenced.clear();
-        self.last_id = 0;
-        self.ipv6 = 0;
     }
 
     /// Room for `additional` more backends, in the table and in the index.
     pub(super) fn reserve(&mut self, additional: usize) {
-        self.by_id.reserve(additional);
-        let (by_id, hasher) = (&self.by_id, &self.hasher);
+        let (families, hasher) = (&self.families, &self.hasher);
         self.index.reserve(additional, |id| {
-            let entry = &by_id[id];
+            let entry = held_entry(families, *id).expect("indexed ids are held");
             hasher.hash_one((&entry.addr, entry.protocol))
         });
     }
 
     pub(super) fn len(&self) -> usize {
-        self.by_id.len()
+        self.families.iter().map(|family| family.held).sum()
     }
 
     /// How many backends of one family it holds: IPv6 if `ipv6`, else IPv4.
     pub(super) fn count(&self, ipv6: bool) -> usize {
-        if ipv6 {
-            self.ipv6
-        } else {
-            self.by_id.len() - self.ipv6
-        }
+        self.families[usize::from(ipv6)].held
+    }
+
+    /// The ids the next backends of a family get, lowest first (none is taken until
+    /// inserted).
+    pub(super) fn vacant_ids(&self, ipv6: bool) -> impl Iterator<Item = u32> + '_ {
+        let family = &self.families[usize::from(ipv6)];
+        family.vacant().map(move |index| id_of(ipv6, index))
+    }
+
+    /// Entries an array indexed by a family's ids needs (index 0 included) to hold every
+    /// id given to the backends held now and `new` more: the n-th lowest free index is at
+    /// most `held + n`.
+    pub(super) fn id_span(&self, ipv6: bool, new: usize) -> usize {
+        self.count(ipv6) + new + 1
     }
 
     pub(super) fn contains(&self, id: u32) -> bool {
-        self.by_id.contains_key(&id)
+        held_entry(&self.families, id).is_some()
     }
 
     pub(super) fn get(&self, id: u32) -> Option<(BackendAddr, Protocol)> {
-        self.by_id
-            .get(&id)
-            .map(|entry| (entry.addr, entry.protocol))
+        held_entry(&self.families, id).map(|entry| (entry.addr, entry.protocol))
     }
 
-    /// No id held is above it (0: none was ever held since the last clear).
-    pub(super) fn last_id(&self) -> u32 {
-        self.last_id
+    /// The ids held from `from` on, in order (IPv4's, then IPv6's).
+    pub(super) fn held_from(&self, from: u32) -> impl Iterator<Item = u32> + '_ {
+        let (family, index) = split(from);
+        let ipv4 = (family == 0).then(|| self.families[0].held_from(index));
+        let ipv6_from = if family == 0 { 0 } else { index };
+        let ipv6 = self.families[1]
+            .held_from(ipv6_from)
+            .map(|i| id_of(true, i));
+        ipv4.into_iter().flatten().chain(ipv6)
     }
 
     /// The id of the backend at `addr` for `protocol`, if one can be found by address.
     pub(super) fn id_of(&self, addr: &BackendAddr, protocol: Protocol) -> Option<u32> {
         let hash = self.hasher.hash_one((addr, protocol));
-        let by_id = &self.by_id;
+        let families = &self.families;
         self.index
             .find(hash, |id| {
-                by_id
-                    .get(id)
-                    .is_some_and(|e| (e.addr, e.protocol) == (*addr, protocol))
+                held_entry(families, *id).is_some_and(|e| (e.addr, e.protocol) == (*addr, protocol))
             })
             .copied()
     }
 
     /// Adds a backend no slot names yet; `indexed`: it can be found by address (the first
-    /// id of an address wins, as when the maps hold two).
+    /// id of an address wins, as when the maps hold two). `id` must fit its family
+    /// ([`fits_family`]).
     pub(super) fn insert(&mut self, id: u32, addr: BackendAddr, protocol: Protocol, indexed: bool) {
         let indexed = indexed && self.id_of(&addr, protocol).is_none();
         self.add(id, addr, protocol, indexed);
@@ -105,27 +197,19 @@ impl Backends {
     }
 
     fn add(&mut self, id: u32, addr: BackendAddr, protocol: Protocol, indexed: bool) {
-        self.last_id = self.last_id.max(id);
-        let replaced = self.by_id.insert(
-            id,
-            Entry {
-                addr,
-                protocol,
-                refs: 0,
-            },
-        );
-        if replaced.is_some_and(|old| old.addr.address.is_ipv6()) {
-            self.ipv6 -= 1;
-        }
-        if addr.address.is_ipv6() {
-            self.ipv6 += 1;
-        }
+        let (family, index) = split(id);
+        let entry = Entry {
+            addr,
+            protocol,
+            refs: 0,
+        };
+        self.families[family].put(index, entry);
         self.unreferenced.insert(id);
         if indexed {
-            let (by_id, hasher) = (&self.by_id, &self.hasher);
+            let (families, hasher) = (&self.families, &self.hasher);
             let hash = hasher.hash_one((&addr, protocol));
             self.index.insert_unique(hash, id, |id| {
-                let entry = &by_id[id];
+                let entry = held_entry(families, *id).expect("indexed ids are held");
                 hasher.hash_one((&entry.addr, entry.protocol))
             });
         }
@@ -135,7 +219,8 @@ impl Backends {
     /// backend (0: a slot that could not be read) are not counted.
     pub(super) fn reference(&mut self, ids: &[u32], added: bool) {
         for id in ids {
-            let Some(entry) = self.by_id.get_mut(id) else {
+            let (family, index) = split(*id);
+            let Some(entry) = self.families[family].get_mut(index) else {
                 continue;
             };
             if added {
@@ -156,16 +241,20 @@ impl Backends {
     }
 
     pub(super) fn remove(&mut self, id: u32) {
-        let Some(entry) = self.by_id.remove(&id) else {
+        let (family, index) = split(id);
+        let Some(entry) = self.families[family].take(index) else {
             return;
         };
-        if entry.addr.address.is_ipv6() {
-            self.ipv6 -= 1;
-        }
         let hash = self.hasher.hash_one((&entry.addr, entry.protocol));
         if let Ok(found) = self.index.find_entry(hash, |indexed| *indexed == id) {
             found.remove();
         }
         self.unreferenced.remove(&id);
     }
+}
+
+/// The backend holding `id`, if one does.
+fn held_entry(families: &[Family; 2], id: u32) -> Option<&Entry> {
+    let (family, index) = split(id);
+    families[family].get(index)
 }

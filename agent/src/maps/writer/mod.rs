@@ -95,7 +95,6 @@ pub struct Writer<S> {
     /// family's, kept up to date (not recounted).
     service_entries: PerFamily,
     service_ids: HashSet<u32>,
-    next_backend_id: u32,
     next_service_id: u32,
     /// Frontends the replaced maps held: programmed ahead of other new frontends.
     preferred: BTreeSet<Frontend>,
@@ -121,7 +120,6 @@ impl<S: Store> Writer<S> {
             stray_backends: BTreeSet::new(),
             service_entries: PerFamily::default(),
             service_ids: HashSet::new(),
-            next_backend_id: 1,
             next_service_id: 1,
             preferred: BTreeSet::new(),
             rejected: BTreeMap::new(),
@@ -140,22 +138,29 @@ impl<S: Store> Writer<S> {
         self.verify_cursor = verified::Cursor::START;
         self.walk_from = WalkPosition::default();
         self.strays = contents.strays.into_iter().collect();
-        self.stray_backends.clear();
-        self.next_backend_id = 1;
         self.next_service_id = 1;
-        let backend_entries: HashMap<u32, BackendAddr> = contents
-            .backends
-            .iter()
-            .map(|(id, addr, _)| (*id, *addr))
+        // Ids are dense within a family, so none this writer gives is beyond its map's room;
+        // one that is (an older agent's, whose ids only grew) is not adopted: it is deleted
+        // before the next apply hands out ids, and the slots naming it are rewritten.
+        let capacity = self.capacity;
+        let (adopted, dropped): (Vec<_>, Vec<_>) =
+            contents.backends.into_iter().partition(|(id, addr, _)| {
+                let room = capacity.of(addr.address).backends;
+                backends::fits_family(*id, addr) && (id & !backends::IPV6_ID) < room
+            });
+        self.stray_backends = dropped
+            .into_iter()
+            .map(|(id, addr, _)| (id, addr.address))
             .collect();
-        for (id, addr, protocol) in contents.backends {
+        let backend_entries: HashMap<u32, BackendAddr> =
+            adopted.iter().map(|(id, addr, _)| (*id, *addr)).collect();
+        for (id, addr, protocol) in adopted {
             let Some(protocol) = protocol else {
                 // Unknown protocol: not ours to interpret; dropped at the next apply.
                 self.backends.insert(id, addr, Protocol::Tcp, false);
                 continue;
             };
             self.backends.insert(id, addr, protocol, true);
-            self.next_backend_id = self.next_backend_id.max(id.saturating_add(1));
         }
 
         let mut slots: HashMap<Frontend, BTreeMap<u16, u32>> = HashMap::new();
@@ -259,11 +264,12 @@ impl<S: Store> Writer<S> {
         count(self.service_entries.v4 + self.service_entries.v6)
     }
 
-    /// Entries each family's service and backend maps hold, as the mirror accounts for them.
+    /// Entries each family's service and backend maps hold, as the mirror accounts for them
+    /// (the IPv4 backend array: the entries it needs to span every id held).
     pub fn entries(&self) -> Capacity {
         let room = |ipv6: bool| Room {
             service_entries: count(self.service_entries.get(ipv6)),
-            backends: count(self.backends.count(ipv6)),
+            backends: count(backend_entries(&self.backends, ipv6, 0)),
         };
         Capacity {
             v4: room(false),
@@ -337,7 +343,7 @@ impl<S: Store> Writer<S> {
             .count();
         let room = |ipv6: bool, new: usize| Room {
             service_entries: count(service_entries.get(ipv6)),
-            backends: count(self.backends.count(ipv6) + new),
+            backends: count(backend_entries(&self.backends, ipv6, new)),
         };
         Demand {
             maps: Capacity {
@@ -566,17 +572,19 @@ impl<S: Store> Writer<S> {
         let old = self.frontends.get(&frontend).cloned();
         let (flags, affinity_timeout_s) = flags_of(spec);
 
-        // Backend ids: existing ones reused, new ones reserved (written only if accepted).
+        // Backend ids: existing ones reused, new ones the lowest free (taken only if the
+        // update is accepted).
         let mut new_backends: Vec<(u32, BackendAddr)> = Vec::new();
         let mut new_ids: HashMap<BackendAddr, u32> = HashMap::new();
         let mut wanted = Vec::with_capacity(spec.backends.len());
+        let mut vacant = self.backends.vacant_ids(frontend.address.is_ipv6());
         for addr in &spec.backends {
             let id = match self.backends.id_of(addr, frontend.protocol) {
                 Some(id) => id,
                 None => match new_ids.get(addr) {
                     Some(id) => *id,
                     None => {
-                        let id = self.allocate_backend_id();
+                        let id = vacant.next().expect("an endless supply of ids");
                         new_ids.insert(*addr, id);
                         new_backends.push((id, *addr));
                         id
@@ -585,6 +593,7 @@ impl<S: Store> Writer<S> {
             };
             wanted.push(id);
         }
+        drop(vacant);
 
         let old_slots = old.as_ref().map_or(&[][..], |p| &p.slots[..]);
         let slots = assign_slots(old_slots, &wanted);
@@ -774,16 +783,20 @@ impl<S: Store> Writer<S> {
         Ok(())
     }
 
-    /// A backend id no backend has. Ids handed out by one update are distinct without a
-    /// check: the counter only moves on, and one update needs fewer than 2^32 of them.
-    fn allocate_backend_id(&mut self) -> u32 {
-        allocate_id(&mut self.next_backend_id, |id| self.backends.contains(id))
-    }
-
     fn allocate_service_id(&mut self) -> u32 {
         allocate_id(&mut self.next_service_id, |id| {
             self.service_ids.contains(&id)
         })
+    }
+}
+
+/// What a family's backend map must hold for the backends held and `new` more: the IPv4
+/// array spans their ids; the IPv6 hash map holds them.
+fn backend_entries(backends: &backends::Backends, ipv6: bool, new: usize) -> usize {
+    if ipv6 {
+        backends.count(true) + new
+    } else {
+        backends.id_span(false, new)
     }
 }
 

@@ -493,6 +493,39 @@ fn preferred_frontends_get_the_room_before_other_new_ones() {
 }
 
 #[test]
+fn a_new_backend_gets_the_lowest_free_id_and_the_array_spans_the_ids() {
+    let mut w = writer();
+    w.apply(&desired(&[(1, &[1, 2, 3])])).expect("apply");
+    w.apply(&desired(&[(1, &[1, 3])])).expect("apply");
+    assert_eq!(
+        w.entries().v4.backends,
+        3,
+        "index 0 and the ids of be1 and be3"
+    );
+    w.store.ops.clear();
+    // be2's id is free again: the new backend takes it, and the span stays.
+    w.apply(&desired(&[(1, &[1, 3, 4])])).expect("apply");
+    assert_eq!(
+        kinds(&w.store.ops),
+        ["-slot3", "+be2", "+slot3=be2", "+master(count=3)"]
+    );
+    assert_eq!(w.entries().v4.backends, 4);
+    // The highest ids go: the span shrinks with them.
+    w.apply(&desired(&[(1, &[1])])).expect("apply");
+    assert_eq!(w.entries().v4.backends, 2);
+}
+
+#[test]
+fn an_ipv4_backend_array_too_small_for_the_next_id_refuses_the_frontend() {
+    // Two entries: index 0 and one id.
+    let mut w = sized_writer(100, 2);
+    let report = w.apply(&desired(&[(1, &[1]), (2, &[2])])).expect("apply");
+    assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
+    assert_eq!(report.rejected[0].frontend(), frontend(2));
+    assert_eq!(master_count(&w, 1), 1);
+}
+
+#[test]
 fn backend_map_full_is_reported_with_its_flag() {
     let mut w = sized_writer(100, 1);
     let report = w.apply(&desired(&[(1, &[1, 2])])).expect("apply");
@@ -538,10 +571,10 @@ fn verification_reads_every_entry_once_per_pass_and_writes_nothing_without_drift
 }
 
 #[test]
-fn a_backend_id_near_the_top_keeps_each_verification_call_bounded() {
-    // A backend read back with an id near 2^32 (written by hand): the ids below it are
-    // gaps, and a call probes a bounded number of them (before, one call went through
-    // four billion).
+fn a_backend_id_beyond_the_maps_room_is_not_adopted() {
+    // A backend read back with an id near 2^32 (written by hand, or by an older agent
+    // whose ids only grew): the writer's ids are dense, so it is not adopted, and the ids
+    // below it cost nothing (the mirror is indexed by id, and so is a verification pass).
     let contents = MapContents {
         backends: vec![
             (1, backends(&[1])[0], Some(Protocol::Tcp)),
@@ -550,9 +583,14 @@ fn a_backend_id_near_the_top_keeps_each_verification_call_bounded() {
         ..MapContents::default()
     };
     let mut w = Writer::adopt(Recorder::default(), CAPACITY, contents);
+    assert_eq!(w.backend_entries(), 1);
     let call = w.verify(10).expect("verify");
-    assert!(!call.pass_done, "{call:?}");
-    assert!(call.read <= 10, "{call:?}");
+    assert!(call.pass_done, "{call:?}");
+    // Deleted before any id is handed out, and be1 with it: no slot names it.
+    assert_eq!(
+        next_apply(&mut w),
+        [format!("-be{}", u32::MAX - 1), "-be1".to_owned()]
+    );
 }
 
 #[test]
@@ -667,12 +705,12 @@ fn only_frontends_not_programmed_as_desired_have_drifted() {
 
 #[test]
 fn each_family_is_counted_against_its_own_maps() {
-    // Room for the IPv4 frontend and its two backends; for the IPv6 one's entries, but not
-    // its backend.
+    // Room for the IPv4 frontend and its two backends (the IPv4 backend array spans index
+    // 0 and their ids); for the IPv6 one's entries, but not its backend.
     let capacity = Capacity {
         v4: Room {
             service_entries: 3,
-            backends: 2,
+            backends: 3,
         },
         v6: Room {
             service_entries: 2,
@@ -729,4 +767,39 @@ fn each_family_is_counted_against_its_own_maps() {
         }
     );
     assert_eq!(demand.frontends, 2);
+}
+
+#[test]
+fn each_family_has_ids_of_its_own() {
+    let mut w = writer();
+    let v6 = Frontend::internal(
+        std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 1),
+        80,
+        Protocol::Tcp,
+    );
+    let mut wanted = desired(&[(1, &[1, 2])]);
+    wanted.insert(
+        v6,
+        FrontendSpec {
+            backends: vec![BackendAddr::local(
+                std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1),
+                8080,
+            )],
+            affinity_timeout_seconds: None,
+            source_ranges: None,
+            maglev: false,
+            no_endpoints: false,
+        },
+    );
+    w.apply(&wanted).expect("apply");
+    let mut puts: Vec<String> = kinds(&w.store.ops)
+        .into_iter()
+        .filter(|op| op.starts_with("+be"))
+        .collect();
+    puts.sort();
+    let first_ipv6 = format!("+be{}", backends::IPV6_ID | 1);
+    assert_eq!(puts, ["+be1", "+be2", first_ipv6.as_str()]);
+    // The IPv6 backend takes no index of the IPv4 array.
+    assert_eq!(w.entries().v4.backends, 3);
+    assert_eq!(w.entries().v6.backends, 1);
 }

@@ -15,33 +15,23 @@ use super::{
 };
 use crate::desired::Frontend;
 
-/// Backend ids probed per entry of the budget, at most (a probe of a gap is a hash lookup).
-const PROBES: usize = 8;
-
 impl<S: Store> Writer<S> {
     /// Reads back about `budget` entries from where the last call stopped, and writes back
     /// those that differ from the mirror. Slots go before their master, as in an apply,
     /// so a lookup sees either the drifted frontend or the restored one.
     pub fn verify(&mut self, budget: usize) -> Result<Verified, VerifyError> {
         let mut verified = Verified::default();
-        // Ids freed by removals leave gaps: probes of them count too, over the whole call,
-        // so a sparse range (a backend id near 2^32 read back once) costs a bounded time
-        // per call as well.
-        let mut probes = 0;
-        while verified.read < budget && !verified.pass_done && probes < PROBES * budget {
+        while verified.read < budget && !verified.pass_done {
             match self.verify_cursor {
                 Cursor::Backends(from) => {
-                    let last = self.backends.last_id();
-                    let mut id = from;
-                    while id <= last && verified.read < budget && probes < PROBES * budget {
-                        self.verify_backend(id, &mut verified)?;
-                        id += 1;
-                        probes += 1;
+                    let wanted = budget - verified.read;
+                    let ids: Vec<u32> = self.backends.held_from(from).take(wanted + 1).collect();
+                    for id in ids.iter().take(wanted) {
+                        self.verify_backend(*id, &mut verified)?;
                     }
-                    self.verify_cursor = if id > last {
-                        Cursor::Frontends(None)
-                    } else {
-                        Cursor::Backends(id)
+                    self.verify_cursor = match ids.get(wanted) {
+                        Some(next) => Cursor::Backends(*next),
+                        None => Cursor::Frontends(None),
                     };
                 }
                 Cursor::Frontends(after) => {

@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use aya::maps::{HashMap, Map, MapData};
+use aya::maps::{Array, HashMap, Map, MapData};
 use socklb_abi::{Backend, PROTO_TCP, SCOPE_INTERNAL, ServiceEntry, ServiceKey, map_names};
 use socklb_tests::Agent;
 
@@ -22,23 +22,22 @@ const POLL: Duration = Duration::from_micros(50);
 
 pub struct Maps {
     services: HashMap<MapData, ServiceKey, ServiceEntry>,
-    backends: HashMap<MapData, u32, Backend>,
+    /// Indexed by backend id; zeros where no backend holds the id.
+    backends: Array<MapData, Backend>,
 }
 
 impl Maps {
     pub fn open(pin_dir: &Path) -> Self {
         let open = |name: &str| {
             let path = pin_dir.join(name);
-            Map::HashMap(
-                MapData::from_pin(&path)
-                    .unwrap_or_else(|e| panic!("open the pinned map {}: {e}", path.display())),
-            )
+            MapData::from_pin(&path)
+                .unwrap_or_else(|e| panic!("open the pinned map {}: {e}", path.display()))
         };
         Self {
-            services: open(map_names::SERVICES)
+            services: Map::HashMap(open(map_names::SERVICES))
                 .try_into()
                 .expect("the service map's key and value types"),
-            backends: open(map_names::BACKENDS)
+            backends: Map::Array(open(map_names::BACKENDS))
                 .try_into()
                 .expect("the backend map's key and value types"),
         }
@@ -83,9 +82,14 @@ impl Maps {
         }
     }
 
-    /// Entries of the service map and of the backend map.
+    /// Entries of the service map, and backends in the backend array.
     pub fn entries(&self) -> (usize, usize) {
-        (self.services.keys().count(), self.backends.keys().count())
+        let none = Backend::default();
+        let backends = self
+            .backends
+            .iter()
+            .filter(|b| b.as_ref().is_ok_and(|b| *b != none));
+        (self.services.keys().count(), backends.count())
     }
 }
 
