@@ -757,6 +757,85 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
 }
 
 #[test]
+fn an_older_agents_backend_hash_map_gives_way_to_the_array_and_its_frontend_serves() {
+    let sandbox = Sandbox::new("oldbe");
+    let servers = tcp_backends([127, 0, 13], 1, 8080);
+    let vip = frontend([10, 96, 0, 93], 80, Protocol::Tcp);
+    let mut desired = Desired::default();
+    desired.insert(vip, spec(&servers));
+    let pinned = |name: &str| {
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join(name)).expect("open a pinned map")
+    };
+
+    // An older agent's maps: the frontend programmed, its backend under id 7 (ids only
+    // grew then) in the hash map of the older layout, and no backend array.
+    drop(sandbox.programmed(&desired));
+    let mut services: aya::maps::HashMap<_, ServiceKey, ServiceEntry> =
+        aya::maps::Map::HashMap(pinned(map_names::SERVICES))
+            .try_into()
+            .expect("the service map");
+    let std::net::IpAddr::V4(address) = vip.address else {
+        panic!("the frontend is IPv4");
+    };
+    let slot = ServiceKey {
+        address: u32::from(address).to_be(),
+        port: vip.port.to_be(),
+        protocol: socklb_abi::PROTO_TCP,
+        scope: socklb_abi::SCOPE_INTERNAL,
+        slot: 1,
+        pad: 0,
+    };
+    let array = |pin| -> aya::maps::Array<_, socklb_abi::Backend> {
+        aya::maps::Map::Array(pin)
+            .try_into()
+            .expect("the backend array")
+    };
+    let backend = array(pinned(map_names::BACKENDS))
+        .get(&1, 0)
+        .expect("backend 1");
+    let mut entry = services.get(&slot, 0).expect("slot 1");
+    entry.backend_id = 7;
+    services
+        .insert(&slot, &entry, 0)
+        .expect("rename the slot's backend");
+    std::fs::remove_file(sandbox.pin_dir.join(map_names::BACKENDS)).expect("unpin the array");
+    let old = sandbox.pin_dir.join("socklb_be_v2");
+    socklb_tests::run(
+        Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(&old)
+            .args([
+                "type", "hash", "key", "4", "value", "8", "entries", "16", "name",
+            ])
+            .arg("socklb_be_v2"),
+    );
+    let mut older: aya::maps::HashMap<_, u32, socklb_abi::Backend> =
+        aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&old).expect("open the old map"))
+            .try_into()
+            .expect("the old backend map");
+    older.insert(&7, &backend, 0).expect("write the old map");
+
+    // The new agent: the slot names its backend under a new, dense id, in the new array.
+    let _dataplane = sandbox.programmed(&desired);
+    assert!(
+        !old.exists(),
+        "the older agent's backend map is still pinned"
+    );
+    let entry = services.get(&slot, 0).expect("slot 1");
+    assert_eq!(entry.backend_id, 1, "{entry:?}");
+    assert_eq!(
+        array(pinned(map_names::BACKENDS))
+            .get(&1, 0)
+            .expect("backend 1"),
+        backend
+    );
+    assert_eq!(
+        tally(&sandbox.probe("tcp", addr(&vip), 5)).get("b1"),
+        Some(&5)
+    );
+}
+
+#[test]
 fn a_pin_directory_outside_bpffs_is_a_clear_error() {
     let dir = std::env::temp_dir().join(format!("socklb-test-{}-nobpffs", std::process::id()));
     let error = Dataplane::load(Config {
