@@ -720,17 +720,7 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
         aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&old).expect("open the old map"))
             .try_into()
             .expect("the old service map");
-    let std::net::IpAddr::V4(serving_address) = serving.address else {
-        panic!("the serving frontend is IPv4");
-    };
-    let master = ServiceKey {
-        address: u32::from(serving_address).to_be(),
-        port: serving.port.to_be(),
-        protocol: socklb_abi::PROTO_TCP,
-        scope: socklb_abi::SCOPE_INTERNAL,
-        slot: 0,
-        pad: 0,
-    };
+    let master = internal_tcp_key(serving, 0);
     let entry = ServiceEntry {
         count: 1,
         service_id: 1,
@@ -774,17 +764,7 @@ fn an_older_agents_backend_hash_map_gives_way_to_the_array_and_its_frontend_serv
         aya::maps::Map::HashMap(pinned(map_names::SERVICES))
             .try_into()
             .expect("the service map");
-    let std::net::IpAddr::V4(address) = vip.address else {
-        panic!("the frontend is IPv4");
-    };
-    let slot = ServiceKey {
-        address: u32::from(address).to_be(),
-        port: vip.port.to_be(),
-        protocol: socklb_abi::PROTO_TCP,
-        scope: socklb_abi::SCOPE_INTERNAL,
-        slot: 1,
-        pad: 0,
-    };
+    let slot = internal_tcp_key(vip, 1);
     let array = |pin| -> aya::maps::Array<_, socklb_abi::Backend> {
         aya::maps::Map::Array(pin)
             .try_into()
@@ -876,6 +856,21 @@ fn serve(sandbox: &Sandbox, vip: Frontend, servers: &[NamedServer]) -> Dataplane
     let mut desired = Desired::default();
     desired.insert(vip, spec(servers));
     sandbox.programmed(&desired)
+}
+
+/// The service-map key of `slot` of an IPv4 TCP ClusterIP `frontend`.
+fn internal_tcp_key(frontend: Frontend, slot: u16) -> ServiceKey {
+    let std::net::IpAddr::V4(address) = frontend.address else {
+        panic!("the frontend is IPv4");
+    };
+    ServiceKey {
+        address: u32::from(address).to_be(),
+        port: frontend.port.to_be(),
+        protocol: socklb_abi::PROTO_TCP,
+        scope: socklb_abi::SCOPE_INTERNAL,
+        slot,
+        pad: 0,
+    }
 }
 
 /// Loads the datapath (not attached) with room for `service_entries` service map entries.

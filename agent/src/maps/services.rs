@@ -456,9 +456,8 @@ fn backend_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(u32, Backend<A>)>> 
         .collect()
 }
 
-/// Every entry of `map`, in batches where the kernel has them, else key by key.
 /// What the IPv4 backend array holds at an id no backend has.
-pub const NO_BACKEND: Backend = Backend {
+const NO_BACKEND: Backend = Backend {
     address: 0,
     port: 0,
     protocol: 0,

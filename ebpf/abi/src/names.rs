@@ -7,8 +7,8 @@ pub mod map_names {
     /// [`crate::ServiceKey`] -> [`crate::ServiceEntry`]: frontends and their backend slots.
     /// Not preallocated (`_v1` was).
     pub const SERVICES: &str = "socklb_svc_v2";
-    /// Array of [`crate::Backend`] indexed by backend id (ids of both families: the lowest
-    /// free one is handed out); an id no backend holds reads as zeros. `_v2` was a hash map.
+    /// Array of [`crate::Backend`] indexed by backend id (the agent hands out the lowest
+    /// free one); an id no backend holds reads as zeros. `_v2` was a hash map.
     pub const BACKENDS: &str = "socklb_be_v3";
     /// [`crate::ReverseKey`] -> [`crate::ReverseEntry`] (LRU): which VIP an unconnected UDP
     /// socket sent each datagram to, so that the replies come from it.
@@ -79,7 +79,7 @@ pub mod map_names {
     /// slots. Service and backend ids are one space across both families, so the affinity,
     /// Maglev and names maps serve both.
     pub const SERVICES6: &str = "socklb_svc6_v1";
-    /// backend id (`u32`) -> [`crate::Backend6`].
+    /// backend id (`u32`, bit 31 set: IPv6 ids are their own) -> [`crate::Backend6`].
     pub const BACKENDS6: &str = "socklb_be6_v1";
     /// [`crate::ReverseKey6`] -> [`crate::ReverseEntry6`] (LRU): [`REVERSE`] for IPv6.
     pub const REVERSE6: &str = "socklb_rev6_v1";

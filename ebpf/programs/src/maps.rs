@@ -42,8 +42,7 @@ pub static BACKENDS: Array<Backend, 65536> = Array::new();
 #[btf_map(name = "socklb_svc6_v1", pin_by_name)]
 pub static SERVICES6: ServiceMap<ServiceKey6, ServiceEntry6> = HashMap::new();
 
-/// IPv6 backends, ids from the same space as [`BACKENDS`]' (hashed: the rarer family does
-/// not make the IPv4 array sparse).
+/// IPv6 backends, by ids of their own (bit 31 set, so that an id says its map).
 #[btf_map(name = "socklb_be6_v1", pin_by_name)]
 pub static BACKENDS6: HashMap<u32, Backend6, 65536, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();

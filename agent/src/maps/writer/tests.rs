@@ -703,6 +703,29 @@ fn only_frontends_not_programmed_as_desired_have_drifted() {
     assert_eq!(w.store.backends.len(), whole.store.backends.len());
 }
 
+/// `wanted` and an IPv6 frontend of one backend, which it returns too.
+fn with_an_ipv6_frontend(mut wanted: Desired<'static>) -> (Frontend, Desired<'static>) {
+    let v6 = Frontend::internal(
+        std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 1),
+        80,
+        Protocol::Tcp,
+    );
+    wanted.insert(
+        v6,
+        FrontendSpec {
+            backends: vec![BackendAddr::local(
+                std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1),
+                8080,
+            )],
+            affinity_timeout_seconds: None,
+            source_ranges: None,
+            maglev: false,
+            no_endpoints: false,
+        },
+    );
+    (v6, wanted)
+}
+
 #[test]
 fn each_family_is_counted_against_its_own_maps() {
     // Room for the IPv4 frontend and its two backends (the IPv4 backend array spans index
@@ -718,25 +741,7 @@ fn each_family_is_counted_against_its_own_maps() {
         },
     };
     let mut w = Writer::adopt(Recorder::default(), capacity, MapContents::default());
-    let v6 = Frontend::internal(
-        std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 1),
-        80,
-        Protocol::Tcp,
-    );
-    let mut wanted = desired(&[(1, &[1, 2])]);
-    wanted.insert(
-        v6,
-        FrontendSpec {
-            backends: vec![BackendAddr::local(
-                std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1),
-                8080,
-            )],
-            affinity_timeout_seconds: None,
-            source_ranges: None,
-            maglev: false,
-            no_endpoints: false,
-        },
-    );
+    let (v6, wanted) = with_an_ipv6_frontend(desired(&[(1, &[1, 2])]));
     let report = w.apply(&wanted).expect("apply");
 
     // IPv4 fits exactly, whatever IPv6 holds; the IPv6 backend has no room in its own map.
@@ -772,25 +777,7 @@ fn each_family_is_counted_against_its_own_maps() {
 #[test]
 fn each_family_has_ids_of_its_own() {
     let mut w = writer();
-    let v6 = Frontend::internal(
-        std::net::Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 1),
-        80,
-        Protocol::Tcp,
-    );
-    let mut wanted = desired(&[(1, &[1, 2])]);
-    wanted.insert(
-        v6,
-        FrontendSpec {
-            backends: vec![BackendAddr::local(
-                std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1),
-                8080,
-            )],
-            affinity_timeout_seconds: None,
-            source_ranges: None,
-            maglev: false,
-            no_endpoints: false,
-        },
-    );
+    let (_, wanted) = with_an_ipv6_frontend(desired(&[(1, &[1, 2])]));
     w.apply(&wanted).expect("apply");
     let mut puts: Vec<String> = kinds(&w.store.ops)
         .into_iter()
