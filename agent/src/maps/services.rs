@@ -83,10 +83,10 @@ impl KernelMaps {
     }
 
     /// From now on until [`Self::write_held`], puts are held back and written a chunk at a
-    /// time, each map's on a thread of its own, in no order between the maps: only while no
-    /// program reads these maps (a fresh node's first sync), as a slot may then be written
-    /// before the backend it names. The kernel's hash-map inserts were about half of the
-    /// 4-5 s of a first sync of 100,000 Services, on one core.
+    /// time on threads of their own, in no order: only while no program reads these maps
+    /// (a fresh node's first sync), as a slot may then be written before the backend it
+    /// names. The kernel's hash-map inserts were about half of the 4-5 s of a first sync of
+    /// 100,000 Services, on one core.
     pub fn hold_writes(&mut self) {
         if self.batches {
             self.held = Some(Held::default());
@@ -107,28 +107,33 @@ impl KernelMaps {
         started.and(finished)
     }
 
-    /// Starts writing the held puts in the background, each map's on a thread of its own,
-    /// once the chunk before is written: the writer goes on with the next chunk meanwhile.
+    /// Starts writing the held puts in the background, once the chunk before is written:
+    /// the writer goes on with the next chunk meanwhile. A map's puts are shared among a
+    /// thread per CPU: the kernel's hash-map inserts, a microsecond each, are most of a
+    /// first sync, and take a bucket lock each, not one for the map.
     fn write_chunk(&mut self) -> Result<(), StoreError> {
         self.finish_chunk()?;
         let Some(mut held) = self.held.take() else {
             return Ok(());
         };
+        let threads = std::thread::available_parallelism().map_or(1, usize::from);
         for (run, ops) in std::mem::take(&mut held.runs) {
-            let fd = match self.map_of(run).fd().as_fd().try_clone_to_owned() {
-                Ok(fd) => fd,
-                Err(source) => {
-                    self.held = Some(held);
-                    return Err(StoreError {
-                        op: ops[0].clone(),
-                        source,
-                    });
-                }
-            };
-            held.writing.push(std::thread::spawn(move || {
-                let result = put_run(fd.as_fd(), run, &ops);
-                (ops, result)
-            }));
+            for ops in shares(ops, threads) {
+                let fd = match self.map_of(run).fd().as_fd().try_clone_to_owned() {
+                    Ok(fd) => fd,
+                    Err(source) => {
+                        self.held = Some(held);
+                        return Err(StoreError {
+                            op: ops[0].clone(),
+                            source,
+                        });
+                    }
+                };
+                held.writing.push(std::thread::spawn(move || {
+                    let result = put_run(fd.as_fd(), run, &ops);
+                    (ops, result)
+                }));
+            }
         }
         held.len = 0;
         self.held = Some(held);
@@ -500,6 +505,25 @@ fn put_run(map: BorrowedFd<'_>, run: Run, ops: &[Op]) -> Option<Result<(), Batch
     }
 }
 
+/// Fewer puts than this are not shared among threads: a thread costs more than they do.
+const SHARE_MIN: usize = 4096;
+
+/// `ops` in at most `threads` shares of about equal length (none below [`SHARE_MIN`]
+/// unless there are fewer), in order, none empty.
+fn shares(mut ops: Vec<Op>, threads: usize) -> Vec<Vec<Op>> {
+    let count = threads.min(ops.len() / SHARE_MIN).max(1);
+    let share = ops.len().div_ceil(count);
+    let mut shares = Vec::new();
+    while ops.len() > share {
+        let rest = ops.split_off(share);
+        shares.push(std::mem::replace(&mut ops, rest));
+    }
+    if !ops.is_empty() {
+        shares.push(ops);
+    }
+    shares
+}
+
 /// One batch update of `entries` into `map`.
 fn put_batch<K: Pod, V: Pod>(
     map: BorrowedFd<'_>,
@@ -702,6 +726,43 @@ mod tests {
             protocol: Protocol::Udp,
             scope: Scope::External,
         }
+    }
+
+    #[test]
+    fn held_puts_are_shared_among_threads_in_order_and_small_runs_stay_whole() {
+        let deletes = |range: std::ops::Range<u32>| -> Vec<Op> {
+            range
+                .map(|id| Op::DeleteBackend {
+                    id,
+                    address: IpAddr::V4(Ipv4Addr::LOCALHOST),
+                })
+                .collect()
+        };
+        let ids = |shares: &[Vec<Op>]| -> Vec<Vec<u32>> {
+            let id = |op: &Op| match op {
+                Op::DeleteBackend { id, .. } => *id,
+                _ => unreachable!("only deletes were shared"),
+            };
+            shares
+                .iter()
+                .map(|share| share.iter().map(id).collect())
+                .collect()
+        };
+        let rows: [(u32, usize, &[usize]); 5] = [
+            (20_000, 2, &[10_000, 10_000]),
+            (20_001, 2, &[10_001, 10_000]),
+            (20_000, 3, &[6_667, 6_667, 6_666]),
+            (SHARE_MIN as u32 * 2 - 1, 2, &[SHARE_MIN * 2 - 1]),
+            (100, 8, &[100]),
+        ];
+        for (len, threads, lengths) in rows {
+            let shares = shares(deletes(0..len), threads);
+            let got: Vec<usize> = shares.iter().map(Vec::len).collect();
+            assert_eq!(got, lengths, "{len} puts, {threads} threads");
+            let flat: Vec<u32> = ids(&shares).concat();
+            assert_eq!(flat, (0..len).collect::<Vec<_>>(), "in order");
+        }
+        assert!(shares(Vec::new(), 2).is_empty());
     }
 
     #[test]
