@@ -14,7 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use futures::{StreamExt as _, stream::BoxStream};
+use futures::{FutureExt as _, StreamExt as _, stream::BoxStream};
 use k8s_openapi::{
     api::{
         core::v1::{Namespace, Node, Pod, Service},
@@ -136,31 +136,33 @@ impl KubeSource {
         let mut translator = Translator::default();
         let mut failing: HashMap<Feed, Outage> = HashMap::new();
         loop {
-            let (feed, result, wait) = tokio::select! {
+            let batch = tokio::select! {
                 () = events.closed() => return Ok(()),
                 next = feeds.recv() => next.ok_or(KubeSourceError::WatchEnded)?,
             };
-            let change = match result {
-                Ok(change) => change,
-                Err(error) => {
-                    log_retry(feed, &error, wait, &mut failing);
-                    continue;
+            for (feed, result, wait) in batch {
+                let change = match result {
+                    Ok(change) => change,
+                    Err(error) => {
+                        log_retry(feed, &error, wait, &mut failing);
+                        continue;
+                    }
+                };
+                if !matches!(change, watcher::Event::Init)
+                    && let Some(outage) = failing.remove(&feed)
+                {
+                    info!(
+                        feed = feed.describe(),
+                        failures = outage.failures,
+                        since = ?outage.since.elapsed(),
+                        "receiving again after failures"
+                    );
                 }
-            };
-            if !matches!(change, watcher::Event::Init)
-                && let Some(outage) = failing.remove(&feed)
-            {
-                info!(
-                    feed = feed.describe(),
-                    failures = outage.failures,
-                    since = ?outage.since.elapsed(),
-                    "receiving again after failures"
-                );
-            }
-            if let Some(event) = translator.handle(feed, change)
-                && events.send(event).await.is_err()
-            {
-                return Ok(());
+                if let Some(event) = translator.handle(feed, change)
+                    && events.send(event).await.is_err()
+                {
+                    return Ok(());
+                }
             }
         }
     }
@@ -271,19 +273,30 @@ type FeedItem = (
 /// A feed's results.
 type FeedStream = BoxStream<'static, FeedItem>;
 
-/// Results in flight from the feeds' tasks to the source.
-const FEED_QUEUE: usize = 1024;
+/// Batches of results in flight from the feeds' tasks to the source.
+const FEED_QUEUE: usize = 64;
+
+/// At most this many results go in one batch.
+const FEED_BATCH: usize = 256;
 
 /// Polls each feed on a task of its own (in `tasks`), its results sent on in order: the
 /// JSON of the first lists is decoded where it is polled, and one task polling every feed
 /// decoded 100,000 Services and their EndpointSlices on one core, one after the other.
-fn spawn_feeds(feeds: Vec<FeedStream>, tasks: &mut JoinSet<()>) -> mpsc::Receiver<FeedItem> {
+/// What a feed has ready goes in one batch: a send per object woke the source's task as
+/// often, through a system call each time.
+fn spawn_feeds(feeds: Vec<FeedStream>, tasks: &mut JoinSet<()>) -> mpsc::Receiver<Vec<FeedItem>> {
     let (sender, receiver) = mpsc::channel(FEED_QUEUE);
     for mut feed in feeds {
         let sender = sender.clone();
         tasks.spawn(async move {
             while let Some(item) = feed.next().await {
-                if sender.send(item).await.is_err() {
+                let mut batch = vec![item];
+                while batch.len() < FEED_BATCH
+                    && let Some(Some(item)) = feed.next().now_or_never()
+                {
+                    batch.push(item);
+                }
+                if sender.send(batch).await.is_err() {
                     return;
                 }
             }
