@@ -85,6 +85,11 @@ impl FrontendTable {
     /// claims it any more.
     pub fn choice(&self, frontend: &Frontend) -> Option<&FrontendChoice> {
         let owner = self.owners.get(frontend)?.first()?;
+        self.choice_of(owner, frontend)
+    }
+
+    /// `owner`'s choice for `frontend`.
+    fn choice_of(&self, owner: &ServiceName, frontend: &Frontend) -> Option<&FrontendChoice> {
         self.selections
             .get(owner)?
             .frontends
@@ -109,9 +114,12 @@ impl FrontendTable {
     /// Every frontend: what a full resync programs.
     pub fn desired(&self) -> Desired<'_> {
         let mut desired = Desired::default();
-        for frontend in self.owners.keys() {
-            if let Some(spec) = self.spec(frontend) {
-                desired.borrow(*frontend, spec);
+        for (frontend, owners) in &self.owners {
+            if let Some(choice) = owners
+                .first()
+                .and_then(|owner| self.choice_of(owner, frontend))
+            {
+                desired.borrow(*frontend, &choice.spec);
             }
         }
         desired

@@ -1,10 +1,6 @@
 //! API objects -> what selection reads. Malformed fields never fail a whole object: the
 //! part that cannot be read is skipped with a reason that names it, the rest is served.
-use std::{
-    collections::{BTreeMap, HashSet},
-    net::IpAddr,
-    sync::Arc,
-};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use k8s_openapi::api::{
     core::v1::{Node, Service},
@@ -423,7 +419,11 @@ pub fn slice_owner(slice: &EndpointSlice) -> Option<ServiceName> {
 /// selection's to say.
 pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
     let name = slice.metadata.name.clone().unwrap_or_default();
-    let label = format!("EndpointSlice {name}");
+    // Only for what is skipped: most slices skip nothing.
+    let label = || {
+        let name = slice.metadata.name.as_deref().unwrap_or_default();
+        format!("EndpointSlice {name}")
+    };
     let family = match slice.address_type.as_str() {
         // kube-proxy does not proxy FQDN slices either.
         "FQDN" => Err(SkipReason::Fqdn),
@@ -437,7 +437,7 @@ pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
             return SliceInfo {
                 name,
                 skipped: vec![SkippedPart {
-                    part: label,
+                    part: label(),
                     reason,
                 }],
                 ..SliceInfo::default()
@@ -488,7 +488,8 @@ pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
                 Err(reason) => {
                     skipped.push(SkippedPart {
                         part: format!(
-                            "{label} endpoint {}",
+                            "{} endpoint {}",
+                            label(),
                             first.map_or("(none)", String::as_str)
                         ),
                         reason,
@@ -557,7 +558,7 @@ pub const LB_ALGORITHM_ANNOTATION: &str = "socklb.io/lb-algorithm";
 
 /// The node and zone names endpoints hold, each kept once and shared.
 #[derive(Debug, Default)]
-pub struct Names(HashSet<Name>);
+pub struct Names(hashbrown::HashSet<Name>);
 
 impl Names {
     /// The shared copy of `name`.
