@@ -354,14 +354,19 @@ struct Collection {
 }
 
 impl Collection {
-    /// The ADDED lines of the objects `request` selects.
+    /// The ADDED lines of the objects `request` selects. Both maps hold the same keys, so
+    /// they walk in step: no lookup per object, as a watch cache streams what it holds.
     fn added_lines(&self, request: &ParsedRequest) -> Vec<Bytes> {
         self.objects
-            .iter()
-            .filter(|(_, object)| request.filter.matches(object))
-            .map(|(key, object)| match self.added.get(key) {
-                Some(line) if !request.metadata_only => line.clone(),
-                _ => Bytes::from(event_line("ADDED", &shown(object, request.metadata_only))),
+            .values()
+            .zip(self.added.values())
+            .filter(|(object, _)| request.filter.matches(object))
+            .map(|(object, line)| {
+                if request.metadata_only {
+                    Bytes::from(event_line("ADDED", &shown(object, true)))
+                } else {
+                    line.clone()
+                }
             })
             .collect()
     }
@@ -881,13 +886,13 @@ impl Requirement {
     }
 
     /// `value` is the label's (or field's) value, `None` when the object has no such label.
-    fn holds(&self, value: impl Fn(&str) -> Option<String>) -> bool {
+    fn holds<'a>(&self, value: impl Fn(&str) -> Option<&'a str>) -> bool {
         match self {
             Self::Exists(key) => value(key).is_some(),
             Self::NotExists(key) => value(key).is_none(),
-            Self::Equals(key, expected) => value(key).as_deref() == Some(expected),
+            Self::Equals(key, expected) => value(key) == Some(expected),
             // As in Kubernetes, an object without the label matches `key!=value`.
-            Self::NotEquals(key, unwanted) => value(key).as_deref() != Some(unwanted),
+            Self::NotEquals(key, unwanted) => value(key) != Some(unwanted),
         }
     }
 }
@@ -911,16 +916,18 @@ impl Filter {
 
     fn matches(&self, object: &Value) -> bool {
         let metadata = &object["metadata"];
-        let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
+        fn text(value: &Value) -> &str {
+            value.as_str().unwrap_or_default()
+        }
         let namespace = text(&metadata["namespace"]);
-        if self.namespace.as_ref().is_some_and(|ns| *ns != namespace) {
+        if self.namespace.as_ref().is_some_and(|ns| ns != namespace) {
             return false;
         }
         let labels = |key: &str| metadata["labels"].get(key).map(text);
         let fields = |key: &str| match key {
             "metadata.name" => Some(text(&metadata["name"])),
-            "metadata.namespace" => Some(namespace.clone()),
-            "spec.nodeName" => object["spec"]["nodeName"].as_str().map(str::to_owned),
+            "metadata.namespace" => Some(namespace),
+            "spec.nodeName" => object["spec"]["nodeName"].as_str(),
             _ => None,
         };
         self.labels.iter().all(|r| r.holds(labels)) && self.fields.iter().all(|r| r.holds(fields))
