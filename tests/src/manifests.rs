@@ -11,7 +11,17 @@ pub struct ManifestDir {
 
 impl ManifestDir {
     pub fn new(sandbox: &Sandbox) -> Self {
-        let path = std::env::temp_dir().join(format!("{}-manifests", sandbox.name));
+        Self::at(std::env::temp_dir().join(format!("{}-manifests", sandbox.name)))
+    }
+
+    /// A second, empty directory next to this one, `suffix` added to its name.
+    pub fn beside(&self, suffix: &str) -> Self {
+        let mut name = self.path.as_os_str().to_owned();
+        name.push(format!("-{suffix}"));
+        Self::at(PathBuf::from(name))
+    }
+
+    fn at(path: PathBuf) -> Self {
         let _ = fs::remove_dir_all(&path);
         fs::create_dir_all(&path).expect("create the manifests directory");
         Self { path }

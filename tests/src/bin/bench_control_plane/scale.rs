@@ -5,13 +5,15 @@
 //! directly, at the first, middle and last Service.
 //!
 //! Per count, in the benchmark's one `Sandbox`:
-//! 1. the file agent's cold starts over empty maps ([`COLD_STARTS`], the pins removed
-//!    before each), then the connections through the last one (the client in the sandbox's
-//!    cgroup, the endpoints served on the sandbox's loopback);
-//! 2. the file agent restarted over its maps with a resync every second ([`resyncs`]);
-//! 3. the same manifests written as JSON, and the file agent's cold starts over them;
-//! 4. the pins removed, the kube agent's cold starts, then `--changes` changes one at a
-//!    time through the last one.
+//! 1. the manifests written in YAML and in JSON (a directory each), the fake API server
+//!    filled, then [`COLD_STARTS`] rounds of cold starts over empty maps (the pins removed
+//!    before each), one start from each source per round, in turn;
+//! 2. the file agent started once more over the YAML manifests, measured in full, then the
+//!    connections through it (the client in the sandbox's cgroup, the endpoints served on
+//!    the sandbox's loopback);
+//! 3. the file agent restarted over its maps with a resync every second ([`resyncs`]);
+//! 4. the pins removed, the kube agent started once more, measured in full, then
+//!    `--changes` changes one at a time through it.
 use std::{
     collections::BTreeMap,
     fmt::Write as _,
@@ -45,10 +47,11 @@ use crate::{
 
 pub const SECTION: Section = Section::new("scale", "scale", "Scale: 1,000 to 100,000 Services");
 
-/// Cold starts per source and count. One start is one sample of a machine whose other
-/// tenants move it by more than a second at 100,000 Services: the table shows the median,
-/// the notes every start.
-const COLD_STARTS: usize = 3;
+/// Rounds of cold starts per count, a start from each source in each. One start is one
+/// sample of a machine whose other tenants move it by more than a second at 100,000
+/// Services, for minutes at a time: the sources take turns, so that such a spell falls on
+/// all of them; the table shows the median, the notes every start.
+const COLD_STARTS: usize = 5;
 
 /// Timed connections per path and round; rounds after one untimed warm-up batch.
 const CONNECTIONS: u32 = 2_000;
@@ -89,35 +92,34 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
     let mut client = Client::spawn(&netns).expect("start the timed client");
     let place = Place::new(&netns, &sandbox.cgroup);
 
+    let json = manifests.beside("json");
     let mut rows = Vec::new();
     for &services in &options.scale {
         let mut cluster = Cluster::new(services);
         cluster.write_manifests(manifests, Format::Yaml);
-        let (agent, mut file, file_ready) = cold_starts(sandbox, || {
-            start_file(sandbox, &manifests.path, Sizing::Defaults, &[])
-        });
+        cluster.write_manifests(&json, Format::Json);
+        let (api, kubeconfig) = fake_cluster(&json, &cluster);
+        let sources: [&dyn Fn() -> Agent; 3] = [
+            &|| start_file(sandbox, &manifests.path, Sizing::Defaults, &[]),
+            &|| start_file(sandbox, &json.path, Sizing::Defaults, &[]),
+            &|| start_kube(sandbox, &kubeconfig, Sizing::Defaults, "0s"),
+        ];
+        let [file_ready, json_ready, kube_ready] = cold_starts(sandbox, &sources);
+
+        let agent = measured_start(sandbox, sources[0]);
+        let mut file = cold_start(&agent);
         file.entries = check_maps(&Maps::open(&sandbox.pin_dir), services);
         let (map_bytes, _) = map_memory(&sandbox.pin_dir).expect("read the maps' memory");
         let connect = connect_ratios(&mut client, &servers, &place, &cluster);
         agent.stop();
         eprintln!(
-            "{services} services: ready from manifests after {file_ready:.2?}, VIP / direct \
-             {connect:?}"
+            "{services} services: ready from manifests after {file_ready:.2?}, from JSON \
+             manifests after {json_ready:.2?}, VIP / direct {connect:?}"
         );
-
         let resyncs = resyncs(sandbox, manifests, Sizing::Defaults);
-        dataplane::cleanup(&sandbox.pin_dir).expect("remove the file agent's pins");
-        cluster.write_manifests(manifests, Format::Json);
-        let (agent, _, json_ready) = cold_starts(sandbox, || {
-            start_file(sandbox, &manifests.path, Sizing::Defaults, &[])
-        });
-        agent.stop();
-        dataplane::cleanup(&sandbox.pin_dir).expect("remove the file agent's pins");
-        eprintln!("{services} services: ready from JSON manifests after {json_ready:.2?}");
-        let (api, kubeconfig) = fake_cluster(manifests, &cluster);
-        let (agent, mut kube, kube_ready) = cold_starts(sandbox, || {
-            start_kube(sandbox, &kubeconfig, Sizing::Defaults, "0s")
-        });
+
+        let agent = measured_start(sandbox, sources[2]);
+        let mut kube = cold_start(&agent);
         let maps = Maps::open(&sandbox.pin_dir);
         kube.entries = check_maps(&maps, services);
         let latency = change_latency(&api, &maps, &agent, &mut cluster, options.changes);
@@ -145,24 +147,33 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
     rows
 }
 
-/// [`COLD_STARTS`] cold starts of the agent `start` spawns, each over new maps (the pins
-/// removed before each): the last agent, still running, with its start measured in full,
-/// and every start's time to ready, sorted.
-fn cold_starts(sandbox: &Sandbox, start: impl Fn() -> Agent) -> (Agent, ColdStart, Vec<Duration>) {
-    let remove_pins = || dataplane::cleanup(&sandbox.pin_dir).expect("remove the agent's pins");
-    let mut ready = Vec::new();
-    for _ in 1..COLD_STARTS {
-        remove_pins();
-        let agent = start();
-        ready.push(cold_start(&agent).ready);
-        agent.stop();
+/// [`COLD_STARTS`] rounds of cold starts, each over new maps (the pins removed before
+/// each): one agent of each source per round, the first source of a round the next one
+/// each time; every start's time to ready per source, sorted.
+fn cold_starts<const N: usize>(
+    sandbox: &Sandbox,
+    sources: &[&dyn Fn() -> Agent; N],
+) -> [Vec<Duration>; N] {
+    let mut ready: [Vec<Duration>; N] = std::array::from_fn(|_| Vec::new());
+    for round in 0..COLD_STARTS {
+        for turn in 0..N {
+            let source = (round + turn) % N;
+            dataplane::cleanup(&sandbox.pin_dir).expect("remove the agent's pins");
+            let agent = sources[source]();
+            ready[source].push(cold_start(&agent).ready);
+            agent.stop();
+        }
     }
-    remove_pins();
-    let agent = start();
-    let measured = cold_start(&agent);
-    ready.push(measured.ready);
-    ready.sort_unstable();
-    (agent, measured, ready)
+    for each in &mut ready {
+        each.sort_unstable();
+    }
+    ready
+}
+
+/// One more cold start, over new maps, left running for the measurements that follow it.
+fn measured_start(sandbox: &Sandbox, start: &dyn Fn() -> Agent) -> Agent {
+    dataplane::cleanup(&sandbox.pin_dir).expect("remove the agent's pins");
+    start()
 }
 
 /// VIP over direct, p50 of connect()+answer+close(), at each position. One client process
@@ -226,8 +237,10 @@ pub fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
         out,
         "Services of {ENDPOINTS_PER_SERVICE} endpoints on this node, one port each; release \
          build of the agent with its default flags (and --min-sync-period 0s); {COLD_STARTS} \
-         cold starts per source, each over new maps (ready: the median; the notes list every \
-         start; the other columns come from the last start); {} changes timed one at a time; \
+         rounds of cold starts, each over new maps, one from each source per round in turn \
+         (ready: the median; the notes list every start); the other columns come from one \
+         more start from YAML manifests and one from the API server; {} changes timed one at \
+         a time; \
          {CONNECTIONS} connections per path, position and round (the two paths alternating \
          connection by connection), {ROUNDS} rounds.\n",
         options.changes
