@@ -156,7 +156,7 @@ impl Agent {
     /// Starts the agent on `source` with its own pins and cgroup `state` (a second node of
     /// a test); it runs in the network namespace of the calling thread.
     pub fn start_at(state: (&Path, &Path), source: Source, node: &str, extra: &[&str]) -> Self {
-        Self::launch(chart_agent_minimal(), state, &source.args(), node, extra)
+        Self::start_with(chart_agent_minimal(), state, source, node, extra)
     }
 
     /// Starts the agent on `manifests` as `privileges` say instead of the chart's defaults.
@@ -168,16 +168,16 @@ impl Agent {
         extra: &[&str],
     ) -> Self {
         let state = (sandbox.pin_dir.as_path(), sandbox.cgroup.as_path());
-        let source = Source::File(manifests).args();
-        Self::launch(privileges, state, &source, node, extra)
+        Self::start_with(privileges, state, Source::File(manifests), node, extra)
     }
 
     /// Starts `socklb run` with its pins and cgroup `state`, on `source`, as `privileges`
-    /// say, and waits until it is ready.
-    fn launch(
+    /// say, and waits until it is ready; it runs in the network namespace of the calling
+    /// thread.
+    pub fn start_with(
         privileges: &ContainerPrivileges,
         (pin_dir, cgroup): (&Path, &Path),
-        source: &[&OsStr],
+        source: Source,
         node: &str,
         extra: &[&str],
     ) -> Self {
@@ -192,7 +192,7 @@ impl Agent {
         let started = Instant::now();
         let mut child = command
             .arg("run")
-            .args(source)
+            .args(source.args())
             .args(["--node-name", node, "--bpffs"])
             .arg(pin_dir)
             .arg("--cgroup-path")

@@ -3,14 +3,17 @@
 //! refuses, and the agent says which capability and which chart value grants it. Under a
 //! container runtime's default seccomp profile it starts, serves, restarts, is inspected and
 //! cleaned up; under one that still gates bpf(2) on CAP_SYS_ADMIN it names the filter.
+//! Without CAP_PERFMON or CAP_SYS_ADMIN it says that the verifier hardened its programs.
 use std::{
     net::{SocketAddr, SocketAddrV4},
     path::PathBuf,
 };
 
-use socklb_agent::dataplane::{FEATURE_CAPABILITIES, NEEDED_CAPABILITIES};
+use aya::programs::links::{FdLink, PinnedLink};
+use socklb_abi::program_names::CONNECT4;
+use socklb_agent::dataplane::{self, FEATURE_CAPABILITIES, NEEDED_CAPABILITIES};
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox, agent_bin, node_yaml,
+    Agent, ManifestDir, NamedServer, Sandbox, agent_bin, bpftool, node_yaml,
     privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal, chart_cleanup},
     seccomp::{CONTAINERS_COMMON, Profile},
     service_yaml, slice_yaml,
@@ -156,6 +159,41 @@ fn a_seccomp_profile_that_gates_bpf_on_sys_admin_is_named_as_the_cause() {
         "the error names the seccomp filter and the chart value first:\n{error}"
     );
     sandbox.assert_no_pins("the failed start left pins behind");
+}
+
+/// Without CAP_PERFMON or CAP_SYS_ADMIN the verifier hardens the programs against Spectre,
+/// which every packet pays for: the agent says so at start under the minimal set
+/// (`closeSocketsInPods=false`), and neither the chart's defaults nor the minimal set with
+/// PERFMON added (what the docs advise) leave a speculation barrier in the programs.
+#[test]
+fn the_agent_says_when_the_verifier_hardens_its_programs() {
+    let sandbox = Sandbox::new("spectre-hardening");
+    let manifests = web_manifests(&sandbox, "127.0.32.1");
+    for (privileges, hardened) in [
+        (chart_agent_minimal().clone(), true),
+        (chart_agent_minimal().with("PERFMON"), false),
+        (chart_agent().clone(), false),
+    ] {
+        let agent = Agent::start_as(&privileges, &sandbox, &manifests.path, "node-a", &[]);
+        let link = PinnedLink::from_pin(dataplane::link_pin(&sandbox.pin_dir, CONNECT4))
+            .expect("open the pinned connect4 link");
+        let id = FdLink::from(link)
+            .info()
+            .expect("the link's info")
+            .program_id();
+        let barriers = bpftool(&["prog", "dump", "xlated", "id", &id.to_string()])
+            .matches("nospec")
+            .count();
+        let said = agent.log().contains("the verifier hardened the programs");
+        assert_eq!(
+            (barriers > 0, said),
+            (hardened, hardened),
+            "with {:?}: {barriers} speculation barriers in connect4, the agent said so: {said}\n{}",
+            privileges.capabilities,
+            agent.log()
+        );
+        agent.stop();
+    }
 }
 
 /// The manifests of one Service, web (10.96.0.10:80), with one endpoint on node-a.

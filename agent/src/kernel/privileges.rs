@@ -51,6 +51,14 @@ pub const FOR_FEATURES: [ForFeature; 1] = [ForFeature {
     chart_value: "closeSocketsInPods",
 }];
 
+/// Whether the verifier will harden the programs this thread loads against Spectre: it does
+/// for a loader with neither CAP_PERFMON nor CAP_SYS_ADMIN (`bpf_bypass_spec_v1`), masking
+/// pointer arithmetic and adding speculation barriers that every packet then runs.
+pub fn verifier_hardens() -> bool {
+    let has = |cap| caps::has_cap(None, CapSet::Effective, cap).unwrap_or(false);
+    !has(Capability::CAP_PERFMON) && !has(Capability::CAP_SYS_ADMIN)
+}
+
 /// Why the kernel refused, in terms an operator can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum PrivilegeError {

@@ -24,3 +24,13 @@ pub mod preflight;
 pub mod section;
 pub mod server;
 pub mod test_run;
+
+use crate::privileges::{ContainerPrivileges, chart_agent};
+
+/// What every benchmark runs the agent with: a default `helm install`'s privileges, as on a
+/// real node. Its CAP_SYS_ADMIN (for closeSocketsInPods) spares the programs the verifier's
+/// Spectre hardening; the tests run the agent with the minimal set instead, to prove that
+/// the programs pass the hardening.
+pub fn agent_privileges() -> &'static ContainerPrivileges {
+    chart_agent()
+}

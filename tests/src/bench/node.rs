@@ -315,7 +315,13 @@ pub fn start_agent(
                 let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
                 let state = (files.pin_dir.as_path(), files.cgroup.as_path());
                 let source = Source::File(&files.manifests);
-                Ok(Agent::start_at(state, source, NODE, &flags))
+                Ok(Agent::start_with(
+                    super::agent_privileges(),
+                    state,
+                    source,
+                    NODE,
+                    &flags,
+                ))
             })
             .join()
             .map_err(|_| anyhow::anyhow!("the agent did not start (its log is above)"))?

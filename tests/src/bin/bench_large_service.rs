@@ -19,8 +19,9 @@ use std::{
 };
 
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox, SyncLine, bench::section::Section, node_yaml, process_memory_kib,
-    service_yaml, slice_yaml,
+    Agent, ManifestDir, Sandbox, SyncLine,
+    bench::{agent_privileges, section::Section},
+    node_yaml, process_memory_kib, service_yaml, slice_yaml,
 };
 
 const USAGE: &str =
@@ -145,7 +146,8 @@ fn measure(endpoints: u32, changes: u32) -> Row {
     }
     let room = |entries: u32| (entries + entries / 8).next_power_of_two().to_string();
     let (service_entries, backends) = (room(endpoints + 1), room(endpoints + changes));
-    let agent = Agent::start(
+    let agent = Agent::start_as(
+        agent_privileges(),
         &sandbox,
         &manifests.path,
         "node-a",

@@ -14,7 +14,7 @@ use socklb_agent::dataplane;
 use socklb_tests::{
     Agent, ManifestDir, Sandbox,
     bench::{
-        baseline,
+        agent_privileges, baseline,
         cgroup::{kernel_memory, own_cgroup},
         client::{Client, Place},
         cluster::{
@@ -421,7 +421,13 @@ impl Run<'_> {
 fn start_agent(sandbox: &Sandbox, manifests: &Path, services: usize) -> anyhow::Result<Agent> {
     let flags = agent_capacity_flags(services);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    Ok(Agent::start(sandbox, manifests, NODE, &flags))
+    Ok(Agent::start_as(
+        agent_privileges(),
+        sandbox,
+        manifests,
+        NODE,
+        &flags,
+    ))
 }
 
 /// Waits for the agent's first incremental sync after `since`; returns its own duration

@@ -34,7 +34,9 @@ use std::{
 
 use socklb_agent::dataplane;
 use socklb_tests::{
-    Agent, ManifestDir, Sandbox, SyncLine, bench::section::Section, fake_apiserver::FakeApiServer,
+    Agent, ManifestDir, Sandbox, Source, SyncLine,
+    bench::{agent_privileges, section::Section},
+    fake_apiserver::FakeApiServer,
     process_memory_kib,
 };
 
@@ -237,13 +239,15 @@ fn start_file(sandbox: &Sandbox, manifests: &Path, sizing: Sizing, extra: &[&str
         .map(String::as_str)
         .chain(extra.iter().copied())
         .collect();
-    Agent::start(sandbox, manifests, NODE, &flags)
+    Agent::start_as(agent_privileges(), sandbox, manifests, NODE, &flags)
 }
 
 fn start_kube(sandbox: &Sandbox, kubeconfig: &Path, sizing: Sizing, period: &str) -> Agent {
     let flags = agent_flags(sizing, period);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    Agent::start_kube(sandbox, kubeconfig, NODE, &flags)
+    let state = (sandbox.pin_dir.as_path(), sandbox.cgroup.as_path());
+    let source = Source::Kube(kubeconfig);
+    Agent::start_with(agent_privileges(), state, source, NODE, &flags)
 }
 
 // ---------------------------------------------------------------------------------------
