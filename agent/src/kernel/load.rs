@@ -501,8 +501,9 @@ pub fn load_programs(ebpf: &mut Ebpf) -> Result<(), LoadError> {
     if super::privileges::verifier_hardens() {
         info!(
             "the verifier hardened the programs against Spectre (no CAP_PERFMON or \
-             CAP_SYS_ADMIN): the TC programs cost a third to three quarters more per packet and take nearly three times as long to verify; add PERFMON to the \
-             Helm value `capabilities` to lift it (docs/operations.md)"
+             CAP_SYS_ADMIN): the TC programs cost a third to three quarters more per packet \
+             and take nearly three times as long to verify; add PERFMON to the Helm value \
+             `capabilities` to lift it (docs/operations.md)"
         );
     }
     Ok(())
