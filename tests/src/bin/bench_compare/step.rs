@@ -419,7 +419,11 @@ impl Run<'_> {
 }
 
 fn start_agent(sandbox: &Sandbox, manifests: &Path, services: usize) -> anyhow::Result<Agent> {
-    let flags = agent_capacity_flags(services);
+    let mut flags = agent_capacity_flags(services);
+    // The client's namespace is not one the agent can find as a pod's (the runtime pins
+    // those; the benchmark's are held open by the process), so the default scope, pods,
+    // would leave its sockets alone.
+    flags.extend(["--socket-lb-scope", "all"].map(str::to_owned));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Ok(Agent::start_as(
         agent_privileges(),
