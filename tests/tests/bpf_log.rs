@@ -34,9 +34,9 @@ fn logging_agent(sandbox: &Sandbox, manifests: &ManifestDir) -> Agent {
     Agent::start(sandbox, &manifests.path, "node-a", &flags)
 }
 
-/// A master entry that says two backends while no slot exists (as a broken writer or a
-/// hand edit would leave it): connect() draws, finds no slot, and takes the failure path
-/// that proceeds untranslated, counted as `errors` and logged.
+/// A master entry that says two backends at slots past the slot array's end (as a broken
+/// writer or a hand edit would leave it): connect() draws, finds no slot, and takes the
+/// failure path that proceeds untranslated, counted as `errors` and logged.
 fn write_broken_frontend(sandbox: &Sandbox) {
     let map = Map::HashMap(
         MapData::from_pin(sandbox.pin_dir.join(socklb_abi::map_names::SERVICES))
@@ -53,6 +53,7 @@ fn write_broken_frontend(sandbox: &Sandbox) {
     let master = ServiceEntry {
         count: 2,
         service_id: 9999,
+        first_slot: u32::MAX,
         ..ServiceEntry::default()
     };
     services

@@ -188,31 +188,46 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
     let backend = (1..backends.len())
         .find(|id| held(&backends, *id))
         .expect("a backend");
+    let mut slots: aya::maps::Array<_, socklb_abi::SlotPair> =
+        aya::maps::Map::Array(pinned(socklb_abi::map_names::SLOTS))
+            .try_into()
+            .expect("slot array");
+    let first_slot = services.get(&master, 0).expect("the master").first_slot;
+    let slot = |slots: &aya::maps::Array<_, socklb_abi::SlotPair>| {
+        slots.get(&(first_slot / 2), 0).expect("read a slot")[first_slot as usize % 2]
+    };
 
     // Deleted behind the agent's back (as `bpftool map delete`, or zeros written into the
-    // array): the next resync's verification writes both back, says so, and counts them.
+    // arrays): the next resync's verification writes all three back, says so, and counts
+    // them.
     services.remove(&master).expect("delete the master entry");
     backends
         .set(backend, &none, 0)
         .expect("clear the backend entry");
+    let mut pair = slots.get(&(first_slot / 2), 0).expect("read a slot");
+    pair[first_slot as usize % 2] = 0;
+    slots
+        .set(first_slot / 2, &pair, 0)
+        .expect("clear the frontend's slot");
     agent.wait_for_log("written back", 1);
     assert!(services.get(&master, 0).is_ok(), "master entry restored");
     assert!(held(&backends, backend), "backend entry restored");
+    assert_ne!(slot(&slots), 0, "slot restored");
     wait_for_answers(&sandbox, &["127.0.22.1"]);
     let metrics = metrics();
     assert!(
-        metrics.contains("socklb_map_entries_restored_total 2"),
+        metrics.contains("socklb_map_entries_restored_total 3"),
         "{metrics}"
     );
 
-    // Entries the agent never wrote: a frontend of its own, a slot above the count of a
-    // frontend it did write, and a backend no slot names. A resync's walk finds them, and
+    // Entries the agent never wrote: a frontend of its own, a slot key in the service map
+    // (as an older layout kept them), and a backend no slot names. A resync's walk finds them, and
     // the sync after it deletes them.
     let stray = socklb_abi::ServiceKey {
         address: u32::from(Ipv4Addr::new(10, 96, 1, 99)).to_be(),
         ..master
     };
-    let above = socklb_abi::ServiceKey { slot: 5, ..master };
+    let slot_key = socklb_abi::ServiceKey { slot: 5, ..master };
     let stray_backend = backends.len() - 1;
     let found = agent.log().matches("did not write").count();
     let entry = socklb_abi::ServiceEntry::default();
@@ -220,8 +235,8 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
         .insert(&stray, &entry, 0)
         .expect("insert a stray master entry");
     services
-        .insert(&above, &entry, 0)
-        .expect("insert a slot above the count");
+        .insert(&slot_key, &entry, 0)
+        .expect("insert a slot key");
     let copy = backends.get(&backend, 0).expect("a backend");
     backends
         .set(stray_backend, &copy, 0)
@@ -233,11 +248,11 @@ fn resyncs_write_back_entries_changed_by_hand_and_remove_entries_the_agent_did_n
         || {
             let left = [
                 services.get(&stray, 0).is_ok(),
-                services.get(&above, 0).is_ok(),
+                services.get(&slot_key, 0).is_ok(),
                 held(&backends, stray_backend),
             ];
             if left.contains(&true) {
-                Err(format!("still there (stray, above, backend): {left:?}"))
+                Err(format!("still there (stray, slot key, backend): {left:?}"))
             } else {
                 Ok(())
             }
@@ -323,7 +338,7 @@ fn health_readiness_and_metrics_are_served() {
         "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
         "kubeproxy_sync_proxy_rules_endpoint_changes_total 1",
         "kubeproxy_sync_proxy_rules_service_changes_total 1",
-        "socklb_map_entries{map=\"socklb_svc_v2\"} 2",
+        "socklb_map_entries{map=\"socklb_svc_v3\"} 2",
     ] {
         assert!(
             metrics.contains(expected),

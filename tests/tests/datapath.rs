@@ -625,17 +625,25 @@ fn bpftool_map_dump_shows_named_fields() {
             pinned.as_os_str(),
         ])
     };
-    let services = dump("socklb_svc_v2");
+    let services = dump(map_names::SERVICES);
     for field in [
         "\"address\"",
         "\"port\"",
         "\"slot\"",
-        "\"count\"",
+        "\"count\": 1",
         "\"service_id\"",
         "\"affinity_timeout_s\": 30",
+        "\"first_slot\"",
+        "\"slot_room\": 1",
     ] {
         assert!(services.contains(field), "{field} missing in:\n{services}");
     }
+    // The slot array holds backend ids, two slots an entry: the one backend's is 1.
+    let slots = dump(map_names::SLOTS);
+    assert!(
+        slots.contains("\"value\": [1,0") || slots.contains("\"value\": [0,1"),
+        "{slots}"
+    );
     let backends = dump(map_names::BACKENDS);
     assert!(backends.contains("\"protocol\": 6"), "{backends}");
 }
@@ -657,7 +665,7 @@ fn a_full_map_refuses_only_the_frontend_that_does_not_fit() {
     assert_eq!(report.rejected.len(), 1);
     let message = report.rejected[0].to_string();
     assert!(
-        message.contains("socklb_svc_v2") && message.contains("--max-service-entries"),
+        message.contains(map_names::SERVICES) && message.contains("--max-service-entries"),
         "{message}"
     );
     assert!(message.contains("refused until it fits"), "{message}");
@@ -688,7 +696,7 @@ fn a_pinned_map_with_another_capacity_is_replaced_not_reused() {
     assert!(report.writes > 0, "the new map must be programmed");
     sandbox.attach(&mut dataplane);
     let info =
-        aya::maps::MapInfo::from_pin(sandbox.pin_dir.join("socklb_svc_v2")).expect("map info");
+        aya::maps::MapInfo::from_pin(sandbox.pin_dir.join(map_names::SERVICES)).expect("map info");
     assert_eq!(info.max_entries(), 1024);
     assert_eq!(
         tally(&sandbox.probe("tcp", addr(&vip), 5)).get("b1"),
@@ -703,10 +711,11 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
     // In frontend order `first` comes before `serving`; room for one of them only.
     let first = frontend([10, 96, 0, 91], 80, Protocol::Tcp);
     let serving = frontend([10, 96, 0, 92], 80, Protocol::Tcp);
-    // The service map an older agent pinned: preallocated, under its layout's name, and
-    // holding `serving`.
+    // The service map an older agent pinned, under its layout's name (its slots in the same
+    // map, 24-byte values), holding `serving`.
     std::fs::create_dir_all(&sandbox.pin_dir).expect("create the pin directory");
-    let old = sandbox.pin_dir.join(map_names::RETIRED_SERVICES);
+    let name = map_names::RETIRED_SERVICES[1];
+    let old = sandbox.pin_dir.join(name);
     socklb_tests::run(
         Command::new("bpftool")
             .args(["map", "create"])
@@ -714,19 +723,15 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
             .args([
                 "type", "hash", "key", "12", "value", "24", "entries", "16", "name",
             ])
-            .arg(map_names::RETIRED_SERVICES),
+            .arg(name),
     );
-    let mut older: aya::maps::HashMap<_, ServiceKey, ServiceEntry> =
+    let mut older: aya::maps::HashMap<_, ServiceKey, [u8; 24]> =
         aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&old).expect("open the old map"))
             .try_into()
             .expect("the old service map");
-    let master = internal_tcp_key(serving, 0);
-    let entry = ServiceEntry {
-        count: 1,
-        service_id: 1,
-        ..ServiceEntry::default()
-    };
-    older.insert(&master, &entry, 0).expect("write the old map");
+    older
+        .insert(&internal_tcp_key(serving, 0), &[0; 24], 0)
+        .expect("write the old map");
 
     let mut dataplane = load_with_service_entries(&sandbox, 2);
     let mut desired = Desired::default();
@@ -747,8 +752,8 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
 }
 
 #[test]
-fn an_older_agents_backend_hash_map_gives_way_to_the_array_and_its_frontend_serves() {
-    let sandbox = Sandbox::new("oldbe");
+fn an_older_agents_service_and_backend_maps_give_way_to_the_slot_array_and_its_frontend_serves() {
+    let sandbox = Sandbox::new("oldsvc");
     let servers = tcp_backends([127, 0, 13], 1, 8080);
     let vip = frontend([10, 96, 0, 93], 80, Protocol::Tcp);
     let mut desired = Desired::default();
@@ -756,57 +761,87 @@ fn an_older_agents_backend_hash_map_gives_way_to_the_array_and_its_frontend_serv
     let pinned = |name: &str| {
         aya::maps::MapData::from_pin(sandbox.pin_dir.join(name)).expect("open a pinned map")
     };
+    let create = |name: &str, key: &str, value: &str| {
+        socklb_tests::run(
+            Command::new("bpftool")
+                .args(["map", "create"])
+                .arg(sandbox.pin_dir.join(name))
+                .args([
+                    "type", "hash", "key", key, "value", value, "entries", "16", "name",
+                ])
+                .arg(name),
+        );
+    };
 
-    // An older agent's maps: the frontend programmed, its backend under id 7 (ids only
-    // grew then) in the hash map of the older layout, and no backend array.
+    // An older agent's maps: the frontend's master and its slot in one hash map (24-byte
+    // values), its backend under id 7 (ids only grew then) in a backend hash map, and
+    // neither the slot array nor the backend array.
     drop(sandbox.programmed(&desired));
-    let mut services: aya::maps::HashMap<_, ServiceKey, ServiceEntry> =
+    let backend = aya::maps::Array::<_, socklb_abi::Backend>::try_from(aya::maps::Map::Array(
+        pinned(map_names::BACKENDS),
+    ))
+    .expect("the backend array")
+    .get(&1, 0)
+    .expect("backend 1");
+    for name in [map_names::SERVICES, map_names::SLOTS, map_names::BACKENDS] {
+        std::fs::remove_file(sandbox.pin_dir.join(name)).expect("unpin a map of this layout");
+    }
+    let (old_services, old_backends) = (map_names::RETIRED_SERVICES[1], "socklb_be_v2");
+    create(old_services, "12", "24");
+    create(old_backends, "4", "8");
+    let mut services: aya::maps::HashMap<_, ServiceKey, [u8; 24]> =
+        aya::maps::Map::HashMap(pinned(old_services))
+            .try_into()
+            .expect("the old service map");
+    // The old value: backend id 7 at offset 0 (a slot), count 1 at offset 10 (the master).
+    let mut slot = [0; 24];
+    slot[..4].copy_from_slice(&7u32.to_ne_bytes());
+    let mut master = [0; 24];
+    master[10..12].copy_from_slice(&1u16.to_ne_bytes());
+    services
+        .insert(&internal_tcp_key(vip, 0), &master, 0)
+        .expect("write the old master");
+    services
+        .insert(&internal_tcp_key(vip, 1), &slot, 0)
+        .expect("write the old slot");
+    let mut backends: aya::maps::HashMap<_, u32, socklb_abi::Backend> =
+        aya::maps::Map::HashMap(pinned(old_backends))
+            .try_into()
+            .expect("the old backend map");
+    backends
+        .insert(&7, &backend, 0)
+        .expect("write the old backend");
+
+    // The new agent: the master names a range of the slot array, whose slot names the
+    // backend under a new, dense id in the new array; the older maps are unpinned.
+    let _dataplane = sandbox.programmed(&desired);
+    for name in [old_services, old_backends] {
+        assert!(
+            !sandbox.pin_dir.join(name).exists(),
+            "the older agent's {name} is still pinned"
+        );
+    }
+    let services: aya::maps::HashMap<_, ServiceKey, ServiceEntry> =
         aya::maps::Map::HashMap(pinned(map_names::SERVICES))
             .try_into()
             .expect("the service map");
-    let slot = internal_tcp_key(vip, 1);
-    let array = |pin| -> aya::maps::Array<_, socklb_abi::Backend> {
-        aya::maps::Map::Array(pin)
+    let master = services
+        .get(&internal_tcp_key(vip, 0), 0)
+        .expect("the master");
+    assert_eq!((master.count, master.slot_room), (1, 1), "{master:?}");
+    let slots: aya::maps::Array<_, socklb_abi::SlotPair> =
+        aya::maps::Map::Array(pinned(map_names::SLOTS))
             .try_into()
-            .expect("the backend array")
-    };
-    let backend = array(pinned(map_names::BACKENDS))
-        .get(&1, 0)
-        .expect("backend 1");
-    let mut entry = services.get(&slot, 0).expect("slot 1");
-    entry.backend_id = 7;
-    services
-        .insert(&slot, &entry, 0)
-        .expect("rename the slot's backend");
-    std::fs::remove_file(sandbox.pin_dir.join(map_names::BACKENDS)).expect("unpin the array");
-    let old = sandbox.pin_dir.join("socklb_be_v2");
-    socklb_tests::run(
-        Command::new("bpftool")
-            .args(["map", "create"])
-            .arg(&old)
-            .args([
-                "type", "hash", "key", "4", "value", "8", "entries", "16", "name",
-            ])
-            .arg("socklb_be_v2"),
-    );
-    let mut older: aya::maps::HashMap<_, u32, socklb_abi::Backend> =
-        aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&old).expect("open the old map"))
-            .try_into()
-            .expect("the old backend map");
-    older.insert(&7, &backend, 0).expect("write the old map");
-
-    // The new agent: the slot names its backend under a new, dense id, in the new array.
-    let _dataplane = sandbox.programmed(&desired);
-    assert!(
-        !old.exists(),
-        "the older agent's backend map is still pinned"
-    );
-    let entry = services.get(&slot, 0).expect("slot 1");
-    assert_eq!(entry.backend_id, 1, "{entry:?}");
+            .expect("the slot array");
+    let pair = slots.get(&(master.first_slot / 2), 0).expect("slot 1");
+    assert_eq!(pair[master.first_slot as usize % 2], 1);
     assert_eq!(
-        array(pinned(map_names::BACKENDS))
-            .get(&1, 0)
-            .expect("backend 1"),
+        aya::maps::Array::<_, socklb_abi::Backend>::try_from(aya::maps::Map::Array(pinned(
+            map_names::BACKENDS
+        )))
+        .expect("the backend array")
+        .get(&1, 0)
+        .expect("backend 1"),
         backend
     );
     assert_eq!(
@@ -884,14 +919,17 @@ fn load_with_service_entries(sandbox: &Sandbox, service_entries: u32) -> Datapla
         .unwrap_or_else(|e| panic!("load with {service_entries} service entries: {e}"))
 }
 
+/// Master entries and the slots they count: the service-map entries the agent accounts for.
 fn service_entries(sandbox: &Sandbox) -> usize {
     let map = aya::maps::Map::HashMap(
-        aya::maps::MapData::from_pin(sandbox.pin_dir.join("socklb_svc_v2"))
+        aya::maps::MapData::from_pin(sandbox.pin_dir.join(map_names::SERVICES))
             .expect("open service map"),
     );
     let map: aya::maps::HashMap<_, socklb_abi::ServiceKey, socklb_abi::ServiceEntry> =
         map.try_into().expect("service map");
-    map.keys().count()
+    map.iter()
+        .map(|entry| 1 + usize::from(entry.expect("a master entry").1.count))
+        .sum()
 }
 
 /// A directory the test made, removed when the test ends however it ends.

@@ -260,7 +260,7 @@ impl Dataplane {
     pub fn readopt(&mut self) -> Result<(), DataplaneError> {
         let contents = self
             .writer
-            .store()
+            .store_mut()
             .read()
             .map_err(DataplaneError::map(map_names::SERVICES))?;
         self.writer.readopt(contents);

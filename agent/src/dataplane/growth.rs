@@ -23,7 +23,7 @@ use crate::{
             tc::{self, TcAttachError},
         },
         load::{self, LoadError, take_map},
-        mapped_words::MappedWordsError,
+        mapped_words::{MappedWords, MappedWordsError},
         pins,
     },
     maps::{
@@ -133,6 +133,7 @@ impl Dataplane {
         let now = self.sizes;
         let grown: Vec<&'static str> = [
             (map_names::SERVICES, target.services != now.services),
+            (map_names::SLOTS, target.slot_pairs() != now.slot_pairs()),
             (map_names::SERVICES6, target.services6 != now.services6),
             (map_names::BACKENDS, target.backends != now.backends),
             (map_names::BACKENDS6, target.backends6 != now.backends6),
@@ -215,6 +216,7 @@ impl Dataplane {
             |name| take_map(ebpf, name).map_err(|error| GrowError::Load(Box::new(error)));
         let raw = RawMaps {
             services: take(map_names::SERVICES)?,
+            slots: MappedWords::open_array(take(map_names::SLOTS)?, map_names::SLOTS)?,
             backends: take(map_names::BACKENDS)?,
             services6: take(map_names::SERVICES6)?,
             backends6: take(map_names::BACKENDS6)?,
@@ -231,6 +233,10 @@ impl Dataplane {
                 source,
             })?;
         let old = self.writer.store();
+        // The ranges go on; the ids are copied where the array is a new one.
+        kernel_maps
+            .slots
+            .take_over(&old.slots, grown.contains(&map_names::SLOTS));
         if grown.contains(&map_names::SERVICES) {
             copy(
                 map_names::SERVICES,

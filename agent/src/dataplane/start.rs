@@ -21,6 +21,7 @@ use crate::{
         destroy::{self, DestroyPrograms, Unavailable as DestroyUnavailable},
         flow_filter, host,
         load::{self, take_map},
+        mapped_words::MappedWords,
         object, pins,
         program_logs::ProgramLogs,
     },
@@ -77,8 +78,12 @@ impl Dataplane {
         carry_over(&config.pin_dir, "at load");
         // Before any program of this load runs; until the seed, every packet is looked up.
         flow_filter::distrust(&config.pin_dir)?;
-        let kernel_maps = KernelMaps::new(RawMaps {
+        let mut kernel_maps = KernelMaps::new(RawMaps {
             services: take_map(&mut ebpf, map_names::SERVICES)?,
+            slots: MappedWords::open_array(
+                take_map(&mut ebpf, map_names::SLOTS)?,
+                map_names::SLOTS,
+            )?,
             backends: take_map(&mut ebpf, map_names::BACKENDS)?,
             services6: take_map(&mut ebpf, map_names::SERVICES6)?,
             backends6: take_map(&mut ebpf, map_names::BACKENDS6)?,

@@ -81,6 +81,16 @@ pub struct Sizes {
     pub maglev: u32,
 }
 
+impl Sizes {
+    /// The slot array's entries, two slots each ([`socklb_abi::SlotPair`]): twice as many
+    /// slots as the service maps have entries, as each frontend's slots take a power of two
+    /// (at most twice its count) and a moving frontend holds its old range until the next
+    /// apply. Grows with them.
+    pub fn slot_pairs(&self) -> u32 {
+        self.services.saturating_add(self.services6)
+    }
+}
+
 /// Sizes a new map starts with, before its flag caps them: room for about 500 Services of a
 /// few endpoints in each family, and for one Maglev table of the default size.
 pub const INITIAL: Sizes = Sizes {

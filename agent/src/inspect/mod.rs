@@ -16,8 +16,8 @@ use socklb_abi::{
     CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, Counters, CtEntry, CtEntry6, CtKey, CtKey6,
     FragmentKey, FragmentKey6, FragmentPorts, FrontendName, Ipv6Words, SERVICE_FLAG_AFFINITY,
     SERVICE_FLAG_MAGLEV, SERVICE_FLAG_REJECT, SOURCE_RANGE_FRONTEND_BITS,
-    SOURCE_RANGE6_FRONTEND_BITS, ServiceEntry, ServiceEntry6, ServiceKey, ServiceKey6,
-    SocketRecordCount, SourceRange, SourceRange6, SourceVerdict, ipv6_octets, map_names,
+    SOURCE_RANGE6_FRONTEND_BITS, SocketRecordCount, SourceRange, SourceRange6, SourceVerdict,
+    ipv6_octets, map_names,
 };
 
 use crate::{
@@ -25,13 +25,13 @@ use crate::{
     kernel::{
         attach::tc::{DeviceRole, TcAttachError, served_devices},
         flow_filter,
-        mapped_words::MappedWordsError,
+        mapped_words::{MappedWords, MappedWordsError},
         pins,
     },
     maps::{
-        frontend_filter,
+        frontend_filter::{self, FrontendFilter},
         names::FrontendLabel,
-        services::{decode_key, decode_value},
+        services::{KernelMaps, RawMaps},
         writer::{SlotKey, SlotValue},
     },
 };
@@ -67,6 +67,11 @@ pub enum InspectError {
     },
     #[error("cannot read the frontend filter")]
     FrontendFilter {
+        #[source]
+        source: Box<MappedWordsError>,
+    },
+    #[error("cannot read the slot array")]
+    Slots {
         #[source]
         source: Box<MappedWordsError>,
     },
@@ -196,7 +201,12 @@ fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
     })?;
     Ok(match name {
         n if n == map_names::COUNTERS => Map::PerCpuArray(data),
-        n if n == map_names::SOCKET_RECORD_COUNT => Map::Array(data),
+        n if n == map_names::SOCKET_RECORD_COUNT
+            || n == map_names::SLOTS
+            || n == map_names::BACKENDS =>
+        {
+            Map::Array(data)
+        }
         n if n == map_names::SOURCE_RANGES || n == map_names::SOURCE_RANGES6 => Map::LpmTrie(data),
         _ => Map::HashMap(data),
     })
@@ -238,26 +248,31 @@ fn ipv6(words: Ipv6Words) -> IpAddr {
 /// address.
 pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, InspectError> {
     let read = |map| move |source| InspectError::Read { map, source };
-    // Both families' service maps in the agent's terms, keyed, so that finding a frontend's
-    // slots costs a lookup each, not a scan of the map.
-    let mut entries: std::collections::HashMap<SlotKey, SlotValue> = entries_of(
-        Some(open(pin_dir, map_names::SERVICES)?),
-        map_names::SERVICES,
-        |key: ServiceKey, entry: ServiceEntry| {
-            let key = decode_key(&key)?;
-            Some((key, decode_value(&key, &entry)))
-        },
-    )?
-    .into_iter()
-    .collect();
-    entries.extend(entries_of(
-        open6(pin_dir, map_names::SERVICES6)?,
-        map_names::SERVICES6,
-        |key: ServiceKey6, entry: ServiceEntry6| {
-            let key = decode_key(&key)?;
-            Some((key, decode_value(&key, &entry)))
-        },
-    )?);
+    // Both families' service maps and the slot array, read as the agent reads them back,
+    // keyed, so that finding a frontend's slots costs a lookup each, not a scan.
+    let slots = MappedWords::open_array(open(pin_dir, map_names::SLOTS)?, map_names::SLOTS)
+        .map_err(|source| InspectError::Slots {
+            source: Box::new(source),
+        })?;
+    let frontend_filter =
+        FrontendFilter::open(pin_dir).map_err(|source| InspectError::FrontendFilter {
+            source: Box::new(source),
+        })?;
+    let mut maps = KernelMaps::new(RawMaps {
+        services: open(pin_dir, map_names::SERVICES)?,
+        slots,
+        backends: open(pin_dir, map_names::BACKENDS)?,
+        services6: open(pin_dir, map_names::SERVICES6)?,
+        backends6: open(pin_dir, map_names::BACKENDS6)?,
+        frontend_filter,
+    })
+    .map_err(read(map_names::SERVICES))?;
+    let entries: std::collections::HashMap<SlotKey, SlotValue> = maps
+        .read()
+        .map_err(read(map_names::SERVICES))?
+        .services
+        .into_iter()
+        .collect();
 
     // Source ranges by frontend (address, port, protocol number).
     let mut ranges: BTreeMap<(IpAddr, u16, u8), Vec<String>> = BTreeMap::new();

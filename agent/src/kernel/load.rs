@@ -140,7 +140,10 @@ fn load_pinning(
     load_now: bool,
 ) -> Result<Loaded, LoadError> {
     // An older agent's service map, under its old name: the frontends it holds were serving.
-    let mut replaced_masters = pinned_masters(&pins::map_pin(pin_dir, map_names::RETIRED_SERVICES));
+    let mut replaced_masters: Vec<ServiceKey> = map_names::RETIRED_SERVICES
+        .iter()
+        .flat_map(|name| pinned_masters(&pins::map_pin(pin_dir, name)))
+        .collect();
     let sizes = starting_sizes(pin_dir, capacities);
     let globals = Globals::new(capacities, programs);
     if globals.skc_cookie_offset == 0 {
@@ -346,6 +349,7 @@ fn configure<'a>(
         // Each family's maps have their own size: the writer counts each family's entries
         // against its own maps.
         .map_max_entries(map_names::SERVICES, sizes.services)
+        .map_max_entries(map_names::SLOTS, sizes.slot_pairs())
         .map_max_entries(map_names::BACKENDS, sizes.backends)
         .map_max_entries(map_names::SERVICES6, sizes.services6)
         .map_max_entries(map_names::BACKENDS6, sizes.backends6)
@@ -438,19 +442,28 @@ fn remove_retired(pin_dir: &Path) {
     }
 }
 
-/// The master keys a pinned service map holds; none if it cannot be read (it is being
-/// replaced because it differs, possibly in layout).
+/// The master keys a pinned service map holds, of this layout or an older one (the same
+/// key; values read as bytes); none if it cannot be read.
 fn pinned_masters(path: &Path) -> Vec<ServiceKey> {
     let Ok(data) = MapData::from_pin(path) else {
         return Vec::new();
     };
-    let Ok(map) = HashMap::<_, ServiceKey, ServiceEntry>::try_from(Map::HashMap(data)) else {
-        return Vec::new();
+    // The layouts before masters had a map of their own held the slots' fields too.
+    const OLDER_VALUE: usize = 24;
+    let value_size = data.info().map_or(0, |info| info.value_size() as usize);
+    let map = Map::HashMap(data);
+    let keys: Vec<ServiceKey> = match value_size {
+        OLDER_VALUE => HashMap::<_, ServiceKey, [u8; OLDER_VALUE]>::try_from(map)
+            .map(|map| map.keys().filter_map(Result::ok).collect())
+            .unwrap_or_default(),
+        size if size == size_of::<ServiceEntry>() => {
+            HashMap::<_, ServiceKey, ServiceEntry>::try_from(map)
+                .map(|map| map.keys().filter_map(Result::ok).collect())
+                .unwrap_or_default()
+        }
+        _ => Vec::new(),
     };
-    map.keys()
-        .filter_map(Result::ok)
-        .filter(|key| key.slot == 0)
-        .collect()
+    keys.into_iter().filter(|key| key.slot == 0).collect()
 }
 
 /// Has the kernel verify every program but the optional socket iterators. The verifier is

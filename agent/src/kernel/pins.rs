@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! <pin dir>/                        0700, owned by the agent's user (`host::prepare_pin_dir`)
-//!   socklb_svc_v2 ...               the maps, pinned by name (as aya's default pin directory)
+//!   socklb_svc_v3 ...               the maps, pinned by name (as aya's default pin directory)
 //!   links/<program>                 the cgroup programs' bpf links
 //!   links/<program>@<device>        the TC programs' TCX links
 //!   netlink-filters/<program>@<device>:<priority>:<handle>

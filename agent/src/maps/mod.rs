@@ -23,6 +23,7 @@ pub mod maglev;
 pub mod names;
 pub mod namespaces;
 pub mod services;
+pub mod slots;
 pub mod source_ranges;
 pub mod writer;
 

@@ -1,10 +1,12 @@
-//! The service and backend maps of both address families: the kernel-side [`Store`] of the
-//! writer, and reading them back for adoption (and for `socklb inspect`). The writer
-//! speaks of frontends and backends; this module alone encodes them into each family's
-//! map layout (network byte order, 4- or 16-byte addresses).
+//! The service and backend maps of both address families, and the slot array: the
+//! kernel-side [`Store`] of the writer, and reading them back for adoption (and for `socklb
+//! inspect`). The writer speaks of frontends, slots and backends; this module alone encodes
+//! them into each family's map layout (network byte order, 4- or 16-byte addresses), and
+//! places each frontend's slots in the array (`slots`).
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsFd as _, BorrowedFd},
+    sync::atomic::AtomicU32,
     thread::JoinHandle,
 };
 
@@ -13,28 +15,33 @@ use aya::{
     maps::{Array, HashMap, IterableMap, Map, MapData, MapError},
 };
 use socklb_abi::{
-    BACKEND_FLAG_REMOTE, Backend, Backend6, Ipv6Words, ServiceEntry, ServiceEntry6, ServiceKey,
-    ServiceKey6, ipv6_octets, ipv6_words,
+    BACKEND_FLAG_REMOTE, Backend, Backend6, Ipv6Words, ServiceEntry, ServiceKey, ServiceKey6,
+    ipv6_octets, ipv6_words,
 };
 
 use super::{
     batch::{self, BatchError},
     frontend_filter::FrontendFilter,
     ignore_missing,
+    slots::{SlotRange, Slots, SlotsFull},
     writer::{
         BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
         WalkPosition,
     },
 };
-use crate::desired::{BackendAddr, Frontend, Protocol, Scope};
+use crate::{
+    desired::{BackendAddr, Frontend, Protocol, Scope},
+    kernel::mapped_words::MappedWords,
+};
 
-/// The service and backend maps of both families, typed. The dataplane's growth reads the
-/// fields, to copy the entries into larger maps.
+/// The service and backend maps of both families and the slot array, typed. The dataplane's
+/// growth reads the fields, to copy the entries into larger maps.
 pub struct KernelMaps {
     pub(crate) services: HashMap<MapData, ServiceKey, ServiceEntry>,
+    pub(crate) slots: Slots,
     /// Indexed by id; all zeros where no backend holds the id.
     pub(crate) backends: Array<MapData, Backend>,
-    pub(crate) services6: HashMap<MapData, ServiceKey6, ServiceEntry6>,
+    pub(crate) services6: HashMap<MapData, ServiceKey6, ServiceEntry>,
     pub(crate) backends6: HashMap<MapData, u32, Backend6>,
     /// Marked before each master entry is written (see `frontend_filter`).
     pub(crate) frontend_filter: FrontendFilter,
@@ -47,22 +54,32 @@ pub struct KernelMaps {
 /// Puts not written yet, in order, per map, and the chunk being written.
 #[derive(Default)]
 struct Held {
-    runs: Vec<(Run, Vec<Op>)>,
+    runs: Vec<(Run, Vec<Put>)>,
     len: usize,
     writing: Vec<JoinHandle<WrittenRun>>,
 }
 
+/// A put into a map, as held or batched: the writer's op, and for a master entry the slot
+/// range it names (known once the frontend's slots are written, which come before).
+#[derive(Clone, Debug)]
+struct Put {
+    op: Op,
+    range: Option<SlotRange>,
+}
+
 /// A map's puts given back by the thread that wrote them, and how it went ([`put_run`]).
-type WrittenRun = (Vec<Op>, Option<Result<(), BatchError>>);
+type WrittenRun = (Vec<Put>, Option<Result<(), BatchError>>);
 
 /// Held puts written at once: a batch per map large enough to cost little in calls and
 /// small enough to cost little in memory (a first sync of 100,000 Services holds two
 /// million).
 const HELD_CHUNK: usize = 1 << 15;
 
-/// The four maps, as taken from the loaded object, and the frontend filter, mapped.
+/// The four maps, as taken from the loaded object, and the slot array and the frontend
+/// filter, mapped.
 pub struct RawMaps {
     pub services: Map,
+    pub slots: MappedWords<AtomicU32>,
     pub backends: Map,
     pub services6: Map,
     pub backends6: Map,
@@ -73,6 +90,7 @@ impl KernelMaps {
     pub fn new(maps: RawMaps) -> Result<Self, MapError> {
         Ok(Self {
             services: maps.services.try_into()?,
+            slots: Slots::new(maps.slots),
             backends: maps.backends.try_into()?,
             services6: maps.services6.try_into()?,
             backends6: maps.backends6.try_into()?,
@@ -124,7 +142,7 @@ impl KernelMaps {
                     Err(source) => {
                         self.held = Some(held);
                         return Err(StoreError {
-                            op: ops[0].clone(),
+                            op: ops[0].op.clone(),
                             source,
                         });
                     }
@@ -169,12 +187,16 @@ impl KernelMaps {
 
     /// Holds `op` if it is a put and puts are held; whether it was.
     fn hold(&mut self, op: &Op) -> Result<bool, StoreError> {
-        let (Some(held), Some(run)) = (self.held.as_mut(), Run::of(op)) else {
+        let (true, Some(run)) = (self.held.is_some(), Run::of(op)) else {
+            return Ok(false);
+        };
+        let put = self.put(op);
+        let Some(held) = self.held.as_mut() else {
             return Ok(false);
         };
         match held.runs.iter_mut().find(|(r, _)| *r == run) {
-            Some((_, ops)) => ops.push(op.clone()),
-            None => held.runs.push((run, vec![op.clone()])),
+            Some((_, puts)) => puts.push(put),
+            None => held.runs.push((run, vec![put])),
         }
         held.len += 1;
         if held.len >= HELD_CHUNK {
@@ -183,15 +205,42 @@ impl KernelMaps {
         Ok(true)
     }
 
-    /// Reads the maps of both families. Entries that vanish during the walk are skipped.
-    pub fn read(&self) -> Result<MapContents, MapError> {
+    /// Reads the maps of both families, and takes the slot ranges their master entries
+    /// name. Entries that vanish during the walk are skipped.
+    pub fn read(&mut self) -> Result<MapContents, MapError> {
         let mut contents = MapContents::default();
+        let mut ranges = Vec::new();
         for map in 0..MAPS {
             let mut from = None;
-            while let Some(next) = self.read_chunk(map, from, &mut contents)? {
+            while let Some(next) = self.read_chunk(map, from, &mut contents, &mut ranges)? {
                 from = Some(next);
             }
         }
+        self.slots.adopt(ranges);
+        let backends: hashbrown::HashMap<u32, BackendAddr> = contents
+            .backends
+            .iter()
+            .map(|(id, addr, _)| (*id, *addr))
+            .collect();
+        let mut slots = Vec::new();
+        for (key, value) in &contents.services {
+            let SlotValue::Master(master) = value else {
+                continue;
+            };
+            for slot in 1..=master.count {
+                let Some(id) = self.slots.get(&key.frontend, slot) else {
+                    break;
+                };
+                slots.push((
+                    SlotKey {
+                        frontend: key.frontend,
+                        slot,
+                    },
+                    slot_value(&key.frontend, id, backends.get(&id)),
+                ));
+            }
+        }
+        contents.services.extend(slots);
         Ok(contents)
     }
 
@@ -203,16 +252,17 @@ impl KernelMaps {
         map: usize,
         from: Option<u32>,
         contents: &mut MapContents,
+        ranges: &mut Vec<(Frontend, SlotRange)>,
     ) -> Result<Option<u32>, MapError> {
         match map {
             0 => {
                 let (entries, next) = batch::chunk(&self.services, from)?;
-                decode_services(entries, StrayKey::V4, contents);
+                decode_services(entries, StrayKey::V4, contents, ranges);
                 Ok(next)
             }
             1 => {
                 let (entries, next) = batch::chunk(&self.services6, from)?;
-                decode_services(entries, StrayKey::V6, contents);
+                decode_services(entries, StrayKey::V6, contents, ranges);
                 Ok(next)
             }
             2 => {
@@ -245,24 +295,48 @@ impl KernelMaps {
                     self.backends6.insert(id, &entry, 0)
                 }
             },
-            Op::PutService { key, value } => match key.frontend.address {
-                IpAddr::V4(_) => {
-                    let (key, entry) = encode_slot(key, value).ok_or_else(family_mismatch)?;
-                    self.services.insert(&key, &entry, 0)
+            Op::PutService {
+                key,
+                value: SlotValue::Backend { id, .. },
+            } => self
+                .slots
+                .put(&key.frontend, key.slot, *id)
+                .map_err(slots_full),
+            Op::PutService {
+                key,
+                value: SlotValue::Master(master),
+            } => {
+                let range = self.slots.range(&key.frontend);
+                let entry = encode_master(master, range);
+                match key.frontend.address {
+                    IpAddr::V4(_) => {
+                        let key = encode_key(key).ok_or_else(family_mismatch)?;
+                        self.services.insert(&key, &entry, 0)?;
+                    }
+                    IpAddr::V6(_) => {
+                        let key = encode_key(key).ok_or_else(family_mismatch)?;
+                        self.services6.insert(&key, &entry, 0)?;
+                    }
                 }
-                IpAddr::V6(_) => {
-                    let (key, entry) = encode_slot(key, value).ok_or_else(family_mismatch)?;
-                    self.services6.insert(&key, &entry, 0)
-                }
-            },
-            Op::DeleteService { key } => ignore_missing(match key.frontend.address {
-                IpAddr::V4(_) => self
-                    .services
-                    .remove(&encode_key(key).ok_or_else(family_mismatch)?),
-                IpAddr::V6(_) => self
-                    .services6
-                    .remove(&encode_key(key).ok_or_else(family_mismatch)?),
-            }),
+                self.slots.named(&key.frontend);
+                Ok(())
+            }
+            Op::DeleteService { key } if key.slot != 0 => {
+                self.slots.clear(&key.frontend, key.slot);
+                Ok(())
+            }
+            Op::DeleteService { key } => {
+                ignore_missing(match key.frontend.address {
+                    IpAddr::V4(_) => self
+                        .services
+                        .remove(&encode_key(key).ok_or_else(family_mismatch)?),
+                    IpAddr::V6(_) => self
+                        .services6
+                        .remove(&encode_key(key).ok_or_else(family_mismatch)?),
+                })?;
+                self.slots.remove(&key.frontend);
+                Ok(())
+            }
             Op::DeleteStray { key } => ignore_missing(match key {
                 StrayKey::V4(key) => self.services.remove(key),
                 StrayKey::V6(key) => self.services6.remove(key),
@@ -278,7 +352,8 @@ impl KernelMaps {
 impl Store for KernelMaps {
     fn write(&mut self, op: &Op) -> Result<(), StoreError> {
         self.mark_frontend(op);
-        if self.held.is_some() {
+        // Slots are stores into the array, in order, never held: nothing to wait for.
+        if self.held.is_some() && !is_slot(op) {
             if self.hold(op)? {
                 return Ok(());
             }
@@ -291,9 +366,11 @@ impl Store for KernelMaps {
         })
     }
 
-    /// Runs of puts into one map (a frontend's backends, then its slots and master) go in
-    /// one batch call each, in order.
+    /// Runs of puts into one map (a frontend's backends, then its master) go in one batch
+    /// call each, in order; the slots in between are stores into the array, in a range made
+    /// room for first.
     fn write_all(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        self.reserve_slots(ops)?;
         if self.held.is_some() {
             return ops.iter().try_for_each(|op| self.write(op));
         }
@@ -316,20 +393,34 @@ impl Store for KernelMaps {
         Ok(())
     }
 
+    fn apply_started(&mut self) {
+        self.slots.free_retired();
+    }
+
+    /// A slot's id, with the backend that holds it now; a master entry only if it names the
+    /// range its slots are written to (else it reads as missing, and is written again).
     fn read_slot(&self, key: &SlotKey) -> std::io::Result<Option<SlotValue>> {
+        if key.slot != 0 {
+            let Some(id) = self.slots.get(&key.frontend, key.slot) else {
+                return Ok(None);
+            };
+            let backend = self
+                .read_backend(id, key.frontend.address)?
+                .map(|(backend, _)| backend);
+            return Ok(Some(slot_value(&key.frontend, id, backend.as_ref())));
+        }
         let found = match key.frontend.address {
-            IpAddr::V4(_) => encode_key(key).map(|k| {
-                self.services
-                    .get(&k, 0)
-                    .map(|entry| decode_value(key, &entry))
-            }),
-            IpAddr::V6(_) => encode_key(key).map(|k| {
-                self.services6
-                    .get(&k, 0)
-                    .map(|entry| decode_value(key, &entry))
-            }),
+            IpAddr::V4(_) => encode_key(key).map(|k| self.services.get(&k, 0)),
+            IpAddr::V6(_) => encode_key(key).map(|k| self.services6.get(&k, 0)),
         };
-        found.map_or(Ok(None), found_or_none)
+        let Some(entry) = found.map_or(Ok(None), found_or_none)? else {
+            return Ok(None);
+        };
+        let range = self.slots.range(&key.frontend);
+        if encode_master(&decode_master(&entry), range) != entry {
+            return Ok(None);
+        }
+        Ok(Some(SlotValue::Master(decode_master(&entry))))
     }
 
     fn walk(
@@ -341,7 +432,7 @@ impl Store for KernelMaps {
         let mut at = from;
         while contents.len() < budget && at.map < MAPS {
             let next = self
-                .read_chunk(at.map, at.within, &mut contents)
+                .read_chunk(at.map, at.within, &mut contents, &mut Vec::new())
                 .map_err(io_error)?;
             at = match next {
                 Some(within) => WalkPosition {
@@ -379,7 +470,10 @@ enum Run {
 impl Run {
     fn of(op: &Op) -> Option<Self> {
         match op {
-            Op::PutService { key, .. } => Some(Self::Services {
+            Op::PutService {
+                key,
+                value: SlotValue::Master(_),
+            } => Some(Self::Services {
                 v6: key.frontend.address.is_ipv6(),
             }),
             Op::PutBackend { backend, .. } => Some(Self::Backends {
@@ -391,6 +485,25 @@ impl Run {
 }
 
 impl KernelMaps {
+    /// Makes room in the slot array for the counts the master entries among `ops` give.
+    fn reserve_slots(&mut self, ops: &[Op]) -> Result<(), StoreError> {
+        for op in ops {
+            if let Op::PutService {
+                key,
+                value: SlotValue::Master(master),
+            } = op
+            {
+                self.slots
+                    .reserve(&key.frontend, master.count)
+                    .map_err(|full| StoreError {
+                        op: op.clone(),
+                        source: io_error(slots_full(full)),
+                    })?;
+            }
+        }
+        Ok(())
+    }
+
     /// A master entry's frontend, marked in the frontend filter before the entry is
     /// written (a held write included: the programs may read the filter already).
     fn mark_frontend(&self, op: &Op) {
@@ -406,29 +519,53 @@ impl KernelMaps {
     /// One batch update for `ops` (all puts into `run`'s map); one update each where the
     /// kernel has no batches.
     fn write_run(&mut self, run: Run, ops: &[Op]) -> Result<(), StoreError> {
-        let result = put_run(self.map_of(run).fd().as_fd(), run, ops);
-        self.finish_run(ops, result)
+        let puts: Vec<Put> = ops.iter().map(|op| self.put(op)).collect();
+        let result = put_run(self.map_of(run).fd().as_fd(), run, &puts);
+        self.finish_run(&puts, result)
     }
 
-    /// After [`put_run`]: its error, or `ops` one by one where batches did not work.
+    /// `op` as a [`Put`]: a master entry with the range its frontend's slots are in now.
+    fn put(&self, op: &Op) -> Put {
+        let range = match op {
+            Op::PutService {
+                key,
+                value: SlotValue::Master(_),
+            } => self.slots.range(&key.frontend),
+            _ => None,
+        };
+        Put {
+            op: op.clone(),
+            range,
+        }
+    }
+
+    /// After [`put_run`]: its error, or `puts` one by one where batches did not work. The
+    /// master entries written now name their ranges.
     fn finish_run(
         &mut self,
-        ops: &[Op],
+        puts: &[Put],
         result: Option<Result<(), BatchError>>,
     ) -> Result<(), StoreError> {
         match result {
-            Some(Ok(())) => Ok(()),
+            Some(Ok(())) => {
+                for put in puts {
+                    if let Op::PutService { key, .. } = &put.op {
+                        self.slots.named(&key.frontend);
+                    }
+                }
+                Ok(())
+            }
             Some(Err(error)) if !error.unsupported() => Err(StoreError {
-                op: ops[error.done.min(ops.len() - 1)].clone(),
+                op: puts[error.done.min(puts.len() - 1)].op.clone(),
                 source: error.error,
             }),
             unsupported_or_unencodable => {
                 if unsupported_or_unencodable.is_some() {
                     self.batches = false;
                 }
-                ops.iter().try_for_each(|op| {
-                    self.apply(op).map_err(|error| StoreError {
-                        op: op.clone(),
+                puts.iter().try_for_each(|put| {
+                    self.apply(&put.op).map_err(|error| StoreError {
+                        op: put.op.clone(),
                         source: io_error(error),
                     })
                 })
@@ -437,20 +574,31 @@ impl KernelMaps {
     }
 }
 
-/// The entries of a run of service-map puts; `None` if one does not encode for this family
-/// (the one-by-one path reports it).
-fn slot_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(ServiceKey<A>, ServiceEntry<A>)>> {
-    ops.iter()
-        .map(|op| match op {
-            Op::PutService { key, value } => encode_slot::<A>(key, value),
+/// Whether `op` writes into the slot array (not the service map).
+fn is_slot(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::PutService { key, .. } | Op::DeleteService { key } if key.slot != 0
+    )
+}
+
+/// The entries of a run of master-entry puts; `None` if one does not encode for this
+/// family (the one-by-one path reports it).
+fn master_entries<A: MapAddress>(puts: &[Put]) -> Option<Vec<(ServiceKey<A>, ServiceEntry)>> {
+    puts.iter()
+        .map(|put| match &put.op {
+            Op::PutService {
+                key,
+                value: SlotValue::Master(master),
+            } => Some((encode_key::<A>(key)?, encode_master(master, put.range))),
             _ => None,
         })
         .collect()
 }
 
-fn backend_entries<A: MapAddress>(ops: &[Op]) -> Option<Vec<(u32, Backend<A>)>> {
-    ops.iter()
-        .map(|op| match op {
+fn backend_entries<A: MapAddress>(puts: &[Put]) -> Option<Vec<(u32, Backend<A>)>> {
+    puts.iter()
+        .map(|put| match &put.op {
             Op::PutBackend {
                 id,
                 backend,
@@ -473,18 +621,29 @@ const NO_BACKEND: Backend = Backend {
 /// them.
 const MAPS: usize = 4;
 
-/// Service-map entries read back, into `contents`: those that name no frontend this agent
-/// knows as strays (`stray` says of which family).
+/// Master entries read back, into `contents`, and the slot ranges they name, into
+/// `ranges`: keys that name no frontend this agent knows, or a slot (an older layout's), as
+/// strays (`stray` says of which family).
 fn decode_services<A: MapAddress>(
-    entries: Vec<(ServiceKey<A>, ServiceEntry<A>)>,
+    entries: Vec<(ServiceKey<A>, ServiceEntry)>,
     stray: fn(ServiceKey<A>) -> StrayKey,
     contents: &mut MapContents,
+    ranges: &mut Vec<(Frontend, SlotRange)>,
 ) {
-    for (key, value) in entries {
-        match decode_key(&key) {
-            Some(decoded) => contents
-                .services
-                .push((decoded, decode_value(&decoded, &value))),
+    for (key, entry) in entries {
+        match decode_key(&key).filter(|decoded| decoded.slot == 0) {
+            Some(decoded) => {
+                contents
+                    .services
+                    .push((decoded, SlotValue::Master(decode_master(&entry))));
+                ranges.push((
+                    decoded.frontend,
+                    SlotRange {
+                        first: entry.first_slot,
+                        room: entry.slot_room,
+                    },
+                ));
+            }
             None => contents.strays.push(stray(key)),
         }
     }
@@ -492,16 +651,16 @@ fn decode_services<A: MapAddress>(
 
 /// One batch update for `ops` (all puts into `run`'s map, `map`): `None` if one of them
 /// does not encode.
-fn put_run(map: BorrowedFd<'_>, run: Run, ops: &[Op]) -> Option<Result<(), BatchError>> {
+fn put_run(map: BorrowedFd<'_>, run: Run, puts: &[Put]) -> Option<Result<(), BatchError>> {
     match run {
         Run::Services { v6: false } => {
-            put_batch::<ServiceKey, ServiceEntry>(map, slot_entries(ops))
+            put_batch::<ServiceKey, ServiceEntry>(map, master_entries(puts))
         }
         Run::Services { v6: true } => {
-            put_batch::<ServiceKey6, ServiceEntry6>(map, slot_entries(ops))
+            put_batch::<ServiceKey6, ServiceEntry>(map, master_entries(puts))
         }
-        Run::Backends { v6: false } => put_batch::<u32, Backend>(map, backend_entries(ops)),
-        Run::Backends { v6: true } => put_batch::<u32, Backend6>(map, backend_entries(ops)),
+        Run::Backends { v6: false } => put_batch::<u32, Backend>(map, backend_entries(puts)),
+        Run::Backends { v6: true } => put_batch::<u32, Backend6>(map, backend_entries(puts)),
     }
 }
 
@@ -510,7 +669,7 @@ const SHARE_MIN: usize = 4096;
 
 /// `ops` in at most `threads` shares of about equal length (none below [`SHARE_MIN`]
 /// unless there are fewer), in order, none empty.
-fn shares(mut ops: Vec<Op>, threads: usize) -> Vec<Vec<Op>> {
+fn shares<T>(mut ops: Vec<T>, threads: usize) -> Vec<Vec<T>> {
     let count = threads.min(ops.len() / SHARE_MIN).max(1);
     let share = ops.len().div_ceil(count);
     let mut shares = Vec::new();
@@ -636,61 +795,46 @@ pub fn decode_key<A: MapAddress>(key: &ServiceKey<A>) -> Option<SlotKey> {
     })
 }
 
-/// What the slot `key` holds: the master entry (slot 0) or a backend.
-pub fn decode_value<A: MapAddress>(key: &SlotKey, entry: &ServiceEntry<A>) -> SlotValue {
-    if key.slot == 0 {
-        return SlotValue::Master(Master {
-            count: entry.count,
-            flags: entry.flags,
-            service_id: entry.service_id,
-            affinity_timeout_s: entry.affinity_timeout_s,
-        });
+/// A master entry as the writer knows it (without the slot range, which is this store's).
+pub fn decode_master(entry: &ServiceEntry) -> Master {
+    Master {
+        count: entry.count,
+        flags: entry.flags,
+        service_id: entry.service_id,
+        affinity_timeout_s: entry.affinity_timeout_s,
     }
+}
+
+/// The master entry of `master`, naming `range` (none: a frontend without slots).
+fn encode_master(master: &Master, range: Option<SlotRange>) -> ServiceEntry {
+    let range = range.unwrap_or(SlotRange { first: 0, room: 0 });
+    ServiceEntry {
+        count: master.count,
+        flags: master.flags,
+        service_id: master.service_id,
+        affinity_timeout_s: master.affinity_timeout_s,
+        first_slot: range.first,
+        slot_room: range.room,
+    }
+}
+
+/// What a slot of `frontend` holding `id` reads as: the id and the backend holding it
+/// (the unspecified address when none does).
+fn slot_value(frontend: &Frontend, id: u32, backend: Option<&BackendAddr>) -> SlotValue {
     SlotValue::Backend {
-        id: entry.backend_id,
-        // A slot's flags are its backend's, in the low byte.
-        backend: backend_addr(
-            entry.backend_address.ip(),
-            entry.backend_port,
-            entry.flags.to_le_bytes()[0],
-        ),
+        id,
+        backend: backend.copied().unwrap_or_else(|| {
+            BackendAddr::local(super::writer::unspecified_like(frontend.address), 0)
+        }),
     }
 }
 
-fn slot_flags(backend: &BackendAddr) -> u16 {
-    if backend.remote {
-        u16::from(BACKEND_FLAG_REMOTE)
-    } else {
-        0
-    }
-}
-
-/// The service-map value of `value`; `None` for a backend of the other family.
-fn encode_value<A: MapAddress>(value: &SlotValue) -> Option<ServiceEntry<A>> {
-    Some(match value {
-        SlotValue::Master(master) => ServiceEntry {
-            count: master.count,
-            flags: master.flags,
-            service_id: master.service_id,
-            affinity_timeout_s: master.affinity_timeout_s,
-            ..ServiceEntry::default()
-        },
-        SlotValue::Backend { id, backend } => ServiceEntry {
-            backend_id: *id,
-            backend_address: A::from_ip(backend.address)?,
-            backend_port: backend.port.to_be(),
-            flags: slot_flags(backend),
-            ..ServiceEntry::default()
-        },
+/// A frontend's slots did not fit the slot array, as a map error of the write.
+fn slots_full(full: SlotsFull) -> MapError {
+    MapError::SyscallError(aya::sys::SyscallError {
+        call: "slot array",
+        io_error: std::io::Error::new(std::io::ErrorKind::StorageFull, full),
     })
-}
-
-/// A slot's key and value in one family's map; `None` if either is of the other family.
-fn encode_slot<A: MapAddress>(
-    key: &SlotKey,
-    value: &SlotValue,
-) -> Option<(ServiceKey<A>, ServiceEntry<A>)> {
-    Some((encode_key(key)?, encode_value(value)?))
 }
 
 /// The backend-map value of `backend`; `None` for the other family.
@@ -762,65 +906,39 @@ mod tests {
             let flat: Vec<u32> = ids(&shares).concat();
             assert_eq!(flat, (0..len).collect::<Vec<_>>(), "in order");
         }
-        assert!(shares(Vec::new(), 2).is_empty());
+        assert!(shares(Vec::<Op>::new(), 2).is_empty());
     }
 
     #[test]
-    fn keys_and_values_round_trip_in_both_families() {
-        let rows = [
-            (frontend("10.96.0.10"), "10.0.0.7"),
-            (frontend("fd00:96::10"), "fd00:10::7"),
-        ];
-        for (frontend, backend) in rows {
-            let key = SlotKey { frontend, slot: 2 };
-            let value = SlotValue::Backend {
-                id: 9,
-                backend: BackendAddr {
-                    address: backend.parse().expect("backend"),
-                    port: 5353,
-                    remote: true,
-                },
-            };
-            let master_key = SlotKey { slot: 0, ..key };
-            let master = SlotValue::Master(Master {
-                count: 3,
-                flags: 1,
-                service_id: 4,
-                affinity_timeout_s: 30,
-            });
+    fn keys_and_masters_round_trip_in_both_families() {
+        let master = Master {
+            count: 3,
+            flags: 1,
+            service_id: 4,
+            affinity_timeout_s: 30,
+        };
+        let range = SlotRange { first: 64, room: 4 };
+        for frontend in [frontend("10.96.0.10"), frontend("fd00:96::10")] {
+            let key = SlotKey { frontend, slot: 0 };
             let decoded = match frontend.address {
-                IpAddr::V4(_) => round_trip::<u32>(key, &value, master_key, &master),
-                IpAddr::V6(_) => round_trip::<Ipv6Words>(key, &value, master_key, &master),
+                IpAddr::V4(_) => decode_key::<u32>(&encode_key(&key).expect("a v4 key")),
+                IpAddr::V6(_) => decode_key::<Ipv6Words>(&encode_key(&key).expect("a v6 key")),
             };
-            assert_eq!(decoded, (Some(key), value, master), "{frontend}");
+            assert_eq!(decoded, Some(key), "{frontend}");
         }
-    }
-
-    fn round_trip<A: MapAddress>(
-        key: SlotKey,
-        value: &SlotValue,
-        master_key: SlotKey,
-        master: &SlotValue,
-    ) -> (Option<SlotKey>, SlotValue, SlotValue) {
-        (
-            decode_key::<A>(&encode_key(&key).expect("the family's key")),
-            decode_value::<A>(&key, &encode_value(value).expect("the family's backend")),
-            decode_value::<A>(&master_key, &encode_value(master).expect("a master")),
-        )
+        let entry = encode_master(&master, Some(range));
+        assert_eq!((entry.first_slot, entry.slot_room), (64, 4));
+        assert_eq!(decode_master(&entry), master);
+        let without = encode_master(&master, None);
+        assert_eq!((without.first_slot, without.slot_room), (0, 0));
     }
 
     #[test]
-    fn a_slot_never_names_a_backend_of_the_other_family() {
-        let v6_backend = SlotValue::Backend {
-            id: 1,
-            backend: BackendAddr::local("fd00::1".parse::<Ipv6Addr>().expect("v6"), 80),
-        };
-        assert_eq!(encode_value::<u32>(&v6_backend), None);
-        let v4_backend = SlotValue::Backend {
-            id: 1,
-            backend: BackendAddr::local(Ipv4Addr::LOCALHOST, 80),
-        };
-        assert_eq!(encode_value::<Ipv6Words>(&v4_backend), None);
+    fn a_backend_never_goes_into_the_other_family_s_map() {
+        let v6 = BackendAddr::local("fd00::1".parse::<Ipv6Addr>().expect("v6"), 80);
+        assert_eq!(encode_backend::<u32>(&v6, Protocol::Tcp), None);
+        let v4 = BackendAddr::local(Ipv4Addr::LOCALHOST, 80);
+        assert_eq!(encode_backend::<Ipv6Words>(&v4, Protocol::Tcp), None);
     }
 
     #[test]

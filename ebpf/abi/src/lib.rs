@@ -36,7 +36,7 @@ pub use self::{
 pub const LAYOUT_VERSION: u32 = 1;
 
 const _: () = assert!(size_of::<ServiceKey>() == 12);
-const _: () = assert!(size_of::<ServiceEntry>() == 24);
+const _: () = assert!(size_of::<ServiceEntry>() == 20);
 const _: () = assert!(size_of::<Backend>() == 8);
 const _: () = assert!(size_of::<ReverseKey>() == 16);
 const _: () = assert!(size_of::<ReverseEntry>() == 12);
@@ -58,7 +58,6 @@ const _: () = assert!(size_of::<FragmentPorts>() == 4);
 const _: () = assert!(size_of::<MaglevKey>() == 8);
 const _: () = assert!(size_of::<FrontendName>() == 152);
 const _: () = assert!(size_of::<ServiceKey6>() == 24);
-const _: () = assert!(size_of::<ServiceEntry6>() == 36);
 const _: () = assert!(size_of::<Backend6>() == 20);
 const _: () = assert!(size_of::<ReverseKey6>() == 32);
 const _: () = assert!(size_of::<ReverseEntry6>() == 24);
@@ -98,7 +97,6 @@ mod pod {
     unsafe impl aya::Pod for super::TraceEvent {}
     unsafe impl aya::Pod for super::TraceControl {}
     unsafe impl aya::Pod for super::ServiceKey6 {}
-    unsafe impl aya::Pod for super::ServiceEntry6 {}
     unsafe impl aya::Pod for super::Backend6 {}
     unsafe impl aya::Pod for super::ReverseKey6 {}
     unsafe impl aya::Pod for super::ReverseEntry6 {}

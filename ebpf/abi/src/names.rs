@@ -4,9 +4,12 @@
 
 /// Map names as the kernel and bpffs see them (at most 15 bytes).
 pub mod map_names {
-    /// [`crate::ServiceKey`] -> [`crate::ServiceEntry`]: frontends and their backend slots.
-    /// Not preallocated (`_v1` was).
-    pub const SERVICES: &str = "socklb_svc_v2";
+    /// [`crate::ServiceKey`] -> [`crate::ServiceEntry`]: frontends (master entries only;
+    /// `_v2` held the backend slots too, and `_v1` was preallocated).
+    pub const SERVICES: &str = "socklb_svc_v3";
+    /// Array of backend ids (`u32`, mmapable): each frontend's backend slots, at the range
+    /// its [`crate::ServiceEntry`] names. Both families' frontends share it.
+    pub const SLOTS: &str = "socklb_slot_v1";
     /// Array of [`crate::Backend`] indexed by backend id (the agent hands out the lowest
     /// free one); an id no backend holds reads as zeros. `_v2` was a hash map.
     pub const BACKENDS: &str = "socklb_be_v3";
@@ -75,10 +78,10 @@ pub mod map_names {
     /// pinned: it belongs to the running agent and is empty between sweeps.
     pub const GONE: &str = "socklb_gone_v1";
 
-    /// [`crate::ServiceKey6`] -> [`crate::ServiceEntry6`]: IPv6 frontends and their backend
-    /// slots. Service and backend ids are one space across both families, so the affinity,
+    /// [`crate::ServiceKey6`] -> [`crate::ServiceEntry`]: IPv6 frontends (`_v1` held their
+    /// backend slots too). Service ids are one space across both families, so the affinity,
     /// Maglev and names maps serve both.
-    pub const SERVICES6: &str = "socklb_svc6_v1";
+    pub const SERVICES6: &str = "socklb_svc6_v2";
     /// backend id (`u32`, bit 31 set: IPv6 ids are their own) -> [`crate::Backend6`].
     pub const BACKENDS6: &str = "socklb_be6_v1";
     /// [`crate::ReverseKey6`] -> [`crate::ReverseEntry6`] (LRU): [`REVERSE`] for IPv6.
@@ -114,8 +117,9 @@ pub mod map_names {
     pub const PROGRAM_LOCAL: [&str; 2] = [SCRATCH6, REJECT_BUDGET];
 
     /// Every map socklb pins, in the order the agent reports them.
-    pub const ALL: [&str; 31] = [
+    pub const ALL: [&str; 32] = [
         SERVICES,
+        SLOTS,
         BACKENDS,
         SERVICES6,
         BACKENDS6,
@@ -150,7 +154,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 15] = [
+    pub const RETIRED: [&str; 17] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
@@ -159,7 +163,9 @@ pub mod map_names {
         "socklb_cnt_v6",
         "socklb_cnt_v7",
         "socklb_node_v1",
-        RETIRED_SERVICES,
+        RETIRED_SERVICES[0],
+        RETIRED_SERVICES[1],
+        "socklb_svc6_v1",
         "socklb_be_v1",
         "socklb_be_v2",
         // IPv4-only trace events and filters.
@@ -176,10 +182,10 @@ pub mod map_names {
     /// agent and are simply [`RETIRED`].
     pub const RENAMED: [(&str, &str); 1] = [("socklb_ctnew_v1", CONNTRACK_NEW)];
 
-    /// The service map of the previous layout (preallocated; same key and value as
-    /// [`SERVICES`]): the frontends it holds were serving, so the agent reads them before
-    /// removing its pin and gives them the room first in the new map.
-    pub const RETIRED_SERVICES: &str = "socklb_svc_v1";
+    /// The service maps of the previous layouts (with [`SERVICES`]' key, and the backend
+    /// slots in the same map): the frontends they hold were serving, so the agent reads
+    /// them before removing their pins and gives them the room first in the new map.
+    pub const RETIRED_SERVICES: [&str; 2] = ["socklb_svc_v1", "socklb_svc_v2"];
 }
 
 /// Names of the kernel programs (the functions in socklb-ebpf), one per hook.

@@ -1,5 +1,5 @@
-//! The service map (frontends and their backend slots), the backend map, the Maglev
-//! table and the frontends' names, with the constants their fields hold.
+//! The service map (frontends), the slot array (their backends, by id), the backend map,
+//! the Maglev table and the frontends' names, with the constants their fields hold.
 
 use crate::Ipv6Words;
 
@@ -31,16 +31,17 @@ pub struct MaglevKey {
     pub index: u32,
 }
 
-/// [`ServiceEntry::flags`] of a backend slot, and [`Backend::flags`]: the backend runs on
-/// another node, so traffic from outside reaching it through this node is SNATed to this
-/// node's address (else the replies would bypass this node).
+/// [`Backend::flags`]: the backend runs on another node, so traffic from outside reaching
+/// it through this node is SNATed to this node's address (else the replies would bypass
+/// this node).
 pub const BACKEND_FLAG_REMOTE: u8 = 1 << 0;
 
 /// Highest backend slot a service may have (slots are `1..=count`).
 pub const MAX_BACKENDS_PER_SERVICE: u16 = u16::MAX;
 
-/// Key of the service map. Slot 0 is the frontend's master entry, slots `1..=count` hold
-/// its backends.
+/// Key of the service map: a frontend. `slot` is always 0 (the map holds master entries
+/// only; older layouts kept the backend slots here too, and the field keeps their keys
+/// readable).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey<A = u32> {
@@ -56,28 +57,25 @@ pub struct ServiceKey<A = u32> {
     pub pad: u16,
 }
 
-/// Value of the service map. The master entry (slot 0) uses `count`, `flags`, `service_id`
-/// and `affinity_timeout_s`; a backend slot uses `backend_id` and carries the backend's
-/// address and port too, so that translating a connection needs no backend-map lookup.
+/// Value of the service map of both families: a frontend's master entry. Its backends are
+/// the backend ids of the slot array at `first_slot .. first_slot + count` (slot `n` is
+/// index `first_slot + n - 1`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct ServiceEntry<A = u32> {
-    /// Slot: the backend's id (key of the backend map).
-    pub backend_id: u32,
-    /// Slot: the backend's address, network byte order.
-    pub backend_address: A,
-    /// Slot: the backend's port, network byte order.
-    pub backend_port: u16,
-    /// Master: number of backend slots; 0 means "known frontend, no usable backend".
+pub struct ServiceEntry {
+    /// Number of backend slots; 0 means "known frontend, no usable backend".
     pub count: u16,
-    /// Master: `SERVICE_FLAG_*` bits. Slot: the backend's `BACKEND_FLAG_*` bits.
+    /// `SERVICE_FLAG_*` bits.
     pub flags: u16,
-    pub pad: u16,
-    /// Master: stable id of the frontend, for the reverse and affinity maps.
+    /// Stable id of the frontend, for the reverse and affinity maps.
     pub service_id: u32,
-    /// Master: sessionAffinityConfig.clientIP.timeoutSeconds, when
-    /// [`SERVICE_FLAG_AFFINITY`] is set.
+    /// sessionAffinityConfig.clientIP.timeoutSeconds, when [`SERVICE_FLAG_AFFINITY`] is set.
     pub affinity_timeout_s: u32,
+    /// Index of slot 1 in the slot array.
+    pub first_slot: u32,
+    /// Slots the agent reserved from `first_slot` on (a power of two, at least `count`; 0
+    /// without slots): only the agent reads it, to find its reservations again.
+    pub slot_room: u32,
 }
 
 /// Value of the backend map (index or key: backend id, `u32`, never 0). All zeros in the
@@ -94,14 +92,18 @@ pub struct Backend<A = u32> {
     pub flags: u8,
 }
 
+/// Value of the slot array: two backend slots. An array's entries are 8-byte aligned, so a
+/// map of single `u32`s would spend as much on padding, and would not map into memory as one
+/// run of ids; slot `i` is half `i % 2` of entry `i / 2`.
+pub type SlotPair = [u32; 2];
+
+/// Bit 31 of a backend id: the backend is IPv6 (its entry is in the IPv6 backend map).
+pub const BACKEND_ID_IPV6: u32 = 1 << 31;
+
 /// [`ServiceKey`] of an IPv6 frontend.
 pub type ServiceKey6 = ServiceKey<Ipv6Words>;
 
-/// [`ServiceEntry`] of an IPv6 frontend: the same fields, with the backend's address
-/// 16 bytes wide.
-pub type ServiceEntry6 = ServiceEntry<Ipv6Words>;
-
-/// [`Backend`] of an IPv6 endpoint (key: backend id, from the same space as IPv4's).
+/// [`Backend`] of an IPv6 endpoint (key: backend id, with [`BACKEND_ID_IPV6`]).
 pub type Backend6 = Backend<Ipv6Words>;
 
 /// Value of the names map: the Service a frontend belongs to, NUL-padded UTF-8.

@@ -12,7 +12,7 @@ use crate::{
     context::SockAddr,
     counters::bump,
     family, log,
-    maps::{AFFINITY, MAGLEV, NODE},
+    maps::{AFFINITY, MAGLEV, NODE, SLOTS},
     packet::Tuple,
     socket_family::{self, Master},
 };
@@ -37,14 +37,13 @@ pub enum Pick {
 pub fn for_socket<F: socket_family::Family>(
     sock: &SockAddr,
     master: &Master,
-    key: &mut F::ServiceKey,
     cookie: u64,
     pick: Pick,
 ) -> Option<(socket_family::Slot<F::Address>, u16, bool)> {
     let count = master.count;
     if master.flags & SERVICE_FLAG_AFFINITY == 0 {
         let slot = pick_slot(pick, count, cookie);
-        return Some((backend_in_slot::<F>(key, slot)?, slot, false));
+        return Some((backend_in_slot::<F>(master, slot)?, slot, false));
     }
 
     // SAFETY: helper without arguments.
@@ -58,14 +57,14 @@ pub fn for_socket<F: socket_family::Family>(
     if let Some(entry) = AFFINITY.get_ptr_mut(&affinity_key)
         && let Some((backend, slot)) =
             remembered(entry, master.affinity_timeout_s, count, now, true, |slot| {
-                backend_in_slot::<F>(key, slot).map(|backend| (backend, backend.backend_id))
+                backend_in_slot::<F>(master, slot).map(|backend| (backend, backend.backend_id))
             })
     {
         return Some((backend, slot, true));
     }
 
     let slot = pick_slot(pick, count, cookie);
-    let backend = backend_in_slot::<F>(key, slot)?;
+    let backend = backend_in_slot::<F>(master, slot)?;
     // A full LRU that cannot take the entry costs the affinity of this one connection,
     // never the connection: counted, and the draw stands.
     let entry = affinity_entry(now, backend.backend_id, slot);
@@ -76,16 +75,26 @@ pub fn for_socket<F: socket_family::Family>(
     Some((backend, slot, false))
 }
 
-/// The slot entry of a socket's frontend: backend id, address and port.
+/// The backend in `slot` (`1..=count`) of a socket's frontend: id, address and port;
+/// `None` if the slot array has no such index or its id names no backend of this family.
 #[inline(always)]
 fn backend_in_slot<F: socket_family::Family>(
-    key: &mut F::ServiceKey,
+    master: &Master,
     slot: u16,
 ) -> Option<socket_family::Slot<F::Address>> {
-    F::set_slot(key, slot);
-    let entry = F::services().get_ptr(key)?;
-    // SAFETY: pointer from a successful lookup; copied out at once.
-    Some(F::slot(unsafe { &*entry }))
+    F::backend(slot_id(master.first_slot, slot)?)
+}
+
+/// The backend id in `slot` (`1..=count`) of the frontend whose slots start at
+/// `first_slot`; `None` past the slot array's end.
+#[inline(always)]
+pub fn slot_id(first_slot: u32, slot: u16) -> Option<u32> {
+    let index = first_slot.checked_add(u32::from(slot))?.checked_sub(1)?;
+    let pair = SLOTS.get_ptr(index >> 1)?;
+    // SAFETY: pointer from a successful lookup, to 8 aligned bytes: read in one load, whose
+    // halves are the slots (little-endian: the even one low).
+    let both = unsafe { *pair.cast::<u64>() };
+    Some((both >> ((index & 1) * 32)) as u32)
 }
 
 /// The backend slot of a new flow of the per-packet path, and its number: the client's
@@ -94,9 +103,8 @@ fn backend_in_slot<F: socket_family::Family>(
 /// `record`. `None` (logged): the slot is missing, or the affinity entry was not written.
 #[inline(always)]
 pub fn for_flow<F: family::Family>(
-    master: &family::Slot<F::Addr>,
+    master: &family::Master,
     tuple: &Tuple<F::Addr>,
-    scope: u8,
     count: u32,
     record: bool,
 ) -> Option<(family::Slot<F::Addr>, u16, u8)> {
@@ -112,7 +120,7 @@ pub fn for_flow<F: family::Family>(
             master.count,
             now_ns,
             record,
-            |slot| F::service(tuple, scope, slot).map(|backend| ((), backend.backend_id)),
+            |slot| family::backend_slot::<F>(master, slot).map(|backend| ((), backend.backend_id)),
         )
         .map(|((), slot)| slot)
     });
@@ -130,7 +138,7 @@ pub fn for_flow<F: family::Family>(
             ((draw % count + 1) as u16, TRACE_REASON_RANDOM)
         }
     };
-    let Some(backend) = F::service(tuple, scope, slot) else {
+    let Some(backend) = family::backend_slot::<F>(master, slot) else {
         F::log_missing_slot(tuple.destination, tuple.destination_port, count, slot);
         return None;
     };
@@ -193,7 +201,7 @@ fn affinity_entry(now_ns: u64, backend_id: u32, slot: u16) -> AffinityEntry {
 /// count (a table being rewritten) falls back to a random slot.
 #[inline(always)]
 fn maglev_slot<F: family::Family>(
-    master: &family::Slot<F::Addr>,
+    master: &family::Master,
     tuple: &Tuple<F::Addr>,
     count: u32,
 ) -> Option<u16> {

@@ -8,9 +8,9 @@ use aya_ebpf::{
     btf_maps::{LruHashMap, lpm_trie::Key},
 };
 use socklb_abi::{
-    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityKey6, CtEntry, CtEntry6, CtKey,
-    CtKey6, Ipv6Words, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS, SOURCE_RANGE6_FRONTEND_BITS,
-    ServiceKey, ServiceKey6, SourceRange, SourceRange6, ipv6_octets,
+    AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, CtEntry,
+    CtEntry6, CtKey, CtKey6, Ipv6Words, SOURCE_ALLOW, SOURCE_RANGE_FRONTEND_BITS,
+    SOURCE_RANGE6_FRONTEND_BITS, ServiceKey, ServiceKey6, SourceRange, SourceRange6, ipv6_octets,
 };
 
 use crate::{
@@ -26,16 +26,24 @@ use crate::{
     trace::TracedValue,
 };
 
-/// An entry of the service map: the master (slot 0) or a backend slot.
+/// A frontend's master entry, copied out of the service map.
+#[derive(Clone, Copy)]
+pub struct Master {
+    pub count: u16,
+    pub flags: u16,
+    pub service_id: u32,
+    pub affinity_timeout_s: u32,
+    pub first_slot: u32,
+}
+
+/// The backend in one of a frontend's slots.
 #[derive(Clone, Copy)]
 pub struct Slot<A> {
     pub backend_id: u32,
     pub backend_address: A,
     pub backend_port: u16,
-    pub count: u16,
-    pub flags: u16,
-    pub service_id: u32,
-    pub affinity_timeout_s: u32,
+    /// `BACKEND_FLAG_*` bits.
+    pub flags: u8,
 }
 
 /// A conntrack table of one family.
@@ -61,11 +69,18 @@ pub trait Family: Sized + 'static {
     fn ct_key(key: &CtKey<Self::Addr>) -> &CtKey<Self::Addr>;
     fn ct_entry(entry: &CtEntry<Self::Addr>) -> &CtEntry<Self::Addr>;
 
-    /// The service map entry, of `scope` (`SCOPE_*`) at `slot` (0: the master), of the
-    /// frontend a packet of `tuple` is addressed to.
-    fn service(tuple: &Tuple<Self::Addr>, scope: u8, slot: u16) -> Option<Slot<Self::Addr>>;
+    /// The master entry, of `scope` (`SCOPE_*`), of the frontend a packet of `tuple` is
+    /// addressed to.
+    fn master(tuple: &Tuple<Self::Addr>, scope: u8) -> Option<Master>;
+    /// A backend's entry by id; `None` if no backend of this family holds the id.
+    fn backend_entry(id: u32) -> Option<Backend<Self::Addr>>;
+
     /// A backend's address and port, by id.
-    fn backend(id: u32) -> Option<(Self::Addr, u16)>;
+    #[inline(always)]
+    fn backend(id: u32) -> Option<(Self::Addr, u16)> {
+        let backend = Self::backend_entry(id)?;
+        Some((backend.address, backend.port))
+    }
 
     /// ClientIP affinity of clients outside the node.
     fn affinity() -> &'static LruHashMap<Self::AffinityKey, AffinityEntry, AFFINITY_CAPACITY>;
@@ -121,32 +136,44 @@ static ZERO_ENTRY6: CtEntry6 = CtEntry6 {
     sequence_high: 0,
 };
 
-/// The service map lookup, copied out at once (the same fields in both families).
-macro_rules! service_lookup {
+/// The master entry lookup, copied out at once (the same fields in both families).
+macro_rules! master_lookup {
     ($services:ident, $key:ident) => {
         #[inline(always)]
-        fn service(tuple: &Tuple<Self::Addr>, scope: u8, slot: u16) -> Option<Slot<Self::Addr>> {
+        fn master(tuple: &Tuple<Self::Addr>, scope: u8) -> Option<Master> {
             let key = $key {
                 address: tuple.destination,
                 port: tuple.destination_port,
                 protocol: tuple.protocol,
                 scope,
-                slot,
+                slot: 0,
                 pad: 0,
             };
             // SAFETY: pointer from a successful lookup; copied out at once.
             let entry = unsafe { *$services.get_ptr(&key)? };
-            Some(Slot {
-                backend_id: entry.backend_id,
-                backend_address: entry.backend_address,
-                backend_port: entry.backend_port,
+            Some(Master {
                 count: entry.count,
                 flags: entry.flags,
                 service_id: entry.service_id,
                 affinity_timeout_s: entry.affinity_timeout_s,
+                first_slot: entry.first_slot,
             })
         }
     };
+}
+
+/// The backend in `slot` (`1..=count`) of `master`'s frontend; `None` if the slot array has
+/// no such index or its id names no backend of this family (an id being replaced).
+#[inline(always)]
+pub fn backend_slot<F: Family>(master: &Master, slot: u16) -> Option<Slot<F::Addr>> {
+    let id = backend::slot_id(master.first_slot, slot)?;
+    let backend = F::backend_entry(id)?;
+    Some(Slot {
+        backend_id: id,
+        backend_address: backend.address,
+        backend_port: backend.port,
+        flags: backend.flags,
+    })
 }
 
 impl Family for V4 {
@@ -176,14 +203,14 @@ impl Family for V4 {
         entry
     }
 
-    service_lookup!(SERVICES, ServiceKey);
+    master_lookup!(SERVICES, ServiceKey);
 
-    /// An id no backend holds reads as zeros, which match no flow's backend.
     #[inline(always)]
-    fn backend(id: u32) -> Option<(Self::Addr, u16)> {
+    fn backend_entry(id: u32) -> Option<Backend> {
         // SAFETY: pointer from a successful lookup; copied out at once.
         let backend = unsafe { *BACKENDS.get_ptr(id)? };
-        Some((backend.address, backend.port))
+        // All zeros: no backend holds the id (the agent always writes the protocol).
+        (backend.protocol != 0).then_some(backend)
     }
 
     #[inline(always)]
@@ -315,13 +342,12 @@ impl Family for V6 {
         }
     }
 
-    service_lookup!(SERVICES6, ServiceKey6);
+    master_lookup!(SERVICES6, ServiceKey6);
 
     #[inline(always)]
-    fn backend(id: u32) -> Option<(Self::Addr, u16)> {
+    fn backend_entry(id: u32) -> Option<Backend6> {
         // SAFETY: pointer from a successful lookup; copied out at once.
-        let backend = unsafe { *BACKENDS6.get_ptr(&id)? };
-        Some((backend.address, backend.port))
+        Some(unsafe { *BACKENDS6.get_ptr(&id)? })
     }
 
     #[inline(always)]

@@ -576,16 +576,16 @@ fn new_flow_here<F: Family, S: Side>(
     if !frontend_filter::may_be_frontend(tuple) {
         return Ok(Flow::NotOurs);
     }
-    let (master, scope) = match F::service(tuple, S::SCOPE, 0) {
-        Some(master) => (master, S::SCOPE),
+    let master = match F::master(tuple, S::SCOPE) {
+        Some(master) => master,
         None => {
             let Some(scope) = side::fallback_scope::<S>() else {
                 return Ok(Flow::NotOurs);
             };
-            let Some(master) = F::service(tuple, scope, 0) else {
+            let Some(master) = F::master(tuple, scope) else {
                 return Ok(Flow::NotOurs);
             };
-            (master, scope)
+            master
         }
     };
     let mut decision = Decision {
@@ -615,7 +615,7 @@ fn new_flow_here<F: Family, S: Side>(
     // entry, whatever becomes of it.
     let forwardable = packet.ttl > 1;
     let (backend, slot, reason) =
-        backend::for_flow::<F>(&master, tuple, scope, count, forwardable).ok_or(Error)?;
+        backend::for_flow::<F>(&master, tuple, count, forwardable).ok_or(Error)?;
     decision.reason = reason;
     decision.backend = (&backend.backend_address, backend.backend_port);
     decision.slot = slot;

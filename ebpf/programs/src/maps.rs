@@ -9,8 +9,8 @@ use socklb_abi::{
     AffinityEntry, AffinityKey, AffinityKey6, Backend, Backend6, Counters, CtEntry, CtEntry6,
     CtKey, CtKey6, FLOW_FILTER_ENTRIES, FRONTEND_FILTER_ENTRIES, FragmentKey, FragmentKey6,
     FragmentPorts, FrontendName, GONE_CAPACITY, GoneKey, GoneKey6, MaglevKey, NodeConfig,
-    NodeConfig6, ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceEntry6,
-    ServiceKey, ServiceKey6, SocketFrontend, SocketFrontend6, SocketRecord, SocketRecordCount,
+    NodeConfig6, ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, ServiceEntry, ServiceKey,
+    ServiceKey6, SlotPair, SocketFrontend, SocketFrontend6, SocketRecord, SocketRecordCount,
     SourceRange, SourceRange6, SourceVerdict, TraceControl, TraceEvent,
 };
 
@@ -27,10 +27,17 @@ pub type SocketRing<T> = Array<T, 262144>;
 /// delete goes back to the BPF memory allocator, which may hand it out again at once, as the
 /// preallocated pool does: neither flavour waits for an RCU grace period before reuse. The
 /// programs copy an entry out right after its lookup, and the writer's order (slots before
-/// the count, deletions one sync later) with the programs' bounded re-read is what keeps a
-/// lookup consistent, whichever way the elements are allocated.
-#[btf_map(name = "socklb_svc_v2", pin_by_name)]
+/// the count, ranges freed one sync later) with the programs' bounded re-read is what keeps
+/// a lookup consistent, whichever way the elements are allocated.
+#[btf_map(name = "socklb_svc_v3", pin_by_name)]
 pub static SERVICES: ServiceMap<ServiceKey, ServiceEntry> = HashMap::new();
+
+/// The frontends' backend slots: backend ids, each frontend's at the range its master entry
+/// names. An array the agent maps and writes with plain stores: a million slots cost a
+/// million hash-map inserts before, about half of a first sync of 100,000 Services. A slot
+/// is one aligned word, so a program reads either its old or its new id.
+#[btf_map(name = "socklb_slot_v1", pin_by_name)]
+pub static SLOTS: Array<SlotPair, 32768, { BPF_F_MMAPABLE as usize }> = Array::new();
 
 /// Indexed by backend id: the agent hands out the lowest free ids, so the array is about
 /// as large as the backends it holds, and a million of them are written in a tenth of the
@@ -39,8 +46,8 @@ pub static SERVICES: ServiceMap<ServiceKey, ServiceEntry> = HashMap::new();
 pub static BACKENDS: Array<Backend, 65536> = Array::new();
 
 /// IPv6 frontends: [`SERVICES`] with 16-byte addresses. The agent sizes it as [`SERVICES`].
-#[btf_map(name = "socklb_svc6_v1", pin_by_name)]
-pub static SERVICES6: ServiceMap<ServiceKey6, ServiceEntry6> = HashMap::new();
+#[btf_map(name = "socklb_svc6_v2", pin_by_name)]
+pub static SERVICES6: ServiceMap<ServiceKey6, ServiceEntry> = HashMap::new();
 
 /// IPv6 backends, by ids of their own (bit 31 set, so that an id says its map).
 #[btf_map(name = "socklb_be6_v1", pin_by_name)]

@@ -59,7 +59,7 @@ impl Side for External {
     /// A backend on another node would answer the client directly, past this node.
     #[inline(always)]
     fn snat<A: Address>(backend: &Slot<A>, _client: A) -> bool {
-        backend.flags & u16::from(BACKEND_FLAG_REMOTE) != 0
+        backend.flags & BACKEND_FLAG_REMOTE != 0
     }
 
     #[inline(always)]

@@ -100,9 +100,9 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
     }
     let frontend_address = F::destination(sock);
     let frontend_port = sock.port();
-    let mut key = F::service_key(frontend_address, frontend_port, protocol);
+    let key = F::service_key(frontend_address, frontend_port, protocol);
     // The one lookup every non-frontend destination pays.
-    let Some(mut master) = master_entry::<F>(&mut key) else {
+    let Some(mut master) = master_entry::<F>(&key) else {
         return Ok(Forward::Untouched);
     };
     let cookie = sock.socket_cookie();
@@ -119,13 +119,13 @@ pub fn translate<F: Family>(sock: &SockAddr, protocol: u8, call: Call) -> Result
             trace::socket(&decision, sock, cookie);
             return Ok(Forward::NoBackend);
         }
-        chosen = backend::for_socket::<F>(sock, &master, &mut key, cookie, pick);
+        chosen = backend::for_socket::<F>(sock, &master, cookie, pick);
         if chosen.is_some() {
             break;
         }
         // The slot drawn is gone: the backend set changed since the master was read.
         // Read it again and draw from the new set.
-        let Some(now) = master_entry::<F>(&mut key) else {
+        let Some(now) = master_entry::<F>(&key) else {
             return Ok(Forward::Untouched);
         };
         master = now;
@@ -199,10 +199,9 @@ fn in_scope(sock: &SockAddr) -> bool {
     netns == only || (listed != 0 && unsafe { SOCKET_LB_NAMESPACES.get(&netns) }.is_some())
 }
 
-/// The frontend's master entry (slot 0), copied out.
+/// The frontend's master entry, copied out.
 #[inline(always)]
-fn master_entry<F: Family>(key: &mut F::ServiceKey) -> Option<Master> {
-    F::set_slot(key, 0);
+fn master_entry<F: Family>(key: &F::ServiceKey) -> Option<Master> {
     let master = F::services().get_ptr(key)?;
     // SAFETY: pointer from a successful lookup; copied out at once.
     Some(F::master(unsafe { &*master }))

@@ -4,11 +4,12 @@
 //! path does the same work as before IPv6 existed.
 use socklb_abi::{
     Ipv6Words, ReverseEntry, ReverseEntry6, ReverseKey, ReverseKey6, SCOPE_INTERNAL, ServiceEntry,
-    ServiceEntry6, ServiceKey, ServiceKey6, SocketFrontend, SocketFrontend6,
+    ServiceKey, ServiceKey6, SocketFrontend, SocketFrontend6,
 };
 
 use crate::{
     context::SockAddr,
+    family::{self, Family as _},
     log,
     maps::{
         REVERSE, REVERSE6, ReverseMap, SERVICES, SERVICES6, SOCKETS, SOCKETS6, ServiceMap,
@@ -100,12 +101,13 @@ impl<A: Address> Frontend<A> {
     }
 }
 
-/// The master entry's fields (slot 0).
+/// The master entry's fields.
 pub struct Master {
     pub count: u16,
     pub flags: u16,
     pub service_id: u32,
     pub affinity_timeout_s: u32,
+    pub first_slot: u32,
 }
 
 /// A backend slot's fields.
@@ -144,9 +146,9 @@ pub trait Family {
 
     /// The internal-scope key of a frontend's master entry.
     fn service_key(address: Self::Address, port: u16, protocol: u8) -> Self::ServiceKey;
-    fn set_slot(key: &mut Self::ServiceKey, slot: u16);
     fn master(entry: &Self::ServiceEntry) -> Master;
-    fn slot(entry: &Self::ServiceEntry) -> Slot<Self::Address>;
+    /// The backend holding `id`; `None` if no backend of this family holds it.
+    fn backend(id: u32) -> Option<Slot<Self::Address>>;
 
     fn reverse_key(cookie: u64, backend: Self::Address, port: u16) -> Self::ReverseKey;
     fn reverse_entry(frontend: &Frontend<Self::Address>) -> Self::ReverseEntry;
@@ -167,7 +169,18 @@ pub trait Family {
 /// The methods whose bodies are the same for both families: the ABI gives the IPv4 and
 /// IPv6 entries the same field names, only the address type differs.
 macro_rules! same_fields {
-    ($key:ident, $entry:ident, $reverse_entry:ident, $socket:ident) => {
+    ($key:ident, $entry:ident, $reverse_entry:ident, $socket:ident, $packets:ty) => {
+        /// The backend map is the per-packet path's family's.
+        #[inline(always)]
+        fn backend(id: u32) -> Option<Slot<Self::Address>> {
+            let backend = <$packets>::backend_entry(id)?;
+            Some(Slot {
+                backend_id: id,
+                address: backend.address,
+                port: backend.port,
+            })
+        }
+
         #[inline(always)]
         fn service_key(address: Self::Address, port: u16, protocol: u8) -> $key {
             $key {
@@ -181,26 +194,13 @@ macro_rules! same_fields {
         }
 
         #[inline(always)]
-        fn set_slot(key: &mut $key, slot: u16) {
-            key.slot = slot;
-        }
-
-        #[inline(always)]
         fn master(entry: &$entry) -> Master {
             Master {
                 count: entry.count,
                 flags: entry.flags,
                 service_id: entry.service_id,
                 affinity_timeout_s: entry.affinity_timeout_s,
-            }
-        }
-
-        #[inline(always)]
-        fn slot(entry: &$entry) -> Slot<Self::Address> {
-            Slot {
-                backend_id: entry.backend_id,
-                address: entry.backend_address,
-                port: entry.backend_port,
+                first_slot: entry.first_slot,
             }
         }
 
@@ -257,7 +257,13 @@ impl Family for V4 {
 
     const RECORD_FAMILY: u8 = 4;
 
-    same_fields!(ServiceKey, ServiceEntry, ReverseEntry, SocketFrontend);
+    same_fields!(
+        ServiceKey,
+        ServiceEntry,
+        ReverseEntry,
+        SocketFrontend,
+        family::V4
+    );
 
     #[inline(always)]
     fn words(address: u32) -> Ipv6Words {
@@ -309,14 +315,20 @@ impl Family for V4 {
 impl Family for V6 {
     type Address = Ipv6Words;
     type ServiceKey = ServiceKey6;
-    type ServiceEntry = ServiceEntry6;
+    type ServiceEntry = ServiceEntry;
     type ReverseKey = ReverseKey6;
     type ReverseEntry = ReverseEntry6;
     type SocketFrontend = SocketFrontend6;
 
     const RECORD_FAMILY: u8 = 6;
 
-    same_fields!(ServiceKey6, ServiceEntry6, ReverseEntry6, SocketFrontend6);
+    same_fields!(
+        ServiceKey6,
+        ServiceEntry,
+        ReverseEntry6,
+        SocketFrontend6,
+        family::V6
+    );
 
     #[inline(always)]
     fn words(address: Ipv6Words) -> Ipv6Words {
@@ -324,7 +336,7 @@ impl Family for V6 {
     }
 
     #[inline(always)]
-    fn services() -> &'static ServiceMap<ServiceKey6, ServiceEntry6> {
+    fn services() -> &'static ServiceMap<ServiceKey6, ServiceEntry> {
         &SERVICES6
     }
 

@@ -33,10 +33,16 @@ const STAGES: [usize; 3] = [100, 2_000, 20_000];
 const ENDPOINTS: usize = 5;
 const NODE_PORT: u16 = 30140;
 
-/// The maps that grow here: the IPv4 service and backend maps, and the names of all
-/// frontends. Every other map must stay the same object, entries and all: the IPv6 twins
-/// among them, which grow with IPv6 frontends only, and this node has none.
-const GROWN: [&str; 3] = [map_names::SERVICES, map_names::BACKENDS, map_names::NAMES];
+/// The maps that grow here: the IPv4 service and backend maps, the slot array of both
+/// families, and the names of all frontends. Every other map must stay the same object,
+/// entries and all: the IPv6 twins among them, which grow with IPv6 frontends only, and
+/// this node has none.
+const GROWN: [&str; 4] = [
+    map_names::SERVICES,
+    map_names::SLOTS,
+    map_names::BACKENDS,
+    map_names::NAMES,
+];
 
 #[test]
 fn maps_grow_from_100_to_20000_services_under_load_and_keep_every_flow() {
@@ -236,11 +242,15 @@ fn wait_for_entries(pin_dir: &Path, services: usize, agent: &Agent) {
     }
 }
 
+/// Master entries and the slots they count.
 fn service_entries(pin_dir: &Path) -> usize {
     let data = MapData::from_pin(pin_dir.join(map_names::SERVICES)).expect("the service map");
     let map: HashMap<_, ServiceKey, ServiceEntry> =
         HashMap::try_from(Map::HashMap(data)).expect("a hash map");
-    map.keys().filter_map(Result::ok).count()
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(_, master)| 1 + usize::from(master.count))
+        .sum()
 }
 
 fn affinity_entries(pin_dir: &Path) -> BTreeMap<(u64, u32), u32> {

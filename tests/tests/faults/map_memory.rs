@@ -106,5 +106,9 @@ fn service_entries(pin_dir: &Path) -> usize {
     let map: HashMap<_, ServiceKey, ServiceEntry> = Map::HashMap(map)
         .try_into()
         .expect("the service map's key and value");
-    map.keys().count()
+    // Master entries and the slots they count.
+    map.iter()
+        .filter_map(Result::ok)
+        .map(|(_, master)| 1 + usize::from(master.count))
+        .sum()
 }

@@ -6,17 +6,20 @@
 //! Ids are dense within each family: the lowest free one is handed out, so that the IPv4
 //! backend map, an array indexed by id, is about as large as the backends it holds. IPv6
 //! ids carry [`IPV6_ID`], so that an id alone says which map holds it. An id freed by a
-//! removal may name another backend at a later apply: the programs compare a flow's
-//! backend address with the id's, and an affinity follows its slot, so a reused id never
-//! leads a flow to a backend it was not given.
+//! removal is deleted last in its apply and handed out again at a later one: a lookup that
+//! read it from a slot just before the slot changed finds its backend or nothing (and
+//! draws again), never another. The programs compare a flow's backend address with the
+//! id's, and an affinity follows its slot, so a reused id never leads a flow to a backend
+//! it was not given.
 use std::{collections::BTreeSet, hash::BuildHasher};
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::desired::{BackendAddr, Protocol};
 
-/// The bit that marks an IPv6 backend's id; the bits below are its index in its family.
-pub const IPV6_ID: u32 = 1 << 31;
+/// The bit that marks an IPv6 backend's id (the programs read it too); the bits below are
+/// its index in its family.
+pub const IPV6_ID: u32 = socklb_abi::BACKEND_ID_IPV6;
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {

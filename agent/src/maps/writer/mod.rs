@@ -452,6 +452,7 @@ impl<S: Store> Writer<S> {
             }
             *self.service_entries.of(key.frontend.address.is_ipv6()) -= 1;
         }
+        self.store.apply_started();
         while let Some(key) = self.strays.pop_first() {
             if let Err(error) = self.write(&mut report, Op::DeleteStray { key }) {
                 self.strays.insert(key);

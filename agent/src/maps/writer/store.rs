@@ -84,6 +84,9 @@ pub trait Store {
         ops.iter().try_for_each(|op| self.write(op))
     }
 
+    /// An apply starts: no lookup can be on its way to what the last one uncovered.
+    fn apply_started(&mut self) {}
+
     /// What the service map holds at `key` now (`None`: no entry).
     fn read_slot(&self, key: &SlotKey) -> std::io::Result<Option<SlotValue>>;
 

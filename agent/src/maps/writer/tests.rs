@@ -378,7 +378,7 @@ fn a_change_that_does_not_fit_leaves_the_frontend_as_it_was() {
         .expect("apply");
     assert_eq!(report.rejected.len(), 1, "{:?}", report.rejected);
     let message = report.rejected[0].to_string();
-    assert!(message.contains("socklb_svc_v2"), "{message}");
+    assert!(message.contains("socklb_svc_v3"), "{message}");
     assert!(message.contains("--max-service-entries"), "{message}");
     assert!(message.contains("keeps its previous state"), "{message}");
     assert_eq!(w.store.services, before);

@@ -6,7 +6,9 @@ use std::{
 };
 
 use aya::maps::{Array, HashMap, Map, MapData};
-use socklb_abi::{Backend, PROTO_TCP, SCOPE_INTERNAL, ServiceEntry, ServiceKey, map_names};
+use socklb_abi::{
+    Backend, PROTO_TCP, SCOPE_INTERNAL, ServiceEntry, ServiceKey, SlotPair, map_names,
+};
 use socklb_tests::Agent;
 
 use crate::{
@@ -22,6 +24,8 @@ const POLL: Duration = Duration::from_micros(50);
 
 pub struct Maps {
     services: HashMap<MapData, ServiceKey, ServiceEntry>,
+    /// Backend ids, two to an entry, each frontend's at the range its master entry names.
+    slots: Array<MapData, SlotPair>,
     /// Indexed by backend id; zeros where no backend holds the id.
     backends: Array<MapData, Backend>,
 }
@@ -37,6 +41,9 @@ impl Maps {
             services: Map::HashMap(open(map_names::SERVICES))
                 .try_into()
                 .expect("the service map's key and value types"),
+            slots: Map::Array(open(map_names::SLOTS))
+                .try_into()
+                .expect("the slot array's value type"),
             backends: Map::Array(open(map_names::BACKENDS))
                 .try_into()
                 .expect("the backend map's key and value types"),
@@ -45,22 +52,24 @@ impl Maps {
 
     /// Whether `address` is in one of the service's backend slots.
     pub fn serves(&self, service: u32, address: Ipv4Addr) -> bool {
-        let key = |slot: u16| ServiceKey {
+        let key = ServiceKey {
             address: u32::from(vip(service)).to_be(),
             port: SERVICE_PORT.to_be(),
             protocol: PROTO_TCP,
             scope: SCOPE_INTERNAL,
-            slot,
+            slot: 0,
             pad: 0,
         };
         let wanted = u32::from(address).to_be();
-        let Ok(master) = self.services.get(&key(0), 0) else {
+        let Ok(master) = self.services.get(&key, 0) else {
             return false;
         };
-        (1..=master.count).any(|slot| {
-            self.services
-                .get(&key(slot), 0)
-                .is_ok_and(|entry| entry.backend_address == wanted)
+        (0..u32::from(master.count)).any(|slot| {
+            let index = master.first_slot + slot;
+            self.slots
+                .get(&(index / 2), 0)
+                .and_then(|pair| self.backends.get(&pair[index as usize % 2], 0))
+                .is_ok_and(|backend| backend.address == wanted)
         })
     }
 
@@ -82,26 +91,39 @@ impl Maps {
         }
     }
 
-    /// Entries of the service map, and backends in the backend array.
-    pub fn entries(&self) -> (usize, usize) {
+    /// Master entries and the slots they count, and backends in the backend array.
+    pub fn entries(&self) -> (usize, usize, usize) {
         let none = Backend::default();
         let backends = self
             .backends
             .iter()
             .filter(|b| b.as_ref().is_ok_and(|b| *b != none));
-        (self.services.keys().count(), backends.count())
+        let masters: Vec<ServiceEntry> = self
+            .services
+            .iter()
+            .filter_map(Result::ok)
+            .map(|(_, entry)| entry)
+            .collect();
+        let slots = masters.iter().map(|m| usize::from(m.count)).sum();
+        (masters.len(), slots, backends.count())
     }
 }
 
 /// Every service must have a master entry and ENDPOINTS_PER_SERVICE slots, every endpoint
-/// one backend: the numbers are only worth reporting for fully programmed maps.
+/// one backend: the numbers are only worth reporting for fully programmed maps. Gives the
+/// service-map entries (masters and slots, as before the slot array) and the backends.
 pub fn check_maps(maps: &Maps, services: u32) -> (usize, usize) {
-    let (service_entries, backends) = maps.entries();
-    let expected = services as usize * (1 + ENDPOINTS_PER_SERVICE as usize);
+    let (masters, slots, backends) = maps.entries();
     assert_eq!(
-        service_entries, expected,
-        "service map entries: {services} services x (1 + {ENDPOINTS_PER_SERVICE}) expected"
+        masters, services as usize,
+        "one master entry per service expected"
     );
+    assert_eq!(
+        slots,
+        services as usize * ENDPOINTS_PER_SERVICE as usize,
+        "{ENDPOINTS_PER_SERVICE} slots per service expected"
+    );
+    let service_entries = masters + slots;
     assert_eq!(
         backends,
         services as usize * ENDPOINTS_PER_SERVICE as usize,
