@@ -24,11 +24,10 @@ fn should_be_updated_after_adding_or_deleting_ports(path: PodPath) {
     let (port80, port81) = (at(vip(30), 80), at(vip(30), 81));
     tb.serve(one_port(), ("portname1", 100, "TCP"), &[pod1]);
     wait_for(&tb, exec, "tcp", port80, &["pod11"]);
-    assert_eq!(
-        tb.probe(exec, "tcp", port81, 1)[0].error.as_deref(),
-        Some(path.not_served(exec)),
-        "port 81 is not a port of the Service yet"
-    );
+    // Port 81 is not a port of the Service yet. Waited for like the other answers: once, in
+    // a CI run, one connect here ended in POLLHUP with no socket error at all (not seen
+    // again in 45 runs, under load or not).
+    wait_for(&tb, exec, "tcp", port81, &[&not_served(&tb, exec)]);
 
     // The second port's endpoints are in a slice of their own.
     tb.api
