@@ -152,8 +152,6 @@ impl<S: Store> Writer<S> {
             .into_iter()
             .map(|(id, addr, _)| (id, addr.address))
             .collect();
-        let backend_entries: HashMap<u32, BackendAddr> =
-            adopted.iter().map(|(id, addr, _)| (*id, *addr)).collect();
         for (id, addr, protocol) in adopted {
             let Some(protocol) = protocol else {
                 // Unknown protocol: not ours to interpret; dropped at the next apply.
@@ -169,11 +167,11 @@ impl<S: Store> Writer<S> {
             match value {
                 SlotValue::Master(master) if key.slot == 0 => masters.push((key.frontend, master)),
                 SlotValue::Backend { id, backend } if key.slot != 0 => {
-                    // A slot must agree with its backend; one that does not (edited by
-                    // hand) is a hole, rewritten at the next apply.
-                    let agrees = backend_entries
-                        .get(&id)
-                        .is_some_and(|b| (b.address, b.port) == (backend.address, backend.port));
+                    // A slot must name a backend adopted above, with the address it was
+                    // read with; one that does not is a hole, rewritten at the next apply.
+                    let agrees = self.backends.get(id).is_some_and(|(b, _)| {
+                        (b.address, b.port) == (backend.address, backend.port)
+                    });
                     let id = if agrees { id } else { 0 };
                     slots.entry(key.frontend).or_default().insert(key.slot, id);
                 }
