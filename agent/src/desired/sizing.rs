@@ -81,13 +81,37 @@ pub struct Sizes {
     pub maglev: u32,
 }
 
+/// Service entries a frontend counts for at least: its master entry and one slot, even
+/// with no backend. The service maps hold the masters alone, so a map of half its family's
+/// service entries holds every frontend those entries admit (at 100,000 Services of 10
+/// endpoints, a bucket array of 16 MiB where one per entry took 32 MiB).
+pub const MIN_FRONTEND_ENTRIES: u32 = 2;
+
 impl Sizes {
-    /// The slot array's entries, two slots each ([`socklb_abi::SlotPair`]): twice as many
-    /// slots as the service maps have entries, as each frontend's slots take a power of two
-    /// (at most twice its count) and a moving frontend holds its old range until the next
-    /// apply. Grows with them.
+    /// The `max_entries` of a service map (master entries only) for `service_entries`.
+    pub fn service_map(service_entries: u32) -> u32 {
+        service_entries.div_ceil(MIN_FRONTEND_ENTRIES).max(1)
+    }
+
+    /// The service entries a service map of `masters` entries was made for, under the
+    /// flag's `bound` (the inverse of [`Self::service_map`]: the entries are a power of
+    /// two from [`INITIAL`] on, so even, or the bound).
+    pub fn service_entries_of_map(masters: u32, bound: u32) -> u32 {
+        if masters == Self::service_map(bound) {
+            bound
+        } else {
+            masters.saturating_mul(MIN_FRONTEND_ENTRIES)
+        }
+    }
+
+    /// The slot array's entries, two slots each ([`socklb_abi::SlotPair`]): two slots per
+    /// service entry of both families, as each frontend's slots take a power of two (at most
+    /// twice its count) and a moving frontend holds its old range until the next apply.
+    /// Grows with them. Counted from the service maps' sizes, which their pins keep exactly
+    /// (the entries read back from a map made under another, odd flag may be one more).
     pub fn slot_pairs(&self) -> u32 {
-        self.services.saturating_add(self.services6)
+        let pairs = |entries| Self::service_map(entries).saturating_mul(MIN_FRONTEND_ENTRIES);
+        pairs(self.services).saturating_add(pairs(self.services6))
     }
 }
 
@@ -117,7 +141,7 @@ pub fn grown(current: u32, demand: u32, bound: u32) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Capacities, grown};
+    use super::{Capacities, MIN_FRONTEND_ENTRIES, Sizes, grown};
 
     #[test]
     fn the_socket_ring_is_the_reverse_capacity_rounded_up_to_a_power_of_two() {
@@ -166,6 +190,26 @@ mod tests {
                 expected,
                 "current {current} demand {demand} bound {bound}"
             );
+        }
+    }
+
+    #[test]
+    fn a_service_map_s_size_gives_back_the_service_entries_it_was_made_for() {
+        // Sizes start at INITIAL and double, or are the flag's bound, which may be odd.
+        for bound in [1, 2, 5, 12, 8_193, 100_001, 4_194_304] {
+            let sizes = [8_192u32, 16_384, 1 << 21]
+                .into_iter()
+                .filter(|size| *size < bound)
+                .chain([bound]);
+            for entries in sizes {
+                let masters = Sizes::service_map(entries);
+                assert!(masters * MIN_FRONTEND_ENTRIES >= entries, "{entries}");
+                assert_eq!(
+                    Sizes::service_entries_of_map(masters, bound),
+                    entries,
+                    "{entries} under {bound}"
+                );
+            }
         }
     }
 

@@ -348,10 +348,10 @@ fn configure<'a>(
         .map_max_entries(map_names::SOCKETS, capacities.socket_slots())
         // Each family's maps have their own size: the writer counts each family's entries
         // against its own maps.
-        .map_max_entries(map_names::SERVICES, sizes.services)
+        .map_max_entries(map_names::SERVICES, Sizes::service_map(sizes.services))
         .map_max_entries(map_names::SLOTS, sizes.slot_pairs())
         .map_max_entries(map_names::BACKENDS, sizes.backends)
-        .map_max_entries(map_names::SERVICES6, sizes.services6)
+        .map_max_entries(map_names::SERVICES6, Sizes::service_map(sizes.services6))
         .map_max_entries(map_names::BACKENDS6, sizes.backends6)
         // One name per frontend (not preallocated: only names cost memory).
         .map_max_entries(map_names::NAMES, sizes.names)
@@ -387,30 +387,30 @@ fn ipv6_share(ipv4: u32) -> u32 {
 /// A growable map keeps the size an earlier agent grew it to, within its flag; a new one
 /// (or one above a lowered flag, which is then replaced) starts at [`sizing::INITIAL`].
 fn starting_sizes(pin_dir: &Path, capacities: &Capacities) -> Sizes {
-    let size = |name: &str, initial: u32, bound: u32| {
+    // `entries`: what a map of that size holds (a service map's size is in master entries).
+    let sized = |name: &str, initial: u32, bound: u32, entries: &dyn Fn(u32) -> u32| {
         MapData::from_pin(pins::map_pin(pin_dir, name))
             .ok()
             .and_then(|map| map.info().ok())
-            .map(|info| info.max_entries())
+            .map(|info| entries(info.max_entries()))
             .filter(|pinned| (1..=bound).contains(pinned))
             .unwrap_or(initial.min(bound))
     };
+    let size = |name: &str, initial: u32, bound: u32| sized(name, initial, bound, &|size| size);
+    let service_entries = |name: &str, initial: u32| {
+        let bound = capacities.service_entries;
+        sized(name, initial, bound, &|masters| {
+            Sizes::service_entries_of_map(masters, bound)
+        })
+    };
     Sizes {
-        services: size(
-            map_names::SERVICES,
-            sizing::INITIAL.services,
-            capacities.service_entries,
-        ),
+        services: service_entries(map_names::SERVICES, sizing::INITIAL.services),
         backends: size(
             map_names::BACKENDS,
             sizing::INITIAL.backends,
             capacities.backends,
         ),
-        services6: size(
-            map_names::SERVICES6,
-            sizing::INITIAL.services6,
-            capacities.service_entries,
-        ),
+        services6: service_entries(map_names::SERVICES6, sizing::INITIAL.services6),
         backends6: size(
             map_names::BACKENDS6,
             sizing::INITIAL.backends6,

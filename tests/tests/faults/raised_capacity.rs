@@ -40,9 +40,10 @@ fn raising_a_capacity_keeps_serving_services_up() {
         &sandbox,
         &manifests.path,
         "node-a",
-        &["--max-service-entries", "4"],
+        &["--max-service-entries", "5"],
     );
-    // Five more Services arrive that do not fit (3 entries each, 1 free): refused.
+    // Five more Services arrive that do not fit (3 entries each, 2 free): the first is
+    // refused (its master counts 2 entries, a frontend's least), the others left out.
     for i in 1..=5 {
         manifests.two_endpoint_service(
             &format!("a-{i}"),

@@ -48,6 +48,7 @@ pub use self::{
 };
 use crate::desired::{
     BackendAddr, Desired, Frontend, FrontendSpec, Protocol, layout::assign_slots,
+    sizing::MIN_FRONTEND_ENTRIES,
 };
 
 /// The writer's mirror of one frontend in the maps.
@@ -61,9 +62,9 @@ struct Programmed {
 }
 
 impl Programmed {
-    /// Service-map entries it occupies: master and slots.
+    /// Service entries it counts for: master and slots ([`frontend_entries`]).
     fn entries(&self) -> usize {
-        1 + self.slots.len()
+        frontend_entries(self.slots.len())
     }
 
     fn master(&self) -> Master {
@@ -323,7 +324,7 @@ impl<S: Store> Writer<S> {
             let old = self.frontends.get(frontend).map_or(0, Programmed::entries);
             frontends += usize::from(old == 0);
             *service_entries.of(frontend.address.is_ipv6()) +=
-                (1 + spec.backends.len()).saturating_sub(old);
+                frontend_entries(spec.backends.len()).saturating_sub(old);
             new_backends.extend(
                 spec.backends
                     .iter()
@@ -488,9 +489,9 @@ impl<S: Store> Writer<S> {
         }
         changes.sort_by_key(|(frontend, spec)| {
             let old = self.frontends.get(frontend);
-            let grows = (spec.backends.len() + 1)
+            let grows = frontend_entries(spec.backends.len())
                 .cast_signed()
-                .saturating_sub(old.map_or(0, |p| p.slots.len() + 1).cast_signed());
+                .saturating_sub(old.map_or(0, Programmed::entries).cast_signed());
             let known = old.is_some() || self.preferred.contains(frontend);
             (grows > 0, !known, grows)
         });
@@ -620,8 +621,8 @@ impl<S: Store> Writer<S> {
         }
 
         // Capacity: the peak during the update is the old entries plus the added slots.
-        let old_entries = old.as_ref().map_or(0, |p| p.slots.len() + 1);
-        let grow = (programmed.slots.len() + 1).saturating_sub(old_entries);
+        let old_entries = old.as_ref().map_or(0, Programmed::entries);
+        let grow = programmed.entries().saturating_sub(old_entries);
         if let Err(rejected) = self.check_room(frontend, grow, new_backends.len()) {
             return self.refuse(report, frontend, flags, affinity_timeout_s, rejected);
         }
@@ -696,7 +697,7 @@ impl<S: Store> Writer<S> {
             self.capacity.of(frontend.address),
             self.entries().of(frontend.address),
         );
-        if used.service_entries >= room.service_entries {
+        if used.service_entries + count(frontend_entries(0)) > room.service_entries {
             return Ok(Err(rejected.with_outcome(Outcome::NotProgrammed)));
         }
         let programmed = Programmed {
@@ -906,4 +907,11 @@ impl PerFamily {
 /// A count as map sizes are given (`max_entries`), saturating.
 fn count(n: usize) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Service entries a frontend of `slots` backends counts for: its master and its slots, and
+/// at least [`MIN_FRONTEND_ENTRIES`], so that the service map (half as many entries) holds a
+/// master for every frontend the service entries admit.
+fn frontend_entries(slots: usize) -> usize {
+    (1 + slots).max(MIN_FRONTEND_ENTRIES as usize)
 }
