@@ -26,7 +26,7 @@ fn should_be_updated_after_adding_or_deleting_ports(path: PodPath) {
     wait_for(&tb, exec, "tcp", port80, &["pod11"]);
     // Port 81 is not a port of the Service yet. Waited for like the other answers: once, in
     // a CI run, one connect here ended in POLLHUP with no socket error at all (not seen
-    // again in 45 runs, under load or not).
+    // again in 25 runs, under load or not).
     wait_for(&tb, exec, "tcp", port81, &[&not_served(&tb, exec)]);
 
     // The second port's endpoints are in a slice of their own.
