@@ -32,6 +32,7 @@ use socklb_tests::{
 socklb_tests::for_each_family!(
     a_vm_reaches_cluster_ips_through_its_device,
     a_pod_that_is_its_own_backend_gets_an_answer,
+    a_refused_connection_closes_its_whole_flow,
     a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope,
     a_pod_s_annotations_choose_its_path_under_the_default_scope,
     a_pod_s_established_flow_survives_a_change_of_its_path,
@@ -140,6 +141,84 @@ fn a_pod_that_is_its_own_backend_gets_an_answer(family: Family) {
             );
         }
     }
+}
+
+/// A client that connects from one port, in any family: prints `refused`, or the peer's
+/// address and the server's answer.
+const CONNECT_FROM_PORT: &str = r#"
+import socket, sys
+address, port, local = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("", local))
+s.settimeout(10)
+try:
+    s.connect((address, port))
+except ConnectionRefusedError:
+    print("refused")
+    sys.exit(0)
+print(s.getpeername()[0], s.recv(100).decode().strip())
+"#;
+
+/// A backend's RST to a flow's SYN closes both of the flow's entries, as netfilter closes
+/// the whole connection: a forward entry left open (a pod's flow is made in the main table,
+/// with the established timeout once answered) would keep its backend for the client's
+/// next connection from that port for hours, while no reply entry translates the answers.
+fn a_refused_connection_closes_its_whole_flow(family: Family) {
+    let node = LanNode::new(family, "pp-refused", "r");
+    let vm = node.lan.vm();
+    let a = &node.a;
+    node.write(
+        "web.yaml",
+        &a.exposed("web", 62)
+            .http_and_dns()
+            .endpoints(&[a.pod1_endpoint()])
+            .yaml(),
+    );
+    let _agent = node.agent(&[]);
+    let vip = family.vip(62).to_string();
+    let connect = || {
+        stdout_of(
+            vm.command("python3")
+                .args(["-c", CONNECT_FROM_PORT, &vip, "80", "40123"]),
+        )
+        .trim()
+        .to_owned()
+    };
+    assert_eq!(connect(), "refused", "nothing listens on pod1's port yet");
+    let vm_address: IpAddr = match family {
+        Family::V4 => VM,
+        Family::V6 => VM6,
+    }
+    .parse()
+    .expect("VM address");
+    let client = SocketAddr::new(vm_address, 40123);
+    let inspection = node.sandbox.inspect();
+    let flow: Vec<_> = inspection["conntrack"]
+        .as_array()
+        .expect("conntrack entries")
+        .iter()
+        .filter(|entry| {
+            [&entry["from"], &entry["rewritten_to"]]
+                .iter()
+                .any(|address| address.as_str() == Some(client.to_string().as_str()))
+        })
+        .collect();
+    assert_eq!(flow.len(), 2, "the flow's two entries: {inspection}");
+    for entry in &flow {
+        assert_eq!(
+            entry["closing"], true,
+            "the backend's RST closed both directions: {entry}"
+        );
+    }
+
+    let _server = node.tcp_server(1, 8080);
+    let answer = connect();
+    assert_eq!(
+        answer,
+        format!("{vip} pod1 {client}"),
+        "the client's next connection from the port reaches the backend and sees the VIP"
+    );
 }
 
 /// A meshed pod1 (Istio's outbound capture): the pod's iptables REDIRECT every outbound TCP

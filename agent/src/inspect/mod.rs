@@ -684,7 +684,8 @@ pub fn table(inspection: &Inspection) -> String {
                 c.backend_id,
                 if c.snat { " snat" } else { "" },
                 match (c.confirmed, c.seen_reply) {
-                    (true, _) => "",
+                    (true, true) => "",
+                    (true, false) => " unanswered",
                     (false, false) => " unconfirmed",
                     (false, true) => " unconfirmed answered",
                 },

@@ -28,9 +28,9 @@ pub const CT_FLAG_SNAT: u16 = 1 << 0;
 /// [`CtEntry::flags`]: the connection is over (a RST, or a FIN both ways); the entry
 /// expires soon.
 pub const CT_FLAG_CLOSING: u16 = 1 << 1;
-/// [`CtEntry::flags`] of a flow not yet confirmed: the backend has answered. The client's
-/// next packet that is neither a SYN nor a FIN or RST confirms the flow (moves it to the
-/// main table).
+/// [`CtEntry::flags`]: the backend has answered. On a flow not yet confirmed, the client's
+/// next packet that is neither a SYN nor a FIN or RST confirms it (moves it to the main
+/// table); a flow made confirmed (a pod's) is established from then on.
 pub const CT_FLAG_SEEN_REPLY: u16 = 1 << 2;
 /// [`CtEntry::flags`]: a FIN was seen in this direction. The other direction may go on
 /// sending (a half-close, `shutdown(SHUT_WR)`), so the flow keeps its timeout; once both
@@ -60,9 +60,9 @@ pub fn in_sequence_window(sent_high: u16, high: u16) -> bool {
 /// Default idle time after which a flow's entries may be reused (its SNAT port given to a
 /// new flow, its backend chosen afresh), per state; [`NodeConfig`] may set others. The maps
 /// are LRUs, so idle entries also go when room is needed. Values as in Cilium's defaults.
-/// Confirmed TCP flows.
+/// Established TCP flows: confirmed, and answered by their backend.
 pub const CT_TIMEOUT_TCP_S: u32 = 21_600;
-/// TCP flows not confirmed (SYN seen, handshake not completed).
+/// TCP flows not established (SYN seen, not yet answered or not yet confirmed).
 pub const CT_TIMEOUT_SYN_S: u32 = 60;
 /// UDP flows.
 pub const CT_TIMEOUT_OTHER_S: u32 = 60;
@@ -214,7 +214,9 @@ impl CtTimeouts {
     }
 
     /// Idle timeout of a conntrack entry with `flags` of a `protocol` flow, in the main
-    /// table (`confirmed`) or not.
+    /// table (`confirmed`) or not. A TCP flow is established once it is confirmed and its
+    /// backend answered: a flow made in the main table (a pod's) keeps the SYN timeout
+    /// until then.
     #[must_use]
     #[inline(always)]
     pub fn timeout_s(self, protocol: u8, flags: u16, confirmed: bool) -> u32 {
@@ -222,7 +224,7 @@ impl CtTimeouts {
             self.closing_s
         } else if protocol != PROTO_TCP {
             self.udp_s
-        } else if confirmed {
+        } else if confirmed && flags & CT_FLAG_SEEN_REPLY != 0 {
             self.established_s
         } else {
             self.syn_s

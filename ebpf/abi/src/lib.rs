@@ -13,6 +13,7 @@
 #![no_std]
 
 mod address;
+mod checksum;
 mod counters;
 mod filter_slot;
 mod flow;
@@ -26,8 +27,8 @@ mod trace;
 use core::mem::size_of;
 
 pub use self::{
-    address::*, counters::*, filter_slot::*, flow::*, flow_filter::*, frontend_filter::*, names::*,
-    service::*, socket::*, trace::*,
+    address::*, checksum::*, counters::*, filter_slot::*, flow::*, flow_filter::*,
+    frontend_filter::*, names::*, service::*, socket::*, trace::*,
 };
 
 /// Version of the map layouts when none changed since the first release; a map whose
@@ -177,7 +178,15 @@ mod tests {
         // (timeouts, protocol, flags, confirmed, expected)
         let rows = [
             (CtTimeouts::of(None), PROTO_TCP, 0, false, CT_TIMEOUT_SYN_S),
-            (CtTimeouts::of(None), PROTO_TCP, 0, true, CT_TIMEOUT_TCP_S),
+            (
+                CtTimeouts::of(None),
+                PROTO_TCP,
+                CT_FLAG_SEEN_REPLY,
+                true,
+                CT_TIMEOUT_TCP_S,
+            ),
+            // Made confirmed (a pod's flow), not answered yet.
+            (CtTimeouts::of(None), PROTO_TCP, 0, true, CT_TIMEOUT_SYN_S),
             (
                 CtTimeouts::of(None),
                 PROTO_TCP,
@@ -195,7 +204,13 @@ mod tests {
             ),
             // Set by the node map; 0 keeps the default.
             (set, PROTO_TCP, CT_FLAG_SEEN_REPLY, false, 3),
-            (set, PROTO_TCP, CT_FLAG_SNAT, true, CT_TIMEOUT_TCP_S),
+            (
+                set,
+                PROTO_TCP,
+                CT_FLAG_SNAT | CT_FLAG_SEEN_REPLY,
+                true,
+                CT_TIMEOUT_TCP_S,
+            ),
         ];
         for (timeouts, protocol, flags, confirmed, expected) in rows {
             assert_eq!(

@@ -1,9 +1,10 @@
 //! Flows from outside the node: their two conntrack entries (forward and reply), and how
 //! long they live. The SNAT source port a flow to a remote backend gets is `nat`'s.
 //!
-//! A new flow waits in the smaller unconfirmed table (`CONNTRACK_NEW`) until it is
-//! confirmed ([`CT_FLAG_SEEN_REPLY`], then the client's ACK; UDP: the reply), so a SYN flood
-//! only evicts other unconfirmed flows; TCP's end follows netfilter (see [`touch`]). The
+//! A new flow from outside waits in the smaller unconfirmed table (`CONNTRACK_NEW`) until
+//! it is confirmed ([`CT_FLAG_SEEN_REPLY`], then the client's ACK; UDP: the reply), so a
+//! SYN flood only evicts other unconfirmed flows; a pod's is made in the main table at once
+//! (`Side::CONFIRMED_AT_ONCE`). TCP's end follows netfilter (see [`touch`]). The
 //! states and timeouts: README, "Traffic from outside the node (TC)"; what was tested:
 //! docs/operations.md, "Traffic from outside the node". Written once for both families
 //! ([`Family`]), each with its own two tables.
@@ -105,13 +106,22 @@ fn reply_is_ours<F: Family>(table: &CtTable<F>, reply_key: &Key<F>, forward_key:
     points_to(unsafe { &*reply }, forward_key)
 }
 
+/// Whether a TCP segment with `sequence_high` counts for the entry `before` (in the main
+/// table if `confirmed`): on an established flow (confirmed and answered) only near the
+/// sequence numbers its direction sent, as netfilter checks segments against the window. A
+/// blind RST must not end a live flow (whose next SYN would then start it afresh), nor a
+/// blind segment move the window for one; a handshake may start again with a new sequence.
+#[inline(always)]
+fn counts<A>(before: &CtEntry<A>, confirmed: bool, sequence_high: u16) -> bool {
+    !(confirmed && before.flags & CT_FLAG_SEEN_REPLY != 0)
+        || before.flags & CT_FLAG_SEQUENCE == 0
+        || in_sequence_window(before.sequence_high, sequence_high)
+}
+
 /// The entry under `key` in `table` (the main table if `confirmed`) as it was before this
 /// packet, which refreshes it: its last-seen time moves on (written at most once a second),
 /// `set` flags are added, a TCP segment's sequence number is recorded, and a RST marks it
-/// closing (a FIN is for [`record_fin`]). On a confirmed flow a segment counts only near
-/// the sequence numbers its direction sent, as netfilter checks segments against the
-/// window: a blind RST must not end a live flow (whose next SYN would then start it
-/// afresh), nor a blind segment move the window for one. An
+/// closing (a FIN is for [`record_fin`]), if the segment [`counts`]. An
 /// entry idle past its timeout is removed instead and not returned: it must never
 /// translate a packet (a new flow may reuse its tuple, such as a client's direct
 /// connection to the pod from the same port) and must not be kept alive by one.
@@ -138,10 +148,7 @@ fn touch<F: Family>(
         entry.last_seen_s = now;
     }
     let mut flags = before.flags | set;
-    let counts = !confirmed
-        || before.flags & CT_FLAG_SEQUENCE == 0
-        || in_sequence_window(before.sequence_high, segment.sequence_high);
-    if segment.tcp && counts {
+    if segment.tcp && counts(&before, confirmed, segment.sequence_high) {
         if segment.ending == Ending::Reset {
             flags |= CT_FLAG_CLOSING;
         } else {
@@ -208,13 +215,7 @@ fn fin_in<F: Family>(
     // SAFETY: pointer from a successful lookup, valid for this run; racing writers only add
     // flags.
     let entry = unsafe { &mut *entry };
-    if entry.flags & CT_FLAG_FIN != 0 {
-        return true;
-    }
-    if confirmed
-        && entry.flags & CT_FLAG_SEQUENCE != 0
-        && !in_sequence_window(entry.sequence_high, sequence_high)
-    {
+    if entry.flags & CT_FLAG_FIN != 0 || !counts(entry, confirmed, sequence_high) {
         return true;
     }
     entry.flags |= CT_FLAG_FIN;
@@ -230,13 +231,33 @@ fn fin_in<F: Family>(
     true
 }
 
-/// Adds `flags` to the entry under `key` in `table`, if there is one.
+/// Adds `flags` to the entry under `key` in `table`, if there is one. Whichever flow holds
+/// the key, its packets carry this flow's addresses and ports where they are seen (a
+/// RST there ends both), so it is not checked.
 #[inline(always)]
 fn add_flags<F: Family>(table: &CtTable<F>, key: &Key<F>, flags: u16) {
     if let Some(held) = table.get_ptr_mut(F::ct_key(key)) {
         // SAFETY: pointer from a successful lookup, valid for this run.
         (unsafe { &mut *held }).flags |= flags;
     }
+}
+
+/// The forward entry of a packet from the client in the main table alone (refreshed as
+/// [`touch`] says).
+#[inline(always)]
+pub fn lookup_confirmed_forward<F: Family>(
+    tuple: &Tuple<F::Addr>,
+    segment: Segment,
+    now: u32,
+) -> Option<Entry<F>> {
+    touch::<F>(
+        F::conntrack(),
+        true,
+        &key(tuple, CT_FORWARD),
+        segment,
+        now,
+        0,
+    )
 }
 
 /// The forward entry of a packet from the client, main table first (refreshed as
@@ -247,21 +268,23 @@ pub fn lookup_forward<F: Family>(
     segment: Segment,
     now: u32,
 ) -> Option<Found<F::Addr>> {
-    let key = key(tuple, CT_FORWARD);
-    if let Some(entry) = touch::<F>(F::conntrack(), true, &key, segment, now, 0) {
+    if let Some(entry) = lookup_confirmed_forward::<F>(tuple, segment, now) {
         return Some(Found {
             entry,
             confirmed: true,
         });
     }
+    let key = key(tuple, CT_FORWARD);
     touch::<F>(F::conntrack_new(), false, &key, segment, now, 0).map(|entry| Found {
         entry,
         confirmed: false,
     })
 }
 
-/// The reply entry of a packet from a backend, main table first. An unconfirmed flow's
-/// entries are marked: the backend answered.
+/// The reply entry of a packet from a backend, main table first. A flow's entries are
+/// marked at its backend's first answer, and both marked closing by its RST, as netfilter
+/// closes the whole connection: a forward entry left open would keep the backend for the
+/// client's next connection from that port, whose answers no reply entry translates.
 #[inline(always)]
 pub fn lookup_reply<F: Family>(
     tuple: &Tuple<F::Addr>,
@@ -269,21 +292,29 @@ pub fn lookup_reply<F: Family>(
     now: u32,
 ) -> Option<Entry<F>> {
     let key = key(tuple, CT_REPLY);
-    if let Some(entry) = touch::<F>(F::conntrack(), true, &key, segment, now, 0) {
-        return Some(entry);
-    }
-    let entry = touch::<F>(
-        F::conntrack_new(),
-        false,
-        &key,
-        segment,
-        now,
-        CT_FLAG_SEEN_REPLY,
-    )?;
-    if entry.flags & CT_FLAG_SEEN_REPLY == 0 {
+    let main = F::conntrack();
+    let (table, confirmed, entry) =
+        match touch::<F>(main, true, &key, segment, now, CT_FLAG_SEEN_REPLY) {
+            Some(entry) => (main, true, entry),
+            None => {
+                let table = F::conntrack_new();
+                let entry = touch::<F>(table, false, &key, segment, now, CT_FLAG_SEEN_REPLY)?;
+                (table, false, entry)
+            }
+        };
+    let answers = entry.flags & CT_FLAG_SEEN_REPLY == 0;
+    let resets = segment.tcp
+        && segment.ending == Ending::Reset
+        && entry.flags & CT_FLAG_CLOSING == 0
+        && counts(&entry, confirmed, segment.sequence_high);
+    if answers || resets {
         let forward_key = other_direction(&key, &entry);
-        add_flags::<F>(F::conntrack_new(), &forward_key, CT_FLAG_SEEN_REPLY);
-        if key.protocol != PROTO_TCP {
+        let mut set = CT_FLAG_SEEN_REPLY;
+        if resets {
+            set |= CT_FLAG_CLOSING;
+        }
+        add_flags::<F>(table, &forward_key, set);
+        if answers && !confirmed && key.protocol != PROTO_TCP {
             confirm_on_reply::<F>(&key, &forward_key);
         }
     }
@@ -439,6 +470,48 @@ fn reopen_here<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
     clear(&forward_key);
 }
 
+/// Marks the reply entry of a flow closing when its client's RST counted on the forward
+/// entry (`found`, as [`lookup_forward`] found it before this packet), as netfilter closes
+/// the whole connection: a reply entry left open would hold its key for 6 hours.
+#[inline(always)]
+pub fn reset_by_client<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    found: &Found<F::Addr>,
+    segment: Segment,
+) {
+    if !(segment.tcp
+        && segment.ending == Ending::Reset
+        && found.entry.flags & CT_FLAG_CLOSING == 0
+        && counts(&found.entry, found.confirmed, segment.sequence_high))
+    {
+        return;
+    }
+    if F::SPLIT_FRAMES {
+        close_reply_apart::<F>(arrived, found);
+    } else {
+        close_reply_here::<F>(arrived, found);
+    }
+}
+
+/// The reply entry's mark of [`reset_by_client`] in a stack frame of its own
+/// ([`Family::SPLIT_FRAMES`]).
+#[inline(never)]
+fn close_reply_apart<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
+    close_reply_here::<F>(arrived, found);
+}
+
+#[inline(always)]
+fn close_reply_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
+    let table = if found.confirmed {
+        F::conntrack()
+    } else {
+        F::conntrack_new()
+    };
+    let forward_key = key(arrived, CT_FORWARD);
+    let reply_key = other_direction(&forward_key, &found.entry);
+    add_flags::<F>(table, &reply_key, CT_FLAG_CLOSING);
+}
+
 /// Removes a flow's entries that are not to be used again (expired, or their backend
 /// left), so that they can neither shadow a new flow's nor hold a SNAT port. The reply
 /// entry goes only if it is still this flow's: another flow may hold the port now.
@@ -498,21 +571,24 @@ pub const NOEXIST: u64 = BPF_NOEXIST as u64;
 /// The error of an insert with [`NOEXIST`] that found the key taken.
 pub const EEXIST: i32 = -17;
 
-/// Records both directions of a new flow whose source this node keeps (no SNAT), as not
-/// confirmed. [`EEXIST`]: another CPU made the flow first.
+/// Records both directions of a new flow whose source this node keeps (no SNAT), in the
+/// main table if `confirmed_at_once` (see `Side`), else as not confirmed. [`EEXIST`]:
+/// another CPU made the flow first.
 ///
 /// A flow of the same client port to the same backend through another frontend has the
 /// same reply key: one that is over gives the key up (its reply entry would send this
 /// flow's answers back as the other frontend's), a live one keeps it, as netfilter does.
+/// The new flow then waits in the unconfirmed table, where it cannot overwrite it.
 #[inline(always)]
 pub fn insert<F: Family>(
     arrived: &Tuple<F::Addr>,
     forward: &Entry<F>,
     timeouts: CtTimeouts,
     now: u32,
+    confirmed_at_once: bool,
 ) -> Result<(), i32> {
     let (reply_key, reply) = reply_of(arrived, forward);
-    let _ = held::<F>(
+    let holder = held::<F>(
         F::conntrack(),
         true,
         &reply_key,
@@ -520,7 +596,11 @@ pub fn insert<F: Family>(
         now,
         Closing::Ends,
     );
-    let table = F::conntrack_new();
+    let table = if confirmed_at_once && holder != Holder::Live {
+        F::conntrack()
+    } else {
+        F::conntrack_new()
+    };
     let forward_key = key(arrived, CT_FORWARD);
     table.insert(F::ct_key(&forward_key), F::ct_entry(forward), NOEXIST)?;
     table

@@ -286,7 +286,7 @@ fn deliver<F: Family>(
 
 /// [`deliver`] in a stack frame of its own: the verdict or -1.
 #[inline(never)]
-fn deliver_apart<F: Family>(
+pub fn deliver_apart<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
     entry: &CtEntry<F::Addr>,
@@ -473,6 +473,7 @@ fn known_flow_here<F: Family, S: Side>(
     entry: &mut CtEntry<F::Addr>,
 ) -> Result<bool, Error> {
     if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, segment, now) {
+        conntrack::reset_by_client::<F>(&packet.tuple, &found, segment);
         if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
         {
             conntrack::reopen::<F>(&packet.tuple, &mut found.entry);
@@ -495,23 +496,28 @@ fn known_flow_here<F: Family, S: Side>(
                 log::conntrack_not_confirmed(error);
                 bump(|c| &mut c.errors);
             }
-            let tuple = &packet.tuple;
-            let decision = Decision {
-                reason: TRACE_REASON_CONNTRACK,
-                service_id: found.entry.service_id,
-                backend: (&found.entry.destination, found.entry.destination_port),
-                ..Decision::new(
-                    S::TRACE_SOURCE,
-                    tuple.protocol,
-                    (&tuple.destination, tuple.destination_port),
-                )
-            };
-            trace_flow(&decision, tuple, true);
+            trace_known::<_, S>(&packet.tuple, &found.entry);
             *entry = found.entry;
             return Ok(true);
         }
     }
     Ok(false)
+}
+
+/// The trace event of a packet of a known flow.
+#[inline(always)]
+pub fn trace_known<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
+    let decision = Decision {
+        reason: TRACE_REASON_CONNTRACK,
+        service_id: entry.service_id,
+        backend: (&entry.destination, entry.destination_port),
+        ..Decision::new(
+            S::TRACE_SOURCE,
+            tuple.protocol,
+            (&tuple.destination, tuple.destination_port),
+        )
+    };
+    trace_flow(&decision, tuple, true);
 }
 
 /// A trace event of a packet from outside. The addresses are read where they are (the
@@ -523,12 +529,12 @@ fn trace_flow<A: TracedValue>(decision: &Decision<&A>, tuple: &Tuple<A>, packet:
 
 /// Whether a known flow stays with its backend (conntrack never returns one idle past its
 /// timeout). A TCP SYN on a closed connection starts afresh (the client reuses its port;
-/// an unconfirmed flow reset during its handshake was reopened instead, see
-/// [`conntrack::reopen`]); on a live one it is passed on to its backend. An open TCP
+/// a flow from outside reset during its handshake, still unconfirmed, was reopened
+/// instead, see [`conntrack::reopen`]); on a live one it is passed on to its backend. An open TCP
 /// connection keeps a backend that left; a new one or a UDP datagram chooses again (README,
 /// "Traffic from outside the node (TC)").
 #[inline(always)]
-fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>) -> bool {
+pub fn keeps_backend<F: Family>(found: &Found<F::Addr>, packet: &Packet<F::Addr>) -> bool {
     let entry = &found.entry;
     if packet.tuple.protocol == PROTO_TCP && !packet.opens_connection() {
         return true;
@@ -672,7 +678,8 @@ fn new_flow_here<F: Family, S: Side>(
         *out = entry;
         return Ok(Flow::To);
     } else {
-        match conntrack::insert::<F>(tuple, &entry, CtTimeouts::of(NODE.get(0)), now) {
+        let timeouts = CtTimeouts::of(NODE.get(0));
+        match conntrack::insert::<F>(tuple, &entry, timeouts, now, S::CONFIRMED_AT_ONCE) {
             Ok(()) => {}
             Err(conntrack::EEXIST) => return Ok(Flow::Raced),
             Err(error) => {

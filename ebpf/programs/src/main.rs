@@ -19,6 +19,7 @@ mod counters;
 mod deliver;
 mod destroy;
 mod family;
+mod fast;
 mod flow;
 mod flow_filter;
 mod frontend_filter;

@@ -31,6 +31,10 @@ pub trait Side {
     const INTERNAL_TOO: bool;
     /// `TRACE_SOURCE_*` of its trace events.
     const TRACE_SOURCE: u8;
+    /// Whether a new flow not SNATed is made in the main conntrack table at once, rather
+    /// than waiting in the unconfirmed one for the client's answer to its backend (unless
+    /// a live flow holds its reply key: see `conntrack::insert`).
+    const CONFIRMED_AT_ONCE: bool;
 
     /// Whether a new flow to `backend` from `client` is SNATed to this node's address (and
     /// forwarded by socklb) so that its replies come back through this node.
@@ -55,6 +59,9 @@ impl Side for External {
     /// kube-proxy serves it; its flow is SNATed as a NodePort's is.
     const INTERNAL_TOO: bool = true;
     const TRACE_SOURCE: u8 = TRACE_SOURCE_EXTERNAL;
+    /// A flood of SYNs from spoofed clients, who never answer, must evict only other
+    /// handshakes, not established flows.
+    const CONFIRMED_AT_ONCE: bool = false;
 
     /// A backend on another node would answer the client directly, past this node.
     #[inline(always)]
@@ -87,6 +94,10 @@ impl Side for Pod {
     const SCOPE: u8 = SCOPE_INTERNAL;
     const INTERNAL_TOO: bool = false;
     const TRACE_SOURCE: u8 = TRACE_SOURCE_POD;
+    /// A workload of this node can complete as many handshakes as it sends SYNs, so the
+    /// wait would protect nothing, and it would cost every connection a move between the
+    /// tables (two inserts and two deletes at its first ACK).
+    const CONFIRMED_AT_ONCE: bool = true;
 
     /// Pod addresses route across the cluster, so a backend anywhere answers the pod
     /// straight, through this node, and its reply is rewritten on the pod device's egress.

@@ -8,14 +8,16 @@
 //! - `socklb_tc_out`, egress of both: the replies of backends, shown as coming from the
 //!   frontend.
 //!
-//! ICMP errors about a flow are translated back (`icmp`); what is neither TCP nor UDP nor
-//! such an error (neighbour discovery, ARP) passes untouched.
+//! The ingress programs try the fast path first (`fast`: a known flow's IPv4 packets). ICMP
+//! errors about a flow are translated back (`icmp`); what is neither TCP nor UDP nor such
+//! an error (neighbour discovery, ARP) passes untouched.
 use aya_ebpf::{macros::classifier, programs::TcContext};
 use socklb_abi::Ipv6Words;
 
 use crate::{
     deliver::{TC_ACT_OK, TOO_BIG},
     family::{V4, V6},
+    fast,
     flow::{EXPIRED, NOT_TCP_OR_UDP, REFUSE, icmp_error, try_egress, try_ingress, verdict},
     packet::{self, ETH_P_IP, ETH_P_IPV6, Packet},
     reject,
@@ -35,7 +37,7 @@ pub fn socklb_tc_pod(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn ingress<S: Side>(ctx: &TcContext) -> i32 {
     match packet::ether_type(ctx) {
-        Some(ETH_P_IP) => match ingress4::<S>(ctx) {
+        Some(ETH_P_IP) => match fast_or_full4::<S>(ctx) {
             NOT_TCP_OR_UDP => icmp_error::<V4>(ctx, true),
             REFUSE => reject::refuse4::<S>(ctx),
             EXPIRED => reject::expired4(ctx),
@@ -50,6 +52,16 @@ fn ingress<S: Side>(ctx: &TcContext) -> i32 {
             verdict => verdict,
         },
         _ => TC_ACT_OK,
+    }
+}
+
+/// The fast path's verdict, or the full path's for a packet it leaves. Two sibling calls:
+/// their stack frames are not added up.
+#[inline(always)]
+fn fast_or_full4<S: Side>(ctx: &TcContext) -> i32 {
+    match fast::ingress4::<S>(ctx) {
+        fast::FULL => ingress4::<S>(ctx),
+        verdict => verdict,
     }
 }
 
