@@ -502,6 +502,16 @@ fn close_reply_apart<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>
 
 #[inline(always)]
 fn close_reply_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
+    let (table, _, reply_key) = entries_of::<F>(arrived, found);
+    add_flags::<F>(table, &reply_key, CT_FLAG_CLOSING);
+}
+
+/// The table a found flow is in, and the keys of its forward and reply entries.
+#[inline(always)]
+fn entries_of<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    found: &Found<F::Addr>,
+) -> (&'static CtTable<F>, Key<F>, Key<F>) {
     let table = if found.confirmed {
         F::conntrack()
     } else {
@@ -509,7 +519,7 @@ fn close_reply_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>)
     };
     let forward_key = key(arrived, CT_FORWARD);
     let reply_key = other_direction(&forward_key, &found.entry);
-    add_flags::<F>(table, &reply_key, CT_FLAG_CLOSING);
+    (table, forward_key, reply_key)
 }
 
 /// Removes a flow's entries that are not to be used again (expired, or their backend
@@ -532,13 +542,7 @@ fn forget_apart<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
 
 #[inline(always)]
 fn forget_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
-    let table = if found.confirmed {
-        F::conntrack()
-    } else {
-        F::conntrack_new()
-    };
-    let forward_key = key(arrived, CT_FORWARD);
-    let reply_key = other_direction(&forward_key, &found.entry);
+    let (table, forward_key, reply_key) = entries_of::<F>(arrived, found);
     if reply_is_ours::<F>(table, &reply_key, &forward_key) {
         let _ = table.remove(F::ct_key(&reply_key));
     }

@@ -399,17 +399,7 @@ fn snat<F: Family, S: Side>(
 /// caller's frame and the port search's are both near the limit of their chain.
 #[inline(never)]
 fn trace_snat_exhausted<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
-    let decision = Decision {
-        reason: TRACE_REASON_SNAT_EXHAUSTED,
-        service_id: entry.service_id,
-        backend: (&entry.destination, entry.destination_port),
-        ..Decision::new(
-            S::TRACE_SOURCE,
-            tuple.protocol,
-            (&tuple.destination, tuple.destination_port),
-        )
-    };
-    trace_flow(&decision, tuple, false);
+    trace_entry::<A, S>(TRACE_REASON_SNAT_EXHAUSTED, tuple, entry, false);
 }
 
 /// Replies of backends on their way to a client (not SNATed: those come in at ingress):
@@ -507,8 +497,20 @@ fn known_flow_here<F: Family, S: Side>(
 /// The trace event of a packet of a known flow.
 #[inline(always)]
 pub fn trace_known<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
+    trace_entry::<A, S>(TRACE_REASON_CONNTRACK, tuple, entry, true);
+}
+
+/// The trace event of a flow's packet (`packet`) or choice, with `reason`, to the backend
+/// of `entry`.
+#[inline(always)]
+fn trace_entry<A: TracedValue, S: Side>(
+    reason: u8,
+    tuple: &Tuple<A>,
+    entry: &CtEntry<A>,
+    packet: bool,
+) {
     let decision = Decision {
-        reason: TRACE_REASON_CONNTRACK,
+        reason,
         service_id: entry.service_id,
         backend: (&entry.destination, entry.destination_port),
         ..Decision::new(
@@ -517,7 +519,7 @@ pub fn trace_known<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>
             (&tuple.destination, tuple.destination_port),
         )
     };
-    trace_flow(&decision, tuple, true);
+    trace_flow(&decision, tuple, packet);
 }
 
 /// A trace event of a packet from outside. The addresses are read where they are (the
