@@ -207,7 +207,8 @@ impl Address for u32 {
                 u32::from(to.destination_port),
             ),
         );
-        // The words from the header checksum to the destination port, in packet order.
+        // The words from the header checksum to the destination port, in packet order (an
+        // address's first two bytes are its low half: the programs are built for bpfel).
         let words: [u16; 7] = [
             checksum_after(check, addresses),
             to.source as u16,
