@@ -33,6 +33,7 @@ socklb_tests::for_each_family!(
     a_vm_reaches_cluster_ips_through_its_device,
     a_pod_that_is_its_own_backend_gets_an_answer,
     a_refused_connection_closes_its_whole_flow,
+    a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again,
     a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope,
     a_pod_s_annotations_choose_its_path_under_the_default_scope,
     a_pod_s_established_flow_survives_a_change_of_its_path,
@@ -186,25 +187,9 @@ fn a_refused_connection_closes_its_whole_flow(family: Family) {
         .to_owned()
     };
     assert_eq!(connect(), "refused", "nothing listens on pod1's port yet");
-    let vm_address: IpAddr = match family {
-        Family::V4 => VM,
-        Family::V6 => VM6,
-    }
-    .parse()
-    .expect("VM address");
-    let client = SocketAddr::new(vm_address, 40123);
-    let inspection = node.sandbox.inspect();
-    let flow: Vec<_> = inspection["conntrack"]
-        .as_array()
-        .expect("conntrack entries")
-        .iter()
-        .filter(|entry| {
-            [&entry["from"], &entry["rewritten_to"]]
-                .iter()
-                .any(|address| address.as_str() == Some(client.to_string().as_str()))
-        })
-        .collect();
-    assert_eq!(flow.len(), 2, "the flow's two entries: {inspection}");
+    let client = SocketAddr::new(vm_address(family), 40123);
+    let flow = flow_entries(&node, client);
+    assert_eq!(flow.len(), 2, "the flow's two entries: {flow:?}");
     for entry in &flow {
         assert_eq!(
             entry["closing"], true,
@@ -219,6 +204,95 @@ fn a_refused_connection_closes_its_whole_flow(family: Family) {
         format!("{vip} pod1 {client}"),
         "the client's next connection from the port reaches the backend and sees the VIP"
     );
+}
+
+/// A client that opens connections fast uses its ports again while the last flow from the
+/// port is still closing in conntrack. The next connection from the port is a new flow, to
+/// the backend chosen again: its answers come from the VIP, and none of the old flow's
+/// entries is left to translate them. (A new flow to the same backend takes the old
+/// entries over in place; one to another backend has them removed first.)
+fn a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again(family: Family) {
+    let node = LanNode::new(family, "pp-port-again", "u");
+    let vm = node.lan.vm();
+    let a = &node.a;
+    let _servers = node.tcp_servers(8080);
+    let web = |endpoints: &[(String, &str)]| {
+        a.exposed("web", 63)
+            .http_and_dns()
+            .endpoints(endpoints)
+            .yaml()
+    };
+    node.write("web.yaml", &web(&[a.pod1_endpoint()]));
+    let agent = node.agent(&[]);
+    let vip = family.vip(63).to_string();
+    let connect = || {
+        stdout_of(
+            vm.command("python3")
+                .args(["-c", CONNECT_FROM_PORT, &vip, "80", "40124"]),
+        )
+        .trim()
+        .to_owned()
+    };
+    let client = SocketAddr::new(vm_address(family), 40124);
+    for attempt in ["first", "second"] {
+        assert_eq!(
+            connect(),
+            format!("{vip} pod1 {client}"),
+            "the {attempt} connection from the port"
+        );
+    }
+    let pod = |entry: &serde_json::Value, address: IpAddr| {
+        [&entry["from"], &entry["rewritten_to"]].iter().any(|seen| {
+            seen.as_str()
+                .and_then(|seen| seen.parse::<SocketAddr>().ok())
+                .is_some_and(|seen| seen.ip() == address)
+        })
+    };
+    let flow = flow_entries(&node, client);
+    assert!(
+        flow.len() == 2 && flow.iter().all(|entry| pod(entry, a.pod1)),
+        "one flow to pod1 from the port, closing: {flow:?}"
+    );
+
+    node.write("web.yaml", &web(&[a.pod2_endpoint()]));
+    agent.wait_for_log("synced", 2);
+    assert_eq!(
+        connect(),
+        format!("{vip} pod2 {client}"),
+        "the connection after pod1 left the Service"
+    );
+    let flow = flow_entries(&node, client);
+    assert!(
+        flow.len() == 2 && flow.iter().all(|entry| pod(entry, a.pod2)),
+        "only the new flow's entries, to pod2: {flow:?}"
+    );
+}
+
+/// The VM's address in `family`.
+fn vm_address(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => VM,
+        Family::V6 => VM6,
+    }
+    .parse()
+    .expect("VM address")
+}
+
+/// The conntrack entries (both directions) of the flows of `client`, as `socklb inspect`
+/// shows them.
+fn flow_entries(node: &LanNode, client: SocketAddr) -> Vec<serde_json::Value> {
+    let inspection = node.sandbox.inspect();
+    inspection["conntrack"]
+        .as_array()
+        .expect("conntrack entries")
+        .iter()
+        .filter(|entry| {
+            [&entry["from"], &entry["rewritten_to"]]
+                .iter()
+                .any(|address| address.as_str() == Some(client.to_string().as_str()))
+        })
+        .cloned()
+        .collect()
 }
 
 /// A meshed pod1 (Istio's outbound capture): the pod's iptables REDIRECT every outbound TCP

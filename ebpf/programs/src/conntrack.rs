@@ -10,8 +10,8 @@
 //! ([`Family`]), each with its own two tables.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
 use socklb_abi::{
-    CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FORWARD, CT_REPLY,
-    CtEntry, CtKey, CtTimeouts, NodeConfig, PROTO_TCP, in_sequence_window,
+    CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT, CT_FORWARD,
+    CT_REPLY, CtEntry, CtKey, CtTimeouts, NodeConfig, PROTO_TCP, in_sequence_window,
 };
 
 use crate::{
@@ -549,23 +549,81 @@ fn forget_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
     let _ = table.remove(F::ct_key(&forward_key));
 }
 
+/// A new flow from the port of a closing flow that [`lookup_forward`] found in the main
+/// table and left in place (a pod's TCP flow without SNAT: a client that opens connections
+/// fast uses its ports again within the closing timeout). With `may_take_over` (the new
+/// flow is made in the main table without SNAT) and the old flow's backend, whose keys are
+/// then the new flow's, the old entries are written over in place: a fresh flow costs two
+/// deletes and two inserts, each a walk of cold buckets and of the LRU's lists. Otherwise
+/// the old entries are removed, so that the new flow is made as any other, and `false`.
+/// (A packet that makes no flow, refused or not ours, leaves them to their timeout.)
+///
+/// A packet read on another CPU meanwhile finds the same addresses and ports in either
+/// version of an entry: only flags, times and sequence numbers change.
+///
+/// IPv4 only ([`Family::SPLIT_FRAMES`] is false): IPv6's keys do not fit the stack its new
+/// flows are chosen in, so its closing flows are removed, then the new one inserted.
+#[inline(always)]
+pub fn take_over<F: Family>(
+    arrived: &Tuple<F::Addr>,
+    forward: &Entry<F>,
+    may_take_over: bool,
+) -> bool {
+    let table = F::conntrack();
+    let forward_key = key(arrived, CT_FORWARD);
+    let Some(old) = table.get_ptr_mut(F::ct_key(&forward_key)) else {
+        return false;
+    };
+    // SAFETY: pointers from successful lookups, valid for this run.
+    let old = unsafe { &mut *old };
+    let reply_key = other_direction(&forward_key, old);
+    let reply = table
+        .get_ptr_mut(F::ct_key(&reply_key))
+        .map(|entry| unsafe { &mut *entry })
+        .filter(|entry| points_to(entry, &forward_key));
+    // Another CPU may have taken the flow over since the lookup: then it is not closing.
+    let same_backend = old.flags & (CT_FLAG_CLOSING | CT_FLAG_SNAT) == CT_FLAG_CLOSING
+        && old.destination == forward.destination
+        && old.destination_port == forward.destination_port;
+    match reply {
+        Some(reply) if may_take_over && same_backend => {
+            *reply = reply_entry(arrived, forward);
+            *old = *forward;
+            true
+        }
+        reply => {
+            if reply.is_some() {
+                let _ = table.remove(F::ct_key(&reply_key));
+            }
+            let _ = table.remove(F::ct_key(&forward_key));
+            false
+        }
+    }
+}
+
 /// The reply direction of a forward entry: the key a backend's answer arrives with, and
-/// what it is rewritten to (the frontend the client asked for, back to the client). The
-/// backend's sequence numbers are not known until it answers.
+/// what it is rewritten to ([`reply_entry`]).
 #[inline(always)]
 pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &CtEntry<A>) -> (CtKey<A>, CtEntry<A>) {
     (
         other_direction(&key(arrived, CT_FORWARD), forward),
-        CtEntry {
-            source: arrived.destination,
-            destination: arrived.source,
-            source_port: arrived.destination_port,
-            destination_port: arrived.source_port,
-            flags: forward.flags & !CT_FLAG_SEQUENCE,
-            sequence_high: 0,
-            ..*forward
-        },
+        reply_entry(arrived, forward),
     )
+}
+
+/// The reply entry of a forward entry: the frontend the client asked for, back to the
+/// client. The backend's sequence numbers are not known until it answers.
+#[inline(always)]
+fn reply_entry<A: Copy>(arrived: &Tuple<A>, forward: &CtEntry<A>) -> CtEntry<A> {
+    CtEntry {
+        source: arrived.destination,
+        destination: arrived.source,
+        source_port: arrived.destination_port,
+        destination_port: arrived.source_port,
+        flags: forward.flags & !CT_FLAG_SEQUENCE,
+        sequence_high: 0,
+        ..*forward
+    }
 }
 
 /// What a new flow's forward entry is written with: a flow that another CPU made at the

@@ -224,12 +224,15 @@ pub fn try_ingress<F: Family, S: Side>(
         return Err(Error);
     };
     // Most packets are of no translated flow: the flow filter spares them the lookups.
-    let known = flow_filter::may_have_forward(&packet.tuple)
-        && known_flow::<F, S>(packet, segment, now, entry)?;
-    let mut outcome = if known {
-        Flow::To
+    let known = if flow_filter::may_have_forward(&packet.tuple) {
+        known_flow::<F, S>(packet, segment, now, entry)?
     } else {
-        new_flow::<F, S>(packet, now, entry)?
+        Known::None
+    };
+    let mut outcome = match known {
+        Known::Flow => Flow::To,
+        Known::None => new_flow::<F, S>(packet, now, entry, false)?,
+        Known::Closed => new_flow::<F, S>(packet, now, entry, true)?,
     };
     if outcome == Flow::NeedsSnat {
         outcome = snat::<F, S>(packet, entry, now)?;
@@ -256,7 +259,7 @@ pub fn try_ingress<F: Family, S: Side>(
         Flow::Refused => return Ok(REFUSE),
         Flow::To | Flow::NeedsSnat => {}
     }
-    if !known {
+    if known != Known::Flow {
         // Before this packet goes on, so before any reply. A packet of the same flow on
         // another CPU in between misses the slot, makes the flow again and is dropped as
         // raced (`flow_races`), as two first packets at once are.
@@ -420,20 +423,33 @@ pub fn try_egress<F: Family>(packet: &mut Packet<F::Addr>) -> Result<i32, Error>
     Ok(TC_ACT_OK)
 }
 
-/// The packet's flow if conntrack holds one that keeps its backend (written to `entry`);
-/// `false`: a new flow is chosen. An unconfirmed flow whose backend answered is confirmed
-/// by the client's next packet that is neither a SYN nor a FIN or RST.
+/// What conntrack holds for a packet's forward key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Known {
+    /// Nothing that keeps its backend: a new flow is chosen.
+    None = 0,
+    /// The packet's flow, which keeps its backend (written to the entry).
+    Flow = 1,
+    /// A closing flow of the same client port, left for the new flow to take over
+    /// ([`conntrack::take_over`]).
+    Closed = 2,
+}
+
+/// The packet's flow if conntrack holds one that keeps its backend. An unconfirmed flow
+/// whose backend answered is confirmed by the client's next packet that is neither a SYN
+/// nor a FIN or RST.
 #[inline(always)]
 fn known_flow<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     segment: Segment,
     now: u32,
     entry: &mut CtEntry<F::Addr>,
-) -> Result<bool, Error> {
+) -> Result<Known, Error> {
     if F::SPLIT_FRAMES {
         match known_flow_apart::<F, S>(packet, segment, now, entry) {
-            1 => Ok(true),
-            0 => Ok(false),
+            0 => Ok(Known::None),
+            1 => Ok(Known::Flow),
+            2 => Ok(Known::Closed),
             _ => Err(Error),
         }
     } else {
@@ -441,7 +457,7 @@ fn known_flow<F: Family, S: Side>(
     }
 }
 
-/// [`known_flow`] in a stack frame of its own: 1, 0 or -1.
+/// [`known_flow`] in a stack frame of its own: [`Known`] as a number, or -1.
 #[inline(never)]
 fn known_flow_apart<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
@@ -450,7 +466,7 @@ fn known_flow_apart<F: Family, S: Side>(
     entry: &mut CtEntry<F::Addr>,
 ) -> i32 {
     match known_flow_here::<F, S>(packet, segment, now, entry) {
-        Ok(known) => i32::from(known),
+        Ok(known) => known as i32,
         Err(Error) => -1,
     }
 }
@@ -461,7 +477,7 @@ fn known_flow_here<F: Family, S: Side>(
     segment: Segment,
     now: u32,
     entry: &mut CtEntry<F::Addr>,
-) -> Result<bool, Error> {
+) -> Result<Known, Error> {
     if let Some(mut found) = conntrack::lookup_forward::<F>(&packet.tuple, segment, now) {
         conntrack::reset_by_client::<F>(&packet.tuple, &found, segment);
         if !found.confirmed && found.entry.flags & CT_FLAG_CLOSING != 0 && packet.opens_connection()
@@ -469,6 +485,9 @@ fn known_flow_here<F: Family, S: Side>(
             conntrack::reopen::<F>(&packet.tuple, &mut found.entry);
         }
         if !keeps_backend::<F>(&found, packet) {
+            if may_be_taken_over::<F, S>(&found, packet) {
+                return Ok(Known::Closed);
+            }
             // Chosen afresh below; the old entries must neither shadow the new ones nor
             // hold their SNAT port.
             conntrack::forget::<F>(&packet.tuple, &found);
@@ -488,10 +507,23 @@ fn known_flow_here<F: Family, S: Side>(
             }
             trace_known::<_, S>(&packet.tuple, &found.entry);
             *entry = found.entry;
-            return Ok(true);
+            return Ok(Known::Flow);
         }
     }
-    Ok(false)
+    Ok(Known::None)
+}
+
+/// Whether a flow that does not keep its backend is a closing pod's IPv4 TCP flow in the
+/// main table without SNAT, met by a SYN from its client's port: left for the new flow to
+/// take over ([`conntrack::take_over`]).
+#[inline(always)]
+fn may_be_taken_over<F: Family, S: Side>(found: &Found<F::Addr>, packet: &Packet<F::Addr>) -> bool {
+    !F::SPLIT_FRAMES
+        && S::CONFIRMED_AT_ONCE
+        && found.confirmed
+        && packet.tuple.protocol == PROTO_TCP
+        && packet.opens_connection()
+        && found.entry.flags & (CT_FLAG_CLOSING | CT_FLAG_SNAT) == CT_FLAG_CLOSING
 }
 
 /// The trace event of a packet of a known flow.
@@ -555,11 +587,12 @@ fn new_flow<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     now: u32,
     out: &mut CtEntry<F::Addr>,
+    closed: bool,
 ) -> Result<Flow, Error> {
     if F::SPLIT_FRAMES {
-        Flow::decode(new_flow_apart::<F, S>(packet, now, out))
+        Flow::decode(new_flow_apart::<F, S>(packet, now, out, closed))
     } else {
-        new_flow_here::<F, S>(packet, now, out)
+        new_flow_here::<F, S>(packet, now, out, closed)
     }
 }
 
@@ -569,8 +602,9 @@ fn new_flow_apart<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     now: u32,
     out: &mut CtEntry<F::Addr>,
+    closed: bool,
 ) -> i32 {
-    Flow::code(new_flow_here::<F, S>(packet, now, out))
+    Flow::code(new_flow_here::<F, S>(packet, now, out, closed))
 }
 
 #[inline(always)]
@@ -578,6 +612,7 @@ fn new_flow_here<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     now: u32,
     out: &mut CtEntry<F::Addr>,
+    closed: bool,
 ) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
     // Most packets of no flow go to no frontend either: the filter spares them the lookups.
@@ -643,7 +678,17 @@ fn new_flow_here<F: Family, S: Side>(
         entry.flags = CT_FLAG_SEQUENCE;
         entry.sequence_high = segment.sequence_high;
     }
-    if S::snat(&backend, tuple.source) {
+    let snat = S::snat(&backend, tuple.source);
+    // The closing flow of the client's port (`Known::Closed`): taken over, or removed
+    // before this flow is made.
+    if !F::SPLIT_FRAMES && closed && conntrack::take_over::<F>(tuple, &entry, !snat && forwardable)
+    {
+        bump(S::flows);
+        trace_flow(&decision, tuple, false);
+        *out = entry;
+        return Ok(Flow::To);
+    }
+    if snat {
         // Before the SNAT port is taken.
         if ttl_exceeded(packet) {
             return Ok(Flow::TtlExceeded);
