@@ -25,6 +25,7 @@ use socklb_tests::{
     hold_bin,
     lan::{Addresses, LanNode, VM, VM6, answers, servers_of},
     mesh_proxy_bin,
+    netns::Netns,
     privileges::chart_agent,
     run, stdout_of, wait,
 };
@@ -178,14 +179,7 @@ fn a_refused_connection_closes_its_whole_flow(family: Family) {
     );
     let _agent = node.agent(&[]);
     let vip = family.vip(62).to_string();
-    let connect = || {
-        stdout_of(
-            vm.command("python3")
-                .args(["-c", CONNECT_FROM_PORT, &vip, "80", "40123"]),
-        )
-        .trim()
-        .to_owned()
-    };
+    let connect = || connect_from_port(&vm, &vip, 40123);
     assert_eq!(connect(), "refused", "nothing listens on pod1's port yet");
     let client = SocketAddr::new(vm_address(family), 40123);
     let flow = flow_entries(&node, client);
@@ -225,14 +219,7 @@ fn a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again
     node.write("web.yaml", &web(&[a.pod1_endpoint()]));
     let agent = node.agent(&[]);
     let vip = family.vip(63).to_string();
-    let connect = || {
-        stdout_of(
-            vm.command("python3")
-                .args(["-c", CONNECT_FROM_PORT, &vip, "80", "40124"]),
-        )
-        .trim()
-        .to_owned()
-    };
+    let connect = || connect_from_port(&vm, &vip, 40124);
     let client = SocketAddr::new(vm_address(family), 40124);
     for attempt in ["first", "second"] {
         assert_eq!(
@@ -266,6 +253,17 @@ fn a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again
         flow.len() == 2 && flow.iter().all(|entry| pod(entry, a.pod2)),
         "only the new flow's entries, to pod2: {flow:?}"
     );
+}
+
+/// A connection from the VM to `vip` port 80 from its port `local`
+/// ([`CONNECT_FROM_PORT`]): `refused`, or the peer's address and the server's answer.
+fn connect_from_port(vm: &Netns, vip: &str, local: u16) -> String {
+    stdout_of(
+        vm.command("python3")
+            .args(["-c", CONNECT_FROM_PORT, vip, "80", &local.to_string()]),
+    )
+    .trim()
+    .to_owned()
 }
 
 /// The VM's address in `family`.
