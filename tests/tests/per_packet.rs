@@ -235,9 +235,13 @@ fn a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again
                 .is_some_and(|seen| seen.ip() == address)
         })
     };
+    // Closing once over (FINs both ways): what the next connection from the port meets.
     let flow = flow_entries(&node, client);
     assert!(
-        flow.len() == 2 && flow.iter().all(|entry| pod(entry, a.pod1)),
+        flow.len() == 2
+            && flow
+                .iter()
+                .all(|entry| pod(entry, a.pod1) && entry["closing"] == true),
         "one flow to pod1 from the port, closing: {flow:?}"
     );
 
@@ -252,6 +256,11 @@ fn a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again
     assert!(
         flow.len() == 2 && flow.iter().all(|entry| pod(entry, a.pod2)),
         "only the new flow's entries, to pod2: {flow:?}"
+    );
+    assert_eq!(
+        node.counters().flow_races,
+        0,
+        "no SYN was dropped as another CPU's flow"
     );
 }
 

@@ -549,17 +549,32 @@ fn forget_here<F: Family>(arrived: &Tuple<F::Addr>, found: &Found<F::Addr>) {
     let _ = table.remove(F::ct_key(&forward_key));
 }
 
+/// What became of the closing flow a new flow found on its client's port.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum TakeOver {
+    /// The new flow was written over its entries.
+    Taken,
+    /// Its entries were removed (or had gone): the new flow is made as any other.
+    Removed,
+    /// Another CPU made a new flow there first (a SYN's retransmit): this packet's is not
+    /// made, as with two first packets at once.
+    Raced,
+}
+
 /// A new flow from the port of a closing flow that [`lookup_forward`] found in the main
 /// table and left in place (a pod's TCP flow without SNAT: a client that opens connections
 /// fast uses its ports again within the closing timeout). With `may_take_over` (the new
 /// flow is made in the main table without SNAT) and the old flow's backend, whose keys are
 /// then the new flow's, the old entries are written over in place: a fresh flow costs two
 /// deletes and two inserts, each a walk of cold buckets and of the LRU's lists. Otherwise
-/// the old entries are removed, so that the new flow is made as any other, and `false`.
-/// (A packet that makes no flow, refused or not ours, leaves them to their timeout.)
+/// the old entries are removed. (A SYN that makes no flow, refused or not ours, does not
+/// get here: the entries stay, and its retransmits keep them until the client gives up.)
 ///
-/// A packet read on another CPU meanwhile finds the same addresses and ports in either
-/// version of an entry: only flags, times and sequence numbers change.
+/// The addresses and ports of either version of an entry are the same, so a packet read
+/// on another CPU meanwhile is translated alike. A late packet of the old flow that
+/// refreshes an entry while it is written may put the old flow's flags back (closing: the
+/// new flow then has the closing timeout until its next packets), as it may between a
+/// remove and an insert.
 ///
 /// IPv4 only ([`Family::SPLIT_FRAMES`] is false): IPv6's keys do not fit the stack its new
 /// flows are chosen in, so its closing flows are removed, then the new one inserted.
@@ -568,35 +583,37 @@ pub fn take_over<F: Family>(
     arrived: &Tuple<F::Addr>,
     forward: &Entry<F>,
     may_take_over: bool,
-) -> bool {
+) -> TakeOver {
     let table = F::conntrack();
     let forward_key = key(arrived, CT_FORWARD);
     let Some(old) = table.get_ptr_mut(F::ct_key(&forward_key)) else {
-        return false;
+        return TakeOver::Removed;
     };
     // SAFETY: pointers from successful lookups, valid for this run.
     let old = unsafe { &mut *old };
+    // Closing when the lookup found it: only another CPU's new flow changed that.
+    if old.flags & (CT_FLAG_CLOSING | CT_FLAG_SNAT) != CT_FLAG_CLOSING {
+        return TakeOver::Raced;
+    }
     let reply_key = other_direction(&forward_key, old);
     let reply = table
         .get_ptr_mut(F::ct_key(&reply_key))
         .map(|entry| unsafe { &mut *entry })
         .filter(|entry| points_to(entry, &forward_key));
-    // Another CPU may have taken the flow over since the lookup: then it is not closing.
-    let same_backend = old.flags & (CT_FLAG_CLOSING | CT_FLAG_SNAT) == CT_FLAG_CLOSING
-        && old.destination == forward.destination
-        && old.destination_port == forward.destination_port;
+    let same_backend =
+        old.destination == forward.destination && old.destination_port == forward.destination_port;
     match reply {
         Some(reply) if may_take_over && same_backend => {
             *reply = reply_entry(arrived, forward);
             *old = *forward;
-            true
+            TakeOver::Taken
         }
         reply => {
             if reply.is_some() {
                 let _ = table.remove(F::ct_key(&reply_key));
             }
             let _ = table.remove(F::ct_key(&forward_key));
-            false
+            TakeOver::Removed
         }
     }
 }

@@ -17,7 +17,7 @@ use socklb_abi::{
 
 use crate::{
     backend,
-    conntrack::{self, Found},
+    conntrack::{self, Found, TakeOver},
     counters::bump,
     deliver::{self, TC_ACT_OK, TC_ACT_SHOT},
     family::Family,
@@ -435,9 +435,10 @@ enum Known {
     Closed = 2,
 }
 
-/// The packet's flow if conntrack holds one that keeps its backend. An unconfirmed flow
-/// whose backend answered is confirmed by the client's next packet that is neither a SYN
-/// nor a FIN or RST.
+/// The packet's flow if conntrack holds one that keeps its backend; else whether a closing
+/// flow of the client's port is left for the new flow to take over, or nothing is
+/// ([`Known`]). An unconfirmed flow whose backend answered is confirmed by the client's
+/// next packet that is neither a SYN nor a FIN or RST.
 #[inline(always)]
 fn known_flow<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
@@ -681,12 +682,17 @@ fn new_flow_here<F: Family, S: Side>(
     let snat = S::snat(&backend, tuple.source);
     // The closing flow of the client's port (`Known::Closed`): taken over, or removed
     // before this flow is made.
-    if !F::SPLIT_FRAMES && closed && conntrack::take_over::<F>(tuple, &entry, !snat && forwardable)
-    {
-        bump(S::flows);
-        trace_flow(&decision, tuple, false);
-        *out = entry;
-        return Ok(Flow::To);
+    if !F::SPLIT_FRAMES && closed {
+        match conntrack::take_over::<F>(tuple, &entry, !snat && forwardable) {
+            TakeOver::Taken => {
+                bump(S::flows);
+                trace_flow(&decision, tuple, false);
+                *out = entry;
+                return Ok(Flow::To);
+            }
+            TakeOver::Raced => return Ok(Flow::Raced),
+            TakeOver::Removed => {}
+        }
     }
     if snat {
         // Before the SNAT port is taken.
