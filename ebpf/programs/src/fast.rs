@@ -1,18 +1,22 @@
-//! The fast path of the ingress programs: the packets most traffic is, handled in a small
-//! subprogram of their own, so that they run through a few cache lines of code. The full
-//! path (`flow`) holds both families, new flows, SNAT, ICMP errors and refusals in over 80
-//! KB of JIT code; a node runs its whole network stack between two packets of a connection,
-//! so the lines a packet needs there are rarely still in cache.
+//! The fast path of the TC programs: the packets most traffic is, handled in a few cache
+//! lines of code. The full path (`flow`) holds both families, new flows, SNAT, ICMP errors
+//! and refusals in over 80 KB of JIT code; a node runs its whole network stack between two
+//! packets of a connection, so the lines a packet needs there are rarely still in cache.
 //!
-//! Here, for an IPv4 packet without options or fragments:
-//! - no translated flow and no frontend (the filters say so; a server's answers on its own
-//!   device): passed;
-//! - a TCP segment other than a SYN, or a UDP datagram, of a flow in the main conntrack
-//!   table that keeps its backend: translated, as the full path would (a FIN recorded, a
-//!   RST marking the flow closing).
+//! For an IPv4 packet without options or fragments:
+//! - the screens ([`screen_ingress4`], [`egress_passes4`]) run in line in the programs'
+//!   entries, before any call: a packet of no translated flow, to no frontend, passes
+//!   there. About half the runs are such: each packet of a flow between two pods of the
+//!   node also crosses the other pod's device, where it is the server's answer (ingress) or
+//!   the client's packet on its way in (egress). Such a run then makes no call: each
+//!   subprogram's JIT code is an image of its own, elsewhere in memory, rarely in cache;
+//! - [`ingress4`], the packets the ingress screen finds a flow may have: a TCP segment
+//!   other than a SYN, or a UDP datagram, of a flow in the main conntrack table that keeps
+//!   its backend, translated as the full path would (a FIN recorded, a RST marking the flow
+//!   closing).
 //!
-//! Anything else ([`FULL`]) goes on to the full path, which looks at it afresh: the lookup
-//! here changed nothing that the full path's would not.
+//! Anything else goes on to the full path, which looks at it afresh: the lookup here
+//! changed nothing that the full path's would not.
 use aya_ebpf::programs::TcContext;
 use socklb_abi::{CT_FLAG_SNAT, CT_FORWARD, PROTO_TCP};
 
@@ -24,29 +28,87 @@ use crate::{
     flow_filter, frontend_filter,
     maps::NODE,
     nat,
-    packet::{Ending, Packet},
+    packet::{Ending, Packet, Tuple},
     side::Side,
 };
 
 /// The packet is not one of the fast path's: the full path takes it.
 pub const FULL: i32 = i32::MIN;
 
-/// An IPv4 packet arriving on a device of side `S`: its verdict (a code of the full path's,
-/// such as `TOO_BIG`, when a SNATed flow's packet is forwarded), or [`FULL`].
+/// Where an ingress program's entry sends an IPv4 packet.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Screen {
+    /// Of no translated flow, to no frontend: passed untouched.
+    Pass,
+    /// Maybe of a translated flow: [`ingress4`].
+    Fast,
+    /// Not plain, the first packet of a connection, maybe the reply of a SNATed flow, or to
+    /// a frontend: the full path.
+    Full,
+}
+
+/// Where an IPv4 packet arriving on a device goes, screened in line by its headers and the
+/// filters (reads of small arrays).
+#[inline(always)]
+pub fn screen_ingress4(ctx: &TcContext) -> Screen {
+    let Some(packet) = Packet::<u32>::parse_plain(ctx) else {
+        return Screen::Full;
+    };
+    if packet.opens_connection() {
+        return Screen::Full;
+    }
+    let tuple = settled(&packet.tuple);
+    if flow_filter::forward_marked(&tuple) {
+        return Screen::Fast;
+    }
+    if frontend_filter::frontend_marked(&tuple) || conntrack::may_be_snat_reply(&tuple, NODE.get(0))
+    {
+        return Screen::Full;
+    }
+    Screen::Pass
+}
+
+/// Whether an IPv4 packet leaving a device passes untouched, screened in line: plain, and
+/// from no backend a flow was sent to (the flow filter), so the reply of no flow.
+#[inline(always)]
+pub fn egress_passes4(ctx: &TcContext) -> bool {
+    Packet::<u32>::parse_plain(ctx)
+        .is_some_and(|packet| !flow_filter::reply_marked(&settled(&packet.tuple)))
+}
+
+/// The tuple with each field in one register from here on. A field read from the packet
+/// is put together from byte loads (the packet's alignment is unknown), which the compiler
+/// would keep apart until the field's use, in as many registers, spilled around the map
+/// lookups in between: in an entry, whose frame every call chain of the program adds up,
+/// those spills cost the IPv6 path the room its chain needs.
+#[inline(always)]
+fn settled(tuple: &Tuple<u32>) -> Tuple<u32> {
+    Tuple {
+        source: settle(tuple.source.into()) as u32,
+        destination: settle(tuple.destination.into()) as u32,
+        source_port: settle(tuple.source_port.into()) as u16,
+        destination_port: settle(tuple.destination_port.into()) as u16,
+        protocol: settle(tuple.protocol.into()) as u8,
+    }
+}
+
+/// `value`, computed here: opaque to the compiler, which then cannot split it up again.
+#[inline(always)]
+fn settle(mut value: u64) -> u64 {
+    // SAFETY: a move of the register to itself (an instruction, so that the line info
+    // the kernel checks has no two lines at one offset).
+    unsafe { core::arch::asm!("{0} = {0}", inout(reg) value, options(pure, nomem, nostack)) };
+    value
+}
+
+/// An IPv4 packet arriving on a device of side `S` that [`screen_ingress4`] sent here: its
+/// verdict (a code of the full path's, such as `TOO_BIG`, when a SNATed flow's packet is
+/// forwarded), or [`FULL`].
 #[inline(never)]
 pub fn ingress4<S: Side>(ctx: &TcContext) -> i32 {
     let Some(mut packet) = Packet::<u32>::parse_plain(ctx) else {
         return FULL;
     };
-    if packet.opens_connection() || conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0)) {
-        return FULL;
-    }
-    if !flow_filter::may_have_forward(&packet.tuple) {
-        if frontend_filter::may_be_frontend(&packet.tuple) {
-            return FULL;
-        }
-        return TC_ACT_OK;
-    }
     let segment = packet.segment();
     if segment.ending == Ending::Fin {
         conntrack::record_fin::<V4>(&packet.tuple, CT_FORWARD, segment.sequence_high);

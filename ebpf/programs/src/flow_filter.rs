@@ -22,6 +22,12 @@ use crate::{
 /// entries that predate it.
 #[inline(never)]
 pub fn may_have_forward<A: Address>(tuple: &Tuple<A>) -> bool {
+    forward_marked(tuple)
+}
+
+/// [`may_have_forward`] in line, for a caller whose stack and paths allow it.
+#[inline(always)]
+pub fn forward_marked<A: Address>(tuple: &Tuple<A>) -> bool {
     marked(flow_filter_destination(
         tuple.destination.folded(),
         tuple.destination_port,
@@ -33,6 +39,12 @@ pub fn may_have_forward<A: Address>(tuple: &Tuple<A>) -> bool {
 /// sent to).
 #[inline(never)]
 pub fn may_have_reply<A: Address>(tuple: &Tuple<A>) -> bool {
+    reply_marked(tuple)
+}
+
+/// [`may_have_reply`] in line, for a caller whose stack and paths allow it.
+#[inline(always)]
+pub fn reply_marked<A: Address>(tuple: &Tuple<A>) -> bool {
     marked(flow_filter_source(
         tuple.source.folded(),
         tuple.source_port,

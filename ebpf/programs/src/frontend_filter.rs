@@ -17,6 +17,12 @@ use crate::{
 /// are: its slot arithmetic lives in a frame of its own, walked once per call.
 #[inline(never)]
 pub fn may_be_frontend<A: Address>(tuple: &Tuple<A>) -> bool {
+    frontend_marked(tuple)
+}
+
+/// [`may_be_frontend`] in line, for a caller whose stack and paths allow it.
+#[inline(always)]
+pub fn frontend_marked<A: Address>(tuple: &Tuple<A>) -> bool {
     let slot = frontend_filter_slot(
         tuple.destination.folded(),
         tuple.destination_port,
