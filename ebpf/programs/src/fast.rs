@@ -5,11 +5,12 @@
 //!
 //! For an IPv4 packet without options or fragments:
 //! - the screens ([`screen_ingress4`], [`egress_passes4`]) run in line in the programs'
-//!   entries, before any call: a packet of no translated flow, to no frontend, passes
-//!   there. About half the runs are such: each packet of a flow between two pods of the
-//!   node also crosses the other pod's device, where it is the server's answer (ingress) or
-//!   the client's packet on its way in (egress). Such a run then makes no call: each
-//!   subprogram's JIT code is an image of its own, elsewhere in memory, rarely in cache;
+//!   entries, before any call: a packet of no translated flow (not a SYN), to no frontend,
+//!   passes there. Each packet of a flow between two pods of the node also crosses the
+//!   other pod's device, where it is such a packet (the server's answer at ingress, the
+//!   client's packet on its way in at egress): about half the runs in `bench pod`. Such a
+//!   run then makes no call: each subprogram's JIT code is an image of its own, elsewhere
+//!   in memory, rarely in cache;
 //! - [`ingress4`], the packets the ingress screen finds a flow may have: a TCP segment
 //!   other than a SYN, or a UDP datagram, of a flow in the main conntrack table that keeps
 //!   its backend, translated as the full path would (a FIN recorded, a RST marking the flow
@@ -54,15 +55,14 @@ pub fn screen_ingress4(ctx: &TcContext) -> Screen {
     let Some(packet) = Packet::<u32>::parse_plain(ctx) else {
         return Screen::Full;
     };
-    if packet.opens_connection() {
+    let tuple = settled(&packet.tuple);
+    if packet.opens_connection() || conntrack::may_be_snat_reply(&tuple, NODE.get(0)) {
         return Screen::Full;
     }
-    let tuple = settled(&packet.tuple);
     if flow_filter::forward_marked(&tuple) {
         return Screen::Fast;
     }
-    if frontend_filter::frontend_marked(&tuple) || conntrack::may_be_snat_reply(&tuple, NODE.get(0))
-    {
+    if frontend_filter::frontend_marked(&tuple) {
         return Screen::Full;
     }
     Screen::Pass

@@ -406,7 +406,8 @@ fn trace_snat_exhausted<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEnt
 }
 
 /// Replies of backends on their way to a client (not SNATed: those come in at ingress):
-/// shown as coming from the frontend.
+/// shown as coming from the frontend. `screened`: the entry's screen found the packet's
+/// slot in the flow filter marked already.
 #[inline(always)]
 pub fn try_egress<F: Family>(packet: &mut Packet<F::Addr>, screened: bool) -> Result<i32, Error> {
     if !screened && !flow_filter::may_have_reply(&packet.tuple) {

@@ -4,10 +4,11 @@
 //! in tables whose buckets are rarely in cache. Slots are marked before a new flow's packet
 //! goes on; the programs never clear one (the agent rebuilds the filter at each start).
 //!
-//! Each function is out of line and reads what it needs through its arguments' pointers:
-//! its slot arithmetic and lookup keys then live in a frame of its own (IPv6's path has no
-//! stack to spare), and the verifier walks its few paths once per call, not the caller's
-//! path after each.
+//! The `may_have_*` functions are out of line and read what they need through their
+//! arguments' pointers: their slot arithmetic and lookup keys then live in a frame of their
+//! own (IPv6's path has no stack to spare), and the verifier walks their few paths once per
+//! call, not the caller's path after each. The `*_marked` ones are in line, for the IPv4
+//! screens in the programs' entries (`fast`), which make no call.
 use socklb_abi::{
     CtEntry, FLOW_FILTER_READY, FilterSlot, flow_filter_destination, flow_filter_source,
 };

@@ -613,9 +613,12 @@ impl<'a> Packet<'a, u32> {
     /// by (source, destination, IP id, protocol) as they arrive.
     #[inline(always)]
     pub fn parse(ctx: &'a TcContext) -> Option<Self> {
-        if let Some(packet) = Self::parse_plain(ctx) {
-            return Some(packet);
-        }
+        Self::parse_plain(ctx).or_else(|| Self::parse_unusual(ctx))
+    }
+
+    /// [`Self::parse`] of a packet [`Self::parse_plain`] left: read by helper calls.
+    #[inline(always)]
+    pub fn parse_unusual(ctx: &'a TcContext) -> Option<Self> {
         let ip: Ipv4Header = ctx.load(ETH_HLEN).ok()?;
         if ip.version_ihl >> 4 != 4 || ip.version_ihl & 0x0f < 5 {
             return None;

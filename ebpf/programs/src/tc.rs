@@ -112,7 +112,7 @@ fn egress4(ctx: &TcContext) -> i32 {
     // A plain packet comes here after the entry's screen found its slot marked.
     let (mut packet, screened) = match Packet::<u32>::parse_plain(ctx) {
         Some(packet) => (packet, true),
-        None => match Packet::<u32>::parse(ctx) {
+        None => match Packet::<u32>::parse_unusual(ctx) {
             Some(packet) => (packet, false),
             None => return NOT_TCP_OR_UDP,
         },
