@@ -24,6 +24,7 @@ socklb_tests::for_each_family!(
     a_cni_s_netfilter_rules_leave_every_external_path_working,
     a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it,
     a_client_routed_to_the_service_cidr_reaches_cluster_ips_with_the_flag,
+    an_unconfirmed_flow_keeps_its_backend_across_a_restart,
 );
 
 /// One request with curl from the LAN's client (the servers answer without HTTP headers);
@@ -725,6 +726,76 @@ fn a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches
         );
     }
     assert_eq!(node.counters().errors, 0);
+}
+
+/// A flow from outside waits in the unconfirmed table until its backend answers, and its
+/// packets are looked for there only if the flow filter marks its frontend as having
+/// unconfirmed flows. An agent's start rebuilds the filter from the tables: it must mark
+/// that slot too, or the flow's next datagram misses its entries, makes the flow again and
+/// is dropped as raced. The backend has no server on the port: its port-unreachable
+/// error, translated back, tells the client (a connected socket) that its datagram arrived.
+fn an_unconfirmed_flow_keeps_its_backend_across_a_restart(family: Family) {
+    let node = LanNode::new(family, "ext-unconfirmed", "q");
+    let a = &node.a;
+    node.write(
+        "quiet.yaml",
+        &a.exposed("quiet", 97)
+            .port("dns", 53, 5999, 30097, "UDP")
+            .endpoints(&[a.pod1_endpoint()])
+            .yaml(),
+    );
+    let agent = node.agent(&[]);
+    let frontend: SocketAddr = Addresses::at(a.node1, 30097).parse().expect("address");
+    let client: SocketAddr = Addresses::at(a.client, 40600).parse().expect("address");
+    let socket = node.lan.client.enter(|| {
+        let socket = std::net::UdpSocket::bind(client).expect("bind the client");
+        socket.connect(frontend).expect("connect the client");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .expect("timeout");
+        socket
+    });
+    let refused = |case: &str| {
+        socket.send(b"ping").expect("send");
+        let error = socket
+            .recv(&mut [0; 64])
+            .expect_err("no server answers on the backend's port");
+        assert_eq!(
+            error.kind(),
+            std::io::ErrorKind::ConnectionRefused,
+            "{case}: the backend's port-unreachable error, translated back: {error}"
+        );
+    };
+    refused("the first datagram");
+    let unconfirmed = |case: &str| {
+        let inspection = node.sandbox.inspect();
+        let forward: Vec<_> = inspection["conntrack"]
+            .as_array()
+            .expect("conntrack entries")
+            .iter()
+            .filter(|entry| {
+                entry["direction"] == "forward" && entry["from"] == client.to_string().as_str()
+            })
+            .cloned()
+            .collect();
+        assert!(
+            forward.len() == 1 && forward[0]["confirmed"] == false,
+            "{case}: one unconfirmed flow from the client: {forward:?}"
+        );
+    };
+    unconfirmed("before the restart");
+    let flows = node.counters().external_flows;
+    drop(agent);
+
+    let _agent = node.agent(&[]);
+    refused("the datagram after the restart");
+    unconfirmed("after the restart");
+    let counters = node.counters();
+    assert_eq!(
+        (counters.external_flows, counters.flow_races),
+        (flows, 0),
+        "the datagram followed its flow: none made again, none dropped as raced"
+    );
 }
 
 /// A node device eth0 holding `addresses` in this thread's namespace (this kernel has no

@@ -712,7 +712,8 @@ pub fn table(inspection: &Inspection) -> String {
     if let Some(fill) = &inspection.flow_filter {
         let _ = write!(
             out,
-            "\nflow filter: {}, {} of {} frontend slots and {} of {} backend slots marked",
+            "\nflow filter: {}, {} of {} frontend slots, {} of {} backend slots and {} of {} \
+             unconfirmed frontend slots marked",
             if fill.ready {
                 "trusted"
             } else {
@@ -721,6 +722,8 @@ pub fn table(inspection: &Inspection) -> String {
             fill.frontends,
             fill.slots,
             fill.backends,
+            fill.slots,
+            fill.unconfirmed,
             fill.slots,
         );
     }

@@ -16,8 +16,8 @@ use std::{
 use aya::maps::{HashMap, Map, MapData};
 use socklb_abi::{
     CT_FORWARD, CtEntry, CtKey, FLOW_FILTER_DESTINATIONS, FLOW_FILTER_ENTRIES, FLOW_FILTER_READY,
-    FLOW_FILTER_SLOTS, FLOW_FILTER_SOURCES, flow_filter_destination, flow_filter_source, fold_ipv6,
-    map_names,
+    FLOW_FILTER_SLOTS, FLOW_FILTER_SOURCES, FLOW_FILTER_UNCONFIRMED, FilterSlot,
+    flow_filter_destination, flow_filter_source, flow_filter_unconfirmed, fold_ipv6, map_names,
 };
 
 use super::{
@@ -27,6 +27,13 @@ use super::{
 
 /// The filter's words, mapped into this process.
 struct Mapped(MappedWords);
+
+/// Which of a family's two conntrack tables an entry is in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Table {
+    Main,
+    Unconfirmed,
+}
 
 impl Mapped {
     fn open(pin_dir: &Path) -> Result<Self, MappedWordsError> {
@@ -38,14 +45,27 @@ impl Mapped {
             .store(u64::from(ready), Ordering::SeqCst);
     }
 
-    /// Marks the slot of an entry's key: its destination for a forward entry (the frontend),
-    /// its source for a reply entry (the backend), as the programs do.
-    fn mark<A>(&self, key: &CtKey<A>, fold: impl Fn(&A) -> u32) {
-        let slot = if key.direction == CT_FORWARD {
-            flow_filter_destination(fold(&key.destination), key.destination_port, key.protocol)
-        } else {
-            flow_filter_source(fold(&key.source), key.source_port, key.protocol)
-        };
+    /// Marks the slots of an entry's key, as the programs do: its destination for a forward
+    /// entry (the frontend), also among the unconfirmed ones for an entry in an
+    /// unconfirmed table; its source for a reply entry (the backend).
+    fn mark<A>(&self, key: &CtKey<A>, table: Table, fold: impl Fn(&A) -> u32) {
+        if key.direction != CT_FORWARD {
+            self.set(flow_filter_source(
+                fold(&key.source),
+                key.source_port,
+                key.protocol,
+            ));
+            return;
+        }
+        let (frontend, port, protocol) =
+            (fold(&key.destination), key.destination_port, key.protocol);
+        self.set(flow_filter_destination(frontend, port, protocol));
+        if table == Table::Unconfirmed {
+            self.set(flow_filter_unconfirmed(frontend, port, protocol));
+        }
+    }
+
+    fn set(&self, slot: FilterSlot) {
         self.word(slot.word).fetch_or(slot.bit, Ordering::Relaxed);
     }
 
@@ -70,17 +90,23 @@ pub fn distrust(pin_dir: &Path) -> Result<(), MappedWordsError> {
 /// entries were read.
 pub fn seed(pin_dir: &Path) -> Result<usize, MappedWordsError> {
     let filter = Mapped::open(pin_dir)?;
-    for word in FLOW_FILTER_DESTINATIONS.start..FLOW_FILTER_SOURCES.end {
+    for word in FLOW_FILTER_DESTINATIONS.start..FLOW_FILTER_UNCONFIRMED.end {
         filter.word(word).store(0, Ordering::Relaxed);
     }
     // The unconfirmed tables first: a flow confirmed meanwhile moves to its main table, which
     // is walked after; a walk the other way round could miss it in both.
     let mut entries = 0;
-    for name in [map_names::CONNTRACK_NEW, map_names::CONNTRACK] {
-        entries += filter.mark_table::<u32>(pin_dir, name, |address| *address)?;
+    for (name, table) in [
+        (map_names::CONNTRACK_NEW, Table::Unconfirmed),
+        (map_names::CONNTRACK, Table::Main),
+    ] {
+        entries += filter.mark_table::<u32>(pin_dir, name, table, |address| *address)?;
     }
-    for name in [map_names::CONNTRACK_NEW6, map_names::CONNTRACK6] {
-        entries += filter.mark_table(pin_dir, name, fold_ipv6)?;
+    for (name, table) in [
+        (map_names::CONNTRACK_NEW6, Table::Unconfirmed),
+        (map_names::CONNTRACK6, Table::Main),
+    ] {
+        entries += filter.mark_table(pin_dir, name, table, fold_ipv6)?;
     }
     filter.set_ready(true);
     Ok(entries)
@@ -97,6 +123,9 @@ pub struct Fill {
     /// Marked slots of frontends with flows, and of their backends.
     pub frontends: u32,
     pub backends: u32,
+    /// Marked slots of frontends with flows made in an unconfirmed table: flows from
+    /// outside, and pods' flows whose reply key another flow held.
+    pub unconfirmed: u32,
 }
 
 /// The filter's [`Fill`]; `None` when it is not pinned (an agent from before it).
@@ -115,6 +144,7 @@ pub fn fill(pin_dir: &Path) -> Result<Option<Fill>, MappedWordsError> {
         slots: FLOW_FILTER_SLOTS,
         frontends: marked(FLOW_FILTER_DESTINATIONS),
         backends: marked(FLOW_FILTER_SOURCES),
+        unconfirmed: marked(FLOW_FILTER_UNCONFIRMED),
     }))
 }
 
@@ -126,6 +156,7 @@ impl Mapped {
         &self,
         pin_dir: &Path,
         name: &'static str,
+        table: Table,
         fold: impl Fn(&A) -> u32,
     ) -> Result<usize, MappedWordsError>
     where
@@ -134,11 +165,11 @@ impl Mapped {
     {
         let error = |source| MappedWordsError::Open { name, source };
         let map = MapData::from_pin(pins::map_pin(pin_dir, name)).map_err(error)?;
-        let table: HashMap<MapData, CtKey<A>, CtEntry<A>> =
+        let entries: HashMap<MapData, CtKey<A>, CtEntry<A>> =
             Map::HashMap(map).try_into().map_err(error)?;
         let mut read = 0;
-        for key in table.keys().filter_map(Result::ok) {
-            self.mark(&key, &fold);
+        for key in entries.keys().filter_map(Result::ok) {
+            self.mark(&key, table, &fold);
             read += 1;
         }
         Ok(read)

@@ -8,7 +8,11 @@
 //!   holds the destination before translation), so [`flow_filter_destination`] marks the
 //!   slot of each such (frontend, port, protocol);
 //! - a reply entry exists only for a packet from a backend a flow was sent to, so
-//!   [`flow_filter_source`] marks the slot of each such (backend, port, protocol).
+//!   [`flow_filter_source`] marks the slot of each such (backend, port, protocol);
+//! - a forward entry waits in the unconfirmed table only for a frontend a flow was made
+//!   there for, so [`flow_filter_unconfirmed`] marks the slot of each such frontend. A
+//!   flow from outside always starts there, a pod's flow only when another flow holds its
+//!   reply key: a pod's first packet is then looked for in the main table alone.
 //!
 //! Slots are marked before a new flow's packet goes on and never cleared while the programs
 //! trust the filter, so an unmarked slot proves that no entry exists (a marked one only
@@ -38,8 +42,11 @@ pub const FLOW_FILTER_READY: u32 = 0;
 pub const FLOW_FILTER_DESTINATIONS: Range<u32> = 1..1 + WORDS;
 /// The words of the backends' slots (sources of reply entries).
 pub const FLOW_FILTER_SOURCES: Range<u32> = 1 + WORDS..1 + 2 * WORDS;
-/// Words of the map: the ready flag, then the destination slots, then the source slots.
-pub const FLOW_FILTER_ENTRIES: u32 = FLOW_FILTER_SOURCES.end;
+/// The words of the slots of frontends with flows in the unconfirmed table (destinations
+/// of its forward entries).
+pub const FLOW_FILTER_UNCONFIRMED: Range<u32> = 1 + 2 * WORDS..1 + 3 * WORDS;
+/// Words of the map: the ready flag, then the destination, source and unconfirmed slots.
+pub const FLOW_FILTER_ENTRIES: u32 = FLOW_FILTER_UNCONFIRMED.end;
 
 /// A frontend's slot (the destination of forward entries).
 #[must_use]
@@ -67,6 +74,19 @@ pub fn flow_filter_source(address: u32, port: u16, protocol: u8) -> FilterSlot {
     )
 }
 
+/// A frontend's slot among those with flows in the unconfirmed table.
+#[must_use]
+#[inline(always)]
+pub fn flow_filter_unconfirmed(address: u32, port: u16, protocol: u8) -> FilterSlot {
+    filter_slot(
+        FLOW_FILTER_UNCONFIRMED.start,
+        FLOW_FILTER_SLOTS,
+        address,
+        port,
+        protocol,
+    )
+}
+
 /// An IPv6 address in one word, for the slot functions.
 #[must_use]
 #[inline(always)]
@@ -87,13 +107,17 @@ mod tests {
         for (address, port) in [(0, 0), (u32::MAX, u16::MAX), (0x0a00_0001, 80), (7, 53)] {
             let destination = flow_filter_destination(address, port, 6);
             let source = flow_filter_source(address, port, 6);
+            let unconfirmed = flow_filter_unconfirmed(address, port, 6);
             assert!((1..=WORDS).contains(&destination.word), "{destination:?}");
+            assert!(FLOW_FILTER_SOURCES.contains(&source.word), "{source:?}");
             assert!(
-                (1 + WORDS..FLOW_FILTER_ENTRIES).contains(&source.word),
-                "{source:?}"
+                FLOW_FILTER_UNCONFIRMED.contains(&unconfirmed.word),
+                "{unconfirmed:?}"
             );
+            assert_eq!(unconfirmed.word - 2 * WORDS, destination.word);
             assert_eq!(destination.bit.count_ones(), 1);
             assert_eq!(source.word - WORDS, destination.word);
+            assert_eq!(unconfirmed.bit, destination.bit);
         }
     }
 

@@ -32,7 +32,7 @@ pub mod map_names {
     /// Array of [`crate::FLOW_FILTER_ENTRIES`] 64-bit words (mmapable): which packets may
     /// have an entry in the conntrack tables of either family, so that the others skip
     /// their lookups (see `flow_filter_destination`).
-    pub const FLOW_FILTER: &str = "socklb_ctf_v1";
+    pub const FLOW_FILTER: &str = "socklb_ctf_v2";
     /// Array of [`crate::FRONTEND_FILTER_ENTRIES`] 64-bit words (mmapable): which packets
     /// may be addressed to a frontend, so that the others skip the service map's lookup
     /// (see `frontend_filter_slot`). Written only by the agent.
@@ -154,7 +154,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 17] = [
+    pub const RETIRED: [&str; 18] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
@@ -174,6 +174,8 @@ pub mod map_names {
         // Renamed to match their IPv6 twins ([`RENAMED`]).
         "socklb_ctnew_v1",
         "socklb_lbsrc_v1",
+        // The flow filter before its unconfirmed frontends' slots.
+        "socklb_ctf_v1",
     ];
 
     /// Maps an older agent pinned under another name, with the same layout, whose entries

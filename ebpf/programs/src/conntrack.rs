@@ -4,7 +4,9 @@
 //! A new flow from outside waits in the smaller unconfirmed table (`CONNTRACK_NEW`) until
 //! it is confirmed ([`CT_FLAG_SEEN_REPLY`], then the client's ACK; UDP: the reply), so a
 //! SYN flood only evicts other unconfirmed flows; a pod's is made in the main table at once
-//! (`Side::CONFIRMED_AT_ONCE`). TCP's end follows netfilter (see [`touch`]). The
+//! (`Side::CONFIRMED_AT_ONCE`), unless another flow holds its reply key. Each frontend of a
+//! flow made unconfirmed is marked in the flow filter first, so that a pod's first packet
+//! is looked for in the unconfirmed table only if it may be there. TCP's end follows netfilter (see [`touch`]). The
 //! states and timeouts: README, "Traffic from outside the node (TC)"; what was tested:
 //! docs/operations.md, "Traffic from outside the node". Written once for both families
 //! ([`Family`]), each with its own two tables.
@@ -199,7 +201,8 @@ pub fn record_fin<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_hig
     }
     let key = key(tuple, direction);
     fin_in::<F>(F::conntrack(), true, &key, sequence_high)
-        || fin_in::<F>(F::conntrack_new(), false, &key, sequence_high)
+        || ((direction != CT_FORWARD || flow_filter::may_be_unconfirmed(tuple))
+            && fin_in::<F>(F::conntrack_new(), false, &key, sequence_high))
 }
 
 #[inline(always)]
@@ -260,8 +263,9 @@ pub fn lookup_confirmed_forward<F: Family>(
     )
 }
 
-/// The forward entry of a packet from the client, main table first (refreshed as
-/// [`touch`] says).
+/// The forward entry of a packet from the client, main table first, then the unconfirmed
+/// one if a flow to its frontend may wait there (the flow filter: a pod's mostly do not)
+/// (refreshed as [`touch`] says).
 #[inline(always)]
 pub fn lookup_forward<F: Family>(
     tuple: &Tuple<F::Addr>,
@@ -273,6 +277,9 @@ pub fn lookup_forward<F: Family>(
             entry,
             confirmed: true,
         });
+    }
+    if !flow_filter::may_be_unconfirmed(tuple) {
+        return None;
     }
     let key = key(tuple, CT_FORWARD);
     touch::<F>(F::conntrack_new(), false, &key, segment, now, 0).map(|entry| Found {
@@ -678,6 +685,7 @@ pub fn insert<F: Family>(
     let table = if confirmed_at_once && holder != Holder::Live {
         F::conntrack()
     } else {
+        flow_filter::mark_unconfirmed(arrived);
         F::conntrack_new()
     };
     let forward_key = key(arrived, CT_FORWARD);

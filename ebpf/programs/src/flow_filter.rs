@@ -11,6 +11,7 @@
 //! screens in the programs' entries (`fast`), which make no call.
 use socklb_abi::{
     CtEntry, FLOW_FILTER_READY, FilterSlot, flow_filter_destination, flow_filter_source,
+    flow_filter_unconfirmed,
 };
 
 use crate::{
@@ -51,6 +52,30 @@ pub fn reply_marked<A: Address>(tuple: &Tuple<A>) -> bool {
         tuple.source_port,
         tuple.protocol,
     ))
+}
+
+/// Whether the unconfirmed table may hold a forward entry for this packet (addressed to a
+/// frontend a flow was made there for). A pod's flows are made in the main table unless
+/// another flow holds their reply key, so its first packet mostly skips the lookup there.
+#[inline(never)]
+pub fn may_be_unconfirmed<A: Address>(tuple: &Tuple<A>) -> bool {
+    marked(flow_filter_unconfirmed(
+        tuple.destination.folded(),
+        tuple.destination_port,
+        tuple.protocol,
+    ))
+}
+
+/// Marks the frontend of a flow about to be made in the unconfirmed table (`arrived` is
+/// the packet that makes it): before its entries are written, so that no packet of the
+/// flow can miss them there.
+#[inline(never)]
+pub fn mark_unconfirmed<A: Address>(arrived: &Tuple<A>) {
+    set(flow_filter_unconfirmed(
+        arrived.destination.folded(),
+        arrived.destination_port,
+        arrived.protocol,
+    ));
 }
 
 /// Marks the slots of a new flow: its frontend (what the packet that made it was addressed

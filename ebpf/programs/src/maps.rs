@@ -127,7 +127,7 @@ pub static CONNTRACK_NEW: LruHashMap<CtKey, CtEntry, CT_CAPACITY> = LruHashMap::
 
 /// Which packets may have an entry in the conntrack tables of either family (see
 /// `flow_filter`). Mmapable, so that the agent marks slots as the programs do.
-#[btf_map(name = "socklb_ctf_v1", pin_by_name)]
+#[btf_map(name = "socklb_ctf_v2", pin_by_name)]
 pub static FLOW_FILTER: Array<u64, { FLOW_FILTER_ENTRIES as usize }, { BPF_F_MMAPABLE as usize }> =
     Array::new();
 

@@ -10,6 +10,7 @@ use socklb_abi::{CT_FORWARD, CtEntry, CtTimeouts, NodeConfig};
 use crate::{
     conntrack::{Closing, Holder, NOEXIST, held, key, reply_of},
     family::Family,
+    flow_filter,
     packet::{Address, Packet, PacketError, Tuple},
 };
 
@@ -88,6 +89,7 @@ fn insert_snat_here<F: Family>(
         return Ok(None);
     }
     forward.source = snat_address;
+    flow_filter::mark_unconfirmed(arrived);
     let mut attempts = Attempts::<F> {
         arrived,
         forward: &raw mut *forward,
