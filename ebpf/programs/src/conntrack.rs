@@ -187,21 +187,37 @@ pub fn peek<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, now: u32) -> Optio
 /// direction is done sending, and once both are, both entries are marked closing. On a
 /// confirmed flow only a FIN near the sequence numbers its direction sent counts (see
 /// [`touch`]): blind FINs both ways must not end a live flow. Whether the flow has an
-/// entry there. Out of line, called before the packet's lookups: a FIN is rare, and the
-/// lookup path of IPv6 has no stack to spare for the other direction's key.
-#[inline(never)]
+/// entry there. Called before the packet's lookups. In line for IPv4, whose flows end with
+/// a FIN each way; out of line for IPv6 ([`Family::SPLIT_FRAMES`]), whose lookup path has
+/// no stack to spare for the other direction's key.
+#[inline(always)]
 pub fn record_fin<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_high: u16) -> bool {
-    let may_have_entry = if direction == CT_FORWARD {
-        flow_filter::may_have_forward(tuple)
+    if F::SPLIT_FRAMES {
+        record_fin_apart::<F>(tuple, direction, sequence_high)
     } else {
-        flow_filter::may_have_reply(tuple)
+        record_fin_here::<F>(tuple, direction, sequence_high)
+    }
+}
+
+/// [`record_fin`] in a stack frame of its own.
+#[inline(never)]
+fn record_fin_apart<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_high: u16) -> bool {
+    record_fin_here::<F>(tuple, direction, sequence_high)
+}
+
+#[inline(always)]
+fn record_fin_here<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_high: u16) -> bool {
+    let may_have_entry = if direction == CT_FORWARD {
+        flow_filter::forward_marked(tuple)
+    } else {
+        flow_filter::reply_marked(tuple)
     };
     if !may_have_entry {
         return false;
     }
     let key = key(tuple, direction);
     fin_in::<F>(F::conntrack(), true, &key, sequence_high)
-        || ((direction != CT_FORWARD || flow_filter::may_be_unconfirmed(tuple))
+        || ((direction != CT_FORWARD || flow_filter::unconfirmed_marked(tuple))
             && fin_in::<F>(F::conntrack_new(), false, &key, sequence_high))
 }
 
@@ -278,7 +294,12 @@ pub fn lookup_forward<F: Family>(
             confirmed: true,
         });
     }
-    if !flow_filter::may_be_unconfirmed(tuple) {
+    let may_wait = if F::SPLIT_FRAMES {
+        flow_filter::may_be_unconfirmed(tuple)
+    } else {
+        flow_filter::unconfirmed_marked(tuple)
+    };
+    if !may_wait {
         return None;
     }
     let key = key(tuple, CT_FORWARD);

@@ -224,7 +224,12 @@ pub fn try_ingress<F: Family, S: Side>(
         return Err(Error);
     };
     // Most packets are of no translated flow: the flow filter spares them the lookups.
-    let known = if flow_filter::may_have_forward(&packet.tuple) {
+    let may_have_forward = if F::SPLIT_FRAMES {
+        flow_filter::may_have_forward(&packet.tuple)
+    } else {
+        flow_filter::forward_marked(&packet.tuple)
+    };
+    let known = if may_have_forward {
         known_flow::<F, S>(packet, segment, now, entry)?
     } else {
         Known::None
@@ -263,7 +268,11 @@ pub fn try_ingress<F: Family, S: Side>(
         // Before this packet goes on, so before any reply. A packet of the same flow on
         // another CPU in between misses the slot, makes the flow again and is dropped as
         // raced (`flow_races`), as two first packets at once are.
-        flow_filter::mark(&packet.tuple, entry);
+        if F::SPLIT_FRAMES {
+            flow_filter::mark(&packet.tuple, entry);
+        } else {
+            flow_filter::mark_here(&packet.tuple, entry);
+        }
     }
     deliver::<F>(ctx, packet, entry)
 }

@@ -4,11 +4,12 @@
 //! in tables whose buckets are rarely in cache. Slots are marked before a new flow's packet
 //! goes on; the programs never clear one (the agent rebuilds the filter at each start).
 //!
-//! The `may_have_*` functions are out of line and read what they need through their
+//! The `may_*` functions and [`mark`] are out of line and read what they need through their
 //! arguments' pointers: their slot arithmetic and lookup keys then live in a frame of their
 //! own (IPv6's path has no stack to spare), and the verifier walks their few paths once per
-//! call, not the caller's path after each. The `*_marked` ones are in line, for the IPv4
-//! screens in the programs' entries (`fast`), which make no call.
+//! call, not the caller's path after each. The `*_marked` ones and [`mark_here`] are in
+//! line, for IPv4's paths: each subprogram's JIT code is an image of its own, rarely in
+//! cache when a packet calls it.
 use socklb_abi::{
     CtEntry, FLOW_FILTER_READY, FilterSlot, flow_filter_destination, flow_filter_source,
     flow_filter_unconfirmed,
@@ -59,6 +60,12 @@ pub fn reply_marked<A: Address>(tuple: &Tuple<A>) -> bool {
 /// another flow holds their reply key, so its first packet mostly skips the lookup there.
 #[inline(never)]
 pub fn may_be_unconfirmed<A: Address>(tuple: &Tuple<A>) -> bool {
+    unconfirmed_marked(tuple)
+}
+
+/// [`may_be_unconfirmed`] in line.
+#[inline(always)]
+pub fn unconfirmed_marked<A: Address>(tuple: &Tuple<A>) -> bool {
     marked(flow_filter_unconfirmed(
         tuple.destination.folded(),
         tuple.destination_port,
@@ -82,6 +89,12 @@ pub fn mark_unconfirmed<A: Address>(arrived: &Tuple<A>) {
 /// to) and its backend (`forward`'s destination), whose answers the reply entry translates.
 #[inline(never)]
 pub fn mark<A: Address>(arrived: &Tuple<A>, forward: &CtEntry<A>) {
+    mark_here(arrived, forward);
+}
+
+/// [`mark`] in line.
+#[inline(always)]
+pub fn mark_here<A: Address>(arrived: &Tuple<A>, forward: &CtEntry<A>) {
     set(flow_filter_destination(
         arrived.destination.folded(),
         arrived.destination_port,
