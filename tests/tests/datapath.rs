@@ -753,6 +753,43 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
     );
 }
 
+/// An older agent's flow filter of another layout: its programs keep it until the new
+/// ones replace them, and the new ones no longer mark it, so the new agent makes it
+/// distrusted (every packet looked up) before it unpins it.
+#[test]
+fn an_older_agents_flow_filter_is_distrusted_before_its_pin_goes() {
+    let sandbox = Sandbox::new("oldctf");
+    std::fs::create_dir_all(&sandbox.pin_dir).expect("create the pin directory");
+    let name = map_names::RETIRED_FLOW_FILTERS[0];
+    let old = sandbox.pin_dir.join(name);
+    // An mmapable array (BPF_F_MMAPABLE) of 8,193 words, as the older agent pinned it.
+    socklb_tests::run(
+        Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(&old)
+            .args([
+                "type", "array", "key", "4", "value", "8", "entries", "8193", "name", name,
+                "flags", "1024",
+            ]),
+    );
+    let mut older: aya::maps::Array<_, u64> =
+        aya::maps::Map::Array(aya::maps::MapData::from_pin(&old).expect("open the old filter"))
+            .try_into()
+            .expect("the old filter");
+    older.set(0, &1, 0).expect("trust the old filter");
+
+    drop(sandbox.programmed(&Desired::default()));
+    assert!(
+        !old.exists(),
+        "the older agent's flow filter is still pinned"
+    );
+    assert_eq!(
+        older.get(&0, 0).expect("the old filter's ready word"),
+        0,
+        "the older programs must look up every packet until they are replaced"
+    );
+}
+
 #[test]
 fn an_older_agents_service_and_backend_maps_give_way_to_the_slot_array_and_its_frontend_serves() {
     let sandbox = Sandbox::new("oldsvc");

@@ -730,9 +730,9 @@ fn a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches
 
 /// A flow from outside waits in the unconfirmed table until its backend answers, and its
 /// packets are looked for there only if the flow filter marks its frontend as having
-/// unconfirmed flows. An agent's start rebuilds the filter from the tables: it must mark
-/// that slot too, or the flow's next datagram misses its entries, makes the flow again and
-/// is dropped as raced. The backend has no server on the port: its port-unreachable
+/// unconfirmed flows: the programs mark it as they make the flow, and an agent's start,
+/// which rebuilds the filter from the tables, must mark it too. Else the flow's next
+/// datagram misses its entries, makes the flow again and is dropped as raced. The backend has no server on the port: its port-unreachable
 /// error, translated back, tells the client (a connected socket) that its datagram arrived.
 fn an_unconfirmed_flow_keeps_its_backend_across_a_restart(family: Family) {
     let node = LanNode::new(family, "ext-unconfirmed", "q");
@@ -767,8 +767,16 @@ fn an_unconfirmed_flow_keeps_its_backend_across_a_restart(family: Family) {
         );
     };
     refused("the first datagram");
+    // The flow's next datagram finds its entries: the programs marked the frontend.
+    let flows = node.counters().external_flows;
+    refused("the second datagram");
     let unconfirmed = |case: &str| {
         let inspection = node.sandbox.inspect();
+        let filter = &inspection["flow_filter"];
+        assert!(
+            filter["ready"] == true && filter["unconfirmed"].as_u64() >= Some(1),
+            "{case}: a trusted filter with the frontend's unconfirmed slot marked: {filter}"
+        );
         let forward: Vec<_> = inspection["conntrack"]
             .as_array()
             .expect("conntrack entries")
@@ -784,18 +792,21 @@ fn an_unconfirmed_flow_keeps_its_backend_across_a_restart(family: Family) {
         );
     };
     unconfirmed("before the restart");
-    let flows = node.counters().external_flows;
+    let followed = |case: &str| {
+        let counters = node.counters();
+        assert_eq!(
+            (counters.external_flows, counters.flow_races),
+            (flows, 0),
+            "{case}: the datagram followed its flow: none made again, none dropped as raced"
+        );
+    };
+    followed("before the restart");
     drop(agent);
 
     let _agent = node.agent(&[]);
     refused("the datagram after the restart");
     unconfirmed("after the restart");
-    let counters = node.counters();
-    assert_eq!(
-        (counters.external_flows, counters.flow_races),
-        (flows, 0),
-        "the datagram followed its flow: none made again, none dropped as raced"
-    );
+    followed("after the restart");
 }
 
 /// A node device eth0 holding `addresses` in this thread's namespace (this kernel has no

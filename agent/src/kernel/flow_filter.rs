@@ -81,6 +81,15 @@ pub fn distrust(pin_dir: &Path) -> Result<(), MappedWordsError> {
     Ok(())
 }
 
+/// Makes the programs still on the retired flow filter `name` (an older layout's, pinned by
+/// an older agent) look up every packet: this load's programs mark only the current
+/// filter, so the retired one's slots miss their flows. Called before its pin goes.
+pub fn distrust_retired(pin_dir: &Path, name: &'static str) -> Result<(), MappedWordsError> {
+    let ready: MappedWords = MappedWords::open_pin(pin_dir, name, FLOW_FILTER_READY + 1)?;
+    ready.word(FLOW_FILTER_READY).store(0, Ordering::SeqCst);
+    Ok(())
+}
+
 /// Rebuilds the filter from the conntrack tables, then lets the programs trust it: every
 /// bit cleared (so that bits of flows long gone do not pile up), then the slots of every
 /// entry marked. Called once this load's programs replaced every earlier one (attached,
@@ -124,7 +133,7 @@ pub struct Fill {
     pub frontends: u32,
     pub backends: u32,
     /// Marked slots of frontends with flows made in an unconfirmed table: flows from
-    /// outside, and pods' flows whose reply key another flow held.
+    /// outside, and pods' SNATed flows or those whose reply key another flow held.
     pub unconfirmed: u32,
 }
 

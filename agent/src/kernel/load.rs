@@ -18,7 +18,9 @@ use aya::{
 use socklb_abi::{ServiceEntry, ServiceKey, globals, map_names, program_names};
 use tracing::{debug, info, warn};
 
-use super::{carry, destroy, links::PinnedLinkError, pins, program_logs::ProgramLogLevel};
+use super::{
+    carry, destroy, flow_filter, links::PinnedLinkError, pins, program_logs::ProgramLogLevel,
+};
 use crate::desired::sizing::{self, Capacities, Sizes};
 
 #[derive(Debug, thiserror::Error)]
@@ -430,9 +432,20 @@ fn starting_sizes(pin_dir: &Path, capacities: &Capacities) -> Sizes {
 }
 
 /// Unpins the maps of older layouts ([`map_names::RETIRED`]); programs still using one keep
-/// it until they are replaced.
+/// it until they are replaced (a retired flow filter, distrusted first, is then correct).
 fn remove_retired(pin_dir: &Path) {
     for name in map_names::RETIRED {
+        if map_names::RETIRED_FLOW_FILTERS.contains(&name)
+            && pins::map_pin(pin_dir, name).exists()
+            && let Err(error) = flow_filter::distrust_retired(pin_dir, name)
+        {
+            warn!(
+                map = name,
+                error = %error,
+                "could not make the older programs distrust their flow filter: until they are \
+                 replaced, they may pass replies of this agent's new flows untranslated"
+            );
+        }
         if fs::remove_file(pins::map_pin(pin_dir, name)).is_ok() {
             info!(
                 map = name,

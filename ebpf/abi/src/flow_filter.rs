@@ -11,8 +11,9 @@
 //!   [`flow_filter_source`] marks the slot of each such (backend, port, protocol);
 //! - a forward entry waits in the unconfirmed table only for a frontend a flow was made
 //!   there for, so [`flow_filter_unconfirmed`] marks the slot of each such frontend. A
-//!   flow from outside always starts there, a pod's flow only when another flow holds its
-//!   reply key: a pod's first packet is then looked for in the main table alone.
+//!   flow from outside always starts there, a pod's flow only when SNATed (a pod that is
+//!   its own backend) or when another flow holds its reply key: a pod's first packet is
+//!   then looked for in the main table alone.
 //!
 //! Slots are marked before a new flow's packet goes on and never cleared while the programs
 //! trust the filter, so an unmarked slot proves that no entry exists (a marked one only

@@ -174,9 +174,13 @@ pub mod map_names {
         // Renamed to match their IPv6 twins ([`RENAMED`]).
         "socklb_ctnew_v1",
         "socklb_lbsrc_v1",
-        // The flow filter before its unconfirmed frontends' slots.
-        "socklb_ctf_v1",
+        RETIRED_FLOW_FILTERS[0],
     ];
+
+    /// The flow filters of the previous layouts: the programs still using one (until they
+    /// are replaced) must stop trusting it before its pin goes, as this agent's programs no
+    /// longer mark it. `socklb_ctf_v1`: before the unconfirmed frontends' slots.
+    pub const RETIRED_FLOW_FILTERS: [&str; 1] = ["socklb_ctf_v1"];
 
     /// Maps an older agent pinned under another name, with the same layout, whose entries
     /// the programs wrote and a new agent carries over into the map of the new name (flows

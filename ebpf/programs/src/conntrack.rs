@@ -4,12 +4,12 @@
 //! A new flow from outside waits in the smaller unconfirmed table (`CONNTRACK_NEW`) until
 //! it is confirmed ([`CT_FLAG_SEEN_REPLY`], then the client's ACK; UDP: the reply), so a
 //! SYN flood only evicts other unconfirmed flows; a pod's is made in the main table at once
-//! (`Side::CONFIRMED_AT_ONCE`), unless another flow holds its reply key. Each frontend of a
-//! flow made unconfirmed is marked in the flow filter first, so that a pod's first packet
-//! is looked for in the unconfirmed table only if it may be there. TCP's end follows netfilter (see [`touch`]). The
-//! states and timeouts: README, "Traffic from outside the node (TC)"; what was tested:
-//! docs/operations.md, "Traffic from outside the node". Written once for both families
-//! ([`Family`]), each with its own two tables.
+//! (`Side::CONFIRMED_AT_ONCE`), unless it is SNATed or another flow holds its reply key.
+//! Each frontend of a flow made unconfirmed is marked in the flow filter, so that a pod's
+//! first packet is looked for in the unconfirmed table only if it may be there. TCP's end
+//! follows netfilter (see [`touch`]). The states and timeouts: README, "Traffic from
+//! outside the node (TC)"; what was tested: docs/operations.md, "Traffic from outside the
+//! node". Written once for both families ([`Family`]), each with its own two tables.
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
 use socklb_abi::{
     CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT, CT_FORWARD,
@@ -703,11 +703,12 @@ pub fn insert<F: Family>(
         now,
         Closing::Ends,
     );
-    let table = if confirmed_at_once && holder != Holder::Live {
-        F::conntrack()
-    } else {
+    let unconfirmed = !confirmed_at_once || holder == Holder::Live;
+    let table = if unconfirmed {
         flow_filter::mark_unconfirmed(arrived);
         F::conntrack_new()
+    } else {
+        F::conntrack()
     };
     let forward_key = key(arrived, CT_FORWARD);
     table.insert(F::ct_key(&forward_key), F::ct_entry(forward), NOEXIST)?;
@@ -715,7 +716,11 @@ pub fn insert<F: Family>(
         .insert(F::ct_key(&reply_key), F::ct_entry(&reply), 0)
         .inspect_err(|_| {
             let _ = table.remove(F::ct_key(&forward_key));
-        })
+        })?;
+    if unconfirmed {
+        flow_filter::mark_unconfirmed(arrived);
+    }
+    Ok(())
 }
 
 #[derive(PartialEq, Eq)]

@@ -9,7 +9,8 @@
 //! own (IPv6's path has no stack to spare), and the verifier walks their few paths once per
 //! call, not the caller's path after each. The `*_marked` ones and [`mark_here`] are in
 //! line, for IPv4's paths: each subprogram's JIT code is an image of its own, rarely in
-//! cache when a packet calls it.
+//! cache when a packet calls it. [`mark_unconfirmed`] stays out of line: few of a pod's
+//! flows need it.
 use socklb_abi::{
     CtEntry, FLOW_FILTER_READY, FilterSlot, flow_filter_destination, flow_filter_source,
     flow_filter_unconfirmed,
@@ -73,9 +74,11 @@ pub fn unconfirmed_marked<A: Address>(tuple: &Tuple<A>) -> bool {
     ))
 }
 
-/// Marks the frontend of a flow about to be made in the unconfirmed table (`arrived` is
-/// the packet that makes it): before its entries are written, so that no packet of the
-/// flow can miss them there.
+/// Marks the frontend of a flow made in the unconfirmed table (`arrived` is the packet that
+/// makes it): before its entries are written, so that no packet of the flow can miss them
+/// there, and again once they are, as the agent's rebuild (`seed`) may have cleared the
+/// slot in between and walked the table before they were in it. Out of line: a pod's flow
+/// rarely comes here.
 #[inline(never)]
 pub fn mark_unconfirmed<A: Address>(arrived: &Tuple<A>) {
     set(flow_filter_unconfirmed(

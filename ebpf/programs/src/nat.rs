@@ -115,7 +115,10 @@ fn insert_snat_here<F: Family>(
     attempts.clear_pointers();
     match outcome {
         NO_PORT => Ok(None),
-        port @ 0..=0xffff => Ok(Some(port as u16)),
+        port @ 0..=0xffff => {
+            flow_filter::mark_unconfirmed(arrived);
+            Ok(Some(port as u16))
+        }
         error => Err(error as i32),
     }
 }
