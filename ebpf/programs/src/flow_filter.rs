@@ -58,7 +58,8 @@ pub fn reply_marked<A: Address>(tuple: &Tuple<A>) -> bool {
 
 /// Whether the unconfirmed table may hold a forward entry for this packet (addressed to a
 /// frontend a flow was made there for). A pod's flows are made in the main table unless
-/// another flow holds their reply key, so its first packet mostly skips the lookup there.
+/// SNATed or another flow holds their reply key, so its first packet mostly skips the
+/// lookup there.
 #[inline(never)]
 pub fn may_be_unconfirmed<A: Address>(tuple: &Tuple<A>) -> bool {
     unconfirmed_marked(tuple)
