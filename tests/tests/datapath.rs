@@ -718,15 +718,7 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
     std::fs::create_dir_all(&sandbox.pin_dir).expect("create the pin directory");
     let name = map_names::RETIRED_SERVICES[1];
     let old = sandbox.pin_dir.join(name);
-    socklb_tests::run(
-        Command::new("bpftool")
-            .args(["map", "create"])
-            .arg(&old)
-            .args([
-                "type", "hash", "key", "12", "value", "24", "entries", "16", "name",
-            ])
-            .arg(name),
-    );
+    create_pinned_map(&old, name, &["hash", "12", "24", "16"], 0);
     let mut older: aya::maps::HashMap<_, ServiceKey, [u8; 24]> =
         aya::maps::Map::HashMap(aya::maps::MapData::from_pin(&old).expect("open the old map"))
             .try_into()
@@ -753,6 +745,19 @@ fn an_older_agents_service_map_gives_its_frontends_the_room_first() {
     );
 }
 
+/// A map an older agent pinned at `path`, made by bpftool: `[type, key size, value size,
+/// entries]` and its map flags.
+fn create_pinned_map(path: &std::path::Path, name: &str, layout: &[&str; 4], flags: u32) {
+    let [kind, key, value, entries] = layout;
+    socklb_tests::run(
+        Command::new("bpftool")
+            .args(["map", "create"])
+            .arg(path)
+            .args(["type", kind, "key", key, "value", value, "entries", entries])
+            .args(["name", name, "flags", &flags.to_string()]),
+    );
+}
+
 /// An older agent's flow filter of another layout: its programs keep it until the new
 /// ones replace them, and the new ones no longer mark it, so the new agent makes it
 /// distrusted (every packet looked up) before it unpins it.
@@ -763,15 +768,7 @@ fn an_older_agents_flow_filter_is_distrusted_before_its_pin_goes() {
     let name = map_names::RETIRED_FLOW_FILTERS[0];
     let old = sandbox.pin_dir.join(name);
     // An mmapable array (BPF_F_MMAPABLE) of 8,193 words, as the older agent pinned it.
-    socklb_tests::run(
-        Command::new("bpftool")
-            .args(["map", "create"])
-            .arg(&old)
-            .args([
-                "type", "array", "key", "4", "value", "8", "entries", "8193", "name", name,
-                "flags", "1024",
-            ]),
-    );
+    create_pinned_map(&old, name, &["array", "4", "8", "8193"], 1024);
     let mut older: aya::maps::Array<_, u64> =
         aya::maps::Map::Array(aya::maps::MapData::from_pin(&old).expect("open the old filter"))
             .try_into()
@@ -801,14 +798,11 @@ fn an_older_agents_service_and_backend_maps_give_way_to_the_slot_array_and_its_f
         aya::maps::MapData::from_pin(sandbox.pin_dir.join(name)).expect("open a pinned map")
     };
     let create = |name: &str, key: &str, value: &str| {
-        socklb_tests::run(
-            Command::new("bpftool")
-                .args(["map", "create"])
-                .arg(sandbox.pin_dir.join(name))
-                .args([
-                    "type", "hash", "key", key, "value", value, "entries", "16", "name",
-                ])
-                .arg(name),
+        create_pinned_map(
+            &sandbox.pin_dir.join(name),
+            name,
+            &["hash", key, value, "16"],
+            0,
         );
     };
 
