@@ -732,8 +732,9 @@ fn a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches
 /// packets are looked for there only if the flow filter marks its frontend as having
 /// unconfirmed flows: the programs mark it as they make the flow, and an agent's start,
 /// which rebuilds the filter from the tables, must mark it too. Else the flow's next
-/// datagram misses its entries, makes the flow again and is dropped as raced. The backend has no server on the port: its port-unreachable
-/// error, translated back, tells the client (a connected socket) that its datagram arrived.
+/// datagram misses its entries, makes the flow again and is dropped as raced. The backend
+/// has no server on the port: its port-unreachable error, translated back, tells the
+/// client (a connected socket) that its datagram arrived.
 fn an_unconfirmed_flow_keeps_its_backend_across_a_restart(family: Family) {
     let node = LanNode::new(family, "ext-unconfirmed", "q");
     let a = &node.a;
