@@ -4,6 +4,7 @@
 //! driven by `runner`; `desired`, `maps` and `kernel` are reached through `dataplane`.
 //! docs/architecture.md draws the whole.
 pub mod cli;
+pub mod conntrack_gc;
 pub mod dataplane;
 mod desired;
 pub mod drops;

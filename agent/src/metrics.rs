@@ -87,6 +87,8 @@ pub struct Metrics {
     pub map_entries_restored: Counter,
     /// Service and backend entries found that the agent did not write, and deleted.
     pub map_entries_removed: Counter,
+    /// Conntrack entries past their idle timeout, removed by the agent's sweeps.
+    pub conntrack_expired_removed: Counter,
 }
 
 /// The registry and every family registered in it: an empty family exports no series (not
@@ -135,6 +137,7 @@ impl Metrics {
             socket_destroy_mode: Family::default(),
             map_entries_restored: Counter::default(),
             map_entries_removed: Counter::default(),
+            conntrack_expired_removed: Counter::default(),
             registry: Families::default(),
         };
         registry.register(
@@ -198,6 +201,12 @@ impl Metrics {
             "Service and backend map entries the agent did not write (added by hand, with \
              bpftool), found by the resyncs' walk through the maps and deleted by the next sync",
             metrics.map_entries_removed.clone(),
+        );
+        registry.register(
+            "socklb_conntrack_expired_removed",
+            "Conntrack entries (flows from outside the node and of the per-packet path) past \
+             their idle timeout, removed by the agent's sweeps",
+            metrics.conntrack_expired_removed.clone(),
         );
         registry.register(
             "socklb_skipped_services",

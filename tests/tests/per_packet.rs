@@ -40,6 +40,7 @@ socklb_tests::for_each_family!(
     a_pod_s_established_flow_survives_a_change_of_its_path,
     a_flow_goes_on_across_a_restart_and_the_upgrade_to_the_flow_filter,
     the_frontend_filter_follows_services_as_they_come_and_go,
+    an_idle_flow_outlives_churn_as_the_agent_removes_expired_flows,
 );
 
 fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
@@ -261,6 +262,92 @@ fn a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again
         node.counters().flow_races,
         0,
         "no SYN was dropped as another CPU's flow"
+    );
+}
+
+/// The agent removes conntrack entries past their timeout. Left in place, they fill the
+/// table, and each new flow then makes the LRU evict the entry used longest ago: a live
+/// flow idle since before the churn goes before the dead flows that ended after it. Here
+/// the table holds 1,024 entries; the VM's UDP flow stays idle while it makes 3 x 250 TCP
+/// connections (1,500 entries, closing for 1 s), and each batch's entries must be gone
+/// before the next: the idle flow's entries stay and its next datagram follows them.
+/// Without the sweep, the first wait fails; without the wait, the idle flow is evicted.
+fn an_idle_flow_outlives_churn_as_the_agent_removes_expired_flows(family: Family) {
+    const BATCH: u32 = 250;
+    let node = LanNode::new(family, "pp-sweep", "w");
+    let vm = node.lan.vm();
+    let a = &node.a;
+    let _servers = [node.tcp_server(1, 8080), node.udp_server(1, 5353)];
+    node.write(
+        "web.yaml",
+        &a.exposed("web", 66)
+            .http_and_dns()
+            .endpoints(&[a.pod1_endpoint()])
+            .yaml(),
+    );
+    // The IPv6 table gets half of the flag.
+    let capacity = match family {
+        Family::V4 => "1024",
+        Family::V6 => "2048",
+    };
+    let _agent = node.agent(&[
+        "--max-conntrack-entries",
+        capacity,
+        "--conntrack-tcp-timeout-close",
+        "1s",
+    ]);
+    let vip = family.vip(66).to_string();
+    let mut command = vm.command(hold_bin());
+    command.args(["udp", &Addresses::at(&vip, 53)]);
+    let (mut idle, first) = Holder::start("the VM's idle UDP flow", command);
+    let client: SocketAddr = first
+        .reply
+        .as_deref()
+        .and_then(|reply| reply.strip_prefix("pod1 "))
+        .and_then(|client| client.parse().ok())
+        .unwrap_or_else(|| panic!("pod1 answers the idle flow with its client: {first:?}"));
+    assert_eq!(
+        flow_entries(&node, client).len(),
+        2,
+        "the idle flow's entries"
+    );
+
+    for batch in 1..=3 {
+        let attempts = vm.probe("tcp", &Addresses::at(&vip, 80), BATCH);
+        assert_eq!(
+            servers_of(&attempts),
+            ["pod1"],
+            "batch {batch}: {attempts:?}"
+        );
+        wait::eventually_showing(
+            &format!("batch {batch}'s expired entries removed by the agent"),
+            Duration::from_secs(20),
+            Duration::from_millis(250),
+            || {
+                let left = node.sandbox.inspect()["conntrack"]
+                    .as_array()
+                    .map_or(0, Vec::len);
+                if left <= 2 {
+                    Ok(())
+                } else {
+                    Err(format!("{left} entries"))
+                }
+            },
+            String::new,
+        );
+    }
+    let flow = flow_entries(&node, client);
+    assert_eq!(flow.len(), 2, "the idle flow kept its entries: {flow:?}");
+    let again = idle.ask("ping");
+    assert_eq!(
+        again.reply.as_deref(),
+        Some(format!("pod1 {client}").as_str()),
+        "the idle flow's next datagram: {again:?}"
+    );
+    assert_eq!(
+        node.counters().pod_flows,
+        1 + 3 * u64::from(BATCH),
+        "no flow made again"
     );
 }
 

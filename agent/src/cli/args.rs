@@ -5,6 +5,7 @@ use std::{net::SocketAddr, ops::RangeInclusive, path::PathBuf, time::Duration};
 use clap::{Arg, ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 use crate::{
+    conntrack_gc::GcInterval,
     dataplane::{self, Capacities, ProgramLogLevel, TcMode},
     sweep::Requested,
 };
@@ -209,6 +210,11 @@ pub struct ExternalArgs {
     /// Idle time after which a UDP flow from outside is forgotten.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub conntrack_udp_timeout: Duration,
+    /// How often the agent removes conntrack entries past their timeout: auto (every
+    /// shortest timeout, between 1s and 60s), a duration of at least 1s, or off (an expired
+    /// entry then goes only when a packet of its flow comes or the table needs room).
+    #[arg(long, default_value_t = GcInterval::Auto)]
+    pub conntrack_gc_interval: GcInterval,
     /// Translate packets from outside the node to ClusterIPs too (clients routed to the
     /// Service CIDR: a BGP-advertised or static route to the node), as kube-proxy does;
     /// their flows are SNATed to the node like a NodePort's. Off by default, as in Cilium

@@ -11,6 +11,7 @@ use tracing::{info, warn};
 
 pub use self::args::*;
 use crate::{
+    conntrack_gc,
     dataplane::{self, Capacities, Config, Dataplane, ProgramLoad},
     explain, inspect,
     metrics::Metrics,
@@ -270,6 +271,12 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
 
         let (events, source) = start_source(&args.source, &node_name).await?;
+        let conntrack_gc = tokio::spawn(conntrack_gc::run(
+            pin_dir.clone(),
+            args.external.conntrack_gc_interval,
+            metrics.clone(),
+            stopped(),
+        ));
         let sweeper = Sweeper::start(
             dataplane.take_destroy_programs(),
             pin_dir,
@@ -303,6 +310,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed));
         let _ = stop_tx.send(true);
         source.abort();
+        let _ = conntrack_gc.await;
         for server in servers {
             if let Ok(Err(error)) = server.await {
                 return Err(error).context("the health/metrics server failed");

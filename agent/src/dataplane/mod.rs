@@ -7,6 +7,7 @@
 mod apply;
 mod config;
 mod error;
+mod expired_flows;
 mod growth;
 mod node;
 mod start;
@@ -27,6 +28,7 @@ use socklb_abi::{Counters, NodeConfig, NodeConfig6, SocketRecordCount};
 pub use self::{
     config::{Config, ConntrackTimeouts, DEFAULT_MAGLEV_TABLE_SIZE, NodeSettings},
     error::DataplaneError,
+    expired_flows::{FlowSweep, SWEEP_INTERVALS, sweep_expired_flows},
 };
 use crate::{
     desired::sizing::Sizes,

@@ -24,7 +24,7 @@ use crate::{
     desired::{BackendAddr, Frontend, Protocol, Scope},
     kernel::{
         attach::tc::{DeviceRole, TcAttachError, served_devices},
-        flow_filter,
+        flow_filter, host,
         mapped_words::{MappedWords, MappedWordsError},
         pins,
     },
@@ -393,7 +393,7 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         },
     )?);
 
-    let now = monotonic_seconds();
+    let now = host::monotonic_seconds();
     let mut conntrack = Vec::new();
     for (name, confirmed) in [
         (map_names::CONNTRACK, true),
@@ -586,17 +586,6 @@ fn conntrack_state(key: &CtKey, entry: &CtEntry, confirmed: bool, now: u32) -> C
         seen_reply: entry.flags & CT_FLAG_SEEN_REPLY != 0,
         idle_seconds: now.saturating_sub(entry.last_seen_s),
     }
-}
-
-/// CLOCK_MONOTONIC in whole seconds: the clock of `bpf_ktime_get_ns`.
-fn monotonic_seconds() -> u32 {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes only into the timespec we pass.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
-    u32::try_from(now.tv_sec).unwrap_or(u32::MAX)
 }
 
 /// Keeps what belongs to the Service `namespace/name`: its frontends, and the affinity and

@@ -253,6 +253,18 @@ pub fn netns_cookie() -> Result<u64, HostError> {
     Ok(cookie)
 }
 
+/// CLOCK_MONOTONIC in whole seconds: the clock of the programs' `bpf_ktime_get_ns` and
+/// `bpf_ktime_get_coarse_ns`, in which conntrack entries say when they were last seen.
+pub fn monotonic_seconds() -> u32 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u32::try_from(now.tv_sec).unwrap_or(u32::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

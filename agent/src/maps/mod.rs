@@ -6,6 +6,7 @@
 //!   `services` is that store for the kernel's maps (the codecs of both families).
 //! - `frontend_filter`: which destinations may be frontends, marked by `services` before
 //!   each master entry, for the TC programs to skip the service map's lookup.
+//! - `conntrack`: the expired entries of the programs' conntrack tables, swept.
 //! - `maglev`, `source_ranges`, `names`: the Maglev tables, the loadBalancerSourceRanges
 //!   tries, and the Services' names (for display only).
 //!
@@ -18,6 +19,7 @@ use aya::maps::MapError;
 use crate::desired::Frontend;
 
 mod batch;
+pub mod conntrack;
 pub mod frontend_filter;
 pub mod maglev;
 pub mod names;

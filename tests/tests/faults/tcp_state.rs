@@ -43,7 +43,14 @@ socklb_tests::for_each_family!(
 fn node_with_short_close(family: Family, test: &str, lan: &str, target: u16) -> (LanNode, Agent) {
     let node = LanNode::new(family, test, lan);
     two_node_ports(&node, target);
-    let agent = node.agent(&["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT]);
+    // The programs' own expiry is what is tested: the agent's sweep would remove the
+    // expired entries first.
+    let agent = node.agent(&[
+        "--conntrack-tcp-timeout-close",
+        CLOSE_TIMEOUT,
+        "--conntrack-gc-interval",
+        "off",
+    ]);
     (node, agent)
 }
 

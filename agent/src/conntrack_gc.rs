@@ -1,0 +1,125 @@
+//! The agent's conntrack garbage collector: a background sweep of the conntrack tables'
+//! expired entries (`dataplane::sweep_expired_flows` says why), on a blocking thread, until
+//! the agent stops. Independent of the syncs: the tables are the programs', not the
+//! cluster's.
+use std::{fmt, future::Future, path::PathBuf, str::FromStr, sync::Arc, time::Duration};
+
+use tracing::{debug, info, warn};
+
+use crate::{
+    dataplane::{self, FlowSweep, SWEEP_INTERVALS},
+    error_chain,
+    metrics::Metrics,
+};
+
+/// How often the tables are swept (`--conntrack-gc-interval`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GcInterval {
+    /// Every shortest conntrack timeout, within [`SWEEP_INTERVALS`] (10 s by default).
+    Auto,
+    /// Never: expired entries go when a packet of their flow comes, or when the LRU needs
+    /// room.
+    Off,
+    /// Every this long.
+    Every(Duration),
+}
+
+impl FromStr for GcInterval {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            _ => match humantime::parse_duration(text) {
+                Ok(every) if every >= SWEEP_INTERVALS.0 => Ok(Self::Every(every)),
+                Ok(_) => Err("at least 1s (or auto, or off)".to_owned()),
+                Err(error) => Err(format!("{error}: give auto, off or a duration")),
+            },
+        }
+    }
+}
+
+impl fmt::Display for GcInterval {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Off => f.write_str("off"),
+            Self::Every(every) => write!(f, "{}", humantime::format_duration(*every)),
+        }
+    }
+}
+
+/// Sweeps the conntrack tables pinned in `pin_dir` every `interval` until `stop`
+/// completes. A failed sweep is logged once (and once more when sweeps work again), and
+/// tried again after a second.
+pub async fn run(
+    pin_dir: PathBuf,
+    interval: GcInterval,
+    metrics: Arc<Metrics>,
+    stop: impl Future<Output = ()>,
+) {
+    let (shortest, longest) = SWEEP_INTERVALS;
+    let wanted = match interval {
+        GcInterval::Off => return,
+        GcInterval::Auto => None,
+        GcInterval::Every(every) => Some(every),
+    };
+    tokio::pin!(stop);
+    let mut wait = shortest;
+    let mut failing = false;
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        let dir = pin_dir.clone();
+        let swept = tokio::task::spawn_blocking(move || dataplane::sweep_expired_flows(&dir)).await;
+        wait = match swept {
+            Ok(Ok(FlowSweep { removed, next_in })) => {
+                if failing {
+                    info!("expired conntrack entries are removed again");
+                    failing = false;
+                }
+                metrics.conntrack_expired_removed.inc_by(removed as u64);
+                let next_in = wanted.unwrap_or(next_in);
+                debug!(removed, next_in = ?next_in, "removed expired conntrack entries");
+                next_in
+            }
+            Ok(Err(error)) => {
+                if !failing {
+                    warn!(
+                        error = %error_chain(&error),
+                        "cannot remove expired conntrack entries (the LRU evicts them when a \
+                         table is full); trying again"
+                    );
+                    failing = true;
+                }
+                shortest
+            }
+            // The sweep panicked: the panic is logged as it is.
+            Err(_) => longest,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_interval_is_auto_off_or_at_least_a_second() {
+        for (text, parsed) in [
+            ("auto", Ok(GcInterval::Auto)),
+            ("off", Ok(GcInterval::Off)),
+            ("30s", Ok(GcInterval::Every(Duration::from_secs(30)))),
+            ("1s", Ok(GcInterval::Every(Duration::from_secs(1)))),
+        ] {
+            assert_eq!(text.parse::<GcInterval>(), parsed, "{text}");
+            assert_eq!(parsed.map(|p| p.to_string()).as_deref(), Ok(text));
+        }
+        for text in ["500ms", "0s", "often", ""] {
+            assert!(text.parse::<GcInterval>().is_err(), "{text}");
+        }
+    }
+}
