@@ -1,13 +1,13 @@
-//! The agent's conntrack garbage collector: a background sweep of the conntrack tables'
-//! expired entries (`dataplane::sweep_expired_flows` says why), on a blocking thread, until
-//! the agent stops. Independent of the syncs: the tables are the programs', not the
-//! cluster's.
+//! The agent's conntrack garbage collector: in the background, a pass over the conntrack
+//! tables that removes their expired entries (`dataplane::remove_expired_flows`), on a
+//! blocking thread, until the agent stops. Independent of the syncs: the tables are the
+//! programs', not the cluster's.
 use std::{fmt, future::Future, path::PathBuf, str::FromStr, sync::Arc, time::Duration};
 
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{
-    dataplane::{self, FlowSweep, SWEEP_INTERVALS},
+    dataplane::{self, ExpiredFlows, GC_INTERVAL_MAX, GC_INTERVAL_MIN},
     error_chain,
     metrics::Metrics,
 };
@@ -15,7 +15,8 @@ use crate::{
 /// How often the tables are swept (`--conntrack-gc-interval`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GcInterval {
-    /// Every shortest conntrack timeout, within [`SWEEP_INTERVALS`] (10 s by default).
+    /// Every shortest conntrack timeout, within [`GC_INTERVAL_MIN`] and [`GC_INTERVAL_MAX`]
+    /// (10 s by default).
     Auto,
     /// Never: expired entries go when a packet of their flow comes, or when the LRU needs
     /// room.
@@ -32,7 +33,7 @@ impl FromStr for GcInterval {
             "auto" => Ok(Self::Auto),
             "off" => Ok(Self::Off),
             _ => match humantime::parse_duration(text) {
-                Ok(every) if every >= SWEEP_INTERVALS.0 => Ok(Self::Every(every)),
+                Ok(every) if every >= GC_INTERVAL_MIN => Ok(Self::Every(every)),
                 Ok(_) => Err("at least 1s (or auto, or off)".to_owned()),
                 Err(error) => Err(format!("{error}: give auto, off or a duration")),
             },
@@ -50,23 +51,22 @@ impl fmt::Display for GcInterval {
     }
 }
 
-/// Sweeps the conntrack tables pinned in `pin_dir` every `interval` until `stop`
-/// completes. A failed sweep is logged once (and once more when sweeps work again), and
-/// tried again after a second.
+/// Removes the expired entries of the conntrack tables pinned in `pin_dir` every
+/// `interval` until `stop` completes. A failed pass is logged once (and once more when
+/// passes work again), and tried again after a second.
 pub async fn run(
     pin_dir: PathBuf,
     interval: GcInterval,
     metrics: Arc<Metrics>,
     stop: impl Future<Output = ()>,
 ) {
-    let (shortest, longest) = SWEEP_INTERVALS;
     let wanted = match interval {
         GcInterval::Off => return,
         GcInterval::Auto => None,
         GcInterval::Every(every) => Some(every),
     };
     tokio::pin!(stop);
-    let mut wait = shortest;
+    let mut wait = GC_INTERVAL_MIN;
     let mut failing = false;
     loop {
         tokio::select! {
@@ -74,9 +74,9 @@ pub async fn run(
             () = tokio::time::sleep(wait) => {}
         }
         let dir = pin_dir.clone();
-        let swept = tokio::task::spawn_blocking(move || dataplane::sweep_expired_flows(&dir)).await;
-        wait = match swept {
-            Ok(Ok(FlowSweep { removed, next_in })) => {
+        let pass = tokio::task::spawn_blocking(move || dataplane::remove_expired_flows(&dir)).await;
+        wait = match pass {
+            Ok(Ok(ExpiredFlows { removed, next_in })) => {
                 if failing {
                     info!("expired conntrack entries are removed again");
                     failing = false;
@@ -95,10 +95,12 @@ pub async fn run(
                     );
                     failing = true;
                 }
-                shortest
+                GC_INTERVAL_MIN
             }
-            // The sweep panicked: the panic is logged as it is.
-            Err(_) => longest,
+            Err(panicked) => {
+                error!(error = %panicked, "the conntrack GC's pass panicked; trying again");
+                GC_INTERVAL_MAX
+            }
         };
     }
 }

@@ -87,7 +87,7 @@ pub struct Metrics {
     pub map_entries_restored: Counter,
     /// Service and backend entries found that the agent did not write, and deleted.
     pub map_entries_removed: Counter,
-    /// Conntrack entries past their idle timeout, removed by the agent's sweeps.
+    /// Conntrack entries past their idle timeout, removed by the agent's conntrack GC.
     pub conntrack_expired_removed: Counter,
 }
 
@@ -205,7 +205,7 @@ impl Metrics {
         registry.register(
             "socklb_conntrack_expired_removed",
             "Conntrack entries (flows from outside the node and of the per-packet path) past \
-             their idle timeout, removed by the agent's sweeps",
+             their idle timeout, removed by the agent's conntrack GC",
             metrics.conntrack_expired_removed.clone(),
         );
         registry.register(

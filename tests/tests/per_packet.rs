@@ -265,16 +265,18 @@ fn a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again
     );
 }
 
-/// The agent removes conntrack entries past their timeout. Left in place, they fill the
-/// table, and each new flow then makes the LRU evict the entry used longest ago: a live
-/// flow idle since before the churn goes before the dead flows that ended after it. Here
-/// the table holds 1,024 entries; the VM's UDP flow stays idle while it makes 3 x 250 TCP
-/// connections (1,500 entries, closing for 1 s), and each batch's entries must be gone
-/// before the next: the idle flow's entries stay and its next datagram follows them.
-/// Without the sweep, the first wait fails; without the wait, the idle flow is evicted.
+/// The agent removes conntrack entries past their timeout (its conntrack GC). Left in
+/// place, they fill the table, and each new flow then makes the LRU evict the entry used
+/// longest ago: a live flow idle since before the churn goes before the dead flows that
+/// ended after it. Here the table holds 1,024 entries; the VM's UDP flow (timeout 1 h)
+/// stays idle while it makes 3 x 200 TCP connections (1,200 entries, closing for 1 s), and
+/// each batch's entries must be gone before the next: the idle flow's entries stay and its
+/// next datagram follows them. A batch and the idle flow leave room for the 128 free
+/// entries the LRU keeps per CPU. Without the GC, the first wait fails; without the
+/// waits, the idle flow is evicted.
 fn an_idle_flow_outlives_churn_as_the_agent_removes_expired_flows(family: Family) {
-    const BATCH: u32 = 250;
-    let node = LanNode::new(family, "pp-sweep", "w");
+    const BATCH: u32 = 200;
+    let node = LanNode::new(family, "pp-gc", "w");
     let vm = node.lan.vm();
     let a = &node.a;
     let _servers = [node.tcp_server(1, 8080), node.udp_server(1, 5353)];
@@ -295,6 +297,8 @@ fn an_idle_flow_outlives_churn_as_the_agent_removes_expired_flows(family: Family
         capacity,
         "--conntrack-tcp-timeout-close",
         "1s",
+        "--conntrack-udp-timeout",
+        "1h",
     ]);
     let vip = family.vip(66).to_string();
     let mut command = vm.command(hold_bin());

@@ -1,13 +1,13 @@
-//! The sweep of the conntrack tables' expired entries (`maps::conntrack`), over the pinned
-//! tables of both families. Each sweep opens them afresh: a relayout may have replaced
-//! them since the last one.
+//! The conntrack GC's pass over the pinned tables of both families (`maps::conntrack` says
+//! why the agent removes expired entries). Each pass opens the tables afresh: a relayout
+//! may have replaced them since the last one.
 use std::{path::Path, time::Duration};
 
 use aya::{
     Pod,
     maps::{Array, HashMap, Map, MapData},
 };
-use socklb_abi::{CtEntry, CtKey, CtTimeouts, NodeConfig, map_names};
+use socklb_abi::{CtEntry, CtKey, CtTimeouts, Ipv6Words, NodeConfig, map_names};
 
 use super::error::DataplaneError;
 use crate::{
@@ -15,27 +15,45 @@ use crate::{
     maps::conntrack::{self, Expiry},
 };
 
-/// What a sweep removed, and when the next one is due.
+/// The shortest time between two passes of the conntrack GC.
+pub const GC_INTERVAL_MIN: Duration = Duration::from_secs(1);
+/// The longest time between two passes, whatever the timeouts.
+pub const GC_INTERVAL_MAX: Duration = Duration::from_secs(60);
+
+/// What a pass removed, and when the next one is due by the timeouts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlowSweep {
+pub struct ExpiredFlows {
     pub removed: usize,
-    /// The shortest timeout the programs apply, within [`SWEEP_INTERVALS`]: an entry is
-    /// removed at most about that long after it expired.
+    /// The shortest timeout the programs apply, within [`GC_INTERVAL_MIN`] and
+    /// [`GC_INTERVAL_MAX`]: an entry goes at most about that long after it expired.
     pub next_in: Duration,
 }
 
-/// The bounds of the time between two sweeps.
-pub const SWEEP_INTERVALS: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(60));
-
 /// Removes the expired entries of every conntrack table, by the timeouts the programs
-/// apply (the node map's).
-pub fn sweep_expired_flows(pin_dir: &Path) -> Result<FlowSweep, DataplaneError> {
+/// apply (the node map's). Nothing is removed until this agent wrote its timeouts there
+/// (a zero is the default to the programs, but a node map just made for a new layout
+/// still serves programs of the agent before, which applied that agent's timeouts).
+pub fn remove_expired_flows(pin_dir: &Path) -> Result<ExpiredFlows, DataplaneError> {
     let node: Array<MapData, NodeConfig> = open(pin_dir, map_names::NODE, Map::Array)?
         .try_into()
         .map_err(DataplaneError::map(map_names::NODE))?;
     let config = node
         .get(&0, 0)
         .map_err(DataplaneError::map(map_names::NODE))?;
+    let written = [
+        config.ct_timeout_syn_s,
+        config.ct_timeout_established_s,
+        config.ct_timeout_closing_s,
+        config.ct_timeout_udp_s,
+    ]
+    .iter()
+    .all(|timeout| *timeout != 0);
+    if !written {
+        return Ok(ExpiredFlows {
+            removed: 0,
+            next_in: GC_INTERVAL_MIN,
+        });
+    }
     let timeouts = CtTimeouts::of(Some(&config));
     let expiry = Expiry {
         timeouts,
@@ -46,37 +64,29 @@ pub fn sweep_expired_flows(pin_dir: &Path) -> Result<FlowSweep, DataplaneError> 
         (map_names::CONNTRACK, true),
         (map_names::CONNTRACK_NEW, false),
     ] {
-        removed += sweep_table::<u32>(pin_dir, name, confirmed, expiry)?;
+        removed += remove_from::<u32>(pin_dir, name, confirmed, expiry)?;
     }
     for (name, confirmed) in [
         (map_names::CONNTRACK6, true),
         (map_names::CONNTRACK_NEW6, false),
     ] {
-        removed += sweep_table::<socklb_abi::Ipv6Words>(pin_dir, name, confirmed, expiry)?;
+        removed += remove_from::<Ipv6Words>(pin_dir, name, confirmed, expiry)?;
     }
-    let shortest = [
-        timeouts.syn_s,
-        timeouts.established_s,
-        timeouts.closing_s,
-        timeouts.udp_s,
-    ]
-    .into_iter()
-    .min()
-    .unwrap_or(0);
-    let (min, max) = SWEEP_INTERVALS;
-    Ok(FlowSweep {
+    Ok(ExpiredFlows {
         removed,
-        next_in: Duration::from_secs(u64::from(shortest)).clamp(min, max),
+        next_in: Duration::from_secs(u64::from(timeouts.shortest()))
+            .clamp(GC_INTERVAL_MIN, GC_INTERVAL_MAX),
     })
 }
 
-fn sweep_table<A>(
+fn remove_from<A>(
     pin_dir: &Path,
     name: &'static str,
     confirmed: bool,
     expiry: Expiry,
 ) -> Result<usize, DataplaneError>
 where
+    A: Copy + PartialEq,
     CtKey<A>: Pod + Default,
     CtEntry<A>: Pod + Default,
 {

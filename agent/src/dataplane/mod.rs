@@ -28,7 +28,7 @@ use socklb_abi::{Counters, NodeConfig, NodeConfig6, SocketRecordCount};
 pub use self::{
     config::{Config, ConntrackTimeouts, DEFAULT_MAGLEV_TABLE_SIZE, NodeSettings},
     error::DataplaneError,
-    expired_flows::{FlowSweep, SWEEP_INTERVALS, sweep_expired_flows},
+    expired_flows::{ExpiredFlows, GC_INTERVAL_MAX, GC_INTERVAL_MIN, remove_expired_flows},
 };
 use crate::{
     desired::sizing::Sizes,

@@ -1,8 +1,10 @@
-//! Writing and reading many entries of one map in one system call (`BPF_MAP_UPDATE_BATCH`,
-//! `BPF_MAP_LOOKUP_BATCH`, Linux 5.6), which aya does not offer: a first sync of 100,000
-//! Services writes two million entries, and a restarted agent reads them back; one call
-//! per entry (two to read one) cost each about five to ten seconds. Reads go a chunk at a
-//! time, so that the resyncs' walk through the maps can stop between two chunks.
+//! Map commands aya does not offer. Writing and reading many entries of one map in one
+//! system call (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_LOOKUP_BATCH`, Linux 5.6): a first sync of
+//! 100,000 Services writes two million entries, and a restarted agent reads them back; one
+//! call per entry (two to read one) cost each about five to ten seconds. Reads go a chunk
+//! at a time, so that the resyncs' walk through the maps can stop between two chunks. And
+//! taking one entry out (`BPF_MAP_LOOKUP_AND_DELETE_ELEM`), for the conntrack GC to see
+//! what it removed.
 use std::{
     io,
     os::fd::{AsFd as _, AsRawFd, BorrowedFd},
@@ -29,6 +31,19 @@ struct BatchAttr {
 /// `BPF_MAP_LOOKUP_BATCH` and `BPF_MAP_UPDATE_BATCH` in `enum bpf_cmd`.
 const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// `BPF_MAP_LOOKUP_AND_DELETE_ELEM` in `enum bpf_cmd` (hash maps: Linux 5.14).
+const BPF_MAP_LOOKUP_AND_DELETE_ELEM: libc::c_long = 21;
+
+/// `union bpf_attr` for the commands on one element (UAPI layout).
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
 
 /// Entries read per call.
 const READ_CHUNK: usize = 8192;
@@ -76,6 +91,51 @@ unsafe fn batch(command: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// What a [`take`] found.
+#[derive(Debug)]
+pub enum Taken<V> {
+    /// The entry, now deleted.
+    Was(V),
+    /// No entry under the key.
+    Absent,
+    /// The kernel cannot take entries out of this map (older than 5.14).
+    Unsupported,
+}
+
+/// Reads the entry under `key` of `map` and deletes it, in one step: no writer can come in
+/// between.
+pub fn take<K: Copy, V: Copy + Default>(map: BorrowedFd<'_>, key: &K) -> io::Result<Taken<V>> {
+    let fd =
+        u32::try_from(map.as_raw_fd()).map_err(|_| io::Error::from_raw_os_error(libc::EBADF))?;
+    let mut value = V::default();
+    let mut attr = ElemAttr {
+        map_fd: fd,
+        pad: 0,
+        key: std::ptr::from_ref(key) as u64,
+        value: std::ptr::from_mut(&mut value) as u64,
+        flags: 0,
+    };
+    // SAFETY: `key` and `value` are of the map's key and value sizes (the caller's types are
+    // the map's); the kernel reads the one and writes the other.
+    let result = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_LOOKUP_AND_DELETE_ELEM,
+            std::ptr::from_mut(&mut attr),
+            size_of::<ElemAttr>(),
+        )
+    };
+    if result == 0 {
+        return Ok(Taken::Was(value));
+    }
+    let error = io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::ENOENT) => Ok(Taken::Absent),
+        Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP) => Ok(Taken::Unsupported),
+        _ => Err(error),
+    }
 }
 
 /// Inserts or replaces `keys[i]` with `values[i]` in order, as that many updates would.

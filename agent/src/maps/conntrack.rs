@@ -1,19 +1,24 @@
-//! The conntrack tables' expired entries, removed by the agent. The programs remove an
-//! entry past its idle timeout only when a packet of its flow comes: without a sweep, a
-//! table fills with flows long over, and from then on every new flow makes the LRU evict,
-//! in the order of last use, so that a live flow idle for a while (a pooled connection)
-//! goes before the dead flows that ended after its last packet. Each eviction also costs
-//! the new flow's first packet a walk through a cold bucket. netfilter and Cilium sweep
-//! their tables for the same reasons.
+//! The conntrack tables' expired entries, removed by the agent (its conntrack GC). The
+//! programs remove an entry past its idle timeout only when a packet of its flow comes:
+//! left alone, a table fills with flows long over, and from then on every new flow makes
+//! the LRU evict, in the order of last use, so that a live flow idle for a while (a pooled
+//! connection) goes before the dead flows that ended after its last packet. Each eviction
+//! also costs the new flow's first packet a walk through a cold bucket. netfilter and
+//! Cilium collect their tables' expired entries for the same reasons.
+use std::os::fd::{AsFd as _, BorrowedFd};
+
 use aya::{
     Pod,
-    maps::{HashMap, MapData, MapError},
+    maps::{HashMap, IterableMap, MapData, MapError},
 };
 use socklb_abi::{CtEntry, CtKey, CtTimeouts};
 
-use super::batch;
+use super::batch::{self, Taken};
 
-/// Which entries a sweep removes: those the programs would no longer follow.
+/// `BPF_NOEXIST`: put an entry back only where no other was written meanwhile.
+const BPF_NOEXIST: u64 = 1;
+
+/// Which entries a GC pass removes: those the programs would no longer follow.
 #[derive(Clone, Copy, Debug)]
 pub struct Expiry {
     /// The timeouts the programs apply (the node map's).
@@ -37,16 +42,20 @@ impl Expiry {
     }
 }
 
-/// Removes the expired entries of `map` (a main table if `confirmed`): read a chunk at a
-/// time, each one looked up again just before its removal, so that an entry a packet
-/// refreshed, or a new flow of the same key wrote, since the chunk was read stays. Returns
-/// how many were removed.
+/// Removes the expired entries of `map` (a main table if `confirmed`), read a chunk at a
+/// time, and returns how many went. An entry whose flow lives by its other direction stays:
+/// the programs count a flow live while either direction is (`conntrack::held`: a client
+/// streaming to a silent server keeps its SNAT port by its forward entry alone, so its
+/// reply entry must stay too). Each entry is taken out in one step and put back if it
+/// turns out live: a packet refreshed it, or a new flow wrote its key, since the chunk
+/// was read.
 pub fn remove_expired<A>(
     map: &mut HashMap<MapData, CtKey<A>, CtEntry<A>>,
     confirmed: bool,
     expiry: Expiry,
 ) -> Result<usize, MapError>
 where
+    A: Copy + PartialEq,
     CtKey<A>: Pod + Default,
     CtEntry<A>: Pod + Default,
 {
@@ -55,19 +64,11 @@ where
     loop {
         let (entries, next) = batch::chunk(map, from)?;
         for (key, entry) in entries {
-            if !expiry.expired(&key, &entry, confirmed) {
-                continue;
-            }
-            match map.get(&key, 0) {
-                Ok(entry) if expiry.expired(&key, &entry, confirmed) => {}
-                // Refreshed, written anew, or gone (a packet removed it, or the LRU did).
-                Ok(_) | Err(MapError::KeyNotFound) => continue,
-                Err(error) => return Err(error),
-            }
-            match map.remove(&key) {
-                Ok(()) => removed += 1,
-                Err(MapError::KeyNotFound) => {}
-                Err(error) => return Err(error),
+            if expiry.expired(&key, &entry, confirmed)
+                && !other_direction_lives(map, &key, &entry, confirmed, expiry)?
+                && remove_if_expired(map, &key, confirmed, expiry)?
+            {
+                removed += 1;
             }
         }
         match next {
@@ -75,6 +76,75 @@ where
             None => return Ok(removed),
         }
     }
+}
+
+/// Whether the other direction of the flow whose entry under `key` is `entry` has a live
+/// entry in `map`.
+fn other_direction_lives<A>(
+    map: &HashMap<MapData, CtKey<A>, CtEntry<A>>,
+    key: &CtKey<A>,
+    entry: &CtEntry<A>,
+    confirmed: bool,
+    expiry: Expiry,
+) -> Result<bool, MapError>
+where
+    A: Copy + PartialEq,
+    CtKey<A>: Pod,
+    CtEntry<A>: Pod,
+{
+    let other = key.other_direction(entry);
+    match map.get(&other, 0) {
+        Ok(held) => Ok(held.points_to(key) && !expiry.expired(&other, &held, confirmed)),
+        Err(MapError::KeyNotFound) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Removes the entry under `key` if it is (still) expired; whether it did.
+fn remove_if_expired<A>(
+    map: &mut HashMap<MapData, CtKey<A>, CtEntry<A>>,
+    key: &CtKey<A>,
+    confirmed: bool,
+    expiry: Expiry,
+) -> Result<bool, MapError>
+where
+    CtKey<A>: Pod,
+    CtEntry<A>: Pod + Default,
+{
+    let taken = batch::take::<CtKey<A>, CtEntry<A>>(map_fd(map), key).map_err(|io_error| {
+        MapError::SyscallError(aya::sys::SyscallError {
+            call: "bpf_map_lookup_and_delete_elem",
+            io_error,
+        })
+    })?;
+    match taken {
+        Taken::Was(entry) if expiry.expired(key, &entry, confirmed) => Ok(true),
+        // Live after all: back, unless a new flow wrote the key meanwhile.
+        Taken::Was(entry) => match map.insert(key, &entry, BPF_NOEXIST) {
+            Ok(()) => Ok(false),
+            Err(MapError::SyscallError(error))
+                if error.io_error.raw_os_error() == Some(libc::EEXIST) =>
+            {
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        },
+        Taken::Absent => Ok(false),
+        // Read, then deleted: a packet may refresh the entry in between.
+        Taken::Unsupported => match map.get(key, 0) {
+            Ok(entry) if expiry.expired(key, &entry, confirmed) => match map.remove(key) {
+                Ok(()) => Ok(true),
+                Err(MapError::KeyNotFound) => Ok(false),
+                Err(error) => Err(error),
+            },
+            Ok(_) | Err(MapError::KeyNotFound) => Ok(false),
+            Err(error) => Err(error),
+        },
+    }
+}
+
+fn map_fd<K: Pod, V: Pod>(map: &HashMap<MapData, K, V>) -> BorrowedFd<'_> {
+    IterableMap::map(map).fd().as_fd()
 }
 
 #[cfg(test)]

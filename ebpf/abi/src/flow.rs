@@ -80,7 +80,8 @@ pub struct CtEntry<A = u32> {
     pub destination_port: u16,
     pub backend_id: u32,
     pub service_id: u32,
-    /// Seconds since boot (`bpf_ktime_get_ns`) of the last packet in this direction.
+    /// Seconds of CLOCK_MONOTONIC (`bpf_ktime_get_coarse_ns`) at the last packet in this
+    /// direction.
     pub last_seen_s: u32,
     /// `CT_FLAG_*` bits.
     pub flags: u16,
@@ -95,6 +96,44 @@ impl<A> CtEntry<A> {
     #[must_use]
     pub fn expired(&self, now_s: u32, timeout_s: u32) -> bool {
         now_s.wrapping_sub(self.last_seen_s) > timeout_s
+    }
+}
+
+impl<A: PartialEq> CtEntry<A> {
+    /// Whether this entry, one direction of a flow, names `other` as the flow's other
+    /// direction. A flow that took over an expired flow's SNAT port overwrote its reply
+    /// entry, so the old flow's forward entry (left in place, or still read by a packet)
+    /// must not act on it.
+    #[must_use]
+    #[inline(always)]
+    pub fn points_to(&self, other: &CtKey<A>) -> bool {
+        self.source == other.destination
+            && self.destination == other.source
+            && self.source_port == other.destination_port
+            && self.destination_port == other.source_port
+    }
+}
+
+impl<A: Copy> CtKey<A> {
+    /// The key of the other direction of the flow whose entry under this key is `entry`:
+    /// an entry says what its packets become, which is what the other direction's packets
+    /// are with source and destination swapped.
+    #[must_use]
+    #[inline(always)]
+    pub fn other_direction(&self, entry: &CtEntry<A>) -> Self {
+        Self {
+            source: entry.destination,
+            destination: entry.source,
+            source_port: entry.destination_port,
+            destination_port: entry.source_port,
+            protocol: self.protocol,
+            direction: if self.direction == CT_FORWARD {
+                CT_REPLY
+            } else {
+                CT_FORWARD
+            },
+            pad: 0,
+        }
     }
 }
 
@@ -211,6 +250,16 @@ impl CtTimeouts {
             closing_s: read(&node.ct_timeout_closing_s, CT_TIMEOUT_CLOSING_S),
             udp_s: read(&node.ct_timeout_udp_s, CT_TIMEOUT_OTHER_S),
         }
+    }
+
+    /// The shortest of the timeouts: how often the agent removes expired entries (unless
+    /// `--conntrack-gc-interval` says otherwise).
+    #[must_use]
+    pub fn shortest(self) -> u32 {
+        self.syn_s
+            .min(self.established_s)
+            .min(self.closing_s)
+            .min(self.udp_s)
     }
 
     /// Idle timeout of a conntrack entry with `flags` of a `protocol` flow, in the main

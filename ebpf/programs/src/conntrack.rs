@@ -66,37 +66,6 @@ pub fn key<A: Copy>(tuple: &Tuple<A>, direction: u8) -> CtKey<A> {
     }
 }
 
-/// The key of the other direction of the flow whose entry `entry` is under `key`: an
-/// entry says what its packets become, which is what the other direction's packets are
-/// with source and destination swapped.
-#[inline(always)]
-fn other_direction<A: Copy>(key: &CtKey<A>, entry: &CtEntry<A>) -> CtKey<A> {
-    CtKey {
-        source: entry.destination,
-        destination: entry.source,
-        source_port: entry.destination_port,
-        destination_port: entry.source_port,
-        protocol: key.protocol,
-        direction: if key.direction == CT_FORWARD {
-            CT_REPLY
-        } else {
-            CT_FORWARD
-        },
-        pad: 0,
-    }
-}
-
-/// Whether `entry`, one direction of a flow, names `other` as the flow's other direction.
-/// A flow that took over an expired flow's SNAT port overwrote its reply entry, so the old
-/// flow's forward entry (left in place, or still read by a packet) must not act on it.
-#[inline(always)]
-fn points_to<A: PartialEq>(entry: &CtEntry<A>, other: &CtKey<A>) -> bool {
-    entry.source == other.destination
-        && entry.destination == other.source
-        && entry.source_port == other.destination_port
-        && entry.destination_port == other.source_port
-}
-
 /// Whether the entry under `reply_key` in `table` is the other direction of the flow whose
 /// forward entry is under `forward_key` (and not another flow's, holding the port now).
 #[inline(always)]
@@ -105,7 +74,7 @@ fn reply_is_ours<F: Family>(table: &CtTable<F>, reply_key: &Key<F>, forward_key:
         return false;
     };
     // SAFETY: pointer from a successful lookup; read at once.
-    points_to(unsafe { &*reply }, forward_key)
+    (unsafe { &*reply }).points_to(forward_key)
 }
 
 /// Whether a TCP segment with `sequence_high` counts for the entry `before` (in the main
@@ -238,11 +207,11 @@ fn fin_in<F: Family>(
         return true;
     }
     entry.flags |= CT_FLAG_FIN;
-    let other = other_direction(key, entry);
+    let other = key.other_direction(entry);
     if let Some(held) = table.get_ptr_mut(F::ct_key(&other)) {
         // SAFETY: as above.
         let held = unsafe { &mut *held };
-        if points_to(held, key) && held.flags & CT_FLAG_FIN != 0 {
+        if held.points_to(key) && held.flags & CT_FLAG_FIN != 0 {
             held.flags |= CT_FLAG_CLOSING;
             entry.flags |= CT_FLAG_CLOSING;
         }
@@ -336,7 +305,7 @@ pub fn lookup_reply<F: Family>(
         && entry.flags & CT_FLAG_CLOSING == 0
         && counts(&entry, confirmed, segment.sequence_high);
     if answers || resets {
-        let forward_key = other_direction(&key, &entry);
+        let forward_key = key.other_direction(&entry);
         let mut set = CT_FLAG_SEEN_REPLY;
         if resets {
             set |= CT_FLAG_CLOSING;
@@ -378,7 +347,7 @@ fn confirm_on_reply_here<F: Family>(reply_key: &Key<F>, forward_key: &Key<F>) {
     };
     // SAFETY: pointer from a successful lookup, valid for this run.
     let forward = unsafe { &*forward };
-    if !points_to(forward, reply_key) {
+    if !forward.points_to(reply_key) {
         return;
     }
     let Some(held) = table.get_ptr(F::ct_key(reply_key)) else {
@@ -447,7 +416,7 @@ fn confirm_here<F: Family>(
     let reply = match F::conntrack_new().get_ptr(F::ct_key(&reply_key)) {
         // SAFETY: pointer from a successful lookup, valid for this run (the insert below
         // copies it).
-        Some(held) if points_to(unsafe { &*held }, &forward_key) => unsafe { &*held },
+        Some(held) if (unsafe { &*held }).points_to(&forward_key) => unsafe { &*held },
         _ => F::ct_entry(&built),
     };
     let mut forward = *forward;
@@ -483,7 +452,7 @@ fn reopen_apart<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
 #[inline(always)]
 fn reopen_here<F: Family>(arrived: &Tuple<F::Addr>, entry: &mut Entry<F>) {
     let forward_key = key(arrived, CT_FORWARD);
-    let reply_key = other_direction(&forward_key, entry);
+    let reply_key = forward_key.other_direction(entry);
     const STATE: u16 = CT_FLAG_CLOSING | CT_FLAG_FIN | CT_FLAG_SEEN_REPLY;
     entry.flags &= !STATE;
     let clear = |key: &Key<F>| {
@@ -546,7 +515,7 @@ fn entries_of<F: Family>(
         F::conntrack_new()
     };
     let forward_key = key(arrived, CT_FORWARD);
-    let reply_key = other_direction(&forward_key, &found.entry);
+    let reply_key = forward_key.other_direction(&found.entry);
     (table, forward_key, reply_key)
 }
 
@@ -623,11 +592,11 @@ pub fn take_over<F: Family>(
     if old.flags & (CT_FLAG_CLOSING | CT_FLAG_SNAT) != CT_FLAG_CLOSING {
         return TakeOver::Raced;
     }
-    let reply_key = other_direction(&forward_key, old);
+    let reply_key = forward_key.other_direction(old);
     let reply = table
         .get_ptr_mut(F::ct_key(&reply_key))
         .map(|entry| unsafe { &mut *entry })
-        .filter(|entry| points_to(entry, &forward_key));
+        .filter(|entry| entry.points_to(&forward_key));
     let same_backend =
         old.destination == forward.destination && old.destination_port == forward.destination_port;
     match reply {
@@ -651,7 +620,7 @@ pub fn take_over<F: Family>(
 #[inline(always)]
 pub fn reply_of<A: Copy>(arrived: &Tuple<A>, forward: &CtEntry<A>) -> (CtKey<A>, CtEntry<A>) {
     (
-        other_direction(&key(arrived, CT_FORWARD), forward),
+        key(arrived, CT_FORWARD).other_direction(forward),
         reply_entry(arrived, forward),
     )
 }
@@ -773,12 +742,12 @@ pub fn held<F: Family>(
     let reply_live = live(reply);
     // The held flow's forward entry: its client tuple is what the reply rewrites to. An
     // entry there that names another reply key is another flow's.
-    let forward_key = other_direction(reply_key, reply);
+    let forward_key = reply_key.other_direction(reply);
     // SAFETY: as above.
     let forward = table
         .get_ptr(F::ct_key(&forward_key))
         .map(|entry| unsafe { &*entry })
-        .filter(|entry| points_to(entry, reply_key));
+        .filter(|entry| entry.points_to(reply_key));
     let forward_found = forward.is_some();
     let forward_live = forward.is_some_and(live);
     let is_live = if !confirmed && reply_key.protocol == PROTO_TCP {

@@ -2,7 +2,9 @@
 //! new flow's alone: the old flow's client coming back must not take it over.
 //!
 //! The SNAT range is a single port, so that every flow draws the same one, and the UDP
-//! timeout is 3 s instead of 60 s, to keep the tests short.
+//! timeout is 3 s instead of 60 s, to keep the tests short. A flow that streams one way
+//! keeps its port with the agent's conntrack GC on (every 3 s here): the GC removes an
+//! entry only once both directions of its flow are past the timeout.
 use std::{
     net::{SocketAddr, UdpSocket},
     time::Duration,
@@ -23,13 +25,16 @@ const UDP_TIMEOUT_S: u32 = 3;
 socklb_tests::for_each_family!(
     a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it,
     a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port,
+    a_client_streaming_to_a_silent_server_keeps_the_flow_s_snat_port,
 );
 
 fn a_client_back_after_its_flow_expired_leaves_the_port_to_the_flow_that_took_it(family: Family) {
     let node = LanNode::new(family, "port-reuse", "p");
     let a = &node.a;
     let _server = node.udp_server(2, 5353);
-    let agent = start(&node);
+    // What is tested is the programs' own expiry: the conntrack GC would remove the old
+    // flow's entries first.
+    let agent = start(&node, &["--conntrack-gc-interval", "off"]);
     let (old, new) = (node.udp_client(40300), node.udp_client(40301));
     let answer = format!("pod2 {}", Addresses::at(a.node1, SNAT_PORT));
 
@@ -83,7 +88,7 @@ fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(family: Fami
     let node = LanNode::new(family, "port-stream", "q");
     let LanNode { a, lan, .. } = &node;
     let _streamer = Streamer::start(&lan.pod2, SocketAddr::new(a.pod2, 5353));
-    let agent = start(&node);
+    let agent = start(&node, &[]);
     let (subscriber, other) = (node.udp_client(40310), node.udp_client(40311));
 
     subscriber
@@ -97,8 +102,8 @@ fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(family: Fami
     };
     let (text, from) = tick(&subscriber).expect("the stream starts");
     assert_eq!((text.as_str(), from.to_string()), ("tick", node_port(a)));
-    // The client is silent past the UDP timeout while the stream goes on.
-    wait_until_forward_idle(&node, 40310);
+    // The client is silent past the UDP timeout and a GC pass while the stream goes on.
+    wait_until(&node, 40310, |c| c.direction == "forward", GC_PASSED_S);
 
     // Another flow draws the only port: it is refused, the stream stays with its client.
     let before = node.counters();
@@ -125,21 +130,79 @@ fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(family: Fami
     assert_eq!(node.counters().errors, 0);
 }
 
-/// The agent on node1 with a NodePort whose only backend is pod2 (on node2: SNAT).
-fn start(node: &LanNode) -> Agent {
+/// A client streaming to a server that never answers: the flow's reply entry is as old as
+/// the flow, and it holds the SNAT port. The flow lives by its forward entry, so the port
+/// stays its own past the UDP timeout and the GC passes after it.
+fn a_client_streaming_to_a_silent_server_keeps_the_flow_s_snat_port(family: Family) {
+    let node = LanNode::new(family, "port-upload", "r");
+    let LanNode { a, lan, .. } = &node;
+    let sink = lan
+        .pod2
+        .udp_socket(SocketAddr::new(a.pod2, 5353), Duration::from_millis(100));
+    let _sink = ServerThread::run(move || {
+        let _ = sink.recv_from(&mut [0u8; 64]);
+    });
+    let agent = start(&node, &[]);
+    let (uploader, other) = (node.udp_client(40320), node.udp_client(40321));
+    let target = node_port(a);
+    let _upload = ServerThread::run(move || {
+        let _ = uploader.send_to(b"data", &target);
+        std::thread::sleep(Duration::from_millis(100));
+    });
+    eventually(
+        "the upload's flow is made",
+        Duration::from_secs(10),
+        || match node.client_flows(40320) {
+            flows if flows.len() == 2 => Ok(()),
+            flows => Err(format!("{flows:?}")),
+        },
+    );
+    wait_until(&node, 40320, |c| c.direction == "reply", GC_PASSED_S);
+
+    // Another flow draws the only port: it is refused, the upload keeps it.
+    let before = node.counters();
+    other.send_to(b"data", node_port(a)).expect("send");
+    eventually(
+        "the other flow is refused the port of a flow whose client still sends",
+        Duration::from_secs(10),
+        || match node.counters() {
+            now if now.snat_exhausted > before.snat_exhausted => Ok(()),
+            now => Err(format!(
+                "{now:?} {:?}\n{}",
+                node.client_flows(40321),
+                agent.log()
+            )),
+        },
+    );
+    assert_eq!(
+        node.client_flows(40320).len(),
+        2,
+        "the upload's two entries stay: {:?}",
+        node.client_flows(40320)
+    );
+    assert!(node.client_flows(40321).is_empty());
+    assert_eq!(node.counters().errors, 0);
+}
+
+/// How long an entry waits idle, in seconds, before the tests above look: past the UDP
+/// timeout by more than the GC's margin of a second, and then one GC pass (the UDP
+/// timeout apart, the shortest one here).
+const GC_PASSED_S: u32 = 2 * UDP_TIMEOUT_S + 2;
+
+/// The agent on node1 with a NodePort whose only backend is pod2 (on node2: SNAT), with
+/// `extra` flags.
+fn start(node: &LanNode, extra: &[&str]) -> Agent {
     node.expose_pod2("dns", 96, ("dns", 53, 5353, NODE_PORT, "UDP"));
     let range = format!("{SNAT_PORT}-{SNAT_PORT}");
     let timeout = format!("{UDP_TIMEOUT_S}s");
-    node.agent(&[
+    let mut flags = vec![
         "--snat-port-range",
         &range,
         "--conntrack-udp-timeout",
         &timeout,
-        // The programs' own expiry is what is tested: the agent's sweep would remove the
-        // expired entries first.
-        "--conntrack-gc-interval",
-        "off",
-    ])
+    ];
+    flags.extend(extra);
+    node.agent(&flags)
 }
 
 /// The NodePort on node1.
@@ -160,25 +223,25 @@ fn ask(a: &Addresses, socket: &UdpSocket) -> Option<String> {
 /// Until every entry of the client on `port` has been idle past the UDP timeout (with a
 /// second to spare: the programs count whole seconds of a coarser clock).
 fn wait_until_idle(node: &LanNode, port: u16) {
-    wait_until(node, port, |_| true);
-}
-
-/// Until the forward entry of the client on `port` has been idle past the UDP timeout.
-fn wait_until_forward_idle(node: &LanNode, port: u16) {
-    wait_until(node, port, |c| c.direction == "forward");
+    wait_until(node, port, |_| true, UDP_TIMEOUT_S + 1);
 }
 
 /// Until the entries of the client on `port` that `which` picks (one at least) have been
-/// idle past the UDP timeout.
-fn wait_until(node: &LanNode, port: u16, which: impl Fn(&inspect::ConntrackState) -> bool) {
-    eventually("idle past the UDP timeout", Duration::from_secs(30), || {
+/// idle for more than `idle_s` seconds; each must be there all along.
+fn wait_until(
+    node: &LanNode,
+    port: u16,
+    which: impl Fn(&inspect::ConntrackState) -> bool,
+    idle_s: u32,
+) {
+    eventually("idle long enough", Duration::from_secs(30), || {
         let flows = node.client_flows(port);
         let picked: Vec<_> = flows.iter().filter(|c| which(c)).collect();
         assert!(
             !picked.is_empty(),
             "no such entry of the client on {port}: {flows:?}"
         );
-        if picked.iter().all(|c| c.idle_seconds > UDP_TIMEOUT_S + 1) {
+        if picked.iter().all(|c| c.idle_seconds > idle_s) {
             Ok(())
         } else {
             Err(format!("{flows:?}"))

@@ -39,23 +39,24 @@ socklb_tests::for_each_family!(
 );
 
 /// node1 on the LAN with the NodePorts of [`two_node_ports`] and an agent whose closing
-/// timeout is [`CLOSE_TIMEOUT`].
-fn node_with_short_close(family: Family, test: &str, lan: &str, target: u16) -> (LanNode, Agent) {
+/// timeout is [`CLOSE_TIMEOUT`], with `extra` flags.
+fn node_with_short_close(
+    family: Family,
+    test: &str,
+    lan: &str,
+    target: u16,
+    extra: &[&'static str],
+) -> (LanNode, Agent) {
     let node = LanNode::new(family, test, lan);
     two_node_ports(&node, target);
-    // The programs' own expiry is what is tested: the agent's sweep would remove the
-    // expired entries first.
-    let agent = node.agent(&[
-        "--conntrack-tcp-timeout-close",
-        CLOSE_TIMEOUT,
-        "--conntrack-gc-interval",
-        "off",
-    ]);
+    let mut flags = vec!["--conntrack-tcp-timeout-close", CLOSE_TIMEOUT];
+    flags.extend(extra);
+    let agent = node.agent(&flags);
     (node, agent)
 }
 
 fn a_half_closed_flow_gets_its_late_answer(family: Family) {
-    let (node, _agent) = node_with_short_close(family, "halfclose", "h", 8080);
+    let (node, _agent) = node_with_short_close(family, "halfclose", "h", 8080, &[]);
     let LanNode { a, lan, .. } = &node;
     let servers = [
         AfterFinServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), QUIET, 1),
@@ -83,7 +84,15 @@ fn a_half_closed_flow_gets_its_late_answer(family: Family) {
 }
 
 fn an_idle_flow_s_entries_leave_a_direct_connection_from_the_same_port_alone(family: Family) {
-    let (node, _agent) = node_with_short_close(family, "stale", "s", 8080);
+    // What is tested is that the programs follow no expired entry: the conntrack GC would
+    // remove these first.
+    let (node, _agent) = node_with_short_close(
+        family,
+        "stale",
+        "s",
+        8080,
+        &["--conntrack-gc-interval", "off"],
+    );
     let LanNode { a, lan, .. } = &node;
     let server = AfterFinServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), Duration::ZERO, 2);
     // The client reaches the pods directly too, through node1.
@@ -193,7 +202,7 @@ struct RemoteEchoFlow {
 
 impl RemoteEchoFlow {
     fn start(family: Family, name: &str, lan_name: &str) -> Self {
-        let (node, agent) = node_with_short_close(family, name, lan_name, 8080);
+        let (node, agent) = node_with_short_close(family, name, lan_name, 8080, &[]);
         let (a, lan) = (&node.a, &node.lan);
         let server = EchoServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080));
         let frontend: SocketAddr = Addresses::at(a.node1, 30072).parse().expect("address");
