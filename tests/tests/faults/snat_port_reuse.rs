@@ -106,19 +106,11 @@ fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(family: Fami
     wait_until(&node, 40310, |c| c.direction == "forward", GC_PASSED_S);
 
     // Another flow draws the only port: it is refused, the stream stays with its client.
-    let before = node.counters();
-    other.send_to(b"subscribe", node_port(a)).expect("send");
-    eventually(
+    assert_refused(
+        &node,
+        &agent,
+        (&other, 40311),
         "the other flow is refused the port of a flow whose server still streams",
-        Duration::from_secs(10),
-        || match node.counters() {
-            now if now.snat_exhausted > before.snat_exhausted => Ok(()),
-            now => Err(format!(
-                "{now:?} {:?}\n{}",
-                node.client_flows(40311),
-                agent.log()
-            )),
-        },
     );
     // What arrived before the refusal aside, the stream still reaches its client.
     subscriber.set_nonblocking(true).expect("nonblocking");
@@ -160,19 +152,11 @@ fn a_client_streaming_to_a_silent_server_keeps_the_flow_s_snat_port(family: Fami
     wait_until(&node, 40320, |c| c.direction == "reply", GC_PASSED_S);
 
     // Another flow draws the only port: it is refused, the upload keeps it.
-    let before = node.counters();
-    other.send_to(b"data", node_port(a)).expect("send");
-    eventually(
+    assert_refused(
+        &node,
+        &agent,
+        (&other, 40321),
         "the other flow is refused the port of a flow whose client still sends",
-        Duration::from_secs(10),
-        || match node.counters() {
-            now if now.snat_exhausted > before.snat_exhausted => Ok(()),
-            now => Err(format!(
-                "{now:?} {:?}\n{}",
-                node.client_flows(40321),
-                agent.log()
-            )),
-        },
     );
     assert_eq!(
         node.client_flows(40320).len(),
@@ -182,6 +166,21 @@ fn a_client_streaming_to_a_silent_server_keeps_the_flow_s_snat_port(family: Fami
     );
     assert!(node.client_flows(40321).is_empty());
     assert_eq!(node.counters().errors, 0);
+}
+
+/// Sends a datagram from `client` (bound to `port`) through the NodePort, whose only SNAT
+/// port another flow holds: it must be refused (`snat_exhausted`).
+fn assert_refused(node: &LanNode, agent: &Agent, (client, port): (&UdpSocket, u16), what: &str) {
+    let before = node.counters();
+    client.send_to(b"data", node_port(&node.a)).expect("send");
+    eventually(what, Duration::from_secs(10), || match node.counters() {
+        now if now.snat_exhausted > before.snat_exhausted => Ok(()),
+        now => Err(format!(
+            "{now:?} {:?}\n{}",
+            node.client_flows(port),
+            agent.log()
+        )),
+    });
 }
 
 /// How long an entry waits idle, in seconds, before the tests above look: past the UDP
