@@ -78,7 +78,7 @@ cat >"$WORK/value-sets.json" <<'EOF'
                    "maxConntrackEntries": 524288, "maxSourceRanges": 1024, "maxMaglevEntries": 65536},
     "external": {"devices": ["eth0", "bond0"], "tcAttachMode": "netlink",
                  "snatPortRange": "62000-64999", "maglevTableSize": 4093,
-                 "clusterIPsFromOutside": true},
+                 "clusterIPsFromOutside": true, "conntrackGcInterval": "1m30s"},
     "minSyncPeriod": "100ms", "syncPeriod": "1m30s", "fullSyncPeriod": "2h", "destroyTcpOnBackendRemoval": true,
     "socketLbScope": "host",
     "podDevices": "cali*,tap0",
@@ -124,7 +124,9 @@ cat >"$WORK/bad-value-sets.json" <<'EOF'
   "unknown seccomp profile type": [{"seccompProfile": {"type": "Default"}}, "seccompProfile"],
   "Localhost seccomp profile without a path": [{"seccompProfile": {"type": "Localhost"}}, "localhostProfile"],
   "dashboard label key with a space": [{"dashboard": {"enabled": true, "labelKey": "grafana dashboard"}}, "labelKey"],
-  "unknown bpf log level": [{"bpfLogLevel": "verbose"}, "bpfLogLevel"]
+  "unknown bpf log level": [{"bpfLogLevel": "verbose"}, "bpfLogLevel"],
+  "conntrack GC interval under a second": [{"external": {"conntrackGcInterval": "500ms"}}, "conntrackGcInterval"],
+  "conntrack GC interval of zero": [{"external": {"conntrackGcInterval": "0s"}}, "conntrackGcInterval"]
 }
 EOF
 
