@@ -176,6 +176,19 @@ impl Agent {
     /// thread.
     pub fn start_with(
         privileges: &ContainerPrivileges,
+        state: (&Path, &Path),
+        source: Source,
+        node: &str,
+        extra: &[&str],
+    ) -> Self {
+        Self::start_binary(&agent_bin(), privileges, state, source, node, extra)
+    }
+
+    /// [`start_with`](Self::start_with) for the agent binary at `binary` (a benchmark
+    /// comparing two builds).
+    pub fn start_binary(
+        binary: &Path,
+        privileges: &ContainerPrivileges,
         (pin_dir, cgroup): (&Path, &Path),
         source: Source,
         node: &str,
@@ -187,7 +200,7 @@ impl Agent {
             &["--min-sync-period", "0s"]
         };
         // As the chart runs it: its user, capabilities and no_new_privs.
-        let mut command = privileges.command(agent_bin());
+        let mut command = privileges.command(binary);
         unblock_signals_on_exec(&mut command);
         let started = Instant::now();
         let mut child = command

@@ -148,6 +148,13 @@ enum Bench {
         services: String,
         #[command(flatten)]
         flags: NodeBench,
+        /// Another build's agent binary: its per-packet path is measured as one more path,
+        /// against this build's, in the same run (nothing is written to docs/ then).
+        #[arg(long)]
+        compare_agent: Option<PathBuf>,
+        /// Agent flags added to the compared agent's, e.g. "--pod-devices pod2".
+        #[arg(long, allow_hyphen_values = true, requires = "compare_agent")]
+        compare_flags: Option<String>,
     },
     /// What each packet of a pod's connection to a ClusterIP costs the per-packet path's
     /// programs, packet by packet (BPF_PROG_TEST_RUN), with the frontend filter and
@@ -359,9 +366,29 @@ fn main() -> anyhow::Result<()> {
                     run_with_agent("socklb-bench-destroy", &args)
                 }
                 Bench::Nodeport { services, flags } => {
-                    node_bench(NODEPORT, &services.to_string(), &flags)
+                    node_bench(NODEPORT, &services.to_string(), &flags, Vec::new())
                 }
-                Bench::Pod { services, flags } => node_bench(POD, &services, &flags),
+                Bench::Pod {
+                    services,
+                    flags,
+                    compare_agent,
+                    compare_flags,
+                } => {
+                    let mut extra = Vec::new();
+                    if let Some(binary) = compare_agent {
+                        let binary = std::path::absolute(&binary)
+                            .with_context(|| format!("{}", binary.display()))?;
+                        let binary = binary
+                            .to_str()
+                            .context("--compare-agent: a path in UTF-8")?
+                            .to_owned();
+                        extra.extend(["--compare-agent".to_owned(), binary]);
+                    }
+                    if let Some(added) = compare_flags {
+                        extra.extend(["--compare-flags".to_owned(), added]);
+                    }
+                    node_bench(POD, &services, &flags, extra)
+                }
                 Bench::Packets {
                     services,
                     connections,
@@ -405,6 +432,7 @@ fn node_bench(
     (bench, what): (&str, &str),
     services: &str,
     flags: &NodeBench,
+    extra: Vec<String>,
 ) -> anyhow::Result<()> {
     require_root(what)?;
     let mut args = flag_args(&[
@@ -413,6 +441,7 @@ fn node_bench(
         ("--seconds", flags.seconds),
     ]);
     args.extend(["--services", services, "--iptables", &flags.iptables].map(str::to_owned));
+    args.extend(extra);
     if !flags.smoke {
         args.extend(["--docs".to_owned(), docs_dir()?]);
         return run_with_agent(bench, &args);
@@ -574,8 +603,14 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         None => {
             let smokes = [
                 ("compare", compare(None, 500, "legacy", true)),
-                ("nodeport", node_bench(NODEPORT, "100", &NodeBench::smoke())),
-                ("pod", node_bench(POD, "100", &NodeBench::smoke())),
+                (
+                    "nodeport",
+                    node_bench(NODEPORT, "100", &NodeBench::smoke(), Vec::new()),
+                ),
+                (
+                    "pod",
+                    node_bench(POD, "100", &NodeBench::smoke(), Vec::new()),
+                ),
                 (
                     "packets",
                     smoke_run("socklb-bench-packets", &["--smoke".to_owned()]),

@@ -315,7 +315,9 @@ pub fn start_agent(
                 let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
                 let state = (files.pin_dir.as_path(), files.cgroup.as_path());
                 let source = Source::File(&files.manifests);
-                Ok(Agent::start_with(
+                let binary = files.binary.clone().unwrap_or_else(crate::agent_bin);
+                Ok(Agent::start_binary(
+                    &binary,
                     super::agent_privileges(),
                     state,
                     source,
@@ -333,6 +335,8 @@ pub struct AgentFiles {
     pub pin_dir: PathBuf,
     pub cgroup: PathBuf,
     pub manifests: PathBuf,
+    /// The agent binary, when not the one the tests run ([`crate::agent_bin`]).
+    pub binary: Option<PathBuf>,
 }
 
 impl AgentFiles {
@@ -342,6 +346,7 @@ impl AgentFiles {
             pin_dir: PathBuf::from("/sys/fs/bpf").join(&name),
             cgroup: crate::cgroup2_root().join(&name),
             manifests: std::env::temp_dir().join(format!("{name}-manifests")),
+            binary: None,
         };
         for dir in [&files.cgroup, &files.manifests] {
             fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;

@@ -4,7 +4,8 @@
 //! count, measured in one run with the paths interleaved.
 //!
 //! socklb-bench-pod [--services 1000,10000] [--connections N] [--rounds N] [--seconds S]
-//!                  [--iptables legacy|nft] [--docs DIR] [--smoke]
+//!                  [--iptables legacy|nft] [--docs DIR] [--smoke] [--compare-agent PATH]
+//!                  [--compare-flags "FLAGS"]
 //!
 //! Each path gets its own world (socklb_tests::bench::node): a client pod (10.244.2.10, on
 //! the node's device pod2), the node, and the server pod behind it. What differs is what
@@ -29,7 +30,14 @@
 //! for one more batch after the timed rounds, so that no timed path pays them). Prints a
 //! markdown report and, with `--docs DIR` (not with `--smoke`), writes it into the `pod`
 //! section of DIR/benchmarks.md.
-use std::{collections::BTreeMap, fmt::Write as _, fs, net::SocketAddrV4};
+//!
+//! `--compare-agent PATH` adds a sixth world, the per-packet path run by the agent binary
+//! at PATH (another build), alternating with the others: a change of the programs is then
+//! measured against the build before it within one run, where runs of each build apart
+//! differ by more than most such changes. `--compare-flags` adds agent flags to that
+//! agent's (`--pod-devices pod2`: no programs on the server pod's device). Nothing is
+//! written to the docs then.
+use std::{collections::BTreeMap, fmt::Write as _, fs, net::SocketAddrV4, path::PathBuf};
 
 use anyhow::{Context as _, ensure};
 use socklb_abi::program_names;
@@ -46,7 +54,8 @@ use socklb_tests::bench::{
 };
 
 const USAGE: &str = "usage: socklb-bench-pod [--services 1000,10000] [--connections N] \
-                     [--rounds N] [--seconds S] [--iptables legacy|nft] [--docs DIR] [--smoke]";
+                     [--rounds N] [--seconds S] [--iptables legacy|nft] [--docs DIR] [--smoke] \
+                     [--compare-agent PATH] [--compare-flags \"FLAGS\"]";
 /// The client pod on the node's device pod2, its default route through the node.
 const CLIENT_POD: ClientLink = ClientLink {
     client: "10.244.2.10/24",
@@ -72,6 +81,8 @@ const TC_PROGRAMS: [&[(&str, &str)]; 2] = [
 enum Path {
     Direct,
     PerPacket,
+    /// The per-packet path of the agent binary `--compare-agent` names.
+    Compared,
     Socket,
     Iptables,
     Nftables,
@@ -85,11 +96,21 @@ const PATHS: [Path; 5] = [
     Path::Nftables,
 ];
 
+/// The paths measured: [`PATHS`], and [`Path::Compared`] with `--compare-agent`.
+fn paths(compared: bool) -> Vec<Path> {
+    let mut paths = PATHS.to_vec();
+    if compared {
+        paths.insert(2, Path::Compared);
+    }
+    paths
+}
+
 impl Path {
     fn name(self) -> &'static str {
         match self {
             Self::Direct => "direct",
             Self::PerPacket => "socklb per-packet",
+            Self::Compared => "socklb per-packet (compared agent)",
             Self::Socket => "socklb socket",
             Self::Iptables => "iptables",
             Self::Nftables => "nftables",
@@ -99,21 +120,53 @@ impl Path {
 
 fn main() {
     node_flags::main(|args| {
-        let (options, services) = parse_options(args)?;
-        bench(&options, &services)
+        let (options, services, compared) = parse_options(args)?;
+        bench(&options, &services, compared)
     });
 }
 
-/// The common options and the filler Service counts, one step each.
-fn parse_options(args: &[String]) -> anyhow::Result<(Options, Vec<u32>)> {
+/// The agent `--compare-agent` names and the flags `--compare-flags` adds to its.
+struct Compared {
+    binary: PathBuf,
+    flags: Vec<String>,
+}
+
+/// The common options, the filler Service counts (one step each) and the agent to compare.
+fn parse_options(args: &[String]) -> anyhow::Result<(Options, Vec<u32>, Option<Compared>)> {
     let mut services = vec![1_000, 10_000];
-    let options = Options::parse(args, USAGE, |flags, flag, value| {
-        if flag != "--services" {
-            return Ok(false);
+    let (mut binary, mut compared_flags) = (None, Vec::new());
+    let mut options = Options::parse(args, USAGE, |flags, flag, value| {
+        match flag {
+            "--services" => services = flags.numbers(flag, value, "1000,10000")?,
+            "--compare-agent" => binary = Some(PathBuf::from(value)),
+            "--compare-flags" => {
+                compared_flags = value.split_whitespace().map(str::to_owned).collect();
+            }
+            _ => return Ok(false),
         }
-        services = flags.numbers(flag, value, "1000,10000")?;
         Ok(true)
     })?;
+    let compared = match binary {
+        Some(binary) => {
+            ensure!(
+                binary.is_file(),
+                "--compare-agent: no agent binary at {}",
+                binary.display()
+            );
+            options.docs = None;
+            Some(Compared {
+                binary,
+                flags: compared_flags,
+            })
+        }
+        None => {
+            ensure!(
+                compared_flags.is_empty(),
+                "--compare-flags: only with --compare-agent"
+            );
+            None
+        }
+    };
     if options.smoke {
         services = vec![100];
     }
@@ -121,7 +174,7 @@ fn parse_options(args: &[String]) -> anyhow::Result<(Options, Vec<u32>)> {
         !services.is_empty() && services.iter().all(|n| *n <= 60_000),
         "--services: counts of at most 60,000 (the address plan)"
     );
-    Ok((options, services))
+    Ok((options, services, compared))
 }
 
 /// What one Service count measured.
@@ -133,41 +186,68 @@ struct Step {
     tc: [(u64, u64); 2],
 }
 
-fn bench(options: &Options, services: &[u32]) -> anyhow::Result<()> {
+/// The agents' files: the per-packet path's, the socket path's, and the compared agent's
+/// with its added flags.
+struct Agents {
+    per_packet: AgentFiles,
+    socket: AgentFiles,
+    compared: Option<(AgentFiles, Vec<String>)>,
+}
+
+impl Agents {
+    fn all(&self) -> impl Iterator<Item = &AgentFiles> {
+        [&self.per_packet, &self.socket]
+            .into_iter()
+            .chain(self.compared.as_ref().map(|(files, _)| files))
+    }
+}
+
+fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> anyhow::Result<()> {
     preflight(options.iptables)?;
     // Before any thread exists, so that only the cleanup thread sees these signals.
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let scratch = Scratch::new("socklb-bench-pod")?;
-    let per_packet = AgentFiles::new("socklb-bench-pod-pp", &[])?;
-    let socket = AgentFiles::new("socklb-bench-pod-sk", &[])?;
-    let mut leftovers = per_packet.leftovers(vec![scratch.0.clone()]);
-    let (socket_pins, socket_cgroup, socket_manifests) = (
-        socket.pin_dir.clone(),
-        socket.cgroup.clone(),
-        socket.manifests.clone(),
-    );
+    let agents = Agents {
+        per_packet: AgentFiles::new("socklb-bench-pod-pp", &[])?,
+        socket: AgentFiles::new("socklb-bench-pod-sk", &[])?,
+        compared: match compared {
+            Some(Compared { binary, flags }) => {
+                let mut files = AgentFiles::new("socklb-bench-pod-cmp", &[])?;
+                files.binary = Some(binary);
+                Some((files, flags))
+            }
+            None => None,
+        },
+    };
+    let mut leftovers = agents.per_packet.leftovers(vec![scratch.0.clone()]);
+    let others: Vec<_> = agents
+        .all()
+        .skip(1)
+        .map(|files| {
+            (
+                files.pin_dir.clone(),
+                files.cgroup.clone(),
+                files.manifests.clone(),
+            )
+        })
+        .collect();
     leftovers.also = Some(Box::new(move || {
-        let _ = socklb_agent::dataplane::cleanup(&socket_pins);
-        socklb_tests::remove_cgroup(&socket_cgroup);
-        let _ = fs::remove_dir_all(&socket_manifests);
+        for (pins, cgroup, manifests) in &others {
+            let _ = socklb_agent::dataplane::cleanup(pins);
+            socklb_tests::remove_cgroup(cgroup);
+            let _ = fs::remove_dir_all(manifests);
+        }
     }));
     socklb_tests::cleanup_on_signal(signals, leftovers);
 
     let mut steps = Vec::new();
     for &count in services {
         let cluster = measured_services(count, None);
-        for files in [&per_packet, &socket] {
+        for files in agents.all() {
             files.reset(&cluster)?;
         }
-        steps.push(step(
-            options,
-            &cluster,
-            count,
-            &per_packet,
-            &socket,
-            &scratch,
-        )?);
+        steps.push(step(options, &cluster, count, &agents, &scratch)?);
     }
     let report = report(&machine, options, &steps);
     println!("## {}\n", SECTION.heading);
@@ -178,27 +258,43 @@ fn bench(options: &Options, services: &[u32]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Builds the five worlds for `cluster` and measures them.
+/// Builds the worlds for `cluster` and measures them.
 fn step(
     options: &Options,
     cluster: &[Service],
     count: u32,
-    per_packet: &AgentFiles,
-    socket: &AgentFiles,
+    agents: &Agents,
     scratch: &Scratch,
 ) -> anyhow::Result<Step> {
-    eprintln!("building the five worlds ({count} filler services)");
+    let paths = paths(agents.compared.is_some());
+    eprintln!(
+        "building the {} worlds ({count} filler services)",
+        paths.len()
+    );
+    let (per_packet, socket) = (&agents.per_packet, &agents.socket);
     let home = own_cgroup()?;
     let socket_flags = ["--socket-lb-scope", "all", "--pod-devices", "none"];
     let per_packet_flags = ["--socket-lb-scope", "host"];
+    let mut compared_flags = per_packet_flags.to_vec();
+    if let Some((_, added)) = &agents.compared {
+        compared_flags.extend(added.iter().map(String::as_str));
+    }
     let translator = |path| match path {
         Path::Direct => Translator::Nothing,
         Path::PerPacket => Translator::Agent(per_packet, &per_packet_flags),
+        Path::Compared => Translator::Agent(
+            agents
+                .compared
+                .as_ref()
+                .map(|(files, _)| files)
+                .expect("a compared path only with --compare-agent"),
+            &compared_flags,
+        ),
         Path::Socket => Translator::Agent(socket, &socket_flags),
         Path::Iptables => Translator::Iptables(options.iptables),
         Path::Nftables => Translator::Nftables,
     };
-    let worlds = worlds(&PATHS, &CLIENT_POD, translator, cluster, &scratch.0)?;
+    let worlds = worlds(&paths, &CLIENT_POD, translator, cluster, &scratch.0)?;
     let cgroup = |path| {
         if path == Path::Socket {
             socket.cgroup.as_path()
@@ -240,7 +336,7 @@ fn step(
         "the per-packet path's programs never ran: were the pods' devices found?"
     );
 
-    let throughput = iperf3_rounds(&PATHS, options.iperf_rounds, |path| {
+    let throughput = iperf3_rounds(&paths, options.iperf_rounds, |path| {
         let cgroup = (path == Path::Socket).then_some(socket.cgroup.as_path());
         iperf3(
             &worlds[&path].client,
@@ -275,7 +371,7 @@ fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
     let _ = writeln!(report, "|---|---|---|---|---|---|---|");
     for step in steps {
         let p50 = |path: Path| step.cells[&path].percentile(50) as f64 / 1e3;
-        for path in PATHS {
+        for &path in step.cells.keys() {
             let runs = &step.throughput[&path];
             let gbits = runs.iter().map(|s| s.gbits).sum::<f64>() / runs.len().max(1) as f64;
             let cell = &step.cells[&path];
@@ -311,6 +407,19 @@ fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
             per_run(step.tc[1]),
             step.tc[1].1,
         );
+        if step.cells.contains_key(&Path::Compared) {
+            let mean = |path: Path| {
+                let samples = &step.cells[&path].samples;
+                samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64
+            };
+            let _ = writeln!(
+                report,
+                "- {} Services: compared agent / per-packet p50 {:.3}, mean {:.3}.",
+                step.services,
+                p50(Path::Compared) / p50(Path::PerPacket),
+                mean(Path::Compared) / mean(Path::PerPacket),
+            );
+        }
     }
     report
 }
