@@ -378,6 +378,9 @@ fn main() -> anyhow::Result<()> {
                     if let Some(binary) = compare_agent {
                         let binary = std::path::absolute(&binary)
                             .with_context(|| format!("{}", binary.display()))?;
+                        if !binary.is_file() {
+                            bail!("--compare-agent: no agent binary at {}", binary.display());
+                        }
                         let binary = binary
                             .to_str()
                             .context("--compare-agent: a path in UTF-8")?

@@ -221,9 +221,9 @@ fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> any
         },
     };
     let mut leftovers = agents.per_packet.leftovers(vec![scratch.0.clone()]);
-    let others: Vec<_> = agents
-        .all()
-        .skip(1)
+    let others: Vec<_> = [&agents.socket]
+        .into_iter()
+        .chain(agents.compared.as_ref().map(|(files, _)| files))
         .map(|files| {
             (
                 files.pin_dir.clone(),
@@ -249,7 +249,11 @@ fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> any
         }
         steps.push(step(options, &cluster, count, &agents, &scratch)?);
     }
-    let report = report(&machine, options, &steps);
+    let compared = agents.compared.as_ref().map(|(files, added)| {
+        let binary = files.binary.as_deref().unwrap_or(std::path::Path::new("?"));
+        format!("{}, added flags: {:?}", binary.display(), added.join(" "))
+    });
+    let report = report(&machine, options, &steps, compared.as_deref());
     println!("## {}\n", SECTION.heading);
     print!("{report}");
     if let Some(docs) = &options.docs {
@@ -353,7 +357,8 @@ fn step(
     })
 }
 
-fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
+/// The markdown report; `compared` names the compared agent and its added flags.
+fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&str>) -> String {
     let mut report = String::new();
     let _ = writeln!(report, "{machine}\n");
     let _ = writeln!(
@@ -407,14 +412,14 @@ fn report(machine: &str, options: &Options, steps: &[Step]) -> String {
             per_run(step.tc[1]),
             step.tc[1].1,
         );
-        if step.cells.contains_key(&Path::Compared) {
+        if let Some(compared) = compared {
             let mean = |path: Path| {
                 let samples = &step.cells[&path].samples;
                 samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64
             };
             let _ = writeln!(
                 report,
-                "- {} Services: compared agent / per-packet p50 {:.3}, mean {:.3}.",
+                "- {} Services: compared agent ({compared}) / per-packet p50 {:.3}, mean {:.3}.",
                 step.services,
                 p50(Path::Compared) / p50(Path::PerPacket),
                 mean(Path::Compared) / mean(Path::PerPacket),
