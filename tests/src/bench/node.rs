@@ -308,6 +308,9 @@ pub fn start_agent(
     let mut flags = agent_capacity_flags(services);
     flags.extend(["--healthz-bind-address", "127.0.0.1:0"].map(str::to_owned));
     flags.extend(extra.iter().map(|flag| (*flag).to_owned()));
+    // Rendered here, in the host's namespace: the first render installs the Helm engine from
+    // PyPI, which the node's namespace cannot reach.
+    let privileges = super::agent_privileges();
     std::thread::scope(|scope| {
         scope
             .spawn(|| -> anyhow::Result<Agent> {
@@ -317,12 +320,7 @@ pub fn start_agent(
                 let source = Source::File(&files.manifests);
                 let binary = files.binary.clone().unwrap_or_else(crate::agent_bin);
                 Ok(Agent::start_binary(
-                    &binary,
-                    super::agent_privileges(),
-                    state,
-                    source,
-                    NODE,
-                    &flags,
+                    &binary, privileges, state, source, NODE, &flags,
                 ))
             })
             .join()

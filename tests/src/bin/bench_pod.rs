@@ -19,6 +19,11 @@
 //!   translate in PREROUTING as for every pod;
 //! - direct: the client connects to the server pod's address.
 //!
+//! Two more paths measure what traffic to no Service pays on each kind of node: the client
+//! connects to the server pod's address through a node running socklb's per-packet path
+//! (the agent as above, its programs screening every packet) and through a node running
+//! kube-proxy's nftables rules.
+//!
 //! The Services: `--services` ClusterIP Services of 10 endpoints, then the measured one and
 //! the iperf3 one, both to the server pod, last in kube-proxy's rule order (its worst case:
 //! iptables matches Services one by one). The paths alternate connection by connection: a
@@ -31,7 +36,7 @@
 //! markdown report and, with `--docs DIR` (not with `--smoke`), writes it into the `pod`
 //! section of DIR/benchmarks.md.
 //!
-//! `--compare-agent PATH` adds a sixth world, the per-packet path run by the agent binary
+//! `--compare-agent PATH` adds one more world, the per-packet path run by the agent binary
 //! at PATH (another build), alternating with the others: a change of the programs is then
 //! measured against the build before it within one run, where runs of each build apart
 //! differ by more than most such changes. `--compare-flags` adds agent flags to that
@@ -86,14 +91,20 @@ enum Path {
     Socket,
     Iptables,
     Nftables,
+    /// To the server pod's address, through the per-packet path's node.
+    NoServicePerPacket,
+    /// To the server pod's address, through kube-proxy's nftables node.
+    NoServiceNftables,
 }
 
-const PATHS: [Path; 5] = [
+const PATHS: [Path; 7] = [
     Path::Direct,
     Path::PerPacket,
     Path::Socket,
     Path::Iptables,
     Path::Nftables,
+    Path::NoServicePerPacket,
+    Path::NoServiceNftables,
 ];
 
 /// The paths measured: [`PATHS`], and [`Path::Compared`] with `--compare-agent`.
@@ -114,7 +125,17 @@ impl Path {
             Self::Socket => "socklb socket",
             Self::Iptables => "iptables",
             Self::Nftables => "nftables",
+            Self::NoServicePerPacket => "no Service: per-packet node",
+            Self::NoServiceNftables => "no Service: nftables node",
         }
+    }
+
+    /// Whether the client connects to the server pod's address rather than the VIP.
+    fn to_pod(self) -> bool {
+        matches!(
+            self,
+            Self::Direct | Self::NoServicePerPacket | Self::NoServiceNftables
+        )
     }
 }
 
@@ -186,17 +207,23 @@ struct Step {
     tc: [(u64, u64); 2],
 }
 
-/// The agents' files: the per-packet path's, the socket path's, and the compared agent's
-/// with its added flags.
+/// The agents' files: the per-packet path's, the socket path's, the per-packet node's
+/// that no Service's traffic crosses, and the compared agent's with its added flags.
 struct Agents {
     per_packet: AgentFiles,
     socket: AgentFiles,
+    no_service: AgentFiles,
     compared: Option<(AgentFiles, Vec<String>)>,
 }
 
 impl Agents {
     fn all(&self) -> impl Iterator<Item = &AgentFiles> {
-        [&self.per_packet, &self.socket]
+        self.others().chain([&self.per_packet])
+    }
+
+    /// All but the per-packet path's, whose leftovers guard removes the rest.
+    fn others(&self) -> impl Iterator<Item = &AgentFiles> {
+        [&self.socket, &self.no_service]
             .into_iter()
             .chain(self.compared.as_ref().map(|(files, _)| files))
     }
@@ -208,9 +235,14 @@ fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> any
     let signals = socklb_tests::block_termination_signals();
     let machine = socklb_tests::machine_context();
     let scratch = Scratch::new("socklb-bench-pod")?;
+    // Named before its binary moves into the agent's files.
+    let compared_label = compared.as_ref().map(|Compared { binary, flags }| {
+        format!("{}, added flags: {:?}", binary.display(), flags.join(" "))
+    });
     let agents = Agents {
         per_packet: AgentFiles::new("socklb-bench-pod-pp", &[])?,
         socket: AgentFiles::new("socklb-bench-pod-sk", &[])?,
+        no_service: AgentFiles::new("socklb-bench-pod-ns", &[])?,
         compared: match compared {
             Some(Compared { binary, flags }) => {
                 let mut files = AgentFiles::new("socklb-bench-pod-cmp", &[])?;
@@ -221,9 +253,8 @@ fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> any
         },
     };
     let mut leftovers = agents.per_packet.leftovers(vec![scratch.0.clone()]);
-    let others: Vec<_> = [&agents.socket]
-        .into_iter()
-        .chain(agents.compared.as_ref().map(|(files, _)| files))
+    let others: Vec<_> = agents
+        .others()
         .map(|files| {
             (
                 files.pin_dir.clone(),
@@ -249,11 +280,7 @@ fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> any
         }
         steps.push(step(options, &cluster, count, &agents, &scratch)?);
     }
-    let compared = agents.compared.as_ref().map(|(files, added)| {
-        let binary = files.binary.as_deref().unwrap_or(std::path::Path::new("?"));
-        format!("{}, added flags: {:?}", binary.display(), added.join(" "))
-    });
-    let report = report(&machine, options, &steps, compared.as_deref());
+    let report = report(&machine, options, &steps, compared_label.as_deref());
     println!("## {}\n", SECTION.heading);
     print!("{report}");
     if let Some(docs) = &options.docs {
@@ -296,7 +323,8 @@ fn step(
         ),
         Path::Socket => Translator::Agent(socket, &socket_flags),
         Path::Iptables => Translator::Iptables(options.iptables),
-        Path::Nftables => Translator::Nftables,
+        Path::Nftables | Path::NoServiceNftables => Translator::Nftables,
+        Path::NoServicePerPacket => Translator::Agent(&agents.no_service, &per_packet_flags),
     };
     let worlds = worlds(&paths, &CLIENT_POD, translator, cluster, &scratch.0)?;
     let cgroup = |path| {
@@ -306,9 +334,12 @@ fn step(
             home.as_path()
         }
     };
-    let target = |path: Path, service: usize| match path {
-        Path::Direct => SocketAddrV4::new(POD, cluster[service].target_port),
-        _ => SocketAddrV4::new(cluster[service].vip, cluster[service].port),
+    let target = |path: Path, service: usize| {
+        if path.to_pod() {
+            SocketAddrV4::new(POD, cluster[service].target_port)
+        } else {
+            SocketAddrV4::new(cluster[service].vip, cluster[service].port)
+        }
     };
     let web = cluster.len() - 2;
     let cells = alternating_rounds(
@@ -380,8 +411,6 @@ fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&st
             let runs = &step.throughput[&path];
             let gbits = runs.iter().map(|s| s.gbits).sum::<f64>() / runs.len().max(1) as f64;
             let cell = &step.cells[&path];
-            let mean_ns =
-                cell.samples.iter().sum::<u64>() as f64 / cell.samples.len().max(1) as f64;
             let _ = writeln!(
                 report,
                 "| {} | {} | {:.1} | {:.1} | {:.3} | {:.0} | {:.2} |",
@@ -390,7 +419,7 @@ fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&st
                 p50(path),
                 cell.percentile(99) as f64 / 1e3,
                 p50(path) / p50(Path::Direct),
-                1e9 / mean_ns.max(1.0),
+                1e9 / mean_ns(cell).max(1.0),
                 gbits,
             );
         }
@@ -412,11 +441,18 @@ fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&st
             per_run(step.tc[1]),
             step.tc[1].1,
         );
+        let _ = writeln!(
+            report,
+            "- {} Services, traffic to no Service (the server pod's address): p50 {:.3} x \
+             direct through the per-packet path's node, {:.3} x through nftables' node \
+             (per-packet node / nftables node {:.3}).",
+            step.services,
+            p50(Path::NoServicePerPacket) / p50(Path::Direct),
+            p50(Path::NoServiceNftables) / p50(Path::Direct),
+            p50(Path::NoServicePerPacket) / p50(Path::NoServiceNftables),
+        );
         if let Some(compared) = compared {
-            let mean = |path: Path| {
-                let samples = &step.cells[&path].samples;
-                samples.iter().sum::<u64>() as f64 / samples.len().max(1) as f64
-            };
+            let mean = |path: Path| mean_ns(&step.cells[&path]);
             let _ = writeln!(
                 report,
                 "- {} Services: compared agent ({compared}) / per-packet p50 {:.3}, mean {:.3}.",
@@ -427,4 +463,9 @@ fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&st
         }
     }
     report
+}
+
+/// A cell's mean connection time, ns.
+fn mean_ns(cell: &measure::Cell) -> f64 {
+    cell.samples.iter().sum::<u64>() as f64 / cell.samples.len().max(1) as f64
 }
