@@ -395,7 +395,8 @@ fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&st
     let _ = writeln!(
         report,
         "A pod's TCP connections to a ClusterIP of one endpoint (a pod behind the node), last \
-         of N ClusterIP Services of 10 endpoints in kube-proxy's rules; {}; BPF run-time \
+         of N ClusterIP Services of 10 endpoints in kube-proxy's rules, and on the no-Service \
+         paths to that pod's address; {}; BPF run-time \
          stats on only for one more, untimed batch of the per-packet path.\n",
         options.method("path", true),
     );
