@@ -5,12 +5,13 @@
 //!
 //! For an IPv4 packet without options or fragments:
 //! - the screens ([`screen_ingress4`], [`egress_passes4`]) run in line in the programs'
-//!   entries, before any call: a packet of no translated flow (not a SYN), to no frontend,
-//!   passes there. Each packet of a flow between two pods of the node also crosses the
-//!   other pod's device, where it is such a packet (the server's answer at ingress, the
-//!   client's packet on its way in at egress): about half the runs in `bench pod`. Such a
-//!   run then makes no call: each subprogram's JIT code is an image of its own, elsewhere
-//!   in memory, rarely in cache;
+//!   entries, before any call: a packet of no translated flow, to no frontend, passes
+//!   there. Each packet of a flow between two pods of the node also crosses the other
+//!   pod's device, where it is such a packet (the server's answer at ingress, the client's
+//!   packet on its way in at egress): about half the runs in `bench pod`. So does the first
+//!   packet of a pod's connection to another pod's address, as each connection the socket
+//!   path translated is. Such a run then makes no call: each subprogram's JIT code is an
+//!   image of its own, elsewhere in memory, rarely in cache;
 //! - [`ingress4`], the packets the ingress screen finds a flow may have: a TCP segment
 //!   other than a SYN, or a UDP datagram, of a flow in the main conntrack table that keeps
 //!   its backend, translated as the full path would (a FIN recorded, a RST marking the flow
@@ -43,8 +44,9 @@ pub enum Screen {
     Pass,
     /// Maybe of a translated flow: [`ingress4`].
     Fast,
-    /// Not plain, the first packet of a connection, maybe the reply of a SNATed flow, or to
-    /// a frontend: the full path.
+    /// Not plain, maybe the reply of a SNATed flow, to a frontend, or the first packet of
+    /// a connection to where flows were made (a flow of its port may be taken over): the
+    /// full path.
     Full,
 }
 
@@ -56,11 +58,17 @@ pub fn screen_ingress4(ctx: &TcContext) -> Screen {
         return Screen::Full;
     };
     let tuple = settled(&packet.tuple);
-    if packet.opens_connection() || conntrack::may_be_snat_reply(&tuple, NODE.get(0)) {
+    if conntrack::may_be_snat_reply(&tuple, NODE.get(0)) {
         return Screen::Full;
     }
+    // A first packet goes to the full path only where it has something to do there: a
+    // closing flow of its port to take over, or a frontend's backend to choose.
     if flow_filter::forward_marked(&tuple) {
-        return Screen::Fast;
+        return if packet.opens_connection() {
+            Screen::Full
+        } else {
+            Screen::Fast
+        };
     }
     if frontend_filter::frontend_marked(&tuple) {
         return Screen::Full;

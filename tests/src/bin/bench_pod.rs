@@ -13,8 +13,9 @@
 //!
 //! - per-packet: the agent with `--socket-lb-scope host`, so the pod's sockets keep the
 //!   VIP, and its pod programs on pod2 (found by `--pod-devices auto`) translate per packet;
-//! - socket: the agent with `--socket-lb-scope all --pod-devices none`, the client in its
-//!   cgroup: the VIP is replaced at connect() (what most pods get);
+//! - socket: the agent with `--socket-lb-scope all`, the client in its cgroup: the VIP is
+//!   replaced at connect() (what most pods get), and the connection crosses the pod
+//!   programs on both pods' devices (`--pod-devices auto`, as on every node);
 //! - iptables / nftables: kube-proxy's rules for the same Services in the node, which
 //!   translate in PREROUTING as for every pod;
 //! - direct: the client connects to the server pod's address.
@@ -304,7 +305,9 @@ fn step(
     );
     let (per_packet, socket) = (&agents.per_packet, &agents.socket);
     let home = own_cgroup()?;
-    let socket_flags = ["--socket-lb-scope", "all", "--pod-devices", "none"];
+    // Its programs on every pod's device, as a default install puts them: the socket
+    // path's connections cross them too (their screens pass each packet).
+    let socket_flags = ["--socket-lb-scope", "all"];
     let per_packet_flags = ["--socket-lb-scope", "host"];
     let mut compared_flags = per_packet_flags.to_vec();
     if let Some((_, added)) = &agents.compared {
