@@ -45,8 +45,8 @@ pub enum Screen {
     /// Maybe of a translated flow: [`ingress4`].
     Fast,
     /// Not plain, maybe the reply of a SNATed flow, to a frontend, or the first packet of
-    /// a connection to where flows were made (a flow of its port may be taken over): the
-    /// full path.
+    /// a connection to where flows were made (a flow of its tuple to follow, reopen or take
+    /// over): the full path.
     Full,
 }
 
@@ -62,7 +62,7 @@ pub fn screen_ingress4(ctx: &TcContext) -> Screen {
         return Screen::Full;
     }
     // A first packet goes to the full path only where it has something to do there: a
-    // closing flow of its port to take over, or a frontend's backend to choose.
+    // flow of its tuple to follow, reopen or take over, or a frontend's backend to choose.
     if flow_filter::forward_marked(&tuple) {
         return if packet.opens_connection() {
             Screen::Full
