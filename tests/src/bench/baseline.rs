@@ -6,6 +6,10 @@
 //!   `ct state established,related` (what CNIs and kubeadm leave on a node), so that the
 //!   peers without netfilter rules of their own (direct, socklb) pay conntrack like
 //!   kube-proxy's do.
+//! - NAT hooks on: an nft table `ip slbcninat` with the masquerade of pod traffic leaving the
+//!   pod network that flannel, kindnet and Calico install (it matches none of the
+//!   benchmarks' traffic). The kernel runs NAT hooks on every packet of a namespace where a
+//!   NAT chain exists, as kube-proxy's own chains make it do on its peers.
 //! - No TIME_WAIT sockets (`net.ipv4.tcp_max_tw_buckets=0`): a SYN that reuses a port still
 //!   in TIME_WAIT fails about half the time on this kernel (random timestamp offsets), and
 //!   tens of thousands of TIME_WAIT sockets make connect() search for a port.
@@ -19,10 +23,11 @@ use super::netns::{in_netns, run_in};
 
 /// One line for a report.
 pub const SUMMARY: &str = "every namespace: conntrack on (nft table inet slbcni: ct state \
-                           established,related accept), net.ipv4.tcp_max_tw_buckets=0, conntrack \
-                           TCP TIME_WAIT timeout 1 s";
+                           established,related accept), NAT hooks on (nft table ip slbcninat: \
+                           a CNI's masquerade of pod traffic leaving 10.244.0.0/16), \
+                           net.ipv4.tcp_max_tw_buckets=0, conntrack TCP TIME_WAIT timeout 1 s";
 
-/// The CNI-like table, in `nft -f` syntax.
+/// The CNI-like tables, in `nft -f` syntax.
 const CNI_TABLE: &str = "table inet slbcni {
   chain input {
     type filter hook input priority filter; policy accept;
@@ -35,6 +40,12 @@ const CNI_TABLE: &str = "table inet slbcni {
   chain output {
     type filter hook output priority filter; policy accept;
     ct state established,related accept
+  }
+}
+table ip slbcninat {
+  chain postrouting {
+    type nat hook postrouting priority srcnat; policy accept;
+    ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 masquerade
   }
 }
 ";
