@@ -28,7 +28,7 @@ pub const SUMMARY: &str = "every namespace: conntrack on (nft table inet slbcni:
                            net.ipv4.tcp_max_tw_buckets=0, conntrack TCP TIME_WAIT timeout 1 s";
 
 /// The CNI-like tables, in `nft -f` syntax.
-const CNI_TABLE: &str = "table inet slbcni {
+const CNI_TABLES: &str = "table inet slbcni {
   chain input {
     type filter hook input priority filter; policy accept;
     ct state established,related accept
@@ -64,12 +64,12 @@ pub fn apply(netns: &File) -> anyhow::Result<()> {
     nft.stdin
         .take()
         .context("nft stdin")?
-        .write_all(CNI_TABLE.as_bytes())
-        .context("write the CNI table to nft")?;
+        .write_all(CNI_TABLES.as_bytes())
+        .context("write the CNI tables to nft")?;
     let output = nft.wait_with_output().context("wait for nft")?;
     ensure!(
         output.status.success(),
-        "nft -f of the CNI table failed: {}",
+        "nft -f of the CNI tables failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     // After the table: conntrack's sysctls exist in a namespace once conntrack is on there.
