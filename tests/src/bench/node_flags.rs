@@ -83,24 +83,13 @@ impl Options {
     }
 
     /// The method, for a report: what the flags chose and the namespaces' baseline, each
-    /// `unit` (a peer, a path) measured alike; `alternating` when the units alternate
-    /// connection by connection within a round, else a batch each.
-    pub fn method(&self, unit: &str, alternating: bool) -> String {
-        let order = if alternating {
-            format!(
-                "the {unit}s alternating connection by connection (a client process per {unit}, \
-                 staying in its namespace and cgroup, all on one CPU), their turn in a new \
-                 random order every round"
-            )
-        } else {
-            format!(
-                "one client process, a batch per {unit}, {unit}s in a new random order every \
-                 round"
-            )
-        };
+    /// `unit` (a peer, a path) measured alike, the units alternating connection by connection.
+    pub fn method(&self, unit: &str) -> String {
         format!(
-            "iptables backend {}; {} rounds x {} connections per {unit}, {order}; iperf3 {} x \
-             {} s per {unit}; {}",
+            "iptables backend {}; {} rounds x {} connections per {unit}, the {unit}s alternating \
+             connection by connection (a client process per {unit}, staying in its namespace \
+             and cgroup, all on one CPU), their turn in a new random order every round; \
+             iperf3 {} x {} s per {unit}; {}",
             self.iptables.name(),
             self.rounds,
             self.connections,

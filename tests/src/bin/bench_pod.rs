@@ -401,7 +401,7 @@ fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&st
          of N ClusterIP Services of 10 endpoints in kube-proxy's rules, and on the no-Service \
          paths to that pod's address; {}; BPF run-time \
          stats on only for one more, untimed batch of the per-packet path.\n",
-        options.method("path", true),
+        options.method("path"),
     );
     let _ = writeln!(
         report,

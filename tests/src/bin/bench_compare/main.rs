@@ -224,12 +224,12 @@ fn compare(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The server namespace: every endpoint address is local there (one listener serves them
-/// all).
+/// The server namespace, the pods: every endpoint address is local there (one listener serves
+/// them all).
 fn server_side() -> anyhow::Result<Servers> {
     let netns = new_netns()?;
     run_in(&netns, "ip", &["link", "set", "lo", "up"])?;
-    baseline::apply(&netns)?;
+    baseline::pod(&netns)?;
     run_in(
         &netns,
         "ip",

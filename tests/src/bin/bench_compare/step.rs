@@ -99,13 +99,14 @@ fn repeat(
     Ok(samples)
 }
 
-/// A client namespace with a veth pair to the server namespace: 10.200.<slot>.1 here,
-/// .2 there, default route through it.
+/// A client namespace, a node of its own (the peer's rules and the node's baseline are
+/// there), with a veth pair to the server namespace: 10.200.<slot>.1 here, .2 there, default
+/// route through it.
 fn client_netns(server: &File, slot: u32) -> anyhow::Result<File> {
     ensure!(slot < 256, "too many client namespaces");
     let netns = new_netns()?;
     run_in(&netns, "ip", &["link", "set", "lo", "up"])?;
-    baseline::apply(&netns)?;
+    baseline::node(&netns)?;
     let (here, there) = (format!("slbcmp{slot}c"), format!("slbcmp{slot}s"));
     let (here_address, there_address) =
         (format!("10.200.{slot}.1/24"), format!("10.200.{slot}.2/24"));

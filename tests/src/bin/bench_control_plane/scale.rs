@@ -85,7 +85,7 @@ pub fn run(sandbox: &Sandbox, manifests: &ManifestDir, options: &Options) -> Vec
     let route = |args: &[&str]| socklb_tests::run(std::process::Command::new("ip").args(args));
     route(&["route", "add", "local", ENDPOINT_CIDR, "dev", "lo"]);
     route(&["route", "add", "blackhole", SERVICE_CIDR]);
-    baseline::apply(&netns).expect("the benchmark baseline in the sandbox");
+    baseline::node(&netns).expect("the benchmark baseline in the sandbox");
     let bind = SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, ENDPOINT_PORT);
     let servers = Servers::start(netns.try_clone().expect("clone the namespace fd"), bind)
         .expect("start the endpoint servers");
