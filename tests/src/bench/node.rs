@@ -254,17 +254,24 @@ fn plans<'p, K: Copy + Ord>(
         .collect()
 }
 
-/// One more batch of `connections` from `key`'s world to `target` (after a warm-up batch),
-/// with `observe` around it: what a meter reads while that path alone runs, outside the
-/// timed rounds.
-pub fn metered_batch<K: Copy + Ord + Debug>(
+/// The run time of groups of `files`' TC programs (each group's links as in
+/// [`AgentFiles::tc_run_time`]), `(ns, runs)` per group, over one more batch of
+/// `connections` from `key`'s world to `target` (after a warm-up batch): while that path
+/// alone runs, outside the timed rounds. The kernel's run-time stats are on only for this
+/// batch: they add two clock reads to every program run, which only socklb's paths would
+/// pay in the timed rounds.
+pub fn tc_run_time_of_batch<'a, K: Copy + Ord + Debug, const N: usize>(
     worlds: &BTreeMap<K, World>,
     key: K,
     cgroup: &Path,
     target: SocketAddrV4,
     connections: u32,
-    observe: impl FnMut(K, Moment),
-) -> anyhow::Result<()> {
+    files: &'a AgentFiles,
+    groups: [&'a [(&'a str, &'a str)]; N],
+) -> anyhow::Result<[(u64, u64); N]> {
+    let _stats =
+        aya::sys::enable_stats(aya::sys::Stats::RunTime).context("enable BPF run-time stats")?;
+    let mut meter = TcMeter::new(files, groups);
     let world = &worlds[&key];
     let place = Place::new(&world.client, cgroup);
     let plan = Plan {
@@ -280,9 +287,9 @@ pub fn metered_batch<K: Copy + Ord + Debug>(
         &[plan],
         connections,
         1,
-        observe,
+        |_, moment| meter.observe(moment),
     )?;
-    Ok(())
+    meter.totals()
 }
 
 /// The agent, in the node's namespace (its TC programs attach to the node's devices).
@@ -441,9 +448,9 @@ impl Drop for Scratch {
 }
 
 /// The run time of groups of an agent's TC programs (each group's links as in
-/// [`AgentFiles::tc_run_time`]) over the batches it observes ([`metered_batch`]): what each
-/// group added between [`Moment::Before`] and [`Moment::After`], summed over the batches.
-pub struct TcMeter<'a, const N: usize> {
+/// [`AgentFiles::tc_run_time`]) over the batches it observes: what each group added between
+/// [`Moment::Before`] and [`Moment::After`], summed over the batches.
+struct TcMeter<'a, const N: usize> {
     files: &'a AgentFiles,
     groups: [&'a [(&'a str, &'a str)]; N],
     marks: [(u64, u64); N],
@@ -452,7 +459,7 @@ pub struct TcMeter<'a, const N: usize> {
 }
 
 impl<'a, const N: usize> TcMeter<'a, N> {
-    pub fn new(files: &'a AgentFiles, groups: [&'a [(&'a str, &'a str)]; N]) -> Self {
+    fn new(files: &'a AgentFiles, groups: [&'a [(&'a str, &'a str)]; N]) -> Self {
         Self {
             files,
             groups,
@@ -463,7 +470,7 @@ impl<'a, const N: usize> TcMeter<'a, N> {
     }
 
     /// Reads the groups at `moment` of a batch; a failed read is kept for [`Self::totals`].
-    pub fn observe(&mut self, moment: Moment) {
+    fn observe(&mut self, moment: Moment) {
         for (index, group) in self.groups.iter().enumerate() {
             match (moment, self.files.tc_run_time(group)) {
                 (Moment::Before, Ok(now)) => self.marks[index] = now,
@@ -477,7 +484,7 @@ impl<'a, const N: usize> TcMeter<'a, N> {
     }
 
     /// Each group's `(ns, runs)` over the batches, or the last read that failed.
-    pub fn totals(self) -> anyhow::Result<[(u64, u64); N]> {
+    fn totals(self) -> anyhow::Result<[(u64, u64); N]> {
         match self.error {
             Some(error) => Err(error),
             None => Ok(self.totals),

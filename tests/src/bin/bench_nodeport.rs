@@ -38,15 +38,15 @@ use std::{
     net::{Ipv4Addr, SocketAddrV4},
 };
 
-use anyhow::{Context as _, ensure};
+use anyhow::ensure;
 use socklb_abi::program_names;
 use socklb_tests::bench::{
     cgroup::own_cgroup,
     cluster::{ENDPOINT_PORT, IPERF_PORT},
     measure::{self, iperf3, iperf3_rounds},
     node::{
-        AgentFiles, ClientLink, NODE_IP, POD, Scratch, TcMeter, Translator, alternating_rounds,
-        measured_services, metered_batch, per_run, preflight, worlds,
+        AgentFiles, ClientLink, NODE_IP, POD, Scratch, Translator, alternating_rounds,
+        measured_services, per_run, preflight, tc_run_time_of_batch, worlds,
     },
     node_flags::{self, Options},
     peer::{PEERS, Peer},
@@ -142,24 +142,16 @@ fn bench(options: &Options, services: u32) -> anyhow::Result<()> {
         let to = target(peer, IPERF_PORT, IPERF_NODE_PORT);
         iperf3(&worlds[&peer].client, None, to, options.seconds)
     })?;
-    // The programs' cost per packet, from the kernel's run-time stats, in one more batch of
-    // socklb's peer, after the timed rounds: the stats add two clock reads to every program
-    // run, which only socklb would pay in those rounds.
-    let tc_latency = {
-        let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
-            .context("enable BPF run-time stats")?;
-        let mut meter = TcMeter::new(&files, [&TC_LINKS]);
-        metered_batch(
-            &worlds,
-            Peer::Socklb,
-            &home,
-            target(Peer::Socklb, ENDPOINT_PORT, NODE_PORT),
-            options.connections,
-            |_, moment| meter.observe(moment),
-        )?;
-        let [latency] = meter.totals()?;
-        latency
-    };
+    // The programs' cost per packet, in one more batch of socklb's peer.
+    let [tc_latency] = tc_run_time_of_batch(
+        &worlds,
+        Peer::Socklb,
+        &home,
+        target(Peer::Socklb, ENDPOINT_PORT, NODE_PORT),
+        options.connections,
+        &files,
+        [&TC_LINKS],
+    )?;
     ensure!(
         tc_latency.1 > 0,
         "socklb's TC programs never ran: were they attached to the node's eth0?"

@@ -45,15 +45,15 @@
 //! written to the docs then.
 use std::{collections::BTreeMap, fmt::Write as _, fs, net::SocketAddrV4, path::PathBuf};
 
-use anyhow::{Context as _, ensure};
+use anyhow::ensure;
 use socklb_abi::program_names;
 use socklb_tests::bench::{
     cgroup::own_cgroup,
     cluster::Service,
     measure::{self, iperf3, iperf3_rounds},
     node::{
-        AgentFiles, ClientLink, POD, Scratch, TcMeter, Translator, alternating_rounds,
-        measured_services, metered_batch, per_run, preflight, worlds,
+        AgentFiles, ClientLink, POD, Scratch, Translator, alternating_rounds, measured_services,
+        per_run, preflight, tc_run_time_of_batch, worlds,
     },
     node_flags::{self, Options},
     section::Section,
@@ -352,23 +352,16 @@ fn step(
         options.connections,
         options.rounds,
     )?;
-    // The programs' cost per packet, from the kernel's run-time stats, in one more batch of
-    // the per-packet path: the stats add two clock reads to every program run, which the
-    // timed rounds would have socklb's paths pay alone.
-    let tc = {
-        let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
-            .context("enable BPF run-time stats")?;
-        let mut meter = TcMeter::new(per_packet, TC_PROGRAMS);
-        metered_batch(
-            &worlds,
-            Path::PerPacket,
-            cgroup(Path::PerPacket),
-            target(Path::PerPacket, web),
-            options.connections,
-            |_, moment| meter.observe(moment),
-        )?;
-        meter.totals()?
-    };
+    // The programs' cost per packet, in one more batch of the per-packet path.
+    let tc = tc_run_time_of_batch(
+        &worlds,
+        Path::PerPacket,
+        cgroup(Path::PerPacket),
+        target(Path::PerPacket, web),
+        options.connections,
+        per_packet,
+        TC_PROGRAMS,
+    )?;
     ensure!(
         tc[0].1 > 0,
         "the per-packet path's programs never ran: were the pods' devices found?"
