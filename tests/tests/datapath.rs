@@ -11,11 +11,12 @@ use std::{
 use socklb_abi::{ServiceEntry, ServiceKey, map_names};
 use socklb_agent::dataplane::{
     BackendAddr, Capacities, Config, Dataplane, DataplaneError, Desired, Frontend, FrontendSpec,
-    Protocol, Scope,
+    Protocol, Scope, lock_pin_dir,
 };
 use socklb_tests::{
-    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, TwoBackendWeb, addr, assert_peer, bpftool,
-    endpoint_slice, family::Family, frontend, node_yaml, service_yaml, spec, tally, tcp_backends,
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, TwoBackendWeb, addr, agent_bin, assert_peer,
+    bpftool, endpoint_slice, family::Family, frontend, node_yaml, service_yaml, spec, tally,
+    tcp_backends,
 };
 
 socklb_tests::for_each_family!(
@@ -574,6 +575,30 @@ fn cleanup_detaches_the_programs_and_removes_only_socklb_pins() {
     // an assertion below fails, so that the sandbox can remove the pin directory.
     let foreign = RemovedOnDrop(sandbox.pin_dir.join("not-socklb"));
     std::fs::create_dir(&foreign.0).expect("create a foreign directory on bpffs");
+
+    // While an agent holds the pin directory (this process, as the agent would), cleanup
+    // refuses, names the holder and leaves the node served.
+    let lock = lock_pin_dir(&sandbox.pin_dir, Duration::ZERO).expect("lock the pin directory");
+    let refused = Command::new(agent_bin())
+        .args(["cleanup", "--bpffs"])
+        .arg(&sandbox.pin_dir)
+        .output()
+        .expect("run socklb cleanup");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let pid = std::process::id();
+    assert!(
+        !refused.status.success()
+            && stderr.contains("a socklb agent is running")
+            && stderr.contains(&format!("pid {pid}"))
+            && stderr.contains("stop it first"),
+        "cleanup while the lock is held: {refused:?}"
+    );
+    assert_eq!(
+        tally(&sandbox.probe("tcp", addr(&vip), 3)).get("b1"),
+        Some(&3),
+        "a refused cleanup leaves the programs attached"
+    );
+    drop(lock);
     sandbox.socklb(&["cleanup"]);
 
     assert_eq!(

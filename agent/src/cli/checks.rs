@@ -58,6 +58,17 @@ pub fn problems(
         }
     }
     if source.source == SourceKind::Kube
+        && let Some(dir) = &source.manifests
+    {
+        report(
+            "--manifests",
+            dir.display().to_string(),
+            "read only with --source file (the source is the Kubernetes API): add --source \
+             file, or drop --manifests"
+                .to_owned(),
+        );
+    }
+    if source.source == SourceKind::Kube
         && let Some(kubeconfig) = &source.kubeconfig
         && !std::env::split_paths(kubeconfig).any(|path| path.is_file())
     {
@@ -309,5 +320,17 @@ mod tests {
         let bad = problems(&args, &|_| true, None);
         assert_eq!(bad.len(), 1, "{bad:?}");
         assert_eq!(bad[0].flag, "--kubeconfig");
+    }
+
+    #[test]
+    fn manifests_without_the_file_source_are_named() {
+        let argv = ["socklb", "run", "--manifests", "/"];
+        let Command::Run(args) = Cli::try_parse_from(argv).expect("flags parse").command else {
+            unreachable!("a run command");
+        };
+        let bad = problems(&args, &|_| true, None);
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert_eq!(bad[0].flag, "--manifests");
+        assert!(bad[0].problem.contains("--source file"), "{bad:?}");
     }
 }

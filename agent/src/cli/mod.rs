@@ -2,7 +2,7 @@
 mod args;
 mod checks;
 
-use std::{process::ExitCode, sync::Arc, time::Duration};
+use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
 use anyhow::{Context as _, bail};
 use clap::{CommandFactory as _, FromArgMatches as _};
@@ -179,33 +179,51 @@ fn node_name(args: &SourceArgs) -> anyhow::Result<String> {
     Ok(hostname.trim().to_owned())
 }
 
-/// Starts the configured source; its events arrive on the returned channel.
-async fn start_source(
-    args: &SourceArgs,
-    node_name: &str,
-) -> anyhow::Result<(
-    mpsc::Receiver<Event>,
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-)> {
-    let (events, receiver) = mpsc::channel(4096);
-    let task = match args.source {
-        SourceKind::File => {
-            let Some(dir) = args.manifests.clone() else {
-                bail!("--source file needs --manifests DIR");
-            };
-            if !dir.is_dir() {
-                bail!("--manifests {}: not a directory", dir.display());
+/// The configured source, ready to start: its directory checked, or its API client made
+/// (from the kubeconfig or the in-cluster config), before anything is pinned.
+enum Source {
+    File(PathBuf),
+    Kube(::kube::Client),
+}
+
+impl Source {
+    async fn prepare(args: &SourceArgs) -> anyhow::Result<Self> {
+        Ok(match args.source {
+            SourceKind::File => {
+                let Some(dir) = args.manifests.clone() else {
+                    bail!("--source file needs --manifests DIR");
+                };
+                if !dir.is_dir() {
+                    bail!("--manifests {}: not a directory", dir.display());
+                }
+                Self::File(dir)
             }
-            tokio::spawn(async move { Ok(FileSource::new(dir).run(events).await?) })
-        }
-        SourceKind::Kube => {
-            let client = kube::client(args.kubeconfig.as_deref()).await?;
-            let source =
-                KubeSource::new(client, node_name.to_owned()).with_retry_max(args.api_retry_max);
-            tokio::spawn(async move { Ok(source.run(events).await?) })
-        }
-    };
-    Ok((receiver, task))
+            SourceKind::Kube => Self::Kube(kube::client(args.kubeconfig.as_deref()).await?),
+        })
+    }
+
+    /// Starts the source; its events arrive on the returned channel.
+    fn start(
+        self,
+        node_name: &str,
+        api_retry_max: Duration,
+    ) -> (
+        mpsc::Receiver<Event>,
+        tokio::task::JoinHandle<anyhow::Result<()>>,
+    ) {
+        let (events, receiver) = mpsc::channel(4096);
+        let task = match self {
+            Self::File(dir) => {
+                tokio::spawn(async move { Ok(FileSource::new(dir).run(events).await?) })
+            }
+            Self::Kube(client) => {
+                let source =
+                    KubeSource::new(client, node_name.to_owned()).with_retry_max(api_retry_max);
+                tokio::spawn(async move { Ok(source.run(events).await?) })
+            }
+        };
+        (receiver, task)
+    }
 }
 
 fn run(args: &RunArgs) -> anyhow::Result<()> {
@@ -215,6 +233,9 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     // Before anything is created: a device the programs cannot serve fails the start.
     dataplane::check_devices(&args.external.devices)
         .context("--devices names a device socklb cannot serve: remove it from --devices")?;
+    let runtime = runtime()?;
+    // Before anything is pinned: a source that cannot start leaves the node as it was.
+    let source = runtime.block_on(Source::prepare(&args.source))?;
     let listeners = [
         server::bind(args.healthz_bind_address, "--healthz-bind-address")?,
         server::bind(args.metrics_bind_address, "--metrics-bind-address")?,
@@ -243,7 +264,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed))?;
     let program_logs = dataplane.program_logs()?;
     info!(node = %node_name, source = ?args.source.source, "starting");
-    runtime()?.block_on(async {
+    runtime.block_on(async {
         // Aborted when the runtime stops.
         if let Some(logs) = program_logs {
             tokio::spawn(logs.forward());
@@ -270,7 +291,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             }));
         }
 
-        let (events, source) = start_source(&args.source, &node_name).await?;
+        let (events, source) = source.start(&node_name, args.source.api_retry_max);
         let conntrack_gc = tokio::spawn(conntrack_gc::run(
             pin_dir.clone(),
             args.external.conntrack_gc_interval,
@@ -430,7 +451,9 @@ fn explain_command(args: &ExplainArgs) -> anyhow::Result<()> {
 /// The cluster as the source first lists it (every kind once: this node's pods and the
 /// Namespaces too).
 async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<ClusterState> {
-    let (mut events, source) = start_source(args, node_name).await?;
+    let (mut events, source) = Source::prepare(args)
+        .await?
+        .start(node_name, args.api_retry_max);
     let mut state = ClusterState::new(node_name);
     let mut listed = std::collections::HashSet::new();
     let wait = async {

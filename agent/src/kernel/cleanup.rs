@@ -1,18 +1,26 @@
 //! `socklb cleanup`: detaching the programs and removing socklb's pins, and nothing else.
 //!
 //! The agent never does this on exit (pinned programs stay attached, so that a restart does
-//! not interrupt service); removal is explicit. What another instance attached, at its own
-//! pin directory or netlink handle, stays.
+//! not interrupt service); removal is explicit, and refused while an agent runs on the pin
+//! directory (its lock is held): it would go on reporting ready over a node it no longer
+//! serves. What another instance attached, at its own pin directory or netlink handle, stays.
 use std::{
     fs, io,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
 use aya::programs::links::PinnedLink;
 use socklb_abi::{map_names, program_names};
 use tracing::warn;
 
-use super::{attach::tc, carry, load::remove_staging, pins};
+use super::{
+    attach::tc,
+    carry,
+    load::remove_staging,
+    pin_lock::{self, PinLock, PinLockError},
+    pins,
+};
 
 /// Removes the link pinned at `path`, if there is one, and returns once its program is
 /// detached. The pin is the link's last holder but one: our own fd, whose close releases
@@ -39,6 +47,27 @@ fn unpin_link(path: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
+/// The pin directory's lock, or an error naming the agent that holds it (the lock taken
+/// without waiting). Nothing to lock where there is no pin directory.
+fn lock_out_agents(pin_dir: &Path) -> io::Result<Option<PinLock>> {
+    if !pin_dir.is_dir() {
+        return Ok(None);
+    }
+    match pin_lock::lock(pin_dir, Duration::ZERO) {
+        Ok(lock) => Ok(Some(lock)),
+        Err(PinLockError::Held { holder, .. }) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!(
+                "a socklb agent is running on {} ({holder}): stop it first (delete its \
+                 DaemonSet, or stop its service), then run cleanup again; cleanup would \
+                 detach the programs it serves the node with",
+                pin_dir.display()
+            ),
+        )),
+        Err(e) => Err(io::Error::other(e)),
+    }
+}
+
 /// What `cleanup` removed.
 #[derive(Debug, Default)]
 pub struct Cleanup {
@@ -50,6 +79,8 @@ pub struct Cleanup {
 /// under `pin_dir`; nothing it did not create, nothing another instance attached.
 pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
     let mut cleanup = Cleanup::default();
+    // Held until the end, so that no agent starts on the pins while they go.
+    let _lock = lock_out_agents(pin_dir)?;
     // Maps of a growth an agent did not finish.
     remove_staging(pin_dir);
     // Maps a start replaced and had not finished carrying over.

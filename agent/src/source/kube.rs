@@ -57,8 +57,8 @@ pub enum KubeSourceError {
     /// Neither a service account nor a default kubeconfig is there.
     #[error(
         "no Kubernetes API to connect to: not running in a pod ({in_cluster}) and no usable \
-         kubeconfig ({kubeconfig}): run the agent in a pod with a service account, or point \
-         KUBECONFIG or the agent's kubeconfig option at a kubeconfig file"
+         kubeconfig: run the agent in a pod with a service account, or point KUBECONFIG or \
+         --kubeconfig at a kubeconfig file"
     )]
     NoConfig {
         in_cluster: InClusterError,

@@ -73,3 +73,32 @@ fn each_bad_flag_stops_the_start_naming_the_flag_and_creates_nothing() {
         );
     }
 }
+
+/// The Kubernetes source with no API to reach (no in-cluster config, no kubeconfig): the
+/// start fails before the pin directory is made, not after the maps were pinned.
+#[test]
+fn a_kube_source_without_config_stops_the_start_and_creates_nothing() {
+    let sandbox = Sandbox::new("no-kube");
+    let mut command = chart_agent_minimal().command(agent_bin());
+    command
+        .args(["run", "--node-name", "node-a", "--bpffs"])
+        .arg(&sandbox.pin_dir)
+        .arg("--cgroup-path")
+        .arg(&sandbox.cgroup)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT")
+        // No default kubeconfig either (~/.kube/config).
+        .env("HOME", "/nonexistent/socklb-home");
+    let (started, stderr) = run_to_exit(command.args(FREE_PORTS), Duration::from_secs(20));
+    assert!(!started, "the agent ran:\n{stderr}");
+    assert!(
+        stderr.contains("no Kubernetes API to connect to"),
+        "the error says what is missing:\n{stderr}"
+    );
+    assert!(
+        !sandbox.pin_dir.exists(),
+        "the pin directory {} was created:\n{stderr}",
+        sandbox.pin_dir.display()
+    );
+}
