@@ -6,7 +6,8 @@
 //! a change costs the changed file, not the directory; README, "The control plane", has
 //! the rest. A file being written (`cmd > file` truncates it long before it is whole)
 //! keeps its objects until the writer closes it or [`HOLD_MAX`] passes, and one that lost
-//! objects waits [`SETTLE`]: docs/operations.md, "A manifest written slowly".
+//! objects waits [`SETTLE`]: docs/operations.md, "A manifest written slowly". The directory
+//! is followed by its path (`watched_dir`), and one that cannot be read keeps its objects.
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fs,
@@ -22,7 +23,7 @@ use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use notify::{
-    EventKind, RecursiveMode, Watcher as _,
+    EventKind,
     event::{AccessKind, AccessMode, CreateKind, ModifyKind, RenameMode},
 };
 use tokio::{sync::mpsc, time::Instant};
@@ -34,6 +35,7 @@ use super::{
     last_good::LastGood,
     object_ids::{self, ObjectId, ObjectIds, object_id},
     read_ahead::{self, ReadAhead},
+    watched_dir::{Found, RECHECK, WatchedDir},
 };
 
 /// A burst of changes is read once it has been quiet this long...
@@ -504,7 +506,7 @@ impl FileSource {
     /// dropped.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), FileSourceError> {
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
-        let mut watcher = notify::recommended_watcher(move |event: WatchEvent| {
+        let watcher = notify::recommended_watcher(move |event: WatchEvent| {
             // Reading the files is an event too (inotify reports opens and closes): only
             // changes of their content or of the directory's entries count, and the end
             // of a write.
@@ -520,13 +522,9 @@ impl FileSource {
                 return;
             }
             let _ = changed_tx.send(event);
-        })
-        .map_err(|source| FileSourceError::Watch {
-            path: self.dir.clone(),
-            source,
-        })?;
-        watcher
-            .watch(&self.dir, RecursiveMode::NonRecursive)
+        });
+        let mut dir = watcher
+            .and_then(|watcher| WatchedDir::new(&self.dir, watcher))
             .map_err(|source| FileSourceError::Watch {
                 path: self.dir.clone(),
                 source,
@@ -535,7 +533,26 @@ impl FileSource {
         let mut manifests = Manifests::default();
         let mut writers = Writers::default();
         let mut logged: HashSet<PathBuf> = HashSet::new();
+        let mut trouble = Trouble::default();
         loop {
+            let problem = match dir.follow() {
+                Ok(Found::Watched) => None,
+                Ok(Found::Replaced) => {
+                    info!(
+                        dir = %self.dir.display(),
+                        "manifests directory replaced (another one renamed over it, or it is \
+                         back): watching the one there now"
+                    );
+                    None
+                }
+                Ok(Found::Missing) => Some("no directory there".to_owned()),
+                Err(error) => Some(format!("cannot watch it: {error}")),
+            };
+            if let Some(problem) = problem {
+                trouble.report(&self.dir, problem);
+                tokio::time::sleep(RECHECK).await;
+                continue;
+            }
             // What happened up to now, so that a file truncated a moment ago counts as being
             // written.
             while let Ok(event) = changed_rx.try_recv() {
@@ -547,19 +564,31 @@ impl FileSource {
                     &self.dir,
                     |file| writers.writing(file, now),
                     |file| writers.settled(file, now),
-                )?
+                )
             } else {
-                let mut read =
-                    manifests.first_read(&self.dir, |file| writers.writing(file, now))?;
-                while let Some(batch) = manifests.read_next(&mut read) {
-                    for event in batch {
-                        if events.send(event).await.is_err() {
-                            return Ok(());
+                match manifests.first_read(&self.dir, |file| writers.writing(file, now)) {
+                    Ok(mut read) => {
+                        while let Some(batch) = manifests.read_next(&mut read) {
+                            for event in batch {
+                                if events.send(event).await.is_err() {
+                                    return Ok(());
+                                }
+                            }
                         }
+                        Ok(read.finish())
                     }
+                    Err(error) => Err(error),
                 }
-                read.finish()
             };
+            let reload = match reload {
+                Ok(reload) => reload,
+                Err(error) => {
+                    trouble.report(&self.dir, format!("{:#}", anyhow::Error::from(error)));
+                    tokio::time::sleep(RECHECK).await;
+                    continue;
+                }
+            };
+            trouble.clear(&self.dir);
             for error in reload.errors {
                 warn!(%error, "manifest not applied; its last good state is kept");
             }
@@ -576,8 +605,8 @@ impl FileSource {
                     return Ok(());
                 }
             }
-            // Wait for a change (or until a held file is due), then for the burst of changes
-            // to end, at most DEBOUNCE_MAX.
+            // Wait for a change (or until a held file is due, or the path names another
+            // directory), then for the burst of changes to end, at most DEBOUNCE_MAX.
             let emptied = reload
                 .held
                 .iter()
@@ -593,20 +622,54 @@ impl FileSource {
                 .into_iter()
                 .flatten()
                 .min();
-            let first = match due {
-                Some(due) => match tokio::time::timeout_at(due, changed_rx.recv()).await {
-                    Ok(event) => event,
-                    Err(_) => continue,
-                },
-                None => changed_rx.recv().await,
+            let first = loop {
+                let recheck = Instant::now() + RECHECK;
+                let until = due.map_or(recheck, |due| due.min(recheck));
+                match tokio::time::timeout_at(until, changed_rx.recv()).await {
+                    Ok(event) => break event.map(Some),
+                    Err(_) if due.is_some_and(|due| Instant::now() >= due) || dir.moved() => {
+                        break Some(None);
+                    }
+                    Err(_) => {}
+                }
             };
             let Some(first) = first else {
                 return Ok(());
+            };
+            // A due file or another directory: read again now.
+            let Some(first) = first else {
+                continue;
             };
             writers.note(&first, Instant::now());
             if !settle(&mut changed_rx, &mut writers).await {
                 return Ok(());
             }
+        }
+    }
+}
+
+/// A problem with the directory itself: logged when it starts or changes, and when it ends.
+/// Meanwhile the objects stay as they were, and the directory is tried every [`RECHECK`].
+#[derive(Debug, Default)]
+struct Trouble(Option<String>);
+
+impl Trouble {
+    fn report(&mut self, dir: &Path, problem: String) {
+        if self.0.as_ref() == Some(&problem) {
+            return;
+        }
+        warn!(
+            dir = %dir.display(),
+            %problem,
+            "manifests directory not read: its objects stay as they were; tried again every \
+             {RECHECK:?}"
+        );
+        self.0 = Some(problem);
+    }
+
+    fn clear(&mut self, dir: &Path) {
+        if self.0.take().is_some() {
+            info!(dir = %dir.display(), "manifests directory read again");
         }
     }
 }
@@ -1134,5 +1197,68 @@ mod tests {
         let waited = started.elapsed();
         noise.abort();
         assert_eq!(waited, DEBOUNCE_MAX, "the burst held the read off");
+    }
+
+    /// The clusterIP of the next Service `name` the source sends, waiting up to 10 s.
+    async fn next_cluster_ip(events: &mut mpsc::Receiver<Event>, name: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let event = tokio::time::timeout_at(deadline, events.recv())
+                .await
+                .unwrap_or_else(|_| panic!("no Service {name} sent within 10 s"))
+                .expect("the source ended");
+            let services = match event {
+                Event::Applied(object) => vec![object],
+                Event::Reset(Kind::Service, objects) => objects,
+                _ => continue,
+            };
+            for object in services {
+                if let Object::Service(service) = object
+                    && service.metadata.name.as_deref() == Some(name)
+                {
+                    return service
+                        .spec
+                        .and_then(|spec| spec.cluster_ip)
+                        .expect("a clusterIP");
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_directory_replaced_or_gone_for_a_while_is_followed() {
+        let root = Dir::new("followed");
+        let path = root.0.join("manifests");
+        let write = |dir: &str, ip: &str| {
+            fs::write(root.0.join(dir).join("web.yaml"), service("web", ip))
+                .expect("write a manifest");
+        };
+        fs::create_dir(&path).expect("create the manifests dir");
+        write("manifests", "10.96.0.10");
+        let (sender, mut events) = mpsc::channel(64);
+        let source = tokio::spawn(FileSource::new(path.clone()).run(sender));
+        assert_eq!(next_cluster_ip(&mut events, "web").await, "10.96.0.10");
+
+        // Replaced whole: a new directory renamed over the path, then edited there.
+        fs::create_dir(root.0.join("new")).expect("create the new dir");
+        write("new", "10.96.0.11");
+        fs::rename(&path, root.0.join("old")).expect("move the old dir away");
+        fs::rename(root.0.join("new"), &path).expect("move the new dir in");
+        assert_eq!(next_cluster_ip(&mut events, "web").await, "10.96.0.11");
+        write("manifests", "10.96.0.12");
+        assert_eq!(next_cluster_ip(&mut events, "web").await, "10.96.0.12");
+
+        // Gone for longer than a check (the scenario's length, not a synchronisation),
+        // changed meanwhile, then back: read again, and the source never stopped.
+        fs::rename(&path, root.0.join("away")).expect("move the dir away");
+        write("away", "10.96.0.13");
+        tokio::time::sleep(RECHECK * 2).await;
+        assert!(
+            !source.is_finished(),
+            "the source stopped while the directory was gone"
+        );
+        fs::rename(root.0.join("away"), &path).expect("move the dir back");
+        assert_eq!(next_cluster_ip(&mut events, "web").await, "10.96.0.13");
+        source.abort();
     }
 }

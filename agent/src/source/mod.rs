@@ -7,6 +7,7 @@ mod manifest;
 mod object_ids;
 mod read_ahead;
 pub mod retry;
+mod watched_dir;
 
 use k8s_openapi::{
     api::{
