@@ -72,9 +72,13 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
     );
     if cluster_ips.is_empty() && !cluster_ip_texts.is_empty() {
         // No clusterIP is usable (unreadable, or of no family served): not served at all.
+        // An unreadable one is named with its field and value.
         return Err(partial_skips
             .into_iter()
-            .map(|(_, reason)| reason)
+            .map(|(part, reason)| match reason {
+                SkipReason::Invalid(why) => SkipReason::Invalid(format!("{part}: {why}")),
+                reason => reason,
+            })
             .next()
             .unwrap_or_else(|| SkipReason::Invalid("clusterIPs".to_owned())));
     }
@@ -343,11 +347,48 @@ fn address(text: &str) -> Result<IpAddr, SkipReason> {
     }
 }
 
-/// The addresses among `texts`; the others are recorded as skipped.
+/// Why `ip` can be no endpoint's address: the unspecified address (which means any) and
+/// multicast ones. Loopback ones are served: the API server refuses them, but a manifests
+/// directory on one machine (the demo, tests) serves local servers through them.
+fn not_an_endpoint(ip: IpAddr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        Some("the unspecified address")
+    } else if ip.is_multicast() {
+        Some("a multicast address")
+    } else {
+        None
+    }
+}
+
+/// Why `ip` can be no frontend's address, as the API server refuses it for clusterIPs and
+/// externalIPs (its special addresses): besides what is no endpoint's, loopback and
+/// link-local ones, which every process of the node (loopback) or of its link uses on its
+/// own; a loopback clusterIP would take the node's own connections to that port.
+fn not_a_frontend(ip: IpAddr) -> Option<&'static str> {
+    let link_local = match ip {
+        IpAddr::V4(ip) => ip.is_link_local(),
+        IpAddr::V6(ip) => ip.is_unicast_link_local(),
+    };
+    not_an_endpoint(ip).or(if ip.is_loopback() {
+        Some("a loopback address")
+    } else if link_local {
+        Some("a link-local address")
+    } else {
+        None
+    })
+}
+
+/// The frontend addresses among `texts`; the others are recorded as skipped.
 fn addresses(field: &str, texts: &[String], skips: &mut Vec<(String, SkipReason)>) -> Vec<IpAddr> {
     let mut ips = Vec::with_capacity(texts.len());
     for text in texts {
-        match address(text) {
+        let ip = address(text).and_then(|ip| match not_a_frontend(ip) {
+            Some(what) => Err(SkipReason::Invalid(format!(
+                "{what}, which no Service may have (the API server refuses it)"
+            ))),
+            None => Ok(ip),
+        });
+        match ip {
             Ok(ip) => ips.push(ip),
             Err(reason) => skips.push((format!("{field} {text}"), reason)),
         }
@@ -474,6 +515,10 @@ pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
             let address = first
                 .ok_or_else(|| SkipReason::Invalid("no address".to_owned()))
                 .and_then(|text| address(text))
+                .and_then(|ip| match not_an_endpoint(ip) {
+                    Some(what) => Err(SkipReason::Invalid(format!("{what}, which no pod has"))),
+                    None => Ok(ip),
+                })
                 .and_then(|ip| {
                     if Family::of(ip) == family {
                         Ok(ip)

@@ -284,6 +284,20 @@ impl ClusterState {
                     return;
                 };
                 let info = convert::service(&service);
+                // A new version not servable for a malformed field (only a manifest can hold
+                // one: the API server refuses it) leaves the last good version served, as a
+                // file that does not parse does.
+                if let (Err(SkipReason::Invalid(why)), Some(Ok(_))) =
+                    (&info, self.services.get(&name))
+                {
+                    warn!(
+                        service = %name,
+                        reason = %why,
+                        "Service not updated: its new version is invalid; its last good \
+                         version stays served"
+                    );
+                    return;
+                }
                 if self.services.get(&name) != Some(&info) {
                     self.set_service(name.clone(), info);
                     self.changes.service_events += 1;

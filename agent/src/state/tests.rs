@@ -60,6 +60,43 @@ endpoints:
   nodeName: node-b
 ";
 
+/// A Service's new version that cannot be served for a malformed field (a typo in a
+/// manifest) leaves its last good version served; a version that can be served replaces it.
+#[test]
+fn an_invalid_update_keeps_the_last_good_service() {
+    let service = |ip: &str| {
+        format!(
+            "kind: Service\nmetadata: {{name: a}}\nspec: {{clusterIP: {ip}, ports: [{{port: 80}}]}}\n"
+        )
+    };
+    let cluster_ips = |state: &ClusterState| match state.services.get(&name("a")) {
+        Some(Ok(info)) => info.cluster_ips.clone(),
+        other => panic!("not served: {other:?}"),
+    };
+    let mut state = state_with(&service("10.96.0.10"));
+    for event in applied(&service("10.96.0.300")) {
+        state.apply(event);
+    }
+    assert_eq!(
+        cluster_ips(&state),
+        ["10.96.0.10".parse::<IpAddr>().unwrap()]
+    );
+    for event in applied(&service("10.96.0.11")) {
+        state.apply(event);
+    }
+    assert_eq!(
+        cluster_ips(&state),
+        ["10.96.0.11".parse::<IpAddr>().unwrap()]
+    );
+    // Never served: the reason is kept, naming the field and its value.
+    let state = state_with(&service("10.96.0.300").replace("name: a", "name: b"));
+    let skipped: Vec<String> = state.skipped().map(|(_, r)| r.to_string()).collect();
+    assert_eq!(
+        skipped,
+        ["invalid: clusterIPs 10.96.0.300: not an IP address"]
+    );
+}
+
 #[test]
 fn services_that_are_not_served_say_why() {
     let rows = [
@@ -81,7 +118,7 @@ fn services_that_are_not_served_say_why() {
         ),
         (
             "kind: Service\nmetadata: {name: a}\nspec: {clusterIP: 10.96.0.999}\n",
-            SkipReason::Invalid("not an IP address".to_owned()),
+            SkipReason::Invalid("clusterIPs 10.96.0.999: not an IP address".to_owned()),
         ),
     ];
     for (yaml, reason) in rows {
@@ -768,6 +805,72 @@ fn a_dual_stack_service_is_two_frontend_sets_that_never_cross() {
              addressType IPv6",
             "EndpointSlice web-v6 endpoint fd00::zz: invalid: not an IP address",
         ]
+    );
+}
+
+/// Addresses no Service or pod may have (the API server refuses them) are skipped with the
+/// reason: a special frontend (unspecified, loopback, link-local, multicast), an
+/// unspecified or multicast endpoint. A loopback endpoint is served (one machine's demo).
+#[test]
+fn special_addresses_are_skipped_with_a_reason() {
+    let yaml = "
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.10
+  externalIPs: [0.0.0.0, 127.0.0.1, 169.254.1.1, 224.0.0.1, 192.0.2.1]
+  ports: [{name: http, port: 80}]
+---
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints: [{addresses: [0.0.0.0]}, {addresses: [239.1.1.1]}, {addresses: [127.0.1.1]}]
+---
+kind: Node
+metadata: {name: node-a}
+";
+    let state = state_with(yaml);
+    let selection = state.select(&name("web")).expect("served");
+    let frontends: Vec<String> = selection
+        .frontends
+        .iter()
+        .map(|f| {
+            let backends: Vec<String> = f.spec.backends.iter().map(ToString::to_string).collect();
+            format!("{} -> {}", f.frontend, backends.join(" "))
+        })
+        .collect();
+    assert_eq!(
+        frontends,
+        [
+            "10.96.0.10:80/Tcp (Internal) -> 127.0.1.1:8080",
+            "192.0.2.1:80/Tcp (Internal) -> 127.0.1.1:8080",
+            "192.0.2.1:80/Tcp (External) -> 127.0.1.1:8080",
+        ]
+    );
+    let refused = "which no Service may have (the API server refuses it)";
+    assert_eq!(
+        skipped(&selection),
+        [
+            format!("externalIPs 0.0.0.0: invalid: the unspecified address, {refused}"),
+            format!("externalIPs 127.0.0.1: invalid: a loopback address, {refused}"),
+            format!("externalIPs 169.254.1.1: invalid: a link-local address, {refused}"),
+            format!("externalIPs 224.0.0.1: invalid: a multicast address, {refused}"),
+            "EndpointSlice web-1 endpoint 0.0.0.0: invalid: the unspecified address, which no \
+             pod has"
+                .to_owned(),
+            "EndpointSlice web-1 endpoint 239.1.1.1: invalid: a multicast address, which no pod \
+             has"
+            .to_owned(),
+        ]
+    );
+    let loopback = state_with(&yaml.replace("clusterIP: 10.96.0.10", "clusterIP: 127.0.0.1"));
+    let skipped: Vec<String> = loopback.skipped().map(|(_, r)| r.to_string()).collect();
+    assert_eq!(
+        skipped,
+        [format!(
+            "invalid: clusterIPs 127.0.0.1: a loopback address, {refused}"
+        )]
     );
 }
 
