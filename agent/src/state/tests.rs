@@ -79,14 +79,14 @@ fn an_invalid_update_keeps_the_last_good_service() {
     }
     assert_eq!(
         cluster_ips(&state),
-        ["10.96.0.10".parse::<IpAddr>().unwrap()]
+        ["10.96.0.10".parse::<IpAddr>().expect("an address")]
     );
     for event in applied(&service("10.96.0.11")) {
         state.apply(event);
     }
     assert_eq!(
         cluster_ips(&state),
-        ["10.96.0.11".parse::<IpAddr>().unwrap()]
+        ["10.96.0.11".parse::<IpAddr>().expect("an address")]
     );
     // Never served: the reason is kept, naming the field and its value.
     let state = state_with(&service("10.96.0.300").replace("name: a", "name: b"));
