@@ -754,8 +754,15 @@ pub fn table(inspection: &Inspection) -> String {
     if let Some(why) = &inspection.pods_unreadable {
         let _ = write!(out, "\npods: {why}");
     }
+    // What `auto` picks with this process's capabilities: the agent's own mode (it may run
+    // another) is in its start log and in socklb_socket_destroy_mode.
     let destroy = &inspection.socket_destroy;
-    let _ = write!(out, "\n{}", destroy.describe());
+    let _ = write!(
+        out,
+        "\n{} (as this process would; the agent's own mode: its start log, metric \
+         socklb_socket_destroy_mode)",
+        destroy.describe()
+    );
     out.push('\n');
     out
 }

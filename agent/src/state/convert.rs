@@ -492,16 +492,36 @@ pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
         .unwrap_or_default()
         .iter()
         .filter_map(|port| {
+            let name = port.name.clone().unwrap_or_default();
             let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
-                "TCP" => Protocol::Tcp,
-                "UDP" => Protocol::Udp,
-                _ => return None,
+                "TCP" => Ok(Protocol::Tcp),
+                "UDP" => Ok(Protocol::Udp),
+                // Not proxied by kube-proxy either, and not built into this kernel.
+                "SCTP" => Err(SkipReason::Sctp),
+                other => Err(SkipReason::Invalid(format!("protocol {other}"))),
             };
-            Some(SlicePort {
-                name: port.name.clone().unwrap_or_default(),
-                protocol,
-                port: u16::try_from(port.port?).ok()?,
-            })
+            let number = match port.port {
+                Some(number) => u16::try_from(number)
+                    .ok()
+                    .filter(|p| *p != 0)
+                    .ok_or_else(|| SkipReason::Invalid(format!("port {number}"))),
+                None => Err(SkipReason::Invalid("no port number".to_owned())),
+            };
+            match protocol.and_then(|protocol| number.map(|number| (protocol, number))) {
+                Ok((protocol, port)) => Some(SlicePort {
+                    name,
+                    protocol,
+                    port,
+                }),
+                Err(reason) => {
+                    let shown = if name.is_empty() { "(unnamed)" } else { &name };
+                    skipped.push(SkippedPart {
+                        part: format!("{} port {shown}", label()),
+                        reason,
+                    });
+                    None
+                }
+            }
         })
         .collect();
     ports.shrink_to_fit();

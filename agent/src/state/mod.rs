@@ -266,6 +266,27 @@ impl ClusterState {
         if kind == Kind::EndpointSlice {
             self.names.forget_unused();
         }
+        if kind == Kind::Node {
+            self.check_this_node();
+        }
+    }
+
+    /// Warns when the Nodes listed lack this node: none of its addresses then serves a
+    /// NodePort and no topology applies, most often for a wrong node name.
+    fn check_this_node(&self) {
+        if self.node_labels.contains_key(&self.node_name) {
+            return;
+        }
+        let mut some: Vec<&str> = self.node_labels.keys().map(String::as_str).collect();
+        some.truncate(5);
+        warn!(
+            node = %self.node_name,
+            nodes = self.node_labels.len(),
+            some = %some.join(" "),
+            "this node is not among the cluster's Nodes: no NodePort is served on its \
+             addresses and no topology hint applies; give the Node's name with --node-name \
+             (or NODE_NAME; the default is the hostname)"
+        );
     }
 
     fn upsert(&mut self, object: Object) {

@@ -811,8 +811,9 @@ fn a_dual_stack_service_is_two_frontend_sets_that_never_cross() {
 /// Addresses no Service or pod may have (the API server refuses them) are skipped with the
 /// reason: a special frontend (unspecified, loopback, link-local, multicast), an
 /// unspecified or multicast endpoint. A loopback endpoint is served (one machine's demo).
+/// So are a slice's ports that cannot be served.
 #[test]
-fn special_addresses_are_skipped_with_a_reason() {
+fn special_addresses_and_unusable_ports_are_skipped_with_a_reason() {
     let yaml = "
 kind: Service
 metadata: {name: web, namespace: default}
@@ -824,7 +825,10 @@ spec:
 kind: EndpointSlice
 metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
 addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
+ports:
+- {name: http, port: 8080, protocol: TCP}
+- {name: big, port: 99999, protocol: TCP}
+- {name: odd, port: 81, protocol: FOO}
 endpoints: [{addresses: [0.0.0.0]}, {addresses: [239.1.1.1]}, {addresses: [127.0.1.1]}]
 ---
 kind: Node
@@ -856,6 +860,8 @@ metadata: {name: node-a}
             format!("externalIPs 127.0.0.1: invalid: a loopback address, {refused}"),
             format!("externalIPs 169.254.1.1: invalid: a link-local address, {refused}"),
             format!("externalIPs 224.0.0.1: invalid: a multicast address, {refused}"),
+            "EndpointSlice web-1 port big: invalid: port 99999".to_owned(),
+            "EndpointSlice web-1 port odd: invalid: protocol FOO".to_owned(),
             "EndpointSlice web-1 endpoint 0.0.0.0: invalid: the unspecified address, which no \
              pod has"
                 .to_owned(),
