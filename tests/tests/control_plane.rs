@@ -387,6 +387,11 @@ fn health_readiness_and_metrics_are_served() {
             .is_some_and(Vec::is_empty)
     );
     assert!(
+        inspect("table", &["--service", "default/other"])
+            .contains("no frontend of default/other is programmed"),
+        "a table of no frontend says so"
+    );
+    assert!(
         json["counters"]["translated"].as_u64() >= Some(40),
         "{json}"
     );
@@ -683,4 +688,28 @@ fn a_dual_stack_service_is_served_per_family_and_a_stray_ipv6_slice_is_skipped()
     assert_eq!(web["skipped"][0]["reason"], "family-not-served", "{web}");
     agent.wait_for_log("EndpointSlice web-v6", 1);
     agent.stop();
+
+    // A name that matches nothing is an error naming it, not an empty table.
+    let rows: [(&[&str], &str); 3] = [
+        (
+            &["--service", "default/nope"],
+            "--service default/nope: no such Service",
+        ),
+        (&["--service", "web"], "expected NAMESPACE/NAME"),
+        (
+            &["--pod", "default/nope"],
+            "--pod default/nope: no such pod on node node-a",
+        ),
+    ];
+    for (flags, error) in rows {
+        let output = explain_command(&manifests.path, "node-a")
+            .args(flags)
+            .output()
+            .expect("run socklb explain");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(error),
+            "{flags:?}: {output:?}"
+        );
+    }
 }

@@ -7,8 +7,27 @@ use clap::{Arg, ArgAction, Args, Parser, Subcommand, ValueEnum};
 use crate::{
     conntrack_gc::GcInterval,
     dataplane::{self, Capacities, ProgramLogLevel, TcMode},
+    select::ServiceName,
     sweep::Requested,
 };
+
+/// A `--pod` value: NAMESPACE/NAME, both parts given.
+fn namespaced(text: &str) -> Result<String, String> {
+    match text.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => Ok(text.to_owned()),
+        _ => Err(format!("expected NAMESPACE/NAME, such as default/{text}")),
+    }
+}
+
+/// A `--service` value: NAMESPACE/NAME.
+fn service_name(text: &str) -> Result<ServiceName, String> {
+    let text = namespaced(text)?;
+    let (namespace, name) = text.split_once('/').unwrap_or_default();
+    Ok(ServiceName {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    })
+}
 
 /// `#[arg(chart_switch())]`: a `bool` flag that is off unless given, alone or as `=true`, and
 /// also takes `=false`, the form the chart writes for a value.
@@ -328,8 +347,8 @@ pub struct InspectArgs {
     pub address: Option<std::net::IpAddr>,
     /// Only the frontends of this Service, NAMESPACE/NAME (and their affinity and
     /// conntrack entries).
-    #[arg(long)]
-    pub service: Option<String>,
+    #[arg(long, value_parser = service_name)]
+    pub service: Option<ServiceName>,
     #[arg(short, long, value_enum, default_value = "table")]
     pub output: Output,
 }
@@ -339,8 +358,8 @@ pub struct TraceArgs {
     #[command(flatten)]
     pub pins: PinArgs,
     /// Only the frontends of this Service, NAMESPACE/NAME.
-    #[arg(long)]
-    pub service: Option<String>,
+    #[arg(long, value_parser = service_name)]
+    pub service: Option<ServiceName>,
     /// Only this frontend, ADDRESS:PORT or [IPV6]:PORT (port 0: any port of the address).
     #[arg(long)]
     pub frontend: Option<std::net::SocketAddr>,
@@ -368,11 +387,11 @@ pub struct TraceArgs {
 pub struct ExplainArgs {
     #[command(flatten)]
     pub source: SourceArgs,
-    /// Only this Service (namespace/name).
-    #[arg(long)]
-    pub service: Option<String>,
-    /// Only this pod of the node (namespace/name), in the list of which path serves each.
-    #[arg(long)]
+    /// Only this Service, NAMESPACE/NAME.
+    #[arg(long, value_parser = service_name)]
+    pub service: Option<ServiceName>,
+    /// Only this pod of the node, NAMESPACE/NAME, in the list of which path serves each.
+    #[arg(long, value_parser = namespaced)]
     pub pod: Option<String>,
     /// The agent's `--socket-lb-scope`: which path serves each pod depends on it.
     #[arg(long, value_enum, default_value_t = SocketLbScope::Pods)]

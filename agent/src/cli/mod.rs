@@ -16,7 +16,6 @@ use crate::{
     explain, inspect,
     metrics::Metrics,
     runner::{ExternalTraffic, Runner, SyncPeriods},
-    select::ServiceName,
     server::{self, Health},
     source::{
         Event, Kind,
@@ -424,23 +423,23 @@ async fn shutdown_signal() {
 
 fn explain_command(args: &ExplainArgs) -> anyhow::Result<()> {
     let node_name = node_name(&args.source)?;
-    let only = args
-        .service
-        .as_deref()
-        .map(|text| match text.split_once('/') {
-            Some((namespace, name)) => Ok(ServiceName {
-                namespace: namespace.to_owned(),
-                name: name.to_owned(),
-            }),
-            None => bail!("--service takes namespace/name, not {text}"),
-        })
-        .transpose()?;
     let state = runtime()?.block_on(initial_state(&args.source, &node_name))?;
     let only = explain::Only {
-        service: only.as_ref(),
+        service: args.service.as_ref(),
         pod: args.pod.as_deref(),
     };
     let explanation = explain::explain(&state, args.socket_lb_scope, &only);
+    if let Some(service) = &args.service
+        && explanation.services.is_empty()
+        && explanation.skipped.is_empty()
+    {
+        bail!("--service {service}: no such Service in the cluster");
+    }
+    if let Some(pod) = &args.pod
+        && explanation.pods.is_empty()
+    {
+        bail!("--pod {pod}: no such pod on node {node_name}");
+    }
     match args.output {
         Output::Table => stdout::print(&explain::table(&explanation))?,
         Output::Json => stdout::println(&serde_json::to_string_pretty(&explanation)?)?,
@@ -498,26 +497,28 @@ fn privilege_first(error: anyhow::Error) -> anyhow::Error {
 
 fn inspect_command(args: &InspectArgs) -> anyhow::Result<()> {
     let mut inspection = inspect::inspect(&args.pins.pin_dir, args.address)?;
+    let mut note = String::new();
     if let Some(service) = &args.service {
         inspection = inspect::only_service(inspection, service);
+        if inspection.frontends.is_empty() {
+            note = format!(
+                "no frontend of {service} is programmed (`socklb explain --service {service}` \
+                 says why)\n"
+            );
+        }
     }
     match args.output {
-        Output::Table => stdout::print(&inspect::table(&inspection))?,
+        Output::Table => stdout::print(&(inspect::table(&inspection) + &note))?,
         Output::Json => stdout::println(&serde_json::to_string_pretty(&inspection)?)?,
     }
     Ok(())
 }
 
 fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
-    let service = match &args.service {
-        Some(service) => Some(
-            service
-                .split_once('/')
-                .map(|(namespace, name)| (namespace.to_owned(), name.to_owned()))
-                .with_context(|| format!("--service {service}: expected NAMESPACE/NAME"))?,
-        ),
-        None => None,
-    };
+    let service = args
+        .service
+        .as_ref()
+        .map(|service| (service.namespace.clone(), service.name.clone()));
     let options = trace::session::Options {
         pin_dir: args.pins.pin_dir.clone(),
         filters: trace::session::Filters {

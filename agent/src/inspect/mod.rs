@@ -590,8 +590,12 @@ fn conntrack_state(key: &CtKey, entry: &CtEntry, confirmed: bool, now: u32) -> C
 
 /// Keeps what belongs to the Service `namespace/name`: its frontends, and the affinity and
 /// conntrack entries of those frontends.
-pub fn only_service(mut inspection: Inspection, service: &str) -> Inspection {
-    let matches = |label: &ServiceLabel| format!("{}/{}", label.namespace, label.name) == service;
+pub fn only_service(
+    mut inspection: Inspection,
+    service: &crate::select::ServiceName,
+) -> Inspection {
+    let matches =
+        |label: &ServiceLabel| label.namespace == service.namespace && label.name == service.name;
     inspection
         .frontends
         .retain(|f| f.service.as_ref().is_some_and(matches));
