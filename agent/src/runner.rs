@@ -555,7 +555,11 @@ impl Runner {
             .filter(|r| !self.rejected.contains(&r.frontend()))
             .collect();
         for rejected in new.iter().take(NAMED) {
-            warn!(error = %rejected, "frontend not programmed");
+            let service = self
+                .table
+                .owner(&rejected.frontend())
+                .map_or_else(|| "?".to_owned(), ToString::to_string);
+            warn!(%service, error = %rejected, "frontend not programmed");
         }
         if new.len() > NAMED {
             warn!(

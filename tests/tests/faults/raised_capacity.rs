@@ -53,6 +53,15 @@ fn raising_a_capacity_keeps_serving_services_up() {
         );
     }
     first.wait_for_log("frontend not programmed", 1);
+    // Each named with its Service.
+    assert!(
+        first
+            .log()
+            .lines()
+            .any(|line| line.contains("frontend not programmed") && line.contains("default/a-")),
+        "the warning names the Service: {}",
+        first.log()
+    );
     // The metric counts every frontend not programmed, whichever sync rejected it: the
     // first new one got a master without backends (refused), the other four nothing.
     wait_for_metrics(&[

@@ -118,7 +118,10 @@ impl std::fmt::Display for Outcome {
         f.write_str(match self {
             Self::KeptPrevious => "the frontend keeps its previous state",
             Self::Refused => "connections to it are refused until it fits",
-            Self::NotProgrammed => "not even its master entry fits: its traffic is not translated",
+            Self::NotProgrammed => {
+                "it does not fit even without backends, so nothing of it is programmed: its \
+                 traffic is not translated"
+            }
         })
     }
 }
