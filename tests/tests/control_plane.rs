@@ -118,6 +118,21 @@ fn connections_follow_edits_of_the_manifests() {
     nodes("zone-c");
     wait_for_answers(&sandbox, &["127.0.20.3"]);
 
+    // A copy of the Service in another file (the later file's copy wins): said, naming both.
+    manifests.write("web-copy.yaml", &web_service());
+    agent.wait_for_log("object defined twice", 1);
+    assert!(
+        agent
+            .log()
+            .lines()
+            .any(|line| line.contains("object defined twice")
+                && line.contains("Service default/web")
+                && line.contains("web-copy.yaml")),
+        "the warning names the object and the files: {}",
+        agent.log()
+    );
+    manifests.remove("web-copy.yaml");
+
     // The Service is deleted: the VIP is no longer translated (nothing answers it here).
     manifests.remove("web.yaml");
     wait_for_answers(&sandbox, &["error: ENETUNREACH"]);

@@ -294,11 +294,23 @@ impl Manifests {
             (Kind::Namespace, Vec::new()),
             (Kind::Pod, Vec::new()),
         ];
+        // Where each object was seen first: a later copy wins, and says so.
+        let mut first_seen: HashMap<ObjectId, &Path> = HashMap::new();
         for (file, held) in &self.files {
             let objects = parsed
                 .remove(file)
                 .unwrap_or_else(|| parse_last_good(file, &held.text.text()));
             for object in objects {
+                let id = object_id(&object);
+                if let Some(first) = first_seen.insert(id.clone(), file) {
+                    let (kind, namespace, name) = id;
+                    warn!(
+                        object = %format!("{kind:?} {namespace}/{name}"),
+                        first = %first.display(),
+                        used = %file.display(),
+                        "object defined twice: the later copy is used"
+                    );
+                }
                 let kind = object.kind();
                 if let Some((_, list)) = by_kind.iter_mut().find(|(k, _)| *k == kind) {
                     list.push(object);
