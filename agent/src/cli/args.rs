@@ -19,6 +19,15 @@ fn namespaced(text: &str) -> Result<String, String> {
     }
 }
 
+/// A count that must be at least 1.
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("0 would end at once: give at least 1".to_owned()),
+        Ok(count) => Ok(count),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
 /// A `--service` value: NAMESPACE/NAME.
 fn service_name(text: &str) -> Result<ServiceName, String> {
     let text = namespaced(text)?;
@@ -372,8 +381,8 @@ pub struct TraceArgs {
     /// Also every packet of known flows from outside (conntrack hits), not only new flows.
     #[arg(long)]
     pub packets: bool,
-    /// Stop after this many events.
-    #[arg(long)]
+    /// Stop after this many events (at least 1).
+    #[arg(long, value_parser = at_least_one)]
     pub count: Option<usize>,
     /// Stop after this long (e.g. `30s`).
     #[arg(long)]
@@ -405,6 +414,20 @@ mod tests {
     use clap::Parser as _;
 
     use super::{Cli, Command, RunArgs};
+
+    #[test]
+    fn names_and_counts_are_checked_alike_by_every_subcommand() {
+        let parses = |args: &[&str]| Cli::try_parse_from(["socklb"].iter().chain(args)).is_ok();
+        for command in ["explain", "inspect", "trace"] {
+            assert!(parses(&[command, "--service", "default/web"]), "{command}");
+            for bad in ["web", "default/", "/web"] {
+                assert!(!parses(&[command, "--service", bad]), "{command} {bad}");
+            }
+        }
+        assert!(!parses(&["explain", "--pod", "client"]));
+        assert!(parses(&["trace", "--count", "1"]));
+        assert!(!parses(&["trace", "--count", "0"]));
+    }
 
     fn run(args: &[&str]) -> Result<Box<RunArgs>, clap::Error> {
         let cli = Cli::try_parse_from(["socklb", "run"].iter().chain(args))?;

@@ -50,9 +50,15 @@ pub fn problems(
             Some(dir) if !dir.is_dir() => report(
                 "--manifests",
                 dir.display().to_string(),
-                "not a directory: give the directory that holds the Service, EndpointSlice \
-                 and Node manifests"
-                    .to_owned(),
+                format!(
+                    "{}: give the directory that holds the Service, EndpointSlice and Node \
+                     manifests",
+                    if dir.exists() {
+                        "not a directory"
+                    } else {
+                        "no such directory"
+                    }
+                ),
             ),
             _ => {}
         }
@@ -87,7 +93,14 @@ pub fn problems(
         report(
             "--cgroup-path",
             path.display().to_string(),
-            "not a directory: give the cgroup v2 mount or a cgroup in it".to_owned(),
+            format!(
+                "{}: give the cgroup v2 mount or a cgroup in it",
+                if path.exists() {
+                    "not a directory"
+                } else {
+                    "no such directory"
+                }
+            ),
         );
     }
     positive("--sync-period", args.sync_period, &mut report);

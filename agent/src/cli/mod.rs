@@ -137,6 +137,12 @@ fn man() -> anyhow::Result<()> {
             .render(out)
     })
     .context("cannot render the man page")?;
+    // The subcommand list names pages of their own (`socklb-run(8)`): they are sections of
+    // this page, titled `SOCKLB RUN`.
+    for sub in command.get_subcommands() {
+        let reference = format!("socklb\\-{}(8)", sub.get_name());
+        page = page.replace(&reference, &format!("socklb {}", sub.get_name()));
+    }
     for sub in command.get_subcommands().filter(|sub| !sub.is_hide_set()) {
         let name = format!("socklb {}", sub.get_name());
         let man = clap_mangen::Man::new(sub.clone().bin_name(name.clone()));

@@ -157,15 +157,17 @@ pub fn enumerate(first: Namespace) -> Found {
 }
 
 /// The network namespaces pinned under /run/netns and /var/run/netns: where CNI runtimes
-/// (containerd, CRI-O) and `ip netns add` keep them.
+/// (containerd, CRI-O) and `ip netns add` keep them. Each once: /var/run is most often a
+/// link to /run, which shows every pin twice.
 pub fn pinned() -> Vec<Namespace> {
+    let mut seen = HashSet::new();
     PIN_DIRS
         .iter()
         .filter_map(|dir| fs::read_dir(dir).ok())
         .flat_map(|entries| entries.flatten())
         // A file there that is not a namespace (nothing mounted on it) costs one open.
         .filter_map(|entry| open(&entry.path()).ok())
-        .filter(|namespace| is_net_namespace(&namespace.file))
+        .filter(|namespace| is_net_namespace(&namespace.file) && seen.insert(namespace.inode))
         .collect()
 }
 
