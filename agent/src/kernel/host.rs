@@ -41,6 +41,11 @@ pub enum HostError {
          directory on a mounted bpffs"
     )]
     NoBpffs { path: PathBuf },
+    #[error(
+        "{pin_dir} is not on a bpffs ({existing} is on another filesystem): pass --bpffs with a \
+         directory on a mounted bpffs, such as the default /sys/fs/bpf/socklb"
+    )]
+    NotOnBpffs { pin_dir: PathBuf, existing: PathBuf },
     #[error("cannot create the pin directory {path}")]
     PinDir {
         path: PathBuf,
@@ -174,12 +179,18 @@ pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), HostError> {
         .find(|p| p.exists())
         .unwrap_or(Path::new("/"));
     if statfs_type(existing) != Some(BPF_FS_MAGIC) {
-        let mount = if existing == Path::new("/") || existing == Path::new("/sys/fs") {
-            PathBuf::from("/sys/fs/bpf")
-        } else {
-            existing.to_owned()
-        };
-        return Err(HostError::NoBpffs { path: mount });
+        // Mounting is the fix only where bpffs belongs: never over a directory of another
+        // filesystem that happens to be the nearest one there.
+        let bpffs = Path::new("/sys/fs/bpf");
+        if pin_dir.starts_with(bpffs) {
+            return Err(HostError::NoBpffs {
+                path: bpffs.to_owned(),
+            });
+        }
+        return Err(HostError::NotOnBpffs {
+            pin_dir: pin_dir.to_owned(),
+            existing: existing.to_owned(),
+        });
     }
     let pin_dir_error = |source| HostError::PinDir {
         path: pin_dir.to_owned(),
