@@ -19,6 +19,18 @@ fn namespaced(text: &str) -> Result<String, String> {
     }
 }
 
+/// A `--frontend` value: ADDRESS:PORT, [IPV6]:PORT, or an address alone (port 0: any).
+fn frontend_address(text: &str) -> Result<SocketAddr, String> {
+    text.parse::<SocketAddr>()
+        .or_else(|_| {
+            text.parse::<std::net::IpAddr>()
+                .map(|ip| SocketAddr::new(ip, 0))
+        })
+        .map_err(|_| {
+            "expected ADDRESS:PORT, [IPV6]:PORT or an address, such as 10.96.0.10:80".to_owned()
+        })
+}
+
 /// A count that must be at least 1.
 fn at_least_one(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
@@ -369,8 +381,9 @@ pub struct TraceArgs {
     /// Only the frontends of this Service, NAMESPACE/NAME.
     #[arg(long, value_parser = service_name)]
     pub service: Option<ServiceName>,
-    /// Only this frontend, ADDRESS:PORT or [IPV6]:PORT (port 0: any port of the address).
-    #[arg(long)]
+    /// Only this frontend, ADDRESS:PORT or [IPV6]:PORT; an ADDRESS alone (or port 0): any
+    /// port of the address.
+    #[arg(long, value_parser = frontend_address)]
     pub frontend: Option<std::net::SocketAddr>,
     /// Only translations to this backend address (IPv4 or IPv6).
     #[arg(long)]
@@ -427,6 +440,10 @@ mod tests {
         assert!(!parses(&["explain", "--pod", "client"]));
         assert!(parses(&["trace", "--count", "1"]));
         assert!(!parses(&["trace", "--count", "0"]));
+        for frontend in ["10.96.0.10:80", "10.96.0.10", "[fd00::10]:53", "fd00::10"] {
+            assert!(parses(&["trace", "--frontend", frontend]), "{frontend}");
+        }
+        assert!(!parses(&["trace", "--frontend", "10.96.0.300"]));
     }
 
     fn run(args: &[&str]) -> Result<Box<RunArgs>, clap::Error> {
