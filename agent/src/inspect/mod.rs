@@ -612,7 +612,10 @@ pub fn table(inspection: &Inspection) -> String {
     );
     for state in &inspection.frontends {
         let f = &state.frontend;
-        let backends = if state.backends.is_empty() {
+        let backends = if state.backends.is_empty() && state.refuses {
+            // Said once, below.
+            "none".to_owned()
+        } else if state.backends.is_empty() {
             "none: connections refused".to_owned()
         } else {
             state
