@@ -38,8 +38,8 @@ pub fn block_termination_signals() -> libc::sigset_t {
 }
 
 /// SIGKILLs this process's children (an agent, clients, servers), found by their parent pid
-/// in /proc: also one still starting, before the harness has handed out its pid. For the
-/// signal-cleanup threads of benchmarks.
+/// in /proc: also one still starting, before the harness has handed out its pid; and reaps
+/// them. For the signal-cleanup threads of benchmarks.
 pub fn kill_children() {
     let me = std::process::id().to_string();
     let Ok(entries) = fs::read_dir("/proc") else {
@@ -57,8 +57,12 @@ pub fn kill_children() {
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().nth(1));
         if parent == Some(me.as_str()) {
-            // SAFETY: signalling a child of ours.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // SAFETY: signalling a child of ours, then reaping it: gone, it holds no lock
+            // (an agent's on its pin directory, which cleanup waits for) and no file.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
         }
     }
 }

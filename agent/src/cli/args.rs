@@ -88,7 +88,7 @@ pub enum Command {
     /// Show each translation as it happens: which backend, and why.
     Trace(TraceArgs),
     /// Detach the programs and remove every pin socklb created.
-    Cleanup(PinArgs),
+    Cleanup(CleanupArgs),
     /// Print the version and the map layout version.
     Version,
     /// Print a shell completion script, e.g. `socklb completion bash >
@@ -143,6 +143,16 @@ pub struct PinArgs {
     /// Directory on bpffs for socklb's pinned maps and links.
     #[arg(long = "bpffs", env = "SOCKLB_BPFFS", default_value = dataplane::DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    #[command(flatten)]
+    pub pins: PinArgs,
+    /// Also while an agent runs on the pin directory (from inside its pod): the node stops
+    /// translating at once, and that agent keeps running over nothing until it is stopped.
+    #[arg(long)]
+    pub force: bool,
 }
 
 #[derive(Debug, Args)]

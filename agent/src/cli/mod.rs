@@ -569,12 +569,18 @@ fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn cleanup(args: &PinArgs) -> anyhow::Result<()> {
-    let cleanup = dataplane::cleanup(&args.pin_dir)
-        .with_context(|| format!("cleaning up {}", args.pin_dir.display()))?;
+fn cleanup(args: &CleanupArgs) -> anyhow::Result<()> {
+    let pin_dir = &args.pins.pin_dir;
+    let running = if args.force {
+        dataplane::RunningAgent::Ignore
+    } else {
+        dataplane::RunningAgent::Refuse
+    };
+    let cleanup = dataplane::cleanup_with(pin_dir, running)
+        .with_context(|| format!("cleaning up {}", pin_dir.display()))?;
     let mut text = String::new();
     if cleanup.removed.is_empty() {
-        text = format!("nothing to remove under {}\n", args.pin_dir.display());
+        text = format!("nothing to remove under {}\n", pin_dir.display());
     }
     for path in &cleanup.removed {
         text.push_str(&format!("removed {}\n", path.display()));

@@ -47,7 +47,7 @@ pub use crate::{
             Attachment,
             tc::{DeviceRole, TcAttachError, TcAttached, TcDevice, TcMode},
         },
-        cleanup::{Cleanup, cleanup},
+        cleanup::{Cleanup, RunningAgent, cleanup, cleanup_with},
         destroy::{
             DestroyPrograms, Unavailable as DestroyUnavailable, probe_kfunc as probe_destroy_kfunc,
             skc_cookie_offset,

@@ -60,7 +60,8 @@ fn lock_out_agents(pin_dir: &Path) -> io::Result<Option<PinLock>> {
             format!(
                 "a socklb agent is running on {} ({holder}): stop it first (delete its \
                  DaemonSet, or stop its service), then run cleanup again; cleanup would \
-                 detach the programs it serves the node with",
+                 detach the programs it serves the node with (--force does, from inside \
+                 its pod)",
                 pin_dir.display()
             ),
         )),
@@ -78,9 +79,26 @@ pub struct Cleanup {
 /// under `pin_dir` on kernels without TCX) and removes socklb's pinned maps and directories
 /// under `pin_dir`; nothing it did not create, nothing another instance attached.
 pub fn cleanup(pin_dir: &Path) -> io::Result<Cleanup> {
+    cleanup_with(pin_dir, RunningAgent::Refuse)
+}
+
+/// What cleanup does about an agent that runs on the pin directory (holds its lock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunningAgent {
+    /// Refuses, naming it.
+    Refuse,
+    /// Removes its pins all the same (`socklb cleanup --force`, from inside its pod).
+    Ignore,
+}
+
+/// [`cleanup`], or with `RunningAgent::Ignore` also under a running agent.
+pub fn cleanup_with(pin_dir: &Path, running: RunningAgent) -> io::Result<Cleanup> {
     let mut cleanup = Cleanup::default();
     // Held until the end, so that no agent starts on the pins while they go.
-    let _lock = lock_out_agents(pin_dir)?;
+    let _lock = match running {
+        RunningAgent::Refuse => lock_out_agents(pin_dir)?,
+        RunningAgent::Ignore => None,
+    };
     // Maps of a growth an agent did not finish.
     remove_staging(pin_dir);
     // Maps a start replaced and had not finished carrying over.
