@@ -11,12 +11,9 @@ use crate::{
     sweep::Requested,
 };
 
-/// A `--pod` value: NAMESPACE/NAME, both parts given.
+/// A `--pod` value: NAMESPACE/NAME, as [`service_name`].
 fn namespaced(text: &str) -> Result<String, String> {
-    match text.split_once('/') {
-        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => Ok(text.to_owned()),
-        _ => Err(format!("expected NAMESPACE/NAME, such as default/{text}")),
-    }
+    service_name(text).map(|_| text.to_owned())
 }
 
 /// A `--frontend` value: ADDRESS:PORT, [IPV6]:PORT, or an address alone (port 0: any).
@@ -40,14 +37,15 @@ fn at_least_one(text: &str) -> Result<usize, String> {
     }
 }
 
-/// A `--service` value: NAMESPACE/NAME.
+/// A `--service` value: NAMESPACE/NAME, both parts given.
 fn service_name(text: &str) -> Result<ServiceName, String> {
-    let text = namespaced(text)?;
-    let (namespace, name) = text.split_once('/').unwrap_or_default();
-    Ok(ServiceName {
-        namespace: namespace.to_owned(),
-        name: name.to_owned(),
-    })
+    match text.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => Ok(ServiceName {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }),
+        _ => Err("expected NAMESPACE/NAME, such as default/web".to_owned()),
+    }
 }
 
 /// `#[arg(chart_switch())]`: a `bool` flag that is off unless given, alone or as `=true`, and

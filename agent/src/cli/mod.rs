@@ -139,9 +139,10 @@ fn man() -> anyhow::Result<()> {
     .context("cannot render the man page")?;
     // The subcommand list names pages of their own (`socklb-run(8)`): they are sections of
     // this page, titled `SOCKLB RUN`.
-    for sub in command.get_subcommands() {
-        let reference = format!("socklb\\-{}(8)", sub.get_name());
-        page = page.replace(&reference, &format!("socklb {}", sub.get_name()));
+    let names = command.get_subcommands().map(|sub| sub.get_name());
+    // clap's own `help` is listed too.
+    for name in names.chain(["help"]) {
+        page = page.replace(&format!("socklb\\-{name}(8)"), &format!("socklb {name}"));
     }
     for sub in command.get_subcommands().filter(|sub| !sub.is_hide_set()) {
         let name = format!("socklb {}", sub.get_name());
@@ -439,7 +440,10 @@ fn explain_command(args: &ExplainArgs) -> anyhow::Result<()> {
         && explanation.services.is_empty()
         && explanation.skipped.is_empty()
     {
-        bail!("--service {service}: no such Service in the cluster");
+        bail!(
+            "--service {service}: no such Service among those socklb reads (the Kubernetes \
+             source lists no headless Service, nor one another proxy serves)"
+        );
     }
     if let Some(pod) = &args.pod
         && explanation.pods.is_empty()
@@ -507,9 +511,13 @@ fn inspect_command(args: &InspectArgs) -> anyhow::Result<()> {
     if let Some(service) = &args.service {
         inspection = inspect::only_service(inspection, service);
         if inspection.frontends.is_empty() {
+            let on = args
+                .address
+                .map(|address| format!(" on {address}"))
+                .unwrap_or_default();
             note = format!(
-                "no frontend of {service} is programmed (`socklb explain --service {service}` \
-                 says why)\n"
+                "no frontend of {service} is programmed{on} (`socklb explain --service \
+                 {service}` says why)\n"
             );
         }
     }

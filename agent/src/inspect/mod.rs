@@ -613,7 +613,7 @@ pub fn table(inspection: &Inspection) -> String {
     for state in &inspection.frontends {
         let f = &state.frontend;
         let backends = if state.backends.is_empty() && state.refuses {
-            // Said once, below.
+            // The reason follows on the row (`refused: no endpoints`).
             "none".to_owned()
         } else if state.backends.is_empty() {
             "none: connections refused".to_owned()

@@ -99,7 +99,8 @@ pub enum SkipReason {
     IpModeProxy,
     /// An EndpointSlice of addressType FQDN: not proxied (as by kube-proxy).
     Fqdn,
-    /// A field that does not parse; the text says which.
+    /// A field that does not parse, or holds what no Service may have (an address or a port
+    /// out of range); the text says which.
     Invalid(String),
 }
 

@@ -35,7 +35,7 @@ use super::{
     last_good::LastGood,
     object_ids::{self, ObjectId, ObjectIds, object_id},
     read_ahead::{self, ReadAhead},
-    watched_dir::{Found, RECHECK, WatchedDir},
+    watched_dir::{Found, RECHECK, Removed, WatchedDir},
 };
 
 /// A burst of changes is read once it has been quiet this long...
@@ -308,7 +308,7 @@ impl Manifests {
                         object = %format!("{kind:?} {namespace}/{name}"),
                         first = %first.display(),
                         used = %file.display(),
-                        "object defined twice: the later copy is used"
+                        "object defined twice: the later copy is read"
                     );
                 }
                 let kind = object.kind();
@@ -518,7 +518,12 @@ impl FileSource {
     /// dropped.
     pub async fn run(self, events: mpsc::Sender<Event>) -> Result<(), FileSourceError> {
         let (changed_tx, mut changed_rx) = mpsc::unbounded_channel();
+        let removed = Removed::default();
+        let (noted, dir) = (removed.clone(), self.dir.clone());
         let watcher = notify::recommended_watcher(move |event: WatchEvent| {
+            if let Ok(event) = &event {
+                noted.note(event, &dir);
+            }
             // Reading the files is an event too (inotify reports opens and closes): only
             // changes of their content or of the directory's entries count, and the end
             // of a write.
@@ -536,7 +541,7 @@ impl FileSource {
             let _ = changed_tx.send(event);
         });
         let mut dir = watcher
-            .and_then(|watcher| WatchedDir::new(&self.dir, watcher))
+            .and_then(|watcher| WatchedDir::new(&self.dir, watcher, removed))
             .map_err(|source| FileSourceError::Watch {
                 path: self.dir.clone(),
                 source,
@@ -1271,6 +1276,14 @@ mod tests {
         );
         fs::rename(root.0.join("away"), &path).expect("move the dir back");
         assert_eq!(next_cluster_ip(&mut events, "web").await, "10.96.0.13");
+
+        // Removed and made again at once (its inode number may come back): watched anew.
+        fs::remove_dir_all(&path).expect("remove the dir");
+        fs::create_dir(&path).expect("make the dir again");
+        write("manifests", "10.96.0.14");
+        assert_eq!(next_cluster_ip(&mut events, "web").await, "10.96.0.14");
+        write("manifests", "10.96.0.15");
+        assert_eq!(next_cluster_ip(&mut events, "web").await, "10.96.0.15");
         source.abort();
     }
 }

@@ -2,16 +2,22 @@
 //! not a path: a tool that updates a directory whole renames a new one over it (a `mv`
 //! swap, `rsync` into a fresh copy), after which the watch sees only the old one. So the
 //! path's identity is checked every [`RECHECK`] and the watch moved to the directory it
-//! names now. A directory gone for a while (moved away, then back) is waited for, and its
-//! objects stay as they were meanwhile.
+//! names now. A directory removed (whose watch the kernel drops with it) is watched again
+//! whatever its successor's identity: a directory made at once in its place may get its
+//! inode number. A directory gone for a while (moved away, then back) is waited for, and
+//! its objects stay as they were meanwhile.
 use std::{
     fs,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
-use notify::{RecommendedWatcher, RecursiveMode, Watcher as _};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher as _};
 
 /// How often the path is checked for another directory, or for none.
 pub const RECHECK: Duration = Duration::from_secs(2);
@@ -37,31 +43,58 @@ pub enum Found {
     Missing,
 }
 
+/// Set by the watcher's event handler when the watched directory itself was removed.
+#[derive(Clone, Debug, Default)]
+pub struct Removed(Arc<AtomicBool>);
+
+impl Removed {
+    /// Notes `event` if it says that the directory at `path` itself was removed.
+    pub fn note(&self, event: &notify::Event, path: &Path) {
+        if matches!(event.kind, EventKind::Remove(_)) && event.paths.iter().any(|p| p == path) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
+}
+
 pub struct WatchedDir {
     path: PathBuf,
     watcher: RecommendedWatcher,
     watched: Identity,
+    removed: Removed,
 }
 
 impl WatchedDir {
-    /// Watches the directory at `path` with `watcher`.
-    pub fn new(path: &Path, mut watcher: RecommendedWatcher) -> Result<Self, notify::Error> {
+    /// Watches the directory at `path` with `watcher`, whose event handler notes into
+    /// `removed`.
+    pub fn new(
+        path: &Path,
+        mut watcher: RecommendedWatcher,
+        removed: Removed,
+    ) -> Result<Self, notify::Error> {
+        // Before the watch: a directory renamed over the path in between is then found
+        // moved at the next check, not taken for the one watched.
+        let watched = identity(path);
         watcher.watch(path, RecursiveMode::NonRecursive)?;
         Ok(Self {
             path: path.to_owned(),
             watcher,
-            watched: identity(path),
+            watched,
+            removed,
         })
     }
 
     /// Whether the path no longer names the directory under watch.
     pub fn moved(&self) -> bool {
-        identity(&self.path) != self.watched
+        self.removed.0.load(Ordering::Relaxed) || identity(&self.path) != self.watched
     }
 
     /// What the path names now; the watch follows it to another directory. An error leaves
     /// nothing watched, to be tried again at the next call.
     pub fn follow(&mut self) -> Result<Found, notify::Error> {
+        if self.removed.0.swap(false, Ordering::Relaxed) {
+            // Its watch went with it: whatever is there now is another directory.
+            self.watched = None;
+        }
         let now = identity(&self.path);
         if now == self.watched {
             return Ok(if now.is_some() {
@@ -70,11 +103,9 @@ impl WatchedDir {
                 Found::Missing
             });
         }
-        if self.watched.is_some() {
-            // Already gone with the directory it was on, if that was removed.
-            let _ = self.watcher.unwatch(&self.path);
-            self.watched = None;
-        }
+        // Already gone with the directory it was on, if that was removed.
+        let _ = self.watcher.unwatch(&self.path);
+        self.watched = None;
         if now.is_none() {
             return Ok(Found::Missing);
         }

@@ -360,10 +360,11 @@ fn not_an_endpoint(ip: IpAddr) -> Option<&'static str> {
     }
 }
 
-/// Why `ip` can be no frontend's address, as the API server refuses it for clusterIPs and
-/// externalIPs (its special addresses): besides what is no endpoint's, loopback and
-/// link-local ones, which every process of the node (loopback) or of its link uses on its
-/// own; a loopback clusterIP would take the node's own connections to that port.
+/// Why `ip` can be no frontend's address (clusterIP, externalIP or LoadBalancer IP): the
+/// special addresses the API server refuses as clusterIPs and externalIPs. Besides what is
+/// no endpoint's, loopback and link-local ones, which every process of the node (loopback)
+/// or of its link uses on its own; a loopback clusterIP would take the node's own
+/// connections to that port.
 fn not_a_frontend(ip: IpAddr) -> Option<&'static str> {
     let link_local = match ip {
         IpAddr::V4(ip) => ip.is_link_local(),
@@ -384,7 +385,7 @@ fn addresses(field: &str, texts: &[String], skips: &mut Vec<(String, SkipReason)
     for text in texts {
         let ip = address(text).and_then(|ip| match not_a_frontend(ip) {
             Some(what) => Err(SkipReason::Invalid(format!(
-                "{what}, which no Service may have (the API server refuses it)"
+                "{what}, which no Service may have"
             ))),
             None => Ok(ip),
         });
@@ -500,13 +501,13 @@ pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
                 "SCTP" => Err(SkipReason::Sctp),
                 other => Err(SkipReason::Invalid(format!("protocol {other}"))),
             };
-            let number = match port.port {
-                Some(number) => u16::try_from(number)
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| SkipReason::Invalid(format!("port {number}"))),
-                None => Err(SkipReason::Invalid("no port number".to_owned())),
-            };
+            // A port without a number (the API's "all ports") serves no Service port:
+            // skipped without a word, as kube-proxy does.
+            let number = port.port?;
+            let number = u16::try_from(number)
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| SkipReason::Invalid(format!("port {number}")));
             match protocol.and_then(|protocol| number.map(|number| (protocol, number))) {
                 Ok((protocol, port)) => Some(SlicePort {
                     name,

@@ -852,7 +852,7 @@ metadata: {name: node-a}
             "192.0.2.1:80/Tcp (External) -> 127.0.1.1:8080",
         ]
     );
-    let refused = "which no Service may have (the API server refuses it)";
+    let refused = "which no Service may have";
     assert_eq!(
         skipped(&selection),
         [
