@@ -419,11 +419,12 @@ impl Runner {
                 return Ok(false);
             }
         };
-        if kind == SyncKind::Verify
-            && let Err(error) = self.verify_maps()
-        {
-            warn!(error = %crate::error_chain(&error), "resync failed; retrying with a full sync");
-            return Ok(false);
+        if kind == SyncKind::Verify {
+            if let Err(error) = self.verify_maps() {
+                warn!(error = %crate::error_chain(&error), "resync failed; retrying with a full sync");
+                return Ok(false);
+            }
+            self.check_attached();
         }
         // The maps no longer lead to the backends that left: their sockets can go. The last
         // sync's pairs go once more: a connect() that read a slot just before that sync
@@ -505,6 +506,23 @@ impl Runner {
             );
         }
         Ok(true)
+    }
+
+    /// Socket programs detached behind the agent's back (their link pins removed) leave the
+    /// node unready and unhealthy, so that a restart attaches them again: said as an error
+    /// when found.
+    fn check_attached(&self) {
+        let detached = self.dataplane.detached();
+        if !detached.is_empty() && !self.health.is_detached() {
+            error!(
+                programs = ?detached,
+                pin_dir = %self.dataplane.pin_dir().display(),
+                "socket programs detached behind the agent's back (their link pins were \
+                 removed): this node's sockets reach no Service; /healthz and /readyz fail \
+                 until the agent is restarted, which attaches them again"
+            );
+        }
+        self.health.set_detached(!detached.is_empty());
     }
 
     /// Reads a part of the service and backend maps back and writes back what drifted.

@@ -27,6 +27,8 @@ pub struct Health {
     ready: AtomicBool,
     /// Frontends not programmed because the maps are full at their bounds.
     short_of_room: AtomicU64,
+    /// Socket programs detached behind the agent's back.
+    detached: AtomicBool,
 }
 
 impl Health {
@@ -38,6 +40,7 @@ impl Health {
             last_updated: AtomicU64::new(0),
             ready: AtomicBool::new(false),
             short_of_room: AtomicU64::new(0),
+            detached: AtomicBool::new(false),
         }
     }
 
@@ -75,10 +78,21 @@ impl Health {
             .store(frontends as u64, Ordering::Relaxed);
     }
 
-    /// kube-proxy's rule: healthy unless a queued change waits longer than the timeout.
+    /// Whether socket programs were found detached behind the agent's back.
+    pub fn set_detached(&self, detached: bool) {
+        self.detached.store(detached, Ordering::Relaxed);
+    }
+
+    pub fn is_detached(&self) -> bool {
+        self.detached.load(Ordering::Relaxed)
+    }
+
+    /// kube-proxy's rule: healthy unless a queued change waits longer than the timeout; and
+    /// not with programs detached, which a restart (the liveness probe's) attaches again.
     pub fn is_healthy(&self) -> bool {
         let queued = self.last_queued.load(Ordering::Relaxed);
-        queued == 0 || Duration::from_nanos(self.now() - queued) <= self.timeout
+        let fresh = queued == 0 || Duration::from_nanos(self.now() - queued) <= self.timeout;
+        fresh && !self.is_detached()
     }
 
     /// Unix time of the last sync, if any.
@@ -173,6 +187,13 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "waiting for the first full sync".to_owned(),
+        )
+    } else if shared.health.is_detached() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "socket programs are detached: their link pins were removed (restart the agent to \
+             attach them again)"
+                .to_owned(),
         )
     } else if short > 0 {
         (

@@ -321,6 +321,43 @@ fn a_fresh_node_has_the_programs_verified_once_over_maps_sized_for_its_cluster()
     agent.stop();
 }
 
+/// A socket program's link pin removed behind the agent's back (by hand, or a forced
+/// cleanup) detaches it: the agent finds it at its next resync, says so, and fails
+/// /readyz and /healthz, so that the liveness probe's restart attaches it again.
+#[test]
+fn programs_detached_behind_the_agents_back_fail_its_health() {
+    let sandbox = Sandbox::new("cp-detached");
+    let (_servers, _manifests, agent) = serving(&sandbox, (29, 1), &["--sync-period", "1s"]);
+    let status = |path: &str| {
+        let out = Command::new("curl")
+            .args(["-sS", "-m", "5", "-o", "/dev/null", "-w", "%{http_code}"])
+            .arg(format!("http://127.0.0.1:10256/{path}"))
+            .output()
+            .expect("prerequisite missing: curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(status("readyz"), "200");
+    let program = socklb_abi::program_names::SOCK_ADDR[0];
+    std::fs::remove_file(socklb_agent::dataplane::link_pin(&sandbox.pin_dir, program))
+        .expect("remove a link pin");
+    eventually(
+        "/readyz and /healthz fail",
+        Duration::from_secs(10),
+        || match (status("readyz").as_str(), status("healthz").as_str()) {
+            ("503", "503") => Ok(()),
+            got => Err(format!("got {got:?}")),
+        },
+    );
+    assert!(
+        agent.log().lines().any(|line| line.contains("ERROR")
+            && line.contains("socket programs detached")
+            && line.contains(program)),
+        "the error names the program: {}",
+        agent.log()
+    );
+    agent.stop();
+}
+
 fn metrics() -> String {
     let out = Command::new("curl")
         .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])

@@ -111,4 +111,18 @@ impl Dataplane {
     pub fn pin_dir(&self) -> &Path {
         &self.config.pin_dir
     }
+
+    /// The socket programs whose link pin went since they were attached (removed behind the
+    /// agent's back: by hand, or by `cleanup --force`), which detached them: this node's
+    /// sockets then reach no Service. None before the programs are attached.
+    pub fn detached(&self) -> Vec<&'static str> {
+        if !self.programs_loaded {
+            return Vec::new();
+        }
+        socklb_abi::program_names::SOCK_ADDR
+            .iter()
+            .copied()
+            .filter(|name| !link_pin(&self.config.pin_dir, name).exists())
+            .collect()
+    }
 }
