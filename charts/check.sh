@@ -466,7 +466,8 @@ def check_agent(name, values, docs):
                          capture_output=True, text=True, timeout=30)
     check(f"{name}: the agent parses the rendered arguments (stops at the host checks)",
           run.returncode == 1 and ("is not a cgroup v2 directory" in run.stderr
-                                   or "bpffs is not mounted at" in run.stderr),
+                                   or "bpffs is not mounted at" in run.stderr
+                                   or "is not on a bpffs" in run.stderr),
           f"exit {run.returncode}: {run.stderr.strip()}")
     if name == "defaults":
         # Not --bpffs: the container mounts bpffs outside /sys (checked above).

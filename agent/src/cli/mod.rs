@@ -239,9 +239,6 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     // Before anything is created: a device the programs cannot serve fails the start.
     dataplane::check_devices(&args.external.devices)
         .context("--devices names a device socklb cannot serve: remove it from --devices")?;
-    let runtime = runtime()?;
-    // Before anything is pinned: a source that cannot start leaves the node as it was.
-    let source = runtime.block_on(Source::prepare(&args.source))?;
     let listeners = [
         server::bind(args.healthz_bind_address, "--healthz-bind-address")?,
         server::bind(args.metrics_bind_address, "--metrics-bind-address")?,
@@ -251,6 +248,12 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     let pin_dir_existed = pin_dir.exists();
     dataplane::prepare_pin_dir(pin_dir)?;
     let _pin_lock = dataplane::lock_pin_dir(pin_dir, args.handover_wait)?;
+    // After the host's checks (bpffs above, cgroup v2 at the load), before anything is
+    // pinned: a source that cannot start leaves the node as it was.
+    let runtime = runtime()?;
+    let source = runtime
+        .block_on(Source::prepare(&args.source))
+        .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed))?;
     let socket_lb_scope = effective_scope(args.socket_lb_scope);
     let mut dataplane = Dataplane::load(Config {
         pin_dir: pin_dir.clone(),
