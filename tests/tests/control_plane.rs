@@ -7,6 +7,7 @@ use socklb_tests::{
     Agent, FREE_PORTS, KillOnDrop, LogFollower, ManifestDir, NamedServer, Sandbox, endpoint_slice,
     eventually, explain_command, fake_apiserver::FakeApiServer, filler_services, node_yaml,
     privileges::chart_agent_minimal, run_to_exit, service_yaml, slice_yaml, stdout_of,
+    unblock_signals_on_exec,
 };
 
 const VIP: &str = "10.96.1.10:80";
@@ -599,6 +600,40 @@ fn a_second_agent_on_the_same_pins_waits_for_the_first_or_gives_up() {
     first.stop();
     log.wait_for("datapath attached; ready");
     wait_for_answers(&sandbox, &["127.0.26.1"]);
+}
+
+#[test]
+fn a_sigterm_at_any_moment_of_the_start_stops_the_agent_cleanly() {
+    let sandbox = Sandbox::new("cp-early-stop");
+    let manifests = one_endpoint_cluster(&sandbox, 27);
+    // Its first line, the programs loaded, ready: a pod deleted while its agent starts.
+    for moment in [
+        "serving health and metrics",
+        "programs verified and loaded",
+        "datapath attached; ready",
+    ] {
+        let mut command = sandbox.agent_command(chart_agent_minimal(), &manifests.path);
+        command
+            .args(FREE_PORTS)
+            .stderr(std::process::Stdio::piped());
+        unblock_signals_on_exec(&mut command);
+        let mut agent = KillOnDrop(command.spawn().expect("start socklb"));
+        let mut log = LogFollower::new(&mut agent.0);
+        log.wait_for(moment);
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(agent.0.id().cast_signed(), libc::SIGTERM) };
+        let status = eventually("the agent to exit", Duration::from_secs(30), || {
+            agent
+                .0
+                .try_wait()
+                .expect("wait for socklb")
+                .ok_or_else(|| "still running".to_owned())
+        });
+        assert!(
+            status.success(),
+            "a SIGTERM after {moment:?} ended the agent with {status}"
+        );
+    }
 }
 
 /// `socklb explain -o json` over the manifests, as this node (node-a) sees them.

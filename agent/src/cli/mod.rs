@@ -239,6 +239,13 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     // Before anything is created: a device the programs cannot serve fails the start.
     dataplane::check_devices(&args.external.devices)
         .context("--devices names a device socklb cannot serve: remove it from --devices")?;
+    // From here a SIGTERM waits for the start to reach the run, which then returns: never
+    // a pin directory half made.
+    let runtime = runtime()?;
+    let shutdown = {
+        let _runtime = runtime.enter();
+        shutdown_signal()
+    };
     let listeners = [
         server::bind(args.healthz_bind_address, "--healthz-bind-address")?,
         server::bind(args.metrics_bind_address, "--metrics-bind-address")?,
@@ -250,7 +257,6 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     let _pin_lock = dataplane::lock_pin_dir(pin_dir, args.handover_wait)?;
     // After the host's checks (bpffs above, cgroup v2 at the load), before anything is
     // pinned: a source that cannot start leaves the node as it was.
-    let runtime = runtime()?;
     let source = runtime
         .block_on(Source::prepare(&args.source))
         .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed))?;
@@ -334,7 +340,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             runner
         };
         let result = runner
-            .run(events, shutdown_signal())
+            .run(events, shutdown)
             .await
             // A failed first sync unpinned its maps (`Dataplane::apply_first`).
             .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed));
@@ -415,19 +421,22 @@ fn external_traffic(args: &ExternalArgs) -> ExternalTraffic {
     }
 }
 
-/// SIGTERM (how Kubernetes stops a pod) or SIGINT.
-async fn shutdown_signal() {
+/// SIGTERM (how Kubernetes stops a pod) or SIGINT. The handlers are installed by this call,
+/// not at the future's first poll: a signal that comes before must not kill the process with
+/// its work half done. Call it inside the runtime.
+fn shutdown_signal() -> impl Future<Output = ()> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut terminate), Ok(mut interrupt)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        // Without signal handlers the agent runs until killed.
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = terminate.recv() => {}
-        _ = interrupt.recv() => {}
+    let handlers = signal(SignalKind::terminate())
+        .and_then(|terminate| Ok((terminate, signal(SignalKind::interrupt())?)));
+    async move {
+        // Without signal handlers the process runs until killed.
+        let Ok((mut terminate, mut interrupt)) = handlers else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
     }
 }
 
@@ -551,20 +560,15 @@ fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
     };
     // Ctrl-C, SIGTERM, or the reader of a pipe gone (`socklb trace | grep`, grep stopped):
     // each ends the session, which gives its lease back before returning.
-    let summary = runtime()?.block_on(async {
+    let runtime = runtime()?;
+    let shutdown = {
+        let _runtime = runtime.enter();
+        shutdown_signal()
+    };
+    let summary = runtime.block_on(async {
         let stop = async {
-            use tokio::signal::unix::{SignalKind, signal};
-            let terminate = async {
-                match signal(SignalKind::terminate()) {
-                    Ok(mut terminate) => {
-                        terminate.recv().await;
-                    }
-                    Err(_) => std::future::pending().await,
-                }
-            };
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                () = terminate => {}
+                () = shutdown => {}
                 () = stdout::reader_gone() => {}
             }
         };
