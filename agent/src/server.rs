@@ -148,7 +148,6 @@ pub fn bind(address: SocketAddr, flag: &str) -> std::io::Result<std::net::TcpLis
                 ),
             )
         })?;
-    info!(address = %listener.local_addr()?, "serving health and metrics");
     Ok(listener)
 }
 
@@ -159,6 +158,8 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
+    // Said once the agent's start got this far, not at the bind.
+    info!(address = %listener.local_addr()?, "serving health and metrics");
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await

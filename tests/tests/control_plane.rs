@@ -3,6 +3,7 @@
 //! private network namespace; edits of the cluster state and the connections that follow.
 use std::{collections::BTreeSet, net::Ipv4Addr, process::Command, time::Duration};
 
+use socklb_agent::dataplane;
 use socklb_tests::{
     Agent, FREE_PORTS, KillOnDrop, LogFollower, ManifestDir, NamedServer, Sandbox, endpoint_slice,
     eventually, explain_command, fake_apiserver::FakeApiServer, filler_services, node_yaml,
@@ -155,6 +156,15 @@ fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
         agent.log().contains("last good state is kept"),
         "{}",
         agent.log()
+    );
+    // A first read has no last good state: `explain` says the file is left out.
+    let explain = explain_command(&manifests.path, "node-a")
+        .output()
+        .expect("run socklb explain");
+    let said = String::from_utf8_lossy(&explain.stderr);
+    assert!(
+        said.contains("slice.yaml:") && said.contains("left out until it is fixed"),
+        "{said}"
     );
     // Another file changes meanwhile and is applied.
     write_second_slice(&manifests, ("127.0.21.2", "node-a", "zone-a"));
@@ -529,16 +539,16 @@ fn a_health_or_metrics_port_in_use_stops_the_agent_at_start() {
 fn what_is_not_served_is_logged_once_per_change() {
     let sandbox = Sandbox::new("cp-skip-log");
     let manifests = one_endpoint_cluster(&sandbox, 25);
-    manifests.write(
-        "odd.yaml",
-        "apiVersion: v1
+    let odd = "apiVersion: v1
 kind: Service
 metadata: {name: odd, namespace: default}
 spec:
   clusterIP: 10.96.25.20
   ports: [{name: http, port: 80, protocol: TCP}, {name: big, port: 70000, protocol: TCP}]
-",
-    );
+";
+    manifests.write("odd.yaml", odd);
+    // A copy in another file, there from the start: said at the first read too.
+    manifests.write("odd-again.yaml", odd);
     let slice = |endpoint: &str| {
         slice_yaml(
             "odd-1",
@@ -560,6 +570,17 @@ spec:
     assert!(
         line.contains("WARN") && line.contains("default/odd") && line.contains("port big"),
         "a warning naming the Service and the part: {line}"
+    );
+    assert!(
+        agent
+            .log()
+            .lines()
+            .any(|line| line.contains("object defined twice")
+                && line.contains("Service default/odd")
+                && line.contains("odd.yaml")
+                && line.contains("odd-again.yaml")),
+        "the first read names the object defined twice and both files:\n{}",
+        agent.log()
     );
     // An endpoint change of the same Service: synced, not logged again.
     let syncs = agent.log().matches(" synced ").count();
@@ -606,12 +627,23 @@ fn a_second_agent_on_the_same_pins_waits_for_the_first_or_gives_up() {
 fn a_sigterm_at_any_moment_of_the_start_stops_the_agent_cleanly() {
     let sandbox = Sandbox::new("cp-early-stop");
     let manifests = one_endpoint_cluster(&sandbox, 27);
-    // Its first line, the programs loaded, ready: a pod deleted while its agent starts.
-    for moment in [
-        "serving health and metrics",
-        "programs verified and loaded",
-        "datapath attached; ready",
-    ] {
+    let lock = dataplane::pin_lock_path(&sandbox.pin_dir);
+    let locked = |_: &mut LogFollower| {
+        eventually("the pin directory locked", Duration::from_secs(30), || {
+            lock.exists()
+                .then_some(())
+                .ok_or_else(|| "not yet".to_owned())
+        });
+    };
+    let loaded = |log: &mut LogFollower| log.wait_for("programs verified and loaded");
+    let ready = |log: &mut LogFollower| log.wait_for("datapath attached; ready");
+    // Before the load, after it, ready: a pod deleted while its agent starts.
+    let moments: [(&str, &dyn Fn(&mut LogFollower)); 3] = [
+        ("its pin directory locked", &locked),
+        ("its programs loaded", &loaded),
+        ("ready", &ready),
+    ];
+    for (moment, wait_for) in moments {
         let mut command = sandbox.agent_command(chart_agent_minimal(), &manifests.path);
         command
             .args(FREE_PORTS)
@@ -619,7 +651,7 @@ fn a_sigterm_at_any_moment_of_the_start_stops_the_agent_cleanly() {
         unblock_signals_on_exec(&mut command);
         let mut agent = KillOnDrop(command.spawn().expect("start socklb"));
         let mut log = LogFollower::new(&mut agent.0);
-        log.wait_for(moment);
+        wait_for(&mut log);
         // SAFETY: signalling our own child.
         unsafe { libc::kill(agent.0.id().cast_signed(), libc::SIGTERM) };
         let status = eventually("the agent to exit", Duration::from_secs(30), || {
@@ -631,7 +663,7 @@ fn a_sigterm_at_any_moment_of_the_start_stops_the_agent_cleanly() {
         });
         assert!(
             status.success(),
-            "a SIGTERM after {moment:?} ended the agent with {status}"
+            "a SIGTERM with {moment} ended the agent with {status}"
         );
     }
 }

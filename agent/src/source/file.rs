@@ -33,7 +33,7 @@ pub use super::manifest::{ManifestError, parse};
 use super::{
     Event, Kind, Object,
     last_good::LastGood,
-    object_ids::{self, ObjectId, ObjectIds, object_id},
+    object_ids::{self, ObjectId, ObjectIds, Seen, object_id},
     read_ahead::{self, ReadAhead},
     watched_dir::{Found, RECHECK, Removed, WatchedDir},
 };
@@ -303,13 +303,7 @@ impl Manifests {
             for object in objects {
                 let id = object_id(&object);
                 if let Some(first) = first_seen.insert(id.clone(), file) {
-                    let (kind, namespace, name) = id;
-                    warn!(
-                        object = %format!("{kind:?} {namespace}/{name}"),
-                        first = %first.display(),
-                        used = %file.display(),
-                        "object defined twice: the later copy is read"
-                    );
+                    warn_defined_twice(&id, first, file);
                 }
                 let kind = object.kind();
                 if let Some((_, list)) = by_kind.iter_mut().find(|(k, _)| *k == kind) {
@@ -322,6 +316,15 @@ impl Manifests {
             .map(|(kind, objects)| Event::Reset(kind, objects))
             .collect()
     }
+}
+
+fn warn_defined_twice((kind, namespace, name): &ObjectId, first: &Path, used: &Path) {
+    warn!(
+        object = %format!("{kind:?} {namespace}/{name}"),
+        first = %first.display(),
+        used = %used.display(),
+        "object defined twice: the later copy is read"
+    );
 }
 
 /// The first read of a directory, file by file ([`Manifests::first_read`]; a few files are
@@ -337,6 +340,8 @@ pub struct FirstRead {
     workloads: Vec<Object>,
     errors: Vec<ManifestError>,
     held: Vec<(PathBuf, Held)>,
+    /// Every object's identity so far, to say which is defined twice.
+    seen: Seen,
 }
 
 /// The kinds listed object by object.
@@ -364,6 +369,7 @@ impl Manifests {
             workloads: Vec::new(),
             errors: Vec::new(),
             held: held.into_iter().map(|file| (file, Held::Writing)).collect(),
+            seen: Seen::default(),
         })
     }
 
@@ -396,6 +402,12 @@ impl Manifests {
             }
         };
         let ids = ObjectIds::of(&objects);
+        for id in objects.iter().map(object_id) {
+            if !read.seen.first_time(&id) {
+                let first = self.files.iter().find(|(_, held)| held.ids.contains(&id));
+                warn_defined_twice(&id, first.map_or(&file, |(first, _)| first), &file);
+            }
+        }
         self.files.insert(file, ManifestFile { text, ids });
         let (streamed, workloads): (Vec<Object>, Vec<Object>) = objects
             .into_iter()
@@ -576,7 +588,8 @@ impl FileSource {
                 writers.note(&event, Instant::now());
             }
             let now = Instant::now();
-            let reload = if manifests.read_before {
+            let first_read = !manifests.read_before;
+            let reload = if !first_read {
                 manifests.reload_settling(
                     &self.dir,
                     |file| writers.writing(file, now),
@@ -607,7 +620,13 @@ impl FileSource {
             };
             trouble.clear(&self.dir);
             for error in reload.errors {
-                warn!(%error, "manifest not applied; its last good state is kept");
+                if first_read {
+                    // Nothing of it was read before: `explain` and a starting agent go on
+                    // without it.
+                    warn!(%error, "manifest not read; its objects are left out until it is fixed");
+                } else {
+                    warn!(%error, "manifest not applied; its last good state is kept");
+                }
             }
             log_held(&reload.held, &mut logged);
             for file in writers.expired(now) {

@@ -54,6 +54,18 @@ impl ObjectIds {
     }
 }
 
+/// The identities met so far, by hash: a first read's, to find an object defined twice
+/// without holding every identity.
+#[derive(Debug, Default)]
+pub struct Seen(std::collections::HashSet<u128>);
+
+impl Seen {
+    /// Whether `id` was not met before (and is now).
+    pub fn first_time(&mut self, id: &ObjectId) -> bool {
+        self.0.insert(hash(id))
+    }
+}
+
 /// The identities of `objects` (the ones this set was made of) that are not in `now`.
 pub fn lost(objects: &[Object], now: &ObjectIds) -> Vec<ObjectId> {
     let mut lost: Vec<ObjectId> = objects
