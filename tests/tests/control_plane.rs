@@ -628,22 +628,14 @@ fn a_sigterm_at_any_moment_of_the_start_stops_the_agent_cleanly() {
     let sandbox = Sandbox::new("cp-early-stop");
     let manifests = one_endpoint_cluster(&sandbox, 27);
     let lock = dataplane::pin_lock_path(&sandbox.pin_dir);
-    let locked = |_: &mut LogFollower| {
-        eventually("the pin directory locked", Duration::from_secs(30), || {
-            lock.exists()
-                .then_some(())
-                .ok_or_else(|| "not yet".to_owned())
-        });
-    };
-    let loaded = |log: &mut LogFollower| log.wait_for("programs verified and loaded");
-    let ready = |log: &mut LogFollower| log.wait_for("datapath attached; ready");
-    // Before the load, after it, ready: a pod deleted while its agent starts.
-    let moments: [(&str, &dyn Fn(&mut LogFollower)); 3] = [
-        ("its pin directory locked", &locked),
-        ("its programs loaded", &loaded),
-        ("ready", &ready),
+    // Before the load (no line then: its lock taken), after it, ready: a pod deleted while
+    // its agent starts.
+    let moments = [
+        ("its pin directory locked", None),
+        ("its programs loaded", Some("programs verified and loaded")),
+        ("ready", Some("datapath attached; ready")),
     ];
-    for (moment, wait_for) in moments {
+    for (moment, line) in moments {
         let mut command = sandbox.agent_command(chart_agent_minimal(), &manifests.path);
         command
             .args(FREE_PORTS)
@@ -651,7 +643,14 @@ fn a_sigterm_at_any_moment_of_the_start_stops_the_agent_cleanly() {
         unblock_signals_on_exec(&mut command);
         let mut agent = KillOnDrop(command.spawn().expect("start socklb"));
         let mut log = LogFollower::new(&mut agent.0);
-        wait_for(&mut log);
+        match line {
+            Some(line) => log.wait_for(line),
+            None => eventually(moment, Duration::from_secs(30), || {
+                lock.exists()
+                    .then_some(())
+                    .ok_or_else(|| "not yet".to_owned())
+            }),
+        }
         // SAFETY: signalling our own child.
         unsafe { libc::kill(agent.0.id().cast_signed(), libc::SIGTERM) };
         let status = eventually("the agent to exit", Duration::from_secs(30), || {
