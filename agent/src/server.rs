@@ -108,19 +108,22 @@ impl Health {
     }
 }
 
-#[derive(Clone)]
-struct Shared {
-    health: Arc<Health>,
-    metrics: Arc<Metrics>,
-}
-
-pub fn router(health: Arc<Health>, metrics: Arc<Metrics>) -> Router {
+/// The health server's (`--healthz-bind-address`, every address by default, for the
+/// kubelet's probes): health only, as kube-proxy's.
+pub fn health_router(health: Arc<Health>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(healthz))
         .route("/readyz", get(readyz))
+        .with_state(health)
+}
+
+/// The metrics server's (`--metrics-bind-address`, loopback by default): what the node
+/// serves is read there only, where the operator chose to expose it.
+pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
+    Router::new()
         .route("/metrics", get(metrics_text))
-        .with_state(Shared { health, metrics })
+        .with_state(metrics)
 }
 
 /// The kernel programs' counters, summed over CPUs, from the pinned map (under `pin_dir`),
@@ -151,22 +154,22 @@ pub fn bind(address: SocketAddr, flag: &str) -> std::io::Result<std::net::TcpLis
     Ok(listener)
 }
 
-/// Serves `router` on `listener` until `shutdown` completes.
+/// Serves `router` (`what` it serves, for the log) on `listener` until `shutdown`
+/// completes.
 pub async fn serve(
     listener: std::net::TcpListener,
-    router: Router,
+    (what, router): (&'static str, Router),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener)?;
     // Said once the agent's start got this far, not at the bind.
-    info!(address = %listener.local_addr()?, "serving health and metrics");
+    info!(address = %listener.local_addr()?, "serving {what}");
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
 }
 
-async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
-    let health = &shared.health;
+async fn healthz(State(health): State<Arc<Health>>) -> impl IntoResponse {
     let body = serde_json::json!({
         "lastUpdated": health.last_updated_unix(),
         "currentTime": SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64()),
@@ -182,14 +185,14 @@ async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
 /// Not ready until the first full sync, nor while Services are left out for lack of room:
 /// a node that cannot serve its cluster must not pass for one that does (a rollout of new
 /// bounds stops there).
-async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
-    let short = shared.health.short_of_room.load(Ordering::Relaxed);
-    if !shared.health.is_ready() {
+async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
+    let short = health.short_of_room.load(Ordering::Relaxed);
+    if !health.is_ready() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "waiting for the first full sync".to_owned(),
         )
-    } else if shared.health.is_detached() {
+    } else if health.is_detached() {
         (
             StatusCode::SERVICE_UNAVAILABLE,
             "socket programs are detached: their link pins were removed (restart the agent to \
@@ -209,13 +212,13 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
     }
 }
 
-async fn metrics_text(State(shared): State<Shared>) -> impl IntoResponse {
+async fn metrics_text(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        shared.metrics.encode(),
+        metrics.encode(),
     )
 }
 

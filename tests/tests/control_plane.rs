@@ -395,6 +395,21 @@ fn health_readiness_and_metrics_are_served() {
         healthz.ends_with("200") && healthz.contains("lastUpdated"),
         "{healthz}"
     );
+    // Each server serves its own: the metrics stay on loopback, where the health port
+    // listens on every address for the kubelet's probes.
+    for (url, what) in [
+        (
+            "http://127.0.0.1:10256/metrics",
+            "the health server's /metrics",
+        ),
+        (
+            "http://127.0.0.1:10249/readyz",
+            "the metrics server's /readyz",
+        ),
+    ] {
+        let got = get(url);
+        assert!(got.ends_with("404"), "{what}: {got}");
+    }
     let metrics = get("http://127.0.0.1:10249/metrics");
     for expected in [
         "kubeproxy_sync_proxy_rules_duration_seconds_count",

@@ -103,6 +103,22 @@ pub fn problems(
             ),
         );
     }
+    let (health, metrics) = (args.healthz_bind_address, args.metrics_bind_address);
+    if health.port() != 0
+        && health.port() == metrics.port()
+        && (health.ip() == metrics.ip()
+            || health.ip().is_unspecified()
+            || metrics.ip().is_unspecified())
+    {
+        report(
+            "--metrics-bind-address",
+            metrics.to_string(),
+            format!(
+                "the port of --healthz-bind-address ({health}): each server needs its own \
+                 (kube-proxy's are 10249 and 10256)"
+            ),
+        );
+    }
     positive("--sync-period", args.sync_period, &mut report);
     positive("--full-sync-period", args.full_sync_period, &mut report);
     if args.min_sync_period > args.sync_period && !args.sync_period.is_zero() {
@@ -317,6 +333,24 @@ mod tests {
             (
                 &["--cgroup-path", "/nonexistent/cgroup"],
                 &["--cgroup-path"],
+            ),
+            (
+                &["--metrics-bind-address", "0.0.0.0:10256"],
+                &["--metrics-bind-address"],
+            ),
+            (
+                &["--healthz-bind-address", "127.0.0.1:10249"],
+                &["--metrics-bind-address"],
+            ),
+            (&["--healthz-bind-address", "127.0.0.2:10249"], &[]),
+            (
+                &[
+                    "--healthz-bind-address",
+                    "127.0.0.1:0",
+                    "--metrics-bind-address",
+                    "127.0.0.1:0",
+                ],
+                &[],
             ),
         ];
         for (flags, named) in rows {

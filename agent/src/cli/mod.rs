@@ -296,10 +296,12 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
                 let _ = stop.wait_for(|stop| *stop).await;
             }
         };
-        let router = server::router(health.clone(), metrics.clone());
+        let routers = [
+            ("health", server::health_router(health.clone())),
+            ("metrics", server::metrics_router(metrics.clone())),
+        ];
         let mut servers = Vec::new();
-        for listener in listeners {
-            let router = router.clone();
+        for (listener, router) in listeners.into_iter().zip(routers) {
             let shutdown = stopped();
             servers.push(tokio::spawn(async move {
                 server::serve(listener, router, shutdown).await

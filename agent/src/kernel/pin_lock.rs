@@ -114,7 +114,7 @@ pub fn lock(pin_dir: &Path, wait: Duration) -> Result<PinLock, PinLockError> {
                 pid, ?name, uid,
                 "a process of another user holds a lock on the pin directory (it opened the \
                  directory while it was readable to all): not an agent, passed over; the \
-                 agent holds its own lock"
+                 lock socklb counts on is its own entry, taken"
             );
             true
         }
