@@ -210,7 +210,8 @@ impl Metrics {
         );
         registry.register(
             "socklb_skipped_services",
-            "Services not served, by reason",
+            "Services not served, in whole or in part, by reason (a Service counts once per \
+             reason)",
             metrics.skipped_services.clone(),
         );
         registry.register(

@@ -810,14 +810,23 @@ impl Runner {
                 })
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }
+        // A Service counts once per reason it is not served, in whole or in part.
+        let mut skipped: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for parts in self.logged_skips.values() {
+            let reasons: BTreeSet<&'static str> =
+                parts.iter().map(|part| part.reason.label()).collect();
+            for reason in reasons {
+                *skipped.entry(reason).or_default() += 1;
+            }
+        }
         metrics.skipped_services.clear();
-        for (reason, count) in self.state.skipped_counts() {
+        for (reason, count) in skipped {
             metrics
                 .skipped_services
                 .get_or_create(&ReasonLabels {
-                    reason: (*reason).to_owned(),
+                    reason: reason.to_owned(),
                 })
-                .set(i64::try_from(*count).unwrap_or(i64::MAX));
+                .set(count);
         }
     }
 }

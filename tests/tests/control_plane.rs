@@ -597,6 +597,18 @@ spec:
         "the first read names the object defined twice and both files:\n{}",
         agent.log()
     );
+    // A Service served in part counts under the reason of the part left out.
+    eventually("the part counted", Duration::from_secs(10), || {
+        let metrics = Command::new("curl")
+            .args(["-sS", "-m", "5", "http://127.0.0.1:10249/metrics"])
+            .output()
+            .expect("prerequisite missing: curl");
+        let metrics = String::from_utf8_lossy(&metrics.stdout).into_owned();
+        match metrics.contains("socklb_skipped_services{reason=\"invalid\"} 1") {
+            true => Ok(()),
+            false => Err(metrics),
+        }
+    });
     // An endpoint change of the same Service: synced, not logged again.
     let syncs = agent.log().matches(" synced ").count();
     manifests.write("odd-slice.yaml", &slice("127.0.25.3"));

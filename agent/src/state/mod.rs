@@ -53,8 +53,6 @@ pub struct ClusterState {
     node_labels: NodeLabels,
     this_node: ThisNode,
     changes: Changes,
-    /// Skipped Services per reason label, kept up to date for the metrics (not recounted).
-    skipped_counts: BTreeMap<&'static str, usize>,
     /// This node's pods and the Namespaces' labels: which path serves each pod.
     workloads: Workloads,
 }
@@ -74,43 +72,16 @@ impl ClusterState {
                 ..ThisNode::default()
             },
             changes: Changes::default(),
-            skipped_counts: BTreeMap::new(),
             workloads: Workloads::default(),
         }
     }
 
-    /// Number of skipped Services per reason label.
-    pub fn skipped_counts(&self) -> &BTreeMap<&'static str, usize> {
-        &self.skipped_counts
-    }
-
     fn set_service(&mut self, name: ServiceName, info: Result<ServiceInfo, SkipReason>) {
-        if let Err(reason) = &info {
-            *self.skipped_counts.entry(reason.label()).or_default() += 1;
-        }
-        if let Some(Err(old)) = self.services.insert(name, info) {
-            self.uncount_skipped(&old);
-        }
+        self.services.insert(name, info);
     }
 
     fn remove_service(&mut self, name: &ServiceName) -> bool {
-        match self.services.remove(name) {
-            Some(Err(reason)) => {
-                self.uncount_skipped(&reason);
-                true
-            }
-            Some(Ok(_)) => true,
-            None => false,
-        }
-    }
-
-    fn uncount_skipped(&mut self, reason: &SkipReason) {
-        if let Some(count) = self.skipped_counts.get_mut(reason.label()) {
-            *count -= 1;
-            if *count == 0 {
-                self.skipped_counts.remove(reason.label());
-            }
-        }
+        self.services.remove(name).is_some()
     }
 
     pub fn this_node(&self) -> &ThisNode {
