@@ -95,6 +95,18 @@ fn spaced<T: std::fmt::Display>(items: &[T]) -> String {
         .join(" ")
 }
 
+/// What a frontend without backends does: a local socket's connection is refused, and so
+/// is traffic from outside to a Service with no endpoint at all; traffic from outside to
+/// one with endpoints on other nodes only (externalTrafficPolicy Local) is dropped, as
+/// kube-proxy drops it.
+pub fn empty_frontend(scope: crate::desired::Scope, no_endpoints: bool) -> &'static str {
+    if scope == crate::desired::Scope::External && !no_endpoints {
+        "none: dropped (no endpoint on this node)"
+    } else {
+        "none: connections refused"
+    }
+}
+
 pub fn table(explanation: &Explanation) -> String {
     let mut rows: Vec<[String; 7]> = vec![[
         "SERVICE".into(),
@@ -111,7 +123,7 @@ pub fn table(explanation: &Explanation) -> String {
             let backends = if let Some(refused) = &choice.refused {
                 format!("refused: {refused}")
             } else if choice.spec.backends.is_empty() {
-                "none: connections refused".to_owned()
+                empty_frontend(frontend.scope, choice.spec.no_endpoints).to_owned()
             } else {
                 spaced(&choice.spec.backends)
             };
@@ -262,6 +274,55 @@ fn why(policy: Policy, topology: &Topology, terminating_fallback: bool) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::{Event, file::parse};
+
+    #[test]
+    fn an_empty_external_frontend_says_whether_it_drops_or_refuses() {
+        let state_with = |endpoint_node: &str| {
+            let yaml = format!(
+                "kind: Node
+metadata: {{name: node-a}}
+status: {{addresses: [{{type: InternalIP, address: 192.168.7.1}}]}}
+---
+kind: Service
+metadata: {{name: lb, namespace: default}}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  clusterIP: 10.96.7.1
+  ports: [{{name: http, port: 80, nodePort: 30007}}]
+status: {{loadBalancer: {{ingress: [{{ip: 198.51.100.7}}]}}}}
+---
+kind: EndpointSlice
+metadata: {{name: lb-1, namespace: default, labels: {{kubernetes.io/service-name: lb}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [10.244.2.7], nodeName: {endpoint_node}}}]
+"
+            );
+            let mut state = ClusterState::new("node-a");
+            for object in parse(std::path::Path::new("lb.yaml"), &yaml).expect("parse") {
+                state.apply(Event::Applied(object));
+            }
+            state
+        };
+        let row = |endpoint_node: &str| {
+            let explanation = explain(&state_with(endpoint_node), Scope::Pods, &Only::default());
+            table(&explanation)
+                .lines()
+                .find(|line| line.contains("198.51.100.7:80") && line.contains("external"))
+                .map(str::to_owned)
+                .expect("the LoadBalancer IP's external row")
+        };
+        // Endpoints elsewhere only: kube-proxy drops traffic from outside (no reject flag).
+        assert!(row("node-b").ends_with("none: dropped (no endpoint on this node)"));
+        // The local endpoint serves it.
+        assert!(
+            row("node-a").ends_with("10.244.2.7:8080"),
+            "{}",
+            row("node-a")
+        );
+    }
 
     #[test]
     fn a_cell_wider_than_a_format_width_is_printed_whole() {

@@ -616,7 +616,7 @@ pub fn table(inspection: &Inspection) -> String {
             // The reason follows on the row (`refused: no endpoints`).
             "none".to_owned()
         } else if state.backends.is_empty() {
-            "none: connections refused".to_owned()
+            crate::explain::empty_frontend(f.scope, false).to_owned()
         } else {
             state
                 .backends
