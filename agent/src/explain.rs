@@ -2,12 +2,15 @@
 //! and external traffic, and why; for every pod of this node, which path serves its
 //! connections, and why. A table for people, JSON (`-o json`) for tools.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use crate::{
+    desired::Frontend,
     select::{
-        FrontendKind, Policy, ServiceName, ServiceSelection, SkipReason, SkippedPart, ThisNode,
-        Topology,
+        FrontendKind, Policy, Refusal, ServiceName, ServiceSelection, SkipReason, SkippedPart,
+        ThisNode, Topology,
         socket_path::{Path, PodPath, Scope, pod_path},
     },
     state::ClusterState,
@@ -48,20 +51,40 @@ pub struct SkippedService {
 pub fn explain(state: &ClusterState, scope: Scope, only: &Only<'_>) -> Explanation {
     let node: &ThisNode = state.this_node();
     let wanted = |name: &ServiceName| only.service.is_none_or(|only| only == name);
+    let selections = state.select_all();
+    // Of the Services that claim one frontend, the first by namespace/name programs it,
+    // as in the agent's table.
+    let mut owners: BTreeMap<Frontend, &ServiceName> = BTreeMap::new();
+    for selection in &selections {
+        for choice in &selection.frontends {
+            let owner = owners.entry(choice.frontend).or_insert(&selection.service);
+            *owner = (*owner).min(&selection.service);
+        }
+    }
+    let owners: BTreeMap<Frontend, ServiceName> = owners
+        .into_iter()
+        .map(|(frontend, owner)| (frontend, owner.clone()))
+        .collect();
     Explanation {
         node: NodeView {
             name: node.name.clone(),
             zone: node.zone().map(str::to_owned),
             addresses: node.addresses.clone(),
         },
-        services: state
-            .select_all()
+        services: selections
             .into_iter()
             .filter(|s| wanted(&s.service))
             .map(|mut selection| {
                 // A refused frontend uses none of its endpoints (what it had programmed
                 // before, if anything, is in `socklb inspect`).
                 for choice in &mut selection.frontends {
+                    if let Some(owner) = owners.get(&choice.frontend)
+                        && *owner != selection.service
+                    {
+                        choice.refused = Some(Refusal::TakenBy {
+                            service: owner.clone(),
+                        });
+                    }
                     if choice.refused.is_some() {
                         choice.spec.backends.clear();
                     }
@@ -276,6 +299,67 @@ mod tests {
     use super::*;
     use crate::source::{Event, file::parse};
 
+    fn state_of(yaml: &str) -> ClusterState {
+        let mut state = ClusterState::new("node-a");
+        for object in parse(std::path::Path::new("test.yaml"), yaml).expect("parse") {
+            state.apply(Event::Applied(object));
+        }
+        state
+    }
+
+    #[test]
+    fn a_frontend_two_services_claim_is_said_taken_by_the_first() {
+        let service = |name: &str, cluster_ip: &str| {
+            format!(
+                "kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {cluster_ip}
+  externalIPs: [203.0.113.9]
+  ports: [{{name: http, port: 80}}]
+---
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [10.244.0.9]}}]
+---
+"
+            )
+        };
+        let state = state_of(&format!(
+            "{}{}",
+            service("b-second", "10.96.9.2"),
+            service("a-first", "10.96.9.1")
+        ));
+        let explanation = explain(&state, Scope::Pods, &Only::default());
+        let table = table(&explanation);
+        let rows: Vec<&str> = table
+            .lines()
+            .filter(|line| line.contains("203.0.113.9:80"))
+            .collect();
+        let row = |service: &str| {
+            rows.iter()
+                .filter(|row| row.starts_with(service))
+                .copied()
+                .collect::<Vec<_>>()
+        };
+        assert!(
+            row("default/a-first")
+                .iter()
+                .all(|row| row.ends_with("10.244.0.9:8080")),
+            "{rows:?}"
+        );
+        let second = row("default/b-second");
+        assert!(
+            !second.is_empty()
+                && second
+                    .iter()
+                    .all(|row| row.contains("refused: taken by default/a-first")),
+            "{rows:?}"
+        );
+    }
+
     #[test]
     fn an_empty_external_frontend_says_whether_it_drops_or_refuses() {
         let state_with = |endpoint_node: &str| {
@@ -300,11 +384,7 @@ ports: [{{name: http, port: 8080}}]
 endpoints: [{{addresses: [10.244.2.7], nodeName: {endpoint_node}}}]
 "
             );
-            let mut state = ClusterState::new("node-a");
-            for object in parse(std::path::Path::new("lb.yaml"), &yaml).expect("parse") {
-                state.apply(Event::Applied(object));
-            }
-            state
+            state_of(&yaml)
         };
         let row = |endpoint_node: &str| {
             let explanation = explain(&state_with(endpoint_node), Scope::Pods, &Only::default());

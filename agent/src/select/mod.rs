@@ -60,8 +60,9 @@ pub struct FrontendChoice {
     pub port_name: String,
     pub spec: FrontendSpec,
     pub why: Why,
-    /// Set when the frontend cannot be programmed at all: the agent refuses its change
-    /// whole and the frontend keeps what it had programmed.
+    /// Set when this choice is not programmed: the frontend cannot be programmed at all
+    /// (the agent refuses its change whole and the frontend keeps what it had programmed),
+    /// or another Service's choice for it is (said by `explain`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refused: Option<Refusal>,
 }
@@ -72,6 +73,9 @@ pub struct FrontendChoice {
 pub enum Refusal {
     /// More distinct endpoints than a frontend's slots (a slot number is 16 bits).
     TooManyEndpoints { endpoints: usize, limit: u16 },
+    /// Another Service claims the same address, port and protocol and comes first by
+    /// namespace/name: its choice is programmed.
+    TakenBy { service: ServiceName },
 }
 
 impl std::fmt::Display for Refusal {
@@ -81,6 +85,11 @@ impl std::fmt::Display for Refusal {
                 f,
                 "{endpoints} endpoints, more than the {limit} a frontend holds: refused \
                  whole, the frontend keeps what it had programmed (split the Service)"
+            ),
+            Self::TakenBy { service } => write!(
+                f,
+                "taken by {service}, the first by namespace/name of the Services that claim \
+                 it"
             ),
         }
     }
