@@ -61,6 +61,13 @@ impl SocketPath {
     }
 }
 
+/// A value of [`SOCKET_LB_KEY`] that is neither `on` nor `off`: it chooses nothing.
+pub fn not_understood(value: Option<&String>) -> Option<&str> {
+    value
+        .map(String::as_str)
+        .filter(|value| !matches!(*value, "on" | "off"))
+}
+
 /// The path of `pod`, whose Namespace has `namespace_labels`.
 pub fn socket_path(
     pod: &PodInfo,
@@ -154,12 +161,16 @@ pub fn pod_path(scope: Scope, pod: &PodInfo, choice: SocketPath) -> PodPath {
             (path, reason, why)
         }
     };
+    let why = match not_understood(pod.annotations.get(SOCKET_LB_KEY)) {
+        Some(value) => format!("{why} ({SOCKET_LB_KEY}: {value:?} is neither on nor off)"),
+        None => why.to_owned(),
+    };
     PodPath {
         pod: format!("{}/{}", pod.namespace, pod.name),
         addresses: pod.ips.clone(),
         path,
         reason: reason.to_owned(),
-        why: why.to_owned(),
+        why,
     }
 }
 
@@ -227,6 +238,21 @@ mod tests {
                 "{annotations:?} {labels:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_value_neither_on_nor_off_is_said_in_the_why() {
+        let typo = pod(&[(SOCKET_LB_KEY, "Off")]);
+        let path = pod_path(Scope::Pods, &typo, socket_path(&typo, None));
+        assert_eq!(path.path, Path::Socket);
+        assert!(
+            path.why.contains("\"Off\" is neither on nor off"),
+            "{}",
+            path.why
+        );
+        let off = pod(&[(SOCKET_LB_KEY, "off")]);
+        let path = pod_path(Scope::Pods, &off, socket_path(&off, None));
+        assert!(!path.why.contains("neither"), "{}", path.why);
     }
 
     #[test]

@@ -4,9 +4,10 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use tracing::warn;
 
 use crate::{
-    select::socket_path::{PodInfo, SocketPath, socket_path},
+    select::socket_path::{PodInfo, SOCKET_LB_KEY, SocketPath, not_understood, socket_path},
     source::{Kind, Object},
 };
 
@@ -53,6 +54,13 @@ impl Workloads {
                 let info = pod_info(&pod);
                 let key = (info.namespace.clone(), info.name.clone());
                 if self.pods.get(&key) != Some(&info) {
+                    if let Some(value) = not_understood(info.annotations.get(SOCKET_LB_KEY)) {
+                        warn!(
+                            pod = %format!("{}/{}", key.0, key.1),
+                            "annotation {SOCKET_LB_KEY}: {value:?} is neither on nor off: \
+                             the pod's path is chosen as without it"
+                        );
+                    }
                     self.pods.insert(key, info);
                     self.changed = true;
                 }
@@ -60,6 +68,13 @@ impl Workloads {
             Object::Namespace(namespace) => {
                 let (name, labels) = namespace_labels(&namespace);
                 if self.namespaces.get(&name) != Some(&labels) {
+                    if let Some(value) = not_understood(labels.get(SOCKET_LB_KEY)) {
+                        warn!(
+                            namespace = name,
+                            "label {SOCKET_LB_KEY}: {value:?} is not off: its pods' paths are \
+                             chosen as without it"
+                        );
+                    }
                     self.namespaces.insert(name, labels);
                     self.changed = true;
                 }
