@@ -71,7 +71,11 @@ impl FrontendTable {
                 if owners.len() == 2 {
                     warn!(
                         frontend = %choice.frontend,
-                        services = ?owners,
+                        services = %owners
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         "several Services claim one frontend; the first by name is used"
                     );
                 }

@@ -90,6 +90,20 @@ pub struct NodeSettings {
     pub conntrack_timeouts: ConntrackTimeouts,
 }
 
+impl std::fmt::Display for ConntrackTimeouts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let human = humantime::format_duration;
+        write!(
+            f,
+            "tcp syn {}, tcp established {}, tcp close {}, udp {}",
+            human(self.tcp_syn),
+            human(self.tcp_established),
+            human(self.tcp_close),
+            human(self.udp)
+        )
+    }
+}
+
 /// Idle time after which a flow from outside is forgotten (its SNAT port reused, its
 /// backend chosen afresh), per state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -46,9 +46,15 @@ impl Dataplane {
         if self.node.get(&0, 0).map_err(map_error)? != wanted {
             self.node.set(0, &wanted, 0).map_err(map_error)?;
             info!(
-                snat_address = ?settings.snat_address,
-                snat_ports = ?settings.snat_ports,
-                conntrack_timeouts = ?settings.conntrack_timeouts,
+                snat_address = %settings
+                    .snat_address
+                    .map_or_else(|| "none".to_owned(), |address| address.to_string()),
+                snat_ports = %format!(
+                    "{}-{}",
+                    settings.snat_ports.start(),
+                    settings.snat_ports.end()
+                ),
+                conntrack_timeouts = %settings.conntrack_timeouts,
                 "node settings for traffic from outside written"
             );
         }

@@ -136,7 +136,7 @@ impl Dataplane {
         info!(
             pin_dir = %config.pin_dir.display(),
             adopted_service_entries = adopted,
-            ?sizes,
+            sizes = %sizes,
             "datapath loaded"
         );
         Ok(Self {

@@ -26,6 +26,14 @@ impl Protocol {
         }
     }
 
+    /// As Kubernetes spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+        }
+    }
+
     pub fn from_number(number: u8) -> Option<Self> {
         match number {
             PROTO_TCP => Some(Self::Tcp),
@@ -52,6 +60,14 @@ impl Scope {
         match self {
             Self::Internal => SCOPE_INTERNAL,
             Self::External => SCOPE_EXTERNAL,
+        }
+    }
+
+    /// As the JSON of `explain` and `inspect` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Internal => "internal",
+            Self::External => "external",
         }
     }
 
@@ -91,10 +107,10 @@ impl fmt::Display for Frontend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}/{:?} ({:?})",
+            "{}/{} ({})",
             SocketAddr::new(self.address, self.port),
-            self.protocol,
-            self.scope
+            self.protocol.name(),
+            self.scope.name()
         )
     }
 }

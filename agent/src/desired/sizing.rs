@@ -87,6 +87,16 @@ pub struct Sizes {
 /// endpoints, a bucket array of 16 MiB where one per entry took 32 MiB).
 pub const MIN_FRONTEND_ENTRIES: u32 = 2;
 
+impl std::fmt::Display for Sizes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "services {}, backends {}, services6 {}, backends6 {}, names {}, maglev {}",
+            self.services, self.backends, self.services6, self.backends6, self.names, self.maglev
+        )
+    }
+}
+
 impl Sizes {
     /// The `max_entries` of a service map (master entries only) for `service_entries`.
     pub fn service_map(service_entries: u32) -> u32 {

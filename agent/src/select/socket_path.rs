@@ -59,6 +59,18 @@ impl SocketPath {
     pub fn per_packet(self) -> bool {
         !matches!(self, Self::Socket | Self::SocketByAnnotation)
     }
+
+    /// As `socklb explain` names it (its `reason` under `--socket-lb-scope pods`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Socket => "socket",
+            Self::SocketByAnnotation => "socket-by-annotation",
+            Self::PerPacketByAnnotation => "per-packet-by-annotation",
+            Self::PerPacketByNamespace => "per-packet-by-namespace",
+            Self::PerPacketIstio => "per-packet-istio",
+            Self::PerPacketLinkerd => "per-packet-linkerd",
+        }
+    }
 }
 
 /// A value of [`SOCKET_LB_KEY`] that is neither `on` nor `off`: it chooses nothing.
@@ -130,35 +142,26 @@ pub fn pod_path(scope: Scope, pod: &PodInfo, choice: SocketPath) -> PodPath {
             "--socket-lb-scope host: only the host's sockets are translated",
         ),
         Scope::Pods => {
-            let (reason, why) = match choice {
-                SocketPath::Socket => ("socket", "the default for this node's pods"),
-                SocketPath::SocketByAnnotation => (
-                    "socket-by-annotation",
-                    "its annotation socklb.io/socket-lb: on",
-                ),
-                SocketPath::PerPacketByAnnotation => (
-                    "per-packet-by-annotation",
-                    "its annotation socklb.io/socket-lb: off",
-                ),
-                SocketPath::PerPacketByNamespace => (
-                    "per-packet-by-namespace",
-                    "its Namespace's label socklb.io/socket-lb: off",
-                ),
-                SocketPath::PerPacketIstio => (
-                    "per-packet-istio",
-                    "an Istio sidecar (sidecar.istio.io/status) routes by the Service address",
-                ),
-                SocketPath::PerPacketLinkerd => (
-                    "per-packet-linkerd",
-                    "a Linkerd proxy (linkerd.io/proxy-version) routes by the Service address",
-                ),
+            let why = match choice {
+                SocketPath::Socket => "the default for this node's pods",
+                SocketPath::SocketByAnnotation => "its annotation socklb.io/socket-lb: on",
+                SocketPath::PerPacketByAnnotation => "its annotation socklb.io/socket-lb: off",
+                SocketPath::PerPacketByNamespace => {
+                    "its Namespace's label socklb.io/socket-lb: off"
+                }
+                SocketPath::PerPacketIstio => {
+                    "an Istio sidecar (sidecar.istio.io/status) routes by the Service address"
+                }
+                SocketPath::PerPacketLinkerd => {
+                    "a Linkerd proxy (linkerd.io/proxy-version) routes by the Service address"
+                }
             };
             let path = if choice.per_packet() {
                 Path::PerPacket
             } else {
                 Path::Socket
             };
-            (path, reason, why)
+            (path, choice.label(), why)
         }
     };
     let why = match not_understood(pod.annotations.get(SOCKET_LB_KEY)) {

@@ -787,10 +787,10 @@ fn a_dual_stack_service_is_two_frontend_sets_that_never_cross() {
     assert_eq!(
         frontends,
         [
-            "IPv4 10.96.0.10:80/Tcp (Internal) -> 10.0.0.1:8080 10.0.0.2:8080",
-            "IPv4 192.168.0.1:30080/Tcp (Internal) -> 10.0.0.1:8080 10.0.0.2:8080",
-            "IPv6 [fd00:96::10]:80/Tcp (Internal) -> [fd00::1]:8080",
-            "IPv6 [fd00:168::1]:30080/Tcp (Internal) -> [fd00::1]:8080",
+            "IPv4 10.96.0.10:80/TCP (internal) -> 10.0.0.1:8080 10.0.0.2:8080",
+            "IPv4 192.168.0.1:30080/TCP (internal) -> 10.0.0.1:8080 10.0.0.2:8080",
+            "IPv6 [fd00:96::10]:80/TCP (internal) -> [fd00::1]:8080",
+            "IPv6 [fd00:168::1]:30080/TCP (internal) -> [fd00::1]:8080",
         ]
     );
     assert_eq!(
@@ -842,9 +842,9 @@ metadata: {name: node-a}
     assert_eq!(
         frontends,
         [
-            "10.96.0.10:80/Tcp (Internal) -> 127.0.1.1:8080",
-            "192.0.2.1:80/Tcp (Internal) -> 127.0.1.1:8080",
-            "192.0.2.1:80/Tcp (External) -> 127.0.1.1:8080",
+            "10.96.0.10:80/TCP (internal) -> 127.0.1.1:8080",
+            "192.0.2.1:80/TCP (internal) -> 127.0.1.1:8080",
+            "192.0.2.1:80/TCP (external) -> 127.0.1.1:8080",
         ]
     );
     let refused = "which no Service may have";
