@@ -104,7 +104,11 @@ pub fn explain(state: &ClusterState, scope: Scope, only: &Only<'_>) -> Explanati
             .workloads()
             .paths()
             .map(|(pod, choice)| pod_path(scope, pod, choice))
-            .filter(|path| only.pod.is_none_or(|only| only == path.pod))
+            // `--service` alone asks about a Service, not about the pods.
+            .filter(|path| match only.pod {
+                Some(pod) => pod == path.pod,
+                None => only.service.is_none(),
+            })
             .collect(),
     }
 }
@@ -357,6 +361,37 @@ endpoints: [{{addresses: [10.244.0.9]}}]
                     .iter()
                     .all(|row| row.contains("refused: taken by default/a-first")),
             "{rows:?}"
+        );
+    }
+
+    #[test]
+    fn a_service_filter_leaves_the_pods_out() {
+        let state = state_of(
+            "kind: Pod
+metadata: {name: app, namespace: default}
+spec: {nodeName: node-a}
+status: {podIPs: [{ip: 10.244.0.3}]}
+",
+        );
+        let lb = ServiceName {
+            namespace: "default".to_owned(),
+            name: "lb".to_owned(),
+        };
+        let pods = |only: Only<'_>| explain(&state, Scope::Pods, &only).pods.len();
+        assert_eq!(pods(Only::default()), 1);
+        assert_eq!(
+            pods(Only {
+                service: Some(&lb),
+                pod: None
+            }),
+            0
+        );
+        assert_eq!(
+            pods(Only {
+                service: Some(&lb),
+                pod: Some("default/app")
+            }),
+            1
         );
     }
 

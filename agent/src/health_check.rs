@@ -153,13 +153,6 @@ impl HealthChecks {
             }
             match self.open(*port, served) {
                 Ok(listener) => {
-                    info!(
-                        service = %served.service,
-                        port,
-                        address = %self.address,
-                        local_endpoints = served.local_endpoints,
-                        "serving health check"
-                    );
                     self.listeners.insert(*port, listener);
                 }
                 Err(error) => {
@@ -219,6 +212,17 @@ impl HealthChecks {
             service: served.service.clone(),
             source,
         })?;
+        info!(
+            service = %served.service,
+            // The unspecified IPv6 address of a dual-stack socket takes IPv4 too.
+            address = %if address.ip() == IpAddr::from(Ipv6Addr::UNSPECIFIED) {
+                format!("{address} (IPv4 and IPv6)")
+            } else {
+                address.to_string()
+            },
+            local_endpoints = served.local_endpoints,
+            "serving health check"
+        );
 
         let served = Arc::new(RwLock::new(served.clone()));
         let router = Router::new().fallback(answer).with_state(Shared {

@@ -253,6 +253,15 @@ impl Metrics {
              for the mode in use",
             metrics.socket_destroy_mode.clone(),
         );
+        // At zero from the start, so that a rate() has a first sample before any sweep.
+        for protocol in ["udp", "tcp"] {
+            metrics
+                .sockets_destroyed
+                .get_or_create(&ProtocolLabels {
+                    protocol: protocol.to_owned(),
+                })
+                .inc_by(0);
+        }
         Self {
             registry,
             ..metrics
@@ -370,6 +379,12 @@ mod tests {
     #[test]
     fn exposes_kube_proxy_names() {
         let metrics = Metrics::new();
+        assert!(
+            metrics
+                .encode()
+                .contains("socklb_sockets_destroyed_total{protocol=\"tcp\"} 0"),
+            "at zero before any sweep"
+        );
         metrics.endpoint_changes.inc();
         metrics.sync_duration.observe(0.002);
         metrics

@@ -87,7 +87,9 @@ pub enum Command {
     Trace(TraceArgs),
     /// Detach the programs and remove every pin socklb created.
     Cleanup(CleanupArgs),
-    /// Print the version and the map layout version.
+    /// Print the version and the map layout: a fingerprint of the pinned maps' names and
+    /// their layouts' versions (two builds that print the same one share the maps as they
+    /// are; otherwise the newer one carries the older's entries over).
     Version,
     /// Print a shell completion script, e.g. `socklb completion bash >
     /// /etc/bash_completion.d/socklb`.
@@ -99,7 +101,6 @@ pub enum Command {
     Man,
     /// Print the name of every series the agent exports, one per line (for checks of
     /// dashboards and alerts against the agent itself).
-    #[command(hide = true)]
     MetricsNames,
 }
 

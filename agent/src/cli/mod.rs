@@ -97,9 +97,9 @@ pub fn main(cli: Cli) -> ExitCode {
             stdout::print(&names).map_err(Into::into)
         }
         Command::Version => stdout::println(&format!(
-            "socklb {} (map layout v{})",
+            "socklb {} (map layout {})",
             env!("CARGO_PKG_VERSION"),
-            socklb_abi::LAYOUT_VERSION
+            map_layout()
         ))
         .map_err(Into::into),
         Command::Completion { shell } => completion(shell),
@@ -166,6 +166,13 @@ fn man() -> anyhow::Result<()> {
     }
     stdout::print(&page)?;
     Ok(())
+}
+
+/// A short fingerprint of the pinned maps' names, each with its layout's `_vN`: two builds
+/// that print the same one use the same maps, so that one takes over the other's pins.
+fn map_layout() -> String {
+    let names = socklb_abi::map_names::ALL.join(" ");
+    format!("{:08x}", xxhash_rust::xxh3::xxh3_64(names.as_bytes()) >> 32)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

@@ -8,8 +8,9 @@
 //! A key or value that both address families use is declared once, generic over its
 //! address: `A = u32` (IPv4, the default) or [`Ipv6Words`] (the `*6` aliases), so that the
 //! programs treat both families alike with no view, cast or layout check of their own.
-//! A change to any layout must bump [`LAYOUT_VERSION`] and the `_vN` suffix of the map
-//! names, so that a new agent never reuses a pinned map of the old layout.
+//! A change to any layout must bump the `_vN` suffix of the map's name (the old name goes
+//! to [`map_names::RETIRED`]), so that a new agent never reuses a pinned map of the old
+//! layout.
 #![no_std]
 
 mod address;
@@ -30,11 +31,6 @@ pub use self::{
     address::*, checksum::*, counters::*, filter_slot::*, flow::*, flow_filter::*,
     frontend_filter::*, names::*, service::*, socket::*, trace::*,
 };
-
-/// Version of the map layouts when none changed since the first release; a map whose
-/// layout changed carries its own higher `_vN` suffix (and its old name is in
-/// [`map_names::RETIRED`]).
-pub const LAYOUT_VERSION: u32 = 1;
 
 const _: () = assert!(size_of::<ServiceKey>() == 12);
 const _: () = assert!(size_of::<ServiceEntry>() == 20);
