@@ -20,6 +20,7 @@ mod pod_namespaces;
 pub mod runner;
 pub mod select;
 pub mod server;
+mod shutdown;
 pub mod source;
 pub mod state;
 pub mod stdout;

@@ -240,12 +240,13 @@ impl Runner {
             .all(|kind| self.listed.contains(kind))
     }
 
-    /// Runs until `events` closes (the source stopped) or `shutdown` completes.
+    /// Runs until `events` closes (the source stopped) or `shutdown` completes; returns
+    /// whether it attached the programs (a stop before the first full sync does not).
     pub async fn run(
         mut self,
         mut events: mpsc::Receiver<Event>,
         shutdown: impl Future<Output = ()>,
-    ) -> Result<(), DataplaneError> {
+    ) -> Result<bool, DataplaneError> {
         tokio::pin!(shutdown);
         let mut drops = crate::drops::Drops::default();
         let mut check_drops = tokio::time::interval(crate::drops::CHECK_EVERY);
@@ -269,7 +270,7 @@ impl Runner {
                 next_full.min(next_resync)
             };
             tokio::select! {
-                () = &mut shutdown => return Ok(()),
+                () = &mut shutdown => return Ok(self.attached),
                 _ = check_drops.tick() => {
                     if let Ok(counters) = self.dataplane.counters() {
                         for warning in drops.observe(std::time::Instant::now(), counters) {
@@ -278,7 +279,7 @@ impl Runner {
                     }
                 }
                 event = events.recv() => {
-                    let Some(event) = event else { return Ok(()) };
+                    let Some(event) = event else { return Ok(self.attached) };
                     self.receive(event);
                     // Whatever else is already queued joins this sync.
                     while let Ok(event) = events.try_recv() {

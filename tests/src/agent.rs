@@ -30,6 +30,17 @@ impl LogFollower {
         Self(BufReader::new(agent.stderr.take().expect("the agent's stderr, piped")).lines())
     }
 
+    /// The rest of the log, read on a thread (the agent never blocks on a full pipe), whole
+    /// once the agent has exited.
+    pub fn rest(self) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
+            self.0
+                .map_while(Result::ok)
+                .map(|line| line + "\n")
+                .collect()
+        })
+    }
+
     /// Reads the log until a line that contains `text`; fails if the agent exits first.
     pub fn wait_for(&mut self, text: &str) {
         for line in self.0.by_ref() {

@@ -655,29 +655,20 @@ fn a_sigterm_at_any_moment_of_the_start_stops_the_agent_cleanly() {
     let sandbox = Sandbox::new("cp-early-stop");
     let manifests = one_endpoint_cluster(&sandbox, 27);
     let lock = dataplane::pin_lock_path(&sandbox.pin_dir);
-    // Before the load (no line then: its lock taken), after it, ready: a pod deleted while
-    // its agent starts.
-    let moments = [
-        ("its pin directory locked", None),
-        ("its programs loaded", Some("programs verified and loaded")),
-        ("ready", Some("datapath attached; ready")),
-    ];
-    for (moment, line) in moments {
+    let start = |extra: &[&str]| {
         let mut command = sandbox.agent_command(chart_agent_minimal(), &manifests.path);
         command
             .args(FREE_PORTS)
+            .args(extra)
             .stderr(std::process::Stdio::piped());
         unblock_signals_on_exec(&mut command);
         let mut agent = KillOnDrop(command.spawn().expect("start socklb"));
-        let mut log = LogFollower::new(&mut agent.0);
-        match line {
-            Some(line) => log.wait_for(line),
-            None => eventually(moment, Duration::from_secs(30), || {
-                lock.exists()
-                    .then_some(())
-                    .ok_or_else(|| "not yet".to_owned())
-            }),
-        }
+        let log = LogFollower::new(&mut agent.0);
+        (agent, log)
+    };
+    // SIGTERM, then the exit status and the last line of the log.
+    let stop = |mut agent: KillOnDrop, log: LogFollower| {
+        let rest = log.rest();
         // SAFETY: signalling our own child.
         unsafe { libc::kill(agent.0.id().cast_signed(), libc::SIGTERM) };
         let status = eventually("the agent to exit", Duration::from_secs(30), || {
@@ -687,11 +678,54 @@ fn a_sigterm_at_any_moment_of_the_start_stops_the_agent_cleanly() {
                 .expect("wait for socklb")
                 .ok_or_else(|| "still running".to_owned())
         });
+        let log = rest.join().expect("the log");
+        (status, log.lines().last().unwrap_or_default().to_owned())
+    };
+    // Before the load (no line then: its lock taken), after it, ready: a pod deleted while
+    // its agent starts.
+    let moments = [
+        ("its pin directory locked", None, "stopped"),
+        (
+            "its programs loaded",
+            Some("programs verified and loaded"),
+            "stopped",
+        ),
+        (
+            "ready",
+            Some("datapath attached; ready"),
+            "programs stay attached",
+        ),
+    ];
+    for (moment, line, said) in moments {
+        let (agent, mut log) = start(&[]);
+        match line {
+            Some(line) => log.wait_for(line),
+            None => eventually(moment, Duration::from_secs(30), || {
+                lock.exists()
+                    .then_some(())
+                    .ok_or_else(|| "not yet".to_owned())
+            }),
+        }
+        let (status, last) = stop(agent, log);
         assert!(
-            status.success(),
-            "a SIGTERM with {moment} ended the agent with {status}"
+            status.success() && last.contains(said),
+            "a SIGTERM with {moment} ended the agent with {status}, last saying: {last}"
         );
     }
+
+    // A rolling update's new pod deleted while it waits for the old one: it ends at once,
+    // and the old one serves on.
+    let _server = NamedServer::numbered(27, 1);
+    let serving = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    let (waiting, mut log) = start(&["--handover-wait", "1h"]);
+    log.wait_for("waiting for it to exit");
+    let (status, last) = stop(waiting, log);
+    assert!(
+        status.success() && last.contains("stopped while waiting for the other agent"),
+        "{status}: {last}"
+    );
+    wait_for_answers(&sandbox, &["127.0.27.1"]);
+    serving.stop();
 }
 
 /// `socklb explain -o json` over the manifests, as this node (node-a) sees them.

@@ -578,7 +578,8 @@ fn cleanup_detaches_the_programs_and_removes_only_socklb_pins() {
 
     // While an agent holds the pin directory (this process, as the agent would), cleanup
     // refuses, names the holder and leaves the node served.
-    let lock = lock_pin_dir(&sandbox.pin_dir, Duration::ZERO).expect("lock the pin directory");
+    let lock =
+        lock_pin_dir(&sandbox.pin_dir, Duration::ZERO, &|| false).expect("lock the pin directory");
     let refused = Command::new(agent_bin())
         .args(["cleanup", "--bpffs"])
         .arg(&sandbox.pin_dir)

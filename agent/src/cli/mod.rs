@@ -17,6 +17,7 @@ use crate::{
     metrics::Metrics,
     runner::{ExternalTraffic, Runner, SyncPeriods},
     server::{self, Health},
+    shutdown::Shutdown,
     source::{
         Event, Kind,
         file::FileSource,
@@ -246,12 +247,12 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     // Before anything is created: a device the programs cannot serve fails the start.
     dataplane::check_devices(&args.external.devices)
         .context("--devices names a device socklb cannot serve: remove it from --devices")?;
-    // From here a SIGTERM waits for the start to reach the run, which then returns: never
-    // a pin directory half made.
+    // From here a SIGTERM ends the start at its next step (the lock's wait, before the
+    // load, or the run, which then returns): never with a pin directory half made.
     let runtime = runtime()?;
     let shutdown = {
         let _runtime = runtime.enter();
-        shutdown_signal()
+        Shutdown::install()
     };
     let listeners = [
         server::bind(args.healthz_bind_address, "--healthz-bind-address")?,
@@ -261,12 +262,25 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     let pin_dir = &args.pins.pin_dir;
     let pin_dir_existed = pin_dir.exists();
     dataplane::prepare_pin_dir(pin_dir)?;
-    let _pin_lock = dataplane::lock_pin_dir(pin_dir, args.handover_wait)?;
+    let _pin_lock = match dataplane::lock_pin_dir(pin_dir, args.handover_wait, &|| shutdown.asked())
+    {
+        Err(dataplane::PinLockError::Stopped) => {
+            remove_pin_dir_left_empty(pin_dir, pin_dir_existed);
+            info!("stopped while waiting for the other agent to exit; nothing was changed");
+            return Ok(());
+        }
+        lock => lock?,
+    };
     // After the host's checks (bpffs above, cgroup v2 at the load), before anything is
     // pinned: a source that cannot start leaves the node as it was.
     let source = runtime
         .block_on(Source::prepare(&args.source))
         .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed))?;
+    if shutdown.asked() {
+        remove_pin_dir_left_empty(pin_dir, pin_dir_existed);
+        info!("stopped before loading the programs; nothing was changed");
+        return Ok(());
+    }
     let socket_lb_scope = effective_scope(args.socket_lb_scope);
     let mut dataplane = Dataplane::load(Config {
         pin_dir: pin_dir.clone(),
@@ -349,7 +363,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
             runner
         };
         let result = runner
-            .run(events, shutdown)
+            .run(events, shutdown.wait())
             .await
             // A failed first sync unpinned its maps (`Dataplane::apply_first`).
             .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed));
@@ -364,9 +378,15 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         if let Ok(Err(error)) = source.await {
             return Err(error).context("the cluster source stopped");
         }
-        result?;
-        // The links stay pinned: the datapath keeps working while no agent runs.
-        info!("stopped; programs stay attached (`socklb cleanup` removes them)");
+        if result? {
+            // The links stay pinned: the datapath keeps working while no agent runs.
+            info!("stopped; programs stay attached (`socklb cleanup` removes them)");
+        } else {
+            info!(
+                "stopped before the first full sync: this run attached nothing (what an \
+                 earlier agent attached stays; `socklb cleanup` removes it)"
+            );
+        }
         Ok(())
     })
 }
@@ -427,25 +447,6 @@ fn external_traffic(args: &ExternalArgs) -> ExternalTraffic {
             tcp_close: args.conntrack_tcp_timeout_close,
             udp: args.conntrack_udp_timeout,
         },
-    }
-}
-
-/// SIGTERM (how Kubernetes stops a pod) or SIGINT. The handlers are installed by this call,
-/// not at the future's first poll: a signal that comes before must not kill the process with
-/// its work half done. Call it inside the runtime.
-fn shutdown_signal() -> impl Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let handlers = signal(SignalKind::terminate())
-        .and_then(|terminate| Ok((terminate, signal(SignalKind::interrupt())?)));
-    async move {
-        // Without signal handlers the process runs until killed.
-        let Ok((mut terminate, mut interrupt)) = handlers else {
-            return std::future::pending().await;
-        };
-        tokio::select! {
-            _ = terminate.recv() => {}
-            _ = interrupt.recv() => {}
-        }
     }
 }
 
@@ -572,12 +573,12 @@ fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
     let runtime = runtime()?;
     let shutdown = {
         let _runtime = runtime.enter();
-        shutdown_signal()
+        Shutdown::install()
     };
     let summary = runtime.block_on(async {
         let stop = async {
             tokio::select! {
-                () = shutdown => {}
+                () = shutdown.wait() => {}
                 () = stdout::reader_gone() => {}
             }
         };

@@ -53,7 +53,7 @@ fn lock_out_agents(pin_dir: &Path) -> io::Result<Option<PinLock>> {
     if !pin_dir.is_dir() {
         return Ok(None);
     }
-    match pin_lock::lock(pin_dir, Duration::ZERO) {
+    match pin_lock::lock(pin_dir, Duration::ZERO, &|| false) {
         Ok(lock) => Ok(Some(lock)),
         Err(PinLockError::Held { holder, .. }) => Err(io::Error::new(
             io::ErrorKind::WouldBlock,

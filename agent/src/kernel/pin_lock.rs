@@ -50,6 +50,9 @@ pub enum PinLockError {
         #[source]
         source: io::Error,
     },
+    /// A stop was asked for while another agent held the lock.
+    #[error("stopped while waiting for the other agent to exit")]
+    Stopped,
 }
 
 /// The process that holds a lock, as far as /proc shows it.
@@ -91,8 +94,12 @@ pub struct PinLock {
 }
 
 /// Locks `pin_dir` (which must exist, made by `prepare_pin_dir`), waiting up to `wait` for
-/// an agent that holds it.
-pub fn lock(pin_dir: &Path, wait: Duration) -> Result<PinLock, PinLockError> {
+/// an agent that holds it, unless `stop` says to give up.
+pub fn lock(
+    pin_dir: &Path,
+    wait: Duration,
+    stop: &dyn Fn() -> bool,
+) -> Result<PinLock, PinLockError> {
     let deadline = Instant::now() + wait;
     let path = lock_path(pin_dir);
     match fs::DirBuilder::new().mode(0o600).create(&path) {
@@ -100,10 +107,10 @@ pub fn lock(pin_dir: &Path, wait: Duration) -> Result<PinLock, PinLockError> {
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
         Err(source) => return Err(PinLockError::Open { path, source }),
     }
-    let lock = take(&path, deadline, wait, |_| false)?;
+    let lock = take(&path, (deadline, wait, stop), |_| false)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let agent = unsafe { libc::geteuid() };
-    let directory = take(pin_dir, deadline, wait, |holder| match holder {
+    let directory = take(pin_dir, (deadline, wait, stop), |holder| match holder {
         Holder::Process {
             pid,
             name,
@@ -129,12 +136,12 @@ pub fn lock(pin_dir: &Path, wait: Duration) -> Result<PinLock, PinLockError> {
     })
 }
 
-/// Takes the flock of `path`, waiting until `deadline` while another process holds it;
-/// `None` if `pass_over` says that holder does not count.
+/// Takes the flock of `path`, waiting until `deadline` (`wait` from the start) while
+/// another process holds it, unless `stop` says to give up; `None` if `pass_over` says
+/// that holder does not count.
 fn take(
     path: &Path,
-    deadline: Instant,
-    wait: Duration,
+    (deadline, wait, stop): (Instant, Duration, &dyn Fn() -> bool),
     pass_over: impl Fn(&Holder) -> bool,
 ) -> Result<Option<Flock<File>>, PinLockError> {
     let mut logged = false;
@@ -159,8 +166,11 @@ fn take(
                     });
                 }
                 if !logged {
-                    info!(lock = %path.display(), %holder, ?wait, "another agent holds the pin directory: waiting for it to exit");
+                    info!(lock = %path.display(), %holder, wait = %humantime::format_duration(wait), "another agent holds the pin directory: waiting for it to exit");
                     logged = true;
+                }
+                if stop() {
+                    return Err(PinLockError::Stopped);
                 }
                 std::thread::sleep(RETRY);
             }
@@ -216,8 +226,12 @@ mod tests {
     fn a_second_lock_waits_then_fails_and_succeeds_once_the_first_is_gone() {
         let dir = std::env::temp_dir().join(format!("socklb-pin-lock-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("scratch directory");
-        let first = lock(&dir, Duration::ZERO).expect("the first lock");
-        let refused = lock(&dir, Duration::from_millis(250));
+        let never = || false;
+        let first = lock(&dir, Duration::ZERO, &never).expect("the first lock");
+        // A stop asked for ends the wait at once.
+        let stopped = lock(&dir, Duration::from_secs(3600), &|| true);
+        assert!(matches!(stopped, Err(PinLockError::Stopped)), "{stopped:?}");
+        let refused = lock(&dir, Duration::from_millis(250), &never);
         let Err(PinLockError::Held { holder, .. }) = &refused else {
             panic!("{refused:?}");
         };
@@ -232,7 +246,7 @@ mod tests {
             }
         );
         drop(first);
-        let second = lock(&dir, Duration::ZERO);
+        let second = lock(&dir, Duration::ZERO, &never);
         assert!(second.is_ok(), "{second:?}");
         drop(second);
         std::fs::remove_dir(lock_path(&dir)).expect("remove the lock");
