@@ -162,16 +162,11 @@ pub fn table(explanation: &Explanation) -> String {
                     choice.port_name.clone()
                 },
                 format!(
-                    "{}/{:?}",
-                    std::net::SocketAddr::new(frontend.address, frontend.port),
-                    frontend.protocol
-                )
-                .to_uppercase(),
-                format!(
                     "{}/{}",
-                    kind(choice.kind),
-                    format!("{:?}", frontend.scope).to_lowercase()
+                    std::net::SocketAddr::new(frontend.address, frontend.port),
+                    frontend.protocol.name()
                 ),
+                format!("{}/{}", kind(choice.kind), frontend.scope.name()),
                 match choice.why.policy {
                     Policy::Cluster => "Cluster".into(),
                     Policy::Local => "Local".into(),
@@ -348,10 +343,9 @@ endpoints: [{{addresses: [10.244.0.9]}}]
                 .copied()
                 .collect::<Vec<_>>()
         };
+        let first = row("default/a-first");
         assert!(
-            row("default/a-first")
-                .iter()
-                .all(|row| row.ends_with("10.244.0.9:8080")),
+            !first.is_empty() && first.iter().all(|row| row.ends_with("10.244.0.9:8080")),
             "{rows:?}"
         );
         let second = row("default/b-second");

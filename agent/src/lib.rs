@@ -31,6 +31,15 @@ pub mod trace;
 #[cfg(test)]
 mod fuzz;
 
+/// `items` for one log field or message: `a, b, c`.
+pub fn listed<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    items
+        .into_iter()
+        .map(|item| item.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// An error with its causes, for one log line.
 pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();

@@ -30,7 +30,7 @@ use tracing::{debug, error, info, info_span, warn};
 use crate::{
     dataplane::{
         self, ConntrackTimeouts, Dataplane, DataplaneError, Frontend, FrontendLabel, FrontendSpec,
-        Gone, NodeSettings, PodDevices, Rejected, Scope, TcMode, local_addresses,
+        Gone, NodeSettings, PodDevices, Rejected, TcMode, local_addresses,
     },
     frontends::FrontendTable,
     health_check::{self, HealthChecks},
@@ -516,7 +516,7 @@ impl Runner {
         let detached = self.dataplane.detached();
         if !detached.is_empty() && !self.health.is_detached() {
             error!(
-                programs = ?detached,
+                programs = %crate::listed(&detached),
                 pin_dir = %self.dataplane.pin_dir().display(),
                 "socket programs detached behind the agent's back (their link pins were \
                  removed): this node's sockets reach no Service; /healthz and /readyz fail \
@@ -614,7 +614,7 @@ impl Runner {
         if short > 0 && grew {
             error!(
                 frontends = short,
-                raise = ?flags,
+                raise = %crate::listed(&flags),
                 "Service frontends are not programmed: the maps are full at their bounds; raise \
                  these flags (the node is not ready until they fit)"
             );
@@ -761,7 +761,7 @@ impl Runner {
                         info!(%address, %family, "SNAT address for flows to other nodes");
                     }
                     None if !wanted.is_empty() => warn!(
-                        addresses = ?wanted,
+                        addresses = %crate::listed(&wanted),
                         %family,
                         "this node holds none of its Node's addresses of this family: flows \
                          from outside to a backend on another node cannot be SNATed and are \
@@ -808,10 +808,7 @@ impl Runner {
                 .frontends
                 .get_or_create(&FrontendLabels {
                     family: family.label(),
-                    scope: match scope {
-                        Scope::Internal => "internal",
-                        Scope::External => "external",
-                    },
+                    scope: scope.name(),
                 })
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
         }

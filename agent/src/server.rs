@@ -119,10 +119,14 @@ pub fn health_router(health: Arc<Health>) -> Router {
 }
 
 /// The metrics server's (`--metrics-bind-address`, loopback by default): what the node
-/// serves is read there only, where the operator chose to expose it.
+/// serves is read there only, where the operator chose to expose it. As kube-proxy's, it
+/// also answers `/healthz` (the process serves) and `/proxyMode`, which tools such as the
+/// Kubernetes e2e suite read to tell the dataplane.
 pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
     Router::new()
         .route("/metrics", get(metrics_text))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/proxyMode", get(|| async { "socklb" }))
         .with_state(metrics)
 }
 

@@ -159,16 +159,17 @@ fn servable(device: &str, refused: &mut BTreeSet<String>) -> bool {
 fn warn_unservable(node: &ThisNode, devices: &[String]) {
     if devices.is_empty() {
         warn!(
-            addresses = ?node.addresses,
+            addresses = %crate::listed(&node.addresses),
             "no device holds this Node's addresses: traffic from outside the node is not \
              translated; pass --devices"
         );
         return;
     }
-    info!(?devices, "external devices");
+    let listed = crate::listed(devices);
+    info!(devices = %listed, "external devices");
     if ipv4_forwarding() == Some(false) {
         warn!(
-            ?devices,
+            devices = %listed,
             "net.ipv4.ip_forward is 0: NodePort, LoadBalancer and externalIP traffic cannot \
              reach any pod (kube-proxy needs it too); run `sysctl -w net.ipv4.ip_forward=1` \
              on the node, or let the CNI set it"
@@ -176,7 +177,7 @@ fn warn_unservable(node: &ThisNode, devices: &[String]) {
     }
     if node.addresses_of(Family::V6).next().is_some() && ipv6_forwarding() == Some(false) {
         warn!(
-            ?devices,
+            devices = %listed,
             "net.ipv6.conf.all.forwarding is 0: IPv6 NodePort, LoadBalancer and externalIP \
              traffic cannot reach any pod; run `sysctl -w net.ipv6.conf.all.forwarding=1` \
              on the node, or let the CNI set it"

@@ -396,19 +396,16 @@ fn health_readiness_and_metrics_are_served() {
         "{healthz}"
     );
     // Each server serves its own: the metrics stay on loopback, where the health port
-    // listens on every address for the kubelet's probes.
-    for (url, what) in [
-        (
-            "http://127.0.0.1:10256/metrics",
-            "the health server's /metrics",
-        ),
-        (
-            "http://127.0.0.1:10249/readyz",
-            "the metrics server's /readyz",
-        ),
+    // listens on every address for the kubelet's probes. The metrics port answers as
+    // kube-proxy's does besides.
+    for (url, answer) in [
+        ("http://127.0.0.1:10256/metrics", "404"),
+        ("http://127.0.0.1:10249/readyz", "404"),
+        ("http://127.0.0.1:10249/healthz", "ok\n200"),
+        ("http://127.0.0.1:10249/proxyMode", "socklb\n200"),
     ] {
         let got = get(url);
-        assert!(got.ends_with("404"), "{what}: {got}");
+        assert!(got.ends_with(answer), "{url}: {got}");
     }
     let metrics = get("http://127.0.0.1:10249/metrics");
     for expected in [

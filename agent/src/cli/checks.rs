@@ -1,7 +1,11 @@
 //! Every `socklb run` flag checked before anything is loaded, pinned or attached: a
 //! mistake fails the start with the flag's name and what to give instead, and leaves the
 //! node as it was (no maps pinned, no programs attached, no busy loop).
-use std::{path::Path, time::Duration};
+use std::{
+    net::{IpAddr, Ipv6Addr},
+    path::Path,
+    time::Duration,
+};
 
 use super::args::{RunArgs, SourceKind};
 use crate::dataplane::Capacities;
@@ -106,9 +110,7 @@ pub fn problems(
     let (health, metrics) = (args.healthz_bind_address, args.metrics_bind_address);
     if health.port() != 0
         && health.port() == metrics.port()
-        && (health.ip() == metrics.ip()
-            || health.ip().is_unspecified()
-            || metrics.ip().is_unspecified())
+        && binds_overlap(health.ip(), metrics.ip())
     {
         report(
             "--metrics-bind-address",
@@ -204,6 +206,18 @@ pub fn problems(
         }
     }
     bad
+}
+
+/// Whether sockets bound to `a` and `b` on one port would clash: the same address (an
+/// IPv4-mapped IPv6 one is its IPv4 address), the unspecified address of the other's
+/// family, or `::`, which takes IPv4 too (a dual-stack socket, as the agent binds it).
+fn binds_overlap(a: IpAddr, b: IpAddr) -> bool {
+    let (a, b) = (a.to_canonical(), b.to_canonical());
+    let takes = |any: IpAddr, other: IpAddr| {
+        any == IpAddr::from(Ipv6Addr::UNSPECIFIED)
+            || (any.is_unspecified() && any.is_ipv4() == other.is_ipv4())
+    };
+    a == b || takes(a, b) || takes(b, a)
 }
 
 fn positive(
@@ -343,6 +357,17 @@ mod tests {
                 &["--metrics-bind-address"],
             ),
             (&["--healthz-bind-address", "127.0.0.2:10249"], &[]),
+            // Another family: both binds succeed.
+            (&["--metrics-bind-address", "[::1]:10256"], &[]),
+            // `::` takes IPv4 too, as does an IPv4-mapped address its IPv4 one.
+            (
+                &["--healthz-bind-address", "[::]:10249"],
+                &["--metrics-bind-address"],
+            ),
+            (
+                &["--healthz-bind-address", "[::ffff:127.0.0.1]:10249"],
+                &["--metrics-bind-address"],
+            ),
             (
                 &[
                     "--healthz-bind-address",

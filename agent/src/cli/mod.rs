@@ -299,7 +299,9 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     })
     .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed))?;
     let program_logs = dataplane.program_logs()?;
-    info!(node = %node_name, source = ?args.source.source, "starting");
+    let source_kind = clap::ValueEnum::to_possible_value(&args.source.source)
+        .map_or_else(String::new, |value| value.get_name().to_owned());
+    info!(node = %node_name, source = %source_kind, "starting");
     runtime.block_on(async {
         // Aborted when the runtime stops.
         if let Some(logs) = program_logs {
@@ -430,8 +432,12 @@ fn external_traffic(args: &ExternalArgs) -> ExternalTraffic {
         && args.snat_port_range.start() <= ephemeral.end()
     {
         warn!(
-            snat_port_range = ?args.snat_port_range,
-            ip_local_port_range = ?ephemeral,
+            snat_port_range = %format!(
+                "{}-{}",
+                args.snat_port_range.start(),
+                args.snat_port_range.end()
+            ),
+            ip_local_port_range = %format!("{}-{}", ephemeral.start(), ephemeral.end()),
             "the SNAT port range overlaps the kernel's ephemeral ports: a node-local \
              connection to a backend may collide with a SNATed flow; change \
              --snat-port-range or net.ipv4.ip_local_port_range"

@@ -616,7 +616,7 @@ pub fn table(inspection: &Inspection) -> String {
             // The reason follows on the row (`refused: no endpoints`).
             "none".to_owned()
         } else if state.backends.is_empty() {
-            crate::explain::empty_frontend(f.scope, false).to_owned()
+            crate::explain::empty_frontend(f.scope, state.refuses).to_owned()
         } else {
             state
                 .backends
@@ -646,8 +646,12 @@ pub fn table(inspection: &Inspection) -> String {
         let _ = writeln!(
             out,
             "{:24} {:9} {:<7} {:30} {:9} {}",
-            format!("{}/{:?}", SocketAddr::new(f.address, f.port), f.protocol).to_uppercase(),
-            format!("{:?}", f.scope).to_lowercase(),
+            format!(
+                "{}/{}",
+                SocketAddr::new(f.address, f.port),
+                f.protocol.name()
+            ),
+            f.scope.name(),
             state.service_id,
             state.service.as_ref().map_or_else(
                 || "-".to_owned(),
@@ -664,13 +668,11 @@ pub fn table(inspection: &Inspection) -> String {
     if !inspection.conntrack.is_empty() {
         out.push_str("\nCONNTRACK (traffic from outside)\n");
         for c in &inspection.conntrack {
-            let protocol = c
-                .protocol
-                .map_or_else(|| "?".to_owned(), |p| format!("{p:?}"));
+            let protocol = c.protocol.map_or("?", |p| p.name());
             let _ = writeln!(
                 out,
                 "{:4} {:7} {} -> {}  =>  {} -> {}  service {} backend {}{}{}{} idle {}s",
-                protocol.to_uppercase(),
+                protocol,
                 c.direction,
                 c.from,
                 c.to,

@@ -119,7 +119,7 @@ pub fn load(
     let defer = fresh && when == ProgramLoad::WhenSized;
     if !renamed.is_empty() {
         info!(
-            maps = ?renamed,
+            maps = %crate::listed(&renamed),
             "maps an older agent pinned under older names: their entries are carried over \
              into the maps of the new names"
         );

@@ -114,7 +114,7 @@ pub struct Reload {
     /// directory. Otherwise the objects that the
     /// changed files lost, as deleted, then every object they hold, as applied.
     pub events: Vec<Event>,
-    /// Files that did not parse (their last good objects are kept).
+    /// Files that did not parse (their last good objects, if any, are kept).
     pub errors: Vec<ManifestError>,
     /// Files not read this time, whose objects stay as they were.
     pub held: Vec<(PathBuf, Held)>,
@@ -144,6 +144,11 @@ struct Changed {
 }
 
 impl Manifests {
+    /// Whether `file` parsed at some read: its last good objects are served.
+    pub fn holds(&self, file: &Path) -> bool {
+        self.files.contains_key(file)
+    }
+
     /// Reads the directory again.
     pub fn reload(&mut self, dir: &Path) -> Result<Reload, FileSourceError> {
         self.reload_except(dir, |_| false)
@@ -340,8 +345,10 @@ pub struct FirstRead {
     workloads: Vec<Object>,
     errors: Vec<ManifestError>,
     held: Vec<(PathBuf, Held)>,
-    /// Every object's identity so far, to say which is defined twice.
+    /// Every object's identity so far, to say which is defined twice, and the files read
+    /// (by index).
     seen: Seen,
+    files_read: Vec<PathBuf>,
 }
 
 /// The kinds listed object by object.
@@ -370,6 +377,7 @@ impl Manifests {
             errors: Vec::new(),
             held: held.into_iter().map(|file| (file, Held::Writing)).collect(),
             seen: Seen::default(),
+            files_read: Vec::new(),
         })
     }
 
@@ -402,10 +410,11 @@ impl Manifests {
             }
         };
         let ids = ObjectIds::of(&objects);
+        let index = read.files_read.len();
+        read.files_read.push(file.clone());
         for id in objects.iter().map(object_id) {
-            if !read.seen.first_time(&id) {
-                let first = self.files.iter().find(|(_, held)| held.ids.contains(&id));
-                warn_defined_twice(&id, first.map_or(&file, |(first, _)| first), &file);
+            if let Some(before) = read.seen.met(&id, index) {
+                warn_defined_twice(&id, &read.files_read[before], &file);
             }
         }
         self.files.insert(file, ManifestFile { text, ids });
@@ -588,8 +597,7 @@ impl FileSource {
                 writers.note(&event, Instant::now());
             }
             let now = Instant::now();
-            let first_read = !manifests.read_before;
-            let reload = if !first_read {
+            let reload = if manifests.read_before {
                 manifests.reload_settling(
                     &self.dir,
                     |file| writers.writing(file, now),
@@ -620,12 +628,12 @@ impl FileSource {
             };
             trouble.clear(&self.dir);
             for error in reload.errors {
-                if first_read {
-                    // Nothing of it was read before: `explain` and a starting agent go on
-                    // without it.
-                    warn!(%error, "manifest not read; its objects are left out until it is fixed");
-                } else {
+                if manifests.holds(&error.file) {
                     warn!(%error, "manifest not applied; its last good state is kept");
+                } else {
+                    // Never read whole (at `explain`'s or the agent's first read, or made
+                    // broken): nothing of it is served.
+                    warn!(%error, "manifest not read; its objects are left out until it is fixed");
                 }
             }
             log_held(&reload.held, &mut logged);
@@ -1043,8 +1051,17 @@ mod tests {
         read(&mut manifests, &dir);
 
         dir.write("svc.yaml", "kind: Service\nmetadata: {name: [\n");
+        // A file broken from its start holds nothing to keep.
+        dir.write("new.yaml", "kind: Service\nmetadata: {name: [\n");
         let reload = manifests.reload(&dir.0).expect("reload");
-        assert_eq!(reload.errors.len(), 1);
+        assert_eq!(reload.errors.len(), 2);
+        let kept: Vec<bool> = reload
+            .errors
+            .iter()
+            .map(|error| manifests.holds(&error.file))
+            .collect();
+        assert_eq!(kept, [false, true], "new.yaml, then svc.yaml");
+        dir.remove("new.yaml");
         assert!(
             reload.events.is_empty(),
             "nothing is deleted: {:?}",

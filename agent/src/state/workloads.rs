@@ -68,10 +68,11 @@ impl Workloads {
             Object::Namespace(namespace) => {
                 let (name, labels) = namespace_labels(&namespace);
                 if self.namespaces.get(&name) != Some(&labels) {
-                    if let Some(value) = not_understood(labels.get(SOCKET_LB_KEY)) {
+                    // A Namespace can only send its pods to the per-packet path.
+                    if let Some(value) = labels.get(SOCKET_LB_KEY).filter(|value| *value != "off") {
                         warn!(
                             namespace = name,
-                            "label {SOCKET_LB_KEY}: {value:?} is not off: its pods' paths are \
+                            "label {SOCKET_LB_KEY}={value:?} is not off: its pods' paths are \
                              chosen as without it"
                         );
                     }

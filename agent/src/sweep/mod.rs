@@ -397,7 +397,7 @@ fn sweep(kernel: &mut Kernel, pairs: &[Gone], home: &netns::Namespace) -> Report
                 Ok(count) if *protocol == Protocol::Udp => report.udp += count,
                 Ok(count) => report.tcp += count,
                 Err(error) => {
-                    warn!(%error, namespace = %namespace.path.display(), ?protocol, "sweep failed");
+                    warn!(%error, namespace = %namespace.path.display(), protocol = protocol.name(), "sweep failed");
                 }
             }
         }
