@@ -78,6 +78,9 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Load and attach the datapath and keep it programmed from the cluster until stopped.
+    // A flag given again overrides the earlier one, as kube-proxy's flags do: the chart's
+    // `extraArgs` come after its own flags.
+    #[command(args_override_self = true)]
     Run(Box<RunArgs>),
     /// Show, for every Service frontend, the backends this node uses and why.
     Explain(ExplainArgs),

@@ -384,6 +384,15 @@ mod tests {
     }
 
     #[test]
+    fn a_flag_given_again_overrides_the_earlier() {
+        let args = run_args(&["--sync-period", "30s", "--sync-period", "10s"]);
+        assert_eq!(args.sync_period, Duration::from_secs(10));
+        // A list adds to itself, as kube-proxy's do.
+        let args = run_args(&["--devices", "eth0,eth1", "--devices", "eth2"]);
+        assert_eq!(args.external.devices, ["eth0", "eth1", "eth2"]);
+    }
+
+    #[test]
     fn a_missing_kubeconfig_is_named() {
         let argv = ["socklb", "run", "--kubeconfig", "/nonexistent/kubeconfig"];
         let Command::Run(args) = Cli::try_parse_from(argv).expect("flags parse").command else {
