@@ -28,6 +28,17 @@ fn frontend_address(text: &str) -> Result<SocketAddr, String> {
         })
 }
 
+/// A duration longer than zero.
+fn longer_than_zero(text: &str) -> Result<humantime::Duration, String> {
+    match text.parse::<humantime::Duration>() {
+        Ok(duration) if duration.is_zero() => {
+            Err("0s would end at once: give a longer one, e.g. 30s".to_owned())
+        }
+        Ok(duration) => Ok(duration),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
 /// A count that must be at least 1.
 fn at_least_one(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
@@ -410,7 +421,7 @@ pub struct TraceArgs {
     #[arg(long, value_parser = at_least_one)]
     pub count: Option<usize>,
     /// Stop after this long (e.g. `30s`).
-    #[arg(long)]
+    #[arg(long, value_parser = longer_than_zero)]
     pub duration: Option<humantime::Duration>,
     /// `table`: one line per event; `json`: one JSON object per line.
     #[arg(short, long, value_enum, default_value = "table")]
@@ -452,6 +463,8 @@ mod tests {
         assert!(!parses(&["explain", "--pod", "client"]));
         assert!(parses(&["trace", "--count", "1"]));
         assert!(!parses(&["trace", "--count", "0"]));
+        assert!(parses(&["trace", "--duration", "1s"]));
+        assert!(!parses(&["trace", "--duration", "0s"]));
         for frontend in ["10.96.0.10:80", "10.96.0.10", "[fd00::10]:53", "fd00::10"] {
             assert!(parses(&["trace", "--frontend", frontend]), "{frontend}");
         }

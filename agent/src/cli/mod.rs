@@ -169,6 +169,14 @@ fn man() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `count` events, in words.
+fn events(count: usize) -> String {
+    match count {
+        1 => "1 event".to_owned(),
+        count => format!("{count} events"),
+    }
+}
+
 /// A short fingerprint of the pinned maps' names, each with its layout's `_vN`: two builds
 /// that print the same one use the same maps, so that one takes over the other's pins.
 fn map_layout() -> String {
@@ -591,8 +599,9 @@ fn trace_command(args: &TraceArgs) -> anyhow::Result<()> {
         trace::session::run(&options, std::io::stdout().lock(), stop).await
     })?;
     stdout::note(&format!(
-        "{} events shown, {} lost (ring buffer full)",
-        summary.shown, summary.lost
+        "{} shown; {} lost to a full ring buffer",
+        events(summary.shown),
+        summary.lost
     ));
     if summary.reader_gone || stdout::reader_gone_now() {
         return Err(stdout::StdoutError::ReaderGone.into());
