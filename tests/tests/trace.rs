@@ -222,6 +222,21 @@ fn the_service_filter_shows_only_that_service(family: Family) {
     let event = trace.next("the connect to sticky");
     assert_eq!(text(&event, "/service/name"), "sticky", "{event}");
     assert_no_more(&trace, "an event of another Service got through");
+    trace.kill();
+
+    // A Service of no programmed frontend (a typo) is said at once.
+    let typo = Command::new(agent_bin())
+        .arg("trace")
+        .arg("--bpffs")
+        .arg(&sandbox.pin_dir)
+        .args(["--service", "default/stiky", "--duration", "1s"])
+        .output()
+        .expect("run socklb trace");
+    let said = String::from_utf8_lossy(&typo.stderr);
+    assert!(
+        typo.status.success() && said.contains("no frontend of default/stiky is programmed"),
+        "{said}"
+    );
 }
 
 /// `--frontend` and `--backend`, filtered in the kernel, for addresses of either family.

@@ -133,6 +133,15 @@ pub async fn run(
     let lost_before = lost(&counters);
     let mut details = Details::new(pin_dir)?;
     crate::stdout::note("tracing translations (lease renewed every second; Ctrl-C to stop)");
+    if let Some((namespace, name)) = &options.filters.service
+        && !details.programs_service(namespace, name)
+    {
+        // A typo would wait for events that never come.
+        crate::stdout::note(&format!(
+            "no frontend of {namespace}/{name} is programmed now (`socklb inspect --service \
+             {namespace}/{name}`): its events show once one is"
+        ));
+    }
 
     let mut summary = Summary::default();
     let mut renew = tokio::time::interval(RENEW);
@@ -450,6 +459,14 @@ impl Details {
             process.cgroup = self.cgroups.path(process.cgroup_id).unwrap_or_default();
         }
         Some(shown)
+    }
+
+    /// Whether a programmed frontend bears the Service's name.
+    fn programs_service(&self, namespace: &str, name: &str) -> bool {
+        self.names.iter().flatten().any(|(_, frontend)| {
+            FrontendLabel::decode(&frontend)
+                .is_some_and(|label| label.namespace == namespace && label.name == name)
+        })
     }
 
     fn service(&mut self, id: u32) -> Option<Service> {
