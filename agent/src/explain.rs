@@ -135,12 +135,13 @@ pub fn empty_frontend(scope: crate::desired::Scope, no_endpoints: bool) -> &'sta
 }
 
 pub fn table(explanation: &Explanation) -> String {
-    let mut rows: Vec<[String; 7]> = vec![[
+    let mut rows: Vec<[String; 8]> = vec![[
         "SERVICE".into(),
         "PORT".into(),
         "FRONTEND".into(),
         "KIND/SCOPE".into(),
         "POLICY".into(),
+        "AFFINITY".into(),
         "WHY".into(),
         "BACKENDS".into(),
     ]];
@@ -171,6 +172,10 @@ pub fn table(explanation: &Explanation) -> String {
                     Policy::Cluster => "Cluster".into(),
                     Policy::Local => "Local".into(),
                 },
+                choice
+                    .spec
+                    .affinity_timeout_seconds
+                    .map_or_else(|| "-".to_owned(), |timeout| format!("{timeout}s")),
                 why(
                     choice.why.policy,
                     &choice.why.topology,
@@ -186,6 +191,7 @@ pub fn table(explanation: &Explanation) -> String {
                 "-".into(),
                 "-".into(),
                 "-".into(),
+                "-".into(),
                 format!("{what} not served: {reason}"),
                 "-".into(),
             ]);
@@ -194,6 +200,7 @@ pub fn table(explanation: &Explanation) -> String {
     for skipped in &explanation.skipped {
         rows.push([
             skipped.service.to_string(),
+            "-".into(),
             "-".into(),
             "-".into(),
             "-".into(),
@@ -355,6 +362,30 @@ endpoints: [{{addresses: [10.244.0.9]}}]
                     .iter()
                     .all(|row| row.contains("refused: taken by default/a-first")),
             "{rows:?}"
+        );
+    }
+
+    #[test]
+    fn the_table_shows_a_client_ip_services_affinity_timeout() {
+        let state = state_of(
+            "kind: Service
+metadata: {name: sticky, namespace: default}
+spec:
+  clusterIP: 10.96.8.1
+  sessionAffinity: ClientIP
+  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}
+  ports: [{name: http, port: 80}]
+",
+        );
+        let table = table(&explain(&state, Scope::Pods, &Only::default()));
+        let row = table
+            .lines()
+            .find(|line| line.contains("10.96.8.1:80/TCP"))
+            .expect("the ClusterIP's row");
+        assert!(row.contains(" 600s "), "{table}");
+        assert!(
+            table.starts_with("node ") && table.contains(" AFFINITY "),
+            "{table}"
         );
     }
 
