@@ -302,6 +302,7 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after(family: Family
     const ROUNDS: usize = 20;
     let mut chosen = BTreeSet::new();
     let mut rounds = 0;
+    let mut last = String::new();
     while chosen.len() < 2 && rounds < ROUNDS {
         if rounds > 0 {
             std::thread::sleep(Duration::from_millis(1300));
@@ -309,9 +310,29 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after(family: Family
         // Every probe process shares the sandbox's network namespace: one client.
         let tally = tally(&sandbox.probe("tcp", addr(&vip), 15));
         assert_eq!(tally.len(), 1, "round {rounds}: not sticky: {tally:?}");
+        last.clone_from(tally.keys().next().expect("one backend"));
         chosen.extend(tally.into_keys());
         rounds += 1;
     }
+    // `socklb inspect` names the backend the client sticks to.
+    let inspection = sandbox.inspect();
+    let server = servers
+        .iter()
+        .find(|server| server.name == last)
+        .expect("the last round's server");
+    let entry = &inspection["affinity"][0];
+    assert_eq!(
+        (
+            entry["backend"]["address"].as_str(),
+            entry["backend"]["port"].as_u64()
+        ),
+        (
+            Some(server.addr.ip().to_string().as_str()),
+            Some(u64::from(server.addr.port()))
+        ),
+        "{inspection}"
+    );
+    assert!(entry["idle_seconds"].as_u64() <= Some(1), "{inspection}");
     assert!(
         chosen.len() >= 2,
         "never re-selected after the timeout in {ROUNDS} rounds: {chosen:?}"

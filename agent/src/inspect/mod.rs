@@ -133,6 +133,12 @@ pub struct AffinityState {
     pub service_id: u32,
     pub backend_id: u32,
     pub slot: u16,
+    /// The backend in that slot of the frontend (internal for a local client, external for
+    /// one from outside); absent if the slot no longer holds it (the entry is then unused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<BackendAddr>,
+    /// Since the client last connected through it (the Service's timeout ends it).
+    pub idle_seconds: u32,
 }
 
 /// One direction of a flow from outside the node: the packet as it arrives and what it is
@@ -375,6 +381,8 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
             service_id: key.service_id,
             backend_id: entry.backend_id,
             slot: entry.slot,
+            backend: None,
+            idle_seconds: idle_seconds(entry.last_used_ns),
         })
         .collect::<Vec<_>>();
     // IPv6 clients from outside (local sockets of either family share the map above).
@@ -389,9 +397,32 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
                 service_id: key.service_id,
                 backend_id: entry.backend_id,
                 slot: entry.slot,
+                backend: None,
+                idle_seconds: idle_seconds(entry.last_used_ns),
             })
         },
     )?);
+    // What each entry's slot holds, as the programs check it; under `--address`, only the
+    // entries of that address's frontends.
+    affinity.retain_mut(|state| {
+        let scope = if state.netns_cookie.is_some() {
+            Scope::Internal
+        } else {
+            Scope::External
+        };
+        let Some(frontend) = frontends
+            .iter()
+            .find(|f| f.service_id == state.service_id && f.frontend.scope == scope)
+        else {
+            return only.is_none();
+        };
+        state.backend = frontend
+            .backends
+            .get(usize::from(state.slot).wrapping_sub(1))
+            .copied()
+            .flatten();
+        true
+    });
 
     let now = host::monotonic_seconds();
     let mut conntrack = Vec::new();
@@ -566,6 +597,12 @@ fn conntrack_state6(key: &CtKey6, entry: &CtEntry6, confirmed: bool, now: u32) -
     }
 }
 
+/// Seconds since `last_used_ns` (the programs' `bpf_ktime_get_ns`, CLOCK_MONOTONIC).
+fn idle_seconds(last_used_ns: u64) -> u32 {
+    let last_used = u32::try_from(last_used_ns / 1_000_000_000).unwrap_or(u32::MAX);
+    host::monotonic_seconds().saturating_sub(last_used)
+}
+
 fn conntrack_state(key: &CtKey, entry: &CtEntry, confirmed: bool, now: u32) -> ConntrackState {
     ConntrackState {
         protocol: Protocol::from_number(key.protocol),
@@ -689,6 +726,31 @@ pub fn table(inspection: &Inspection) -> String {
                 },
                 if c.closing { " closing" } else { "" },
                 c.idle_seconds
+            );
+        }
+    }
+    if !inspection.affinity.is_empty() {
+        out.push_str("\nAFFINITY (sessionAffinity ClientIP)\n");
+        for a in &inspection.affinity {
+            let client = match (a.netns_cookie, a.client) {
+                (Some(cookie), _) => format!("netns {cookie}"),
+                (None, Some(client)) => format!("client {client}"),
+                (None, None) => "?".to_owned(),
+            };
+            let service = inspection
+                .frontends
+                .iter()
+                .find(|f| f.service_id == a.service_id)
+                .and_then(|f| f.service.as_ref())
+                .map_or_else(String::new, |s| format!(" ({}/{})", s.namespace, s.name));
+            let _ = writeln!(
+                out,
+                "{client} service {}{service} -> {} slot {} idle {}s",
+                a.service_id,
+                a.backend
+                    .map_or_else(|| "<slot no longer holds it>".to_owned(), |b| b.to_string()),
+                a.slot,
+                a.idle_seconds
             );
         }
     }
