@@ -13,7 +13,9 @@ use std::{
     time::Duration,
 };
 
-use socklb_tests::{Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, explain_command};
+use socklb_tests::{
+    Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, explain_command, privileges::chart_agent,
+};
 
 /// The example cluster, embedded so that the demo needs nothing but this binary.
 const CLUSTER: [(&str, &str); 4] = [
@@ -66,11 +68,19 @@ fn main() {
     section("The cluster (examples/cluster), as node-a sees it: socklb explain");
     explain(&manifests);
 
-    section("Starting the agent: socklb run --source file --node-name node-a");
-    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    section(
+        "Starting the agent: socklb run --source file --node-name node-a, with the \
+         capabilities of a default helm install",
+    );
+    let agent = Agent::start_as(chart_agent(), &sandbox, &manifests.path, "node-a", &[]);
     for line in agent.log().lines() {
         println!("  {line}");
     }
+    println!(
+        "  (no device of the demo's namespace holds node-a's address, 192.168.50.10: the \
+         warnings about traffic from outside are expected here; this demo shows local \
+         clients only)"
+    );
 
     section("curl http://10.96.0.10/ x12 from a process in the cgroup (zone hints: zone-a)");
     curl_tally(&sandbox);
