@@ -216,7 +216,7 @@ impl Manifests {
                 held.push((file, Held::Emptied));
                 continue;
             }
-            let new = match parse(&file, &text) {
+            let new = match read_noting(&file, &text) {
                 Ok(objects) => objects,
                 Err(error) => {
                     errors.push(error);
@@ -456,7 +456,22 @@ type Parsed = (Vec<Object>, LastGood);
 /// Compressing the text too, on the thread that read it.
 fn read_and_parse(file: &Path) -> Result<Parsed, ManifestError> {
     let text = read_text(file)?;
-    Ok((parse(file, &text)?, LastGood::new(&text)))
+    Ok((read_noting(file, &text)?, LastGood::new(&text)))
+}
+
+/// `file`'s objects, with one line naming those of kinds socklb does not read: a typo in a
+/// kind (`Sevice`) is seen there, where it would otherwise leave a Service out unsaid.
+fn read_noting(file: &Path, text: &str) -> Result<Vec<Object>, ManifestError> {
+    let read = super::manifest::read(file, text)?;
+    if !read.passed_over.is_empty() {
+        info!(
+            file = %file.display(),
+            objects = %crate::listed(&read.passed_over),
+            "passed over: kinds socklb does not read (it reads Service, EndpointSlice, Node, \
+             Pod and Namespace)"
+        );
+    }
+    Ok(read.objects)
 }
 
 fn read_text(file: &Path) -> Result<String, ManifestError> {

@@ -15,7 +15,6 @@ use k8s_openapi::api::{
     discovery::v1::EndpointSlice,
 };
 use serde::Deserialize;
-use tracing::debug;
 
 use super::Object;
 
@@ -30,18 +29,96 @@ pub struct ManifestError {
 
 /// Parses one file's text into the objects socklb reads.
 pub fn parse(file: &Path, text: &str) -> Result<Vec<Object>, ManifestError> {
+    read(file, text).map(|read| read.objects)
+}
+
+/// One file's objects, and those of kinds socklb does not read.
+pub struct Read {
+    pub objects: Vec<Object>,
+    /// `Kind name` of each object passed over (a Deployment, or a typo in a kind).
+    pub passed_over: Vec<String>,
+}
+
+/// [`parse`], saying what was passed over.
+pub fn read(file: &Path, text: &str) -> Result<Read, ManifestError> {
     let mut objects = Vec::new();
+    let mut others = 0;
     let read = if is_json(text) {
-        parse_json(text, &mut objects).is_ok()
+        parse_json(text, &mut objects, &mut others).is_ok()
     } else {
-        parse_typed(text, &mut objects).is_ok()
+        parse_typed(text, &mut objects, &mut others).is_ok()
     };
     if read {
-        return Ok(objects);
+        // Only a file that has some is read again for their names.
+        let passed_over = if others > 0 {
+            passed_over(text)
+        } else {
+            Vec::new()
+        };
+        return Ok(Read {
+            objects,
+            passed_over,
+        });
     }
     objects.clear();
-    parse_through_values(file, text, &mut objects)?;
-    Ok(objects)
+    let mut passed_over = Vec::new();
+    parse_through_values(file, text, &mut objects, &mut passed_over)?;
+    Ok(Read {
+        objects,
+        passed_over,
+    })
+}
+
+/// A document's kind and name, and a List's items.
+#[derive(Deserialize)]
+struct Header {
+    #[serde(default)]
+    kind: String,
+    #[serde(default)]
+    metadata: HeaderMetadata,
+    #[serde(default)]
+    items: Vec<Header>,
+}
+
+#[derive(Default, Deserialize)]
+struct HeaderMetadata {
+    #[serde(default)]
+    name: String,
+}
+
+/// `Kind name` of the objects of `text` whose kind socklb does not read.
+fn passed_over(text: &str) -> Vec<String> {
+    let headers: Vec<Header> = if is_json(text) {
+        serde_json::Deserializer::from_str(text)
+            .into_iter::<Header>()
+            .map_while(Result::ok)
+            .collect()
+    } else {
+        serde_norway::Deserializer::from_str(text)
+            .map_while(|document| Option::<Header>::deserialize(document).ok())
+            .flatten()
+            .collect()
+    };
+    let mut names = Vec::new();
+    let mut pending = headers;
+    while let Some(header) = pending.pop() {
+        match header.kind.as_str() {
+            "List" => pending.extend(header.items),
+            kind if READ_KINDS.contains(&kind) => {}
+            kind => names.push(other_name(kind, &header.metadata.name)),
+        }
+    }
+    names.reverse();
+    names
+}
+
+/// The kinds socklb reads (a `List` holds them).
+const READ_KINDS: [&str; 5] = ["Service", "EndpointSlice", "Node", "Pod", "Namespace"];
+
+fn other_name(kind: &str, name: &str) -> String {
+    let kind = if kind.is_empty() { "(no kind)" } else { kind };
+    let name = if name.is_empty() { "<unnamed>" } else { name };
+    format!("{kind} {name}")
 }
 
 /// A document, by its kind; what socklb does not read is left as [`Document::Other`].
@@ -61,11 +138,15 @@ enum Document {
     Other,
 }
 
-fn parse_typed(text: &str, objects: &mut Vec<Object>) -> Result<(), serde_norway::Error> {
+fn parse_typed(
+    text: &str,
+    objects: &mut Vec<Object>,
+    others: &mut usize,
+) -> Result<(), serde_norway::Error> {
     for document in serde_norway::Deserializer::from_str(text) {
         // An empty document (a trailing `---`) is none.
         if let Some(document) = Option::<Document>::deserialize(document)? {
-            document.collect(objects);
+            document.collect(objects, others);
         }
     }
     Ok(())
@@ -76,23 +157,30 @@ fn is_json(text: &str) -> bool {
     text.trim_start().starts_with('{')
 }
 
-fn parse_json(text: &str, objects: &mut Vec<Object>) -> Result<(), serde_json::Error> {
+fn parse_json(
+    text: &str,
+    objects: &mut Vec<Object>,
+    others: &mut usize,
+) -> Result<(), serde_json::Error> {
     for document in serde_json::Deserializer::from_str(text).into_iter::<Document>() {
-        document?.collect(objects);
+        document?.collect(objects, others);
     }
     Ok(())
 }
 
 impl Document {
-    fn collect(self, objects: &mut Vec<Object>) {
+    /// Adds the objects socklb reads to `objects`, and counts the others.
+    fn collect(self, objects: &mut Vec<Object>, others: &mut usize) {
         match self {
             Self::Service(service) => objects.push(Object::Service(service)),
             Self::EndpointSlice(slice) => objects.push(Object::EndpointSlice(slice)),
             Self::Node(node) => objects.push(Object::Node(node)),
             Self::Pod(pod) => objects.push(Object::Pod(pod)),
             Self::Namespace(namespace) => objects.push(Object::Namespace(namespace)),
-            Self::List { items } => items.into_iter().for_each(|item| item.collect(objects)),
-            Self::Other => debug!("ignoring a manifest of another kind"),
+            Self::List { items } => items
+                .into_iter()
+                .for_each(|item| item.collect(objects, others)),
+            Self::Other => *others += 1,
         }
     }
 }
@@ -104,6 +192,7 @@ fn parse_through_values(
     file: &Path,
     text: &str,
     objects: &mut Vec<Object>,
+    passed_over: &mut Vec<String>,
 ) -> Result<(), ManifestError> {
     let error = |line: Option<usize>, message: String| ManifestError {
         file: file.to_owned(),
@@ -119,7 +208,7 @@ fn parse_through_values(
         if value.is_null() {
             continue; // an empty document, e.g. a trailing `---`
         }
-        collect(value, objects).map_err(|message| error(None, message))?;
+        collect(value, objects, passed_over).map_err(|message| error(None, message))?;
     }
     Ok(())
 }
@@ -146,7 +235,11 @@ fn json_values(text: &str) -> Result<Vec<serde_norway::Value>, SyntaxError> {
         .collect()
 }
 
-fn collect(value: serde_norway::Value, objects: &mut Vec<Object>) -> Result<(), String> {
+fn collect(
+    value: serde_norway::Value,
+    objects: &mut Vec<Object>,
+    passed_over: &mut Vec<String>,
+) -> Result<(), String> {
     let kind = value
         .get("kind")
         .and_then(|k| k.as_str())
@@ -178,10 +271,10 @@ fn collect(value: serde_norway::Value, objects: &mut Vec<Object>) -> Result<(), 
         "List" => {
             let items = value.get("items").and_then(|i| i.as_sequence()).cloned();
             for item in items.unwrap_or_default() {
-                collect(item, objects)?;
+                collect(item, objects, passed_over)?;
             }
         }
-        other => debug!(kind = other, name, "ignoring a manifest of another kind"),
+        other => passed_over.push(other_name(other, &name)),
     }
     Ok(())
 }
@@ -221,6 +314,40 @@ items:
         assert_eq!(kinds, [Kind::Service, Kind::Node, Kind::EndpointSlice]);
     }
 
+    #[test]
+    fn what_is_passed_over_is_named_in_yaml_json_and_lists() {
+        let yaml = "\
+kind: Service
+metadata: {name: web}
+---
+kind: Sevice
+metadata: {name: api}
+---
+kind: List
+items:
+- {kind: ConfigMap, metadata: {name: settings}}
+- {kind: Node, metadata: {name: node-a}}
+";
+        let passed_over = |file: &str, text: &str| {
+            read(Path::new(file), text)
+                .expect("read")
+                .passed_over
+                .join(", ")
+        };
+        assert_eq!(
+            passed_over("x.yaml", yaml),
+            "Sevice api, ConfigMap settings"
+        );
+        let json = r#"{"kind": "Service", "metadata": {"name": "web"}}
+{"kind": "Deployment", "metadata": {"name": "web"}}"#;
+        assert_eq!(passed_over("x.json", json), "Deployment web");
+        // Nothing to say for a file of known kinds only.
+        assert_eq!(
+            passed_over("y.yaml", "kind: Service\nmetadata: {name: web}\n"),
+            ""
+        );
+    }
+
     /// Both ways of reading give the same objects, each field read.
     #[test]
     fn reading_straight_and_through_values_agree() {
@@ -236,10 +363,15 @@ spec:
 {\"apiVersion\": \"v1\", \"kind\": \"Pod\", \"metadata\": {\"name\": \"p\"}, \"spec\": {\"nodeName\": \"a\"}}
 ";
         let mut straight = Vec::new();
-        parse_typed(text, &mut straight).expect("read straight");
+        parse_typed(text, &mut straight, &mut 0).expect("read straight");
         let mut through_values = Vec::new();
-        parse_through_values(Path::new("x.yaml"), text, &mut through_values)
-            .expect("read through values");
+        parse_through_values(
+            Path::new("x.yaml"),
+            text,
+            &mut through_values,
+            &mut Vec::new(),
+        )
+        .expect("read through values");
         assert_eq!(straight.len(), 2);
         assert_eq!(format!("{straight:?}"), format!("{through_values:?}"));
     }
@@ -281,8 +413,8 @@ kind: Namespace
 metadata: {name: default}
 ";
         let mut from_json = Vec::new();
-        parse_json(list, &mut from_json).expect("read the List");
-        parse_json(stream, &mut from_json).expect("read the objects");
+        parse_json(list, &mut from_json, &mut 0).expect("read the List");
+        parse_json(stream, &mut from_json, &mut 0).expect("read the objects");
         let from_yaml = parse(Path::new("x.yaml"), yaml).expect("read the YAML");
         let kinds: Vec<Kind> = from_json.iter().map(Object::kind).collect();
         assert_eq!(
