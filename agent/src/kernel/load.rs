@@ -272,20 +272,6 @@ pub struct ProgramSettings {
     pub cluster_ips_from_outside: bool,
 }
 
-/// Whether socket-address programs may call `bpf_get_current_comm`: since Linux 6.1 (the
-/// helpers of the cgroup hooks that run in a task's context), and on later kernels only for
-/// a loader with CAP_PERFMON (or CAP_SYS_ADMIN), where it became one of the base helpers.
-/// Without both the events carry no name and `socklb trace` reads it from /proc.
-fn socket_programs_read_comm() -> bool {
-    use caps::{CapSet, Capability, has_cap};
-    let perfmon = [Capability::CAP_PERFMON, Capability::CAP_SYS_ADMIN]
-        .into_iter()
-        .any(|cap| has_cap(None, CapSet::Effective, cap).unwrap_or(false));
-    perfmon
-        && aya::util::KernelVersion::current()
-            .is_ok_and(|version| version >= aya::util::KernelVersion::new(6, 1, 0))
-}
-
 /// The programs' read-only globals, set at load time.
 struct Globals {
     socket_slot_mask: u32,
@@ -296,8 +282,6 @@ struct Globals {
     /// Where the socket iterators find an IPv6 socket's peer (0: they skip IPv6 sockets).
     skc_v6_daddr_offset: u32,
     record_tcp: u32,
-    /// Trace events carry the task's name (the kernel gives it to socket-address programs).
-    trace_comm: u32,
     max_socket_records: u32,
     /// 0: every namespace.
     socket_lb_netns: u64,
@@ -313,7 +297,6 @@ impl Globals {
             skc_cookie_offset: destroy::skc_cookie_offset(),
             skc_v6_daddr_offset: destroy::skc_v6_daddr_offset(),
             record_tcp: u32::from(programs.record_tcp),
-            trace_comm: u32::from(socket_programs_read_comm()),
             max_socket_records: capacities.socket_records,
             socket_lb_netns: programs.socket_lb_netns.unwrap_or(0),
             socket_lb_listed: u32::from(programs.socket_lb_listed),
@@ -322,7 +305,7 @@ impl Globals {
     }
 
     /// Each value under its name in the object.
-    fn by_name(&self) -> [(&'static str, GlobalData<'_>); 10] {
+    fn by_name(&self) -> [(&'static str, GlobalData<'_>); 9] {
         [
             (globals::SOCKET_SLOT_MASK, (&self.socket_slot_mask).into()),
             (aya_log::LEVEL, (&self.log_level).into()),
@@ -332,7 +315,6 @@ impl Globals {
                 (&self.skc_v6_daddr_offset).into(),
             ),
             (globals::RECORD_TCP, (&self.record_tcp).into()),
-            (globals::TRACE_COMM, (&self.trace_comm).into()),
             (globals::SOCKET_LB_NETNS, (&self.socket_lb_netns).into()),
             (globals::SOCKET_LB_LISTED, (&self.socket_lb_listed).into()),
             (

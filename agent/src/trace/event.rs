@@ -52,11 +52,6 @@ pub fn decode(mut record: &[u8]) -> Result<TraceEvent, DecodeError> {
         reason: buf.get_u8(),
         family: buf.get_u8(),
         pad: buf.get_u16_ne(),
-        comm: {
-            let mut comm = [0; 16];
-            buf.copy_to_slice(&mut comm);
-            comm
-        },
     })
 }
 
@@ -132,23 +127,13 @@ pub struct Service {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Process {
     pub pid: u32,
-    /// The kernel's, in the event (Linux >= 6.1), else from /proc when the event is read:
-    /// empty if the process is gone by then.
+    /// From /proc when the event is read: empty if the process is gone.
     pub comm: String,
     pub netns_cookie: u64,
     pub cgroup_id: u64,
     /// Below the cgroup v2 mount; empty if the cgroup is gone.
     pub cgroup: String,
     pub socket_cookie: u64,
-}
-
-/// The task name the event carries, up to its NUL; empty if it carries none.
-fn kernel_comm(comm: &[u8; 16]) -> String {
-    let end = comm
-        .iter()
-        .position(|&byte| byte == 0)
-        .unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
 }
 
 /// One event as `socklb trace` shows it.
@@ -183,7 +168,6 @@ impl Shown {
             protocol: protocol_name(event.protocol),
             process: (!packet).then(|| Process {
                 pid: event.pid,
-                comm: kernel_comm(&event.comm),
                 netns_cookie: event.netns_cookie,
                 cgroup_id: event.cgroup_id,
                 socket_cookie: event.socket_cookie,
@@ -300,7 +284,6 @@ mod tests {
             source: TRACE_SOURCE_CONNECT,
             reason: TRACE_REASON_RANDOM,
             family: socklb_abi::TRACE_FAMILY_V4,
-            comm: *b"curl\0\0\0\0\0\0\0\0\0\0\0\0",
             ..TraceEvent::default()
         }
     }
@@ -327,26 +310,14 @@ mod tests {
     }
 
     #[test]
-    fn the_task_name_the_event_carries_is_shown_up_to_its_nul() {
-        let shown = Shown::new(&sample(), String::new(), None);
-        assert_eq!(shown.process.expect("a socket event").comm, "curl");
-        let unnamed = TraceEvent {
-            comm: [0; 16],
-            ..sample()
-        };
-        let shown = Shown::new(&unnamed, String::new(), None);
-        assert_eq!(shown.process.expect("a socket event").comm, "");
-    }
-
-    #[test]
     fn a_record_of_another_size_is_refused_with_the_sizes() {
         let bytes = bytes_of(&sample());
         let error = decode(&bytes[..bytes.len() - 8]).expect_err("short record");
         assert_eq!(
             error,
             DecodeError {
-                got: 112,
-                expected: 120
+                got: 96,
+                expected: 104
             }
         );
     }

@@ -450,14 +450,12 @@ impl Details {
         let mut shown = Shown::new(event, self.time(event.time_ns), service);
         if let Some(process) = shown.process.as_mut() {
             // Raw bytes, any of them: the text output escapes what a terminal would act on.
-            if process.comm.is_empty() {
-                process.comm = std::fs::read(format!("/proc/{}/comm", process.pid))
-                    .map(|comm| {
-                        let comm = comm.strip_suffix(b"\n").unwrap_or(&comm);
-                        String::from_utf8_lossy(comm).into_owned()
-                    })
-                    .unwrap_or_default();
-            }
+            process.comm = std::fs::read(format!("/proc/{}/comm", process.pid))
+                .map(|comm| {
+                    let comm = comm.strip_suffix(b"\n").unwrap_or(&comm);
+                    String::from_utf8_lossy(comm).into_owned()
+                })
+                .unwrap_or_default();
             process.cgroup = self.cgroups.path(process.cgroup_id).unwrap_or_default();
         }
         Some(shown)

@@ -53,7 +53,7 @@ pub mod map_names {
     pub const NAMES: &str = "socklb_names_v1";
     /// Ring buffer of [`crate::TraceEvent`]s: translations as they happen, written only
     /// while a `socklb trace` session holds the lease in [`TRACE_CONTROL`].
-    pub const TRACE: &str = "socklb_trace_v3";
+    pub const TRACE: &str = "socklb_trace_v2";
     /// [`crate::TraceControl`], a single entry at index 0: whether, and for what, the
     /// programs write trace events.
     pub const TRACE_CONTROL: &str = "socklb_trctl_v2";
@@ -154,7 +154,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 19] = [
+    pub const RETIRED: [&str; 18] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
@@ -168,9 +168,8 @@ pub mod map_names {
         "socklb_svc6_v1",
         "socklb_be_v1",
         "socklb_be_v2",
-        // IPv4-only trace events and filters; events without the task's name.
+        // IPv4-only trace events and filters.
         "socklb_trace_v1",
-        "socklb_trace_v2",
         "socklb_trctl_v1",
         // Renamed to match their IPv6 twins ([`RENAMED`]).
         "socklb_ctnew_v1",
@@ -251,10 +250,6 @@ pub mod globals {
     /// backend leaves, `--destroy-tcp-on-backend-removal`); 0: UDP only, and a TCP connect
     /// pays nothing for it.
     pub const RECORD_TCP: &str = "RECORD_TCP";
-    /// `u32`: 1 when the kernel lets socket-address programs read the calling task's name
-    /// (`bpf_get_current_comm`: Linux >= 6.1 and a loader with CAP_PERFMON), which trace
-    /// events then carry; 0: the verifier never sees the call.
-    pub const TRACE_COMM: &str = "TRACE_COMM";
     /// `u32`: the byte offset of `skc_cookie` in the running kernel's `struct sock_common`
     /// (from its BTF), so that the destroy iterators read a socket's cookie without handing
     /// one out to every socket they visit; 0: unknown, the programs ask the helper.

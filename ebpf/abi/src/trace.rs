@@ -40,10 +40,10 @@ pub const TRACE_FLAG_REVERSE: u16 = 1 << 0;
 /// [`TraceControl::flags`]: also emit every packet of known flows from outside.
 pub const TRACE_FLAG_PACKETS: u16 = 1 << 1;
 
-/// One translation, as `socklb trace` shows it. Socket events carry the process (its name
-/// where the kernel lets socket-address programs read it: Linux >= 6.1 and an agent with
-/// CAP_PERFMON), network namespace and cgroup of the caller; events from outside carry the
-/// client's address.
+/// One translation, as `socklb trace` shows it. Socket events carry the process, network
+/// namespace and cgroup of the caller (the agent adds the process name: the kernel gives
+/// socket-address programs no helper for it); events from outside carry the client's
+/// address.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceEvent {
@@ -74,9 +74,6 @@ pub struct TraceEvent {
     /// [`TRACE_FAMILY_V4`] or [`TRACE_FAMILY_V6`].
     pub family: u8,
     pub pad: u16,
-    /// The calling task's name (`comm`), NUL-padded; all zero where the kernel does not
-    /// give it (`globals::TRACE_COMM`) and for packets.
-    pub comm: [u8; 16],
 }
 
 /// [`TraceEvent::family`] and [`TraceControl::family`]: IPv4 (also IPv6 sockets talking to

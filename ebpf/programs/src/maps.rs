@@ -161,7 +161,7 @@ pub static NAMES: HashMap<u32, FrontendName, 65536, { BPF_F_NO_PREALLOC as usize
 
 /// Trace events for `socklb trace` (see `trace`): 256 KiB, about 2,300 events between two
 /// reads of the session.
-#[btf_map(name = "socklb_trace_v3", pin_by_name)]
+#[btf_map(name = "socklb_trace_v2", pin_by_name)]
 pub static TRACE: RingBuf<TraceEvent, { 256 * 1024 }> = RingBuf::new();
 
 #[btf_map(name = "socklb_trctl_v2", pin_by_name)]

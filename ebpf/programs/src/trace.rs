@@ -19,12 +19,6 @@ use crate::{
     maps::{TRACE, TRACE_CONTROL},
 };
 
-/// Whether the kernel lets socket-address programs read the calling task's name
-/// (socklb-abi `globals::TRACE_COMM`), set by the agent at load time. A read-only global:
-/// where it is 0 the verifier never sees the call, which older kernels refuse.
-#[unsafe(no_mangle)]
-static TRACE_COMM: u32 = 0;
-
 /// An address as a decision holds it: by value (socket programs), or by reference to where
 /// it already is (TC: IPv6's stack has no room for copies). Events and filters hold 16
 /// bytes, IPv4 in the last word.
@@ -243,7 +237,6 @@ enum Origin<'a, A> {
 /// `event` must point to a reserved ring buffer entry of a `TraceEvent`.
 #[inline(always)]
 unsafe fn fill<A: Traced>(event: *mut TraceEvent, decision: &Decision<A>, origin: Origin<A>) {
-    let socket = matches!(origin, Origin::Socket(..));
     let (socket_cookie, netns_cookie, pid, cgroup_id, client) = match origin {
         // SAFETY: helpers that read the calling task (cgroup sock_addr programs run in its
         // context).
@@ -258,20 +251,6 @@ unsafe fn fill<A: Traced>(event: *mut TraceEvent, decision: &Decision<A>, origin
         },
         Origin::External(client) => (0, 0, 0, 0, client),
     };
-    // SAFETY: the caller's pointer; `comm` is inside the entry. Zeroed first, in two words
-    // (not a memset), so that a failed or skipped read leaves no stale bytes.
-    unsafe {
-        let comm = addr_of_mut!((*event).comm).cast::<u64>();
-        comm.write_volatile(0);
-        comm.add(1).write_volatile(0);
-        // SAFETY: the task's name into the entry's 16 bytes (the helper NUL-terminates).
-        if socket && core::ptr::read_volatile(&TRACE_COMM) != 0 {
-            let _ = helpers::generated::bpf_get_current_comm(
-                addr_of_mut!((*event).comm).cast(),
-                size_of::<[u8; 16]>() as u32,
-            );
-        }
-    }
     // SAFETY: the caller's pointer; every field pointer stays inside the entry.
     unsafe {
         addr_of_mut!((*event).time_ns).write_volatile(helpers::bpf_ktime_get_ns());
