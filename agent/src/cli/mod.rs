@@ -273,7 +273,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     let _pin_lock = match dataplane::lock_pin_dir(pin_dir, args.handover_wait, &|| shutdown.asked())
     {
         Err(dataplane::PinLockError::Stopped) => {
-            remove_pin_dir_left_empty(pin_dir, pin_dir_existed);
+            // The directory is the other agent's (it may have made it meanwhile).
             info!("stopped while waiting for the other agent to exit; nothing was changed");
             return Ok(());
         }
@@ -527,7 +527,10 @@ async fn initial_state(args: &SourceArgs, node_name: &str) -> anyhow::Result<Clu
         .filter(|kind| !listed.contains(kind))
         .collect();
     if !missing.is_empty() {
-        bail!("the cluster source stopped before listing {missing:?}");
+        bail!(
+            "the cluster source stopped before listing {}",
+            crate::listed(missing.iter().map(|kind| format!("{kind:?}s")))
+        );
     }
     Ok(state)
 }

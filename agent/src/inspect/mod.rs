@@ -325,6 +325,9 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         names_map.iter().filter_map(Result::ok).collect();
 
     let mut frontends = Vec::new();
+    // Each backend slot's id, by (service id, scope, slot), for the affinity entries.
+    let mut slot_ids: std::collections::HashMap<(u32, Scope, u16), u32> =
+        std::collections::HashMap::new();
     for (key, value) in &entries {
         let SlotValue::Master(master) = value else {
             continue;
@@ -335,7 +338,10 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         }
         let backends = (1..=master.count)
             .map(|slot| match entries.get(&SlotKey { frontend, slot }) {
-                Some(SlotValue::Backend { backend, .. }) => Some(*backend),
+                Some(SlotValue::Backend { id, backend }) => {
+                    slot_ids.insert((master.service_id, frontend.scope, slot), *id);
+                    Some(*backend)
+                }
                 _ => None,
             })
             .collect();
@@ -402,8 +408,9 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
             })
         },
     )?);
-    // What each entry's slot holds, as the programs check it; under `--address`, only the
-    // entries of that address's frontends.
+    // The backend each entry sends its client to: its slot's, if the slot still holds the
+    // entry's backend (as the programs check); under `--address`, only the entries of that
+    // address's frontends.
     affinity.retain_mut(|state| {
         let scope = if state.netns_cookie.is_some() {
             Scope::Internal
@@ -416,11 +423,13 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         else {
             return only.is_none();
         };
-        state.backend = frontend
-            .backends
-            .get(usize::from(state.slot).wrapping_sub(1))
-            .copied()
-            .flatten();
+        if slot_ids.get(&(state.service_id, scope, state.slot)) == Some(&state.backend_id) {
+            state.backend = frontend
+                .backends
+                .get(usize::from(state.slot).wrapping_sub(1))
+                .copied()
+                .flatten();
+        }
         true
     });
 

@@ -36,8 +36,9 @@ pub enum PinLockError {
         source: io::Error,
     },
     #[error(
-        "another socklb agent still holds {path} ({holder}) after {waited:?}: only one agent \
-         may write a pin directory; stop the other one, or give this one its own --bpffs"
+        "another socklb agent still holds {path} ({holder}) after {}: only one agent \
+         may write a pin directory; stop the other one, or give this one its own --bpffs",
+        humantime::format_duration(*waited)
     )]
     Held {
         path: PathBuf,
@@ -118,7 +119,9 @@ pub fn lock(
         } if *uid != agent => {
             warn!(
                 pin_dir = %pin_dir.display(),
-                pid, ?name, uid,
+                pid,
+                name = name.as_deref().unwrap_or("?"),
+                uid,
                 "a process of another user holds a lock on the pin directory (it opened the \
                  directory while it was readable to all): not an agent, passed over; the \
                  lock socklb counts on is its own entry, taken"
@@ -158,6 +161,10 @@ fn take(
                 if pass_over(&holder) {
                     return Ok(None);
                 }
+                // A stop asked for is not a failure, even at the wait's last moment.
+                if stop() {
+                    return Err(PinLockError::Stopped);
+                }
                 if Instant::now() >= deadline {
                     return Err(PinLockError::Held {
                         path: path.to_owned(),
@@ -168,9 +175,6 @@ fn take(
                 if !logged {
                     info!(lock = %path.display(), %holder, wait = %humantime::format_duration(wait), "another agent holds the pin directory: waiting for it to exit");
                     logged = true;
-                }
-                if stop() {
-                    return Err(PinLockError::Stopped);
                 }
                 std::thread::sleep(RETRY);
             }
