@@ -71,11 +71,7 @@ impl FrontendTable {
                 if owners.len() == 2 {
                     warn!(
                         frontend = %choice.frontend,
-                        services = %owners
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", "),
+                        services = %crate::listed(owners.iter()),
                         "several Services claim one frontend; the first by name is used"
                     );
                 }

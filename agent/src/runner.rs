@@ -709,11 +709,10 @@ impl Runner {
             .collect();
         if pods != self.per_packet_pods {
             info!(
-                pods = %pods
-                    .iter()
-                    .map(|(pod, path)| format!("{pod} ({})", path.label()))
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                pods = %crate::listed(
+                    pods.iter()
+                        .map(|(pod, path)| format!("{pod} ({})", path.label()))
+                ),
                 "pods served by the per-packet path (their sockets keep the Service address)"
             );
             self.per_packet_pods = pods;
