@@ -16,7 +16,7 @@ use socklb_agent::dataplane::{
 use socklb_tests::{
     Agent, Dnsmasq, ManifestDir, NamedServer, Sandbox, TwoBackendWeb, addr, agent_bin, assert_peer,
     bpftool, endpoint_slice, family::Family, frontend, node_yaml, service_yaml, spec, tally,
-    tcp_backends,
+    tcp_backends, wait::eventually,
 };
 
 socklb_tests::for_each_family!(
@@ -333,6 +333,18 @@ fn session_affinity_sticks_within_the_timeout_and_reselects_after(family: Family
         "{inspection}"
     );
     assert!(entry["idle_seconds"].as_u64() <= Some(1), "{inspection}");
+    assert_eq!(entry["expired"].as_bool(), Some(false), "{inspection}");
+    // Past the timeout, inspect says the entry no longer holds the client.
+    eventually(
+        "inspect marks the entry expired",
+        Duration::from_secs(10),
+        || {
+            let inspection = sandbox.inspect();
+            (inspection["affinity"][0]["expired"].as_bool() == Some(true))
+                .then_some(())
+                .ok_or_else(|| inspection.to_string())
+        },
+    );
     assert!(
         chosen.len() >= 2,
         "never re-selected after the timeout in {ROUNDS} rounds: {chosen:?}"

@@ -563,6 +563,25 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
             "{{{annotations}}}: explain's reason and inspect's path"
         );
     }
+    // A value socklb does not know is warned about once, not again when every pod is
+    // listed again (here: a pod defined in two files, which has the file source list
+    // everything; its copy in the later file wins and moves it to another reason).
+    const UNKNOWN: &str = "is neither on nor off";
+    node.write("pod.yaml", &app_pod(&node, "socklb.io/socket-lb: \"no\""));
+    agent.wait_for_log(UNKNOWN, 1);
+    agent.wait_for_log("served by the per-packet path", 4);
+    let address = node.a.pod1.to_string();
+    node.write(
+        "pod2.yaml",
+        &pod_yaml("app2", &address, "socklb.io/socket-lb: \"off\""),
+    );
+    agent.wait_for_log("served by the per-packet path", 5);
+    node.write(
+        "pod3.yaml",
+        &pod_yaml("app2", &address, "sidecar.istio.io/status: '{}'"),
+    );
+    agent.wait_for_log("per-packet-istio", 2);
+    assert_eq!(agent.log().matches(UNKNOWN).count(), 1, "{}", agent.log());
 }
 
 /// A pod's connected UDP socket keeps working while its path changes under it, both ways:
@@ -795,10 +814,13 @@ fn flow_filter_ready(node: &LanNode) -> u64 {
 /// Pod `default/app` of node1 on pod1's address, with `annotations` (a YAML flow mapping's
 /// insides).
 fn app_pod(node: &LanNode, annotations: &str) -> String {
+    pod_yaml("app", &node.a.pod1.to_string(), annotations)
+}
+
+fn pod_yaml(name: &str, ip: &str, annotations: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: app\n  namespace: default\n  \
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n  \
          annotations: {{{annotations}}}\nspec:\n  nodeName: node1\n  containers: [{{name: app, \
-         image: app}}]\nstatus:\n  podIPs: [{{ip: \"{}\"}}]\n",
-        node.a.pod1
+         image: app}}]\nstatus:\n  podIPs: [{{ip: \"{ip}\"}}]\n"
     )
 }

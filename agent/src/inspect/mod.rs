@@ -139,6 +139,9 @@ pub struct AffinityState {
     pub backend: Option<BackendAddr>,
     /// Since the client last connected through it (the Service's timeout ends it).
     pub idle_seconds: u32,
+    /// Idle past the Service's timeout: the client's next connection chooses afresh (the
+    /// LRU map drops the entry when it needs the room).
+    pub expired: bool,
 }
 
 /// One direction of a flow from outside the node: the packet as it arrives and what it is
@@ -389,6 +392,7 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
             slot: entry.slot,
             backend: None,
             idle_seconds: idle_seconds(entry.last_used_ns),
+            expired: false,
         })
         .collect::<Vec<_>>();
     // IPv6 clients from outside (local sockets of either family share the map above).
@@ -405,6 +409,7 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
                 slot: entry.slot,
                 backend: None,
                 idle_seconds: idle_seconds(entry.last_used_ns),
+                expired: false,
             })
         },
     )?);
@@ -423,6 +428,9 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         else {
             return only.is_none();
         };
+        state.expired = frontend
+            .affinity_timeout_seconds
+            .is_some_and(|timeout| state.idle_seconds > timeout);
         if slot_ids.get(&(state.service_id, scope, state.slot)) == Some(&state.backend_id) {
             state.backend = frontend
                 .backends
@@ -754,12 +762,17 @@ pub fn table(inspection: &Inspection) -> String {
                 .map_or_else(String::new, |s| format!(" ({}/{})", s.namespace, s.name));
             let _ = writeln!(
                 out,
-                "{client} service {}{service} -> {} slot {} idle {}s",
+                "{client} service {}{service} -> {} slot {} idle {}s{}",
                 a.service_id,
                 a.backend
                     .map_or_else(|| "<slot no longer holds it>".to_owned(), |b| b.to_string()),
                 a.slot,
-                a.idle_seconds
+                a.idle_seconds,
+                if a.expired {
+                    " expired (the next connection chooses afresh)"
+                } else {
+                    ""
+                }
             );
         }
     }

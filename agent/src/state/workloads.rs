@@ -1,7 +1,10 @@
 //! This node's pods and the Namespaces' labels, as far as they choose the path that serves
 //! each pod's connections (`select::socket_path`). Kept apart from the Services: a pod's
 //! change reprograms no frontend, only the socket hooks' list of namespaces.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use tracing::warn;
@@ -24,16 +27,28 @@ pub struct Workloads {
 impl Workloads {
     /// Replaces every pod (of `node`) or every Namespace, as `kind` says, with `objects`.
     /// Counts as a change even when nothing differs: the first lists (empty ones too) are
-    /// what lets the pods' namespaces be written at all.
+    /// what lets the pods' namespaces be written at all. Each object is compared with what
+    /// was held, so a relist warns only about what it changed.
     pub fn reset(&mut self, node: &str, kind: Kind, objects: Vec<Object>) {
+        let mut listed_pods = BTreeSet::new();
+        let mut listed_namespaces = BTreeSet::new();
+        for object in objects {
+            match &object {
+                Object::Pod(pod) if kind == Kind::Pod => listed_pods.insert(pod_key(pod)),
+                Object::Namespace(namespace) if kind == Kind::Namespace => {
+                    listed_namespaces.insert(namespace_labels(namespace).0)
+                }
+                _ => continue,
+            };
+            self.upsert_for(node, object);
+        }
         match kind {
-            Kind::Pod => self.pods.clear(),
-            Kind::Namespace => self.namespaces.clear(),
+            Kind::Pod => self.pods.retain(|key, _| listed_pods.contains(key)),
+            Kind::Namespace => self
+                .namespaces
+                .retain(|name, _| listed_namespaces.contains(name)),
             _ => return,
         }
-        objects
-            .into_iter()
-            .for_each(|object| self.upsert_for(node, object));
         self.changed = true;
     }
 
@@ -53,8 +68,13 @@ impl Workloads {
             Object::Pod(pod) => {
                 let info = pod_info(&pod);
                 let key = (info.namespace.clone(), info.name.clone());
-                if self.pods.get(&key) != Some(&info) {
-                    if let Some(value) = not_understood(info.annotations.get(SOCKET_LB_KEY)) {
+                let before = self.pods.get(&key);
+                if before != Some(&info) {
+                    // Said when the value is new, not when the pod changes otherwise.
+                    let value = info.annotations.get(SOCKET_LB_KEY);
+                    if before.map(|before| before.annotations.get(SOCKET_LB_KEY)) != Some(value)
+                        && let Some(value) = not_understood(value)
+                    {
                         warn!(
                             pod = %format!("{}/{}", key.0, key.1),
                             "annotation {SOCKET_LB_KEY}: {value:?} is neither on nor off: \
@@ -67,9 +87,14 @@ impl Workloads {
             }
             Object::Namespace(namespace) => {
                 let (name, labels) = namespace_labels(&namespace);
-                if self.namespaces.get(&name) != Some(&labels) {
-                    // A Namespace can only send its pods to the per-packet path.
-                    if let Some(value) = labels.get(SOCKET_LB_KEY).filter(|value| *value != "off") {
+                let before = self.namespaces.get(&name);
+                if before != Some(&labels) {
+                    // A Namespace can only send its pods to the per-packet path; said when
+                    // the value is new.
+                    let value = labels.get(SOCKET_LB_KEY);
+                    if before.map(|before| before.get(SOCKET_LB_KEY)) != Some(value)
+                        && let Some(value) = value.filter(|value| *value != "off")
+                    {
                         warn!(
                             namespace = name,
                             "label {SOCKET_LB_KEY}={value:?} is not off: its pods' paths are \
@@ -86,16 +111,7 @@ impl Workloads {
 
     pub fn delete(&mut self, object: &Object) {
         let removed = match object {
-            Object::Pod(pod) => {
-                let key = (
-                    pod.metadata
-                        .namespace
-                        .clone()
-                        .unwrap_or_else(|| "default".to_owned()),
-                    pod.metadata.name.clone().unwrap_or_default(),
-                );
-                self.pods.remove(&key).is_some()
-            }
+            Object::Pod(pod) => self.pods.remove(&pod_key(pod)).is_some(),
             Object::Namespace(namespace) => self
                 .namespaces
                 .remove(namespace.metadata.name.as_deref().unwrap_or_default())
@@ -145,16 +161,24 @@ fn pod_info(pod: &Pod) -> PodInfo {
     {
         ips.push(ip);
     }
+    let (namespace, name) = pod_key(pod);
     PodInfo {
-        namespace: pod
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".to_owned()),
-        name: pod.metadata.name.clone().unwrap_or_default(),
+        namespace,
+        name,
         ips,
         annotations: pod.metadata.annotations.clone().unwrap_or_default(),
     }
+}
+
+/// A pod's (namespace, name).
+fn pod_key(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".to_owned()),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 fn namespace_labels(namespace: &Namespace) -> (String, BTreeMap<String, String>) {
@@ -252,5 +276,28 @@ mod tests {
             workloads.per_packet_addresses(),
             ["10.244.1.5".parse::<IpAddr>().expect("address")]
         );
+    }
+
+    #[test]
+    fn a_relist_keeps_what_it_lists_and_drops_the_rest() {
+        let mut workloads = Workloads::default();
+        let listed = || {
+            vec![
+                pod("a", "n1", "10.244.1.5", &[("socklb.io/socket-lb", "off")]),
+                pod("b", "n1", "10.244.1.6", &[("socklb.io/socket-lb", "off")]),
+            ]
+        };
+        workloads.reset("n1", Kind::Pod, listed());
+        workloads.reset("n1", Kind::Pod, listed());
+        assert_eq!(workloads.per_packet_addresses().len(), 2);
+        // The namespaces' list leaves the pods alone.
+        workloads.reset("n1", Kind::Namespace, vec![namespace("shop", &[])]);
+        assert_eq!(workloads.per_packet_addresses().len(), 2);
+        workloads.reset("n1", Kind::Pod, listed().split_off(1));
+        assert_eq!(
+            workloads.per_packet_addresses(),
+            ["10.244.1.6".parse::<IpAddr>().expect("address")]
+        );
+        assert!(workloads.take_changed());
     }
 }
