@@ -964,6 +964,83 @@ fn a_pin_directory_outside_bpffs_is_a_clear_error() {
     assert!(!dir.exists(), "nothing may be created when the check fails");
 }
 
+/// A bpffs mounted by the test on a directory of its own, unmounted and removed on drop.
+struct OwnBpffs(std::path::PathBuf);
+
+impl OwnBpffs {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("socklb-test-{}-bpffs", std::process::id()));
+        std::fs::create_dir(&dir).expect("the mount point");
+        let mounted = Self(dir);
+        let status = Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&mounted.0)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount -t bpf on {}", mounted.0.display());
+        mounted
+    }
+}
+
+impl Drop for OwnBpffs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// A pin directory that is not socklb's alone (a bpffs mount, which other programs share
+/// as they share /sys/fs/bpf, or a directory holding another program's pins) is refused
+/// with the fix, and left as it was: the agent made such a directory private to itself.
+#[test]
+fn a_pin_directory_that_is_not_socklbs_alone_is_refused_and_left_as_it_was() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bpffs = OwnBpffs::new();
+    let mode = |path: &std::path::Path| {
+        std::fs::metadata(path)
+            .expect("metadata")
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    std::fs::set_permissions(&bpffs.0, std::fs::Permissions::from_mode(0o1777))
+        .expect("chmod the mount");
+    let shared = bpffs.0.join("tc");
+    std::fs::create_dir_all(shared.join("globals")).expect("another program's directory");
+    for (pin_dir, refusal) in [
+        (&bpffs.0, "is a bpffs mount itself"),
+        (&shared, "holds what socklb did not pin (globals)"),
+    ] {
+        let entries = || {
+            let mut entries: Vec<_> = std::fs::read_dir(pin_dir)
+                .expect("read the directory")
+                .filter_map(Result::ok)
+                .map(|entry| entry.file_name())
+                .collect();
+            entries.sort();
+            entries
+        };
+        let before = (mode(pin_dir), entries());
+        let error = Dataplane::load(Config {
+            pin_dir: pin_dir.clone(),
+            ..Config::default()
+        })
+        .err()
+        .expect("a pin directory not socklb's alone must be refused");
+        let message = error.to_string();
+        assert!(
+            message.contains(refusal) && message.contains("--bpffs"),
+            "{message}"
+        );
+        assert_eq!(
+            (mode(pin_dir), entries()),
+            before,
+            "{}: its mode or entries changed",
+            pin_dir.display()
+        );
+    }
+}
+
 #[test]
 fn a_cgroup_path_outside_cgroup_v2_is_a_clear_error() {
     let sandbox = Sandbox::new("nocgroup");

@@ -623,7 +623,17 @@ fn cleanup(args: &CleanupArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cleaning up {}", pin_dir.display()))?;
     let mut text = String::new();
     if cleanup.removed.is_empty() {
-        text = format!("nothing to remove under {}\n", pin_dir.display());
+        text = if pin_dir.exists() {
+            format!("nothing to remove under {}\n", pin_dir.display())
+        } else {
+            // A mistyped directory must not read as a node cleaned up.
+            format!(
+                "nothing to remove: there is no {} (an agent pins where its --bpffs says; the \
+                 default is {})\n",
+                pin_dir.display(),
+                dataplane::DEFAULT_PIN_DIR
+            )
+        };
     }
     for path in &cleanup.removed {
         text.push_str(&format!("removed {}\n", path.display()));

@@ -16,7 +16,7 @@ use tracing::warn;
 
 use super::{
     attach::tc,
-    carry,
+    carry, host,
     load::remove_staging,
     pin_lock::{self, PinLock, PinLockError},
     pins,
@@ -132,12 +132,14 @@ pub fn cleanup_with(pin_dir: &Path, running: RunningAgent) -> io::Result<Cleanup
             .into_iter()
             .map(PathBuf::from),
     );
-    for dir in [
+    // A mount (a pin directory from before the agent refused one) stays: it is not ours.
+    let mount = fs::metadata(pin_dir).is_ok_and(|metadata| host::is_mount_root(pin_dir, &metadata));
+    let dirs = [
         pins::links_dir(pin_dir),
         pins::trace_lease_dir(pin_dir),
         pins::lock_path(pin_dir),
-        pin_dir.to_owned(),
-    ] {
+    ];
+    for dir in dirs.into_iter().chain((!mount).then(|| pin_dir.to_owned())) {
         // Only if empty: anything else in there is not ours.
         match fs::remove_dir(&dir) {
             Ok(()) => cleanup.removed.push(dir),

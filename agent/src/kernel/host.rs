@@ -15,6 +15,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use super::pins;
+
 /// `statfs.f_type` of a BPF filesystem.
 const BPF_FS_MAGIC: u64 = 0xcafe_4a11;
 
@@ -67,6 +69,19 @@ pub enum HostError {
          remove it or pass another --bpffs"
     )]
     PinDirNotDirectory { path: PathBuf },
+    #[error(
+        "{path} is a bpffs mount itself, which other programs share: pass --bpffs with a \
+         directory of socklb's own below it, such as {}",
+        path.join("socklb").display()
+    )]
+    PinDirIsMount { path: PathBuf },
+    #[error(
+        "the pin directory {path} holds what socklb did not pin ({others}): it is another \
+         program's, which socklb must not take over; pass --bpffs with a directory of \
+         socklb's own, such as {}",
+        path.join("socklb").display()
+    )]
+    PinDirShared { path: PathBuf, others: String },
 }
 
 /// This network namespace's addresses of both families, each with the device that holds
@@ -210,6 +225,7 @@ pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), HostError> {
             path: pin_dir.to_owned(),
         });
     }
+    check_socklbs_own(pin_dir, &metadata)?;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let agent = unsafe { libc::geteuid() };
     if metadata.uid() != agent {
@@ -234,6 +250,42 @@ pub fn prepare_pin_dir(pin_dir: &Path) -> Result<(), HostError> {
 /// Only the agent's user reaches the pins: no other user can open the directory, so none
 /// can read the maps, hold its lock or open a pin to keep an old map alive.
 pub const PIN_DIR_MODE: u32 = 0o700;
+
+/// Whether the directory `path` (with its `metadata`) is the root of a mount: its parent
+/// is on another device, or it has none.
+pub fn is_mount_root(path: &Path, metadata: &fs::Metadata) -> bool {
+    let parent = fs::canonicalize(path)
+        .ok()
+        .and_then(|path| fs::metadata(path.parent()?).ok());
+    parent.is_none_or(|parent| parent.dev() != metadata.dev())
+}
+
+/// Refuses a pin directory that is not socklb's alone: a bpffs mount (`/sys/fs/bpf`
+/// itself, whose mode the agent would make private to it) or a directory holding another
+/// program's pins (iproute2's `/sys/fs/bpf/tc`).
+fn check_socklbs_own(pin_dir: &Path, metadata: &fs::Metadata) -> Result<(), HostError> {
+    if is_mount_root(pin_dir, metadata) {
+        return Err(HostError::PinDirIsMount {
+            path: pin_dir.to_owned(),
+        });
+    }
+    let others: Vec<String> = fs::read_dir(pin_dir)
+        .map_err(|source| HostError::PinDir {
+            path: pin_dir.to_owned(),
+            source,
+        })?
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| !pins::is_socklbs(name))
+        .collect();
+    if !others.is_empty() {
+        return Err(HostError::PinDirShared {
+            path: pin_dir.to_owned(),
+            others: crate::listed(others.iter().take(3)),
+        });
+    }
+    Ok(())
+}
 
 /// The cookie of the agent's network namespace (the host's, where the agent runs with the
 /// host network), as `bpf_get_netns_cookie` gives it to the programs.

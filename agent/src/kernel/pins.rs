@@ -67,6 +67,22 @@ impl NlFilter {
     }
 }
 
+/// Whether an entry of a pin directory, by name, is one socklb makes: its maps' and TC
+/// links' pins (`socklb_*`) and its directories. A directory holding anything else is
+/// shared with another program, which socklb must neither make private nor empty.
+pub fn is_socklbs(name: &str) -> bool {
+    name.starts_with("socklb")
+        || [
+            "links",
+            NETLINK_RECORDS,
+            "grow",
+            "carry",
+            "trace_lease",
+            "lock",
+        ]
+        .contains(&name)
+}
+
 /// Where the pinned map `name` is: directly in the pin directory, which is where the loader
 /// asks aya to pin every map of the object.
 pub fn map_pin(pin_dir: &Path, name: &str) -> PathBuf {
