@@ -6,6 +6,7 @@
 use std::{
     collections::{BTreeSet, HashMap},
     net::IpAddr,
+    time::{Duration, Instant},
 };
 
 use tracing::{info, warn};
@@ -22,23 +23,51 @@ struct Inside {
     addresses: Vec<IpAddr>,
 }
 
+/// How long a namespace found without an address is read again at every
+/// [`PodNamespaces::waiting`] recheck: a CNI plugs a pod within seconds of making its
+/// namespace; one without an address for longer is no pod's, or one that waits for
+/// something else (read again at each sync).
+const ADDRESS_WAIT: Duration = Duration::from_secs(60);
+
 #[derive(Default)]
 pub struct PodNamespaces {
     /// What was read in each pinned namespace, by inode.
     seen: HashMap<u64, Inside>,
+    /// When each namespace was first found without an address, by inode.
+    addressless_since: HashMap<u64, Instant>,
     /// Entering a namespace failed (no CAP_SYS_ADMIN): said once.
     refused: bool,
 }
 
+/// Which pods' namespaces the socket hooks serve.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Found {
+    /// Their cookies: every namespace pinned now, but those the per-packet path serves.
+    pub socket: BTreeSet<u64>,
+    /// Addresses of pods the per-packet path would serve whose namespaces no served device
+    /// leads to: they stay in `socket`.
+    pub unserved: BTreeSet<IpAddr>,
+}
+
 impl PodNamespaces {
-    /// The cookies of the namespaces pinned now, but those holding one of `per_packet` (the
-    /// addresses of pods the per-packet path serves).
-    pub fn find(&mut self, per_packet: &[IpAddr]) -> BTreeSet<u64> {
+    /// Whether a namespace found lately holds no address yet: its pod's path is known only
+    /// once it does, so it is read again soon rather than at the next sync (a meshed pod
+    /// would meanwhile stay in the socket hooks, and its sidecar see backends).
+    pub fn waiting(&self) -> bool {
+        self.addressless_since
+            .values()
+            .any(|since| since.elapsed() < ADDRESS_WAIT)
+    }
+
+    /// The namespaces pinned now, and which of them hold one of `per_packet` (the
+    /// addresses of pods the per-packet path serves) behind one of `served_devices` (the
+    /// pod devices its programs are attached to): those are left out of the socket hooks.
+    pub fn find(&mut self, per_packet: &[IpAddr], served_devices: &[String]) -> Found {
         let pinned = netns::pinned();
         self.seen
             .retain(|inode, _| pinned.iter().any(|namespace| namespace.inode == *inode));
-        let unread: Vec<Namespace> = pinned
-            .into_iter()
+        let unread: Vec<&Namespace> = pinned
+            .iter()
             .filter(|namespace| {
                 self.seen
                     .get(&namespace.inode)
@@ -53,7 +82,12 @@ impl PodNamespaces {
             // A thread of its own: it is left in the last namespace it entered.
             let read = std::thread::scope(|scope| {
                 scope
-                    .spawn(|| unread.iter().map(read_inside).collect::<Vec<_>>())
+                    .spawn(|| {
+                        unread
+                            .iter()
+                            .map(|namespace| read_inside(namespace))
+                            .collect::<Vec<_>>()
+                    })
                     .join()
             });
             for (namespace, inside) in unread.iter().zip(read.unwrap_or_default()) {
@@ -82,11 +116,57 @@ impl PodNamespaces {
                 );
             }
         }
-        self.seen
-            .values()
-            .filter(|inside| !inside.addresses.iter().any(|a| per_packet.contains(a)))
-            .map(|inside| inside.cookie)
-            .collect()
+        let now = Instant::now();
+        self.addressless_since.retain(|inode, _| {
+            self.seen
+                .get(inode)
+                .is_some_and(|inside| inside.addresses.is_empty())
+        });
+        for (inode, inside) in &self.seen {
+            if inside.addresses.is_empty() {
+                self.addressless_since.entry(*inode).or_insert(now);
+            }
+        }
+        let mut found = Found::default();
+        let mut served_pods = BTreeSet::new();
+        let mut links = None;
+        for namespace in &pinned {
+            let Some(inside) = self.seen.get(&namespace.inode) else {
+                continue;
+            };
+            let pods: Vec<IpAddr> = inside
+                .addresses
+                .iter()
+                .filter(|address| per_packet.contains(address))
+                .copied()
+                .collect();
+            if pods.is_empty() {
+                found.socket.insert(inside.cookie);
+                continue;
+            }
+            // Listed only when a pod is served per packet (a netlink dump of its own). Links
+            // that cannot be listed tell nothing: the pod stays served per packet.
+            let links = links.get_or_insert_with(|| dataplane::links().ok());
+            let served = links.as_ref().is_none_or(|links| {
+                let id = dataplane::netns_id(&namespace.file).ok().flatten();
+                id.is_some()
+                    && links
+                        .iter()
+                        .any(|link| link.peer_netns == id && served_devices.contains(&link.name))
+            });
+            if served {
+                served_pods.extend(pods);
+            } else {
+                found.socket.insert(inside.cookie);
+                found.unserved.extend(pods);
+            }
+        }
+        // A pod is served if one namespace holding its address is (another may hold it too:
+        // a namespace not of this node's pods, such as a nested cluster's).
+        found
+            .unserved
+            .retain(|address| !served_pods.contains(address));
+        found
     }
 }
 

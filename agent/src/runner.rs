@@ -58,6 +58,9 @@ const LIST_BATCH: Duration = Duration::from_millis(1);
 /// How soon a failed sync is retried (as a full sync).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// How soon a pod's network namespace found without an address is read again.
+const ADDRESS_RECHECK: Duration = Duration::from_millis(500);
+
 /// Entries each resync reads back to verify them: 20-40 ms of lookups (1-2 µs each). At
 /// 30,000 a resync of 100,000 Services cost 92-98 ms of CPU, at the edge of its 100 ms; a
 /// pass over their two million entries now takes about 105 resyncs (53 minutes).
@@ -135,6 +138,8 @@ pub struct Runner {
     pod_namespaces: Option<PodNamespaces>,
     /// The pods whose sockets the socket hooks leave alone, and why, as last logged.
     per_packet_pods: BTreeMap<String, SocketPath>,
+    /// Pods the per-packet path would serve, kept on the socket path (said when it changes).
+    unserved_pods: BTreeMap<String, SocketPath>,
     /// The SNAT addresses last programmed, per family (`None`: not yet), to log only their
     /// changes.
     snat_addresses: Option<(Option<Ipv4Addr>, Option<Ipv6Addr>)>,
@@ -175,6 +180,7 @@ impl Runner {
             link_changes: None,
             pod_namespaces: None,
             per_packet_pods: BTreeMap::new(),
+            unserved_pods: BTreeMap::new(),
             snat_addresses: None,
             logged_skips: HashMap::new(),
             rejected: BTreeSet::new(),
@@ -292,13 +298,19 @@ impl Runner {
                         tokio::time::sleep(LIST_BATCH).await;
                     }
                 }
-                Some(()) = link_changed(&mut self.link_changes) => {
-                    // A pod's device comes with its namespace, before its containers start.
+                () = tokio::time::sleep(ADDRESS_RECHECK), if self.pod_namespaces.as_ref().is_some_and(PodNamespaces::waiting) => {
                     if let Err(error) = self.program_pod_namespaces() {
                         warn!(error = %crate::error_chain(&error), "the pods' namespaces stay as they were until the next sync");
                     }
+                }
+                Some(()) = link_changed(&mut self.link_changes) => {
+                    // A pod's device comes with its namespace, before its containers start:
+                    // served first, so that its pod can leave the socket hooks.
                     if self.attached {
                         self.program_devices();
+                    }
+                    if let Err(error) = self.program_pod_namespaces() {
+                        warn!(error = %crate::error_chain(&error), "the pods' namespaces stay as they were until the next sync");
                     }
                 }
                 () = tokio::time::sleep_until(deadline) => {
@@ -438,13 +450,6 @@ impl Runner {
             sweeper.sweep(&pairs, |queued| self.dataplane.still_gone(queued));
             self.recheck.clone_from(&report.gone);
         }
-        if let Err(error) = self.program_pod_namespaces() {
-            warn!(
-                error = %crate::error_chain(&error),
-                "the pods' namespaces in the socket hooks' scope stay as they were: new pods are \
-                 served per packet until a sync writes them"
-            );
-        }
         // Every sync: a change of this Node's addresses marks every Service, so it is
         // applied by the next incremental sync; a device change, by the next sync of any kind.
         match self.program_external() {
@@ -455,6 +460,14 @@ impl Runner {
                 "traffic from outside: the TC programs stay as they were"
             ),
             Ok(()) => {}
+        }
+        // After the devices: a pod leaves the socket hooks only for a device that serves it.
+        if let Err(error) = self.program_pod_namespaces() {
+            warn!(
+                error = %crate::error_chain(&error),
+                "the pods' namespaces in the socket hooks' scope stay as they were: new pods are \
+                 served per packet until a sync writes them"
+            );
         }
         let attaching = !self.attached;
         if attaching {
@@ -684,7 +697,8 @@ impl Runner {
     }
 
     /// The socket hooks' pods' namespaces, found again (`--socket-lb-scope pods`), but those
-    /// of the pods the per-packet path serves (meshed, or opted out).
+    /// of the pods the per-packet path serves (meshed, or opted out) on a device of theirs
+    /// that carries its programs: a pod whose device is not served keeps the socket path.
     fn program_pod_namespaces(&mut self) -> Result<(), DataplaneError> {
         self.state.take_workloads_changed();
         let Some(namespaces) = &mut self.pod_namespaces else {
@@ -699,23 +713,47 @@ impl Runner {
             return Ok(());
         }
         let workloads = self.state.workloads();
-        let per_packet = workloads.per_packet_addresses();
-        self.dataplane
-            .set_socket_lb_namespaces(&namespaces.find(&per_packet))?;
-        let pods: BTreeMap<String, SocketPath> = workloads
-            .paths()
-            .filter(|(_, path)| path.per_packet())
-            .map(|(pod, path)| (format!("{}/{}", pod.namespace, pod.name), path))
-            .collect();
+        let found = namespaces.find(
+            &workloads.per_packet_addresses(),
+            &self.tc_devices.served_pod_devices(),
+        );
+        self.dataplane.set_socket_lb_namespaces(&found.socket)?;
+        let mut pods = BTreeMap::new();
+        let mut unserved = BTreeMap::new();
+        for (pod, path) in workloads.paths().filter(|(_, path)| path.per_packet()) {
+            let name = format!("{}/{}", pod.namespace, pod.name);
+            if pod.ips.iter().any(|ip| found.unserved.contains(ip)) {
+                unserved.insert(name, path);
+            } else {
+                pods.insert(name, path);
+            }
+        }
+        let label = |pods: &BTreeMap<String, SocketPath>| {
+            if pods.is_empty() {
+                return "none".to_owned();
+            }
+            crate::listed(
+                pods.iter()
+                    .map(|(pod, path)| format!("{pod} ({})", path.label())),
+            )
+        };
         if pods != self.per_packet_pods {
             info!(
-                pods = %crate::listed(
-                    pods.iter()
-                        .map(|(pod, path)| format!("{pod} ({})", path.label()))
-                ),
+                pods = %label(&pods),
                 "pods served by the per-packet path (their sockets keep the Service address)"
             );
             self.per_packet_pods = pods;
+        }
+        if unserved != self.unserved_pods {
+            if !unserved.is_empty() {
+                warn!(
+                    pods = %label(&unserved),
+                    "pods the per-packet path would serve, but no device of theirs carries its \
+                     programs (--pod-devices): they keep the socket path, whose hooks rewrite \
+                     the Service address at connect()"
+                );
+            }
+            self.unserved_pods = unserved;
         }
         Ok(())
     }

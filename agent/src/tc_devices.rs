@@ -89,6 +89,16 @@ impl TcDevices {
         Ok(())
     }
 
+    /// The pod devices the per-packet path's programs are attached to now.
+    pub fn served_pod_devices(&self) -> Vec<String> {
+        self.served
+            .iter()
+            .flatten()
+            .filter(|(_, role)| *role == DeviceRole::Pod)
+            .map(|(device, _)| device.clone())
+            .collect()
+    }
+
     fn external_devices(&mut self, node: &ThisNode, local: Vec<(IpAddr, String)>) -> Vec<String> {
         if !self.external.is_empty() {
             return self.external.clone();
@@ -113,13 +123,7 @@ impl TcDevices {
             Ok(links) => links,
             Err(error) => {
                 warn!(%error, "cannot list the network devices: the per-packet path keeps the pod devices it has");
-                return self
-                    .served
-                    .iter()
-                    .flatten()
-                    .filter(|(_, role)| *role == DeviceRole::Pod)
-                    .map(|(device, _)| device.clone())
-                    .collect();
+                return self.served_pod_devices();
             }
         };
         for device in self.pods.missing(&links) {

@@ -25,7 +25,7 @@ use socklb_tests::{
     hold_bin,
     lan::{Addresses, LanNode, VM, VM6, answers, servers_of},
     mesh_proxy_bin,
-    netns::Netns,
+    netns::{Netns, veth},
     privileges::chart_agent,
     run, stdout_of, wait,
 };
@@ -37,6 +37,8 @@ socklb_tests::for_each_family!(
     a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again,
     a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope,
     a_pod_s_annotations_choose_its_path_under_the_default_scope,
+    a_pod_whose_device_the_per_packet_path_does_not_serve_keeps_the_socket_path,
+    a_meshed_pod_plugged_after_its_namespace_leaves_the_socket_hooks_at_once,
     a_pod_s_established_flow_survives_a_change_of_its_path,
     a_flow_goes_on_across_a_restart_and_the_upgrade_to_the_flow_filter,
     the_frontend_filter_follows_services_as_they_come_and_go,
@@ -480,18 +482,8 @@ impl<'a> Mesh<'a> {
         let explained: serde_json::Value =
             serde_json::from_str(&explained).expect("socklb explain's JSON");
         let reason = explained["pods"][0]["reason"].as_str().unwrap_or_default();
-        let inspected: serde_json::Value =
-            serde_json::from_str(&self.node.sandbox.socklb(&["inspect", "-o", "json"]))
-                .expect("socklb inspect's JSON");
         // By its name: other tests' pods may hold the same address.
-        let pinned = format!("/run/netns/{}", self.node.lan.pod1.name);
-        let path = inspected["pods"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|pod| pod["namespace"] == pinned.as_str())
-            .map(|pod| pod["path"].as_str().unwrap_or_default().to_owned())
-            .unwrap_or_else(|| panic!("inspect shows no namespace {pinned}: {inspected}"));
+        let path = inspected_path(self.node, &self.node.lan.pod1.name);
         (reason.to_owned(), path)
     }
 }
@@ -582,6 +574,81 @@ fn a_pod_s_annotations_choose_its_path_under_the_default_scope(family: Family) {
     );
     agent.wait_for_log("per-packet-istio", 2);
     assert_eq!(agent.log().matches(UNKNOWN).count(), 1, "{}", agent.log());
+}
+
+/// A pod the per-packet path would serve (`socklb.io/socket-lb: "off"`) whose device does
+/// not carry its programs (`--pod-devices none`) keeps the socket path, with a warning:
+/// left out of the socket hooks, its connections to Services would not be translated.
+fn a_pod_whose_device_the_per_packet_path_does_not_serve_keeps_the_socket_path(family: Family) {
+    let node = LanNode::new(family, "pp-nodev", "d");
+    let _server = node.tcp_server(2, 8080);
+    let mesh = Mesh::new(&node, 64);
+    node.write("pod.yaml", &app_pod(&node, "socklb.io/socket-lb: \"off\""));
+    let agent = node.agent_as(chart_agent(), &["--pod-devices", "none"]);
+    agent.wait_for_log("no device of theirs carries its programs", 1);
+    assert_eq!(
+        mesh.sidecar_sees(&agent, "--pod-devices none"),
+        mesh.backend(),
+        "translated at connect(): the sidecar's original destination"
+    );
+    assert_eq!(
+        mesh.paths(),
+        ("per-packet-by-annotation".to_owned(), "socket".to_owned()),
+        "explain's reason and inspect's path"
+    );
+}
+
+/// A meshed pod whose namespace the agent found before the CNI gave it its address (its
+/// device comes first) leaves the socket hooks as soon as the address is there, not at the
+/// next sync: meanwhile its sidecar would see backends.
+fn a_meshed_pod_plugged_after_its_namespace_leaves_the_socket_hooks_at_once(family: Family) {
+    let node = LanNode::new(family, "pp-late", "l");
+    let address = match family {
+        Family::V4 => "10.244.4.10/24",
+        Family::V6 => "fd00:244:4::10/64",
+    };
+    let ip = address.split('/').next().expect("the address");
+    node.write(
+        "pod.yaml",
+        &pod_yaml("late", ip, "sidecar.istio.io/status: '{}'"),
+    );
+    let agent = node.agent_as(chart_agent(), &["--sync-period", "120s"]);
+    let found = agent
+        .log()
+        .matches("pods' network namespaces found")
+        .count();
+    let late = Netns::new(&format!("{}-late", node.lan.pod1.name));
+    socklb_tests::lan::here(&veth("late1", "eth0", &late.name));
+    socklb_tests::lan::here(&["link", "set", "late1", "up"]);
+    late.ip(&["link", "set", "eth0", "up"]);
+    // The agent read the namespace, addressless, when the devices came up; the address
+    // comes later, which no link of the node's says.
+    agent.wait_for_log("pods' network namespaces found", found + 1);
+    assert_eq!(inspected_path(&node, &late.name), "socket");
+    late.ip(&["addr", "add", address, "dev", "eth0"]);
+    wait::eventually(
+        "the meshed pod leaves the socket hooks",
+        Duration::from_secs(10),
+        || match inspected_path(&node, &late.name) {
+            path if path == "per-packet" => Ok(()),
+            path => Err(path),
+        },
+    );
+}
+
+/// The path `socklb inspect` finds serving the pinned namespace `name` on the node.
+fn inspected_path(node: &LanNode, name: &str) -> String {
+    let inspected: serde_json::Value =
+        serde_json::from_str(&node.sandbox.socklb(&["inspect", "-o", "json"]))
+            .expect("socklb inspect's JSON");
+    let pinned = format!("/run/netns/{name}");
+    inspected["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|pod| pod["namespace"] == pinned.as_str())
+        .map(|pod| pod["path"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_else(|| panic!("inspect shows no namespace {pinned}: {inspected}"))
 }
 
 /// A pod's connected UDP socket keeps working while its path changes under it, both ways:
