@@ -35,6 +35,8 @@ pub struct PodInfo {
     pub name: String,
     pub ips: Vec<IpAddr>,
     pub annotations: BTreeMap<String, String>,
+    /// `spec.hostNetwork`: the pod's sockets are the host's.
+    pub host_network: bool,
 }
 
 /// The path of a pod's connections, and why.
@@ -43,6 +45,9 @@ pub struct PodInfo {
 pub enum SocketPath {
     /// Translated at connect() (the default).
     Socket,
+    /// A pod in the host's network namespace: its sockets are the host's, which the socket
+    /// hooks translate under every scope; no annotation can move them.
+    HostNetwork,
     /// The pod's annotation says `on`, over a sidecar or its Namespace's label.
     SocketByAnnotation,
     /// The pod's annotation says `off`.
@@ -57,13 +62,17 @@ pub enum SocketPath {
 
 impl SocketPath {
     pub fn per_packet(self) -> bool {
-        !matches!(self, Self::Socket | Self::SocketByAnnotation)
+        !matches!(
+            self,
+            Self::Socket | Self::HostNetwork | Self::SocketByAnnotation
+        )
     }
 
     /// As `socklb explain` names it (its `reason` under `--socket-lb-scope pods`).
     pub fn label(self) -> &'static str {
         match self {
             Self::Socket => "socket",
+            Self::HostNetwork => "host-network",
             Self::SocketByAnnotation => "socket-by-annotation",
             Self::PerPacketByAnnotation => "per-packet-by-annotation",
             Self::PerPacketByNamespace => "per-packet-by-namespace",
@@ -85,6 +94,9 @@ pub fn socket_path(
     pod: &PodInfo,
     namespace_labels: Option<&BTreeMap<String, String>>,
 ) -> SocketPath {
+    if pod.host_network {
+        return SocketPath::HostNetwork;
+    }
     match pod.annotations.get(SOCKET_LB_KEY).map(String::as_str) {
         Some("off") => return SocketPath::PerPacketByAnnotation,
         Some("on") => return SocketPath::SocketByAnnotation,
@@ -131,6 +143,12 @@ pub struct PodPath {
 /// The path of `pod`, whose own choice is `choice`, when the agent runs with `scope`.
 pub fn pod_path(scope: Scope, pod: &PodInfo, choice: SocketPath) -> PodPath {
     let (path, reason, why) = match scope {
+        _ if choice == SocketPath::HostNetwork => (
+            Path::Socket,
+            choice.label(),
+            "hostNetwork: its sockets are the node's, which the socket hooks translate under \
+             every scope",
+        ),
         Scope::All => (
             Path::Socket,
             "scope-all",
@@ -143,7 +161,7 @@ pub fn pod_path(scope: Scope, pod: &PodInfo, choice: SocketPath) -> PodPath {
         ),
         Scope::Pods => {
             let why = match choice {
-                SocketPath::Socket => "the default for this node's pods",
+                SocketPath::Socket | SocketPath::HostNetwork => "the default for this node's pods",
                 SocketPath::SocketByAnnotation => "its annotation socklb.io/socket-lb: on",
                 SocketPath::PerPacketByAnnotation => "its annotation socklb.io/socket-lb: off",
                 SocketPath::PerPacketByNamespace => {
@@ -190,6 +208,26 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            host_network: false,
+        }
+    }
+
+    #[test]
+    fn a_host_network_pod_is_the_host_s_under_every_scope() {
+        let host = PodInfo {
+            host_network: true,
+            ..pod(&[(SOCKET_LB_KEY, "off"), (ISTIO_SIDECAR, "{}")])
+        };
+        let choice = socket_path(&host, None);
+        assert_eq!(choice, SocketPath::HostNetwork);
+        assert!(!choice.per_packet());
+        for scope in [Scope::All, Scope::Host, Scope::Pods] {
+            let path = pod_path(scope, &host, choice);
+            assert_eq!(
+                (path.path, path.reason.as_str()),
+                (Path::Socket, "host-network"),
+                "{scope:?}"
+            );
         }
     }
 

@@ -56,7 +56,8 @@ impl Workloads {
     /// source reads every pod) is left out.
     pub fn upsert_for(&mut self, node: &str, object: Object) {
         if let Object::Pod(pod) = &object
-            && pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) != Some(node)
+            && (pod.spec.as_ref().and_then(|spec| spec.node_name.as_deref()) != Some(node)
+                || finished(pod))
         {
             return self.delete(&object);
         }
@@ -167,7 +168,21 @@ fn pod_info(pod: &Pod) -> PodInfo {
         name,
         ips,
         annotations: pod.metadata.annotations.clone().unwrap_or_default(),
+        host_network: pod
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.host_network)
+            .unwrap_or(false),
     }
+}
+
+/// Whether a pod's containers all ended for good (`Succeeded`, `Failed`): it keeps its
+/// `podIPs`, which the node may already have given to a new pod.
+fn finished(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|status| status.phase.as_deref())
+        .is_some_and(|phase| matches!(phase, "Succeeded" | "Failed"))
 }
 
 /// A pod's (namespace, name).
@@ -196,6 +211,8 @@ mod tests {
     };
 
     use super::*;
+
+    const ISTIO: &str = "sidecar.istio.io/status";
 
     /// Labels or annotations.
     fn strings(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
@@ -276,6 +293,22 @@ mod tests {
             workloads.per_packet_addresses(),
             ["10.244.1.5".parse::<IpAddr>().expect("address")]
         );
+    }
+
+    #[test]
+    fn a_finished_pod_leaves_its_address_to_the_pod_that_holds_it_now() {
+        let mut workloads = Workloads::default();
+        let job = || pod("job", "n1", "10.244.1.5", &[(ISTIO, "{}")]);
+        workloads.upsert_for("n1", job());
+        assert_eq!(workloads.per_packet_addresses().len(), 1);
+        let Object::Pod(mut done) = job() else {
+            unreachable!("a pod")
+        };
+        if let Some(status) = done.status.as_mut() {
+            status.phase = Some("Succeeded".to_owned());
+        }
+        workloads.upsert_for("n1", Object::Pod(done));
+        assert!(workloads.per_packet_addresses().is_empty());
     }
 
     #[test]
