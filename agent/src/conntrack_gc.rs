@@ -25,6 +25,11 @@ pub enum GcInterval {
     Every(Duration),
 }
 
+/// The longest `--conntrack-gc-interval`: a day (`off` is for never). Bounded so that a
+/// value of years is refused with the flag's name rather than kept as a pass that never
+/// comes.
+pub const EVERY_MAX: Duration = Duration::from_secs(24 * 3600);
+
 impl FromStr for GcInterval {
     type Err = String;
 
@@ -33,8 +38,14 @@ impl FromStr for GcInterval {
             "auto" => Ok(Self::Auto),
             "off" => Ok(Self::Off),
             _ => match humantime::parse_duration(text) {
-                Ok(every) if every >= GC_INTERVAL_MIN => Ok(Self::Every(every)),
-                Ok(_) => Err("at least 1s (or auto, or off)".to_owned()),
+                Ok(every) if (GC_INTERVAL_MIN..=EVERY_MAX).contains(&every) => {
+                    Ok(Self::Every(every))
+                }
+                Ok(_) => Err(format!(
+                    "give between {} and {} (or auto, or off)",
+                    humantime::format_duration(GC_INTERVAL_MIN),
+                    humantime::format_duration(EVERY_MAX)
+                )),
                 Err(error) => Err(format!("{error}: give auto, off or a duration")),
             },
         }
@@ -110,18 +121,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_interval_is_auto_off_or_at_least_a_second() {
+    fn the_interval_is_auto_off_or_between_a_second_and_a_day() {
         for (text, parsed) in [
             ("auto", Ok(GcInterval::Auto)),
             ("off", Ok(GcInterval::Off)),
             ("30s", Ok(GcInterval::Every(Duration::from_secs(30)))),
             ("1s", Ok(GcInterval::Every(Duration::from_secs(1)))),
+            ("1day", Ok(GcInterval::Every(EVERY_MAX))),
         ] {
             assert_eq!(text.parse::<GcInterval>(), parsed, "{text}");
             assert_eq!(parsed.map(|p| p.to_string()).as_deref(), Ok(text));
         }
-        for text in ["500ms", "0s", "often", ""] {
+        for text in [
+            "500ms",
+            "0s",
+            "often",
+            "",
+            "1day 1s",
+            "10000000000000000000s",
+        ] {
             assert!(text.parse::<GcInterval>().is_err(), "{text}");
         }
+        assert_eq!(
+            "2days".parse::<GcInterval>(),
+            Err("give between 1s and 1day (or auto, or off)".to_owned())
+        );
     }
 }

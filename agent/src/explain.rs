@@ -2,7 +2,7 @@
 //! and external traffic, and why; for every pod of this node, which path serves its
 //! connections, and why. A table for people, JSON (`-o json`) for tools.
 
-use std::collections::BTreeMap;
+use std::{borrow::Cow, collections::BTreeMap};
 
 use serde::Serialize;
 
@@ -14,6 +14,7 @@ use crate::{
         socket_path::{Path, PodPath, Scope, pod_path},
     },
     state::ClusterState,
+    terminal::printable,
 };
 
 /// The JSON document of `socklb explain -o json` (documented in docs/explain.md).
@@ -211,8 +212,8 @@ pub fn table(explanation: &Explanation) -> String {
     }
     let mut out = format!(
         "node {} (zone {}, addresses {})\n",
-        explanation.node.name,
-        explanation.node.zone.as_deref().unwrap_or("unset"),
+        printable(&explanation.node.name),
+        printable(explanation.node.zone.as_deref().unwrap_or("unset")),
         spaced(&explanation.node.addresses)
     );
     out.push_str(&aligned(&rows));
@@ -240,16 +241,22 @@ pub fn table(explanation: &Explanation) -> String {
     out
 }
 
-/// `rows` in columns as wide as their widest cell.
+/// `rows` in columns as wide as their widest cell. Every cell is escaped for the terminal
+/// (and measured escaped): most hold names, port names, annotation values or reasons that
+/// quote them, as the cluster's objects give them.
 fn aligned<const N: usize>(rows: &[[String; N]]) -> String {
+    let rows: Vec<[Cow<'_, str>; N]> = rows
+        .iter()
+        .map(|row| row.each_ref().map(|cell| printable(cell)))
+        .collect();
     let mut widths = [0usize; N];
-    for row in rows {
+    for row in &rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
-    for row in rows {
+    for row in &rows {
         let mut line = String::new();
         for (cell, width) in row.iter().zip(widths) {
             // Padded by hand: a format width above u16::MAX (a 100,000-character name, the
@@ -461,6 +468,59 @@ endpoints: [{{addresses: [10.244.2.7], nodeName: {endpoint_node}}}]
             row("node-a").ends_with("10.244.2.7:8080"),
             "{}",
             row("node-a")
+        );
+    }
+
+    #[test]
+    fn names_and_annotation_values_reach_the_terminal_escaped() {
+        // Double-quoted YAML: `\e` is ESC, `\a` BEL, `\u202E` the right-to-left override.
+        let state = state_of(
+            r#"kind: Service
+metadata:
+  name: "web\u202Egpj"
+  namespace: "default\e[31m"
+  annotations:
+    service.beta.kubernetes.io/load-balancer-source-ranges: "10.0.0.0/8,\e]0;pwned\a\e[2J"
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.6.1
+  ports: [{name: "ht\e[8mtp", port: 80}]
+status: {loadBalancer: {ingress: [{ip: 198.51.100.6}]}}
+---
+kind: Service
+metadata: {name: "gone\e[2J", namespace: default}
+spec: {clusterIP: None}
+"#,
+        );
+        let mut explanation = explain(&state, Scope::Pods, &Only::default());
+        // The node's name and zone as a hostname or a label could give them.
+        explanation.node.name = "node\x1b[2J-a".to_owned();
+        explanation.node.zone = Some("z\u{202e}1".to_owned());
+        let table = table(&explanation);
+        for raw in ['\x1b', '\x07', '\u{202e}'] {
+            assert!(!table.contains(raw), "{raw:?} reached the table:\n{table}");
+        }
+        for shown in [
+            "node node\\x1b[2J-a (zone z\\u{202e}1,",
+            "default\\x1b[31m/web\\u{202e}gpj",
+            "ht\\x1b[8mtp",
+            "loadBalancerSourceRanges \\x1b]0;pwned\\x07\\x1b[2J not served: invalid: not a CIDR",
+            "default/gone\\x1b[2J",
+        ] {
+            assert!(table.contains(shown), "{shown:?} missing:\n{table}");
+        }
+        // The columns line up on the escaped text.
+        let header = table.lines().nth(1).expect("the header");
+        let row = table
+            .lines()
+            .find(|line| line.contains("10.96.6.1:80/TCP"))
+            .expect("the ClusterIP's row");
+        assert_eq!(header.find("FRONTEND"), row.find("10.96.6.1"), "{table}");
+        // JSON keeps the values as they are: serde escapes them.
+        let json = serde_json::to_string(&explanation).expect("json");
+        assert!(
+            json.contains("web\u{202e}gpj") && json.contains("\\u001b"),
+            "{json}"
         );
     }
 

@@ -26,6 +26,7 @@ pub mod state;
 pub mod stdout;
 pub mod sweep;
 pub mod tc_devices;
+pub mod terminal;
 pub mod trace;
 
 #[cfg(test)]

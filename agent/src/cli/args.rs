@@ -28,12 +28,20 @@ fn frontend_address(text: &str) -> Result<SocketAddr, String> {
         })
 }
 
-/// A duration longer than zero.
-fn longer_than_zero(text: &str) -> Result<humantime::Duration, String> {
+/// The longest `trace --duration`: a week (a trace without `--duration` runs until
+/// stopped). Its end is a deadline on the clock, which a value of years would overflow.
+const TRACE_DURATION_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// A `trace --duration`: longer than zero, at most [`TRACE_DURATION_MAX`].
+fn trace_duration(text: &str) -> Result<humantime::Duration, String> {
     match text.parse::<humantime::Duration>() {
         Ok(duration) if duration.is_zero() => {
             Err("0s would end at once: give a longer one, e.g. 30s".to_owned())
         }
+        Ok(duration) if *duration > TRACE_DURATION_MAX => Err(format!(
+            "give at most {}, or leave --duration out to trace until stopped",
+            humantime::format_duration(TRACE_DURATION_MAX)
+        )),
         Ok(duration) => Ok(duration),
         Err(error) => Err(error.to_string()),
     }
@@ -421,7 +429,7 @@ pub struct TraceArgs {
     #[arg(long, value_parser = at_least_one)]
     pub count: Option<usize>,
     /// Stop after this long (e.g. `30s`).
-    #[arg(long, value_parser = longer_than_zero)]
+    #[arg(long, value_parser = trace_duration)]
     pub duration: Option<humantime::Duration>,
     /// `table`: one line per event; `json`: one JSON object per line.
     #[arg(short, long, value_enum, default_value = "table")]
@@ -465,6 +473,9 @@ mod tests {
         assert!(!parses(&["trace", "--count", "0"]));
         assert!(parses(&["trace", "--duration", "1s"]));
         assert!(!parses(&["trace", "--duration", "0s"]));
+        assert!(parses(&["trace", "--duration", "7days"]));
+        assert!(!parses(&["trace", "--duration", "8days"]));
+        assert!(!parses(&["trace", "--duration", "10000000000000000000s"]));
         for frontend in ["10.96.0.10:80", "10.96.0.10", "[fd00::10]:53", "fd00::10"] {
             assert!(parses(&["trace", "--frontend", frontend]), "{frontend}");
         }

@@ -23,6 +23,27 @@ const PREALLOCATED_BYTES: [(&str, u64); 4] = [
     ("--max-affinity-entries", 96 + 104 / 2),
 ];
 
+/// The longest `--sync-period` and `--min-sync-period`: a day between resyncs is already
+/// past any use (the health endpoints report a stuck agent only after twice the period).
+const SYNC_PERIOD_MAX: Duration = Duration::from_secs(24 * 3600);
+
+/// The longest `--full-sync-period`: a week (kube-proxy's full sync is hourly).
+const FULL_SYNC_PERIOD_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The longest `--handover-wait`: an hour, far past any pod's termination grace period.
+const HANDOVER_WAIT_MAX: Duration = Duration::from_secs(3600);
+
+/// The longest `--api-retry-max`: an hour (changes are applied again at most this long
+/// after an API-server outage ends).
+const API_RETRY_MAX: Duration = Duration::from_secs(3600);
+
+/// Whether a duration flag takes `0s`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Zero {
+    Allowed,
+    Refused,
+}
+
 /// A flag that cannot work, with what to do instead.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{flag} {value}: {problem}")]
@@ -90,7 +111,13 @@ pub fn problems(
                 .to_owned(),
         );
     }
-    positive("--api-retry-max", source.api_retry_max, &mut report);
+    duration(
+        "--api-retry-max",
+        source.api_retry_max,
+        Zero::Refused,
+        API_RETRY_MAX,
+        &mut report,
+    );
     if let Some(path) = &args.cgroup_path
         && !path.is_dir()
     {
@@ -121,9 +148,30 @@ pub fn problems(
             ),
         );
     }
-    positive("--sync-period", args.sync_period, &mut report);
-    positive("--full-sync-period", args.full_sync_period, &mut report);
-    if args.min_sync_period > args.sync_period && !args.sync_period.is_zero() {
+    // Each duration flag is bounded before anything uses it: the agent adds them to the
+    // clock and doubles the sync period, which a value of years would overflow (a panic).
+    let sync_fits = duration(
+        "--sync-period",
+        args.sync_period,
+        Zero::Refused,
+        SYNC_PERIOD_MAX,
+        &mut report,
+    );
+    duration(
+        "--full-sync-period",
+        args.full_sync_period,
+        Zero::Refused,
+        FULL_SYNC_PERIOD_MAX,
+        &mut report,
+    );
+    let min_fits = duration(
+        "--min-sync-period",
+        args.min_sync_period,
+        Zero::Allowed,
+        SYNC_PERIOD_MAX,
+        &mut report,
+    );
+    if sync_fits && min_fits && args.min_sync_period > args.sync_period {
         report(
             "--min-sync-period",
             humantime::format_duration(args.min_sync_period).to_string(),
@@ -133,6 +181,13 @@ pub fn problems(
             ),
         );
     }
+    duration(
+        "--handover-wait",
+        args.handover_wait,
+        Zero::Allowed,
+        HANDOVER_WAIT_MAX,
+        &mut report,
+    );
     for device in &args.external.devices {
         if device.is_empty() || !device_exists(device) {
             report(
@@ -220,18 +275,28 @@ fn binds_overlap(a: IpAddr, b: IpAddr) -> bool {
     a == b || takes(a, b) || takes(b, a)
 }
 
-fn positive(
+/// Reports `value` of `flag` unless it is within its range (0s, if `zero` allows it, to
+/// `max`); returns whether it is.
+fn duration(
     flag: &'static str,
     value: Duration,
+    zero: Zero,
+    max: Duration,
     report: &mut impl FnMut(&'static str, String, String),
-) {
-    if value.is_zero() {
+) -> bool {
+    let fits = value <= max && (zero == Zero::Allowed || !value.is_zero());
+    if !fits {
+        let max = humantime::format_duration(max);
         report(
             flag,
-            "0s".to_owned(),
-            "must be longer than zero (e.g. 1s)".to_owned(),
+            humantime::format_duration(value).to_string(),
+            match zero {
+                Zero::Allowed => format!("give between 0s and {max}"),
+                Zero::Refused => format!("give a duration longer than 0s and at most {max}"),
+            },
         );
     }
+    fits
 }
 
 fn capacity_flags(capacities: &Capacities) -> [(&'static str, u32); 9] {
@@ -300,6 +365,10 @@ mod tests {
             .collect()
     }
 
+    /// A duration the operator walkthrough gave, far past what a `Duration` added to the
+    /// clock can hold.
+    const HUGE: &str = "10000000000000000000s";
+
     #[test]
     fn each_bad_flag_is_named() {
         // (flags given, the flags named in the error)
@@ -315,6 +384,22 @@ mod tests {
                 &["--min-sync-period"],
             ),
             (&["--api-retry-max", "0s"], &["--api-retry-max"]),
+            (&["--api-retry-max", "1h"], &[]),
+            (&["--api-retry-max", "2h"], &["--api-retry-max"]),
+            // Durations of years overflow the clock or the health timeout: bounded.
+            (&["--sync-period", HUGE], &["--sync-period"]),
+            (&["--sync-period", "1day"], &[]),
+            (&["--sync-period", "1day 1s"], &["--sync-period"]),
+            (&["--full-sync-period", HUGE], &["--full-sync-period"]),
+            (&["--full-sync-period", "7days"], &[]),
+            (&["--min-sync-period", HUGE], &["--min-sync-period"]),
+            (
+                &["--sync-period", HUGE, "--min-sync-period", HUGE],
+                &["--sync-period", "--min-sync-period"],
+            ),
+            (&["--handover-wait", "0s"], &[]),
+            (&["--handover-wait", "1h"], &[]),
+            (&["--handover-wait", HUGE], &["--handover-wait"]),
             (
                 &["--conntrack-tcp-timeout-syn", "0s"],
                 &["--conntrack-tcp-timeout-syn"],
@@ -381,6 +466,31 @@ mod tests {
         for (flags, named) in rows {
             assert_eq!(&flags_named(flags), named, "{flags:?}");
         }
+    }
+
+    #[test]
+    fn a_duration_out_of_range_says_the_range() {
+        let problem = |flags: &[&str]| {
+            let bad = problems(&run_args(flags), &|_| true, None);
+            assert_eq!(bad.len(), 1, "{flags:?}: {bad:?}");
+            bad[0].to_string()
+        };
+        assert_eq!(
+            problem(&["--sync-period", "2days"]),
+            "--sync-period 2days: give a duration longer than 0s and at most 1day"
+        );
+        assert_eq!(
+            problem(&["--sync-period", "0s"]),
+            "--sync-period 0s: give a duration longer than 0s and at most 1day"
+        );
+        assert_eq!(
+            problem(&["--handover-wait", "2h"]),
+            "--handover-wait 2h: give between 0s and 1h"
+        );
+        assert_eq!(
+            problem(&["--full-sync-period", "8days"]),
+            "--full-sync-period 8days: give a duration longer than 0s and at most 7days"
+        );
     }
 
     #[test]

@@ -34,6 +34,7 @@ use crate::{
         services::{KernelMaps, RawMaps},
         writer::{SlotKey, SlotValue},
     },
+    terminal::printable,
 };
 
 mod pods;
@@ -109,6 +110,19 @@ pub struct ServiceLabel {
     pub name: String,
     pub port: String,
     pub kind: &'static str,
+}
+
+impl ServiceLabel {
+    /// NAMESPACE/NAME, and :PORT if the port is named, escaped for the terminal: the names
+    /// are the Service author's (the file source takes any character).
+    fn shown(&self) -> String {
+        let (namespace, name) = (printable(&self.namespace), printable(&self.name));
+        if self.port.is_empty() {
+            format!("{namespace}/{name}")
+        } else {
+            format!("{namespace}/{name}:{}", printable(&self.port))
+        }
+    }
 }
 
 impl From<FrontendLabel> for ServiceLabel {
@@ -563,12 +577,17 @@ fn socket_records(pin_dir: &Path) -> Result<u64, InspectError> {
     Ok(u64::try_from(count.live).unwrap_or(0))
 }
 
-/// Names separated by spaces, or "none".
+/// Names separated by spaces, or "none"; escaped for the terminal (a device's name is
+/// its creator's choice).
 fn listed(names: &[String]) -> String {
     if names.is_empty() {
         "none".to_owned()
     } else {
-        names.join(" ")
+        names
+            .iter()
+            .map(|name| printable(name))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
@@ -707,14 +726,10 @@ pub fn table(inspection: &Inspection) -> String {
             ),
             f.scope.name(),
             state.service_id,
-            state.service.as_ref().map_or_else(
-                || "-".to_owned(),
-                |s| if s.port.is_empty() {
-                    format!("{}/{}", s.namespace, s.name)
-                } else {
-                    format!("{}/{}:{}", s.namespace, s.name, s.port)
-                }
-            ),
+            state
+                .service
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), ServiceLabel::shown),
             affinity,
             backends
         );
@@ -759,7 +774,9 @@ pub fn table(inspection: &Inspection) -> String {
                 .iter()
                 .find(|f| f.service_id == a.service_id)
                 .and_then(|f| f.service.as_ref())
-                .map_or_else(String::new, |s| format!(" ({}/{})", s.namespace, s.name));
+                .map_or_else(String::new, |s| {
+                    format!(" ({}/{})", printable(&s.namespace), printable(&s.name))
+                });
             let _ = writeln!(
                 out,
                 "{client} service {}{service} -> {} slot {} idle {}s{}",
@@ -833,7 +850,7 @@ pub fn table(inspection: &Inspection) -> String {
             let _ = write!(
                 out,
                 "\n  {} addresses {} devices {}: {path}",
-                pod.namespace,
+                printable(&pod.namespace),
                 listed(
                     &pod.addresses
                         .iter()
@@ -858,4 +875,90 @@ pub fn table(inspection: &Inspection) -> String {
     );
     out.push('\n');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sweep::{Expected, Mode, netns::Coverage};
+
+    fn inspection(frontends: Vec<FrontendState>, affinity: Vec<AffinityState>) -> Inspection {
+        Inspection {
+            frontends,
+            affinity,
+            conntrack: Vec::new(),
+            fragments: 0,
+            socket_records: 0,
+            pod_namespaces: 0,
+            pods: vec![PodState {
+                namespace: "/run/netns/cni-\x1b[2J".to_owned(),
+                addresses: Vec::new(),
+                devices: vec!["veth\u{202e}0".to_owned()],
+                path: PodPathState::Socket,
+            }],
+            pods_unreadable: None,
+            external_devices: vec!["eth\x1b0".to_owned()],
+            pod_devices: Vec::new(),
+            counters: CountersView::default(),
+            flow_filter: None,
+            frontend_filter: None,
+            socket_destroy: Expected {
+                mode: Mode::Off,
+                every_namespace: false,
+                coverage: Coverage {
+                    enters_others: false,
+                    host_processes: false,
+                    other_users: false,
+                },
+                reason: None,
+            },
+        }
+    }
+
+    #[test]
+    fn names_from_the_cluster_reach_the_terminal_escaped() {
+        let frontend = FrontendState {
+            frontend: Frontend {
+                address: Ipv4Addr::new(10, 96, 0, 10).into(),
+                port: 80,
+                protocol: Protocol::Tcp,
+                scope: Scope::Internal,
+            },
+            service_id: 3,
+            service: Some(ServiceLabel {
+                namespace: "default\x1b[31m".to_owned(),
+                name: "web\u{202e}gpj".to_owned(),
+                port: "\x1b]0;pwned\x07".to_owned(),
+                kind: "ClusterIP",
+            }),
+            affinity_timeout_seconds: Some(600),
+            backends: Vec::new(),
+            source_ranges: None,
+            maglev: false,
+            refuses: false,
+        };
+        let affinity = AffinityState {
+            netns_cookie: Some(1),
+            client: None,
+            service_id: 3,
+            backend_id: 1,
+            slot: 1,
+            backend: None,
+            idle_seconds: 5,
+            expired: false,
+        };
+        let table = table(&inspection(vec![frontend], vec![affinity]));
+        for raw in ['\x1b', '\x07', '\u{202e}'] {
+            assert!(!table.contains(raw), "{raw:?} reached the table:\n{table}");
+        }
+        for shown in [
+            "default\\x1b[31m/web\\u{202e}gpj:\\x1b]0;pwned\\x07",
+            "service 3 (default\\x1b[31m/web\\u{202e}gpj)",
+            "/run/netns/cni-\\x1b[2J",
+            "devices veth\\u{202e}0",
+            "external devices: eth\\x1b0",
+        ] {
+            assert!(table.contains(shown), "{shown:?} missing:\n{table}");
+        }
+    }
 }

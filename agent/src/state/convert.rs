@@ -166,10 +166,21 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
             ));
             continue;
         }
-        let mut node_port = port
-            .node_port
-            .and_then(|p| u16::try_from(p).ok())
-            .filter(|p| *p != 0);
+        // 0 (or none) is a port without a nodePort; a number no port can have is said, as
+        // its NodePort frontends are then missing.
+        let mut node_port = match port.node_port.filter(|p| *p != 0) {
+            None => None,
+            Some(given) => match u16::try_from(given) {
+                Ok(number) => Some(number),
+                Err(_) => {
+                    partial_skips.push((
+                        format!("{} nodePort", label()),
+                        SkipReason::Invalid(format!("nodePort {given}")),
+                    ));
+                    None
+                }
+            },
+        };
         if let Some(taken) = node_port
             && let Some(first) = first(&|p| p.node_port == Some(taken) && p.protocol == protocol)
         {

@@ -604,6 +604,56 @@ status: {addresses: [{type: InternalIP, address: 192.168.0.1}]}
 }
 
 #[test]
+fn a_node_port_out_of_range_is_said_and_its_port_still_served() {
+    let state = state_with(
+        "
+kind: Service
+metadata: {name: np, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.60
+  ports:
+  - {name: big, port: 80, protocol: TCP, nodePort: 99999}
+  - {name: bigger, port: 81, protocol: TCP, nodePort: 300800}
+  - {name: negative, port: 82, protocol: TCP, nodePort: -30000}
+  - {name: unset, port: 83, protocol: TCP, nodePort: 0}
+  - {name: good, port: 84, protocol: TCP, nodePort: 30084}
+---
+kind: Node
+metadata: {name: node-a}
+status: {addresses: [{type: InternalIP, address: 192.168.0.1}]}
+",
+    );
+    let selection = state.select(&name("np")).expect("served");
+    assert_eq!(
+        skipped(&selection),
+        [
+            "port big nodePort: invalid: nodePort 99999",
+            "port bigger nodePort: invalid: nodePort 300800",
+            "port negative nodePort: invalid: nodePort -30000",
+        ]
+    );
+    let internal: Vec<(&str, u16, FrontendKind)> = selection
+        .frontends
+        .iter()
+        .filter(|f| f.frontend.scope == Scope::Internal)
+        .map(|f| (f.port_name.as_str(), f.frontend.port, f.kind))
+        .collect();
+    // Every port keeps its ClusterIP; only the valid nodePort gets a NodePort frontend.
+    assert_eq!(
+        internal,
+        [
+            ("big", 80, FrontendKind::ClusterIp),
+            ("bigger", 81, FrontendKind::ClusterIp),
+            ("negative", 82, FrontendKind::ClusterIp),
+            ("unset", 83, FrontendKind::ClusterIp),
+            ("good", 84, FrontendKind::ClusterIp),
+            ("good", 30084, FrontendKind::NodePort),
+        ]
+    );
+}
+
+#[test]
 fn slices_and_endpoints_that_are_not_used_say_why() {
     let state = state_with(&format!(
         "{WEB}---

@@ -11,6 +11,8 @@ use socklb_abi::{
     TRACE_SOURCE_REVERSE, TRACE_SOURCE_SENDMSG, TraceEvent, ipv6_octets,
 };
 
+use crate::terminal::printable;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error(
     "a trace event of {got} bytes, expected {expected}: the agent and the programs disagree on \
@@ -211,10 +213,11 @@ impl Shown {
         let service = self.service.as_ref().map_or_else(
             || format!("service id {}", self.service_id),
             |s| {
+                let (namespace, name) = (printable(&s.namespace), printable(&s.name));
                 if s.port.is_empty() {
-                    format!("{}/{}", s.namespace, s.name)
+                    format!("{namespace}/{name}")
                 } else {
-                    format!("{}/{}:{}", s.namespace, s.name, s.port)
+                    format!("{namespace}/{name}:{}", printable(&s.port))
                 }
             },
         );
@@ -232,33 +235,6 @@ impl Shown {
             self.time, self.source, who, self.protocol
         )
     }
-}
-
-/// `text` safe to show on a terminal: any process chooses its own name (`prctl`, or the
-/// name of the file it runs), so control characters (a terminal escape sequence, a newline
-/// that forges a line), invisible and direction-changing characters and the backslash are
-/// shown escaped, Rust style (`\x1b`, `\u{202e}`, `\\`). Everything else is kept as is.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| {
-        c == '\\'
-            || c.is_control()
-            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{feff}')
-    };
-    if !text.chars().any(unsafe_char) {
-        return text.into();
-    }
-    let mut shown = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '\\' => shown.push_str("\\\\"),
-            c if unsafe_char(c) && u32::from(c) < 0x100 => {
-                shown.push_str(&format!("\\x{:02x}", u32::from(c)));
-            }
-            c if unsafe_char(c) => shown.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
-            c => shown.push(c),
-        }
-    }
-    shown.into()
 }
 
 #[cfg(test)]
@@ -353,20 +329,13 @@ mod tests {
     }
 
     #[test]
-    fn process_names_and_cgroups_reach_the_terminal_escaped() {
-        let cases = [
-            ("curl", "curl"),
-            ("\x1b]0;pwned\x07", "\\x1b]0;pwned\\x07"),
-            ("a\nb\r\t", "a\\x0ab\\x0d\\x09"),
-            ("back\\slash", "back\\\\slash"),
-            ("\u{9b}31m", "\\x9b31m"),
-            ("evil\u{202e}gpj", "evil\\u{202e}gpj"),
-            ("naïve", "naïve"),
-        ];
-        for (raw, shown) in cases {
-            assert_eq!(printable(raw), shown, "{raw:?}");
-        }
-        let mut event = Shown::new(&sample(), "T".into(), None);
+    fn process_and_service_names_reach_the_terminal_escaped() {
+        let service = Service {
+            namespace: "default".into(),
+            name: "web\u{202e}".into(),
+            port: "\x1b]0;pwned\x07".into(),
+        };
+        let mut event = Shown::new(&sample(), "T".into(), Some(service));
         if let Some(process) = event.process.as_mut() {
             process.comm = "\x1b[2Jx".into();
             process.cgroup = "/a\nb".into();
@@ -374,6 +343,14 @@ mod tests {
         let line = event.line();
         assert!(
             line.contains("(\\x1b[2Jx)") && line.contains("cgroup /a\\x0ab"),
+            "{line}"
+        );
+        assert!(
+            line.contains("(default/web\\u{202e}:\\x1b]0;pwned\\x07)"),
+            "{line}"
+        );
+        assert!(
+            !line.contains('\u{202e}') && !line.contains('\x07'),
             "{line}"
         );
         assert!(!line.contains('\x1b') && !line.contains('\n'), "{line}");

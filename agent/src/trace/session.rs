@@ -27,6 +27,7 @@ use crate::{
     dataplane::cgroup2_mount,
     kernel::pins::{self, trace_lease_dir},
     maps::names::FrontendLabel,
+    terminal::printable,
 };
 
 /// How long a lease lasts unless renewed; renewed every [`RENEW`].
@@ -247,7 +248,7 @@ impl std::fmt::Display for Holder {
         match self.pid {
             0 => f.write_str("just starting, pid not yet known"),
             pid if self.comm.is_empty() => write!(f, "pid {pid}"),
-            pid => write!(f, "pid {pid}, {}", super::event::printable(&self.comm)),
+            pid => write!(f, "pid {pid}, {}", printable(&self.comm)),
         }
     }
 }
