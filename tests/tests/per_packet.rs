@@ -32,6 +32,7 @@ use socklb_tests::{
 
 socklb_tests::for_each_family!(
     a_vm_reaches_cluster_ips_through_its_device,
+    a_vm_s_client_ip_affinity_holds_and_inspect_names_its_backend,
     a_pod_that_is_its_own_backend_gets_an_answer,
     a_refused_connection_closes_its_whole_flow,
     a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again,
@@ -113,6 +114,51 @@ fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
         seen["pod_devices"],
         serde_json::json!(["pod1", "vm1"]),
         "inspect shows the devices of the per-packet path: {seen}"
+    );
+}
+
+/// A VM's connections to a ClusterIP with `sessionAffinity: ClientIP` stick to one backend
+/// (the per-packet path keys its affinity by the client's address), and `socklb inspect`
+/// names that backend for the VM's address.
+fn a_vm_s_client_ip_affinity_holds_and_inspect_names_its_backend(family: Family) {
+    let node = LanNode::new(family, "pp-sticky", "y");
+    let vm = node.lan.vm();
+    let a = &node.a;
+    let _servers = node.tcp_servers(8080);
+    node.write(
+        "sticky.yaml",
+        &a.exposed("sticky", 66)
+            .port("http", 80, 8080, 30066, "TCP")
+            .spec("sessionAffinity: ClientIP")
+            .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
+            .yaml(),
+    );
+    let _agent = node.agent(&[]);
+    let frontend = Addresses::at(&family.vip(66).to_string(), 80);
+    let attempts = vm.probe("tcp", &frontend, 20);
+    let servers = servers_of(&attempts);
+    let [server] = servers.as_slice() else {
+        panic!("every connection of one client goes to one backend: {attempts:?}");
+    };
+    let backend = if server == "pod1" { a.pod1 } else { a.pod2 };
+    let vm_address = match family {
+        Family::V4 => VM,
+        Family::V6 => VM6,
+    };
+    let seen = node.sandbox.inspect();
+    let entry = seen["affinity"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|entry| entry["client"] == vm_address)
+        .unwrap_or_else(|| panic!("inspect shows the VM's affinity entry: {seen}"));
+    assert_eq!(
+        (
+            entry["backend"]["address"].as_str(),
+            entry["backend"]["port"].as_u64()
+        ),
+        (Some(backend.to_string().as_str()), Some(8080)),
+        "inspect names the backend the VM sticks to: {entry}"
     );
 }
 

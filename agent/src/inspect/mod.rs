@@ -431,21 +431,41 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
     // entry's backend (as the programs check); under `--address`, only the entries of that
     // address's frontends.
     affinity.retain_mut(|state| {
-        let scope = if state.netns_cookie.is_some() {
-            Scope::Internal
+        // A client known by its address is one from outside (external frontends) or a pod
+        // the per-packet path serves (internal ones): the scope whose slot holds the
+        // entry's backend is the one it was made for.
+        let scopes: &[Scope] = if state.netns_cookie.is_some() {
+            &[Scope::Internal]
         } else {
-            Scope::External
+            &[Scope::External, Scope::Internal]
         };
-        let Some(frontend) = frontends
+        let holds = |scope: Scope| {
+            slot_ids.get(&(state.service_id, scope, state.slot)) == Some(&state.backend_id)
+        };
+        let frontend_of = |scope: Scope| {
+            frontends
+                .iter()
+                .find(|f| f.service_id == state.service_id && f.frontend.scope == scope)
+        };
+        let found = scopes
             .iter()
-            .find(|f| f.service_id == state.service_id && f.frontend.scope == scope)
-        else {
+            .find_map(|scope| {
+                frontend_of(*scope)
+                    .filter(|_| holds(*scope))
+                    .map(|f| (f, true))
+            })
+            .or_else(|| {
+                scopes
+                    .iter()
+                    .find_map(|scope| frontend_of(*scope).map(|f| (f, false)))
+            });
+        let Some((frontend, held)) = found else {
             return only.is_none();
         };
         state.expired = frontend
             .affinity_timeout_seconds
             .is_some_and(|timeout| state.idle_seconds > timeout);
-        if slot_ids.get(&(state.service_id, scope, state.slot)) == Some(&state.backend_id) {
+        if held {
             state.backend = frontend
                 .backends
                 .get(usize::from(state.slot).wrapping_sub(1))
@@ -735,7 +755,9 @@ pub fn table(inspection: &Inspection) -> String {
         );
     }
     if !inspection.conntrack.is_empty() {
-        out.push_str("\nCONNTRACK (traffic from outside)\n");
+        out.push_str(
+            "\nCONNTRACK (flows translated per packet: from outside, and from pod devices)\n",
+        );
         for c in &inspection.conntrack {
             let protocol = c.protocol.map_or("?", |p| p.name());
             let _ = writeln!(
