@@ -53,18 +53,19 @@ pub fn explain(state: &ClusterState, scope: Scope, only: &Only<'_>) -> Explanati
     let node: &ThisNode = state.this_node();
     let wanted = |name: &ServiceName| only.service.is_none_or(|only| only == name);
     let selections = state.select_all();
-    // Of the Services that claim one frontend, the first by namespace/name programs it,
-    // as in the agent's table.
-    let mut owners: BTreeMap<Frontend, &ServiceName> = BTreeMap::new();
+    // Of the Services that claim one frontend, the first claim programs it, as in the
+    // agent's table.
+    let mut owners: BTreeMap<Frontend, (u8, &ServiceName)> = BTreeMap::new();
     for selection in &selections {
         for choice in &selection.frontends {
-            let owner = owners.entry(choice.frontend).or_insert(&selection.service);
-            *owner = (*owner).min(&selection.service);
+            let claim = (choice.kind.claim_rank(), &selection.service);
+            let owner = owners.entry(choice.frontend).or_insert(claim);
+            *owner = (*owner).min(claim);
         }
     }
     let owners: BTreeMap<Frontend, ServiceName> = owners
         .into_iter()
-        .map(|(frontend, owner)| (frontend, owner.clone()))
+        .map(|(frontend, (_, owner))| (frontend, owner.clone()))
         .collect();
     Explanation {
         node: NodeView {
@@ -368,6 +369,50 @@ endpoints: [{{addresses: [10.244.0.9]}}]
                 && second
                     .iter()
                     .all(|row| row.contains("refused: taken by default/a-first")),
+            "{rows:?}"
+        );
+    }
+
+    #[test]
+    fn an_external_ip_equal_to_a_cluster_ip_is_taken_by_the_cluster_ip_s_service() {
+        let service = |name: &str, cluster_ip: &str, external_ip: &str, endpoint: &str| {
+            format!(
+                "kind: Service
+metadata: {{name: {name}, namespace: default}}
+spec:
+  clusterIP: {cluster_ip}
+  externalIPs: [{external_ip}]
+  ports: [{{name: http, port: 80}}]
+---
+kind: EndpointSlice
+metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}
+addressType: IPv4
+ports: [{{name: http, port: 8080}}]
+endpoints: [{{addresses: [{endpoint}]}}]
+---
+"
+            )
+        };
+        let state = state_of(&format!(
+            "{}{}",
+            service("zz-dns", "10.96.0.10", "203.0.113.1", "10.244.0.10"),
+            service("aaa", "10.96.0.11", "10.96.0.10", "10.244.0.66")
+        ));
+        let explanation = explain(&state, Scope::Pods, &Only::default());
+        let rows: Vec<String> = table(&explanation)
+            .lines()
+            .filter(|line| line.contains("10.96.0.10:80"))
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            rows.iter()
+                .filter(|row| row.starts_with("default/zz-dns"))
+                .all(|row| row.ends_with("10.244.0.10:8080")),
+            "{rows:?}"
+        );
+        assert!(
+            rows.iter().any(|row| row.starts_with("default/aaa")
+                && row.contains("refused: taken by default/zz-dns")),
             "{rows:?}"
         );
     }

@@ -12,16 +12,20 @@ use crate::{
 #[derive(Debug, Default)]
 pub struct FrontendTable {
     selections: BTreeMap<ServiceName, ServiceSelection>,
-    /// Services claiming each frontend, sorted. Two Services may claim one address and port
-    /// (an externalIP listed twice); the first by namespace/name wins, deterministically.
+    /// Services claiming each frontend, sorted by claim: two Services may claim one address
+    /// and port (an externalIP listed twice, or equal to a ClusterIP); the first claim wins
+    /// ([`claim_rank`](crate::select::FrontendKind::claim_rank), then namespace/name), the same on every node.
     /// A Vec, not a set: almost always one Service, and a set's node takes half a kilobyte.
-    owners: BTreeMap<Frontend, Vec<ServiceName>>,
+    owners: BTreeMap<Frontend, Vec<Claim>>,
     /// Services with a healthCheckNodePort, so that a sync need not walk every selection.
     health_checked: BTreeSet<ServiceName>,
     /// Frontends claimed, by family and scope, kept up to date for the metrics (a sync
     /// need not count them).
     counts: BTreeMap<(Family, Scope), usize>,
 }
+
+/// A Service's claim of a frontend: its rank ([`claim_rank`](crate::select::FrontendKind::claim_rank)), then its name.
+type Claim = (u8, ServiceName);
 
 fn count_key(frontend: &Frontend) -> (Family, Scope) {
     (Family::of(frontend.address), frontend.scope)
@@ -40,7 +44,8 @@ impl FrontendTable {
             for choice in &old.frontends {
                 touched.insert(choice.frontend);
                 if let Some(owners) = self.owners.get_mut(&choice.frontend) {
-                    if let Ok(at) = owners.binary_search(service) {
+                    let claim = (choice.kind.claim_rank(), service.clone());
+                    if let Ok(at) = owners.binary_search(&claim) {
                         owners.remove(at);
                     }
                     if owners.is_empty() {
@@ -63,16 +68,19 @@ impl FrontendTable {
                 if owners.is_empty() {
                     *self.counts.entry(count_key(&choice.frontend)).or_default() += 1;
                 }
-                if let Err(at) = owners.binary_search(service) {
+                let claim = (choice.kind.claim_rank(), service.clone());
+                if let Err(at) = owners.binary_search(&claim) {
                     // Most frontends have one owner: no room for four.
                     owners.reserve_exact(1);
-                    owners.insert(at, service.clone());
+                    owners.insert(at, claim);
                 }
                 if owners.len() == 2 {
                     warn!(
                         frontend = %choice.frontend,
-                        services = %crate::listed(owners.iter()),
-                        "several Services claim one frontend; the first by name is used"
+                        services = %crate::listed(owners.iter().map(|(_, service)| service)),
+                        "several Services claim one frontend; the first claim is used (a \
+                         ClusterIP or NodePort, then a LoadBalancer IP, then an externalIP; the \
+                         first by namespace/name among equals)"
                     );
                 }
             }
@@ -84,7 +92,7 @@ impl FrontendTable {
     /// The frontend's programming: its winning Service's choice, or `None` if no Service
     /// claims it any more.
     pub fn choice(&self, frontend: &Frontend) -> Option<&FrontendChoice> {
-        let owner = self.owners.get(frontend)?.first()?;
+        let (_, owner) = self.owners.get(frontend)?.first()?;
         self.choice_of(owner, frontend)
     }
 
@@ -99,7 +107,7 @@ impl FrontendTable {
 
     /// The Service whose choice programs the frontend.
     pub fn owner(&self, frontend: &Frontend) -> Option<&ServiceName> {
-        self.owners.get(frontend)?.first()
+        self.owners.get(frontend)?.first().map(|(_, owner)| owner)
     }
 
     /// Every frontend some Service claims.
@@ -117,7 +125,7 @@ impl FrontendTable {
         for (frontend, owners) in &self.owners {
             if let Some(choice) = owners
                 .first()
-                .and_then(|owner| self.choice_of(owner, frontend))
+                .and_then(|(_, owner)| self.choice_of(owner, frontend))
             {
                 desired.borrow(*frontend, &choice.spec);
             }
@@ -248,6 +256,20 @@ mod tests {
         table.update(&service("a"), Some(selection("a", &[(1, 1)])));
         assert_eq!(backend_of(&table, 1), Some(1));
         table.update(&service("a"), None);
+        assert_eq!(backend_of(&table, 1), Some(2));
+    }
+
+    #[test]
+    fn a_cluster_ip_outranks_an_external_ip_whatever_the_names() {
+        let mut table = FrontendTable::default();
+        let mut dns = selection("dns", &[(1, 1)]);
+        dns.frontends[0].kind = FrontendKind::ClusterIp;
+        // "aaa" sorts first, and lists the ClusterIP as an externalIP of its own.
+        table.update(&service("aaa"), Some(selection("aaa", &[(1, 2)])));
+        table.update(&service("dns"), Some(dns));
+        assert_eq!(backend_of(&table, 1), Some(1));
+        assert_eq!(table.owner(&frontend(1)), Some(&service("dns")));
+        table.update(&service("dns"), None);
         assert_eq!(backend_of(&table, 1), Some(2));
     }
 }

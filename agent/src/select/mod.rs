@@ -30,6 +30,22 @@ pub enum FrontendKind {
     LoadBalancer,
 }
 
+impl FrontendKind {
+    /// Which claim of one frontend (address, port, protocol, scope) by several Services
+    /// wins, lowest first; the first by namespace/name among equals. The API server
+    /// allocates ClusterIPs and NodePorts uniquely, and a LoadBalancer's IPs come from its
+    /// controller, while any user who may create a Service may list an externalIP: one
+    /// equal to another Service's ClusterIP (cluster DNS's, say) must not take its traffic
+    /// (CVE-2020-8554).
+    pub fn claim_rank(self) -> u8 {
+        match self {
+            Self::ClusterIp | Self::NodePort => 0,
+            Self::LoadBalancer => 1,
+            Self::ExternalIp => 2,
+        }
+    }
+}
+
 /// Which endpoint set a frontend uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -73,8 +89,8 @@ pub struct FrontendChoice {
 pub enum Refusal {
     /// More distinct endpoints than a frontend's slots (a slot number is 16 bits).
     TooManyEndpoints { endpoints: usize, limit: u16 },
-    /// Another Service claims the same address, port and protocol and comes first by
-    /// namespace/name: its choice is programmed.
+    /// Another Service claims the same address, port and protocol and comes first
+    /// ([`FrontendKind::claim_rank`], then namespace/name): its choice is programmed.
     TakenBy { service: ServiceName },
 }
 
@@ -88,8 +104,8 @@ impl std::fmt::Display for Refusal {
             ),
             Self::TakenBy { service } => write!(
                 f,
-                "taken by {service}, the first by namespace/name of the Services that claim \
-                 it"
+                "taken by {service}, whose claim comes first (a ClusterIP or NodePort, then a \
+                 LoadBalancer IP, then an externalIP; the first by namespace/name among equals)"
             ),
         }
     }
