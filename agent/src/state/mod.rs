@@ -276,11 +276,12 @@ impl ClusterState {
                     return;
                 };
                 let info = convert::service(&service);
-                // A new version not servable for a malformed field (only a manifest can hold
-                // one: the API server refuses it) leaves the last good version served, as a
-                // file that does not parse does.
-                if let (Err(SkipReason::Invalid(why)), Some(Ok(_))) =
-                    (&info, self.services.get(&name))
+                // A new version with a malformed field its last good version did not have
+                // (only a manifest can hold most: the API server refuses them) leaves that
+                // version served, as a file that does not parse does: a typo in a port must
+                // not take the Service's frontends away.
+                if let Some(Ok(served)) = self.services.get(&name)
+                    && let Some(why) = newly_invalid(&info, served)
                 {
                     warn!(
                         service = %name,
@@ -427,6 +428,22 @@ impl ClusterState {
 
     fn mark(&mut self, name: ServiceName) {
         self.changes.services.insert(name);
+    }
+}
+
+/// What makes a Service's new version `info` invalid where its `served` version was not:
+/// invalid whole, or a part (a port, an address) invalid that was not before.
+fn newly_invalid(info: &Result<ServiceInfo, SkipReason>, served: &ServiceInfo) -> Option<String> {
+    match info {
+        Err(SkipReason::Invalid(why)) => Some(why.clone()),
+        Err(_) => None,
+        Ok(info) => info
+            .partial_skips
+            .iter()
+            .find(|skip| {
+                matches!(skip.1, SkipReason::Invalid(_)) && !served.partial_skips.contains(skip)
+            })
+            .map(|(part, reason)| format!("{part}: {reason}")),
     }
 }
 

@@ -97,6 +97,46 @@ fn an_invalid_update_keeps_the_last_good_service() {
     );
 }
 
+/// A new version with an invalid port or protocol (a typo) leaves the last good version
+/// served too; one whose invalid part was there before is taken (the rest of it serves).
+#[test]
+fn an_update_with_a_newly_invalid_port_keeps_the_last_good_service() {
+    let service = |ports: &str| {
+        format!(
+            "kind: Service\nmetadata: {{name: a}}\nspec: {{clusterIP: 10.96.0.10, ports: [{ports}]}}\n"
+        )
+    };
+    let ports = |state: &ClusterState| match state.services.get(&name("a")) {
+        Some(Ok(info)) => info.ports.iter().map(|p| p.port).collect::<Vec<_>>(),
+        other => panic!("not served: {other:?}"),
+    };
+    let apply = |state: &mut ClusterState, yaml: &str| {
+        for event in applied(yaml) {
+            state.apply(event);
+        }
+    };
+    let mut state = state_with(&service("{name: a, port: 80}, {name: b, port: 70000}"));
+    assert_eq!(ports(&state), [80], "first read: served in part");
+    apply(
+        &mut state,
+        &service("{name: a, port: 81}, {name: b, port: 70000}"),
+    );
+    assert_eq!(
+        ports(&state),
+        [81],
+        "the same invalid part as before: taken"
+    );
+    for typo in [
+        "{name: a, port: 70001}, {name: b, port: 70000}",
+        "{name: a, port: 81, protocol: TPC}, {name: b, port: 70000}",
+    ] {
+        apply(&mut state, &service(typo));
+        assert_eq!(ports(&state), [81], "{typo}: the last good version stays");
+    }
+    apply(&mut state, &service("{name: a, port: 82}"));
+    assert_eq!(ports(&state), [82]);
+}
+
 #[test]
 fn services_that_are_not_served_say_why() {
     let rows = [
