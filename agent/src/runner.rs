@@ -140,6 +140,8 @@ pub struct Runner {
     per_packet_pods: BTreeMap<String, SocketPath>,
     /// Pods the per-packet path would serve, kept on the socket path (said when it changes).
     unserved_pods: BTreeMap<String, SocketPath>,
+    /// Under a scope other than `pods`: the pods' namespaces' map was emptied.
+    stale_namespaces_cleared: bool,
     /// The SNAT addresses last programmed, per family (`None`: not yet), to log only their
     /// changes.
     snat_addresses: Option<(Option<Ipv4Addr>, Option<Ipv6Addr>)>,
@@ -181,6 +183,7 @@ impl Runner {
             pod_namespaces: None,
             per_packet_pods: BTreeMap::new(),
             unserved_pods: BTreeMap::new(),
+            stale_namespaces_cleared: false,
             snat_addresses: None,
             logged_skips: HashMap::new(),
             rejected: BTreeSet::new(),
@@ -702,6 +705,12 @@ impl Runner {
     fn program_pod_namespaces(&mut self) -> Result<(), DataplaneError> {
         self.state.take_workloads_changed();
         let Some(namespaces) = &mut self.pod_namespaces else {
+            // Another scope reads no list: one a `pods` agent left would only mislead
+            // `socklb inspect`.
+            if !self.stale_namespaces_cleared {
+                self.dataplane.set_socket_lb_namespaces(&BTreeSet::new())?;
+                self.stale_namespaces_cleared = true;
+            }
             return Ok(());
         };
         // Until this node's pods and the Namespaces are listed, a meshed pod would be let
