@@ -604,7 +604,12 @@ impl Runner {
             );
         }
         self.log_short_of_room(rejected, !new.is_empty());
-        let programmed = self.rejected.difference(&now).count();
+        // Those no Service claims any more were not programmed: they are gone.
+        let programmed = self
+            .rejected
+            .difference(&now)
+            .filter(|frontend| self.table.owner(frontend).is_some())
+            .count();
         if programmed > 0 {
             info!(
                 frontends = programmed,

@@ -126,3 +126,39 @@ fn raising_a_capacity_keeps_serving_services_up() {
         "the serving Service across the raise",
     );
 }
+
+/// Frontends that did not fit and whose Services then go are gone, not programmed: the log
+/// must not say they were.
+#[test]
+fn rejected_frontends_whose_services_go_are_not_said_programmed() {
+    let sandbox = Sandbox::new("rejgone");
+    let TwoBackendWeb { manifests, .. } = &TwoBackendWeb::new(&sandbox, 23, 90);
+    let agent = Agent::start(
+        &sandbox,
+        &manifests.path,
+        "node-a",
+        &["--max-service-entries", "5"],
+    );
+    for i in 1..=3 {
+        manifests.two_endpoint_service(
+            &format!("a-{i}"),
+            &format!("10.96.0.{}", 80 + i),
+            "127.0.23.1",
+            "127.0.23.2",
+        );
+    }
+    wait_for_metrics(&["socklb_rejected_frontends{outcome=\"not_programmed\"} 2"]);
+    for i in 1..=3 {
+        manifests.remove(&format!("a-{i}.yaml"));
+        manifests.remove(&format!("a-{i}-slice.yaml"));
+    }
+    wait_for_metrics(&[
+        "socklb_rejected_frontends{outcome=\"refused\"} 0",
+        "socklb_rejected_frontends{outcome=\"not_programmed\"} 0",
+    ]);
+    let log = agent.log();
+    assert!(
+        !log.contains("programmed after they were rejected"),
+        "frontends of Services that went are said programmed: {log}"
+    );
+}
