@@ -614,20 +614,27 @@ pub fn slice(slice: &EndpointSlice, names: &mut Names) -> SliceInfo {
 }
 
 /// A Node's labels and the addresses (of both families) NodePorts are served on.
-pub fn node(node: &Node) -> (BTreeMap<String, String>, Vec<IpAddr>) {
+/// A Node's labels, its addresses (InternalIPs first: the first one of a family this node
+/// holds is its SNAT address), and those of its addresses that are not IPs.
+pub fn node(node: &Node) -> (BTreeMap<String, String>, Vec<IpAddr>, Vec<String>) {
     let labels = node.metadata.labels.clone().unwrap_or_default();
     let listed = node
         .status
         .as_ref()
         .and_then(|s| s.addresses.as_deref())
         .unwrap_or_default();
-    // InternalIPs first: the first one of a family this node holds is its SNAT address.
-    let addresses = ["InternalIP", "ExternalIP"]
+    let mut addresses = Vec::new();
+    let mut invalid = Vec::new();
+    for listed in ["InternalIP", "ExternalIP"]
         .iter()
         .flat_map(|kind| listed.iter().filter(move |a| a.type_ == *kind))
-        .filter_map(|a| address(&a.address).ok())
-        .collect();
-    (labels, addresses)
+    {
+        match address(&listed.address) {
+            Ok(address) => addresses.push(address),
+            Err(_) => invalid.push(listed.address.clone()),
+        }
+    }
+    (labels, addresses, invalid)
 }
 
 /// How traffic from outside picks a backend: `random` (the default) or `maglev`.

@@ -52,6 +52,8 @@ pub struct ClusterState {
     slice_owners: HashMap<(String, String), ServiceName>,
     node_labels: NodeLabels,
     this_node: ThisNode,
+    /// This node's addresses that are not IPs, as last warned about.
+    invalid_node_addresses: Vec<String>,
     changes: Changes,
     /// This node's pods and the Namespaces' labels: which path serves each pod.
     workloads: Workloads,
@@ -71,6 +73,7 @@ impl ClusterState {
                 name: node_name.to_owned(),
                 ..ThisNode::default()
             },
+            invalid_node_addresses: Vec::new(),
             changes: Changes::default(),
             workloads: Workloads::default(),
         }
@@ -338,8 +341,26 @@ impl ClusterState {
                 let Some(name) = node.metadata.name.clone() else {
                     return;
                 };
-                let (labels, addresses) = convert::node(&node);
+                let (labels, mut addresses, invalid) = convert::node(&node);
                 let is_this_node = name == self.node_name;
+                // An address that is not an IP (a typo: only a manifest can hold one) keeps
+                // this node's last good addresses, which its external frontends are made of.
+                if is_this_node && !invalid.is_empty() {
+                    if invalid != self.invalid_node_addresses {
+                        warn!(
+                            node = name,
+                            addresses = %crate::listed(&invalid),
+                            "Node addresses that are not IPs: this node's addresses stay as \
+                             they were (its NodePorts are served on them)"
+                        );
+                    }
+                    if !self.this_node.addresses.is_empty() {
+                        addresses.clone_from(&self.this_node.addresses);
+                    }
+                }
+                if is_this_node {
+                    self.invalid_node_addresses = invalid;
+                }
                 let labels_changed = self.node_labels.get(&name) != Some(&labels);
                 let addresses_changed = is_this_node && self.this_node.addresses != addresses;
                 if is_this_node {

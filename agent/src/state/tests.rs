@@ -522,6 +522,27 @@ spec:
     }
 }
 
+/// A typo in one of this node's addresses keeps its last good addresses, which its
+/// NodePorts are served on; a version of valid addresses replaces them.
+#[test]
+fn a_node_address_that_is_not_an_ip_keeps_the_last_good_addresses() {
+    let node = |addresses: &str| {
+        format!("kind: Node\nmetadata: {{name: node-a}}\nstatus: {{addresses: [{addresses}]}}\n")
+    };
+    let ip = |text: &str| -> IpAddr { text.parse().expect("address") };
+    let mut state = state_with(&node("{type: InternalIP, address: 192.168.50.10}"));
+    for event in applied(&node(
+        "{type: InternalIP, address: 192.168.50.999}, {type: ExternalIP, address: 203.0.113.5}",
+    )) {
+        state.apply(event);
+    }
+    assert_eq!(state.this_node().addresses, [ip("192.168.50.10")]);
+    for event in applied(&node("{type: InternalIP, address: 192.168.50.11}")) {
+        state.apply(event);
+    }
+    assert_eq!(state.this_node().addresses, [ip("192.168.50.11")]);
+}
+
 #[test]
 fn the_snat_address_is_the_first_internal_ip_this_node_holds_per_family() {
     let state = state_with(
