@@ -58,6 +58,14 @@ pub fn service(service: &Service) -> Result<ServiceInfo, SkipReason> {
         (_, Some(ip)) if !ip.is_empty() => vec![ip.clone()],
         _ => Vec::new(),
     };
+    if cluster_ip_texts.is_empty() {
+        // The API server allocates one to every Service but a headless one: only a manifest
+        // can lack it. Its NodePorts and external addresses are served all the same.
+        partial_skips.push((
+            "clusterIP".to_owned(),
+            SkipReason::Invalid("none given (a manifest must hold the allocated one)".to_owned()),
+        ));
+    }
     let parsed_cluster_ips = addresses("clusterIPs", &cluster_ip_texts, &mut partial_skips);
     let families = families(
         spec.ip_families.as_deref().unwrap_or_default(),

@@ -793,10 +793,10 @@ fn the_families_a_service_serves_and_what_it_skips_for_them() {
             &[],
         ),
         (
-            "no ipFamilies and no clusterIP: IPv4",
+            "no ipFamilies and no clusterIP: IPv4, the clusterIP said missing",
             "externalIPs: [203.0.113.9]",
             &[Family::V4],
-            &[],
+            &[("clusterIP", "invalid")],
         ),
         (
             "a clusterIP whose family is not in ipFamilies",
