@@ -86,6 +86,9 @@ pub struct Manifests {
     /// Files that held objects and were found empty by the last read: deleted if the next
     /// read finds them still empty.
     emptied: HashSet<PathBuf>,
+    /// The text of each file that did not parse, as last read: said once, not again at
+    /// every read of the directory until it changes.
+    broken: BTreeMap<PathBuf, LastGood>,
 }
 
 /// A file's last text that parsed and which objects it holds.
@@ -192,6 +195,7 @@ impl Manifests {
             }
         }
         let emptied = std::mem::take(&mut self.emptied);
+        self.broken.retain(|file, _| listed.contains(file));
         for file in listed {
             if writing(&file) {
                 if emptied.contains(&file) {
@@ -207,7 +211,12 @@ impl Manifests {
                     continue;
                 }
             };
-            if self.files.get(&file).is_some_and(|old| old.text.is(&text)) {
+            if self.files.get(&file).is_some_and(|old| old.text.is(&text))
+                || self
+                    .broken
+                    .get(&file)
+                    .is_some_and(|broken| broken.is(&text))
+            {
                 continue;
             }
             let held_objects = self.files.get(&file).is_some_and(|old| !old.ids.is_empty());
@@ -217,8 +226,12 @@ impl Manifests {
                 continue;
             }
             let new = match read_noting(&file, &text) {
-                Ok(objects) => objects,
+                Ok(objects) => {
+                    self.broken.remove(&file);
+                    objects
+                }
                 Err(error) => {
+                    self.broken.insert(file.clone(), LastGood::new(&text));
                     errors.push(error);
                     continue;
                 }
@@ -340,7 +353,7 @@ fn warn_defined_twice((kind, namespace, name): &ObjectId, first: &Path, used: &P
 /// come in one `Reset` each at the end.
 pub struct FirstRead {
     /// Files not handed out yet (a few read ahead); `None` once the lists are closed.
-    files: Option<ReadAhead<Result<Parsed, ManifestError>>>,
+    files: Option<ReadAhead<Result<Parsed, Unparsed>>>,
     opened: bool,
     workloads: Vec<Object>,
     errors: Vec<ManifestError>,
@@ -404,7 +417,10 @@ impl Manifests {
         };
         let (objects, text) = match parsed {
             Ok(parsed) => parsed,
-            Err(error) => {
+            Err((error, text)) => {
+                if let Some(text) = text {
+                    self.broken.insert(file, text);
+                }
                 read.errors.push(error);
                 return Some(Vec::new());
             }
@@ -454,9 +470,15 @@ fn list_manifests(dir: &Path) -> Result<BTreeSet<PathBuf>, FileSourceError> {
 type Parsed = (Vec<Object>, LastGood);
 
 /// Compressing the text too, on the thread that read it.
-fn read_and_parse(file: &Path) -> Result<Parsed, ManifestError> {
-    let text = read_text(file)?;
-    Ok((read_noting(file, &text)?, LastGood::new(&text)))
+/// A file that did not read, and its text if it was read.
+type Unparsed = (ManifestError, Option<LastGood>);
+
+fn read_and_parse(file: &Path) -> Result<Parsed, Unparsed> {
+    let text = read_text(file).map_err(|error| (error, None))?;
+    match read_noting(file, &text) {
+        Ok(objects) => Ok((objects, LastGood::new(&text))),
+        Err(error) => Err((error, Some(LastGood::new(&text)))),
+    }
 }
 
 /// `file`'s objects, with one line naming those of kinds socklb does not read: a typo in a
@@ -1076,6 +1098,10 @@ mod tests {
             .map(|error| manifests.holds(&error.file))
             .collect();
         assert_eq!(kept, [false, true], "new.yaml, then svc.yaml");
+        // Said once: another file's change reads neither again.
+        dir.write("other.yaml", &service("other", "10.96.0.3"));
+        let again = manifests.reload(&dir.0).expect("reload");
+        assert!(again.errors.is_empty(), "{:?}", again.errors);
         dir.remove("new.yaml");
         assert!(
             reload.events.is_empty(),
