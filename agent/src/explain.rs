@@ -51,7 +51,11 @@ pub struct SkippedService {
 /// What the agent programs for `state` with `--socket-lb-scope scope`.
 pub fn explain(state: &ClusterState, scope: Scope, only: &Only<'_>) -> Explanation {
     let node: &ThisNode = state.this_node();
-    let wanted = |name: &ServiceName| only.service.is_none_or(|only| only == name);
+    // `--pod` alone asks about a pod, not about the Services.
+    let wanted = |name: &ServiceName| match only.service {
+        Some(only) => only == name,
+        None => only.pod.is_none(),
+    };
     let selections = state.select_all();
     // Of the Services that claim one frontend, the first claim programs it, as in the
     // agent's table.
@@ -442,13 +446,26 @@ spec:
     }
 
     #[test]
-    fn a_service_filter_leaves_the_pods_out() {
+    fn a_service_filter_leaves_the_pods_out_and_a_pod_filter_the_services() {
         let state = state_of(
             "kind: Pod
 metadata: {name: app, namespace: default}
 spec: {nodeName: node-a}
 status: {podIPs: [{ip: 10.244.0.3}]}
+---
+kind: Service
+metadata: {name: lb, namespace: default}
+spec: {clusterIP: 10.96.0.9, ports: [{port: 80}]}
 ",
+        );
+        let services = |only: Only<'_>| explain(&state, Scope::Pods, &only).services.len();
+        assert_eq!(services(Only::default()), 1);
+        assert_eq!(
+            services(Only {
+                service: None,
+                pod: Some("default/app")
+            }),
+            0
         );
         let lb = ServiceName {
             namespace: "default".to_owned(),
