@@ -325,26 +325,31 @@ mod tests {
         state
     }
 
-    #[test]
-    fn a_frontend_two_services_claim_is_said_taken_by_the_first() {
-        let service = |name: &str, cluster_ip: &str| {
-            format!(
-                "kind: Service
+    /// A Service of one port with a ClusterIP and an externalIP, and its slice of one
+    /// endpoint.
+    fn claimant(name: &str, cluster_ip: &str, external_ip: &str, endpoint: &str) -> String {
+        format!(
+            "kind: Service
 metadata: {{name: {name}, namespace: default}}
 spec:
   clusterIP: {cluster_ip}
-  externalIPs: [203.0.113.9]
+  externalIPs: [{external_ip}]
   ports: [{{name: http, port: 80}}]
 ---
 kind: EndpointSlice
 metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}
 addressType: IPv4
 ports: [{{name: http, port: 8080}}]
-endpoints: [{{addresses: [10.244.0.9]}}]
+endpoints: [{{addresses: [{endpoint}]}}]
 ---
 "
-            )
-        };
+        )
+    }
+
+    #[test]
+    fn a_frontend_two_services_claim_is_said_taken_by_the_first() {
+        let service =
+            |name: &str, cluster_ip: &str| claimant(name, cluster_ip, "203.0.113.9", "10.244.0.9");
         let state = state_of(&format!(
             "{}{}",
             service("b-second", "10.96.9.2"),
@@ -379,24 +384,7 @@ endpoints: [{{addresses: [10.244.0.9]}}]
 
     #[test]
     fn an_external_ip_equal_to_a_cluster_ip_is_taken_by_the_cluster_ip_s_service() {
-        let service = |name: &str, cluster_ip: &str, external_ip: &str, endpoint: &str| {
-            format!(
-                "kind: Service
-metadata: {{name: {name}, namespace: default}}
-spec:
-  clusterIP: {cluster_ip}
-  externalIPs: [{external_ip}]
-  ports: [{{name: http, port: 80}}]
----
-kind: EndpointSlice
-metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}
-addressType: IPv4
-ports: [{{name: http, port: 8080}}]
-endpoints: [{{addresses: [{endpoint}]}}]
----
-"
-            )
-        };
+        let service = claimant;
         let state = state_of(&format!(
             "{}{}",
             service("zz-dns", "10.96.0.10", "203.0.113.1", "10.244.0.10"),

@@ -153,6 +153,23 @@ impl Sandbox {
             .cloned()
     }
 
+    /// The path `socklb inspect` (run as root: it enters the pods' network namespaces) finds
+    /// serving the network namespace pinned as `name`: by its name, as other tests' pods may
+    /// hold the same address.
+    pub fn inspected_pod_path(&self, name: &str) -> String {
+        let inspected: serde_json::Value =
+            serde_json::from_str(&self.socklb(&["inspect", "-o", "json"]))
+                .expect("socklb inspect's JSON");
+        let pinned = format!("/run/netns/{name}");
+        inspected["pods"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|pod| pod["namespace"] == pinned.as_str())
+            .map(|pod| pod["path"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_else(|| panic!("inspect shows no namespace {pinned}: {inspected}"))
+    }
+
     /// `socklb inspect -o json` run with `privileges`.
     pub fn inspect_as(&self, privileges: &ContainerPrivileges) -> serde_json::Value {
         let output = stdout_of(

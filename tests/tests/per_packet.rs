@@ -528,8 +528,10 @@ impl<'a> Mesh<'a> {
         let explained: serde_json::Value =
             serde_json::from_str(&explained).expect("socklb explain's JSON");
         let reason = explained["pods"][0]["reason"].as_str().unwrap_or_default();
-        // By its name: other tests' pods may hold the same address.
-        let path = inspected_path(self.node, &self.node.lan.pod1.name);
+        let path = self
+            .node
+            .sandbox
+            .inspected_pod_path(&self.node.lan.pod1.name);
         (reason.to_owned(), path)
     }
 }
@@ -670,31 +672,16 @@ fn a_meshed_pod_plugged_after_its_namespace_leaves_the_socket_hooks_at_once(fami
     // The agent read the namespace, addressless, when the devices came up; the address
     // comes later, which no link of the node's says.
     agent.wait_for_log("pods' network namespaces found", found + 1);
-    assert_eq!(inspected_path(&node, &late.name), "socket");
+    assert_eq!(node.sandbox.inspected_pod_path(&late.name), "socket");
     late.ip(&["addr", "add", address, "dev", "eth0"]);
     wait::eventually(
         "the meshed pod leaves the socket hooks",
         Duration::from_secs(10),
-        || match inspected_path(&node, &late.name) {
+        || match node.sandbox.inspected_pod_path(&late.name) {
             path if path == "per-packet" => Ok(()),
             path => Err(path),
         },
     );
-}
-
-/// The path `socklb inspect` finds serving the pinned namespace `name` on the node.
-fn inspected_path(node: &LanNode, name: &str) -> String {
-    let inspected: serde_json::Value =
-        serde_json::from_str(&node.sandbox.socklb(&["inspect", "-o", "json"]))
-            .expect("socklb inspect's JSON");
-    let pinned = format!("/run/netns/{name}");
-    inspected["pods"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|pod| pod["namespace"] == pinned.as_str())
-        .map(|pod| pod["path"].as_str().unwrap_or_default().to_owned())
-        .unwrap_or_else(|| panic!("inspect shows no namespace {pinned}: {inspected}"))
 }
 
 /// A pod's connected UDP socket keeps working while its path changes under it, both ways:

@@ -90,21 +90,6 @@ impl World {
         agent
     }
 
-    /// The path `socklb inspect` finds serving the pod's namespace.
-    fn inspected_path(&self) -> String {
-        let inspected: serde_json::Value =
-            serde_json::from_str(&self.sandbox.socklb(&["inspect", "-o", "json"]))
-                .expect("socklb inspect's JSON");
-        let pinned = format!("/run/netns/{}", self.pod.name);
-        inspected["pods"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|pod| pod["namespace"] == pinned.as_str())
-            .map(|pod| pod["path"].as_str().unwrap_or_default().to_owned())
-            .unwrap_or_else(|| panic!("inspect shows no namespace {pinned}: {inspected}"))
-    }
-
     /// The first answer of a TCP client to the VIP, in the served cgroup: on the host, in
     /// the pod, or run by `nsenter` with `enter`'s arguments.
     fn client(&self, place: Place) -> Option<String> {
@@ -144,7 +129,12 @@ fn host_scope_leaves_a_pods_sockets_on_the_service_address() {
     let world = World::new("sockscope");
     // A `pods` agent before lists the pod's namespace for the socket hooks.
     let agent = world.agent(chart_agent(), &["--socket-lb-scope", "pods"]);
-    assert_eq!(world.inspected_path(), "socket", "{}", agent.log());
+    assert_eq!(
+        world.sandbox.inspected_pod_path(&world.pod.name),
+        "socket",
+        "{}",
+        agent.log()
+    );
     agent.stop();
     let agent = world.agent(chart_agent_minimal(), &["--socket-lb-scope", "all"]);
     for place in [Place::Host, Place::Pod] {
@@ -170,7 +160,12 @@ fn host_scope_leaves_a_pods_sockets_on_the_service_address() {
         agent.log()
     );
     // The `pods` agent's list is gone, and inspect no longer shows the pod on that path.
-    assert_ne!(world.inspected_path(), "socket", "{}", agent.log());
+    assert_ne!(
+        world.sandbox.inspected_pod_path(&world.pod.name),
+        "socket",
+        "{}",
+        agent.log()
+    );
 }
 
 /// A nested cluster (kind in a pod): a network namespace made by a process of the served
