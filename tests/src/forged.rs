@@ -75,6 +75,24 @@ impl Capture {
     /// The sequence number of the first TCP segment with a payload from `from` to `to`
     /// seen since the capture started (panics after 5 s without one).
     pub fn data_sequence(&self, from: SocketAddr, to: SocketAddr) -> u32 {
+        self.first("TCP segment with data", from, to, |segment| {
+            (segment.payload_len != 0).then_some(segment.sequence)
+        })
+    }
+
+    /// The first TCP segment from `from` to `to` seen since the capture started (panics
+    /// after 5 s without one).
+    pub fn segment(&self, from: SocketAddr, to: SocketAddr) -> Segment {
+        self.first("TCP segment", from, to, Some)
+    }
+
+    fn first<T>(
+        &self,
+        what: &str,
+        from: SocketAddr,
+        to: SocketAddr,
+        wanted: impl Fn(Segment) -> Option<T>,
+    ) -> T {
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut buffer = [MaybeUninit::<u8>::uninit(); 2048];
         while Instant::now() < deadline {
@@ -83,34 +101,60 @@ impl Capture {
             };
             // SAFETY: recv initialised the first `len` bytes.
             let packet: &[u8] = unsafe { std::slice::from_raw_parts(buffer.as_ptr().cast(), len) };
-            if let Some(sequence) = data_sequence_of(packet, from, to) {
-                return sequence;
+            if let Some(found) = segment_of(packet, from, to).and_then(&wanted) {
+                return found;
             }
         }
-        panic!("no TCP segment with data from {from} to {to} was captured within 5 s");
+        panic!("no {what} from {from} to {to} was captured within 5 s");
     }
 }
 
-/// The sequence number of `packet` (an IP packet) if it is a TCP segment with a payload
-/// from `from` to `to`.
-fn data_sequence_of(packet: &[u8], from: SocketAddr, to: SocketAddr) -> Option<u32> {
+/// What a test checks of a captured TCP segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    pub sequence: u32,
+    pub acknowledgment: u32,
+    pub syn: bool,
+    pub ack: bool,
+    pub rst: bool,
+    pub fin: bool,
+    /// The TCP header's length, options included.
+    pub header_len: usize,
+    pub payload_len: usize,
+    /// Whether its TCP checksum is the one computed afresh over the captured bytes.
+    pub checksum_valid: bool,
+}
+
+/// `packet` (an IP packet) if it is a TCP segment from `from` to `to`.
+fn segment_of(packet: &[u8], from: SocketAddr, to: SocketAddr) -> Option<Segment> {
     let sliced = SlicedPacket::from_ip(packet).ok()?;
-    let (source, destination): (IpAddr, IpAddr) = match sliced.net? {
-        NetSlice::Ipv4(ip) => (
-            ip.header().source_addr().into(),
-            ip.header().destination_addr().into(),
-        ),
-        NetSlice::Ipv6(ip) => (
-            ip.header().source_addr().into(),
-            ip.header().destination_addr().into(),
-        ),
-        _ => return None,
-    };
     let TransportSlice::Tcp(tcp) = sliced.transport? else {
         return None;
     };
+    let (source, destination, checksum): (IpAddr, IpAddr, _) = match sliced.net? {
+        NetSlice::Ipv4(ip) => {
+            let (source, destination) = (ip.header().source(), ip.header().destination());
+            let checksum = tcp.calc_checksum_ipv4(source, destination).ok();
+            (source.into(), destination.into(), checksum)
+        }
+        NetSlice::Ipv6(ip) => {
+            let (source, destination) = (ip.header().source(), ip.header().destination());
+            let checksum = tcp.calc_checksum_ipv6(source, destination).ok();
+            (source.into(), destination.into(), checksum)
+        }
+        _ => return None,
+    };
     let segment_from = SocketAddr::new(source, tcp.source_port());
     let segment_to = SocketAddr::new(destination, tcp.destination_port());
-    (segment_from == from && segment_to == to && !tcp.payload().is_empty())
-        .then(|| tcp.sequence_number())
+    (segment_from == from && segment_to == to).then(|| Segment {
+        sequence: tcp.sequence_number(),
+        acknowledgment: tcp.acknowledgment_number(),
+        syn: tcp.syn(),
+        ack: tcp.ack(),
+        rst: tcp.rst(),
+        fin: tcp.fin(),
+        header_len: 20 + tcp.options().len(),
+        payload_len: tcp.payload().len(),
+        checksum_valid: checksum == Some(tcp.checksum()),
+    })
 }

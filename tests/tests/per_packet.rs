@@ -21,6 +21,7 @@ use socklb_tests::{
     clients::Attempt,
     command_in_cgroup, explain_command,
     family::Family,
+    forged::{self, Capture, Flags},
     hold::Holder,
     hold_bin,
     lan::{Addresses, LanNode, VM, VM6, answers, servers_of},
@@ -35,6 +36,7 @@ socklb_tests::for_each_family!(
     a_vm_s_client_ip_affinity_holds_and_inspect_names_its_backend,
     a_pod_that_is_its_own_backend_gets_an_answer,
     a_refused_connection_closes_its_whole_flow,
+    a_blocking_connect_to_a_service_without_endpoints_is_refused_at_its_first_syn,
     a_port_used_again_while_its_last_flow_closes_reaches_the_backend_chosen_again,
     a_meshed_pod_s_sidecar_sees_the_service_address_under_host_scope,
     a_pod_s_annotations_choose_its_path_under_the_default_scope,
@@ -210,6 +212,100 @@ except ConnectionRefusedError:
     sys.exit(0)
 print(s.getpeername()[0], s.recv(100).decode().strip())
 "#;
+
+/// A blocking connect() and the client's TCP counters around it: prints `refused` (or
+/// `connected`), then how much each counter moved. Guarded by an alarm, so that a client
+/// never answered fails instead of hanging.
+const BLOCKING_CONNECT: &str = r#"
+import signal, socket, sys
+def counters():
+    values = {}
+    for table in ("/proc/net/snmp", "/proc/net/netstat"):
+        lines = open(table).read().splitlines()
+        for names, numbers in zip(lines[::2], lines[1::2]):
+            prefix = names.split(":")[0]
+            for name, number in zip(names.split()[1:], numbers.split()[1:]):
+                values[prefix + name] = int(number)
+    return values
+watched = ["TcpExtTCPSynRetrans", "TcpRetransSegs", "TcpExtLockDroppedIcmps", "TcpInCsumErrors"]
+def no_answer(*_):
+    sys.exit("no answer to the blocking connect() within 10 s")
+signal.signal(signal.SIGALRM, no_answer)
+address, port = sys.argv[1], int(sys.argv[2])
+before = counters()
+s = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
+signal.alarm(10)
+try:
+    s.connect((address, port))
+    print("connected")
+except ConnectionRefusedError:
+    print("refused")
+signal.alarm(0)
+after = counters()
+print(" ".join(f"{name}={after[name] - before[name]}" for name in watched))
+"#;
+
+/// A TCP client of a Service without endpoints is refused with a reset, not kube-proxy's
+/// ICMP port unreachable: the answer to a SYN the VM's kernel sends is made and delivered
+/// in the softirq of the SYN's own transmit, while a blocking connect() still holds the
+/// socket lock, and Linux drops an ICMP error then (`TcpExtLockDroppedIcmps`): only the SYN
+/// sent again a second later would be refused. A reset waits in the socket's backlog, so the
+/// first SYN is refused: no SYN is sent again. The reset itself: RST|ACK from the VIP,
+/// sequence 0, acknowledging the SYN, no options, a valid checksum both when the client's
+/// checksum was left to its device (a socket's SYN) and when it was whole (a forged one).
+fn a_blocking_connect_to_a_service_without_endpoints_is_refused_at_its_first_syn(family: Family) {
+    let node = LanNode::new(family, "pp-reset", "z");
+    let vm = node.lan.vm();
+    let a = &node.a;
+    node.write(
+        "empty.yaml",
+        &a.exposed("empty", 64).http_and_dns().service_yaml(),
+    );
+    let _agent = node.agent(&[]);
+    let vip = family.vip(64).to_string();
+    let before = node.counters();
+
+    let output = stdout_of(
+        vm.command("python3")
+            .args(["-c", BLOCKING_CONNECT, &vip, "80"]),
+    );
+    let mut lines = output.lines();
+    assert_eq!(lines.next(), Some("refused"), "{output}");
+    assert_eq!(
+        lines.next(),
+        Some("TcpExtTCPSynRetrans=0 TcpRetransSegs=0 TcpExtLockDroppedIcmps=0 TcpInCsumErrors=0"),
+        "the first SYN was refused: none sent again, no answer dropped"
+    );
+
+    let frontend = SocketAddr::new(vip.parse().expect("VIP"), 80);
+    let client = SocketAddr::new(vm_address(family), 40125);
+    let reset = vm.enter(|| {
+        let capture = Capture::start();
+        forged::send(client, frontend, 1000, Flags::Syn);
+        capture.segment(frontend, client)
+    });
+    assert_eq!(
+        reset,
+        forged::Segment {
+            sequence: 0,
+            acknowledgment: 1001,
+            syn: false,
+            ack: true,
+            rst: true,
+            fin: false,
+            header_len: 20,
+            payload_len: 0,
+            checksum_valid: true,
+        },
+        "the reset to a forged SYN (its checksum whole)"
+    );
+    let after = node.counters();
+    assert_eq!(
+        after.pod_no_backend,
+        before.pod_no_backend + 2,
+        "both refusals were socklb's: {after:?}"
+    );
+}
 
 /// A backend's RST to a flow's SYN closes both of the flow's entries, as netfilter closes
 /// the whole connection: a forward entry left open (a pod's flow is made in the main table,

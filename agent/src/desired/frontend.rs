@@ -171,9 +171,9 @@ pub struct FrontendSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub maglev: bool,
     /// The Service has no endpoint for this port anywhere: with no backends, traffic from
-    /// outside is refused (ICMP port unreachable), as kube-proxy's REJECT does. An empty
-    /// frontend of a Service that has endpoints elsewhere (externalTrafficPolicy Local)
-    /// drops it instead, as kube-proxy's DROP.
+    /// outside is refused (a TCP reset, ICMP port unreachable for UDP), as kube-proxy's
+    /// REJECT does. An empty frontend of a Service that has endpoints elsewhere
+    /// (externalTrafficPolicy Local) drops it instead, as kube-proxy's DROP.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub no_endpoints: bool,
 }

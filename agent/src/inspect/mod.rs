@@ -98,8 +98,9 @@ pub struct FrontendState {
     /// New flows from outside choose by Maglev hashing.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub maglev: bool,
-    /// Without backends, traffic from outside is refused (ICMP port unreachable): the
-    /// Service has no endpoint at all. Otherwise an empty external frontend drops it.
+    /// Without backends, traffic from outside is refused (a TCP reset, ICMP port
+    /// unreachable for UDP): the Service has no endpoint at all. Otherwise an empty external
+    /// frontend drops it.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub refuses: bool,
 }

@@ -21,6 +21,7 @@ mod flow;
 mod flow_filter;
 mod frontend_filter;
 mod names;
+mod reset;
 mod service;
 mod socket;
 mod trace;
@@ -29,7 +30,7 @@ use core::mem::size_of;
 
 pub use self::{
     address::*, checksum::*, counters::*, filter_slot::*, flow::*, flow_filter::*,
-    frontend_filter::*, names::*, service::*, socket::*, trace::*,
+    frontend_filter::*, names::*, reset::*, service::*, socket::*, trace::*,
 };
 
 const _: () = assert!(size_of::<ServiceKey>() == 12);

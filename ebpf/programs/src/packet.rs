@@ -15,8 +15,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use socklb_abi::{
-    FragmentKey, FragmentKey6, FragmentPorts, Ipv6Words, PROTO_TCP, PROTO_UDP, checksum_after,
-    ipv6_octets, sum_add, sum_change,
+    FragmentKey, FragmentKey6, FragmentPorts, Ipv6Words, PROTO_TCP, PROTO_UDP,
+    TCP_FLAG_ACK as TCP_ACK, TCP_FLAG_FIN as TCP_FIN, TCP_FLAG_RST as TCP_RST,
+    TCP_FLAG_SYN as TCP_SYN, checksum_after, ipv6_octets, sum_add, sum_change,
 };
 
 use crate::{
@@ -65,10 +66,6 @@ const TCP_SEQUENCE_OFFSET: usize = 4;
 const TCP_DATA_OFFSET: usize = 12;
 const UDP_HEADER_LEN: usize = 8;
 const UDP_CHECK_OFFSET: usize = 6;
-const TCP_FIN: u8 = 0x01;
-const TCP_SYN: u8 = 0x02;
-const TCP_RST: u8 = 0x04;
-const TCP_ACK: u8 = 0x10;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

@@ -1,26 +1,38 @@
-//! ICMP errors socklb sends itself, as kube-proxy's REJECT or a router would: port
-//! unreachable (no endpoint at all, from outside or from a workload, each side counting its
-//! own), "fragmentation needed" (too big for the path to a remote backend) and "time
-//! exceeded" (TTL out before socklb forwards). When each is sent: docs/operations.md,
-//! "Traffic from outside the node".
+//! Refusals and ICMP errors socklb sends itself, as kube-proxy's REJECT, a closed port or
+//! a router would: a refusal (no endpoint at all, from outside or from a workload, each
+//! side counting its own) is a TCP reset for a TCP segment and ICMP port unreachable for a
+//! UDP datagram; "fragmentation needed" (too big for the path to a remote backend) and
+//! "time exceeded" (TTL out before socklb forwards) are ICMP errors. When each is sent:
+//! docs/operations.md, "Traffic from outside the node".
 //!
-//! The packet itself becomes the answer: cut to its IP header and the transport header
-//! (the whole TCP header without options, or the UDP header: at least the 8 bytes an ICMP
-//! error must quote, and never shorter than what a packet whose checksum the sender's
-//! device was to fill must keep), given a new IP and ICMP header in front, and sent back
-//! out of the device it came in on. Only packets without IPv4 options or
-//! IPv6 extension headers are answered (the quote is then of a known size); others, and
-//! answers past [`PER_SECOND`] on one CPU (the kernel limits its own ICMP errors too), are
-//! dropped.
+//! The packet itself becomes the answer. An ICMP error: cut to its IP header and the
+//! transport header (the whole TCP header without options, or the UDP header: at least the
+//! 8 bytes an ICMP error must quote, and never shorter than what a packet whose checksum
+//! the sender's device was to fill must keep), given a new IP and ICMP header in front. A
+//! reset: cut to its IP header and a TCP header without options, both written anew in
+//! place ([`socklb_abi::tcp_reset`]). Either is sent back out of the device it came in on.
+//! Only packets without IPv4 options or IPv6 extension headers are answered (the quote is
+//! then of a known size); others, and answers past [`PER_SECOND`] on one CPU (the kernel
+//! limits its own ICMP errors and resets too), are dropped.
+//!
+//! Why a reset and not kube-proxy's ICMP port unreachable for TCP: a client must see the
+//! refusal at once. Linux drops an ICMP error that arrives while the socket is locked
+//! (`TcpExtLockDroppedIcmps`), and a client whose SYN reaches socklb through a veth of the
+//! same kernel (a pod, a VM's tap, a test's namespace) gets it just so: the answer is made
+//! and delivered in the softirq its SYN's transmit runs, while a blocking connect() still
+//! holds the lock, so only the SYN sent again a second later is refused. A reset is queued
+//! to the socket's backlog instead. Clients elsewhere gain too: many stacks take ICMP errors
+//! to a connection as soft (RFC 5461) and send the SYN again, and firewalls on the way
+//! drop ICMP more often than resets.
 use core::mem::MaybeUninit;
 
 use aya_ebpf::{
     EbpfContext,
-    bindings::{__sk_buff, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC},
+    bindings::{__sk_buff, BPF_F_PSEUDO_HDR, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC},
     helpers,
     programs::TcContext,
 };
-use socklb_abi::{PROTO_TCP, PROTO_UDP};
+use socklb_abi::{PROTO_TCP, PROTO_UDP, TCP_HEADER_LEN, tcp_reset};
 
 use crate::{
     conntrack,
@@ -41,6 +53,7 @@ const QUOTED_UDP: usize = 8;
 
 const IPV4_HEADER_LEN: usize = 20;
 const ICMP_HEADER_LEN: usize = 8;
+const TCP_CHECK_OFFSET: usize = 16;
 /// IPv4 with its header length field: 20 bytes, no options.
 const VERSION_IHL_PLAIN: u8 = 0x45;
 const ICMP_DEST_UNREACH: u32 = 3;
@@ -66,6 +79,14 @@ struct Answer4<const QUOTE: usize> {
 struct Answer6<const QUOTE: usize> {
     headers: [u32; (IPV6_HEADER_LEN + ICMP_HEADER_LEN) / 4],
     quote: [u8; QUOTE],
+}
+
+/// A TCP reset as it is written after the Ethernet header: the IP header (`IP` words), then
+/// a TCP header without options. Word-aligned for the checksum helper.
+#[repr(C, align(4))]
+struct Reset<const IP: usize> {
+    ip: [u32; IP],
+    tcp: [u32; TCP_HEADER_LEN / 4],
 }
 
 /// The ICMP error an answer carries: its first header word (type, code, checksum left 0)
@@ -101,18 +122,32 @@ impl IcmpError {
     }
 }
 
-/// Answers the IPv4 packet in `ctx`, from side `S`, with ICMP port unreachable; its
-/// verdict. Out of line, called from the program's entry: its stack is not added to the
-/// TCP/UDP path's.
+/// Refuses the IPv4 packet in `ctx`, from side `S`: a TCP segment with a reset, a UDP
+/// datagram with ICMP port unreachable; its verdict. Out of line, called from the
+/// program's entry: its stack is not added to the TCP/UDP path's.
 #[inline(never)]
 pub fn refuse4<S: Side>(ctx: &TcContext) -> i32 {
-    refused::<S>(answer_ipv4(ctx, IcmpError::PORT_UNREACHABLE))
+    let answered = match ctx.load::<u8>(ETH_HLEN + 9) {
+        Ok(PROTO_TCP) => reset4(ctx),
+        Ok(PROTO_UDP) => {
+            answer4::<{ IPV4_HEADER_LEN + QUOTED_UDP }>(ctx, IcmpError::PORT_UNREACHABLE)
+        }
+        _ => None,
+    };
+    refused::<S>(answered)
 }
 
 /// [`refuse4`] for IPv6.
 #[inline(never)]
 pub fn refuse6<S: Side>(ctx: &TcContext) -> i32 {
-    refused::<S>(answer_ipv6(ctx, IcmpError::PORT_UNREACHABLE6))
+    let answered = match ctx.load::<u8>(ETH_HLEN + 6) {
+        Ok(PROTO_TCP) => reset6(ctx),
+        Ok(PROTO_UDP) => {
+            answer6::<{ IPV6_HEADER_LEN + QUOTED_UDP }>(ctx, IcmpError::PORT_UNREACHABLE6)
+        }
+        _ => None,
+    };
+    refused::<S>(answered)
 }
 
 /// The verdict of a refusal (or the drop of a packet not answered), counted by its side.
@@ -234,7 +269,8 @@ fn answer4<const QUOTE: usize>(ctx: &TcContext, error: IcmpError) -> Option<i32>
     // repr(C) struct.
     let icmp = unsafe { base.add(IPV4_HEADER_LEN / 4) };
     answer.headers[5] |= u32::from(fold(csum(icmp, ICMP_HEADER_LEN + QUOTE, 0)?)) << 16;
-    send(ctx, answer, QUOTE)
+    become_answer(ctx, answer, QUOTE)?;
+    Some(send_back(ctx))
 }
 
 #[inline(always)]
@@ -276,28 +312,128 @@ fn answer6<const QUOTE: usize>(ctx: &TcContext, error: IcmpError) -> Option<i32>
     let sum = csum(tail.as_mut_ptr(), 8, sum)?;
     let sum = csum(icmp, ICMP_HEADER_LEN + QUOTE, sum)?;
     answer.headers[10] |= u32::from(fold(sum)) << 16;
-    send(ctx, answer, QUOTE)
+    become_answer(ctx, answer, QUOTE)?;
+    Some(send_back(ctx))
 }
 
-/// Turns the packet into `answer` (its headers, then the quote it was read from) and
-/// sends it back out of the device it came in on, to the MAC address it came from.
+/// The reset that answers the IPv4 TCP segment in `ctx`, sent.
 #[inline(always)]
-fn send<T>(ctx: &TcContext, answer: &T, quote: usize) -> Option<i32> {
+fn reset4(ctx: &TcContext) -> Option<i32> {
+    if ctx.load::<u8>(ETH_HLEN).ok()? != VERSION_IHL_PLAIN {
+        return None;
+    }
+    let total = u32::from(u16::from_be(ctx.load(ETH_HLEN + 2).ok()?));
+    let segment: [u32; 5] = ctx.load(ETH_HLEN + IPV4_HEADER_LEN).ok()?;
+    let tcp = tcp_reset(segment, total.checked_sub(IPV4_HEADER_LEN as u32)?)?;
+    if !within_budget() {
+        return None;
+    }
+    let source: u32 = ctx.load(ETH_HLEN + 12).ok()?;
+    let destination: u32 = ctx.load(ETH_HLEN + 16).ok()?;
+    let total = (IPV4_HEADER_LEN + TCP_HEADER_LEN) as u32;
+    let mut reset = Reset {
+        ip: [
+            (u32::from(VERSION_IHL_PLAIN) << 24 | total).to_be(),
+            0,
+            (TTL << 24 | u32::from(PROTO_TCP) << 16).to_be(),
+            destination,
+            source,
+        ],
+        tcp,
+    };
+    reset.ip[2] |= u32::from(fold(csum(reset.ip.as_mut_ptr(), IPV4_HEADER_LEN, 0)?)) << 16;
+    // The pseudo-header: both addresses, the protocol and the TCP length.
+    let mut pseudo = [
+        destination,
+        source,
+        (u32::from(PROTO_TCP) << 16 | TCP_HEADER_LEN as u32).to_be(),
+    ];
+    let pseudo = csum(pseudo.as_mut_ptr(), 12, 0)?;
+    send_reset(ctx, &mut reset, pseudo)
+}
+
+/// [`reset4`] for IPv6: only a TCP header right after the IPv6 header is answered.
+#[inline(always)]
+fn reset6(ctx: &TcContext) -> Option<i32> {
+    let payload = u32::from(u16::from_be(ctx.load(ETH_HLEN + 4).ok()?));
+    let segment: [u32; 5] = ctx.load(ETH_HLEN + IPV6_HEADER_LEN).ok()?;
+    let tcp = tcp_reset(segment, payload)?;
+    if !within_budget() {
+        return None;
+    }
+    let source: [u32; 4] = ctx.load(ETH_HLEN + 8).ok()?;
+    let destination: [u32; 4] = ctx.load(ETH_HLEN + 24).ok()?;
+    let length = TCP_HEADER_LEN as u32;
+    let mut reset = Reset {
+        ip: [
+            (6u32 << 28).to_be(),
+            (length << 16 | u32::from(PROTO_TCP) << 8 | TTL).to_be(),
+            destination[0],
+            destination[1],
+            destination[2],
+            destination[3],
+            source[0],
+            source[1],
+            source[2],
+            source[3],
+        ],
+        tcp,
+    };
+    // The pseudo-header: both addresses (words 2 to 9), the TCP length and the next header.
+    let mut tail = [length.to_be(), u32::from(PROTO_TCP).to_be()];
+    // SAFETY: words 2 to 9 of the 10-word IPv6 header.
+    let addresses = unsafe { reset.ip.as_mut_ptr().add(2) };
+    let pseudo = csum(addresses, 32, 0)?;
+    let pseudo = csum(tail.as_mut_ptr(), 8, pseudo)?;
+    send_reset(ctx, &mut reset, pseudo)
+}
+
+/// Turns the packet into `reset`, its TCP checksum filled in from `pseudo` (the sum of the
+/// pseudo-header), and sends it back. The checksum helper fills it in as the packet's
+/// `ip_summed` state wants: whole, or, for a packet whose sender's device was to fill it
+/// (CHECKSUM_PARTIAL: a local socket's, behind a veth), the pseudo-header's sum alone, the
+/// rest left to that device (or to the kernel) as for the SYN. The TCP header stays where
+/// the SYN's was, where the packet's checksum start and offset still point.
+#[inline(always)]
+fn send_reset<const IP: usize>(ctx: &TcContext, reset: &mut Reset<IP>, pseudo: u32) -> Option<i32> {
+    let header = csum(reset.tcp.as_mut_ptr(), TCP_HEADER_LEN, 0)?;
+    become_answer(ctx, reset, core::mem::size_of::<Reset<IP>>())?;
+    // Written as 0: the first call makes it the pseudo-header's checksum (or its sum, for a
+    // partial checksum), the second adds the header's (or, partial, leaves it).
+    let check = ETH_HLEN + IP * 4 + TCP_CHECK_OFFSET;
+    ctx.l4_csum_replace(check, 0, u64::from(pseudo), u64::from(BPF_F_PSEUDO_HDR))
+        .ok()?;
+    ctx.l4_csum_replace(check, 0, u64::from(header), 0).ok()?;
+    Some(send_back(ctx))
+}
+
+/// Turns the packet into `answer`: its headers, then the `quote` bytes it was read from
+/// (all of it, for a reset), Ethernet addresses swapped.
+#[inline(always)]
+fn become_answer<T>(ctx: &TcContext, answer: &T, quote: usize) -> Option<()> {
     let macs: [u8; 12] = ctx.load(0).ok()?;
     // Cut to the quote, then make room for the new headers in front of it.
     ctx.change_tail((ETH_HLEN + quote) as u32, 0).ok()?;
     let room = core::mem::size_of::<T>() - quote;
-    ctx.adjust_room(room as i32, BPF_ADJ_ROOM_MAC, 0).ok()?;
+    if room != 0 {
+        ctx.adjust_room(room as i32, BPF_ADJ_ROOM_MAC, 0).ok()?;
+    }
     ctx.store(ETH_HLEN, answer, 0).ok()?;
     let swapped = [
         macs[6], macs[7], macs[8], macs[9], macs[10], macs[11], macs[0], macs[1], macs[2], macs[3],
         macs[4], macs[5],
     ];
     ctx.store(0, &swapped, 0).ok()?;
+    Some(())
+}
+
+/// Sends the packet back out of the device it came in on; the verdict.
+#[inline(always)]
+fn send_back(ctx: &TcContext) -> i32 {
     // SAFETY: the context is the valid __sk_buff of this run.
     let ifindex = unsafe { (*ctx.as_ptr().cast::<__sk_buff>()).ingress_ifindex };
     // SAFETY: plain helper call without pointers.
-    Some(unsafe { helpers::bpf_redirect(ifindex, 0) } as i32)
+    unsafe { helpers::bpf_redirect(ifindex, 0) as i32 }
 }
 
 /// Reads the quote: the `N` bytes after the Ethernet header (a constant length: aya's

@@ -43,9 +43,9 @@ pub trait Side {
     /// The counter of new flows, and of packets dropped for want of a usable backend here.
     fn flows(counters: &mut Counters) -> &mut u64;
     fn no_backend(counters: &mut Counters) -> &mut u64;
-    /// The counter of packets refused (answered with ICMP port unreachable) because their
-    /// Service has no endpoint at all; those past the rate limit count as
-    /// [`no_backend`](Self::no_backend).
+    /// The counter of packets refused (answered with a TCP reset or ICMP port unreachable:
+    /// `reject`) because their Service has no endpoint at all; those past the rate limit
+    /// count as [`no_backend`](Self::no_backend).
     fn refused(counters: &mut Counters) -> &mut u64;
 }
 

@@ -14,7 +14,7 @@ use socklb_tests::{
 pub const ONE: NodeId = NodeId::One;
 pub const TWO: NodeId = NodeId::Two;
 /// The answer of a probe attempt that socklb refused: at connect() or sendmsg() by the
-/// socket hooks, or with an ICMP port unreachable by the per-packet path.
+/// socket hooks, or by the per-packet path (a TCP reset, ICMP port unreachable for UDP).
 pub const REFUSED: &str = "error: ECONNREFUSED";
 
 /// The answer of a probe attempt at `at` whose destination was not translated: the error of

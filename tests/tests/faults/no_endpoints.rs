@@ -1,6 +1,7 @@
 //! A frontend whose Service has no endpoint refuses clients from outside at once, as
-//! kube-proxy's REJECT does: a TCP client (curl) sees "connection refused", a connected
-//! UDP socket ECONNREFUSED, both from the ICMP port unreachable socklb answers with.
+//! kube-proxy's REJECT does: a TCP client (curl) sees "connection refused", from the TCP
+//! reset socklb answers with, a connected UDP socket ECONNREFUSED, from its ICMP port
+//! unreachable.
 //! (A Service with endpoints on other nodes only and externalTrafficPolicy Local drops
 //! instead, as kube-proxy does: `external.rs` checks that.)
 use std::{io::ErrorKind, time::Duration};
