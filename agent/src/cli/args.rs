@@ -203,10 +203,10 @@ pub struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     pub handover_wait: Duration,
     /// Address for /healthz, /livez and /readyz (kube-proxy's health port).
-    #[arg(long, default_value = "0.0.0.0:10256")]
+    #[arg(long, default_value = "0.0.0.0:10256", value_parser = parse_bind_address)]
     pub healthz_bind_address: SocketAddr,
     /// Address for /metrics (kube-proxy's metrics port).
-    #[arg(long, default_value = "127.0.0.1:10249")]
+    #[arg(long, default_value = "127.0.0.1:10249", value_parser = parse_bind_address)]
     pub metrics_bind_address: SocketAddr,
     /// The kernel programs' own log lines (their rare failure paths, at warn) forwarded
     /// into this log. Off costs nothing: the verifier removes the log calls at load.
@@ -300,6 +300,21 @@ fn parse_maglev_size(text: &str) -> Result<u32, String> {
         .ok()
         .filter(|size| sizes.contains(size))
         .ok_or_else(|| format!("{text:?} is not one of the prime table sizes {sizes:?}"))
+}
+
+/// An address to listen on: IP:PORT, or [IPv6]:PORT. A host name is not resolved (which
+/// address it meant would depend on the node's resolver at the agent's start).
+fn parse_bind_address(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| {
+        let example = match text.rsplit_once(':') {
+            Some((_, port)) if port.parse::<u16>().is_ok() => port,
+            _ => "10256",
+        };
+        format!(
+            "{text:?} is not IP:PORT: give an IP address and a port, such as 0.0.0.0:{example} \
+             or [::]:{example} (a host name is not resolved)"
+        )
+    })
 }
 
 fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
@@ -487,6 +502,28 @@ mod tests {
         match cli.command {
             Command::Run(run) => Ok(run),
             _ => panic!("`socklb run` parsed as another command"),
+        }
+    }
+
+    #[test]
+    fn a_bind_address_is_ip_and_port() {
+        let bind = |address: &str| {
+            run(&["--healthz-bind-address", address])
+                .map(|run| run.healthz_bind_address.to_string())
+                .map_err(|error| error.to_string())
+        };
+        assert_eq!(bind("[::]:10256").as_deref(), Ok("[::]:10256"));
+        assert_eq!(bind("127.0.0.1:9").as_deref(), Ok("127.0.0.1:9"));
+        for (address, says) in [
+            ("localhost:19356", "such as 0.0.0.0:19356 or [::]:19356"),
+            ("127.0.0.1", "such as 0.0.0.0:10256"),
+            ("::1:80", "is not IP:PORT"),
+        ] {
+            let error = bind(address).expect_err(address);
+            assert!(
+                error.contains(says) && error.contains("host name is not resolved"),
+                "{address}: {error}"
+            );
         }
     }
 
