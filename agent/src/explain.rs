@@ -11,7 +11,7 @@ use crate::{
     select::{
         FrontendKind, Policy, Refusal, ServiceName, ServiceSelection, SkipReason, SkippedPart,
         ThisNode, Topology,
-        socket_path::{Path, PodPath, Scope, pod_path},
+        socket_path::{Path, PodPath, SOCKET_LB_KEY, Scope, pod_path},
     },
     state::ClusterState,
     terminal::printable,
@@ -109,7 +109,16 @@ pub fn explain(state: &ClusterState, scope: Scope, only: &Only<'_>) -> Explanati
         pods: state
             .workloads()
             .paths()
-            .map(|(pod, choice)| pod_path(scope, pod, choice))
+            .map(|(pod, choice)| {
+                let mut path = pod_path(scope, pod, choice);
+                if let Some(value) = state.workloads().namespace_label_ignored(pod) {
+                    path.why.push_str(&format!(
+                        " (its Namespace's label {SOCKET_LB_KEY}={value:?} is not off: it \
+                         chooses nothing)"
+                    ));
+                }
+                path
+            })
             // `--service` alone asks about a Service, not about the pods.
             .filter(|path| match only.pod {
                 Some(pod) => pod == path.pod,
@@ -430,6 +439,27 @@ spec:
         assert!(
             table.starts_with("node ") && table.contains(" AFFINITY "),
             "{table}"
+        );
+    }
+
+    #[test]
+    fn a_namespace_label_that_chooses_nothing_is_said_in_the_why() {
+        let state = state_of(
+            "kind: Namespace
+metadata: {name: shop, labels: {socklb.io/socket-lb: 'false'}}
+---
+kind: Pod
+metadata: {name: app, namespace: shop}
+spec: {nodeName: node-a}
+status: {podIPs: [{ip: 10.244.0.3}]}
+",
+        );
+        let explanation = explain(&state, Scope::Pods, &Only::default());
+        let why = &explanation.pods[0].why;
+        assert!(
+            why.starts_with("the default")
+                && why.contains("socklb.io/socket-lb=\"false\" is not off"),
+            "{why}"
         );
     }
 

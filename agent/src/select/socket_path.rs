@@ -89,6 +89,15 @@ pub fn not_understood(value: Option<&String>) -> Option<&str> {
         .filter(|value| !matches!(*value, "on" | "off"))
 }
 
+/// The value of [`SOCKET_LB_KEY`] on a Namespace that chooses nothing: a Namespace can only
+/// say `off` (send its pods to the per-packet path).
+pub fn namespace_label_ignored(labels: Option<&BTreeMap<String, String>>) -> Option<&str> {
+    labels?
+        .get(SOCKET_LB_KEY)
+        .map(String::as_str)
+        .filter(|value| *value != "off")
+}
+
 /// The path of `pod`, whose Namespace has `namespace_labels`.
 pub fn socket_path(
     pod: &PodInfo,

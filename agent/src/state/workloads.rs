@@ -10,7 +10,9 @@ use k8s_openapi::api::core::v1::{Namespace, Pod};
 use tracing::warn;
 
 use crate::{
-    select::socket_path::{PodInfo, SOCKET_LB_KEY, SocketPath, not_understood, socket_path},
+    select::socket_path::{
+        PodInfo, SOCKET_LB_KEY, SocketPath, namespace_label_ignored, not_understood, socket_path,
+    },
     source::{Kind, Object},
 };
 
@@ -92,9 +94,9 @@ impl Workloads {
                 if before != Some(&labels) {
                     // A Namespace can only send its pods to the per-packet path; said when
                     // the value is new.
-                    let value = labels.get(SOCKET_LB_KEY);
-                    if before.map(|before| before.get(SOCKET_LB_KEY)) != Some(value)
-                        && let Some(value) = value.filter(|value| *value != "off")
+                    if before.map(|before| before.get(SOCKET_LB_KEY))
+                        != Some(labels.get(SOCKET_LB_KEY))
+                        && let Some(value) = namespace_label_ignored(Some(&labels))
                     {
                         warn!(
                             namespace = name,
@@ -129,6 +131,11 @@ impl Workloads {
 
     pub fn changed(&self) -> bool {
         self.changed
+    }
+
+    /// The value of its Namespace's [`SOCKET_LB_KEY`] label that chooses nothing for `pod`.
+    pub fn namespace_label_ignored(&self, pod: &PodInfo) -> Option<&str> {
+        namespace_label_ignored(self.namespaces.get(&pod.namespace))
     }
 
     /// Every pod of this node with its path.
