@@ -337,41 +337,43 @@ fn parse_port_range(text: &str) -> Result<RangeInclusive<u16>, String> {
     Ok(min..=max)
 }
 
+/// Each flag reads a negative value as its value, refused as one that is not a count,
+/// rather than as an unknown flag.
 #[derive(Debug, Args)]
 pub struct CapacityArgs {
     /// Service map entries of each family: one per frontend plus one per backend of each
     /// frontend. An upper bound: each family's map starts smaller and grows by itself with
     /// that family's frontends (the names map with all frontends, up to this bound too).
-    #[arg(long, default_value_t = Capacities::default().service_entries)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().service_entries)]
     pub max_service_entries: u32,
     /// Distinct backends (address, port, protocol) of each family. An upper bound: each
     /// family's map starts smaller and grows by itself with that family's backends.
-    #[arg(long, default_value_t = Capacities::default().backends)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().backends)]
     pub max_backends: u32,
     /// Translated sockets whose peer getpeername() and recvmsg() show as the frontend:
     /// slots of the connected-socket ring (rounded up to a power of two; a socket's slot is
     /// taken over by the translated socket whose cookie is this much larger, after at most
     /// this many socket cookies handed out on the node) and LRU entries for the datagrams
     /// of unconnected UDP sockets.
-    #[arg(long, default_value_t = Capacities::default().reverse)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().reverse)]
     pub max_reverse_entries: u32,
     /// Session-affinity entries (LRU).
-    #[arg(long, default_value_t = Capacities::default().affinity)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().affinity)]
     pub max_affinity_entries: u32,
     /// Conntrack entries for traffic from outside the node, two per flow (LRU): flows
     /// confirmed (TCP past its handshake, UDP answered and continued).
-    #[arg(long, default_value_t = Capacities::default().conntrack)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().conntrack)]
     pub max_conntrack_entries: u32,
     /// Conntrack entries of flows from outside not yet confirmed, two per flow (LRU): a SYN
     /// flood fills this table and never evicts a confirmed flow.
-    #[arg(long, default_value_t = Capacities::default().conntrack_new)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().conntrack_new)]
     pub max_conntrack_new_entries: u32,
     /// loadBalancerSourceRanges entries: one per range plus one per restricted frontend.
-    #[arg(long, default_value_t = Capacities::default().source_ranges)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().source_ranges)]
     pub max_source_ranges: u32,
     /// Maglev table entries: --maglev-table-size for each Service using Maglev. An upper
     /// bound: the map starts smaller and grows by itself.
-    #[arg(long, default_value_t = Capacities::default().maglev_entries)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().maglev_entries)]
     pub max_maglev_entries: u32,
     /// Sockets holding a record of what they were translated for, which the sweep uses to
     /// close them when their backend leaves: connected UDP sockets, and TCP sockets with
@@ -379,7 +381,7 @@ pub struct CapacityArgs {
     /// (about 400 bytes each: 24 MiB at the default); past the bound a socket is still translated, and the sweep
     /// finds it through the socket ring only (docs/operations.md, "Sockets of removed
     /// backends").
-    #[arg(long, default_value_t = Capacities::default().socket_records)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().socket_records)]
     pub max_socket_records: u32,
 }
 

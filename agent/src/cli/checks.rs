@@ -237,6 +237,31 @@ pub fn problems(
             );
         }
     }
+    // Bounds a map can have that no Service fits in: every Service would be refused.
+    if capacities.service_entries == 1 {
+        report(
+            "--max-service-entries",
+            "1".to_owned(),
+            "a frontend takes one entry and each of its backends one more: give at least 2"
+                .to_owned(),
+        );
+    }
+    let maglev_table = args.external.maglev_table_size;
+    if (1..maglev_table).contains(&capacities.maglev_entries) {
+        report(
+            "--max-maglev-entries",
+            capacities.maglev_entries.to_string(),
+            format!(
+                "fewer than one Maglev table (--maglev-table-size {maglev_table}), which each \
+                 Service using Maglev takes: give at least {maglev_table}"
+            ),
+        );
+    }
+    if let Some(name) = &source.node_name
+        && let Err(problem) = node_name(name)
+    {
+        report("--node-name", format!("{name:?}"), problem);
+    }
     if let Some(memory) = memory {
         for (flag, per_entry) in PREALLOCATED_BYTES {
             let Some((_, value)) = capacity_flags(&capacities)
@@ -261,6 +286,37 @@ pub fn problems(
         }
     }
     bad
+}
+
+/// This node's name as the agent matches it against Node objects: trimmed and lowercased,
+/// as kube-proxy takes `--hostname-override` and the hostname; an error says why it can
+/// name no Node (a DNS subdomain, RFC 1123).
+pub fn node_name(given: &str) -> Result<String, String> {
+    let name = given.trim().to_lowercase();
+    if name.is_empty() {
+        return Err(
+            "empty: give this node's name as `kubectl get nodes` shows it, or leave \
+                    the flag and NODE_NAME out to use the hostname"
+                .to_owned(),
+        );
+    }
+    let label_ok = |label: &str| {
+        let alphanumeric = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+        alphanumeric(label.chars().next())
+            && alphanumeric(label.chars().last())
+            && label
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    };
+    if name.len() > 253 || !name.split('.').all(label_ok) {
+        return Err(
+            "no Node can have this name (a DNS subdomain: letters, digits, '-' and \
+                    '.', each part starting and ending with a letter or digit): give this \
+                    node's name as `kubectl get nodes` shows it"
+                .to_owned(),
+        );
+    }
+    Ok(name)
 }
 
 /// Whether sockets bound to `a` and `b` on one port would clash: the same address (an
@@ -442,6 +498,23 @@ mod tests {
                 &["--metrics-bind-address"],
             ),
             (&["--healthz-bind-address", "127.0.0.2:10249"], &[]),
+            (&["--max-service-entries", "1"], &["--max-service-entries"]),
+            (&["--max-service-entries", "2"], &[]),
+            (&["--max-maglev-entries", "1"], &["--max-maglev-entries"]),
+            (
+                &["--max-maglev-entries", "251", "--maglev-table-size", "509"],
+                &["--max-maglev-entries"],
+            ),
+            (
+                &["--max-maglev-entries", "509", "--maglev-table-size", "509"],
+                &[],
+            ),
+            (&["--node-name", ""], &["--node-name"]),
+            (&["--node-name", "  "], &["--node-name"]),
+            (&["--node-name", "node_1"], &["--node-name"]),
+            (&["--node-name=node-"], &["--node-name"]),
+            (&["--node-name", "node..1"], &["--node-name"]),
+            (&["--node-name", "Worker-1.Example.com"], &[]),
             // Another family: both binds succeed.
             (&["--metrics-bind-address", "[::1]:10256"], &[]),
             // `::` takes IPv4 too, as does an IPv4-mapped address its IPv4 one.
@@ -466,6 +539,15 @@ mod tests {
         for (flags, named) in rows {
             assert_eq!(&flags_named(flags), named, "{flags:?}");
         }
+    }
+
+    #[test]
+    fn a_node_name_is_taken_as_kube_proxy_takes_it() {
+        assert_eq!(
+            node_name(" Worker-1.Example.com\n").as_deref(),
+            Ok("worker-1.example.com")
+        );
+        assert!(node_name("node_1").is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@ mod checks;
 
 use std::{path::PathBuf, process::ExitCode, sync::Arc, time::Duration};
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, anyhow, bail};
 use clap::{CommandFactory as _, FromArgMatches as _};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
@@ -194,11 +194,17 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn node_name(args: &SourceArgs) -> anyhow::Result<String> {
     if let Some(name) = &args.node_name {
-        return Ok(name.clone());
+        // Checked before anything started (`checks`).
+        return checks::node_name(name).map_err(|problem| anyhow!("--node-name: {problem}"));
     }
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .context("no --node-name or NODE_NAME, and the hostname cannot be read")?;
-    Ok(hostname.trim().to_owned())
+    checks::node_name(&hostname).map_err(|problem| {
+        anyhow!(
+            "the hostname {:?} is not a Node name, so --node-name is needed: {problem}",
+            hostname.trim()
+        )
+    })
 }
 
 /// The configured source, ready to start: its directory checked, or its API client made
