@@ -924,13 +924,13 @@ fn log_bad_document(bad: &BadObject) {
     match (&error.object, bad.kept) {
         (Some(_), true) => warn!(
             %error,
-            "manifest document not applied; its object keeps its last good state until the \
+            "manifest document not applied; its object's last good state is kept until the \
              document is fixed or removed (the file's other objects are applied)"
         ),
         (None, true) => warn!(
             %error,
-            "manifest document not applied, and what it holds cannot be named: the objects \
-             its file no longer holds keep their last good state until it is fixed (the \
+            "manifest document not applied, and its object cannot be named: for the objects \
+             its file no longer holds, the last good state is kept until it is fixed (the \
              file's other objects are applied)"
         ),
         (Some((Kind::Service, namespace, name)), false) => warn!(
