@@ -45,14 +45,21 @@ pub struct ManifestError {
 /// A document of a manifest that does not read (a field of the wrong type, a syntax error):
 /// the file's other documents are read all the same.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}:{line}: {}{message}", file.display(), object.as_ref().map(|o| format!("{}: ", display(o))).unwrap_or_default())]
+#[error("{}:{line}: {}{message}", file.display(), named(object.as_ref()))]
 pub struct BadDocument {
     pub file: PathBuf,
-    /// The line of the error, or of the document's start.
+    /// The line of the error, or of the document's first content.
     pub line: usize,
     /// Its kind, namespace and name, when its text says them: the object it would be.
     pub object: Option<ObjectId>,
     pub message: String,
+}
+
+/// `Kind namespace/name: ` for a document that names its object.
+fn named(object: Option<&ObjectId>) -> String {
+    object
+        .map(|o| format!("{}: ", display(o)))
+        .unwrap_or_default()
 }
 
 impl From<BadDocument> for ManifestError {
