@@ -60,7 +60,8 @@ pub use clients::{
 pub use frontends::{addr, frontend, spec};
 pub use machine::{machine_context, process_memory_kib};
 pub use manifests::{
-    ManifestDir, endpoint_slice, filler_services, node_yaml, service_yaml, slice_yaml,
+    ManifestDir, endpoint_slice, filler_services, node_yaml, service_manifest, service_yaml,
+    slice_yaml,
 };
 pub use node_a::{TwoBackendWeb, web_slice};
 pub use process::{KillOnDrop, run, run_to_exit, stdout_of};

@@ -5,10 +5,10 @@ use std::{collections::BTreeSet, net::Ipv4Addr, process::Command, time::Duration
 
 use socklb_agent::dataplane;
 use socklb_tests::{
-    Agent, FREE_PORTS, KillOnDrop, LogFollower, ManifestDir, NamedServer, Sandbox, endpoint_slice,
-    eventually, explain_command, fake_apiserver::FakeApiServer, filler_services, node_yaml,
-    privileges::chart_agent_minimal, run_to_exit, service_yaml, slice_yaml, stdout_of,
-    unblock_signals_on_exec,
+    Agent, FREE_PORTS, KillOnDrop, LogFollower, ManifestDir, NamedServer, Sandbox, assert_logged,
+    endpoint_slice, eventually, explain_command, fake_apiserver::FakeApiServer, filler_services,
+    node_yaml, privileges::chart_agent_minimal, run_to_exit, service_manifest, service_yaml,
+    slice_yaml, stdout_of, unblock_signals_on_exec,
 };
 
 const VIP: &str = "10.96.1.10:80";
@@ -185,6 +185,76 @@ fn a_broken_manifest_keeps_its_last_good_state_and_others_keep_working() {
     );
     agent.wait_for_log("Service not updated", 1);
     wait_for_answers(&sandbox, &["127.0.21.1", "127.0.21.2"]);
+    agent.stop();
+}
+
+/// A manifest with a document that does not parse: the file's other Services are served
+/// while the agent runs and across a restart (its first read left the whole file out, and
+/// its first sync deleted what was programmed for them); a document that turns bad keeps
+/// its object's last good state while the file's other objects change.
+#[test]
+fn a_bad_document_leaves_the_other_services_of_its_file_served_across_a_restart() {
+    let sandbox = Sandbox::new("cp-bad-document");
+    let (_servers, manifests, agent) = serving(&sandbox, (28, 2), &[]);
+    let typo = service_manifest("typo", "10.96.1.11", "  ports: 5\n");
+    manifests.write("web.yaml", &(web_service() + "---\n" + &typo));
+    agent.wait_for_log("not served until the document is fixed", 1);
+    assert_logged(
+        &agent.log(),
+        &["web.yaml:", "Service default/typo: spec.ports"],
+        "the bad document, by file, line, object and field",
+    );
+    wait_for_answers(&sandbox, &["127.0.28.1"]);
+
+    let agent = {
+        agent.stop();
+        Agent::start_after_a_gap(&sandbox, &manifests.path)
+    };
+    assert_logged(
+        &agent.log(),
+        &[
+            "web.yaml:",
+            "Service default/typo",
+            "not served until the document is fixed",
+        ],
+        "the restarted agent's warning",
+    );
+    wait_for_answers(&sandbox, &["127.0.28.1"]);
+
+    // web's document turns bad while a new Service and its slice join the file.
+    let api_vip: std::net::SocketAddr = "10.96.1.12:80".parse().expect("address");
+    manifests.write(
+        "web.yaml",
+        &[
+            service_manifest(
+                "web",
+                "10.96.1.10",
+                "  ports: [{name: http, port: \"http\"}]\n",
+            ),
+            typo,
+            service_yaml("api", "10.96.1.12", 80, ""),
+            slice_yaml(
+                "api-1",
+                "api",
+                8080,
+                &[("127.0.28.2", "node-a", "zone-a", "")],
+                false,
+            ),
+        ]
+        .join("---\n"),
+    );
+    eventually("api answers", Duration::from_secs(20), || {
+        match sandbox.answering(api_vip, 10) {
+            got if got == BTreeSet::from(["127.0.28.2".to_owned()]) => Ok(()),
+            got => Err(format!("got {got:?}")),
+        }
+    });
+    assert_logged(
+        &agent.log(),
+        &["Service default/web", "last good state is kept"],
+        "web's document turned bad",
+    );
+    wait_for_answers(&sandbox, &["127.0.28.1"]);
     agent.stop();
 }
 

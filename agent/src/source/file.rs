@@ -29,10 +29,11 @@ use notify::{
 use tokio::{sync::mpsc, time::Instant};
 use tracing::{info, warn};
 
-pub use super::manifest::{ManifestError, parse};
+pub use super::manifest::{BadDocument, ManifestError, parse};
 use super::{
     Event, Kind, Object,
     last_good::LastGood,
+    manifest::Read,
     object_ids::{self, ObjectId, ObjectIds, Seen, object_id},
     read_ahead::{self, ReadAhead},
     watched_dir::{Found, RECHECK, Removed, WatchedDir},
@@ -75,9 +76,12 @@ pub enum FileSourceError {
     },
 }
 
-/// The manifests of a directory. Each file's last text that parsed is kept (text is a few
-/// times smaller than the parsed objects), so that a file that no longer parses contributes
-/// its last good objects, and so that a re-read parses only the files whose text changed.
+/// The manifests of a directory. Each file's last text read is kept (text is a few times
+/// smaller than the parsed objects), so that a file that no longer parses contributes its
+/// last good objects, and so that a re-read parses only the files whose text changed. Each
+/// document is read on its own: an object whose document no longer reads keeps its last
+/// good state (kept apart from the text, as JSON) while the file's other objects take
+/// their new one.
 #[derive(Debug, Default)]
 pub struct Manifests {
     files: BTreeMap<PathBuf, ManifestFile>,
@@ -86,16 +90,28 @@ pub struct Manifests {
     /// Files that held objects and were found empty by the last read: deleted if the next
     /// read finds them still empty.
     emptied: HashSet<PathBuf>,
-    /// The text of each file that did not parse, as last read: said once, not again at
-    /// every read of the directory until it changes.
-    broken: BTreeMap<PathBuf, LastGood>,
+    /// The text of each file that did not parse, or had documents that did not, as last
+    /// read: said once, not again at every read of the directory until it changes.
+    broken: BTreeMap<PathBuf, Broken>,
 }
 
-/// A file's last text that parsed and which objects it holds.
+/// A text that did not parse, whole or in part.
+#[derive(Debug)]
+struct Broken {
+    text: LastGood,
+    /// Not a document of it parsed: it is not read again while it stays the same.
+    whole: bool,
+}
+
+/// A file's last text that parsed (whole or in part) and which objects it holds.
 #[derive(Debug)]
 struct ManifestFile {
     text: LastGood,
+    /// Its objects: those of the text's documents that read, and those kept.
     ids: ObjectIds,
+    /// The objects whose documents in `text` do not read and that read before: their last
+    /// good state, as JSON objects one after another (`None`: none).
+    kept: Option<LastGood>,
 }
 
 impl ManifestFile {
@@ -105,8 +121,65 @@ impl ManifestFile {
         if self.ids.all_in(now) {
             return Vec::new();
         }
-        object_ids::lost(&parse_last_good(file, &self.text.text()), now)
+        object_ids::lost(&self.objects(file), now)
     }
+
+    /// Its objects, parsed again: its text's, then those kept.
+    fn objects(&self, file: &Path) -> Vec<Object> {
+        let mut objects = parse_last_good(file, &self.text.text());
+        if let Some(kept) = &self.kept {
+            objects.extend(parse_last_good(file, &kept.text()));
+        }
+        objects
+    }
+
+    /// Of its objects, those that `read` no longer holds and whose documents in it do not
+    /// read: each keeps its last good state. A document whose object cannot be named keeps
+    /// every object the file lost (which one it was is not known).
+    fn to_keep(&self, file: &Path, read: &Read) -> Vec<Object> {
+        if read.bad.is_empty() {
+            return Vec::new();
+        }
+        let now = ObjectIds::of(&read.objects);
+        if self.ids.all_in(&now) {
+            return Vec::new();
+        }
+        let unnamed = read.bad.iter().any(|bad| bad.object.is_none());
+        let mut kept: Vec<Object> = Vec::new();
+        for object in self.objects(file) {
+            let id = object_id(&object);
+            if now.contains(&id)
+                || !(unnamed || read.bad.iter().any(|bad| bad.object.as_ref() == Some(&id)))
+            {
+                continue;
+            }
+            // A later copy wins, as in the state.
+            kept.retain(|held| object_id(held) != id);
+            kept.push(object);
+        }
+        kept
+    }
+}
+
+/// Objects kept at their last good state, as text [`parse_last_good`] reads again.
+fn kept_text(objects: &[Object]) -> Option<LastGood> {
+    if objects.is_empty() {
+        return None;
+    }
+    let json: Vec<String> = objects
+        .iter()
+        .filter_map(|object| {
+            match object {
+                Object::Service(service) => serde_json::to_string(service),
+                Object::EndpointSlice(slice) => serde_json::to_string(slice),
+                Object::Node(node) => serde_json::to_string(node),
+                Object::Pod(pod) => serde_json::to_string(pod),
+                Object::Namespace(namespace) => serde_json::to_string(namespace),
+            }
+            .ok()
+        })
+        .collect();
+    Some(LastGood::new(&json.join("\n")))
 }
 
 /// One read of the directory.
@@ -119,8 +192,20 @@ pub struct Reload {
     pub events: Vec<Event>,
     /// Files that did not parse (their last good objects, if any, are kept).
     pub errors: Vec<ManifestError>,
+    /// Documents that did not parse, in files whose other documents did.
+    pub bad_documents: Vec<BadObject>,
     /// Files not read this time, whose objects stay as they were.
     pub held: Vec<(PathBuf, Held)>,
+}
+
+/// A document that did not parse, and what became of its object.
+#[derive(Debug)]
+pub struct BadObject {
+    pub document: BadDocument,
+    /// Its object (or, for a document that cannot be named, the objects its file lost) read
+    /// before: kept at its last good state. Otherwise it is left out (at a first read, or
+    /// a new object).
+    pub kept: bool,
 }
 
 /// Why a file was not read.
@@ -142,6 +227,8 @@ struct Changed {
     lost: Vec<ObjectId>,
     /// What it holds now.
     new: Vec<Object>,
+    /// What it holds still, at its last good state: objects whose documents do not read.
+    kept: Vec<Object>,
     /// Whether it holds an object twice.
     repeats: bool,
 }
@@ -176,6 +263,7 @@ impl Manifests {
     ) -> Result<Reload, FileSourceError> {
         let listed = list_manifests(dir)?;
         let mut errors = Vec::new();
+        let mut bad_documents = Vec::new();
         let mut held = Vec::new();
         let mut changed = Vec::new();
         let gone: Vec<PathBuf> = self
@@ -189,6 +277,7 @@ impl Manifests {
                 changed.push(Changed {
                     lost: old.lost(&file, &ObjectIds::default()),
                     new: Vec::new(),
+                    kept: Vec::new(),
                     repeats: false,
                     file,
                 });
@@ -215,7 +304,7 @@ impl Manifests {
                 || self
                     .broken
                     .get(&file)
-                    .is_some_and(|broken| broken.is(&text))
+                    .is_some_and(|broken| broken.whole && broken.text.is(&text))
             {
                 continue;
             }
@@ -225,19 +314,37 @@ impl Manifests {
                 held.push((file, Held::Emptied));
                 continue;
             }
-            let new = match read_noting(&file, &text) {
-                Ok(objects) => {
-                    self.broken.remove(&file);
-                    objects
-                }
+            let read = match read_noting(&file, &text) {
+                Ok(read) => read,
                 Err(error) => {
-                    self.broken.insert(file.clone(), LastGood::new(&text));
+                    let text = LastGood::new(&text);
+                    self.broken
+                        .insert(file.clone(), Broken { text, whole: true });
                     errors.push(error);
                     continue;
                 }
             };
-            let ids = ObjectIds::of(&new);
-            let repeats = ids.len() < new.len();
+            let kept = self
+                .files
+                .get(&file)
+                .map(|old| old.to_keep(&file, &read))
+                .unwrap_or_default();
+            // Said once for a text (a file held back is read again).
+            if read.bad.is_empty() {
+                self.broken.remove(&file);
+            } else if !self
+                .broken
+                .get(&file)
+                .is_some_and(|broken| broken.text.is(&text))
+            {
+                let text = LastGood::new(&text);
+                self.broken
+                    .insert(file.clone(), Broken { text, whole: false });
+                bad_documents.extend(said(read.bad, &kept));
+            }
+            let new = read.objects;
+            let ids = ObjectIds::of_both(&new, &kept);
+            let repeats = ids.len() < new.len() + kept.len();
             let lost: Vec<ObjectId> = self
                 .files
                 .get(&file)
@@ -256,12 +363,17 @@ impl Manifests {
                 held.push((file, Held::Settling));
                 continue;
             }
-            let text = LastGood::new(&text);
-            self.files.insert(file.clone(), ManifestFile { text, ids });
+            let file_state = ManifestFile {
+                text: LastGood::new(&text),
+                ids,
+                kept: kept_text(&kept),
+            };
+            self.files.insert(file.clone(), file_state);
             changed.push(Changed {
                 file,
                 lost,
                 new,
+                kept,
                 repeats,
             });
         }
@@ -275,6 +387,7 @@ impl Manifests {
         Ok(Reload {
             events,
             errors,
+            bad_documents,
             held,
         })
     }
@@ -289,7 +402,7 @@ impl Manifests {
                     .lost
                     .iter()
                     .cloned()
-                    .chain(change.new.iter().map(object_id))
+                    .chain(change.new.iter().chain(&change.kept).map(object_id))
                     .all(|id| {
                         self.files
                             .iter()
@@ -303,7 +416,11 @@ impl Manifests {
     fn everything(&self, changed: Vec<Changed>) -> Vec<Event> {
         let mut parsed: HashMap<PathBuf, Vec<Object>> = changed
             .into_iter()
-            .map(|change| (change.file, change.new))
+            .map(|change| {
+                let mut objects = change.new;
+                objects.extend(change.kept);
+                (change.file, objects)
+            })
             .collect();
         let mut by_kind = [
             (Kind::Node, Vec::new()),
@@ -315,9 +432,7 @@ impl Manifests {
         // Where each object was seen first: a later copy wins, and says so.
         let mut first_seen: HashMap<ObjectId, &Path> = HashMap::new();
         for (file, held) in &self.files {
-            let objects = parsed
-                .remove(file)
-                .unwrap_or_else(|| parse_last_good(file, &held.text.text()));
+            let objects = parsed.remove(file).unwrap_or_else(|| held.objects(file));
             for object in objects {
                 let id = object_id(&object);
                 if let Some(first) = first_seen.insert(id.clone(), file) {
@@ -357,6 +472,7 @@ pub struct FirstRead {
     opened: bool,
     workloads: Vec<Object>,
     errors: Vec<ManifestError>,
+    bad_documents: Vec<BadObject>,
     held: Vec<(PathBuf, Held)>,
     /// Every object's identity so far, to say which is defined twice, and the files read
     /// (by index).
@@ -388,6 +504,7 @@ impl Manifests {
             opened: false,
             workloads: Vec::new(),
             errors: Vec::new(),
+            bad_documents: Vec::new(),
             held: held.into_iter().map(|file| (file, Held::Writing)).collect(),
             seen: Seen::default(),
             files_read: Vec::new(),
@@ -416,10 +533,14 @@ impl Manifests {
             return Some(closing);
         };
         let (objects, text) = match parsed {
-            Ok(parsed) => parsed,
+            Ok((file_read, text)) => {
+                // Nothing was read before: their objects are left out.
+                read.bad_documents.extend(said(file_read.bad, &[]));
+                (file_read.objects, text)
+            }
             Err((error, text)) => {
                 if let Some(text) = text {
-                    self.broken.insert(file, text);
+                    self.broken.insert(file, Broken { text, whole: true });
                 }
                 read.errors.push(error);
                 return Some(Vec::new());
@@ -433,7 +554,12 @@ impl Manifests {
                 warn_defined_twice(&id, &read.files_read[before], &file);
             }
         }
-        self.files.insert(file, ManifestFile { text, ids });
+        let file_state = ManifestFile {
+            text,
+            ids,
+            kept: None,
+        };
+        self.files.insert(file, file_state);
         let (streamed, workloads): (Vec<Object>, Vec<Object>) = objects
             .into_iter()
             .partition(|object| STREAMED.contains(&object.kind()));
@@ -448,6 +574,7 @@ impl FirstRead {
         Reload {
             events: Vec::new(),
             errors: self.errors,
+            bad_documents: self.bad_documents,
             held: self.held,
         }
     }
@@ -466,8 +593,8 @@ fn list_manifests(dir: &Path) -> Result<BTreeSet<PathBuf>, FileSourceError> {
         .collect())
 }
 
-/// A file's objects and the text they were parsed from.
-type Parsed = (Vec<Object>, LastGood);
+/// A file read (its documents that did not parse included) and its text.
+type Parsed = (Read, LastGood);
 
 /// Compressing the text too, on the thread that read it.
 /// A file that did not read, and its text if it was read.
@@ -476,14 +603,15 @@ type Unparsed = (ManifestError, Option<LastGood>);
 fn read_and_parse(file: &Path) -> Result<Parsed, Unparsed> {
     let text = read_text(file).map_err(|error| (error, None))?;
     match read_noting(file, &text) {
-        Ok(objects) => Ok((objects, LastGood::new(&text))),
+        Ok(read) => Ok((read, LastGood::new(&text))),
         Err(error) => Err((error, Some(LastGood::new(&text)))),
     }
 }
 
-/// `file`'s objects, with one line naming those of kinds socklb does not read: a typo in a
-/// kind (`Sevice`) is seen there, where it would otherwise leave a Service out unsaid.
-fn read_noting(file: &Path, text: &str) -> Result<Vec<Object>, ManifestError> {
+/// `file`'s objects and the documents that do not read, with one line naming the objects
+/// of kinds socklb does not read: a typo in a kind (`Sevice`) is seen there, where it would
+/// otherwise leave a Service out unsaid.
+fn read_noting(file: &Path, text: &str) -> Result<Read, ManifestError> {
     let read = super::manifest::read(file, text)?;
     if !read.passed_over.is_empty() {
         info!(
@@ -493,7 +621,20 @@ fn read_noting(file: &Path, text: &str) -> Result<Vec<Object>, ManifestError> {
              Pod and Namespace)"
         );
     }
-    Ok(read.objects)
+    Ok(read)
+}
+
+/// Documents that did not read, each with whether its object keeps its last good state
+/// (it is among `kept`; for a document that cannot be named, whether any object is).
+fn said(bad: Vec<BadDocument>, kept: &[Object]) -> impl Iterator<Item = BadObject> {
+    let kept = ObjectIds::of(kept);
+    bad.into_iter().map(move |document| BadObject {
+        kept: match &document.object {
+            Some(id) => kept.contains(id),
+            None => !kept.is_empty(),
+        },
+        document,
+    })
 }
 
 fn read_text(file: &Path) -> Result<String, ManifestError> {
@@ -512,9 +653,12 @@ fn is_manifest(path: &Path) -> bool {
     )
 }
 
-/// Objects of a text that parsed before, so parses again.
+/// Objects of a text that parsed before (some of its documents perhaps not), so parses
+/// again.
 fn parse_last_good(file: &Path, text: &str) -> Vec<Object> {
-    parse(file, text).unwrap_or_default()
+    super::manifest::read(file, text)
+        .map(|read| read.objects)
+        .unwrap_or_default()
 }
 
 /// The changed files' objects that are gone, then every object they hold: the state
@@ -673,6 +817,9 @@ impl FileSource {
                     warn!(%error, "manifest not read; its objects are left out until it is fixed");
                 }
             }
+            for bad in &reload.bad_documents {
+                log_bad_document(bad);
+            }
             log_held(&reload.held, &mut logged);
             for file in writers.expired(now) {
                 warn!(
@@ -770,6 +917,41 @@ async fn settle(changed: &mut mpsc::UnboundedReceiver<WatchEvent>, writers: &mut
 }
 
 type WatchEvent = notify::Result<notify::Event>;
+
+/// One warning for a document that does not parse, saying what becomes of its object.
+fn log_bad_document(bad: &BadObject) {
+    let error = &bad.document;
+    match (&error.object, bad.kept) {
+        (Some(_), true) => warn!(
+            %error,
+            "manifest document not applied; its object's last good state is kept until the \
+             document is fixed or removed (the file's other objects are applied)"
+        ),
+        (None, true) => warn!(
+            %error,
+            "manifest document not applied, and its object cannot be named: for the objects \
+             its file no longer holds, the last good state is kept until it is fixed (the \
+             file's other objects are applied)"
+        ),
+        (Some((Kind::Service, namespace, name)), false) => warn!(
+            %error,
+            service = %format!("{namespace}/{name}"),
+            "manifest document not read: the Service is not served until the document is \
+             fixed (after an agent restart, what was programmed for it is removed); the \
+             file's other objects are read"
+        ),
+        (Some(_), false) => warn!(
+            %error,
+            "manifest document not read: its object is left out until the document is fixed; \
+             the file's other objects are read"
+        ),
+        (None, false) => warn!(
+            %error,
+            "manifest document not read, and what it holds cannot be named: it is left out \
+             until it is fixed; the file's other objects are read"
+        ),
+    }
+}
 
 /// One line when a file starts being held back (not at every read while it is).
 fn log_held(held: &[(PathBuf, Held)], logged: &mut HashSet<PathBuf>) {
@@ -998,10 +1180,10 @@ mod tests {
                 "listed EndpointSlice",
             ]
         );
-        let errors = first.finish().errors;
+        let bad = first.finish().bad_documents;
         assert!(
-            errors.len() == 1 && errors[0].file.ends_with("b.yaml"),
-            "{errors:?}"
+            bad.len() == 1 && bad[0].document.file.ends_with("b.yaml") && !bad[0].kept,
+            "{bad:?}"
         );
         // Later reads send what changed: the broken file, fixed.
         dir.write("b.yaml", &service("cache", "10.96.0.3"));
@@ -1084,24 +1266,36 @@ mod tests {
             "svc.yaml",
             &(service("web", "10.96.0.1") + &service("db", "10.96.0.2")),
         );
+        dir.write("list.json", &json_services(&[("api", "10.96.0.4")]));
         let mut manifests = Manifests::default();
         read(&mut manifests, &dir);
 
+        // A syntax error: which object its document was cannot be read, so every object
+        // the file no longer holds keeps its last good state.
         dir.write("svc.yaml", "kind: Service\nmetadata: {name: [\n");
         // A file broken from its start holds nothing to keep.
         dir.write("new.yaml", "kind: Service\nmetadata: {name: [\n");
+        // JSON with a syntax error does not parse at all: the file keeps its objects whole.
+        dir.write("list.json", "{\"kind\": \"List\", \"items\": [");
         let reload = manifests.reload(&dir.0).expect("reload");
-        assert_eq!(reload.errors.len(), 2);
-        let kept: Vec<bool> = reload
-            .errors
+        assert!(
+            reload.errors.len() == 1 && manifests.holds(&reload.errors[0].file),
+            "{:?}",
+            reload.errors
+        );
+        let kept: Vec<(&str, bool)> = reload
+            .bad_documents
             .iter()
-            .map(|error| manifests.holds(&error.file))
+            .map(|bad| (file_name(&bad.document.file), bad.kept))
             .collect();
-        assert_eq!(kept, [false, true], "new.yaml, then svc.yaml");
+        assert_eq!(kept, [("new.yaml", false), ("svc.yaml", true)]);
         // Said once: another file's change reads neither again.
         dir.write("other.yaml", &service("other", "10.96.0.3"));
         let again = manifests.reload(&dir.0).expect("reload");
-        assert!(again.errors.is_empty(), "{:?}", again.errors);
+        assert!(
+            again.errors.is_empty() && again.bad_documents.is_empty(),
+            "{again:?}"
+        );
         dir.remove("new.yaml");
         assert!(
             reload.events.is_empty(),
@@ -1114,6 +1308,217 @@ mod tests {
         assert_eq!(
             read(&mut manifests, &dir),
             ["deleted Service db", "applied Service web"]
+        );
+        dir.write("list.json", &json_services(&[]));
+        assert_eq!(read(&mut manifests, &dir), ["deleted Service api"]);
+    }
+
+    /// A Service whose `ports` is not a list: its document does not parse.
+    fn bad_service(name: &str, ip: &str) -> String {
+        format!(
+            "kind: Service\nmetadata: {{name: {name}, namespace: default}}\nspec: {{clusterIP: {ip}, ports: 5}}\n---\n"
+        )
+    }
+
+    /// A `kubectl get -o json` List of Services.
+    fn json_services(services: &[(&str, &str)]) -> String {
+        let items: Vec<String> = services
+            .iter()
+            .map(|(name, ip)| {
+                format!(
+                    r#"{{"kind": "Service", "metadata": {{"name": "{name}", "namespace": "default"}}, "spec": {{"clusterIP": "{ip}"}}}}"#
+                )
+            })
+            .collect();
+        format!(r#"{{"kind": "List", "items": [{}]}}"#, items.join(", "))
+    }
+
+    fn file_name(file: &Path) -> &str {
+        file.file_name()
+            .and_then(|name| name.to_str())
+            .unwrap_or_default()
+    }
+
+    /// The clusterIP of each Service of a reset, by name.
+    fn reset_services(events: &[Event]) -> BTreeMap<String, String> {
+        events
+            .iter()
+            .filter_map(|event| match event {
+                Event::Reset(Kind::Service, objects) => Some(objects),
+                _ => None,
+            })
+            .flatten()
+            .filter_map(|object| match object {
+                Object::Service(service) => {
+                    Some((name(object), service.spec.as_ref()?.cluster_ip.clone()?))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// At a first read (an agent's start, `socklb explain`) nothing of a bad document's
+    /// object is known: it is left out, and its file's other objects are read.
+    #[test]
+    fn a_file_with_a_bad_document_serves_the_others_at_the_first_read() {
+        let dir = Dir::new("bad-first");
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.1")
+                + &bad_service("db", "10.96.0.2")
+                + &service("cache", "10.96.0.3")),
+        );
+        let mut manifests = Manifests::default();
+        let mut first = manifests.first_read(&dir.0, |_| false).expect("read");
+        let mut events = Vec::new();
+        while let Some(batch) = manifests.read_next(&mut first) {
+            events.extend(batch);
+        }
+        let applied: Vec<String> = lines(&events)
+            .into_iter()
+            .filter(|line| line.starts_with("applied"))
+            .collect();
+        assert_eq!(applied, ["applied Service web", "applied Service cache"]);
+        let bad = first.finish().bad_documents;
+        assert_eq!(bad.len(), 1, "{bad:?}");
+        assert!(!bad[0].kept);
+        assert_eq!(
+            bad[0].document.object,
+            Some((Kind::Service, "default".to_owned(), "db".to_owned()))
+        );
+        assert_eq!(
+            bad[0].document.line, 7,
+            "the line of spec: {}",
+            bad[0].document
+        );
+
+        // `Manifests::reload`'s first read too.
+        let mut manifests = Manifests::default();
+        let reload = manifests.reload(&dir.0).expect("reload");
+        assert_eq!(
+            reset_services(&reload.events)
+                .into_keys()
+                .collect::<Vec<_>>(),
+            ["cache", "web"]
+        );
+        assert_eq!(reload.bad_documents.len(), 1);
+
+        // Fixed: applied as any change.
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.1")
+                + &service("db", "10.96.0.2")
+                + &service("cache", "10.96.0.3")),
+        );
+        assert_eq!(
+            read(&mut manifests, &dir),
+            [
+                "applied Service web",
+                "applied Service db",
+                "applied Service cache"
+            ]
+        );
+    }
+
+    /// While the agent runs, an object whose document stops parsing keeps its last good
+    /// state, per object: its file's other objects take their new state, and the kept one
+    /// takes its new state once its document is fixed, or goes once it is removed.
+    #[test]
+    fn a_document_turned_bad_keeps_its_object_while_its_neighbours_change() {
+        let dir = Dir::new("bad-later");
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.1")
+                + &service("db", "10.96.0.2")
+                + &service("cache", "10.96.0.3")),
+        );
+        let mut manifests = Manifests::default();
+        read(&mut manifests, &dir);
+
+        // db's document turns bad; web changes, cache goes.
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.9") + &bad_service("db", "10.96.0.22")),
+        );
+        let reload = manifests.reload(&dir.0).expect("reload");
+        assert_eq!(
+            lines(&reload.events),
+            ["deleted Service cache", "applied Service web"]
+        );
+        assert!(
+            reload.bad_documents.len() == 1 && reload.bad_documents[0].kept,
+            "{:?}",
+            reload.bad_documents
+        );
+        let said = reload.bad_documents[0].document.to_string();
+        assert!(
+            said.contains("Service default/db") && said.contains("a.yaml:"),
+            "{said}"
+        );
+
+        // Other edits of the file leave it kept, and said once per text.
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.9")
+                + &bad_service("db", "10.96.0.22")
+                + &service("api", "10.96.0.4")),
+        );
+        let reload = manifests.reload(&dir.0).expect("reload");
+        assert_eq!(
+            lines(&reload.events),
+            ["applied Service web", "applied Service api"]
+        );
+        assert!(reload.bad_documents[0].kept);
+        // An object defined twice resets everything: the kept one is there, as it was.
+        dir.write("b.yaml", &service("api", "10.96.0.5"));
+        let reload = manifests.reload(&dir.0).expect("reload");
+        assert!(reload.bad_documents.is_empty(), "said once");
+        let services = reset_services(&reload.events);
+        assert_eq!(services.get("db").map(String::as_str), Some("10.96.0.2"));
+        assert_eq!(services.len(), 3, "{services:?}");
+        dir.remove("b.yaml");
+        read(&mut manifests, &dir);
+
+        // Fixed: its new state is applied.
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.9")
+                + &service("db", "10.96.0.22")
+                + &service("api", "10.96.0.4")),
+        );
+        let reload = manifests.reload(&dir.0).expect("reload");
+        assert!(reload.bad_documents.is_empty());
+        assert_eq!(
+            lines(&reload.events),
+            [
+                "applied Service web",
+                "applied Service db",
+                "applied Service api"
+            ]
+        );
+
+        // Bad again, then removed: deleted.
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.9")
+                + &bad_service("db", "10.96.0.23")
+                + &service("api", "10.96.0.4")),
+        );
+        assert_eq!(
+            read(&mut manifests, &dir),
+            ["applied Service web", "applied Service api"]
+        );
+        dir.write(
+            "a.yaml",
+            &(service("web", "10.96.0.9") + &service("api", "10.96.0.4")),
+        );
+        assert_eq!(
+            read(&mut manifests, &dir),
+            [
+                "deleted Service db",
+                "applied Service web",
+                "applied Service api"
+            ]
         );
     }
 

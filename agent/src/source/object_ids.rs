@@ -4,11 +4,8 @@
 //! last good text, which only a deletion needs.
 use xxhash_rust::xxh3::Xxh3;
 
+pub use super::manifest::ObjectId;
 use super::{Kind, Object};
-
-/// An object's kind, namespace (`default` when a namespaced object names none; empty for
-/// Nodes and Namespaces) and name.
-pub type ObjectId = (Kind, String, String);
 
 pub fn object_id(object: &Object) -> ObjectId {
     let metadata = object.metadata();
@@ -30,7 +27,16 @@ pub struct ObjectIds(Box<[u128]>);
 impl ObjectIds {
     /// The identities of `objects` (an object held twice counts once).
     pub fn of(objects: &[Object]) -> Self {
-        let mut hashes: Vec<u128> = objects.iter().map(|o| hash(&object_id(o))).collect();
+        Self::of_both(objects, &[])
+    }
+
+    /// The identities of `objects` and `more`.
+    pub fn of_both(objects: &[Object], more: &[Object]) -> Self {
+        let mut hashes: Vec<u128> = objects
+            .iter()
+            .chain(more)
+            .map(|o| hash(&object_id(o)))
+            .collect();
         hashes.sort_unstable();
         hashes.dedup();
         Self(hashes.into_boxed_slice())
