@@ -156,26 +156,41 @@ pub fn peek<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, now: u32) -> Optio
 /// direction is done sending, and once both are, both entries are marked closing. On a
 /// confirmed flow only a FIN near the sequence numbers its direction sent counts (see
 /// [`touch`]): blind FINs both ways must not end a live flow. Whether the flow has an
-/// entry there. Called before the packet's lookups. In line for IPv4, whose flows end with
-/// a FIN each way; out of line for IPv6 ([`Family::SPLIT_FRAMES`]), whose lookup path has
-/// no stack to spare for the other direction's key.
+/// entry there. Called before the packet's lookups (`now` is theirs). In line for IPv4,
+/// whose flows end with a FIN each way; out of line for IPv6 ([`Family::SPLIT_FRAMES`]),
+/// whose lookup path has no stack to spare for the other direction's key.
 #[inline(always)]
-pub fn record_fin<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_high: u16) -> bool {
+pub fn record_fin<F: Family>(
+    tuple: &Tuple<F::Addr>,
+    direction: u8,
+    sequence_high: u16,
+    now: u32,
+) -> bool {
     if F::SPLIT_FRAMES {
-        record_fin_apart::<F>(tuple, direction, sequence_high)
+        record_fin_apart::<F>(tuple, direction, sequence_high, now)
     } else {
-        record_fin_here::<F>(tuple, direction, sequence_high)
+        record_fin_here::<F>(tuple, direction, sequence_high, now)
     }
 }
 
 /// [`record_fin`] in a stack frame of its own.
 #[inline(never)]
-fn record_fin_apart<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_high: u16) -> bool {
-    record_fin_here::<F>(tuple, direction, sequence_high)
+fn record_fin_apart<F: Family>(
+    tuple: &Tuple<F::Addr>,
+    direction: u8,
+    sequence_high: u16,
+    now: u32,
+) -> bool {
+    record_fin_here::<F>(tuple, direction, sequence_high, now)
 }
 
 #[inline(always)]
-fn record_fin_here<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_high: u16) -> bool {
+fn record_fin_here<F: Family>(
+    tuple: &Tuple<F::Addr>,
+    direction: u8,
+    sequence_high: u16,
+    now: u32,
+) -> bool {
     let may_have_entry = if direction == CT_FORWARD {
         flow_filter::forward_marked(tuple)
     } else {
@@ -185,25 +200,38 @@ fn record_fin_here<F: Family>(tuple: &Tuple<F::Addr>, direction: u8, sequence_hi
         return false;
     }
     let key = key(tuple, direction);
-    fin_in::<F>(F::conntrack(), true, &key, sequence_high)
+    fin_in::<F>(F::conntrack(), true, &key, sequence_high, now)
         || ((direction != CT_FORWARD || flow_filter::unconfirmed_marked(tuple))
-            && fin_in::<F>(F::conntrack_new(), false, &key, sequence_high))
+            && fin_in::<F>(F::conntrack_new(), false, &key, sequence_high, now))
 }
 
+/// The closing timeout of a flow starts at the FIN that closes it, as netfilter's does: an
+/// entry idle longer than that (a connection closed after a quiet spell) must still
+/// translate that FIN, which answers the peer's with the ACK of it. An entry already idle
+/// past the timeout it had is left expired, for the lookup to remove.
 #[inline(always)]
 fn fin_in<F: Family>(
     table: &CtTable<F>,
     confirmed: bool,
     key: &Key<F>,
     sequence_high: u16,
+    now: u32,
 ) -> bool {
     let Some(entry) = table.get_ptr_mut(F::ct_key(key)) else {
         return false;
     };
     // SAFETY: pointer from a successful lookup, valid for this run; racing writers only add
-    // flags.
+    // flags or move the timestamp.
     let entry = unsafe { &mut *entry };
-    if entry.flags & CT_FLAG_FIN != 0 || !counts(entry, confirmed, sequence_high) {
+    let timeouts = CtTimeouts::of(NODE.get(0));
+    let expired = |entry: &Entry<F>| {
+        entry.expired(
+            now,
+            timeouts.timeout_s(key.protocol, entry.flags, confirmed),
+        )
+    };
+    if expired(entry) || entry.flags & CT_FLAG_FIN != 0 || !counts(entry, confirmed, sequence_high)
+    {
         return true;
     }
     entry.flags |= CT_FLAG_FIN;
@@ -212,8 +240,12 @@ fn fin_in<F: Family>(
         // SAFETY: as above.
         let held = unsafe { &mut *held };
         if held.points_to(key) && held.flags & CT_FLAG_FIN != 0 {
+            if !expired(held) {
+                held.last_seen_s = now;
+            }
             held.flags |= CT_FLAG_CLOSING;
             entry.flags |= CT_FLAG_CLOSING;
+            entry.last_seen_s = now;
         }
     }
     true

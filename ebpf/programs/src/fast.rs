@@ -118,10 +118,10 @@ pub fn ingress4<S: Side>(ctx: &TcContext) -> i32 {
         return FULL;
     };
     let segment = packet.segment();
-    if segment.ending == Ending::Fin {
-        conntrack::record_fin::<V4>(&packet.tuple, CT_FORWARD, segment.sequence_high);
-    }
     let now = conntrack::now_s();
+    if segment.ending == Ending::Fin {
+        conntrack::record_fin::<V4>(&packet.tuple, CT_FORWARD, segment.sequence_high, now);
+    }
     let Some(entry) = conntrack::lookup_confirmed_forward::<V4>(&packet.tuple, segment, now) else {
         return FULL;
     };

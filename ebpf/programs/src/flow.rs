@@ -211,9 +211,9 @@ pub fn try_ingress<F: Family, S: Side>(
     let may_be_reply = conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0));
     if segment.ending == Ending::Fin
         && !(may_be_reply
-            && conntrack::record_fin::<F>(&packet.tuple, CT_REPLY, segment.sequence_high))
+            && conntrack::record_fin::<F>(&packet.tuple, CT_REPLY, segment.sequence_high, now))
     {
-        conntrack::record_fin::<F>(&packet.tuple, CT_FORWARD, segment.sequence_high);
+        conntrack::record_fin::<F>(&packet.tuple, CT_FORWARD, segment.sequence_high, now);
     }
     // A remote backend answering a SNATed flow, addressed to this node.
     if may_be_reply && let Some(verdict) = snat_reply::<F>(ctx, packet, segment, now)? {
@@ -425,7 +425,7 @@ pub fn try_egress<F: Family>(packet: &mut Packet<F::Addr>, screened: bool) -> Re
     let now = conntrack::now_s();
     let segment = packet.segment();
     if segment.ending == Ending::Fin {
-        conntrack::record_fin::<F>(&packet.tuple, CT_REPLY, segment.sequence_high);
+        conntrack::record_fin::<F>(&packet.tuple, CT_REPLY, segment.sequence_high, now);
     }
     if let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, segment, now) {
         nat::rewrite(packet, &reply)?;

@@ -3,6 +3,9 @@
 //! - A half-closed flow lives on: the client sends its request, shuts down writing (`nc
 //!   -N`, uploaders) and the server answers long after the closing timeout; the answer and
 //!   the close arrive, from a local and from a remote backend.
+//! - A flow idle past the closing timeout still closes cleanly, whichever side sends the
+//!   first FIN: the FIN that answers it (with the ACK of the first, as a peer that closes
+//!   at once sends it) finds its entry, whose closing timeout starts with that FIN.
 //! - A flow's entries stop translating once idle past their timeout: the same client,
 //!   from the same port, then talks to the pod directly and sees the pod, not the
 //!   NodePort it used before.
@@ -33,6 +36,7 @@ const QUIET: Duration = Duration::from_secs(4);
 
 socklb_tests::for_each_family!(
     a_half_closed_flow_gets_its_late_answer,
+    an_idle_flow_closes_cleanly_whichever_side_closes_first,
     an_idle_flow_s_entries_leave_a_direct_connection_from_the_same_port_alone,
     a_blind_rst_and_syn_leave_a_live_flow_alone,
     blind_fins_both_ways_leave_a_live_flow_alone,
@@ -80,6 +84,100 @@ fn a_half_closed_flow_gets_its_late_answer(family: Family) {
     }
     for server in servers {
         server.join();
+    }
+}
+
+fn an_idle_flow_closes_cleanly_whichever_side_closes_first(family: Family) {
+    let (node, _agent) = node_with_short_close(family, "idleclose", "i", 8080, &[]);
+    let LanNode { a, lan, .. } = &node;
+    for first in [Closer::Server, Closer::Client] {
+        let servers = [
+            IdleCloseServer::start(&lan.pod1, SocketAddr::new(a.pod1, 8080), first),
+            IdleCloseServer::start(&lan.pod2, SocketAddr::new(a.pod2, 8080), first),
+        ];
+        for ((backend, port), server) in [("local", 30071), ("remote", 30072)]
+            .into_iter()
+            .zip(servers)
+        {
+            let frontend: SocketAddr = Addresses::at(a.node1, port).parse().expect("address");
+            let client = lan.client.enter(|| idle_then_close(frontend, first));
+            let server = server.join();
+            assert_eq!(
+                (client.as_deref(), server.as_deref()),
+                (Ok("closed"), Ok("closed")),
+                "{backend} backend, {first:?} closing first after {QUIET:?} idle: each side \
+                 reads the other's FIN; {:?}",
+                node.counters()
+            );
+        }
+    }
+}
+
+/// Which side of [`idle_then_close`] sends the first FIN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Closer {
+    Client,
+    Server,
+}
+
+/// One ping and pong through `frontend`, [`QUIET`] idle, then the close, as
+/// [`close_after_quiet`] does it.
+fn idle_then_close(frontend: SocketAddr, first: Closer) -> Result<&'static str, String> {
+    let mut stream = TcpStream::connect_timeout(&frontend, Duration::from_secs(5))
+        .map_err(|e| format!("connect: {e}"))?;
+    stream
+        .write_all(b"ping")
+        .map_err(|e| format!("ping: {e}"))?;
+    let mut pong = [0; 4];
+    stream
+        .read_exact(&mut pong)
+        .map_err(|e| format!("pong: {e}"))?;
+    close_after_quiet(stream, first == Closer::Client)
+}
+
+/// Stays quiet for [`QUIET`], then closes: first (shuts down writing, then reads the
+/// peer's FIN), or after the peer's FIN, at once (its FIN carries the ACK of the peer's).
+/// "closed" once both FINs went through.
+fn close_after_quiet(mut stream: TcpStream, first: bool) -> Result<&'static str, String> {
+    stream
+        .set_read_timeout(Some(QUIET * 3))
+        .map_err(|e| e.to_string())?;
+    let mut rest = Vec::new();
+    if first {
+        std::thread::sleep(QUIET);
+        stream
+            .shutdown(Shutdown::Write)
+            .map_err(|e| format!("shutdown: {e}"))?;
+    }
+    // Ends at the peer's FIN; a reset or the timeout is an error.
+    stream
+        .read_to_end(&mut rest)
+        .map_err(|e| format!("waiting for the peer's FIN: {e}"))?;
+    Ok("closed")
+}
+
+/// A server for one [`idle_then_close`] client: answers its ping, then closes as the
+/// other side of `first`.
+struct IdleCloseServer(JoinHandle<Result<&'static str, String>>);
+
+impl IdleCloseServer {
+    fn start(pod: &Netns, address: SocketAddr, first: Closer) -> Self {
+        let listener = pod.enter(|| TcpListener::bind(address).expect("bind the server"));
+        Self(std::thread::spawn(move || {
+            let (mut stream, _) = listener.accept().map_err(|e| format!("accept: {e}"))?;
+            let mut ping = [0; 4];
+            stream
+                .read_exact(&mut ping)
+                .map_err(|e| format!("ping: {e}"))?;
+            stream
+                .write_all(b"pong")
+                .map_err(|e| format!("pong: {e}"))?;
+            close_after_quiet(stream, first == Closer::Server)
+        }))
+    }
+
+    fn join(self) -> Result<&'static str, String> {
+        self.0.join().expect("the server")
     }
 }
 
