@@ -360,8 +360,9 @@ pub struct CapacityArgs {
     /// Session-affinity entries (LRU).
     #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().affinity)]
     pub max_affinity_entries: u32,
-    /// Conntrack entries for traffic from outside the node, two per flow (LRU): flows
-    /// confirmed (TCP past its handshake, UDP answered and continued).
+    /// Conntrack entries for traffic from outside the node and of the per-packet path
+    /// (meshed pods, VMs), two per flow (LRU): flows confirmed (TCP past its handshake,
+    /// UDP answered and continued).
     #[arg(long, allow_negative_numbers = true, default_value_t = Capacities::default().conntrack)]
     pub max_conntrack_entries: u32,
     /// Conntrack entries of flows from outside not yet confirmed, two per flow (LRU): a SYN

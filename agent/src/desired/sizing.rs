@@ -19,7 +19,8 @@ pub struct Capacities {
     pub reverse: u32,
     /// Session-affinity entries (LRU).
     pub affinity: u32,
-    /// Conntrack entries for traffic from outside, two per flow (LRU): confirmed flows.
+    /// Conntrack entries for traffic from outside and of the per-packet path, two per flow
+    /// (LRU): confirmed flows.
     pub conntrack: u32,
     /// Conntrack entries of flows from outside not yet confirmed (LRU): what a SYN flood
     /// fills, apart from the confirmed flows.
