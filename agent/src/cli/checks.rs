@@ -294,11 +294,7 @@ pub fn problems(
 pub fn node_name(given: &str) -> Result<String, String> {
     let name = given.trim().to_lowercase();
     if name.is_empty() {
-        return Err(
-            "empty: give this node's name as `kubectl get nodes` shows it, or leave \
-                    the flag and NODE_NAME out to use the hostname"
-                .to_owned(),
-        );
+        return Err("empty: give this node's name as `kubectl get nodes` shows it".to_owned());
     }
     let label_ok = |label: &str| {
         let alphanumeric = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());

@@ -194,7 +194,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn node_name(args: &SourceArgs) -> anyhow::Result<String> {
     if let Some(name) = &args.node_name {
-        // Checked before anything started (`checks`).
+        // `run` checked it before anything started (`checks`); `explain` is told here.
         return checks::node_name(name).map_err(|problem| anyhow!("--node-name: {problem}"));
     }
     let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -373,6 +373,8 @@ type SyntaxError = (Option<usize>, String);
 fn json_values(text: &str) -> Result<Vec<(usize, serde_norway::Value)>, SyntaxError> {
     let mut stream = serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>();
     let mut values = Vec::new();
+    // Lines counted from the last document on, not from the file's start at each one.
+    let (mut counted_to, mut line) = (0, 1);
     loop {
         let before = stream.byte_offset();
         let Some(document) = stream.next() else {
@@ -380,7 +382,8 @@ fn json_values(text: &str) -> Result<Vec<(usize, serde_norway::Value)>, SyntaxEr
         };
         let document = document.map_err(|e| (Some(e.line()), e.to_string()))?;
         let skipped = text[before..].len() - text[before..].trim_start().len();
-        let line = 1 + text[..before + skipped].matches('\n').count();
+        line += text[counted_to..before + skipped].matches('\n').count();
+        counted_to = before + skipped;
         let value = serde_norway::to_value(document).map_err(|e| (Some(line), e.to_string()))?;
         values.push((line, value));
     }

@@ -244,8 +244,10 @@ fn fin_in<F: Family>(
                 held.last_seen_s = now;
             }
             held.flags |= CT_FLAG_CLOSING;
-            entry.flags |= CT_FLAG_CLOSING;
+            // The time first: another CPU that reads the entry in between must not find
+            // it closing and idle since long before.
             entry.last_seen_s = now;
+            entry.flags |= CT_FLAG_CLOSING;
         }
     }
     true
