@@ -237,24 +237,14 @@ pub fn problems(
             );
         }
     }
-    // Bounds a map can have that no Service fits in: every Service would be refused.
+    // A bound no Service fits in: every Service would be refused. (A Maglev bound below
+    // one table refuses only Maglev Services, each named with the flag at run time.)
     if capacities.service_entries == 1 {
         report(
             "--max-service-entries",
             "1".to_owned(),
             "a frontend takes one entry and each of its backends one more: give at least 2"
                 .to_owned(),
-        );
-    }
-    let maglev_table = args.external.maglev_table_size;
-    if (1..maglev_table).contains(&capacities.maglev_entries) {
-        report(
-            "--max-maglev-entries",
-            capacities.maglev_entries.to_string(),
-            format!(
-                "fewer than one Maglev table (--maglev-table-size {maglev_table}), which each \
-                 Service using Maglev takes: give at least {maglev_table}"
-            ),
         );
     }
     if let Some(name) = &source.node_name
@@ -496,15 +486,6 @@ mod tests {
             (&["--healthz-bind-address", "127.0.0.2:10249"], &[]),
             (&["--max-service-entries", "1"], &["--max-service-entries"]),
             (&["--max-service-entries", "2"], &[]),
-            (&["--max-maglev-entries", "1"], &["--max-maglev-entries"]),
-            (
-                &["--max-maglev-entries", "251", "--maglev-table-size", "509"],
-                &["--max-maglev-entries"],
-            ),
-            (
-                &["--max-maglev-entries", "509", "--maglev-table-size", "509"],
-                &[],
-            ),
             (&["--node-name", ""], &["--node-name"]),
             (&["--node-name", "  "], &["--node-name"]),
             (&["--node-name", "node_1"], &["--node-name"]),
