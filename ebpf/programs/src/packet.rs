@@ -15,7 +15,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use socklb_abi::{
-    FragmentKey, FragmentKey6, FragmentPorts, Ipv6Words, PROTO_TCP, PROTO_UDP, PartialSum,
+    FragmentKey, FragmentKey6, FragmentPorts, Ipv6Words, PROTO_TCP, PROTO_UDP,
     TCP_FLAG_ACK as TCP_ACK, TCP_FLAG_FIN as TCP_FIN, TCP_FLAG_RST as TCP_RST,
     TCP_FLAG_SYN as TCP_SYN, checksum_after, ipv6_octets, sum_add, sum_change,
 };
@@ -220,7 +220,22 @@ impl Address for u32 {
         // which it keeps for retransmission), passed ones included.
         ctx.store(IP_CHECK_OFFSET, &words, 0)
             .map_err(|_| PacketError)?;
-        packet.fix_l4_check(to, addresses, ports)?;
+        // Size 0: `to` is a difference. Only the addresses are in the pseudo-header,
+        // which a partial checksum (a local veth's) holds alone.
+        let flags = packet.l4_flags();
+        if from.source != to.source || from.destination != to.destination {
+            ctx.l4_csum_replace(
+                packet.l4_check_offset,
+                0,
+                u64::from(addresses),
+                u64::from(BPF_F_PSEUDO_HDR) | flags,
+            )
+            .map_err(|_| PacketError)?;
+        }
+        if from.source_port != to.source_port || from.destination_port != to.destination_port {
+            ctx.l4_csum_replace(packet.l4_check_offset, 0, u64::from(ports), flags)
+                .map_err(|_| PacketError)?;
+        }
         packet.tuple.source = to.source;
         packet.tuple.destination = to.destination;
         packet.tuple.source_port = to.source_port;
@@ -963,36 +978,6 @@ impl<'a, A: Address> Packet<'a, A> {
         self.mangled = true;
         A::decrement_hop_limit(self.ctx, self.ttl, self.tuple.protocol)?;
         self.ttl = self.ttl.wrapping_sub(1);
-        Ok(())
-    }
-
-    /// The L4 checksum after an at-once rewrite from the packet's tuple to `to`, whose
-    /// addresses changed the sums by `addresses` and ports by `ports`. Size 0: the helper
-    /// takes a difference. Only the addresses are in the pseudo-header, which a partial
-    /// checksum (a local veth's) holds alone.
-    #[inline(always)]
-    fn fix_l4_check(
-        &self,
-        to: &Tuple<A>,
-        addresses: PartialSum,
-        ports: PartialSum,
-    ) -> Result<(), PacketError> {
-        let (from, flags) = (&self.tuple, self.l4_flags());
-        if from.source != to.source || from.destination != to.destination {
-            self.ctx
-                .l4_csum_replace(
-                    self.l4_check_offset,
-                    0,
-                    u64::from(addresses),
-                    u64::from(BPF_F_PSEUDO_HDR) | flags,
-                )
-                .map_err(|_| PacketError)?;
-        }
-        if from.source_port != to.source_port || from.destination_port != to.destination_port {
-            self.ctx
-                .l4_csum_replace(self.l4_check_offset, 0, u64::from(ports), flags)
-                .map_err(|_| PacketError)?;
-        }
         Ok(())
     }
 
