@@ -20,6 +20,8 @@
 //! - [`family`]: one scenario run over both address families;
 //! - [`frontends`]: frontends programmed through the library, without the agent;
 //! - [`tools`]: what `tc` and `bpftool` show of what socklb attached and pinned;
+//! - [`test_run`] and [`frames`]: one packet through an attached TC program in the kernel's
+//!   test harness, and the frames it takes;
 //! - [`process`] and [`wait`]: commands, children, and waiting for what is asynchronous;
 //! - [`bench`], [`signals`] and [`machine`]: what the benchmarks need around a run.
 pub mod agent;
@@ -31,6 +33,7 @@ pub mod echo;
 pub mod fake_apiserver;
 pub mod family;
 pub mod forged;
+pub mod frames;
 pub mod frontends;
 pub mod hold;
 pub mod lan;
@@ -45,6 +48,7 @@ pub mod sandbox;
 pub mod seccomp;
 pub mod servers;
 pub mod signals;
+pub mod test_run;
 pub mod testbed;
 pub mod tools;
 pub mod wait;

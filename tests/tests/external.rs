@@ -7,12 +7,15 @@ use std::{
     time::Duration,
 };
 
+use socklb_abi::program_names;
 use socklb_agent::inspect::{self, CountersView};
 use socklb_tests::{
     Agent, FREE_PORTS, KillOnDrop, ManifestDir, Sandbox, Source, assert_logged, eventually,
     family::Family,
+    frames,
     lan::{Addresses, LanNode, cni_netfilter_rules, here, servers_of},
     node_yaml, raw_socket, run,
+    test_run::{TC_ACT_SHOT, TestRun, ifindex},
 };
 
 socklb_tests::for_each_family!(
@@ -25,6 +28,7 @@ socklb_tests::for_each_family!(
     a_client_port_used_again_through_another_frontend_of_the_same_backend_reaches_it,
     a_client_routed_to_the_service_cidr_reaches_cluster_ips_with_the_flag,
     an_unconfirmed_flow_keeps_its_backend_across_a_restart,
+    every_rewrite_keeps_a_nic_s_full_checksum_right,
 );
 
 /// One request with curl from the LAN's client (the servers answer without HTTP headers);
@@ -1144,4 +1148,100 @@ mod programs {
             );
         }
     }
+}
+
+/// A NIC that hands the stack each packet's full sum (`CHECKSUM_COMPLETE`: mlx5 and many
+/// others) finds `skb->csum` still the sum of the packet after each of socklb's rewrites:
+/// a NodePort's to a local backend and a router's Packet Too Big about its answer, a
+/// NodePort's to a remote backend (SNAT, the hop limit taken down, forwarded by redirect)
+/// and its answer, a ClusterIP's from a pod (the per-packet path) and its answer. Each packet goes through the attached program in the kernel's test harness,
+/// which fails the run if the sum is left wrong (a real node would log "hw csum failure"
+/// and checksum every such packet again in software); the packet it made has right
+/// checksums and the translated addresses.
+fn every_rewrite_keeps_a_nic_s_full_checksum_right(family: Family) {
+    let node = LanNode::new(family, "ext-sum", "s");
+    let a = &node.a;
+    let exposed = |name: &str, host: u8, node_port: u16, endpoint: (String, &str)| {
+        a.exposed(name, host)
+            .port("http", 80, 8080, node_port, "TCP")
+            .endpoints(&[endpoint])
+            .yaml()
+    };
+    node.write(
+        "local.yaml",
+        &exposed("local", 70, 30120, a.pod1_endpoint()),
+    );
+    node.write(
+        "remote.yaml",
+        &exposed("remote", 71, 30121, a.pod2_endpoint()),
+    );
+    let _agent = node.agent(&[]);
+    let pins = &node.sandbox.pin_dir;
+    let program = |name: &str, device: &str| {
+        let program = TestRun::of_link(pins, name, device)
+            .unwrap_or_else(|e| panic!("{name} on {device}: {e:#}"));
+        (program, ifindex(device))
+    };
+    let external = program(program_names::TC_INGRESS, "eth0");
+    let pod = program(program_names::TC_POD, "pod1");
+    let egress = program(program_names::TC_EGRESS, "pod1");
+
+    let at = |address: &str, port: u16| SocketAddr::new(address.parse().expect("address"), port);
+    let client = at(a.client, 40_001);
+    let pod1 = SocketAddr::new(a.pod1, 40_002);
+    let pod2 = SocketAddr::new(a.pod2, 8080);
+    let vip = SocketAddr::new(family.vip(71), 80);
+    // `frame` through `program`: the frame it made, checked not dropped.
+    let run = |what: &str, (program, ifindex): &(TestRun, u32), frame: Vec<u8>| {
+        let ran = program
+            .run_with_full_sum(&frame, *ifindex)
+            .unwrap_or_else(|e| {
+                panic!("{what}: the run failed (EBADMSG: skb->csum left wrong): {e}")
+            });
+        assert_ne!(ran.verdict, TC_ACT_SHOT, "{what}: dropped");
+        ran.frame
+    };
+    // A SYN `from` → `to` (if `answer`, the SYN-ACK) through `program`: where it goes after.
+    let rewrite = |what: &str, program, from, to, answer| {
+        let frame = run(what, program, frames::tcp(from, to, answer));
+        frames::checked_addresses(&frame, what)
+    };
+
+    let local_nodeport = at(a.node1, 30120);
+    let local_backend = SocketAddr::new(a.pod1, 8080);
+    let local = rewrite(
+        "a NodePort to a local backend",
+        &external,
+        client,
+        local_nodeport,
+        false,
+    );
+    assert_eq!(local, (client, local_backend));
+    // A router on the way back, of a smaller MTU, about the backend's answer as it left.
+    let too_big = frames::too_big(a.node2, local_nodeport, client);
+    let frame = run("Packet Too Big", &external, too_big);
+    assert_eq!(
+        frames::checked_icmp(&frame),
+        (a.pod1, (local_backend, client)),
+        "Packet Too Big goes to the backend, about its own answer"
+    );
+    let nodeport = at(a.node1, 30121);
+    let (snat, backend) = rewrite(
+        "a NodePort to a remote backend",
+        &external,
+        client,
+        nodeport,
+        false,
+    );
+    assert_eq!(
+        (snat.ip(), backend),
+        (nodeport.ip(), pod2),
+        "SNAT to the node, to pod2"
+    );
+    let answer = rewrite("the remote backend's answer", &external, pod2, snat, true);
+    assert_eq!(answer, (nodeport, client));
+    let per_packet = rewrite("a pod's ClusterIP", &pod, pod1, vip, false);
+    assert_eq!(per_packet, (pod1, pod2));
+    let answer = rewrite("the backend's answer to the pod", &egress, pod2, pod1, true);
+    assert_eq!(answer, (vip, pod1));
 }

@@ -11,7 +11,8 @@
 //! `bpf_skb_load_bytes`.
 use aya_ebpf::{
     EbpfContext,
-    bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_F_RECOMPUTE_CSUM},
+    helpers,
     programs::TcContext,
 };
 use socklb_abi::{
@@ -332,6 +333,14 @@ impl Address for Ipv6Words {
 
     /// IPv6 has no header checksum; the pseudo-header sum changes by the four words'
     /// difference, in one helper call.
+    ///
+    /// A full sum a NIC gave (`skb->csum` under `CHECKSUM_COMPLETE`) stays right. The new
+    /// address moves the packet's sum by the difference and the L4 checksum takes it back,
+    /// but the pseudo-header helper takes it off `skb->csum` all the same (right for IPv4,
+    /// whose header checksum cancels the address; `BPF_F_IPV6` skips that from kernel 6.16
+    /// only), so it is added back; without an L4 header nothing takes it back, and adding
+    /// it is right too. Left wrong, every such packet is checksummed again in software and
+    /// the kernel logs "hw csum failure".
     #[inline(always)]
     fn store(
         ctx: &TcContext,
@@ -341,21 +350,23 @@ impl Address for Ipv6Words {
         l4: L4Sum,
     ) -> Result<(), PacketError> {
         ctx.store(offset, &new, 0).map_err(|_| PacketError)?;
-        if !l4.present {
-            return Ok(());
-        }
         let mut change = 0;
         for i in 0..4 {
             change = sum_add(change, sum_change(old[i], new[i]));
         }
-        // Size 0: `change` is a difference.
-        ctx.l4_csum_replace(
-            l4.offset,
-            0,
-            u64::from(change),
-            u64::from(BPF_F_PSEUDO_HDR) | l4.flags,
-        )
-        .map_err(|_| PacketError)
+        if l4.present {
+            // Size 0: `change` is a difference.
+            ctx.l4_csum_replace(
+                l4.offset,
+                0,
+                u64::from(change),
+                u64::from(BPF_F_PSEUDO_HDR) | l4.flags,
+            )
+            .map_err(|_| PacketError)?;
+        }
+        // SAFETY: the program's own packet; the helper changes only a full sum.
+        unsafe { helpers::bpf_csum_update(ctx.as_ptr().cast(), change) };
+        Ok(())
     }
 
     #[inline(always)]
@@ -384,8 +395,13 @@ impl Address for Ipv6Words {
 
     #[inline(always)]
     fn decrement_hop_limit(ctx: &TcContext, current: u8, _protocol: u8) -> Result<(), PacketError> {
-        ctx.store(IPV6_HOP_LIMIT_OFFSET, &current.wrapping_sub(1), 0)
-            .map_err(|_| PacketError)
+        // No header checksum to cancel the change: a full sum (`CHECKSUM_COMPLETE`) follows it.
+        ctx.store(
+            IPV6_HOP_LIMIT_OFFSET,
+            &current.wrapping_sub(1),
+            u64::from(BPF_F_RECOMPUTE_CSUM),
+        )
+        .map_err(|_| PacketError)
     }
 
     #[inline(always)]

@@ -23,7 +23,6 @@ pub mod pinned_maps;
 pub mod preflight;
 pub mod section;
 pub mod server;
-pub mod test_run;
 
 use crate::privileges::{ContainerPrivileges, chart_agent};
 

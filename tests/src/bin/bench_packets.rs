@@ -23,12 +23,14 @@ use anyhow::{Context as _, ensure};
 use aya::maps::{Array, Map, MapData};
 use etherparse::PacketBuilder;
 use socklb_abi::{FRONTEND_FILTER_READY, map_names, program_names};
-use socklb_tests::bench::{
-    cluster::{ENDPOINT_PORT, SERVICE_PORT},
-    flags::Flags,
-    netns::{End, new_netns, run_in, veth},
-    node::{AgentFiles, POD, measured_services, start_agent},
-    section::Section,
+use socklb_tests::{
+    bench::{
+        cluster::{ENDPOINT_PORT, SERVICE_PORT},
+        flags::Flags,
+        netns::{End, new_netns, run_in, veth},
+        node::{AgentFiles, POD, measured_services, start_agent},
+        section::Section,
+    },
     test_run::TestRun,
 };
 
