@@ -25,6 +25,21 @@ pub fn tcp(from: SocketAddr, to: SocketAddr, answer: bool) -> Vec<u8> {
     frame
 }
 
+/// An Ethernet frame of a UDP datagram from `from` to `to` (a DNS-sized query).
+pub fn udp(from: SocketAddr, to: SocketAddr) -> Vec<u8> {
+    let ethernet = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let ip = match (from.ip(), to.ip()) {
+        (IpAddr::V4(from), IpAddr::V4(to)) => ethernet.ipv4(from.octets(), to.octets(), 64),
+        (IpAddr::V6(from), IpAddr::V6(to)) => ethernet.ipv6(from.octets(), to.octets(), 64),
+        _ => panic!("{from} and {to} are of two families"),
+    };
+    let udp = ip.udp(from.port(), to.port());
+    let payload = [7u8; 33];
+    let mut frame = Vec::with_capacity(udp.size(payload.len()));
+    udp.write(&mut frame, &payload).expect("build a frame");
+    frame
+}
+
 /// A router's "too big" error (IPv4's "fragmentation needed", IPv6's Packet Too Big) from
 /// `router` to `from`'s address, quoting the header of a TCP segment `from` → `to`.
 pub fn too_big(router: &str, from: SocketAddr, to: SocketAddr) -> Vec<u8> {
@@ -109,41 +124,64 @@ pub fn checked_icmp(frame: &[u8]) -> (IpAddr, (SocketAddr, SocketAddr)) {
     )
 }
 
-/// The source and destination of a TCP frame whose checksums (IPv4's header, TCP's) are
-/// right.
+/// The source and destination of a TCP or UDP frame whose checksums (IPv4's header, the
+/// L4 one) are right.
 pub fn checked_addresses(frame: &[u8], what: &str) -> (SocketAddr, SocketAddr) {
     let packet = SlicedPacket::from_ethernet(frame).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let Some(TransportSlice::Tcp(tcp)) = packet.transport else {
-        panic!("{what}: not TCP any more");
-    };
-    let (source, destination, sum) = match packet.net {
+    let (source, destination) = match &packet.net {
         Some(NetSlice::Ipv4(ip)) => {
             let header = ip.header();
-            let fields = header.to_header();
             assert_eq!(
                 header.header_checksum(),
-                fields.calc_header_checksum(),
+                header.to_header().calc_header_checksum(),
                 "{what}: the IPv4 header checksum"
             );
-            let (source, destination) = (header.source_addr(), header.destination_addr());
-            let sum = tcp.calc_checksum_ipv4(source.octets(), destination.octets());
-            (IpAddr::from(source), IpAddr::from(destination), sum)
+            (
+                IpAddr::from(header.source_addr()),
+                IpAddr::from(header.destination_addr()),
+            )
         }
         Some(NetSlice::Ipv6(ip)) => {
             let header = ip.header();
-            let (source, destination) = (header.source_addr(), header.destination_addr());
-            let sum = tcp.calc_checksum_ipv6(source.octets(), destination.octets());
-            (IpAddr::from(source), IpAddr::from(destination), sum)
+            (
+                IpAddr::from(header.source_addr()),
+                IpAddr::from(header.destination_addr()),
+            )
         }
         _ => panic!("{what}: not IP any more"),
     };
+    let (ports, check, sum) = match (&packet.transport, source, destination) {
+        (Some(TransportSlice::Tcp(tcp)), IpAddr::V4(from), IpAddr::V4(to)) => (
+            (tcp.source_port(), tcp.destination_port()),
+            tcp.checksum(),
+            tcp.calc_checksum_ipv4(from.octets(), to.octets()),
+        ),
+        (Some(TransportSlice::Tcp(tcp)), IpAddr::V6(from), IpAddr::V6(to)) => (
+            (tcp.source_port(), tcp.destination_port()),
+            tcp.checksum(),
+            tcp.calc_checksum_ipv6(from.octets(), to.octets()),
+        ),
+        (Some(TransportSlice::Udp(udp)), IpAddr::V4(from), IpAddr::V4(to)) => (
+            (udp.source_port(), udp.destination_port()),
+            udp.checksum(),
+            udp.to_header()
+                .calc_checksum_ipv4_raw(from.octets(), to.octets(), udp.payload()),
+        ),
+        (Some(TransportSlice::Udp(udp)), IpAddr::V6(from), IpAddr::V6(to)) => (
+            (udp.source_port(), udp.destination_port()),
+            udp.checksum(),
+            udp.to_header()
+                .calc_checksum_ipv6_raw(from.octets(), to.octets(), udp.payload()),
+        ),
+        _ => panic!("{what}: not TCP or UDP any more"),
+    };
     assert_eq!(
-        Ok(tcp.checksum()),
+        Ok(check),
         sum.map_err(|e| e.to_string()),
-        "{what}: the TCP checksum"
+        "{what}: the L4 checksum"
     );
     (
-        SocketAddr::new(source, tcp.source_port()),
-        SocketAddr::new(destination, tcp.destination_port()),
+        SocketAddr::new(source, ports.0),
+        SocketAddr::new(destination, ports.1),
     )
 }

@@ -1152,9 +1152,10 @@ mod programs {
 
 /// A NIC that hands the stack each packet's full sum (`CHECKSUM_COMPLETE`: mlx5 and many
 /// others) finds `skb->csum` still the sum of the packet after each of socklb's rewrites:
-/// a NodePort's to a local backend and a router's Packet Too Big about its answer, a
-/// NodePort's to a remote backend (SNAT, the hop limit taken down, forwarded by redirect)
-/// and its answer, a ClusterIP's from a pod (the per-packet path) and its answer. Each packet goes through the attached program in the kernel's test harness,
+/// a NodePort's to a local backend (TCP and UDP) and a router's Packet Too Big about its
+/// answer, a NodePort's to a remote backend (SNAT, the hop limit taken down, forwarded by
+/// redirect) and its answer, a ClusterIP's from a pod (the per-packet path) and its
+/// answer. Each packet goes through the attached program in the kernel's test harness,
 /// which fails the run if the sum is left wrong (a real node would log "hw csum failure"
 /// and checksum every such packet again in software); the packet it made has right
 /// checksums and the translated addresses.
@@ -1164,6 +1165,7 @@ fn every_rewrite_keeps_a_nic_s_full_checksum_right(family: Family) {
     let exposed = |name: &str, host: u8, node_port: u16, endpoint: (String, &str)| {
         a.exposed(name, host)
             .port("http", 80, 8080, node_port, "TCP")
+            .port("dns", 53, 5353, node_port + 10, "UDP")
             .endpoints(&[endpoint])
             .yaml()
     };
@@ -1217,6 +1219,15 @@ fn every_rewrite_keeps_a_nic_s_full_checksum_right(family: Family) {
         false,
     );
     assert_eq!(local, (client, local_backend));
+    let dns = run(
+        "a UDP NodePort",
+        &external,
+        frames::udp(client, at(a.node1, 30130)),
+    );
+    assert_eq!(
+        frames::checked_addresses(&dns, "a UDP NodePort"),
+        (client, SocketAddr::new(a.pod1, 5353))
+    );
     // A router on the way back, of a smaller MTU, about the backend's answer as it left.
     let too_big = frames::too_big(a.node2, local_nodeport, client);
     let frame = run("Packet Too Big", &external, too_big);
