@@ -16,7 +16,7 @@ use socklb_abi::{TraceControl, map_names};
 use socklb_tests::{
     Agent, ManifestDir, NamedServer, Sandbox, agent_bin, cgroup2_root,
     family::Family,
-    lan::{Addresses, LanNode, VM, VM6, addresses, lan},
+    lan::{Addresses, LanNode, VM, VM6, addresses, answers, lan},
     node_yaml,
 };
 
@@ -165,8 +165,8 @@ socklb_tests::for_each_family!(
     a_translation_an_affinity_hit_and_a_refusal_show_their_service_and_reason,
     the_service_filter_shows_only_that_service,
     the_address_filters_show_only_their_frontend_and_backend,
-    flows_from_outside_show_the_client_and_a_denied_source,
-    flows_from_a_pod_device_show_as_pod,
+    flows_from_outside_show_the_client_the_snat_source_and_a_denied_source,
+    flows_from_a_pod_device_show_as_pod_and_a_hairpin_its_snat_source,
     reverse_translations_show_only_on_request,
 );
 
@@ -276,9 +276,18 @@ fn assert_no_more(trace: &Trace, what: &str) {
     }
 }
 
-/// A new flow to a local and to a remote backend, and one refused by
-/// loadBalancerSourceRanges.
-fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
+/// The source a SNATed flow's backend saw (`seen`, as it answered the probe) is the one the
+/// event names: `node`'s address and a port of the default SNAT range.
+fn assert_snat_source(event: &Value, node: &str, seen: SocketAddr) {
+    let snat: SocketAddr = text(event, "/snat").parse().expect("a socket address");
+    assert_eq!(snat, seen, "the backend saw another source: {event}");
+    assert_eq!(snat.ip().to_string(), node, "{event}");
+    assert!((61000..=65535).contains(&snat.port()), "{event}");
+}
+
+/// A new flow to a local and to a remote backend (SNATed: the event names the source its
+/// backend sees), and one refused by loadBalancerSourceRanges.
+fn flows_from_outside_show_the_client_the_snat_source_and_a_denied_source(family: Family) {
     let a = addresses(family);
     let sandbox = Sandbox::new(&format!("trace-external{}", family.tag()));
     let lan = lan(&format!("t{}", family.tag()));
@@ -349,9 +358,15 @@ fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
     let client: SocketAddr = text(&event, "/client").parse().expect("a socket address");
     assert_eq!(client.ip().to_string(), a.client, "{event}");
     assert!(event.get("process").is_none(), "{event}");
+    assert!(
+        event.get("snat").is_none(),
+        "a flow to a backend on this node keeps its client's address: {event}"
+    );
 
     let attempts = lan.client.probe("tcp", &Addresses::at(a.node1, 30133), 1);
-    assert!(attempts.iter().all(|a| a.error.is_none()), "{attempts:?}");
+    let [(_, seen)] = answers(&attempts)[..] else {
+        panic!("one answer: {attempts:?}");
+    };
     let remote = trace.next("the flow to a backend on another node");
     assert_eq!(text(&remote, "/service/name"), "remote", "{remote}");
     assert_eq!(text(&remote, "/reason"), "random", "{remote}");
@@ -359,6 +374,7 @@ fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
         text(&remote, "/backend"),
         SocketAddr::new(a.pod2, 8080).to_string()
     );
+    assert_snat_source(&remote, a.node1, seen);
 
     lan.client.probe("tcp", &Addresses::at(a.lb_ip, 80), 1);
     let denied = trace.next("the denied flow");
@@ -367,13 +383,22 @@ fn flows_from_outside_show_the_client_and_a_denied_source(family: Family) {
 }
 
 /// A VM's connection to a ClusterIP, translated by the per-packet path on its device: shown
-/// with the source `pod`, the VM's address as the client, and no process.
-fn flows_from_a_pod_device_show_as_pod(family: Family) {
+/// with the source `pod`, the VM's address as the client, no process and no SNAT source (pod
+/// addresses route). A pod chosen as its own backend (hairpin) is SNATed to the node: its
+/// event names the node's address and port the pod sees.
+fn flows_from_a_pod_device_show_as_pod_and_a_hairpin_its_snat_source(family: Family) {
     let node = LanNode::new(family, "trace-pod", "p");
     let vm = node.lan.vm();
     let a = &node.a;
-    let _server = node.tcp_server(2, 8080);
+    let _servers = node.tcp_servers(8080);
     node.expose_pod2("web", 0x86, ("http", 80, 8080, 30134, "TCP"));
+    node.write(
+        "self.yaml",
+        &a.exposed("self", 0x87)
+            .port("http", 80, 8080, 30135, "TCP")
+            .endpoints(&[a.pod1_endpoint()])
+            .yaml(),
+    );
     let _agent = node.agent(&[]);
     let trace = Trace::start(&node.sandbox, &[]);
     let frontend = Addresses::at(&family.vip(0x86).to_string(), 80);
@@ -394,6 +419,23 @@ fn flows_from_a_pod_device_show_as_pod(family: Family) {
     };
     assert_eq!(client.ip().to_string(), vm_address, "{event}");
     assert!(event.get("process").is_none(), "{event}");
+    assert!(event.get("snat").is_none(), "{event}");
+
+    let frontend = Addresses::at(&family.vip(0x87).to_string(), 80);
+    let attempts = node.lan.pod1.probe("tcp", &frontend, 1);
+    let [(_, seen)] = answers(&attempts)[..] else {
+        panic!("one answer: {attempts:?}");
+    };
+    let hairpin = trace.next("the pod's flow to itself");
+    assert_eq!(text(&hairpin, "/source"), "pod", "{hairpin}");
+    assert_eq!(text(&hairpin, "/service/name"), "self", "{hairpin}");
+    assert_eq!(
+        text(&hairpin, "/backend"),
+        SocketAddr::new(a.pod1, 8080).to_string()
+    );
+    let client: SocketAddr = text(&hairpin, "/client").parse().expect("an address");
+    assert_eq!(client.ip(), a.pod1, "{hairpin}");
+    assert_snat_source(&hairpin, a.node1, seen);
 }
 
 #[test]

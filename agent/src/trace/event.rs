@@ -44,16 +44,17 @@ pub fn decode(mut record: &[u8]) -> Result<TraceEvent, DecodeError> {
         client_address: words(buf),
         frontend_address: words(buf),
         backend_address: words(buf),
+        snat_address: words(buf),
         client_port: buf.get_u16_ne(),
         frontend_port: buf.get_u16_ne(),
         backend_port: buf.get_u16_ne(),
+        snat_port: buf.get_u16_ne(),
         slot: buf.get_u16_ne(),
         count: buf.get_u16_ne(),
         protocol: buf.get_u8(),
         source: buf.get_u8(),
         reason: buf.get_u8(),
         family: buf.get_u8(),
-        pad: buf.get_u16_ne(),
     })
 }
 
@@ -153,6 +154,10 @@ pub struct Shown {
     pub service: Option<Service>,
     pub service_id: u32,
     pub backend: Option<SocketAddr>,
+    /// The source the backend sees of a flow SNATed to this node (the node's address and
+    /// the flow's SNAT port); absent when the flow keeps its client's address.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub snat: Option<SocketAddr>,
     pub reason: &'static str,
     /// The slot chosen (1-based) of `count`; 0 when none was.
     pub slot: u16,
@@ -180,13 +185,15 @@ impl Shown {
             service,
             service_id: event.service_id,
             backend: endpoint(event.family, event.backend_address, event.backend_port),
+            snat: endpoint(event.family, event.snat_address, event.snat_port),
             reason: reason_name(event.reason),
             slot: event.slot,
             count: event.count,
         }
     }
 
-    /// One line: when, who, what was asked, what it became, and why.
+    /// One line: when, who, what was asked, what it became (and from which source, if
+    /// SNATed), and why.
     pub fn line(&self) -> String {
         let who = match (&self.process, self.client) {
             (Some(p), _) => format!(
@@ -221,9 +228,12 @@ impl Shown {
                 }
             },
         );
-        let backend = self
+        let mut backend = self
             .backend
             .map_or_else(|| "-".to_owned(), |b| b.to_string());
+        if let Some(snat) = self.snat {
+            backend = format!("{backend} snat {snat}");
+        }
         let why = match (self.reason, self.slot) {
             ("random" | "per-socket" | "affinity" | "maglev", slot) if slot > 0 => {
                 format!("{} slot {} of {}", self.reason, slot, self.count)
@@ -279,10 +289,23 @@ mod tests {
         .to_vec()
     }
 
+    /// [`sample`] as a flow from outside SNATed to a remote backend.
+    fn snated() -> TraceEvent {
+        TraceEvent {
+            source: TRACE_SOURCE_EXTERNAL,
+            client_address: [0, 0, 0, u32::from(Ipv4Addr::new(10, 77, 0, 10)).to_be()],
+            client_port: 51000u16.to_be(),
+            snat_address: [0, 0, 0, u32::from(Ipv4Addr::new(10, 77, 0, 1)).to_be()],
+            snat_port: 61234u16.to_be(),
+            ..sample()
+        }
+    }
+
     #[test]
     fn a_record_decodes_to_the_event_the_programs_wrote() {
-        let event = sample();
-        assert_eq!(decode(&bytes_of(&event)), Ok(event));
+        for event in [sample(), snated()] {
+            assert_eq!(decode(&bytes_of(&event)), Ok(event));
+        }
     }
 
     #[test]
@@ -292,8 +315,8 @@ mod tests {
         assert_eq!(
             error,
             DecodeError {
-                got: 96,
-                expected: 104
+                got: 112,
+                expected: 120
             }
         );
     }
@@ -326,6 +349,28 @@ mod tests {
                 .line()
                 .ends_with("(service id 3) -> - no-backend")
         );
+    }
+
+    #[test]
+    fn a_snated_flow_shows_the_source_its_backend_sees_and_another_none() {
+        let shown = Shown::new(&snated(), "T".into(), None);
+        assert_eq!(
+            shown.line(),
+            "T external client 10.77.0.10:51000 tcp 10.96.0.10:80 (service id 3) -> \
+             10.0.1.5:8080 snat 10.77.0.1:61234 random slot 2 of 3"
+        );
+        let json = serde_json::to_value(&shown).expect("json");
+        assert_eq!(json["snat"], "10.77.0.1:61234", "{json}");
+
+        let kept = TraceEvent {
+            snat_address: [0; 4],
+            snat_port: 0,
+            ..snated()
+        };
+        let shown = Shown::new(&kept, "T".into(), None);
+        assert!(!shown.line().contains("snat"), "{}", shown.line());
+        let json = serde_json::to_value(&shown).expect("json");
+        assert!(json.get("snat").is_none(), "{json}");
     }
 
     #[test]
@@ -368,16 +413,19 @@ mod tests {
             client_port: 40000u16.to_be(),
             frontend_address: words("fd00:96::a"),
             backend_address: words("fd00:244:1::10"),
+            snat_address: words("fd00:77::1"),
+            snat_port: 61234u16.to_be(),
             ..sample()
         };
         let shown = Shown::new(&event, "T".into(), None);
         assert_eq!(
             shown.line(),
             "T external client [fd00:77::10]:40000 tcp [fd00:96::a]:80 (service id 3) -> \
-             [fd00:244:1::10]:8080 random slot 2 of 3"
+             [fd00:244:1::10]:8080 snat [fd00:77::1]:61234 random slot 2 of 3"
         );
         let json = serde_json::to_value(&shown).expect("json");
         assert_eq!(json["frontend"], "[fd00:96::a]:80");
         assert_eq!(json["backend"], "[fd00:244:1::10]:8080");
+        assert_eq!(json["snat"], "[fd00:77::1]:61234");
     }
 }

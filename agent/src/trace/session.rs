@@ -34,8 +34,8 @@ use crate::{
 const LEASE: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
 /// How often the ring buffer is read. The programs do not wake the reader (a wakeup per
-/// event would cost each translation an interrupt); 256 KiB hold some 2,300 events, so
-/// this reads up to about 115,000 a second before any is lost.
+/// event would cost each translation an interrupt); 256 KiB hold some 2,000 events, so
+/// this reads up to about 100,000 a second before any is lost.
 const POLL: Duration = Duration::from_millis(20);
 
 #[derive(Debug, thiserror::Error)]

@@ -43,7 +43,7 @@ pub const TRACE_FLAG_PACKETS: u16 = 1 << 1;
 /// One translation, as `socklb trace` shows it. Socket events carry the process, network
 /// namespace and cgroup of the caller (the agent adds the process name: the kernel gives
 /// socket-address programs no helper for it); events from outside carry the client's
-/// address.
+/// address, and those of a SNATed flow the source its backend sees.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceEvent {
@@ -60,9 +60,14 @@ pub struct TraceEvent {
     pub client_address: Ipv6Words,
     pub frontend_address: Ipv6Words,
     pub backend_address: Ipv6Words,
+    /// The source the backend sees of a flow SNATed to this node (a remote backend of a
+    /// flow from outside, a pod that is its own backend): the node's address and the
+    /// flow's SNAT port; 0 when the flow keeps its client's address.
+    pub snat_address: Ipv6Words,
     pub client_port: u16,
     pub frontend_port: u16,
     pub backend_port: u16,
+    pub snat_port: u16,
     /// The slot chosen (1-based) and how many the frontend had; 0 when none.
     pub slot: u16,
     pub count: u16,
@@ -73,7 +78,6 @@ pub struct TraceEvent {
     pub reason: u8,
     /// [`TRACE_FAMILY_V4`] or [`TRACE_FAMILY_V6`].
     pub family: u8,
-    pub pad: u16,
 }
 
 /// [`TraceEvent::family`] and [`TraceControl::family`]: IPv4 (also IPv6 sockets talking to

@@ -223,6 +223,7 @@ pub fn try_ingress<F: Family, S: Side>(
     let Some(entry) = F::flow_room(&mut local) else {
         return Err(Error);
     };
+    let mut choice = Choice::default();
     // Most packets are of no translated flow: the flow filter spares them the lookups.
     let may_have_forward = if F::SPLIT_FRAMES {
         flow_filter::may_have_forward(&packet.tuple)
@@ -236,11 +237,11 @@ pub fn try_ingress<F: Family, S: Side>(
     };
     let mut outcome = match known {
         Known::Flow => Flow::To,
-        Known::None => new_flow::<F, S>(packet, now, entry, false)?,
-        Known::Closed => new_flow::<F, S>(packet, now, entry, true)?,
+        Known::None => new_flow::<F, S>(packet, now, entry, false, &mut choice)?,
+        Known::Closed => new_flow::<F, S>(packet, now, entry, true, &mut choice)?,
     };
     if outcome == Flow::NeedsSnat {
-        outcome = snat::<F, S>(packet, entry, now)?;
+        outcome = snat::<F, S>(packet, entry, now, choice)?;
     }
     match outcome {
         Flow::NotOurs => return Ok(TC_ACT_OK),
@@ -377,12 +378,14 @@ fn snat_reply_here<F: Family>(
     Ok(Some(deliver::forward::<F>(ctx, packet, None)?))
 }
 
-/// Takes the SNAT port of a new flow to a remote backend ([`Flow::NeedsSnat`]).
+/// Takes the SNAT port of a new flow to a remote backend ([`Flow::NeedsSnat`]), and traces
+/// the flow's `choice` once its SNAT source is known.
 #[inline(always)]
 fn snat<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     entry: &mut CtEntry<F::Addr>,
     now: u32,
+    choice: Choice,
 ) -> Result<Flow, Error> {
     let (Some(node), Some(snat_address)) = (NODE.get(0), F::snat_address()) else {
         log::no_snat_address();
@@ -391,11 +394,14 @@ fn snat<F: Family, S: Side>(
     match nat::insert_snat::<F>(&packet.tuple, entry, snat_address, node, now) {
         Ok(Some(_)) => {
             bump(S::flows);
+            if F::SPLIT_FRAMES {
+                trace_snat::<_, S>(&packet.tuple, entry, choice, true);
+            }
             Ok(Flow::To)
         }
         Ok(None) => {
             if F::SPLIT_FRAMES {
-                trace_snat_exhausted::<_, S>(&packet.tuple, entry);
+                trace_snat::<_, S>(&packet.tuple, entry, choice, false);
             }
             Ok(Flow::SnatExhausted)
         }
@@ -407,11 +413,35 @@ fn snat<F: Family, S: Side>(
     }
 }
 
-/// The trace event of a flow that found no SNAT port, in a stack frame of its own: the
-/// caller's frame and the port search's are both near the limit of their chain.
+/// How a new flow's backend was chosen, kept for its trace event until its SNAT port is
+/// taken in a frame of its own ([`Family::SPLIT_FRAMES`]).
+#[derive(Clone, Copy, Default)]
+struct Choice {
+    /// `TRACE_REASON_*`.
+    reason: u8,
+    slot: u16,
+    count: u16,
+}
+
+/// The trace event of a new flow that took its SNAT port (`taken`: from the entry's source)
+/// or found none, in a stack frame of its own: the caller's frame and the port search's are
+/// both near the limit of their chain.
 #[inline(never)]
-fn trace_snat_exhausted<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
-    trace_entry::<A, S>(TRACE_REASON_SNAT_EXHAUSTED, tuple, entry, false);
+fn trace_snat<A: TracedValue, S: Side>(
+    tuple: &Tuple<A>,
+    entry: &CtEntry<A>,
+    choice: Choice,
+    taken: bool,
+) {
+    let choice = if taken {
+        choice
+    } else {
+        Choice {
+            reason: TRACE_REASON_SNAT_EXHAUSTED,
+            ..choice
+        }
+    };
+    trace_entry::<A, S>(choice, tuple, entry, taken, false);
 }
 
 /// Replies of backends on their way to a client (not SNATed: those come in at ingress):
@@ -537,25 +567,37 @@ fn may_be_taken_over<F: Family, S: Side>(found: &Found<F::Addr>, packet: &Packet
         && found.entry.flags & (CT_FLAG_CLOSING | CT_FLAG_SNAT) == CT_FLAG_CLOSING
 }
 
-/// The trace event of a packet of a known flow.
+/// The trace event of a packet of a known flow, with its SNAT source if it has one.
 #[inline(always)]
 pub fn trace_known<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
-    trace_entry::<A, S>(TRACE_REASON_CONNTRACK, tuple, entry, true);
+    let choice = Choice {
+        reason: TRACE_REASON_CONNTRACK,
+        ..Choice::default()
+    };
+    trace_entry::<A, S>(choice, tuple, entry, entry.flags & CT_FLAG_SNAT != 0, true);
 }
 
-/// The trace event of a flow's packet (`packet`) or choice, with `reason`, to the backend
-/// of `entry`.
+/// The trace event of a flow's packet (`packet`) or choice to the backend of `entry`; from
+/// the entry's source (its SNAT address and port) if `snat`.
 #[inline(always)]
 fn trace_entry<A: TracedValue, S: Side>(
-    reason: u8,
+    choice: Choice,
     tuple: &Tuple<A>,
     entry: &CtEntry<A>,
+    snat: bool,
     packet: bool,
 ) {
     let decision = Decision {
-        reason,
+        reason: choice.reason,
         service_id: entry.service_id,
         backend: (&entry.destination, entry.destination_port),
+        snat: if snat {
+            (&entry.source, entry.source_port)
+        } else {
+            (A::none_ref(), 0)
+        },
+        slot: choice.slot,
+        count: choice.count,
         ..Decision::new(
             S::TRACE_SOURCE,
             tuple.protocol,
@@ -599,11 +641,12 @@ fn new_flow<F: Family, S: Side>(
     now: u32,
     out: &mut CtEntry<F::Addr>,
     closed: bool,
+    choice: &mut Choice,
 ) -> Result<Flow, Error> {
     if F::SPLIT_FRAMES {
-        Flow::decode(new_flow_apart::<F, S>(packet, now, out, closed))
+        Flow::decode(new_flow_apart::<F, S>(packet, now, out, closed, choice))
     } else {
-        new_flow_here::<F, S>(packet, now, out, closed)
+        new_flow_here::<F, S>(packet, now, out, closed, choice)
     }
 }
 
@@ -614,8 +657,9 @@ fn new_flow_apart<F: Family, S: Side>(
     now: u32,
     out: &mut CtEntry<F::Addr>,
     closed: bool,
+    choice: &mut Choice,
 ) -> i32 {
-    Flow::code(new_flow_here::<F, S>(packet, now, out, closed))
+    Flow::code(new_flow_here::<F, S>(packet, now, out, closed, choice))
 }
 
 #[inline(always)]
@@ -624,6 +668,7 @@ fn new_flow_here<F: Family, S: Side>(
     now: u32,
     out: &mut CtEntry<F::Addr>,
     closed: bool,
+    choice: &mut Choice,
 ) -> Result<Flow, Error> {
     let tuple = &packet.tuple;
     // Most packets of no flow go to no frontend either: the filter spares them the lookups.
@@ -710,10 +755,13 @@ fn new_flow_here<F: Family, S: Side>(
             return Ok(Flow::TtlExceeded);
         }
         if F::SPLIT_FRAMES {
-            // The port is taken by the caller, in a frame of its own: the choice is traced
-            // here, where its reason and slot are known, and an exhausted port search again
-            // there.
-            trace_flow(&decision, tuple, false);
+            // The port is taken by the caller, in a frame of its own, which traces the
+            // choice once the flow's SNAT source is known.
+            *choice = Choice {
+                reason: decision.reason,
+                slot,
+                count: master.count,
+            };
             entry.flags |= CT_FLAG_SNAT;
             *out = entry;
             return Ok(Flow::NeedsSnat);
@@ -724,7 +772,7 @@ fn new_flow_here<F: Family, S: Side>(
         };
         entry.flags |= CT_FLAG_SNAT;
         match nat::insert_snat::<F>(tuple, &mut entry, snat_address, node, now) {
-            Ok(Some(_)) => {}
+            Ok(Some(_)) => decision.snat = (&entry.source, entry.source_port),
             Ok(None) => {
                 decision.reason = TRACE_REASON_SNAT_EXHAUSTED;
                 trace_flow(&decision, tuple, false);

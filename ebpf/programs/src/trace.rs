@@ -142,6 +142,8 @@ pub struct Decision<A> {
     pub service_id: u32,
     pub frontend: (A, u16),
     pub backend: (A, u16),
+    /// The source the backend sees of a SNATed flow; none when the flow keeps its client's.
+    pub snat: (A, u16),
     pub slot: u16,
     pub count: u16,
 }
@@ -157,6 +159,7 @@ impl<A: Traced> Decision<A> {
             service_id: 0,
             frontend,
             backend: (A::none(), 0),
+            snat: (A::none(), 0),
             slot: 0,
             count: 0,
         }
@@ -268,15 +271,16 @@ unsafe fn fill<A: Traced>(event: *mut TraceEvent, decision: &Decision<A>, origin
             .backend
             .0
             .write(addr_of_mut!((*event).backend_address));
+        decision.snat.0.write(addr_of_mut!((*event).snat_address));
         addr_of_mut!((*event).client_port).write_volatile(client.1);
         addr_of_mut!((*event).frontend_port).write_volatile(decision.frontend.1);
         addr_of_mut!((*event).backend_port).write_volatile(decision.backend.1);
+        addr_of_mut!((*event).snat_port).write_volatile(decision.snat.1);
         addr_of_mut!((*event).slot).write_volatile(decision.slot);
         addr_of_mut!((*event).count).write_volatile(decision.count);
         addr_of_mut!((*event).protocol).write_volatile(decision.protocol);
         addr_of_mut!((*event).source).write_volatile(decision.source);
         addr_of_mut!((*event).reason).write_volatile(decision.reason);
         addr_of_mut!((*event).family).write_volatile(A::FAMILY);
-        addr_of_mut!((*event).pad).write_volatile(0);
     }
 }
