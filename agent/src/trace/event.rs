@@ -185,7 +185,9 @@ impl Shown {
             service,
             service_id: event.service_id,
             backend: endpoint(event.family, event.backend_address, event.backend_port),
-            snat: endpoint(event.family, event.snat_address, event.snat_port),
+            // Port 0: no SNAT source (the programs may leave an address there).
+            snat: endpoint(event.family, event.snat_address, event.snat_port)
+                .filter(|_| event.snat_port != 0),
             reason: reason_name(event.reason),
             slot: event.slot,
             count: event.count,

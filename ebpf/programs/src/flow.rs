@@ -11,7 +11,7 @@
 use aya_ebpf::programs::TcContext;
 use socklb_abi::{
     CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY,
-    CtEntry, CtTimeouts, PROTO_TCP, SERVICE_FLAG_REJECT, TRACE_REASON_CONNTRACK,
+    CtEntry, CtTimeouts, PROTO_TCP, SERVICE_FLAG_REJECT, TRACE_FAMILY_V4, TRACE_REASON_CONNTRACK,
     TRACE_REASON_NO_BACKEND, TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED,
 };
 
@@ -574,7 +574,10 @@ pub fn trace_known<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>
         reason: TRACE_REASON_CONNTRACK,
         ..Choice::default()
     };
-    trace_entry::<A, S>(choice, tuple, entry, entry.flags & CT_FLAG_SNAT != 0, true);
+    // IPv6's SNAT source is on its choice's event only: one more value here, on every
+    // known flow's path, takes its frames past the verifier's 512 bytes of stack.
+    let snat = A::FAMILY == TRACE_FAMILY_V4 && entry.flags & CT_FLAG_SNAT != 0;
+    trace_entry::<A, S>(choice, tuple, entry, snat, true);
 }
 
 /// The trace event of a flow's packet (`packet`) or choice to the backend of `entry`; from
@@ -591,7 +594,12 @@ fn trace_entry<A: TracedValue, S: Side>(
         reason: choice.reason,
         service_id: entry.service_id,
         backend: (&entry.destination, entry.destination_port),
-        snat: if snat {
+        // IPv4's known flows pass the entry's source either way, with port 0 (no SNAT
+        // source) unless `snat`: a choice of addresses in their one frame would send two
+        // kinds of pointer on through the event's writes, which the verifier walks apart.
+        snat: if A::FAMILY == TRACE_FAMILY_V4 {
+            (&entry.source, if snat { entry.source_port } else { 0 })
+        } else if snat {
             (&entry.source, entry.source_port)
         } else {
             (A::none_ref(), 0)
