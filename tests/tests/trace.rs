@@ -196,6 +196,10 @@ fn a_translation_an_affinity_hit_and_a_refusal_show_their_service_and_reason(fam
     );
     assert!(event["process"]["pid"].as_u64().is_some_and(|pid| pid > 0));
     assert_eq!(text(&event, "/process/cgroup"), cgroup_of(&sandbox));
+    assert!(
+        event.get("device").is_none(),
+        "a socket has no device: {event}"
+    );
 
     sandbox.probe("tcp", local.sticky, 2);
     let first = trace.next("the first connect to sticky");
@@ -286,7 +290,8 @@ fn assert_snat_source(event: &Value, node: &str, seen: SocketAddr) {
 }
 
 /// A new flow to a local and to a remote backend (SNATed: the event names the source its
-/// backend sees), and one refused by loadBalancerSourceRanges.
+/// backend sees), and one refused by loadBalancerSourceRanges; each event names the node's
+/// device the packet came in on.
 fn flows_from_outside_show_the_client_the_snat_source_and_a_denied_source(family: Family) {
     let a = addresses(family);
     let sandbox = Sandbox::new(&format!("trace-external{}", family.tag()));
@@ -357,6 +362,7 @@ fn flows_from_outside_show_the_client_the_snat_source_and_a_denied_source(family
     );
     let client: SocketAddr = text(&event, "/client").parse().expect("a socket address");
     assert_eq!(client.ip().to_string(), a.client, "{event}");
+    assert_eq!(text(&event, "/device"), "eth0", "{event}");
     assert!(event.get("process").is_none(), "{event}");
     assert!(
         event.get("snat").is_none(),
@@ -375,17 +381,20 @@ fn flows_from_outside_show_the_client_the_snat_source_and_a_denied_source(family
         SocketAddr::new(a.pod2, 8080).to_string()
     );
     assert_snat_source(&remote, a.node1, seen);
+    assert_eq!(text(&remote, "/device"), "eth0", "{remote}");
 
     lan.client.probe("tcp", &Addresses::at(a.lb_ip, 80), 1);
     let denied = trace.next("the denied flow");
     assert_eq!(text(&denied, "/service/name"), "guarded");
     assert_eq!(text(&denied, "/reason"), "source-denied");
+    assert_eq!(text(&denied, "/device"), "eth0", "{denied}");
 }
 
 /// A VM's connection to a ClusterIP, translated by the per-packet path on its device: shown
-/// with the source `pod`, the VM's address as the client, no process and no SNAT source (pod
-/// addresses route). A pod chosen as its own backend (hairpin) is SNATed to the node: its
-/// event names the node's address and port the pod sees.
+/// with the source `pod`, the VM's address as the client, its device (`vm1`), no process and
+/// no SNAT source (pod addresses route). A pod chosen as its own backend (hairpin) is SNATed
+/// to the node: its event names the node's address and port the pod sees, and the pod's
+/// device (`pod1`).
 fn flows_from_a_pod_device_show_as_pod_and_a_hairpin_its_snat_source(family: Family) {
     let node = LanNode::new(family, "trace-pod", "p");
     let vm = node.lan.vm();
@@ -418,6 +427,7 @@ fn flows_from_a_pod_device_show_as_pod_and_a_hairpin_its_snat_source(family: Fam
         Family::V6 => VM6,
     };
     assert_eq!(client.ip().to_string(), vm_address, "{event}");
+    assert_eq!(text(&event, "/device"), "vm1", "{event}");
     assert!(event.get("process").is_none(), "{event}");
     assert!(event.get("snat").is_none(), "{event}");
 
@@ -435,6 +445,7 @@ fn flows_from_a_pod_device_show_as_pod_and_a_hairpin_its_snat_source(family: Fam
     );
     let client: SocketAddr = text(&hairpin, "/client").parse().expect("an address");
     assert_eq!(client.ip(), a.pod1, "{hairpin}");
+    assert_eq!(text(&hairpin, "/device"), "pod1", "{hairpin}");
     assert_snat_source(&hairpin, a.node1, seen);
 }
 

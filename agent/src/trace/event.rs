@@ -55,6 +55,8 @@ pub fn decode(mut record: &[u8]) -> Result<TraceEvent, DecodeError> {
         source: buf.get_u8(),
         reason: buf.get_u8(),
         family: buf.get_u8(),
+        ifindex: buf.get_u32_ne(),
+        pad: buf.get_u32_ne(),
     })
 }
 
@@ -118,6 +120,11 @@ fn endpoint(family: u8, address: Ipv6Words, port: u16) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, u16::from_be(port)))
 }
 
+/// How a device whose index has no name here is shown.
+pub fn unnamed_device(ifindex: u32) -> String {
+    format!("if{ifindex}")
+}
+
 /// The Service a frontend belongs to, from the names map.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Service {
@@ -150,6 +157,10 @@ pub struct Shown {
     pub process: Option<Process>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub client: Option<SocketAddr>,
+    /// The device a packet arrived on, by name in this process's network namespace
+    /// (`if<N>` for an index without one there); absent for socket events.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     pub frontend: Option<SocketAddr>,
     pub service: Option<Service>,
     pub service_id: u32,
@@ -165,9 +176,10 @@ pub struct Shown {
 }
 
 impl Shown {
-    /// The event's fields; the session adds time, process details and the Service.
+    /// The event's fields; the session adds time, process details, the device's name and
+    /// the Service.
     pub fn new(event: &TraceEvent, time: String, service: Option<Service>) -> Self {
-        // Packets (from outside, or from a pod device) have no process.
+        // Packets (from outside, or from a pod device) have no process, but a device.
         let packet = matches!(event.source, TRACE_SOURCE_EXTERNAL | TRACE_SOURCE_POD);
         Self {
             time,
@@ -181,6 +193,7 @@ impl Shown {
                 ..Process::default()
             }),
             client: endpoint(event.family, event.client_address, event.client_port),
+            device: (packet && event.ifindex != 0).then(|| unnamed_device(event.ifindex)),
             frontend: endpoint(event.family, event.frontend_address, event.frontend_port),
             service,
             service_id: event.service_id,
@@ -194,8 +207,8 @@ impl Shown {
         }
     }
 
-    /// One line: when, who, what was asked, what it became (and from which source, if
-    /// SNATed), and why.
+    /// One line: when, who (and on which device, for a packet), what was asked, what it
+    /// became (and from which source, if SNATed), and why.
     pub fn line(&self) -> String {
         let who = match (&self.process, self.client) {
             (Some(p), _) => format!(
@@ -215,6 +228,10 @@ impl Shown {
             ),
             (None, Some(client)) => format!("client {client}"),
             (None, None) => String::from("?"),
+        };
+        let who = match &self.device {
+            Some(device) => format!("{who} on {}", printable(device)),
+            None => who,
         };
         let frontend = self
             .frontend
@@ -299,6 +316,7 @@ mod tests {
             client_port: 51000u16.to_be(),
             snat_address: [0, 0, 0, u32::from(Ipv4Addr::new(10, 77, 0, 1)).to_be()],
             snat_port: 61234u16.to_be(),
+            ifindex: 7,
             ..sample()
         }
     }
@@ -317,8 +335,8 @@ mod tests {
         assert_eq!(
             error,
             DecodeError {
-                got: 112,
-                expected: 120
+                got: 120,
+                expected: 128
             }
         );
     }
@@ -358,7 +376,7 @@ mod tests {
         let shown = Shown::new(&snated(), "T".into(), None);
         assert_eq!(
             shown.line(),
-            "T external client 10.77.0.10:51000 tcp 10.96.0.10:80 (service id 3) -> \
+            "T external client 10.77.0.10:51000 on if7 tcp 10.96.0.10:80 (service id 3) -> \
              10.0.1.5:8080 snat 10.77.0.1:61234 random slot 2 of 3"
         );
         let json = serde_json::to_value(&shown).expect("json");
@@ -373,6 +391,60 @@ mod tests {
         assert!(!shown.line().contains("snat"), "{}", shown.line());
         let json = serde_json::to_value(&shown).expect("json");
         assert!(json.get("snat").is_none(), "{json}");
+    }
+
+    #[test]
+    fn a_packet_shows_its_device_and_a_socket_event_none() {
+        let mut shown = Shown::new(&snated(), "T".into(), None);
+        assert_eq!(
+            shown.device.as_deref(),
+            Some("if7"),
+            "the index without its name"
+        );
+        shown.device = Some("vm1".into());
+        assert!(
+            shown
+                .line()
+                .starts_with("T external client 10.77.0.10:51000 on vm1 tcp "),
+            "{}",
+            shown.line()
+        );
+        let json = serde_json::to_value(&shown).expect("json");
+        assert_eq!(json["device"], "vm1", "{json}");
+
+        let pod = TraceEvent {
+            source: TRACE_SOURCE_POD,
+            ..snated()
+        };
+        let shown = Shown::new(&pod, "T".into(), None);
+        assert!(
+            shown
+                .line()
+                .starts_with("T pod      client 10.77.0.10:51000 on if7 tcp "),
+            "{}",
+            shown.line()
+        );
+
+        // A socket event has no device, even if the field were set.
+        let socket = TraceEvent {
+            ifindex: 7,
+            ..sample()
+        };
+        let shown = Shown::new(&socket, "T".into(), None);
+        assert_eq!(shown.device, None);
+        assert!(!shown.line().contains(" on "), "{}", shown.line());
+        let json = serde_json::to_value(&shown).expect("json");
+        assert!(json.get("device").is_none(), "{json}");
+    }
+
+    #[test]
+    fn a_device_name_reaches_the_terminal_escaped() {
+        let mut shown = Shown::new(&snated(), "T".into(), None);
+        // Linux refuses only '/', ':' and white space in a device's name.
+        shown.device = Some("tap\x1b[2J".into());
+        let line = shown.line();
+        assert!(line.contains("on tap\\x1b[2J tcp"), "{line}");
+        assert!(!line.contains('\x1b'), "{line}");
     }
 
     #[test]

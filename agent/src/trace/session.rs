@@ -22,7 +22,7 @@ use socklb_abi::{
     TRACE_FLAG_REVERSE, TraceControl, ipv6_words, map_names,
 };
 
-use super::event::{self, DecodeError, Service, Shown};
+use super::event::{self, DecodeError, Service, Shown, unnamed_device};
 use crate::{
     dataplane::cgroup2_mount,
     kernel::pins::{self, trace_lease_dir},
@@ -34,8 +34,8 @@ use crate::{
 const LEASE: Duration = Duration::from_secs(3);
 const RENEW: Duration = Duration::from_secs(1);
 /// How often the ring buffer is read. The programs do not wake the reader (a wakeup per
-/// event would cost each translation an interrupt); 256 KiB hold some 2,000 events, so
-/// this reads up to about 100,000 a second before any is lost.
+/// event would cost each translation an interrupt); 256 KiB hold some 1,900 events, so
+/// this reads up to about 95,000 a second before any is lost.
 const POLL: Duration = Duration::from_millis(20);
 
 #[derive(Debug, thiserror::Error)]
@@ -424,6 +424,7 @@ struct Details {
     names: BpfHashMap<MapData, u32, FrontendName>,
     services: HashMap<u32, Option<Service>>,
     cgroups: CgroupPaths,
+    devices: DeviceNames,
     /// CLOCK_REALTIME minus CLOCK_MONOTONIC, to date the events.
     epoch_offset: Option<(SystemTime, u64)>,
 }
@@ -434,6 +435,7 @@ impl Details {
             names: open(pin_dir, map_names::NAMES, Map::HashMap)?,
             services: HashMap::new(),
             cgroups: CgroupPaths::new(),
+            devices: DeviceNames::default(),
             epoch_offset: monotonic_ns().ok().map(|now| (SystemTime::now(), now)),
         })
     }
@@ -458,6 +460,9 @@ impl Details {
                 })
                 .unwrap_or_default();
             process.cgroup = self.cgroups.path(process.cgroup_id).unwrap_or_default();
+        }
+        if shown.device.is_some() {
+            shown.device = Some(self.devices.name(event.ifindex));
         }
         Some(shown)
     }
@@ -498,6 +503,40 @@ impl Details {
             wall - Duration::from_nanos(mono - event_ns)
         };
         humantime::format_rfc3339_micros(at).to_string()
+    }
+}
+
+/// Device indexes to names, in this process's network namespace (the node's, where the
+/// TC programs run, when `socklb trace` runs on the node as documented). A name is looked
+/// up again after [`DEVICE_NAME_AGE`]: devices come and go with pods and VMs, and an index
+/// may be renamed.
+#[derive(Default)]
+struct DeviceNames {
+    by_index: HashMap<u32, (String, Instant)>,
+}
+
+/// How long a device's name is trusted before it is looked up again.
+const DEVICE_NAME_AGE: Duration = Duration::from_secs(5);
+
+impl DeviceNames {
+    /// The name of device `ifindex`, or `if<N>` when this namespace has none of that index.
+    fn name(&mut self, ifindex: u32) -> String {
+        if let Some((name, at)) = self.by_index.get(&ifindex)
+            && at.elapsed() < DEVICE_NAME_AGE
+        {
+            return name.clone();
+        }
+        // nix 0.30 takes libc's NULL (no such index) for success and gives an empty name.
+        let name = nix::net::if_::if_indextoname(ifindex)
+            .ok()
+            .filter(|name| !name.is_empty())
+            .map_or_else(
+                || unnamed_device(ifindex),
+                |name| name.to_string_lossy().into_owned(),
+            );
+        self.by_index
+            .insert(ifindex, (name.clone(), Instant::now()));
+        name
     }
 }
 
@@ -587,6 +626,15 @@ mod tests {
             [0xfd00_0000_u32.to_be(), 0, 0, 5u32.to_be()]
         );
         assert_eq!(v6.frontend_address, [0; 4]);
+    }
+
+    #[test]
+    fn a_device_is_named_in_this_namespace_or_by_its_index() {
+        let mut devices = DeviceNames::default();
+        // Loopback is index 1 in every network namespace.
+        assert_eq!(devices.name(1), "lo");
+        assert_eq!(devices.name(1), "lo", "from the cache");
+        assert_eq!(devices.name(u32::MAX), "if4294967295");
     }
 
     #[test]

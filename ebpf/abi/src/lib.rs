@@ -50,7 +50,7 @@ const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
 const _: () = assert!(size_of::<NodeConfig>() == 28);
 const _: () = assert!(size_of::<FragmentKey>() == 12);
-const _: () = assert!(size_of::<TraceEvent>() == 120);
+const _: () = assert!(size_of::<TraceEvent>() == 128);
 const _: () = assert!(size_of::<TraceControl>() == 56);
 const _: () = assert!(size_of::<FragmentPorts>() == 4);
 const _: () = assert!(size_of::<MaglevKey>() == 8);

@@ -42,8 +42,9 @@ pub const TRACE_FLAG_PACKETS: u16 = 1 << 1;
 
 /// One translation, as `socklb trace` shows it. Socket events carry the process, network
 /// namespace and cgroup of the caller (the agent adds the process name: the kernel gives
-/// socket-address programs no helper for it); events from outside carry the client's
-/// address, and those of a SNATed flow the source its backend sees.
+/// socket-address programs no helper for it); events of packets (from outside, from a pod
+/// device) carry the client's address and the device the packet arrived on, and those of a
+/// SNATed flow the source its backend sees.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TraceEvent {
@@ -78,6 +79,10 @@ pub struct TraceEvent {
     pub reason: u8,
     /// [`TRACE_FAMILY_V4`] or [`TRACE_FAMILY_V6`].
     pub family: u8,
+    /// The device a packet arrived on (the TC program's, its ifindex in the node's network
+    /// namespace); 0 for socket events.
+    pub ifindex: u32,
+    pub pad: u32,
 }
 
 /// [`TraceEvent::family`] and [`TraceControl::family`]: IPv4 (also IPv6 sockets talking to

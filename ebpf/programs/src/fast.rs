@@ -133,7 +133,7 @@ pub fn ingress4<S: Side>(ctx: &TcContext) -> i32 {
     if packet.tuple.protocol != PROTO_TCP && !flow::keeps_backend::<V4>(&found, &packet) {
         return FULL;
     }
-    flow::trace_known::<_, S>(&packet.tuple, &entry);
+    flow::trace_known::<_, S>(&packet, &entry);
     let result = if entry.flags & CT_FLAG_SNAT != 0 {
         // Forwarded by the full path's delivery, out of line: its FIB lookup is not needed
         // on a pod's usual packets.

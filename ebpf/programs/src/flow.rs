@@ -26,7 +26,7 @@ use crate::{
     log,
     maps::NODE,
     nat,
-    packet::{Address, Ending, Packet, PacketError, Segment, Tuple},
+    packet::{Address, Ending, Packet, PacketError, Segment},
     side::{self, Side},
     trace::{self, Decision, TracedValue},
 };
@@ -395,13 +395,13 @@ fn snat<F: Family, S: Side>(
         Ok(Some(_)) => {
             bump(S::flows);
             if F::SPLIT_FRAMES {
-                trace_snat::<_, S>(&packet.tuple, entry, choice, true);
+                trace_snat::<_, S>(packet, entry, choice, true);
             }
             Ok(Flow::To)
         }
         Ok(None) => {
             if F::SPLIT_FRAMES {
-                trace_snat::<_, S>(&packet.tuple, entry, choice, false);
+                trace_snat::<_, S>(packet, entry, choice, false);
             }
             Ok(Flow::SnatExhausted)
         }
@@ -427,8 +427,8 @@ struct Choice {
 /// or found none, in a stack frame of its own: the caller's frame and the port search's are
 /// both near the limit of their chain.
 #[inline(never)]
-fn trace_snat<A: TracedValue, S: Side>(
-    tuple: &Tuple<A>,
+fn trace_snat<A: TracedValue + Address, S: Side>(
+    packet: &Packet<A>,
     entry: &CtEntry<A>,
     choice: Choice,
     taken: bool,
@@ -441,7 +441,7 @@ fn trace_snat<A: TracedValue, S: Side>(
             ..choice
         }
     };
-    trace_entry::<A, S>(choice, tuple, entry, taken, false);
+    trace_entry::<A, S>(choice, packet, entry, taken, false);
 }
 
 /// Replies of backends on their way to a client (not SNATed: those come in at ingress):
@@ -546,7 +546,7 @@ fn known_flow_here<F: Family, S: Side>(
                 log::conntrack_not_confirmed(error);
                 bump(|c| &mut c.errors);
             }
-            trace_known::<_, S>(&packet.tuple, &found.entry);
+            trace_known::<_, S>(packet, &found.entry);
             *entry = found.entry;
             return Ok(Known::Flow);
         }
@@ -569,7 +569,7 @@ fn may_be_taken_over<F: Family, S: Side>(found: &Found<F::Addr>, packet: &Packet
 
 /// The trace event of a packet of a known flow, with its SNAT source if it has one.
 #[inline(always)]
-pub fn trace_known<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>) {
+pub fn trace_known<A: TracedValue + Address, S: Side>(packet: &Packet<A>, entry: &CtEntry<A>) {
     let choice = Choice {
         reason: TRACE_REASON_CONNTRACK,
         ..Choice::default()
@@ -577,19 +577,20 @@ pub fn trace_known<A: TracedValue, S: Side>(tuple: &Tuple<A>, entry: &CtEntry<A>
     // IPv6's SNAT source is on its choice's event only: one more value here, on every
     // known flow's path, takes its frames past the verifier's 512 bytes of stack.
     let snat = A::FAMILY == TRACE_FAMILY_V4 && entry.flags & CT_FLAG_SNAT != 0;
-    trace_entry::<A, S>(choice, tuple, entry, snat, true);
+    trace_entry::<A, S>(choice, packet, entry, snat, true);
 }
 
-/// The trace event of a flow's packet (`packet`) or choice to the backend of `entry`; from
-/// the entry's source (its SNAT address and port) if `snat`.
+/// The trace event of a flow's packet (`per_packet`) or choice to the backend of `entry`;
+/// from the entry's source (its SNAT address and port) if `snat`.
 #[inline(always)]
-fn trace_entry<A: TracedValue, S: Side>(
+fn trace_entry<A: TracedValue + Address, S: Side>(
     choice: Choice,
-    tuple: &Tuple<A>,
+    packet: &Packet<A>,
     entry: &CtEntry<A>,
     snat: bool,
-    packet: bool,
+    per_packet: bool,
 ) {
+    let tuple = &packet.tuple;
     let decision = Decision {
         reason: choice.reason,
         service_id: entry.service_id,
@@ -612,14 +613,25 @@ fn trace_entry<A: TracedValue, S: Side>(
             (&tuple.destination, tuple.destination_port),
         )
     };
-    trace_flow(&decision, tuple, packet);
+    trace_flow(&decision, packet, per_packet);
 }
 
-/// A trace event of a packet from outside. The addresses are read where they are (the
-/// packet's tuple, the flow's entry): IPv6's stack has no room for copies.
+/// A trace event of a packet from outside or from a pod device (`per_packet`: one of a
+/// known flow). The addresses are read where they are (the packet's tuple, the flow's
+/// entry): IPv6's stack has no room for copies.
 #[inline(always)]
-fn trace_flow<A: TracedValue>(decision: &Decision<&A>, tuple: &Tuple<A>, packet: bool) {
-    trace::external(decision, (&tuple.source, tuple.source_port), packet);
+fn trace_flow<A: TracedValue + Address>(
+    decision: &Decision<&A>,
+    packet: &Packet<A>,
+    per_packet: bool,
+) {
+    let tuple = &packet.tuple;
+    trace::external(
+        decision,
+        (&tuple.source, tuple.source_port),
+        per_packet,
+        || packet.ifindex(),
+    );
 }
 
 /// Whether a known flow stays with its backend (conntrack never returns one idle past its
@@ -706,13 +718,13 @@ fn new_flow_here<F: Family, S: Side>(
     };
     if !F::source_allowed(tuple) {
         decision.reason = TRACE_REASON_SOURCE_DENIED;
-        trace_flow(&decision, tuple, false);
+        trace_flow(&decision, packet, false);
         return Ok(Flow::Denied);
     }
     let count = u32::from(master.count);
     if count == 0 {
         decision.reason = TRACE_REASON_NO_BACKEND;
-        trace_flow(&decision, tuple, false);
+        trace_flow(&decision, packet, false);
         if master.flags & SERVICE_FLAG_REJECT != 0 {
             return Ok(Flow::Refused);
         }
@@ -749,7 +761,7 @@ fn new_flow_here<F: Family, S: Side>(
         match conntrack::take_over::<F>(tuple, &entry, !snat && forwardable) {
             TakeOver::Taken => {
                 bump(S::flows);
-                trace_flow(&decision, tuple, false);
+                trace_flow(&decision, packet, false);
                 *out = entry;
                 return Ok(Flow::To);
             }
@@ -783,7 +795,7 @@ fn new_flow_here<F: Family, S: Side>(
             Ok(Some(_)) => decision.snat = (&entry.source, entry.source_port),
             Ok(None) => {
                 decision.reason = TRACE_REASON_SNAT_EXHAUSTED;
-                trace_flow(&decision, tuple, false);
+                trace_flow(&decision, packet, false);
                 return Ok(Flow::SnatExhausted);
             }
             Err(conntrack::EEXIST) => return Ok(Flow::Raced),
@@ -808,7 +820,7 @@ fn new_flow_here<F: Family, S: Side>(
         }
     }
     bump(S::flows);
-    trace_flow(&decision, tuple, false);
+    trace_flow(&decision, packet, false);
     *out = entry;
     Ok(Flow::To)
 }

@@ -159,7 +159,7 @@ pub static MAGLEV: HashMap<MaglevKey, u32, 262144, { BPF_F_NO_PREALLOC as usize 
 pub static NAMES: HashMap<u32, FrontendName, 65536, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();
 
-/// Trace events for `socklb trace` (see `trace`): 256 KiB, about 2,000 events between two
+/// Trace events for `socklb trace` (see `trace`): 256 KiB, about 1,900 events between two
 /// reads of the session.
 #[btf_map(name = "socklb_trace_v2", pin_by_name)]
 pub static TRACE: RingBuf<TraceEvent, { 256 * 1024 }> = RingBuf::new();

@@ -885,6 +885,14 @@ impl<'a, A: Address> Packet<'a, A> {
         self.l4_offset - ETH_HLEN + l4_header + skb.gso_size as usize
     }
 
+    /// The index of the device the program runs on: at ingress, where packets are traced,
+    /// the one the packet arrived on. A load from the context, no helper.
+    #[inline(always)]
+    pub fn ifindex(&self) -> u32 {
+        // SAFETY: the context is the valid __sk_buff of this run.
+        unsafe { (*self.ctx.as_ptr().cast::<__sk_buff>()).ifindex }
+    }
+
     /// Whether the packet must not be fragmented on its way: IPv6 (routers never
     /// fragment), or IPv4 with "don't fragment".
     pub fn may_not_fragment(&self) -> bool {

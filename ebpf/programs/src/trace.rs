@@ -203,7 +203,7 @@ pub fn socket<A: Traced>(decision: &Decision<A>, sock: &SockAddr, socket_cookie:
     };
     // SAFETY: the pointer is the reserved entry, which `fill` writes whole.
     unsafe {
-        fill(
+        fill::<A, fn() -> u32>(
             entry.as_mut_ptr(),
             decision,
             Origin::Socket(sock, socket_cookie),
@@ -212,9 +212,17 @@ pub fn socket<A: Traced>(decision: &Decision<A>, sock: &SockAddr, socket_cookie:
     entry.submit(u64::from(BPF_RB_NO_WAKEUP));
 }
 
-/// A packet from outside: `client` is its source.
+/// A packet from outside or from a pod device: `client` is its source, `device` reads the
+/// index of the device it arrived on. Called only for an event, as the ring buffer entry is
+/// written: the packet path pays nothing for it, and nothing is kept across the helpers
+/// but the packet's pointer, which is kept anyway (IPv6's stack has no room for more).
 #[inline(always)]
-pub fn external<A: Traced>(decision: &Decision<A>, client: (A, u16), packet: bool) {
+pub fn external<A: Traced>(
+    decision: &Decision<A>,
+    client: (A, u16),
+    packet: bool,
+    device: impl FnOnce() -> u32,
+) {
     if !wanted(decision, packet) {
         return;
     }
@@ -223,13 +231,14 @@ pub fn external<A: Traced>(decision: &Decision<A>, client: (A, u16), packet: boo
         return;
     };
     // SAFETY: the pointer is the reserved entry, which `fill` writes whole.
-    unsafe { fill(entry.as_mut_ptr(), decision, Origin::External(client)) };
+    unsafe { fill(entry.as_mut_ptr(), decision, Origin::Packet(client, device)) };
     entry.submit(u64::from(BPF_RB_NO_WAKEUP));
 }
 
-enum Origin<'a, A> {
+enum Origin<'a, A, D> {
     Socket(&'a SockAddr<'a>, u64),
-    External((A, u16)),
+    /// The client, and how to read the device's index.
+    Packet((A, u16), D),
 }
 
 /// Writes every field of the entry, one volatile store each: a struct built on the stack
@@ -239,8 +248,12 @@ enum Origin<'a, A> {
 /// # Safety
 /// `event` must point to a reserved ring buffer entry of a `TraceEvent`.
 #[inline(always)]
-unsafe fn fill<A: Traced>(event: *mut TraceEvent, decision: &Decision<A>, origin: Origin<A>) {
-    let (socket_cookie, netns_cookie, pid, cgroup_id, client) = match origin {
+unsafe fn fill<A: Traced, D: FnOnce() -> u32>(
+    event: *mut TraceEvent,
+    decision: &Decision<A>,
+    origin: Origin<A, D>,
+) {
+    let (socket_cookie, netns_cookie, pid, cgroup_id, client, device) = match origin {
         // SAFETY: helpers that read the calling task (cgroup sock_addr programs run in its
         // context).
         Origin::Socket(sock, cookie) => unsafe {
@@ -250,9 +263,10 @@ unsafe fn fill<A: Traced>(event: *mut TraceEvent, decision: &Decision<A>, origin
                 (helpers::bpf_get_current_pid_tgid() >> 32) as u32,
                 helpers::bpf_get_current_cgroup_id(),
                 (A::none(), 0),
+                None,
             )
         },
-        Origin::External(client) => (0, 0, 0, 0, client),
+        Origin::Packet(client, device) => (0, 0, 0, 0, client, Some(device)),
     };
     // SAFETY: the caller's pointer; every field pointer stays inside the entry.
     unsafe {
@@ -282,5 +296,8 @@ unsafe fn fill<A: Traced>(event: *mut TraceEvent, decision: &Decision<A>, origin
         addr_of_mut!((*event).source).write_volatile(decision.source);
         addr_of_mut!((*event).reason).write_volatile(decision.reason);
         addr_of_mut!((*event).family).write_volatile(A::FAMILY);
+        // Read last, after the helpers: see `external`.
+        addr_of_mut!((*event).ifindex).write_volatile(device.map_or(0, |device| device()));
+        addr_of_mut!((*event).pad).write_volatile(0);
     }
 }
