@@ -2,8 +2,10 @@
 //! probes run in the background, and the checks and tallies over their attempts.
 use std::{
     collections::{BTreeMap, BTreeSet},
+    io::Read,
     path::PathBuf,
     process::{Child, Command, Stdio},
+    thread::JoinHandle,
 };
 
 use serde::Deserialize;
@@ -18,17 +20,35 @@ pub(crate) fn probe_output(command: &mut Command) -> Vec<Attempt> {
 
 /// Starts the probe `command` (its arguments given) in the background.
 pub(crate) fn spawn_probe(command: &mut Command) -> ProbeRun {
-    let child = command
+    let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn socklb-probe");
-    ProbeRun { child: Some(child) }
+    // Read as it writes: a full pipe would stop a long-running probe's attempts until the
+    // test collects them.
+    let stdout = drain(child.stdout.take().expect("probe stdout"));
+    let stderr = drain(child.stderr.take().expect("probe stderr"));
+    ProbeRun {
+        child: Some(child),
+        stdout: Some(stdout),
+        stderr: Some(stderr),
+    }
+}
+
+fn drain(mut pipe: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = pipe.read_to_end(&mut bytes);
+        bytes
+    })
 }
 
 /// A probe started in the background.
 pub struct ProbeRun {
     child: Option<Child>,
+    stdout: Option<JoinHandle<Vec<u8>>>,
+    stderr: Option<JoinHandle<Vec<u8>>>,
 }
 
 impl ProbeRun {
@@ -40,18 +60,29 @@ impl ProbeRun {
     }
 
     pub fn wait(mut self) -> Vec<Attempt> {
-        let child = self.child.take().expect("probe child");
-        let output = child.wait_with_output().expect("wait for socklb-probe");
-        parse_attempts(&output.stdout, &output.stderr)
+        self.finish(false)
     }
 
     /// Stops a probe that still runs (a looping client) and returns its attempts so far (it
     /// writes one line per attempt, so none is cut).
     pub fn stop(mut self) -> Vec<Attempt> {
+        self.finish(true)
+    }
+
+    fn finish(&mut self, kill: bool) -> Vec<Attempt> {
         let mut child = self.child.take().expect("probe child");
-        let _ = child.kill();
-        let output = child.wait_with_output().expect("wait for socklb-probe");
-        parse_attempts(&output.stdout, &output.stderr)
+        if kill {
+            let _ = child.kill();
+        }
+        child.wait().expect("wait for socklb-probe");
+        let collected = |pipe: Option<JoinHandle<Vec<u8>>>| {
+            pipe.expect("probe pipe")
+                .join()
+                .expect("read socklb-probe's output")
+        };
+        let stdout = collected(self.stdout.take());
+        let stderr = collected(self.stderr.take());
+        parse_attempts(&stdout, &stderr)
     }
 }
 
