@@ -27,9 +27,9 @@ pub type ObjectId = (Kind, String, String);
 /// `Kind namespace/name` (`Kind name` for Nodes and Namespaces), as logs name an object.
 pub fn display((kind, namespace, name): &ObjectId) -> String {
     if namespace.is_empty() {
-        format!("{kind:?} {name}")
+        format!("{} {name}", kind.name())
     } else {
-        format!("{kind:?} {namespace}/{name}")
+        format!("{} {namespace}/{name}", kind.name())
     }
 }
 
@@ -164,16 +164,13 @@ fn passed_over(text: &str) -> Vec<String> {
     while let Some(header) = pending.pop() {
         match header.kind.as_str() {
             "List" => pending.extend(header.items),
-            kind if READ_KINDS.contains(&kind) => {}
+            kind if Kind::named(kind).is_some() => {}
             kind => names.push(other_name(kind, &header.metadata.name)),
         }
     }
     names.reverse();
     names
 }
-
-/// The kinds socklb reads (a `List` holds them).
-const READ_KINDS: [&str; 5] = ["Service", "EndpointSlice", "Node", "Pod", "Namespace"];
 
 fn other_name(kind: &str, name: &str) -> String {
     let kind = if kind.is_empty() { "(no kind)" } else { kind };
@@ -415,18 +412,12 @@ fn collect(file: &Path, at: Place<'_>, value: serde_norway::Value, read: &mut Re
         }
         return;
     }
-    let Some(kind) = read_kind(&kind) else {
+    let Some(kind) = Kind::named(&kind) else {
         let name = name.as_deref().unwrap_or("<unnamed>");
         read.passed_over.push(other_name(&kind, name));
         return;
     };
-    let object = name.map(|name| {
-        let namespace = match kind {
-            Kind::Node | Kind::Namespace => String::new(),
-            _ => namespace.unwrap_or_else(|| "default".to_owned()),
-        };
-        (kind, namespace, name)
-    });
+    let object = name.map(|name| (kind, kind.namespace_of(namespace.as_deref()), name));
     let object_of_kind = match kind {
         Kind::Service => as_kind(at, value, Object::Service),
         Kind::EndpointSlice => as_kind(at, value, Object::EndpointSlice),
@@ -459,17 +450,6 @@ fn as_kind<T: serde::de::DeserializeOwned>(
                 .and_then(|_| serde_norway::from_str::<T>(&at.in_place()).err())
                 .unwrap_or(error)
         })
-}
-
-fn read_kind(kind: &str) -> Option<Kind> {
-    Some(match kind {
-        "Service" => Kind::Service,
-        "EndpointSlice" => Kind::EndpointSlice,
-        "Node" => Kind::Node,
-        "Pod" => Kind::Pod,
-        "Namespace" => Kind::Namespace,
-        _ => return None,
-    })
 }
 
 #[cfg(test)]

@@ -38,6 +38,32 @@ impl Kind {
         Self::Pod,
         Self::Namespace,
     ];
+
+    /// The name of the kind as objects carry it (`kind:`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Service => "Service",
+            Self::EndpointSlice => "EndpointSlice",
+            Self::Node => "Node",
+            Self::Pod => "Pod",
+            Self::Namespace => "Namespace",
+        }
+    }
+
+    /// The namespace an object of this kind is keyed by: none for cluster-wide kinds,
+    /// `default` for a namespaced object that names none (as kubectl applies it).
+    pub fn namespace_of(self, namespace: Option<&str>) -> String {
+        match (self, namespace) {
+            (Self::Node | Self::Namespace, _) => String::new(),
+            (_, Some(namespace)) => namespace.to_owned(),
+            (_, None) => "default".to_owned(),
+        }
+    }
+
+    /// The kind an object's `kind:` names, if socklb reads it.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
 }
 
 /// One object of a kind socklb reads.

@@ -4,17 +4,12 @@
 //! last good text, which only a deletion needs.
 use xxhash_rust::xxh3::Xxh3;
 
+use super::Object;
 pub use super::manifest::ObjectId;
-use super::{Kind, Object};
 
 pub fn object_id(object: &Object) -> ObjectId {
     let metadata = object.metadata();
-    let namespaced = !matches!(object.kind(), Kind::Node | Kind::Namespace);
-    let namespace = match &metadata.namespace {
-        _ if !namespaced => String::new(),
-        Some(namespace) => namespace.clone(),
-        None => "default".to_owned(),
-    };
+    let namespace = object.kind().namespace_of(metadata.namespace.as_deref());
     let name = metadata.name.clone().unwrap_or_default();
     (object.kind(), namespace, name)
 }
@@ -100,7 +95,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::source::manifest::parse;
+    use crate::source::{Kind, manifest::parse};
 
     fn objects(text: &str) -> Vec<Object> {
         parse(Path::new("x.yaml"), text).expect("parse")
