@@ -235,10 +235,15 @@ pub fn try_ingress<F: Family, S: Side>(
     } else {
         Known::None
     };
-    let mut outcome = match known {
-        Known::Flow => Flow::To,
-        Known::None => new_flow::<F, S>(packet, now, entry, false, &mut choice)?,
-        Known::Closed => new_flow::<F, S>(packet, now, entry, true, &mut choice)?,
+    // Only whether a flow is made here goes on past the choice: the verifier walks the
+    // rest of the path once for each value a variable it decides on can hold there, and
+    // three (`Known`) made it walk it twice (about a third more of socklb_tc_pod's
+    // verification, the agent's start).
+    let made = known != Known::Flow;
+    let mut outcome = if made {
+        new_flow::<F, S>(packet, now, entry, known == Known::Closed, &mut choice)?
+    } else {
+        Flow::To
     };
     if outcome == Flow::NeedsSnat {
         outcome = snat::<F, S>(packet, entry, now, choice)?;
@@ -265,7 +270,7 @@ pub fn try_ingress<F: Family, S: Side>(
         Flow::Refused => return Ok(REFUSE),
         Flow::To | Flow::NeedsSnat => {}
     }
-    if known != Known::Flow {
+    if made {
         // Before this packet goes on, so before any reply. A packet of the same flow on
         // another CPU in between misses the slot, makes the flow again and is dropped as
         // raced (`flow_races`), as two first packets at once are.
