@@ -29,7 +29,7 @@ use std::{
     fs,
     net::Ipv4Addr,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use socklb_agent::dataplane;
@@ -267,6 +267,11 @@ struct ColdStart {
     ready: Duration,
     /// The first full sync as the agent timed it, and its map writes.
     sync: SyncLine,
+    /// The kernel's verification and load of the programs, as the agent timed it.
+    verifier: Duration,
+    /// The instructions the verifier walked for each TC program this agent loaded: a
+    /// program's walk grows with the paths it cannot merge, which its start pays for.
+    verified_instructions: Vec<(String, u32)>,
     peak_rss_kib: u64,
     rss_kib: u64,
     /// Entries of the service map and the backend map once ready.
@@ -292,6 +297,17 @@ fn cold_start(agent: &Agent) -> ColdStart {
             at.duration_since(agent.started()) <= ready && line.contains("manifests read")
         })
         .count();
+    let verifier = agent
+        .lines()
+        .iter()
+        .find(|(_, line)| line.contains("programs verified and loaded by the kernel"))
+        .and_then(|(_, line)| {
+            let took = line
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("took="))?;
+            socklb_tests::parse_debug_duration(took)
+        })
+        .expect("the agent logs how long the kernel took over its programs before it is ready");
     agent.wait_for_log("synced", 1);
     let sync = agent
         .syncs(agent.started(), Instant::now())
@@ -304,10 +320,30 @@ fn cold_start(agent: &Agent) -> ColdStart {
         reads,
         ready,
         sync,
+        verifier,
+        verified_instructions: verified_instructions(agent),
         peak_rss_kib,
         rss_kib,
         entries: (0, 0),
     }
+}
+
+/// The TC programs loaded since `agent` started, by name, with the instructions the verifier
+/// walked for each.
+fn verified_instructions(agent: &Agent) -> Vec<(String, u32)> {
+    let since = SystemTime::now() - agent.started().elapsed();
+    let mut walked: Vec<(String, u32)> = aya::programs::loaded_programs()
+        .flatten()
+        .filter(|info| info.loaded_at().is_some_and(|at| at >= since))
+        .filter_map(|info| {
+            let name = info.name_as_str()?.to_owned();
+            let count = info.verified_instruction_count()?;
+            name.starts_with("socklb_tc_").then_some((name, count))
+        })
+        .collect();
+    walked.sort();
+    walked.dedup();
+    walked
 }
 
 /// The cold start, and the agent's CPU afterwards without changes.

@@ -281,6 +281,17 @@ pub fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
         );
     }
     let _ = writeln!(out);
+    // The verifier's walk of each TC program, in instructions.
+    let walked = |programs: &[(String, u32)]| -> String {
+        if programs.is_empty() {
+            return "no TC program listed".to_owned();
+        }
+        let each: Vec<String> = programs
+            .iter()
+            .map(|(name, count)| format!("{name} {count} instructions"))
+            .collect();
+        each.join(", ")
+    };
     for row in rows {
         let mut took: Vec<Duration> = row.resyncs.verified.iter().map(|(_, t)| *t).collect();
         took.sort_unstable();
@@ -292,7 +303,8 @@ pub fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
             out,
             "- {} Services: ready from YAML manifests {}, from JSON manifests {}, from the API \
              server {}; first full sync {} \
-             from manifests, {} from the API server ({} map writes); RSS at ready {} / {}; \
+             from manifests, {} from the API server ({} map writes), the programs verified \
+             and loaded in {} and {} ({}); RSS at ready {} / {}; \
              resyncs {} in {} (p50 {}); agent sync per change p50 {}.",
             row.services,
             all(&row.file_ready),
@@ -301,6 +313,9 @@ pub fn report(machine: &str, options: &Options, rows: &[Row]) -> String {
             s(row.file.sync.took),
             s(row.kube.sync.took),
             row.kube.sync.writes,
+            s(row.file.verifier),
+            s(row.kube.verifier),
+            walked(&row.kube.verified_instructions),
             mib(row.file.rss_kib as f64 * 1024.0),
             mib(row.kube.rss_kib as f64 * 1024.0),
             row.resyncs.verified.len(),
