@@ -97,6 +97,8 @@ fn settled(tuple: &Tuple<u32>) -> Tuple<u32> {
         source_port: settle(tuple.source_port.into()) as u16,
         destination_port: settle(tuple.destination_port.into()) as u16,
         protocol: settle(tuple.protocol.into()) as u8,
+        pad: 0,
+        pad16: 0,
     }
 }
 

@@ -246,7 +246,7 @@ pub fn try_ingress<F: Family, S: Side>(
         Flow::To
     };
     if outcome == Flow::NeedsSnat {
-        outcome = snat::<F, S>(packet, entry, now, choice)?;
+        outcome = snat::<F, S>(packet, entry, choice)?;
     }
     match outcome {
         Flow::NotOurs => return Ok(TC_ACT_OK),
@@ -389,14 +389,13 @@ fn snat_reply_here<F: Family>(
 fn snat<F: Family, S: Side>(
     packet: &Packet<F::Addr>,
     entry: &mut CtEntry<F::Addr>,
-    now: u32,
     choice: Choice,
 ) -> Result<Flow, Error> {
     let (Some(node), Some(snat_address)) = (NODE.get(0), F::snat_address()) else {
         log::no_snat_address();
         return Err(Error);
     };
-    match nat::insert_snat::<F>(&packet.tuple, entry, snat_address, node, now) {
+    match nat::insert_snat::<F>(&packet.tuple, entry, snat_address, node) {
         Ok(Some(_)) => {
             bump(S::flows);
             if F::SPLIT_FRAMES {
@@ -796,7 +795,7 @@ fn new_flow_here<F: Family, S: Side>(
             return Err(Error);
         };
         entry.flags |= CT_FLAG_SNAT;
-        match nat::insert_snat::<F>(tuple, &mut entry, snat_address, node, now) {
+        match nat::insert_snat::<F>(tuple, &mut entry, snat_address, node) {
             Ok(Some(_)) => decision.snat = (&entry.source, entry.source_port),
             Ok(None) => {
                 decision.reason = TRACE_REASON_SNAT_EXHAUSTED;

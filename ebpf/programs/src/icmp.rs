@@ -63,6 +63,8 @@ impl<A: Copy> Quote<A> {
             source_port: quoted.destination_port,
             destination_port: quoted.source_port,
             protocol: quoted.protocol,
+            pad: 0,
+            pad16: 0,
         }
     }
 }
@@ -117,6 +119,8 @@ impl Quoting for u32 {
                 source_port: ports[0],
                 destination_port: ports[1],
                 protocol: inner.protocol,
+                pad: 0,
+                pad16: 0,
             },
         })
     }
@@ -161,6 +165,8 @@ impl Quoting for Ipv6Words {
                 source_port: ports[0],
                 destination_port: ports[1],
                 protocol: inner.next_header,
+                pad: 0,
+                pad16: 0,
             },
         })
     }

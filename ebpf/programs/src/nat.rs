@@ -2,15 +2,16 @@
 //! backend on another node gets (so that its replies come back to this node), and the
 //! rewrite of a packet to what its flow's conntrack entry says, both ways. ICMP errors
 //! about a flow are translated by `icmp`.
-use core::ffi::c_void;
+use core::{any::TypeId, ffi::c_void};
 
 use aya_ebpf::helpers;
-use socklb_abi::{CT_FORWARD, CtEntry, CtTimeouts, NodeConfig};
+use socklb_abi::{CT_FORWARD, CtEntry, CtTimeouts, Ipv6Words, NodeConfig};
 
 use crate::{
-    conntrack::{Closing, Holder, NOEXIST, held, key, reply_of},
-    family::Family,
+    conntrack::{Closing, Holder, NOEXIST, held, key, now_s, reply_of},
+    family::{Family, V4, V6},
     flow_filter,
+    maps::NODE,
     packet::{Address, Packet, PacketError, Tuple},
 };
 
@@ -42,16 +43,15 @@ pub fn insert_snat<F: Family>(
     forward: &mut Entry<F>,
     snat_address: F::Addr,
     node: &NodeConfig,
-    now: u32,
 ) -> Result<Option<u16>, i32> {
     if F::SPLIT_FRAMES {
-        match insert_snat_apart::<F>(arrived, forward, snat_address, node, now) {
+        match insert_snat_apart::<F>(arrived, forward, snat_address, node) {
             NO_PORT => Ok(None),
             port @ 0..=0xffff => Ok(Some(port as u16)),
             error => Err(error as i32),
         }
     } else {
-        insert_snat_here::<F>(arrived, forward, snat_address, node, now)
+        insert_snat_here::<F>(arrived, forward, snat_address, node)
     }
 }
 
@@ -67,9 +67,8 @@ fn insert_snat_apart<F: Family>(
     forward: &mut Entry<F>,
     snat_address: F::Addr,
     node: &NodeConfig,
-    now: u32,
 ) -> i64 {
-    match insert_snat_here::<F>(arrived, forward, snat_address, node, now) {
+    match insert_snat_here::<F>(arrived, forward, snat_address, node) {
         Ok(Some(port)) => i64::from(port),
         Ok(None) => NO_PORT,
         Err(error) => i64::from(error.min(-1)),
@@ -82,7 +81,6 @@ fn insert_snat_here<F: Family>(
     forward: &mut Entry<F>,
     snat_address: F::Addr,
     node: &NodeConfig,
-    now: u32,
 ) -> Result<Option<u16>, i32> {
     let (min, max) = (node.snat_port_min, node.snat_port_max);
     if min == 0 || max < min {
@@ -93,10 +91,6 @@ fn insert_snat_here<F: Family>(
     let mut attempts = Attempts::<F> {
         arrived,
         forward: &raw mut *forward,
-        timeouts: CtTimeouts::of(Some(node)),
-        now,
-        min: u32::from(min),
-        span: u32::from(max - min) + 1,
         outcome: NO_PORT,
     };
     // In bpf_loop rather than a loop of our own: the verifier checks the attempt once, not
@@ -123,15 +117,12 @@ fn insert_snat_here<F: Family>(
     }
 }
 
-/// What each of [`try_port`]'s attempts reads, and what the last one leaves.
+/// What each of [`try_port`]'s attempts reads, and what the last one leaves. The rest (the
+/// port range, the timeouts, the time) an attempt reads itself: this struct is in the
+/// frame of the programs' deepest call chain, which has no byte to spare.
 struct Attempts<F: Family> {
     arrived: *const Tuple<F::Addr>,
     forward: *mut Entry<F>,
-    timeouts: CtTimeouts,
-    now: u32,
-    min: u32,
-    /// Ports in the range: at least one.
-    span: u32,
     /// The port claimed, [`NO_PORT`], or a negative error.
     outcome: i64,
 }
@@ -159,8 +150,17 @@ extern "C" fn try_port<F: Family>(_index: u64, attempts: *mut c_void) -> i64 {
     // SAFETY: the pointer `insert_snat_here` handed bpf_loop, to its live `Attempts<F>`,
     // whose pointers lead to its live tuple and entry until bpf_loop returns.
     let attempts = unsafe { &mut *attempts.cast::<Attempts<F>>() };
-    let (arrived, forward) = unsafe { (&*attempts.arrived, &mut *attempts.forward) };
-    match attempt::<F>(arrived, forward, attempts) {
+    let (arrived, forward) = (attempts.arrived, attempts.forward);
+    // Each family's attempt is a global function: the verifier checks it once, on its own,
+    // where it checks a static one again for every state its callers reach it in (that was
+    // half of each TC program's verification, and of the agent's start). A global function
+    // cannot be generic: `F` picks its family's (the pointers are of that family's types).
+    let outcome = if TypeId::of::<F>() == TypeId::of::<V4>() {
+        socklb_snat_attempt4(arrived.cast(), forward.cast())
+    } else {
+        socklb_snat_attempt6(arrived.cast(), forward.cast())
+    };
+    match outcome {
         TAKEN => AGAIN,
         outcome => {
             attempts.outcome = outcome;
@@ -172,30 +172,50 @@ extern "C" fn try_port<F: Family>(_index: u64, attempts: *mut c_void) -> i64 {
 /// [`attempt`]'s "a live flow holds the port drawn".
 const TAKEN: i64 = 0x2_0000;
 
-/// Draws a port and claims it if free: the port, a negative error, or [`TAKEN`]. Out of
-/// line, so that the tuple and the entry are arguments the compiler knows apart from the
-/// scratch room the map helpers read: reached through the callback's pointer alone,
-/// IPv6's copies into that room became memmoves, whose pointer subtraction the verifier
-/// refuses without CAP_PERFMON.
-#[inline(never)]
-fn attempt<F: Family>(
-    arrived: &Tuple<F::Addr>,
-    forward: &mut Entry<F>,
-    attempts: &Attempts<F>,
+/// [`attempt`] for IPv4 flows. A global function (exported, not generic), which the
+/// verifier checks once, knowing of its arguments only their types.
+#[unsafe(no_mangle)]
+extern "C" fn socklb_snat_attempt4(arrived: *const Tuple<u32>, forward: *mut CtEntry<u32>) -> i64 {
+    attempt::<V4>(arrived, forward)
+}
+
+/// [`attempt`] for IPv6 flows.
+#[unsafe(no_mangle)]
+extern "C" fn socklb_snat_attempt6(
+    arrived: *const Tuple<Ipv6Words>,
+    forward: *mut CtEntry<Ipv6Words>,
 ) -> i64 {
-    // Read once, before the helper call: read again after it, the value would need a
-    // second check against 0, or carry a panic path that the kernel refuses.
-    let (min, span) = (attempts.min, attempts.span);
-    let (timeouts, now) = (attempts.timeouts, attempts.now);
-    if span == 0 {
+    attempt::<V6>(arrived, forward)
+}
+
+/// Draws a port and claims it if free: the port, a negative error, or [`TAKEN`].
+#[inline(always)]
+fn attempt<F: Family>(arrived: *const Tuple<F::Addr>, forward: *mut Entry<F>) -> i64 {
+    // SAFETY: the caller's live tuple and entry. The verifier has a global function check
+    // its pointers against null.
+    let (Some(arrived), Some(forward)) = (unsafe { arrived.as_ref() }, unsafe { forward.as_mut() })
+    else {
+        return NO_PORT;
+    };
+    let Some(node) = NODE.get(0) else {
+        return NO_PORT;
+    };
+    let (min, max) = (u32::from(node.snat_port_min), u32::from(node.snat_port_max));
+    let span = max.wrapping_sub(min).wrapping_add(1);
+    // `span == 0` never holds here, but said, so that `% span` has no panic path.
+    if min == 0 || max < min || span == 0 {
         return NO_PORT;
     }
+    let timeouts = CtTimeouts::of(Some(node));
+    let now = now_s();
     // SAFETY: helper without arguments.
     let draw = unsafe { helpers::bpf_get_prandom_u32() };
     // The sum stays within the configured range, a u16.
     let port = (min + draw % span) as u16;
     forward.source_port = port.to_be();
-    let (reply_key, reply) = reply_of(arrived, forward);
+    // The reply's key now, its entry only once the port is found free: the stack frame of
+    // the programs' deepest call chain holds one of them at a time.
+    let (reply_key, _) = reply_of(arrived, forward);
     if held::<F>(
         F::conntrack(),
         true,
@@ -218,6 +238,7 @@ fn attempt<F: Family>(
     // Free (an expired holder's entries are gone): claimed only if no other CPU claimed
     // it since.
     let table = F::conntrack_new();
+    let (_, reply) = reply_of(arrived, forward);
     if table
         .insert(F::ct_key(&reply_key), F::ct_entry(&reply), NOEXIST)
         .is_err()

@@ -441,7 +441,23 @@ pub struct Tuple<A> {
     pub source_port: u16,
     pub destination_port: u16,
     pub protocol: u8,
+    /// Zeroed, so that every byte of a tuple is written: the SNAT port search, a global
+    /// function (`nat`), reads the tuple whole, and without CAP_PERFMON the verifier
+    /// refuses a read of stack bytes never written.
+    #[expect(
+        dead_code,
+        reason = "written for the verifier's sake, read as part of the whole"
+    )]
+    pub pad: u8,
+    #[expect(
+        dead_code,
+        reason = "written for the verifier's sake, read as part of the whole"
+    )]
+    pub pad16: u16,
 }
+
+const _: () = assert!(size_of::<Tuple<u32>>() == 16);
+const _: () = assert!(size_of::<Tuple<Ipv6Words>>() == 40);
 
 /// A parsed TCP/UDP packet on an Ethernet device, of the family whose addresses are `A`.
 pub struct Packet<'a, A> {
@@ -568,6 +584,8 @@ fn finish<'a, A: Address>(
             source_port: ports[0],
             destination_port: ports[1],
             protocol: l3.protocol,
+            pad: 0,
+            pad16: 0,
         },
         tcp_flags,
         ttl: l3.ttl,
@@ -606,6 +624,8 @@ impl<'a> Packet<'a, u32> {
                 source_port: head.ports[0],
                 destination_port: head.ports[1],
                 protocol: ip.protocol,
+                pad: 0,
+                pad16: 0,
             },
             tcp_flags: if ip.protocol == PROTO_TCP {
                 head.flags
@@ -716,6 +736,8 @@ impl<'a> Packet<'a, Ipv6Words> {
                 source_port: zero as u16,
                 destination_port: zero as u16,
                 protocol: zero as u8,
+                pad: 0,
+                pad16: 0,
             },
             tcp_flags: zero as u8,
             ttl: zero as u8,
@@ -830,6 +852,8 @@ impl<'a, A: Address> Packet<'a, A> {
                 source_port: 0,
                 destination_port: 0,
                 protocol,
+                pad: 0,
+                pad16: 0,
             },
             tcp_flags: 0,
             ttl,
@@ -949,6 +973,8 @@ impl<'a, A: Address> Packet<'a, A> {
             source_port,
             destination_port,
             protocol: self.tuple.protocol,
+            pad: 0,
+            pad16: 0,
         };
         if A::rewrite_at_once(self, &to)? {
             return Ok(());
