@@ -119,7 +119,8 @@ pub fn cleanup_with(pin_dir: &Path, running: RunningAgent) -> io::Result<Cleanup
     let maps = map_names::ALL
         .iter()
         .chain(&map_names::RETIRED)
-        .map(|name| pins::map_pin(pin_dir, name));
+        .map(|name| pins::map_pin(pin_dir, name))
+        .chain(pins::other_layout_maps(pin_dir));
     for path in maps {
         match fs::remove_file(&path) {
             Ok(()) => cleanup.removed.push(path),

@@ -431,8 +431,9 @@ fn starting_sizes(pin_dir: &Path, capacities: &Capacities) -> Sizes {
     }
 }
 
-/// Unpins the maps of older layouts ([`map_names::RETIRED`]); programs still using one keep
-/// it until they are replaced (a retired flow filter, distrusted first, is then correct).
+/// Unpins the maps of older layouts ([`map_names::RETIRED`]) and of layouts this agent does
+/// not know ([`pins::other_layout_maps`]); programs still using one keep it until they are
+/// replaced (a retired flow filter, distrusted first, is then correct).
 fn remove_retired(pin_dir: &Path) {
     for name in map_names::RETIRED {
         if map_names::RETIRED_FLOW_FILTERS.contains(&name)
@@ -450,6 +451,15 @@ fn remove_retired(pin_dir: &Path) {
             info!(
                 map = name,
                 "removed the pin of a map this agent no longer uses"
+            );
+        }
+    }
+    for path in pins::other_layout_maps(pin_dir) {
+        if fs::remove_file(&path).is_ok() {
+            info!(
+                map = %path.display(),
+                "removed the pin of a map of a layout this agent does not know (a newer \
+                 agent's, before a downgrade)"
             );
         }
     }

@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! <pin dir>/                        0700, owned by the agent's user (`host::prepare_pin_dir`)
-//!   socklb_svc_v3 ...               the maps, pinned by name (as aya's default pin directory)
+//!   socklb_svc_v3 ...               the maps, pinned by name (as aya's default pin directory);
+//!                                   another layout's (`other_layout_maps`) are removed
 //!   links/<program>                 the cgroup programs' bpf links
 //!   links/<program>@<device>        the TC programs' TCX links
 //!   netlink-filters/<program>@<device>:<priority>:<handle>
@@ -23,6 +24,8 @@ use std::{
     fs,
     path::{Path, PathBuf},
 };
+
+use socklb_abi::map_names;
 
 /// Default directory of socklb's pins on bpffs.
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/socklb";
@@ -87,6 +90,38 @@ pub fn is_socklbs(name: &str) -> bool {
 /// asks aya to pin every map of the object.
 pub fn map_pin(pin_dir: &Path, name: &str) -> PathBuf {
     pin_dir.join(name)
+}
+
+/// The pinned maps of a layout this agent does not know: named as socklb names its maps
+/// (`socklb_<map>_v<layout>`), and neither this agent's own nor one it retired. A newer
+/// agent's maps are such after a downgrade; nothing this agent runs reads them, so they are
+/// removed with the retired ones (at load and by `socklb cleanup`) instead of holding their
+/// memory for good.
+pub fn other_layout_maps(pin_dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = fs::read_dir(pin_dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_file()))
+        .filter(|entry| entry.file_name().to_str().is_some_and(is_other_layout_map))
+        .map(|entry| entry.path())
+        .collect()
+}
+
+fn is_other_layout_map(name: &str) -> bool {
+    let layout = name
+        .strip_prefix("socklb_")
+        .and_then(|rest| rest.rsplit_once("_v"));
+    let named_as_a_map = layout.is_some_and(|(map, version)| {
+        !map.is_empty() && !version.is_empty() && version.bytes().all(|b| b.is_ascii_digit())
+    });
+    let known = map_names::ALL
+        .iter()
+        .chain(&map_names::RETIRED)
+        .chain(&map_names::PROGRAM_LOCAL)
+        .any(|known| *known == name);
+    named_as_a_map && !known
 }
 
 /// The directory of the pinned links.
@@ -216,6 +251,26 @@ mod tests {
         ];
         for (name, device) in rows {
             assert_eq!(tc_link_device(name), device, "{name}");
+        }
+    }
+
+    #[test]
+    fn only_maps_of_a_layout_this_agent_does_not_know_are_other_layout_maps() {
+        // (pin name, another layout's map)
+        let rows = [
+            ("socklb_svc_v9", true),
+            ("socklb_newkind_v1", true),
+            (map_names::SERVICES, false),
+            (map_names::RETIRED[0], false),
+            (map_names::SCRATCH6, false),
+            ("socklb_svc", false),
+            ("socklb_svc_vx", false),
+            ("socklb__v1", false),
+            ("other_tool_v1", false),
+            ("links", false),
+        ];
+        for (name, other) in rows {
+            assert_eq!(is_other_layout_map(name), other, "{name}");
         }
     }
 

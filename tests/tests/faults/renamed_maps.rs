@@ -2,7 +2,8 @@
 //! had other names (`socklb_ctnew_v1`, `socklb_lbsrc_v1`, before twin maps were named
 //! alike): a TCP handshake waiting in the old table is carried into the new one, an open
 //! SNATed connection carries on, no old name is left pinned, and `socklb cleanup` removes
-//! an old name it finds.
+//! an old name it finds. And an agent started over a newer agent's pins (a downgrade)
+//! unpins the maps of the layout it does not know, as cleanup does.
 use std::{
     fs,
     net::{IpAddr, SocketAddr, SocketAddrV4, TcpStream},
@@ -92,20 +93,67 @@ fn an_older_agents_renamed_maps_are_taken_over_without_losing_a_flow() {
 
     // An old name left behind (pinned again here) is removed by cleanup with the rest.
     let (old, new) = OLD_NAMES[1];
-    run(Command::new("bpftool").args([
-        "map",
-        "pin",
-        "pinned",
-        &sandbox.pin_dir.join(new).to_string_lossy(),
-        &sandbox.pin_dir.join(old).to_string_lossy(),
-    ]));
+    pin_again(&sandbox, new, old);
+    cleanup_removes_every_pin(&sandbox, &format!("the old name included:\n{log}"));
+}
+
+/// What a newer agent left pinned, by names of layouts this agent does not know: another
+/// version of a map it has, and a map it has not.
+const NEWER_NAMES: [&str; 2] = ["socklb_svc_v99", "socklb_newkind_v1"];
+
+#[test]
+fn maps_of_a_newer_layout_are_unpinned_at_start_and_by_cleanup() {
+    let sandbox = Sandbox::new("newer-layout");
+    let manifests = ManifestDir::web_with_one_endpoint(&sandbox, 71, "10.96.71.10");
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    agent.wait_for_log("synced", 1);
+    agent.stop();
+    // The newer agent's maps: any map pinned under those names stands for them.
+    for name in NEWER_NAMES {
+        pin_again(&sandbox, map_names::NODE, name);
+    }
+    let agent = Agent::start(&sandbox, &manifests.path, "node-a", &[]);
+    agent.wait_for_log("synced", 1);
+    let log = agent.stop();
+    for name in NEWER_NAMES {
+        assert!(
+            !sandbox.pin_dir.join(name).exists(),
+            "{name}, of a layout this agent does not know, is still pinned:\n{log}"
+        );
+        assert!(
+            log.contains(&format!("map={}", sandbox.pin_dir.join(name).display())),
+            "the agent did not log the removal of {name}:\n{log}"
+        );
+    }
+    assert!(
+        sandbox.pin_dir.join(map_names::NODE).exists(),
+        "the agent's own map went with them"
+    );
+
+    pin_again(&sandbox, map_names::NODE, NEWER_NAMES[1]);
+    cleanup_removes_every_pin(&sandbox, "the newer layout's included");
+}
+
+/// Runs `socklb cleanup` and checks that it removed every pin (`what`: which, and the log).
+fn cleanup_removes_every_pin(sandbox: &Sandbox, what: &str) {
     run(Command::new(agent_bin())
         .args(["cleanup", "--bpffs"])
         .arg(&sandbox.pin_dir));
     assert!(
         !sandbox.pin_dir.exists(),
-        "cleanup removed every pin, the old name included:\n{log}"
+        "cleanup did not remove every pin, {what}"
     );
+}
+
+/// Pins the map pinned as `pinned` once more, as `name`.
+fn pin_again(sandbox: &Sandbox, pinned: &str, name: &str) {
+    run(Command::new("bpftool").args([
+        "map",
+        "pin",
+        "pinned",
+        &sandbox.pin_dir.join(pinned).to_string_lossy(),
+        &sandbox.pin_dir.join(name).to_string_lossy(),
+    ]));
 }
 
 /// The conntrack entries of the flow from `client`, both directions, in the table of
