@@ -36,6 +36,7 @@ pub mod forged;
 pub mod frames;
 pub mod frontends;
 pub mod hold;
+pub mod interrupted;
 pub mod lan;
 pub mod machine;
 pub mod manifests;

@@ -13,6 +13,7 @@ use socklb_tests::{
     Agent, FREE_PORTS, KillOnDrop, ManifestDir, Sandbox, Source, assert_logged, eventually,
     family::Family,
     frames,
+    interrupted::uninterrupted,
     lan::{Addresses, LanNode, cni_netfilter_rules, here, servers_of},
     node_yaml, raw_socket, run,
     test_run::{TC_ACT_SHOT, TestRun, ifindex},
@@ -267,8 +268,7 @@ fn a_long_flow_survives_backend_changes_and_new_flows_follow_the_new_set() {
 fn ask(socket: &std::net::UdpSocket, frontend: SocketAddr) -> Result<String, String> {
     socket.send_to(b"ping", frontend).expect("send");
     let mut buffer = [0u8; 128];
-    let (len, from) = socket
-        .recv_from(&mut buffer)
+    let (len, from) = uninterrupted(|| socket.recv_from(&mut buffer))
         .map_err(|e| format!("no answer through {frontend}: {e}"))?;
     assert_eq!(from, frontend, "the answer comes from the frontend");
     let reply = String::from_utf8_lossy(&buffer[..len]).into_owned();
@@ -762,8 +762,7 @@ fn an_unconfirmed_flow_keeps_its_backend_across_a_restart(family: Family) {
     });
     let refused = |case: &str| {
         socket.send(b"ping").expect("send");
-        let error = socket
-            .recv(&mut [0; 64])
+        let error = uninterrupted(|| socket.recv(&mut [0; 64]))
             .expect_err("no server answers on the backend's port");
         assert_eq!(
             error.kind(),
@@ -927,6 +926,7 @@ mod programs {
     use socklb_tests::{
         Sandbox, eventually,
         family::Family,
+        interrupted::uninterrupted,
         lan::{Addresses, LanNode, counters},
         raw_socket,
     };
@@ -1045,8 +1045,7 @@ mod programs {
             let frontend: SocketAddr = Addresses::at(a.node1, 30053).parse().expect("address");
             socket.send_to(b"ping", frontend).expect("send");
             let mut buffer = [0u8; 128];
-            let (len, from) = socket
-                .recv_from(&mut buffer)
+            let (len, from) = uninterrupted(|| socket.recv_from(&mut buffer))
                 .expect("an answer to a datagram with a destination options header");
             assert_eq!(from, frontend, "the answer comes from the frontend");
             String::from_utf8_lossy(&buffer[..len]).into_owned()

@@ -11,8 +11,8 @@ use socklb_agent::inspect::{self, ConntrackState};
 
 use super::{Addresses, Lan, addresses, counters, lan};
 use crate::{
-    agent::Agent, family::Family, manifests::ManifestDir, privileges::ContainerPrivileges,
-    sandbox::Sandbox, servers::NamedServer,
+    agent::Agent, family::Family, interrupted::uninterrupted, manifests::ManifestDir,
+    privileges::ContainerPrivileges, sandbox::Sandbox, servers::NamedServer,
 };
 
 /// Fields drop in order: the manifests, the LAN's namespaces, then the sandbox. Servers
@@ -162,7 +162,7 @@ impl LanNode {
                 .set_read_timeout(Some(timeout))
                 .expect("read timeout");
             socket.send(b"query").expect("send");
-            socket.recv(&mut [0u8; 64]).map_err(|e| e.kind())
+            uninterrupted(|| socket.recv(&mut [0u8; 64])).map_err(|e| e.kind())
         })
     }
 

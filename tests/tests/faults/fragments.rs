@@ -9,6 +9,7 @@ use socklb_agent::inspect;
 use socklb_tests::{
     ServerThread,
     family::Family,
+    interrupted::uninterrupted,
     lan::{Addresses, LanNode, cni_netfilter_rules},
     netns::Netns,
 };
@@ -83,7 +84,7 @@ fn fragmented_datagrams(family: Family, tag: &str, cni: bool) {
             .send_to(&datagram, frontend.as_str())
             .expect("send the datagram");
         let mut buffer = vec![0u8; 65_536];
-        let (len, from) = socket.recv_from(&mut buffer).unwrap_or_else(|e| {
+        let (len, from) = uninterrupted(|| socket.recv_from(&mut buffer)).unwrap_or_else(|e| {
             panic!(
                 "{name} backend through {frontend}: no answer to a {DATAGRAM}-byte datagram: \
                  {e}; {:?}\n{}",

@@ -15,6 +15,7 @@ use socklb_agent::inspect;
 use socklb_tests::{
     Agent, NamedServer, eventually,
     family::Family,
+    interrupted::uninterrupted,
     lan::{Addresses, LanNode},
     raw_socket,
 };
@@ -251,14 +252,7 @@ impl IcmpReceiver {
     }
 }
 
-/// The next datagram `socket` receives, within its read timeout. A receive with a timeout
-/// is not restarted after a signal handler ran (signal(7)), so an interrupted one waits
-/// again: seen once in CI, the test's own datagram not yet late.
+/// The next datagram `socket` receives, within its read timeout.
 fn receive(socket: &UdpSocket, buffer: &mut [u8]) -> (usize, SocketAddr) {
-    loop {
-        match socket.recv_from(buffer) {
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            received => return received.expect("an answer"),
-        }
-    }
+    uninterrupted(|| socket.recv_from(buffer)).expect("an answer")
 }

@@ -14,6 +14,7 @@ use socklb_agent::inspect;
 use socklb_tests::{
     Agent, ServerThread, eventually,
     family::Family,
+    interrupted::uninterrupted,
     lan::{Addresses, LanNode},
     netns::Netns,
 };
@@ -96,8 +97,7 @@ fn a_server_streaming_to_a_silent_client_keeps_the_flow_s_snat_port(family: Fami
         .expect("send");
     let tick = |socket: &UdpSocket| {
         let mut buffer = [0u8; 64];
-        socket
-            .recv_from(&mut buffer)
+        uninterrupted(|| socket.recv_from(&mut buffer))
             .map(|(len, from)| (String::from_utf8_lossy(&buffer[..len]).into_owned(), from))
     };
     let (text, from) = tick(&subscriber).expect("the stream starts");
@@ -214,7 +214,7 @@ fn node_port(a: &Addresses) -> String {
 fn ask(a: &Addresses, socket: &UdpSocket) -> Option<String> {
     socket.send_to(b"ping", node_port(a)).expect("send");
     let mut buffer = [0u8; 128];
-    let (len, from) = socket.recv_from(&mut buffer).ok()?;
+    let (len, from) = uninterrupted(|| socket.recv_from(&mut buffer)).ok()?;
     assert_eq!(from.to_string(), node_port(a));
     Some(String::from_utf8_lossy(&buffer[..len]).into_owned())
 }

@@ -13,6 +13,7 @@ use socklb_tests::{
     Dnsmasq, NamedServer, Sandbox, eventually,
     family::Family,
     forged::{self, Flags},
+    interrupted::uninterrupted,
     lan::{Addresses, LanNode},
 };
 
@@ -121,7 +122,7 @@ fn answered_udp_flows_leave_a_waiting_tcp_handshake_alone() {
                 socket
                     .send_to(b"ping", SocketAddr::new(node1, 30053))
                     .expect("send");
-                socket.recv(&mut [0; 64]).is_ok()
+                uninterrupted(|| socket.recv(&mut [0; 64])).is_ok()
             })
             .count()
     });
