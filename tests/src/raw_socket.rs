@@ -8,6 +8,8 @@ use std::{
     time::Duration,
 };
 
+use crate::interrupted::uninterrupted;
+
 /// A raw socket of `domain` (`AF_INET`, `AF_INET6`) for `protocol` in the calling thread's
 /// network namespace; `IPPROTO_RAW` sends packets that carry their own IP header.
 pub fn open(domain: libc::c_int, protocol: libc::c_int) -> OwnedFd {
@@ -103,16 +105,19 @@ fn send_to_address<A>(socket: &impl AsRawFd, packet: &[u8], to: &A) -> isize {
 }
 
 /// Receives the next packet on `socket` into `buffer` (with recv(2)'s `flags`, e.g.
-/// `MSG_DONTWAIT`): its length.
+/// `MSG_DONTWAIT`): its length. A receive a signal interrupted is made again
+/// ([`uninterrupted`]).
 pub fn receive(socket: &impl AsRawFd, buffer: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
-    // SAFETY: a buffer we own, of the length passed.
-    let len = unsafe {
-        libc::recv(
-            socket.as_raw_fd(),
-            buffer.as_mut_ptr().cast(),
-            buffer.len(),
-            flags,
-        )
-    };
-    usize::try_from(len).map_err(|_| io::Error::last_os_error())
+    uninterrupted(|| {
+        // SAFETY: a buffer we own, of the length passed.
+        let len = unsafe {
+            libc::recv(
+                socket.as_raw_fd(),
+                buffer.as_mut_ptr().cast(),
+                buffer.len(),
+                flags,
+            )
+        };
+        usize::try_from(len).map_err(|_| io::Error::last_os_error())
+    })
 }
