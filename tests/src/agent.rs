@@ -364,6 +364,21 @@ impl Agent {
             })
             .collect()
     }
+
+    /// How long the kernel took over the agent's programs, as the agent logged it
+    /// (`programs verified and loaded by the kernel took=`), once it has. On a fresh node
+    /// that is inside the first sync, which waits for it.
+    pub fn verifier_took(&self) -> Option<Duration> {
+        self.lines()
+            .iter()
+            .find(|(_, line)| line.contains("programs verified and loaded by the kernel"))
+            .and_then(|(_, line)| {
+                let took = line
+                    .split_whitespace()
+                    .find_map(|word| word.strip_prefix("took="))?;
+                parse_debug_duration(took)
+            })
+    }
 }
 
 /// A `Duration`'s Debug text (`1.5ms`, `830.2µs`, `2.1s`, `950ns`).

@@ -298,15 +298,7 @@ fn cold_start(agent: &Agent) -> ColdStart {
         })
         .count();
     let verifier = agent
-        .lines()
-        .iter()
-        .find(|(_, line)| line.contains("programs verified and loaded by the kernel"))
-        .and_then(|(_, line)| {
-            let took = line
-                .split_whitespace()
-                .find_map(|w| w.strip_prefix("took="))?;
-            socklb_tests::parse_debug_duration(took)
-        })
+        .verifier_took()
         .expect("the agent logs how long the kernel took over its programs before it is ready");
     agent.wait_for_log("synced", 1);
     let sync = agent
