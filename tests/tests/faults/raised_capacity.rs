@@ -4,7 +4,8 @@
 use std::{process::Command, time::Duration};
 
 use socklb_tests::{
-    Agent, Sandbox, TwoBackendWeb, assert_all_answered_by, eventually, monotonic_ns,
+    Agent, Sandbox, TwoBackendWeb, assert_all_answered_by, eventually, monotonic_ns, service_yaml,
+    slice_yaml,
 };
 
 /// Waits until the agent's /metrics has every line of `expected`, failing with what it has.
@@ -146,19 +147,28 @@ fn rejected_frontends_whose_services_go_are_not_said_programmed() {
         "node-a",
         &["--max-service-entries", "5"],
     );
-    for i in 1..=3 {
-        manifests.two_endpoint_service(
-            &format!("a-{i}"),
-            &format!("10.96.0.{}", 80 + i),
-            "127.0.23.1",
-            "127.0.23.2",
-        );
-    }
+    // The three come and go in one file: removed one by one, the last would fit once the
+    // others had gone, and be programmed (rightly) while it is still there.
+    let rejected: Vec<String> = (1..=3)
+        .map(|i| {
+            let name = format!("a-{i}");
+            let service = service_yaml(&name, &format!("10.96.0.{}", 80 + i), 80, "");
+            let slice = slice_yaml(
+                &format!("{name}-1"),
+                &name,
+                8080,
+                &[
+                    ("127.0.23.1", "node-a", "zone-a", ""),
+                    ("127.0.23.2", "node-b", "zone-b", ""),
+                ],
+                false,
+            );
+            format!("{service}---\n{slice}")
+        })
+        .collect();
+    manifests.write("rejected.yaml", &rejected.join("---\n"));
     wait_for_metrics(&["socklb_rejected_frontends{outcome=\"not_programmed\"} 2"]);
-    for i in 1..=3 {
-        manifests.remove(&format!("a-{i}.yaml"));
-        manifests.remove(&format!("a-{i}-slice.yaml"));
-    }
+    manifests.remove("rejected.yaml");
     wait_for_metrics(&[
         "socklb_rejected_frontends{outcome=\"refused\"} 0",
         "socklb_rejected_frontends{outcome=\"not_programmed\"} 0",
