@@ -82,6 +82,17 @@ impl Trace {
         child.kill().expect("kill the trace");
         child.wait().expect("wait for the trace");
     }
+
+    /// Ctrl-C: every event the session showed before it ended.
+    fn interrupt(mut self) -> Vec<Value> {
+        let mut child = self.child.take().expect("trace child");
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(child.id().cast_signed(), libc::SIGINT) };
+        let status = child.wait().expect("wait for the trace");
+        assert!(status.success(), "the interrupted trace failed: {status}");
+        // The reader thread ends at the output's end, which the exit closed.
+        self.events.iter().collect()
+    }
 }
 
 impl Drop for Trace {
@@ -492,6 +503,34 @@ fn a_killed_session_leaves_emission_off_and_does_not_block_the_next() {
     let next = Trace::start(&sandbox, &[]);
     sandbox.probe("tcp", local.web, 1);
     next.next("a connect after the restart");
+}
+
+/// The events written since the last poll when a session is stopped are shown before it
+/// ends, not dropped unannounced (they were neither shown nor counted lost).
+#[test]
+fn an_interrupted_session_shows_every_event_written_before_it_stopped() {
+    const CONNECTIONS: u32 = 200;
+    let sandbox = Sandbox::new("trace-drain");
+    let local = Local::new(&sandbox, Family::V4);
+    let _agent = Agent::start(&sandbox, &local.manifests.path, "node-a", &[]);
+    let trace = Trace::start(&sandbox, &[]);
+    let attempts = sandbox.probe("tcp", local.web, CONNECTIONS);
+    assert!(
+        attempts.iter().all(|a| a.reply.is_some()),
+        "web did not answer every connection: {attempts:?}"
+    );
+    // At once: the last connections' events are still in the ring, unread.
+    let events = trace.interrupt();
+    let to_web = events
+        .iter()
+        .filter(|event| event["service"]["name"] == "web")
+        .count();
+    assert_eq!(
+        to_web,
+        CONNECTIONS as usize,
+        "events shown of {CONNECTIONS} connections to web ({} in all)",
+        events.len()
+    );
 }
 
 fn control(pin_dir: &Path) -> TraceControl {

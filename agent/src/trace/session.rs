@@ -155,10 +155,10 @@ pub async fn run(
         }
     };
     tokio::pin!(stop, until_deadline);
-    'session: loop {
+    let drain = loop {
         tokio::select! {
-            () = &mut stop => break,
-            () = &mut until_deadline => break,
+            () = &mut stop => break true,
+            () = &mut until_deadline => break true,
             _ = renew.tick() => {
                 lease.renew()?;
                 let now_lost = lost(&counters).wrapping_sub(lost_before);
@@ -171,39 +171,68 @@ pub async fn run(
                 }
             }
             _ = poll.tick() => {
-                while let Some(record) = ring.next() {
-                    let event = event::decode(&record)?;
-                    drop(record);
-                    let Some(shown) = details.show(&event, &options.filters) else {
-                        continue;
-                    };
-                    let written = if options.json {
-                        serde_json::to_string(&shown)
-                            .map_err(io::Error::other)
-                            .and_then(|line| writeln!(out, "{line}"))
-                    } else {
-                        writeln!(out, "{}", shown.line())
-                    };
-                    // A closed output (`| head`) ends the session; any other failure to
-                    // write ends it with that error, the lease given back either way.
-                    if let Err(error) = written.and_then(|()| out.flush()) {
-                        if error.kind() == io::ErrorKind::BrokenPipe {
-                            summary.reader_gone = true;
-                            break 'session;
-                        }
-                        return Err(TraceError::Output(error));
-                    }
-                    summary.shown += 1;
-                    if options.count.is_some_and(|count| summary.shown >= count) {
-                        break 'session;
-                    }
+                if show_ready(&mut ring, &mut details, options, &mut out, &mut summary)?
+                    == Reading::Ended
+                {
+                    break false;
                 }
             }
         }
+    };
+    lease.give_back();
+    // Stopped (Ctrl-C, --duration): the events written before emission went off are still
+    // in the ring, up to a poll's worth or more if the output was slow; show them too.
+    if drain {
+        show_ready(&mut ring, &mut details, options, &mut out, &mut summary)?;
     }
     summary.lost = lost(&counters).wrapping_sub(lost_before);
-    lease.give_back();
     Ok(summary)
+}
+
+/// Whether the session goes on reading after [`show_ready`].
+#[derive(PartialEq, Eq)]
+enum Reading {
+    GoesOn,
+    /// `--count` events were shown, or the output's reader went away.
+    Ended,
+}
+
+/// Shows every event the ring holds that passes the filters.
+fn show_ready(
+    ring: &mut RingBuf<MapData>,
+    details: &mut Details,
+    options: &Options,
+    out: &mut impl Write,
+    summary: &mut Summary,
+) -> Result<Reading, TraceError> {
+    while let Some(record) = ring.next() {
+        let event = event::decode(&record)?;
+        drop(record);
+        let Some(shown) = details.show(&event, &options.filters) else {
+            continue;
+        };
+        let written = if options.json {
+            serde_json::to_string(&shown)
+                .map_err(io::Error::other)
+                .and_then(|line| writeln!(out, "{line}"))
+        } else {
+            writeln!(out, "{}", shown.line())
+        };
+        // A closed output (`| head`) ends the session; any other failure to write ends it
+        // with that error, the lease given back either way.
+        if let Err(error) = written.and_then(|()| out.flush()) {
+            if error.kind() == io::ErrorKind::BrokenPipe {
+                summary.reader_gone = true;
+                return Ok(Reading::Ended);
+            }
+            return Err(TraceError::Output(error));
+        }
+        summary.shown += 1;
+        if options.count.is_some_and(|count| summary.shown >= count) {
+            return Ok(Reading::Ended);
+        }
+    }
+    Ok(Reading::GoesOn)
 }
 
 fn open<T: TryFrom<Map, Error = MapError>>(
