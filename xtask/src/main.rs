@@ -166,6 +166,11 @@ enum Bench {
         /// Connections replayed per Service count.
         #[arg(long, default_value_t = 4_000)]
         connections: u32,
+        /// `flows`: a `socklb trace` session runs during the replay, `packets`: one with
+        /// `--packets` (what tracing costs each packet); the results are printed, not
+        /// written to docs/.
+        #[arg(long, default_value = "off")]
+        trace: String,
     },
     /// socklb side by side with kube-proxy's iptables and nftables modes (connection setup,
     /// throughput, programming time, memory) at each service count; writes the results into
@@ -395,10 +400,12 @@ fn main() -> anyhow::Result<()> {
                 Bench::Packets {
                     services,
                     connections,
+                    trace,
                 } => {
                     require_root("the packet benchmark")?;
                     let mut args = flag_args(&[("--connections", connections)]);
-                    args.extend(["--services".to_owned(), services, "--docs".to_owned()]);
+                    args.extend(["--services".to_owned(), services, "--trace".to_owned()]);
+                    args.extend([trace, "--docs".to_owned()]);
                     args.push(docs_dir()?);
                     run_with_agent("socklb-bench-packets", &args)
                 }

@@ -23,6 +23,7 @@ pub mod pinned_maps;
 pub mod preflight;
 pub mod section;
 pub mod server;
+pub mod trace_session;
 
 use crate::privileges::{ContainerPrivileges, chart_agent};
 

@@ -52,7 +52,11 @@ use socklb_agent::dataplane::{
     self, BackendAddr, Capacities, Config, Dataplane, Desired, Frontend, FrontendSpec, Protocol,
     Scope,
 };
-use socklb_tests::{Sandbox, bench::section::Section, family::Family};
+use socklb_tests::{
+    Sandbox,
+    bench::{section::Section, trace_session::TraceSession},
+    family::Family,
+};
 
 const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root] [--trace on|off] [--family ipv4|ipv6] [--docs DIR]";
 const BACKENDS_PER_SERVICE: u32 = 10;
@@ -314,7 +318,9 @@ fn datapath(args: &[String]) {
                 program_id(&sandbox.pin_dir, getpeername),
             ];
 
-            let trace = options.trace.then(|| Trace::start(&sandbox.pin_dir));
+            let trace = options
+                .trace
+                .then(|| TraceSession::start(&sandbox.pin_dir, &[]));
             let counters_before = dataplane.counters().expect("read the counters");
             let accepted_before = servers.accepted();
             let measurement = run_client(
@@ -354,44 +360,6 @@ fn datapath(args: &[String]) {
         } else {
             eprintln!("--trace on and --loader root runs are not written into the docs");
         }
-    }
-}
-
-/// A `socklb trace -o json` session, its events written to /dev/null.
-struct Trace(std::process::Child);
-
-impl Trace {
-    fn start(pin_dir: &Path) -> Self {
-        let mut command = std::process::Command::new(socklb_tests::agent_bin());
-        socklb_tests::unblock_signals_on_exec(&mut command);
-        let mut child = command
-            .args(["trace", "-o", "json", "--bpffs"])
-            .arg(pin_dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start socklb trace");
-        let stderr = child.stderr.take().expect("the trace's stderr");
-        let mut lines = io::BufRead::lines(io::BufReader::new(stderr));
-        let ready = lines.next().and_then(Result::ok).unwrap_or_default();
-        assert!(
-            ready.contains("tracing"),
-            "the trace did not start: {ready}"
-        );
-        // The summary line (events shown and lost) when it ends.
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                eprintln!("trace: {line}");
-            }
-        });
-        Self(child)
-    }
-
-    /// SIGTERM: the session gives its lease back and prints what it saw.
-    fn stop(mut self) {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.0.id().cast_signed(), libc::SIGTERM) };
-        let _ = self.0.wait();
     }
 }
 

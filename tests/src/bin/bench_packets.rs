@@ -3,7 +3,8 @@
 //! the breakdown behind `bench pod`'s per-connection figures, to see which step a change
 //! of the programs makes cheaper.
 //!
-//! socklb-bench-packets [--services 1000,10000] [--connections N] [--docs DIR] [--smoke]
+//! socklb-bench-packets [--services 1000,10000] [--connections N]
+//!                      [--trace off|flows|packets] [--docs DIR] [--smoke]
 //!
 //! The agent runs in a network namespace of its own with `--socket-lb-scope host` and its
 //! pod programs on one pod device, over `--services` ClusterIP Services of 10 endpoints and
@@ -14,6 +15,10 @@
 //! each run once in the kernel's test harness (`BPF_PROG_TEST_RUN`), which times the
 //! program alone. Connections alternate between the frontend filter trusted and not
 //! (README, "The frontend filter"), so both are measured alike.
+//!
+//! `--trace flows` runs a `socklb trace` session through the replay (its output discarded),
+//! `--trace packets` one with `--packets` (every packet of a known flow shown too): what a
+//! session costs each packet. Such a run prints its table and writes nothing.
 //!
 //! Caches are warmer than on a node, where the network stack runs between two packets:
 //! `bench pod` measures what a connection pays; this one, where the programs spend it.
@@ -30,12 +35,13 @@ use socklb_tests::{
         netns::{End, new_netns, run_in, veth},
         node::{AgentFiles, POD, measured_services, start_agent},
         section::Section,
+        trace_session::TraceSession,
     },
     test_run::TestRun,
 };
 
-const USAGE: &str =
-    "usage: socklb-bench-packets [--services 1000,10000] [--connections N] [--docs DIR] [--smoke]";
+const USAGE: &str = "usage: socklb-bench-packets [--services 1000,10000] [--connections N] \
+                     [--trace off|flows|packets] [--docs DIR] [--smoke]";
 const SECTION: Section = Section::new(
     "packets",
     "packets",
@@ -108,6 +114,8 @@ fn main() {
 struct Options {
     services: Vec<u32>,
     connections: u32,
+    /// The flags of a trace session that runs during the replay, if one does.
+    trace: Option<&'static [&'static str]>,
     docs: Option<std::path::PathBuf>,
 }
 
@@ -115,6 +123,7 @@ fn parse(args: &[String]) -> anyhow::Result<Options> {
     let mut options = Options {
         services: vec![1_000, 10_000],
         connections: 4_000,
+        trace: None,
         docs: None,
     };
     let mut flags = Flags::new(args, USAGE);
@@ -122,6 +131,14 @@ fn parse(args: &[String]) -> anyhow::Result<Options> {
         match flag {
             "--services" => options.services = flags.numbers(flag, value, "1000,10000")?,
             "--connections" => options.connections = flags.number(flag, value)?,
+            "--trace" => {
+                options.trace = match value {
+                    "off" => None,
+                    "flows" => Some(&[]),
+                    "packets" => Some(&["--packets"]),
+                    _ => anyhow::bail!("--trace takes off, flows or packets, not {value}\n{USAGE}"),
+                }
+            }
             "--docs" => options.docs = Some(value.into()),
             _ => anyhow::bail!("unknown flag {flag}\n{USAGE}"),
         }
@@ -177,11 +194,17 @@ fn run(args: &[String]) -> anyhow::Result<()> {
             .vip;
         let flags = ["--socket-lb-scope", "host", "--pod-devices", POD_DEVICE];
         let agent = start_agent(&node, &files, cluster.len(), &flags)?;
+        let trace = options
+            .trace
+            .map(|flags| TraceSession::start(&files.pin_dir, flags));
         let times = replay(
             &files.pin_dir,
             SocketAddrV4::new(vip, SERVICE_PORT),
             options.connections,
         )?;
+        if let Some(trace) = trace {
+            trace.stop();
+        }
         agent.stop();
         eprintln!(
             "{services} services: replayed {} connections",
@@ -189,11 +212,13 @@ fn run(args: &[String]) -> anyhow::Result<()> {
         );
         measured.push((services, times));
     }
-    let report = report(&machine, options.connections, &measured);
+    let report = report(&machine, &options, &measured);
     println!("## {}\n", SECTION.heading);
     print!("{report}");
-    if let Some(docs) = &options.docs {
-        SECTION.write(docs, &report)?;
+    match &options.docs {
+        Some(docs) if options.trace.is_none() => SECTION.write(docs, &report)?,
+        Some(_) => eprintln!("runs with a trace session are not written into the docs"),
+        None => {}
     }
     Ok(())
 }
@@ -274,15 +299,21 @@ fn frame(
     Ok(frame)
 }
 
-fn report(machine: &str, connections: u32, measured: &[(u32, Times)]) -> String {
+fn report(machine: &str, options: &Options, measured: &[(u32, Times)]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{machine}\n");
+    let session = match options.trace {
+        None => "",
+        Some([]) => "; a `socklb trace` session running (output discarded)",
+        Some(_) => "; a `socklb trace --packets` session running (output discarded)",
+    };
     let _ = writeln!(
         out,
         "A pod's TCP connections to a ClusterIP of one local endpoint, last of N ClusterIP \
-         Services of 10 endpoints; {connections} connections per Service count, each packet \
-         run once through the program it meets (BPF_PROG_TEST_RUN), the frontend filter \
-         trusted for every other connection; median run time per packet, ns.\n"
+         Services of 10 endpoints; {} connections per Service count, each packet run once \
+         through the program it meets (BPF_PROG_TEST_RUN), the frontend filter trusted for \
+         every other connection{session}; median run time per packet, ns.\n",
+        options.connections
     );
     let _ = writeln!(
         out,
