@@ -3,34 +3,36 @@
 //! inspect`). The writer speaks of frontends, slots and backends; this module alone encodes
 //! them into each family's map layout (network byte order, 4- or 16-byte addresses), and
 //! places each frontend's slots in the array (`slots`).
-use std::{
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    os::fd::{AsFd as _, BorrowedFd},
-    sync::atomic::AtomicU32,
-    thread::JoinHandle,
-};
+//!
+//! [`encoding`] holds the layouts; [`puts`] prepares batch updates and shares them among
+//! threads.
+mod encoding;
+mod puts;
 
-use aya::{
-    Pod,
-    maps::{Array, HashMap, IterableMap, Map, MapData, MapError},
-};
-use socklb_abi::{
-    BACKEND_FLAG_REMOTE, Backend, Backend6, Ipv6Words, ServiceEntry, ServiceKey, ServiceKey6,
-    ipv6_octets, ipv6_words,
-};
+use std::{net::IpAddr, os::fd::AsFd as _, sync::atomic::AtomicU32, thread::JoinHandle};
 
+use aya::maps::{Array, HashMap, IterableMap, Map, MapData, MapError};
+use socklb_abi::{Backend, Backend6, ServiceEntry, ServiceKey, ServiceKey6};
+
+pub use self::encoding::{MapAddress, decode_key, decode_master, encode_key};
+use self::{
+    encoding::{
+        decode_backend, encode_backend, encode_master, family_mismatch, slot_value, slots_full,
+    },
+    puts::{Put, Run, WrittenRun, joined, put_run, shares},
+};
 use super::{
     batch::{self, BatchError},
     frontend_filter::FrontendFilter,
     ignore_missing,
-    slots::{SlotRange, Slots, SlotsFull},
+    slots::{SlotRange, Slots},
     writer::{
-        BackendEntry, MapContents, Master, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
+        BackendEntry, MapContents, Op, SlotKey, SlotValue, Store, StoreError, StrayKey,
         WalkPosition,
     },
 };
 use crate::{
-    desired::{BackendAddr, Frontend, Protocol, Scope},
+    desired::{BackendAddr, Frontend},
     kernel::mapped_words::MappedWords,
 };
 
@@ -58,17 +60,6 @@ struct Held {
     len: usize,
     writing: Vec<JoinHandle<WrittenRun>>,
 }
-
-/// A put into a map, as held or batched: the writer's op, and for a master entry the slot
-/// range it names (known once the frontend's slots are written, which come before).
-#[derive(Clone, Debug)]
-struct Put {
-    op: Op,
-    range: Option<SlotRange>,
-}
-
-/// A map's puts given back by the thread that wrote them, and how it went ([`put_run`]).
-type WrittenRun = (Vec<Put>, Option<Result<(), BatchError>>);
 
 /// Held puts written at once: a batch per map large enough to cost little in calls and
 /// small enough to cost little in memory (a first sync of 100,000 Services holds two
@@ -460,30 +451,6 @@ impl Store for KernelMaps {
     }
 }
 
-/// Which map a put goes to, for batching consecutive puts into one map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Run {
-    Services { v6: bool },
-    Backends { v6: bool },
-}
-
-impl Run {
-    fn of(op: &Op) -> Option<Self> {
-        match op {
-            Op::PutService {
-                key,
-                value: SlotValue::Master(_),
-            } => Some(Self::Services {
-                v6: key.frontend.address.is_ipv6(),
-            }),
-            Op::PutBackend { backend, .. } => Some(Self::Backends {
-                v6: backend.address.is_ipv6(),
-            }),
-            _ => None,
-        }
-    }
-}
-
 impl KernelMaps {
     /// Makes room in the slot array for the counts the master entries among `ops` give.
     fn reserve_slots(&mut self, ops: &[Op]) -> Result<(), StoreError> {
@@ -582,33 +549,6 @@ fn is_slot(op: &Op) -> bool {
     )
 }
 
-/// The entries of a run of master-entry puts; `None` if one does not encode for this
-/// family (the one-by-one path reports it).
-fn master_entries<A: MapAddress>(puts: &[Put]) -> Option<Vec<(ServiceKey<A>, ServiceEntry)>> {
-    puts.iter()
-        .map(|put| match &put.op {
-            Op::PutService {
-                key,
-                value: SlotValue::Master(master),
-            } => Some((encode_key::<A>(key)?, encode_master(master, put.range))),
-            _ => None,
-        })
-        .collect()
-}
-
-fn backend_entries<A: MapAddress>(puts: &[Put]) -> Option<Vec<(u32, Backend<A>)>> {
-    puts.iter()
-        .map(|put| match &put.op {
-            Op::PutBackend {
-                id,
-                backend,
-                protocol,
-            } => Some((*id, encode_backend::<A>(backend, *protocol)?)),
-            _ => None,
-        })
-        .collect()
-}
-
 /// What the IPv4 backend array holds at an id no backend has.
 const NO_BACKEND: Backend = Backend {
     address: 0,
@@ -649,56 +589,6 @@ fn decode_services<A: MapAddress>(
     }
 }
 
-/// One batch update for `ops` (all puts into `run`'s map, `map`): `None` if one of them
-/// does not encode.
-fn put_run(map: BorrowedFd<'_>, run: Run, puts: &[Put]) -> Option<Result<(), BatchError>> {
-    match run {
-        Run::Services { v6: false } => {
-            put_batch::<ServiceKey, ServiceEntry>(map, master_entries(puts))
-        }
-        Run::Services { v6: true } => {
-            put_batch::<ServiceKey6, ServiceEntry>(map, master_entries(puts))
-        }
-        Run::Backends { v6: false } => put_batch::<u32, Backend>(map, backend_entries(puts)),
-        Run::Backends { v6: true } => put_batch::<u32, Backend6>(map, backend_entries(puts)),
-    }
-}
-
-/// Fewer puts than this are not shared among threads: a thread costs more than they do.
-const SHARE_MIN: usize = 4096;
-
-/// `ops` in at most `threads` shares of about equal length (none below [`SHARE_MIN`]
-/// unless there are fewer), in order, none empty.
-fn shares<T>(mut ops: Vec<T>, threads: usize) -> Vec<Vec<T>> {
-    let count = threads.min(ops.len() / SHARE_MIN).max(1);
-    let share = ops.len().div_ceil(count);
-    let mut shares = Vec::new();
-    while ops.len() > share {
-        let rest = ops.split_off(share);
-        shares.push(std::mem::replace(&mut ops, rest));
-    }
-    if !ops.is_empty() {
-        shares.push(ops);
-    }
-    shares
-}
-
-/// One batch update of `entries` into `map`.
-fn put_batch<K: Pod, V: Pod>(
-    map: BorrowedFd<'_>,
-    entries: Option<Vec<(K, V)>>,
-) -> Option<Result<(), BatchError>> {
-    let (keys, values): (Vec<K>, Vec<V>) = entries?.into_iter().unzip();
-    Some(batch::update(map, &keys, &values))
-}
-
-/// A thread's result; its panic goes on here.
-fn joined<T>(thread: JoinHandle<T>) -> T {
-    thread
-        .join()
-        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-}
-
 /// A lookup's value, `None` when the map has no such key.
 fn found_or_none<T>(result: Result<T, MapError>) -> std::io::Result<Option<T>> {
     match result {
@@ -712,245 +602,5 @@ fn io_error(error: MapError) -> std::io::Error {
     match error {
         MapError::SyscallError(syscall) => syscall.io_error,
         other => std::io::Error::other(other.to_string()),
-    }
-}
-
-/// A slot naming a backend of the other family: selection never crosses families, so
-/// this is a bug, refused rather than written.
-fn family_mismatch() -> MapError {
-    MapError::SyscallError(aya::sys::SyscallError {
-        call: "encode slot",
-        io_error: std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "a frontend's slot names a backend of the other address family",
-        ),
-    })
-}
-
-/// An address as the maps hold it (network byte order, 4 or 16 bytes wide): each family's
-/// keys and values are one generic declaration over it, and so is their encoding here.
-pub trait MapAddress: Copy + Default {
-    /// `None` for an address of the other family.
-    fn from_ip(address: IpAddr) -> Option<Self>;
-    fn ip(self) -> IpAddr;
-}
-
-impl MapAddress for u32 {
-    fn from_ip(address: IpAddr) -> Option<Self> {
-        match address {
-            IpAddr::V4(address) => Some(u32::from(address).to_be()),
-            IpAddr::V6(_) => None,
-        }
-    }
-
-    fn ip(self) -> IpAddr {
-        Ipv4Addr::from(u32::from_be(self)).into()
-    }
-}
-
-impl MapAddress for Ipv6Words {
-    fn from_ip(address: IpAddr) -> Option<Self> {
-        match address {
-            IpAddr::V6(address) => Some(ipv6_words(address.octets())),
-            IpAddr::V4(_) => None,
-        }
-    }
-
-    fn ip(self) -> IpAddr {
-        Ipv6Addr::from(ipv6_octets(self)).into()
-    }
-}
-
-fn backend_addr(address: IpAddr, port: u16, flags: u8) -> BackendAddr {
-    BackendAddr {
-        address,
-        port: u16::from_be(port),
-        remote: flags & BACKEND_FLAG_REMOTE != 0,
-    }
-}
-
-/// The service-map key of `key`; `None` if its frontend is of the other family.
-pub fn encode_key<A: MapAddress>(key: &SlotKey) -> Option<ServiceKey<A>> {
-    Some(ServiceKey {
-        address: A::from_ip(key.frontend.address)?,
-        port: key.frontend.port.to_be(),
-        protocol: key.frontend.protocol.number(),
-        scope: key.frontend.scope.number(),
-        slot: key.slot,
-        pad: 0,
-    })
-}
-
-/// The frontend and slot of a service-map key; `None` for a protocol or scope this agent
-/// does not know.
-pub fn decode_key<A: MapAddress>(key: &ServiceKey<A>) -> Option<SlotKey> {
-    Some(SlotKey {
-        frontend: Frontend {
-            address: key.address.ip(),
-            port: u16::from_be(key.port),
-            protocol: Protocol::from_number(key.protocol)?,
-            scope: Scope::from_number(key.scope)?,
-        },
-        slot: key.slot,
-    })
-}
-
-/// A master entry as the writer knows it (without the slot range, which is this store's).
-pub fn decode_master(entry: &ServiceEntry) -> Master {
-    Master {
-        count: entry.count,
-        flags: entry.flags,
-        service_id: entry.service_id,
-        affinity_timeout_s: entry.affinity_timeout_s,
-    }
-}
-
-/// The master entry of `master`, naming `range` (none: a frontend without slots).
-fn encode_master(master: &Master, range: Option<SlotRange>) -> ServiceEntry {
-    let range = range.unwrap_or(SlotRange { first: 0, room: 0 });
-    ServiceEntry {
-        count: master.count,
-        flags: master.flags,
-        service_id: master.service_id,
-        affinity_timeout_s: master.affinity_timeout_s,
-        first_slot: range.first,
-        slot_room: range.room,
-    }
-}
-
-/// What a slot of `frontend` holding `id` reads as: the id and the backend holding it
-/// (the unspecified address when none does).
-fn slot_value(frontend: &Frontend, id: u32, backend: Option<&BackendAddr>) -> SlotValue {
-    SlotValue::Backend {
-        id,
-        backend: backend.copied().unwrap_or_else(|| {
-            BackendAddr::local(super::writer::unspecified_like(frontend.address), 0)
-        }),
-    }
-}
-
-/// A frontend's slots did not fit the slot array, as a map error of the write.
-fn slots_full(full: SlotsFull) -> MapError {
-    MapError::SyscallError(aya::sys::SyscallError {
-        call: "slot array",
-        io_error: std::io::Error::new(std::io::ErrorKind::StorageFull, full),
-    })
-}
-
-/// The backend-map value of `backend`; `None` for the other family.
-fn encode_backend<A: MapAddress>(backend: &BackendAddr, protocol: Protocol) -> Option<Backend<A>> {
-    Some(Backend {
-        address: A::from_ip(backend.address)?,
-        port: backend.port.to_be(),
-        protocol: protocol.number(),
-        flags: if backend.remote {
-            BACKEND_FLAG_REMOTE
-        } else {
-            0
-        },
-    })
-}
-
-/// A backend-map entry as the writer's mirror holds it.
-fn decode_backend<A: MapAddress>(
-    (id, backend): &(u32, Backend<A>),
-) -> (u32, BackendAddr, Option<Protocol>) {
-    let addr = backend_addr(backend.address.ip(), backend.port, backend.flags);
-    (*id, addr, Protocol::from_number(backend.protocol))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn frontend(address: &str) -> Frontend {
-        Frontend {
-            address: address.parse().expect("address"),
-            port: 53,
-            protocol: Protocol::Udp,
-            scope: Scope::External,
-        }
-    }
-
-    #[test]
-    fn held_puts_are_shared_among_threads_in_order_and_small_runs_stay_whole() {
-        let deletes = |range: std::ops::Range<u32>| -> Vec<Op> {
-            range
-                .map(|id| Op::DeleteBackend {
-                    id,
-                    address: IpAddr::V4(Ipv4Addr::LOCALHOST),
-                })
-                .collect()
-        };
-        let ids = |shares: &[Vec<Op>]| -> Vec<Vec<u32>> {
-            let id = |op: &Op| match op {
-                Op::DeleteBackend { id, .. } => *id,
-                _ => unreachable!("only deletes were shared"),
-            };
-            shares
-                .iter()
-                .map(|share| share.iter().map(id).collect())
-                .collect()
-        };
-        let rows: [(u32, usize, &[usize]); 5] = [
-            (20_000, 2, &[10_000, 10_000]),
-            (20_001, 2, &[10_001, 10_000]),
-            (20_000, 3, &[6_667, 6_667, 6_666]),
-            (SHARE_MIN as u32 * 2 - 1, 2, &[SHARE_MIN * 2 - 1]),
-            (100, 8, &[100]),
-        ];
-        for (len, threads, lengths) in rows {
-            let shares = shares(deletes(0..len), threads);
-            let got: Vec<usize> = shares.iter().map(Vec::len).collect();
-            assert_eq!(got, lengths, "{len} puts, {threads} threads");
-            let flat: Vec<u32> = ids(&shares).concat();
-            assert_eq!(flat, (0..len).collect::<Vec<_>>(), "in order");
-        }
-        assert!(shares(Vec::<Op>::new(), 2).is_empty());
-    }
-
-    #[test]
-    fn keys_and_masters_round_trip_in_both_families() {
-        let master = Master {
-            count: 3,
-            flags: 1,
-            service_id: 4,
-            affinity_timeout_s: 30,
-        };
-        let range = SlotRange { first: 64, room: 4 };
-        for frontend in [frontend("10.96.0.10"), frontend("fd00:96::10")] {
-            let key = SlotKey { frontend, slot: 0 };
-            let decoded = match frontend.address {
-                IpAddr::V4(_) => decode_key::<u32>(&encode_key(&key).expect("a v4 key")),
-                IpAddr::V6(_) => decode_key::<Ipv6Words>(&encode_key(&key).expect("a v6 key")),
-            };
-            assert_eq!(decoded, Some(key), "{frontend}");
-        }
-        let entry = encode_master(&master, Some(range));
-        assert_eq!((entry.first_slot, entry.slot_room), (64, 4));
-        assert_eq!(decode_master(&entry), master);
-        let without = encode_master(&master, None);
-        assert_eq!((without.first_slot, without.slot_room), (0, 0));
-    }
-
-    #[test]
-    fn a_backend_never_goes_into_the_other_family_s_map() {
-        let v6 = BackendAddr::local("fd00::1".parse::<Ipv6Addr>().expect("v6"), 80);
-        assert_eq!(encode_backend::<u32>(&v6, Protocol::Tcp), None);
-        let v4 = BackendAddr::local(Ipv4Addr::LOCALHOST, 80);
-        assert_eq!(encode_backend::<Ipv6Words>(&v4, Protocol::Tcp), None);
-    }
-
-    #[test]
-    fn ipv6_key_bytes_are_the_address_in_network_order() {
-        let key: ServiceKey6 = encode_key(&SlotKey {
-            frontend: frontend("fd00::1"),
-            slot: 0,
-        })
-        .expect("an IPv6 key");
-        let octets = ipv6_octets(key.address);
-        assert_eq!(octets[0..2], [0xfd, 0]);
-        assert_eq!(octets[15], 1);
-        assert_eq!(key.port, 53u16.to_be());
     }
 }
