@@ -5,7 +5,6 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
 use serde::Serialize;
 use socklb_abi::{AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityKey6, map_names};
 
@@ -41,6 +40,27 @@ pub struct AffinityState {
     pub expired: bool,
 }
 
+impl AffinityState {
+    /// An entry as the map holds it, its backend not yet looked up in its frontend.
+    fn unresolved(
+        netns_cookie: Option<u64>,
+        client: Option<IpAddr>,
+        service_id: u32,
+        entry: &AffinityEntry,
+    ) -> Self {
+        Self {
+            netns_cookie,
+            client,
+            service_id,
+            backend_id: entry.backend_id,
+            slot: entry.slot,
+            backend: None,
+            idle_seconds: idle_seconds(entry.last_used_ns),
+            expired: false,
+        }
+    }
+}
+
 /// Both families' entries, each resolved against `frontends` (only those of `only`'s
 /// frontends, if given).
 pub fn read(
@@ -49,45 +69,33 @@ pub fn read(
     slot_ids: &SlotIds,
     only: Option<IpAddr>,
 ) -> Result<Vec<AffinityState>, InspectError> {
-    let affinity_map: BpfHashMap<MapData, AffinityKey, AffinityEntry> =
-        open(pin_dir, map_names::AFFINITY)?
-            .try_into()
-            .map_err(InspectError::reading(map_names::AFFINITY))?;
-    let mut affinity = affinity_map
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(key, entry)| AffinityState {
-            netns_cookie: (key.netns_cookie & AFFINITY_EXTERNAL_CLIENT == 0)
-                .then_some(key.netns_cookie),
-            client: (key.netns_cookie & AFFINITY_EXTERNAL_CLIENT != 0).then(|| {
-                Ipv4Addr::from(u32::from_be(
-                    (key.netns_cookie & u64::from(u32::MAX)) as u32,
-                ))
-                .into()
-            }),
-            service_id: key.service_id,
-            backend_id: entry.backend_id,
-            slot: entry.slot,
-            backend: None,
-            idle_seconds: idle_seconds(entry.last_used_ns),
-            expired: false,
-        })
-        .collect::<Vec<_>>();
+    let mut affinity: Vec<AffinityState> = entries_of(
+        Some(open(pin_dir, map_names::AFFINITY)?),
+        map_names::AFFINITY,
+        |key: AffinityKey, entry: AffinityEntry| {
+            // An outside client's IPv4 address is held where a socket's cookie would be.
+            let external = key.netns_cookie & AFFINITY_EXTERNAL_CLIENT != 0;
+            let client = Ipv4Addr::from(u32::from_be(
+                (key.netns_cookie & u64::from(u32::MAX)) as u32,
+            ));
+            Some(if external {
+                AffinityState::unresolved(None, Some(client.into()), key.service_id, &entry)
+            } else {
+                AffinityState::unresolved(Some(key.netns_cookie), None, key.service_id, &entry)
+            })
+        },
+    )?;
     // IPv6 clients from outside (local sockets of either family share the map above).
     affinity.extend(entries_of(
         open6(pin_dir, map_names::AFFINITY6)?,
         map_names::AFFINITY6,
         |key: AffinityKey6, entry: AffinityEntry| {
-            Some(AffinityState {
-                netns_cookie: None,
-                client: Some(ipv6(key.client)),
-                service_id: key.service_id,
-                backend_id: entry.backend_id,
-                slot: entry.slot,
-                backend: None,
-                idle_seconds: idle_seconds(entry.last_used_ns),
-                expired: false,
-            })
+            Some(AffinityState::unresolved(
+                None,
+                Some(ipv6(key.client)),
+                key.service_id,
+                &entry,
+            ))
         },
     )?);
     // The backend each entry sends its client to: its slot's, if the slot still holds the
