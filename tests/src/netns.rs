@@ -63,6 +63,24 @@ impl Netns {
         )
     }
 
+    /// As [`Self::probe`], every attempt's socket bound to `source_port` (one flow to
+    /// conntrack, as `nc -p` makes).
+    pub fn probe_from(
+        &self,
+        mode: &str,
+        target: &str,
+        count: u32,
+        source_port: u16,
+    ) -> Vec<Attempt> {
+        probe_output(self.command(probe_bin()).args([
+            mode,
+            target,
+            &count.to_string(),
+            "0",
+            &source_port.to_string(),
+        ]))
+    }
+
     /// Starts the probe client inside the namespace in the background: attempts of `mode` to
     /// `target`, `pause_ms` apart, for `duration` (whole seconds) or until stopped.
     pub fn spawn_probe_for(

@@ -647,8 +647,17 @@ fn a_cni_s_netfilter_rules_leave_every_external_path_working(family: Family) {
         ("udp", Addresses::at(a.lb_ip, 53)),
         ("tcp", Addresses::at(a.external_ip, 80)),
     ]);
-    for (mode, address) in &frontends {
-        let attempts = lan.client.probe(mode, address, 5);
+    for (i, (mode, address)) in frontends.iter().enumerate() {
+        // UDP to each frontend from a source port of its own: without SNAT, two frontends
+        // of one backend give a client port's flows one reply key, which a live UDP flow
+        // keeps (the new one's answers come back as the other frontend's, as with
+        // netfilter). Random ports met by chance now and then.
+        let attempts = if *mode == "udp" {
+            let source_port = 20_000 + u16::try_from(i).expect("a few frontends");
+            lan.client.probe_from(mode, address, 5, source_port)
+        } else {
+            lan.client.probe(mode, address, 5)
+        };
         let failed = attempts.iter().filter(|a| a.reply.is_none()).count();
         assert_eq!(
             failed, 0,
