@@ -11,7 +11,7 @@ use socklb_abi::{AFFINITY_EXTERNAL_CLIENT, AffinityEntry, AffinityKey, AffinityK
 use super::{
     error::InspectError,
     frontends::{FrontendState, SlotIds},
-    maps::{entries_of, ipv6, open, open6},
+    pinned::{entries_of, ipv6, open, open6},
 };
 use crate::{
     desired::{BackendAddr, Scope},

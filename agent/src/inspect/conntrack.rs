@@ -15,7 +15,7 @@ use socklb_abi::{
 
 use super::{
     error::InspectError,
-    maps::{entries_of, open, open6, socket, socket6},
+    pinned::{entries_of, open, open6, socket, socket6},
 };
 use crate::{desired::Protocol, kernel::host};
 
@@ -54,7 +54,7 @@ pub fn read(pin_dir: &Path, only: Option<IpAddr>) -> Result<Vec<ConntrackState>,
     ] {
         let map: BpfHashMap<MapData, CtKey, CtEntry> = open(pin_dir, name)?
             .try_into()
-            .map_err(|source| InspectError::Read { map: name, source })?;
+            .map_err(InspectError::reading(name))?;
         conntrack.extend(
             map.iter()
                 .filter_map(Result::ok)

@@ -43,7 +43,7 @@ pub enum InspectError {
 
 impl InspectError {
     /// The error of reading map `map`, for `map_err`.
-    pub fn reading(map: &'static str) -> impl Fn(MapError) -> Self {
+    pub(super) fn reading(map: &'static str) -> impl Fn(MapError) -> Self {
         move |source| Self::Read { map, source }
     }
 }

@@ -16,7 +16,7 @@ use socklb_abi::{
 
 use super::{
     error::InspectError,
-    maps::{ipv6, open, open6},
+    pinned::{ipv6, open, open6},
 };
 use crate::{
     desired::{BackendAddr, Frontend, Scope},
@@ -68,7 +68,7 @@ pub struct ServiceLabel {
 impl ServiceLabel {
     /// NAMESPACE/NAME, and :PORT if the port is named, escaped for the terminal: the names
     /// are the Service author's (the file source takes any character).
-    pub fn shown(&self) -> String {
+    pub(super) fn shown(&self) -> String {
         let (namespace, name) = (printable(&self.namespace), printable(&self.name));
         if self.port.is_empty() {
             format!("{namespace}/{name}")

@@ -4,13 +4,14 @@
 //! serves each pod (`pods`).
 //!
 //! One module per kind of state: [`frontends`], [`affinity`], [`conntrack`], [`pods`], each
-//! read from its maps; [`inspection`] is what they make together, [`table`] how it is shown.
+//! read from its maps; [`inspection`] is what they make together, [`mod@table`] how it is
+//! shown; [`pinned`] opens the pins and decodes addresses.
 mod affinity;
 mod conntrack;
 mod error;
 mod frontends;
 mod inspection;
-mod maps;
+mod pinned;
 mod pods;
 mod table;
 
@@ -19,7 +20,7 @@ use std::{collections::BTreeSet, net::IpAddr, path::Path};
 use aya::maps::{Array, MapData, PerCpuArray};
 use socklb_abi::{Counters, SocketRecordCount, map_names};
 
-use self::maps::{entries_of, open, open6};
+use self::pinned::{entries_of, open, open6};
 pub use self::{
     affinity::AffinityState,
     conntrack::ConntrackState,
@@ -38,11 +39,12 @@ use crate::{
 };
 
 /// Reads the maps under `pin_dir`, both families; `only` keeps the frontends on that
-/// address, and the entries of those frontends.
+/// address and their affinity entries, and the flows with that address on either side.
 pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, InspectError> {
     let (frontends, slot_ids) = frontends::read(pin_dir, only)?;
     let affinity = affinity::read(pin_dir, &frontends, &slot_ids, only)?;
     let conntrack = conntrack::read(pin_dir, only)?;
+    let fragments = conntrack::fragments(pin_dir)?;
     let counters_map: PerCpuArray<MapData, Counters> = open(pin_dir, map_names::COUNTERS)?
         .try_into()
         .map_err(InspectError::reading(map_names::COUNTERS))?;
@@ -87,7 +89,7 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         frontends,
         affinity,
         conntrack,
-        fragments: conntrack::fragments(pin_dir)?,
+        fragments,
         socket_records,
         pod_namespaces: listed.len(),
         counters: sum,
@@ -109,9 +111,7 @@ fn socket_records(pin_dir: &Path) -> Result<u64, InspectError> {
     let name = map_names::SOCKET_RECORD_COUNT;
     let map: Array<MapData, SocketRecordCount> = open(pin_dir, name)?
         .try_into()
-        .map_err(|source| InspectError::Read { map: name, source })?;
-    let count = map
-        .get(&0, 0)
-        .map_err(|source| InspectError::Read { map: name, source })?;
+        .map_err(InspectError::reading(name))?;
+    let count = map.get(&0, 0).map_err(InspectError::reading(name))?;
     Ok(u64::try_from(count.live).unwrap_or(0))
 }

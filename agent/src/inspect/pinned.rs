@@ -11,7 +11,8 @@ use socklb_abi::{Ipv6Words, ipv6_octets, map_names};
 use super::error::InspectError;
 use crate::kernel::pins;
 
-pub fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
+/// The map pinned as `name`, typed as its kind needs to be read.
+pub(super) fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
     let path = pins::map_pin(pin_dir, name);
     let data = MapData::from_pin(&path).map_err(|source| InspectError::Open {
         path: path.display().to_string(),
@@ -32,7 +33,7 @@ pub fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
 
 /// An IPv6 map, or `None` when it is not pinned (an agent from before IPv6, or one whose
 /// programs do not have that map yet): its family then simply has no entries.
-pub fn open6(pin_dir: &Path, name: &str) -> Result<Option<Map>, InspectError> {
+pub(super) fn open6(pin_dir: &Path, name: &str) -> Result<Option<Map>, InspectError> {
     if !pins::map_pin(pin_dir, name).exists() {
         return Ok(None);
     }
@@ -40,7 +41,7 @@ pub fn open6(pin_dir: &Path, name: &str) -> Result<Option<Map>, InspectError> {
 }
 
 /// The entries of a hash map, decoded by `decode`; unreadable entries are left out.
-pub fn entries_of<K: aya::Pod, V: aya::Pod, T>(
+pub(super) fn entries_of<K: aya::Pod, V: aya::Pod, T>(
     map: Option<Map>,
     name: &'static str,
     decode: impl Fn(K, V) -> Option<T>,
@@ -48,9 +49,7 @@ pub fn entries_of<K: aya::Pod, V: aya::Pod, T>(
     let Some(map) = map else {
         return Ok(Vec::new());
     };
-    let map: HashMap<MapData, K, V> = map
-        .try_into()
-        .map_err(|source| InspectError::Read { map: name, source })?;
+    let map: HashMap<MapData, K, V> = map.try_into().map_err(InspectError::reading(name))?;
     Ok(map
         .iter()
         .filter_map(Result::ok)
@@ -58,17 +57,20 @@ pub fn entries_of<K: aya::Pod, V: aya::Pod, T>(
         .collect())
 }
 
-pub fn ipv6(words: Ipv6Words) -> IpAddr {
+/// An IPv6 address as the maps hold it.
+pub(super) fn ipv6(words: Ipv6Words) -> IpAddr {
     Ipv6Addr::from(ipv6_octets(words)).into()
 }
 
-pub fn socket(address: u32, port: u16) -> SocketAddr {
+/// An IPv4 address and port as the maps hold them (network byte order).
+pub(super) fn socket(address: u32, port: u16) -> SocketAddr {
     SocketAddr::new(
         Ipv4Addr::from(u32::from_be(address)).into(),
         u16::from_be(port),
     )
 }
 
-pub fn socket6(address: Ipv6Words, port: u16) -> SocketAddr {
+/// An IPv6 address and port as the maps hold them.
+pub(super) fn socket6(address: Ipv6Words, port: u16) -> SocketAddr {
     SocketAddr::new(ipv6(address), u16::from_be(port))
 }

@@ -6,7 +6,8 @@ use std::{
     process::{Child, Command, Stdio},
 };
 
-/// A running session; [`TraceSession::stop`] ends it and prints what it saw.
+/// A running session; [`TraceSession::stop`] ends it and prints what it saw, and so does
+/// dropping it (a benchmark that failed half way).
 pub struct TraceSession(Child);
 
 impl TraceSession {
@@ -40,8 +41,14 @@ impl TraceSession {
     }
 
     /// SIGTERM: the session gives its lease back and prints what it saw.
-    pub fn stop(mut self) {
-        // SAFETY: signalling our own child.
+    pub fn stop(self) {
+        drop(self);
+    }
+}
+
+impl Drop for TraceSession {
+    fn drop(&mut self) {
+        // SAFETY: signalling our own child, not yet waited for.
         unsafe { libc::kill(self.0.id().cast_signed(), libc::SIGTERM) };
         let _ = self.0.wait();
     }

@@ -23,7 +23,9 @@ use super::{
 
 /// A watch without `timeoutSeconds` lasts this long (the real server picks 30-60 minutes).
 const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
-pub async fn handle(
+
+/// A request, answered with a list, a watch stream, or the Status of its refusal.
+pub(super) async fn handle(
     State(store): State<Arc<Mutex<Store>>>,
     method: Method,
     uri: Uri,
@@ -32,7 +34,7 @@ pub async fn handle(
     serve(&store, &method, &uri, &headers).unwrap_or_else(Refusal::response)
 }
 
-pub fn serve(
+pub(super) fn serve(
     store: &Mutex<Store>,
     method: &Method,
     uri: &Uri,
@@ -96,7 +98,7 @@ pub fn serve(
 /// The newline-delimited events: the initial lines, then the live ones until the timeout
 /// (a clean end), a [`Signal::Break`] (an error, which makes hyper drop the connection) or
 /// the server's end.
-pub fn watch_body(
+pub(super) fn watch_body(
     initial: Vec<Bytes>,
     live: Option<mpsc::UnboundedReceiver<Signal>>,
     timeout: Duration,

@@ -7,21 +7,21 @@ use axum::http::{HeaderMap, StatusCode, header};
 use super::{selector::Filter, wire::Refusal};
 
 /// A list or watch request, checked against what the server serves.
-pub struct ParsedRequest {
-    pub path: String,
-    pub query: HashMap<String, String>,
-    pub filter: Filter,
-    pub metadata_only: bool,
+pub(super) struct ParsedRequest {
+    pub(super) path: String,
+    pub(super) query: HashMap<String, String>,
+    pub(super) filter: Filter,
+    pub(super) metadata_only: bool,
 }
 
 impl ParsedRequest {
-    pub fn flag(&self, name: &str) -> bool {
+    pub(super) fn flag(&self, name: &str) -> bool {
         self.query
             .get(name)
             .is_some_and(|value| value == "true" || value == "1")
     }
 
-    pub fn number(&self, name: &str) -> Result<Option<u64>, Refusal> {
+    pub(super) fn number(&self, name: &str) -> Result<Option<u64>, Refusal> {
         self.query
             .get(name)
             .map(|value| {
@@ -36,7 +36,7 @@ impl ParsedRequest {
 
 /// The collection path and namespace of `/api/v1/namespaces/NS/services` (or of an
 /// all-namespaces path, which is its own collection).
-pub fn collection_of(path: &str) -> (String, Option<String>) {
+pub(super) fn collection_of(path: &str) -> (String, Option<String>) {
     if let Some((prefix, rest)) = path.split_once("/namespaces/")
         && let Some((namespace, plural)) = rest.split_once('/')
         && !plural.contains('/')
@@ -49,7 +49,7 @@ pub fn collection_of(path: &str) -> (String, Option<String>) {
 
 /// Whether the client asked for PartialObjectMetadata; what the real server does not serve
 /// is refused the way it refuses it (406).
-pub fn metadata_only(headers: &HeaderMap, watch: bool) -> Result<bool, Refusal> {
+pub(super) fn metadata_only(headers: &HeaderMap, watch: bool) -> Result<bool, Refusal> {
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|value| value.to_str().ok())
@@ -75,7 +75,7 @@ pub fn metadata_only(headers: &HeaderMap, watch: bool) -> Result<bool, Refusal> 
 
 /// The query's parameters (`application/x-www-form-urlencoded`: selectors arrive as
 /// `%21app%2Cx%3Dy`).
-pub fn parse_query(query: &str) -> HashMap<String, String> {
+pub(super) fn parse_query(query: &str) -> HashMap<String, String> {
     form_urlencoded::parse(query.as_bytes())
         .into_owned()
         .collect()

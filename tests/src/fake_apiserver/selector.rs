@@ -9,14 +9,14 @@ use super::wire::Refusal;
 
 /// Label and field requirements of a request; all must hold.
 #[derive(Clone, Debug, Default)]
-pub struct Filter {
-    pub namespace: Option<String>,
-    pub labels: Vec<Requirement>,
-    pub fields: Vec<Requirement>,
+pub(super) struct Filter {
+    pub(super) namespace: Option<String>,
+    pub(super) labels: Vec<Requirement>,
+    pub(super) fields: Vec<Requirement>,
 }
 
 #[derive(Clone, Debug)]
-pub enum Requirement {
+pub(super) enum Requirement {
     Exists(String),
     NotExists(String),
     Equals(String, String),
@@ -24,7 +24,7 @@ pub enum Requirement {
 }
 
 impl Requirement {
-    pub fn parse(text: &str, fields: bool) -> Result<Self, String> {
+    pub(super) fn parse(text: &str, fields: bool) -> Result<Self, String> {
         let text = text.trim();
         if text.contains('(') || text.contains(" in ") || text.contains(" notin ") {
             return Err(format!("set-based requirement {text:?} is not supported"));
@@ -58,7 +58,7 @@ impl Requirement {
     }
 
     /// `value` is the label's (or field's) value, `None` when the object has no such label.
-    pub fn holds<'a>(&self, value: impl Fn(&str) -> Option<&'a str>) -> bool {
+    pub(super) fn holds<'a>(&self, value: impl Fn(&str) -> Option<&'a str>) -> bool {
         match self {
             Self::Exists(key) => value(key).is_some(),
             Self::NotExists(key) => value(key).is_none(),
@@ -70,7 +70,7 @@ impl Requirement {
 }
 
 impl Filter {
-    pub fn parse(query: &HashMap<String, String>) -> Result<Self, Refusal> {
+    pub(super) fn parse(query: &HashMap<String, String>) -> Result<Self, Refusal> {
         let parse = |name: &str, fields: bool| -> Result<Vec<Requirement>, Refusal> {
             let text = query.get(name).map(String::as_str).unwrap_or_default();
             text.split(',')
@@ -86,7 +86,7 @@ impl Filter {
         })
     }
 
-    pub fn matches(&self, object: &Value) -> bool {
+    pub(super) fn matches(&self, object: &Value) -> bool {
         let metadata = &object["metadata"];
         fn text(value: &Value) -> &str {
             value.as_str().unwrap_or_default()

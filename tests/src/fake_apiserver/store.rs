@@ -12,6 +12,7 @@ use super::{
     selector::Filter,
     wire::{Refusal, event_line, list_item, shown, status_object},
 };
+
 /// A request the server answered, for tests that check what a client asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Served {
@@ -29,44 +30,44 @@ pub struct Served {
 }
 
 /// Objects, history and open watches, shared by the handle and the HTTP handlers.
-pub struct Store {
+pub(super) struct Store {
     /// The last resourceVersion handed out; global across kinds, like etcd's revision.
-    pub revision: u64,
+    pub(super) revision: u64,
     /// Watches from a resourceVersion older than this get 410 Gone.
-    pub oldest: u64,
+    pub(super) oldest: u64,
     /// By collection path (`/api/v1/services`).
-    pub collections: BTreeMap<String, Collection>,
+    pub(super) collections: BTreeMap<String, Collection>,
     /// Changes after `oldest`, in order.
-    pub history: Vec<Change>,
-    pub watches: Vec<Watch>,
+    pub(super) history: Vec<Change>,
+    pub(super) watches: Vec<Watch>,
     /// Remaining items of paged lists, by continue token.
-    pub pages: HashMap<String, Page>,
-    pub next_page: u64,
-    pub expired: usize,
-    pub served: Vec<Served>,
-    /// Until when every request is refused, and how (see [`FakeApiServer::refuse_for`]).
-    pub refusing: Option<(StatusCode, &'static str, std::time::Instant)>,
+    pub(super) pages: HashMap<String, Page>,
+    pub(super) next_page: u64,
+    pub(super) expired: usize,
+    pub(super) served: Vec<Served>,
+    /// Until when every request is refused, and how (see [`super::FakeApiServer::refuse_for`]).
+    pub(super) refusing: Option<(StatusCode, &'static str, std::time::Instant)>,
     /// Streamed lists are served (the WatchList feature, on by default since Kubernetes
     /// 1.34).
-    pub watch_list: bool,
+    pub(super) watch_list: bool,
 }
 
-pub struct Collection {
-    pub kind: &'static str,
-    pub api_version: &'static str,
-    pub list_kind: &'static str,
+pub(super) struct Collection {
+    pub(super) kind: &'static str,
+    pub(super) api_version: &'static str,
+    pub(super) list_kind: &'static str,
     /// By (namespace, name), namespace empty for cluster-scoped kinds; sorted like etcd keys.
-    pub objects: BTreeMap<(String, String), Value>,
+    pub(super) objects: BTreeMap<(String, String), Value>,
     /// Each object's ADDED event line, encoded once when it is stored: the API server does
     /// not run on the node, so the lists of 100,000 objects it streams must not cost the
     /// node's CPU seconds of encoding.
-    pub added: BTreeMap<(String, String), Bytes>,
+    pub(super) added: BTreeMap<(String, String), Bytes>,
 }
 
 impl Collection {
     /// The ADDED lines of the objects `request` selects. Both maps hold the same keys, so
     /// they walk in step: no lookup per object, as a watch cache streams what it holds.
-    pub fn added_lines(&self, request: &ParsedRequest) -> Vec<Bytes> {
+    pub(super) fn added_lines(&self, request: &ParsedRequest) -> Vec<Bytes> {
         self.objects
             .values()
             .zip(self.added.values())
@@ -83,39 +84,39 @@ impl Collection {
 }
 
 /// One change of one object: created (`old` is None), modified, or deleted (`new` is None).
-pub struct Change {
-    pub revision: u64,
-    pub path: String,
-    pub old: Option<Value>,
-    pub new: Option<Value>,
+pub(super) struct Change {
+    pub(super) revision: u64,
+    pub(super) path: String,
+    pub(super) old: Option<Value>,
+    pub(super) new: Option<Value>,
 }
 
-pub struct Page {
-    pub revision: u64,
-    pub items: Vec<Value>,
+pub(super) struct Page {
+    pub(super) revision: u64,
+    pub(super) items: Vec<Value>,
 }
 
-pub enum Signal {
+pub(super) enum Signal {
     Line(String),
     /// Break the connection.
     Break,
 }
 
 /// An open watch: what it selects and where its lines go.
-pub struct Watch {
-    pub path: String,
-    pub filter: Filter,
-    pub metadata_only: bool,
-    pub bookmarks: bool,
-    pub kind: &'static str,
-    pub api_version: &'static str,
-    pub tx: mpsc::UnboundedSender<Signal>,
+pub(super) struct Watch {
+    pub(super) path: String,
+    pub(super) filter: Filter,
+    pub(super) metadata_only: bool,
+    pub(super) bookmarks: bool,
+    pub(super) kind: &'static str,
+    pub(super) api_version: &'static str,
+    pub(super) tx: mpsc::UnboundedSender<Signal>,
 }
 
 impl Watch {
     /// The event this watch sees for a change, if any: a filtered watch sees an object that
     /// starts matching as ADDED and one that stops matching as DELETED.
-    pub fn event(&self, change: &Change) -> Option<String> {
+    pub(super) fn event(&self, change: &Change) -> Option<String> {
         if change.path != self.path {
             return None;
         }
@@ -135,16 +136,16 @@ impl Watch {
         }
     }
 
-    pub fn bookmark(&self, revision: u64) -> String {
+    pub(super) fn bookmark(&self, revision: u64) -> String {
         self.bookmark_with(revision, json!({}))
     }
 
     /// The bookmark that ends a streamed list's initial objects.
-    pub fn initial_events_end(&self, revision: u64) -> String {
+    pub(super) fn initial_events_end(&self, revision: u64) -> String {
         self.bookmark_with(revision, json!({"k8s.io/initial-events-end": "true"}))
     }
 
-    pub fn bookmark_with(&self, revision: u64, annotations: Value) -> String {
+    pub(super) fn bookmark_with(&self, revision: u64, annotations: Value) -> String {
         let (kind, api_version) = if self.metadata_only {
             ("PartialObjectMetadata", "meta.k8s.io/v1")
         } else {
@@ -160,7 +161,7 @@ impl Watch {
 }
 
 impl Store {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             // etcd's first revision; "0" means "any version" to the API.
             revision: 1,
@@ -178,7 +179,7 @@ impl Store {
     }
 
     /// Serves K's collection (if not yet) and returns its path.
-    pub fn register<K: ListableResource>(&mut self) -> String {
+    pub(super) fn register<K: ListableResource>(&mut self) -> String {
         let path = if K::GROUP.is_empty() {
             format!("/api/{}/{}", K::VERSION, K::URL_PATH_SEGMENT)
         } else {
@@ -198,7 +199,7 @@ impl Store {
 
     /// Stores a new state of an object (`None`: deleted), records the change and sends it to
     /// the open watches; returns the change's resourceVersion.
-    pub fn change(&mut self, path: &str, key: (String, String), new: Option<Value>) -> u64 {
+    pub(super) fn change(&mut self, path: &str, key: (String, String), new: Option<Value>) -> u64 {
         self.revision += 1;
         let revision = self.revision;
         let Some(collection) = self.collections.get_mut(path) else {
@@ -233,7 +234,7 @@ impl Store {
         revision
     }
 
-    pub fn list(&mut self, request: &ParsedRequest) -> Result<Value, Refusal> {
+    pub(super) fn list(&mut self, request: &ParsedRequest) -> Result<Value, Refusal> {
         let collection = &self.collections[&request.path];
         let (kind, api_version) = if request.metadata_only {
             ("PartialObjectMetadataList", "meta.k8s.io/v1")
@@ -289,7 +290,7 @@ impl Store {
     }
 
     /// The lines a new watch starts with, and its live feed unless it ends at once.
-    pub fn watch(
+    pub(super) fn watch(
         &mut self,
         request: &ParsedRequest,
     ) -> Result<(Vec<Bytes>, Option<mpsc::UnboundedReceiver<Signal>>), Refusal> {
@@ -329,7 +330,7 @@ impl Store {
 
     /// A watch that starts with the current objects and a bookmark that ends them, with the
     /// real server's validation of the request.
-    pub fn streamed_list(
+    pub(super) fn streamed_list(
         &mut self,
         request: &ParsedRequest,
     ) -> Result<(Vec<Bytes>, Option<mpsc::UnboundedReceiver<Signal>>), Refusal> {
@@ -369,7 +370,10 @@ impl Store {
         Ok((initial, Some(rx)))
     }
 
-    pub fn new_watch(&self, request: &ParsedRequest) -> (Watch, mpsc::UnboundedReceiver<Signal>) {
+    pub(super) fn new_watch(
+        &self,
+        request: &ParsedRequest,
+    ) -> (Watch, mpsc::UnboundedReceiver<Signal>) {
         let collection = &self.collections[&request.path];
         let (tx, rx) = mpsc::unbounded_channel();
         let watch = Watch {

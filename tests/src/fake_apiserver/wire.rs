@@ -7,14 +7,14 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-pub fn key_of(object: &Value) -> (String, String) {
+pub(super) fn key_of(object: &Value) -> (String, String) {
     let text = |value: &Value| value.as_str().unwrap_or_default().to_owned();
     let metadata = &object["metadata"];
     (text(&metadata["namespace"]), text(&metadata["name"]))
 }
 
 /// An object as a client that asked for metadata only (or not) gets it.
-pub fn shown(object: &Value, metadata_only: bool) -> Value {
+pub(super) fn shown(object: &Value, metadata_only: bool) -> Value {
     if metadata_only {
         json!({
             "kind": "PartialObjectMetadata",
@@ -27,7 +27,7 @@ pub fn shown(object: &Value, metadata_only: bool) -> Value {
 }
 
 /// List items carry no kind and apiVersion (the list has them), as from the real server.
-pub fn list_item(object: &Value, metadata_only: bool) -> Value {
+pub(super) fn list_item(object: &Value, metadata_only: bool) -> Value {
     let mut item = shown(object, metadata_only);
     if let Some(fields) = item.as_object_mut() {
         fields.remove("kind");
@@ -40,11 +40,11 @@ pub fn list_item(object: &Value, metadata_only: bool) -> Value {
 /// `metav1.WatchEvent`). A client reads `type` first and decodes the object straight into
 /// its kind; with `object` first (a JSON map's sorted keys), kube-rs buffers every object
 /// and decodes it twice.
-pub fn event_line(kind: &str, object: &Value) -> String {
+pub(super) fn event_line(kind: &str, object: &Value) -> String {
     format!("{{\"type\":{},\"object\":{object}}}\n", Value::from(kind))
 }
 
-pub fn status_object(code: u16, reason: &str, message: &str) -> Value {
+pub(super) fn status_object(code: u16, reason: &str, message: &str) -> Value {
     json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -58,14 +58,14 @@ pub fn status_object(code: u16, reason: &str, message: &str) -> Value {
 
 /// A request the real API server refuses too, answered with a `Status` object.
 #[derive(Debug)]
-pub struct Refusal {
+pub(super) struct Refusal {
     code: StatusCode,
     reason: &'static str,
     message: String,
 }
 
 impl Refusal {
-    pub fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
+    pub(super) fn new(code: StatusCode, reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             code,
             reason,
@@ -73,13 +73,13 @@ impl Refusal {
         }
     }
 
-    pub fn response(self) -> Response {
+    pub(super) fn response(self) -> Response {
         let status = status_object(self.code.as_u16(), self.reason, &self.message);
         json_response(self.code, Body::from(status.to_string()))
     }
 }
 
-pub fn json_response(code: StatusCode, body: Body) -> Response {
+pub(super) fn json_response(code: StatusCode, body: Body) -> Response {
     let mut response = Response::new(body);
     *response.status_mut() = code;
     response.headers_mut().insert(

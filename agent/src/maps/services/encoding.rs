@@ -17,7 +17,7 @@ use crate::{
 
 /// A slot naming a backend of the other family: selection never crosses families, so
 /// this is a bug, refused rather than written.
-pub fn family_mismatch() -> MapError {
+pub(super) fn family_mismatch() -> MapError {
     MapError::SyscallError(aya::sys::SyscallError {
         call: "encode slot",
         io_error: std::io::Error::new(
@@ -61,7 +61,7 @@ impl MapAddress for Ipv6Words {
     }
 }
 
-pub fn backend_addr(address: IpAddr, port: u16, flags: u8) -> BackendAddr {
+pub(super) fn backend_addr(address: IpAddr, port: u16, flags: u8) -> BackendAddr {
     BackendAddr {
         address,
         port: u16::from_be(port),
@@ -70,7 +70,7 @@ pub fn backend_addr(address: IpAddr, port: u16, flags: u8) -> BackendAddr {
 }
 
 /// The service-map key of `key`; `None` if its frontend is of the other family.
-pub fn encode_key<A: MapAddress>(key: &SlotKey) -> Option<ServiceKey<A>> {
+pub(super) fn encode_key<A: MapAddress>(key: &SlotKey) -> Option<ServiceKey<A>> {
     Some(ServiceKey {
         address: A::from_ip(key.frontend.address)?,
         port: key.frontend.port.to_be(),
@@ -96,7 +96,7 @@ pub fn decode_key<A: MapAddress>(key: &ServiceKey<A>) -> Option<SlotKey> {
 }
 
 /// A master entry as the writer knows it (without the slot range, which is this store's).
-pub fn decode_master(entry: &ServiceEntry) -> Master {
+pub(super) fn decode_master(entry: &ServiceEntry) -> Master {
     Master {
         count: entry.count,
         flags: entry.flags,
@@ -106,7 +106,7 @@ pub fn decode_master(entry: &ServiceEntry) -> Master {
 }
 
 /// The master entry of `master`, naming `range` (none: a frontend without slots).
-pub fn encode_master(master: &Master, range: Option<SlotRange>) -> ServiceEntry {
+pub(super) fn encode_master(master: &Master, range: Option<SlotRange>) -> ServiceEntry {
     let range = range.unwrap_or(SlotRange { first: 0, room: 0 });
     ServiceEntry {
         count: master.count,
@@ -120,7 +120,7 @@ pub fn encode_master(master: &Master, range: Option<SlotRange>) -> ServiceEntry 
 
 /// What a slot of `frontend` holding `id` reads as: the id and the backend holding it
 /// (the unspecified address when none does).
-pub fn slot_value(frontend: &Frontend, id: u32, backend: Option<&BackendAddr>) -> SlotValue {
+pub(super) fn slot_value(frontend: &Frontend, id: u32, backend: Option<&BackendAddr>) -> SlotValue {
     SlotValue::Backend {
         id,
         backend: backend.copied().unwrap_or_else(|| {
@@ -130,7 +130,7 @@ pub fn slot_value(frontend: &Frontend, id: u32, backend: Option<&BackendAddr>) -
 }
 
 /// A frontend's slots did not fit the slot array, as a map error of the write.
-pub fn slots_full(full: SlotsFull) -> MapError {
+pub(super) fn slots_full(full: SlotsFull) -> MapError {
     MapError::SyscallError(aya::sys::SyscallError {
         call: "slot array",
         io_error: std::io::Error::new(std::io::ErrorKind::StorageFull, full),
@@ -138,7 +138,7 @@ pub fn slots_full(full: SlotsFull) -> MapError {
 }
 
 /// The backend-map value of `backend`; `None` for the other family.
-pub fn encode_backend<A: MapAddress>(
+pub(super) fn encode_backend<A: MapAddress>(
     backend: &BackendAddr,
     protocol: Protocol,
 ) -> Option<Backend<A>> {
@@ -155,7 +155,7 @@ pub fn encode_backend<A: MapAddress>(
 }
 
 /// A backend-map entry as the writer's mirror holds it.
-pub fn decode_backend<A: MapAddress>(
+pub(super) fn decode_backend<A: MapAddress>(
     (id, backend): &(u32, Backend<A>),
 ) -> (u32, BackendAddr, Option<Protocol>) {
     let addr = backend_addr(backend.address.ip(), backend.port, backend.flags);

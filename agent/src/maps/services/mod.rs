@@ -14,10 +14,11 @@ use std::{net::IpAddr, os::fd::AsFd as _, sync::atomic::AtomicU32, thread::JoinH
 use aya::maps::{Array, HashMap, IterableMap, Map, MapData, MapError};
 use socklb_abi::{Backend, Backend6, ServiceEntry, ServiceKey, ServiceKey6};
 
-pub use self::encoding::{MapAddress, decode_key, decode_master, encode_key};
+pub use self::encoding::decode_key;
 use self::{
     encoding::{
-        decode_backend, encode_backend, encode_master, family_mismatch, slot_value, slots_full,
+        MapAddress, decode_backend, decode_master, encode_backend, encode_key, encode_master,
+        family_mismatch, slot_value, slots_full,
     },
     puts::{Put, Run, WrittenRun, joined, put_run, shares},
 };

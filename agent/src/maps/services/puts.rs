@@ -15,23 +15,23 @@ use crate::maps::{
 /// A put into a map, as held or batched: the writer's op, and for a master entry the slot
 /// range it names (known once the frontend's slots are written, which come before).
 #[derive(Clone, Debug)]
-pub struct Put {
-    pub op: Op,
-    pub range: Option<SlotRange>,
+pub(super) struct Put {
+    pub(super) op: Op,
+    pub(super) range: Option<SlotRange>,
 }
 
 /// A map's puts given back by the thread that wrote them, and how it went ([`put_run`]).
-pub type WrittenRun = (Vec<Put>, Option<Result<(), BatchError>>);
+pub(super) type WrittenRun = (Vec<Put>, Option<Result<(), BatchError>>);
 
 /// Which map a put goes to, for batching consecutive puts into one map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Run {
+pub(super) enum Run {
     Services { v6: bool },
     Backends { v6: bool },
 }
 
 impl Run {
-    pub fn of(op: &Op) -> Option<Self> {
+    pub(super) fn of(op: &Op) -> Option<Self> {
         match op {
             Op::PutService {
                 key,
@@ -74,9 +74,13 @@ fn backend_entries<A: MapAddress>(puts: &[Put]) -> Option<Vec<(u32, Backend<A>)>
         .collect()
 }
 
-/// One batch update for `ops` (all puts into `run`'s map, `map`): `None` if one of them
+/// One batch update for `puts` (all into `run`'s map, `map`): `None` if one of them
 /// does not encode.
-pub fn put_run(map: BorrowedFd<'_>, run: Run, puts: &[Put]) -> Option<Result<(), BatchError>> {
+pub(super) fn put_run(
+    map: BorrowedFd<'_>,
+    run: Run,
+    puts: &[Put],
+) -> Option<Result<(), BatchError>> {
     match run {
         Run::Services { v6: false } => {
             put_batch::<ServiceKey, ServiceEntry>(map, master_entries(puts))
@@ -94,7 +98,7 @@ const SHARE_MIN: usize = 4096;
 
 /// `ops` in at most `threads` shares of about equal length (none below [`SHARE_MIN`]
 /// unless there are fewer), in order, none empty.
-pub fn shares<T>(mut ops: Vec<T>, threads: usize) -> Vec<Vec<T>> {
+pub(super) fn shares<T>(mut ops: Vec<T>, threads: usize) -> Vec<Vec<T>> {
     let count = threads.min(ops.len() / SHARE_MIN).max(1);
     let share = ops.len().div_ceil(count);
     let mut shares = Vec::new();
@@ -118,7 +122,7 @@ fn put_batch<K: Pod, V: Pod>(
 }
 
 /// A thread's result; its panic goes on here.
-pub fn joined<T>(thread: JoinHandle<T>) -> T {
+pub(super) fn joined<T>(thread: JoinHandle<T>) -> T {
     thread
         .join()
         .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

@@ -25,7 +25,7 @@ use crate::source::{
     read_ahead::{self, ReadAhead},
 };
 
-/// Bytes a file may shrink by without waiting for [`SETTLE`]: an edited address or port
+/// Bytes a file may shrink by without waiting for [`SETTLE`](super::timing::SETTLE): an edited address or port
 /// (an endpoint replaced), which must not be slowed down.
 const SHRINK_MARGIN: usize = 16;
 
@@ -168,7 +168,7 @@ pub enum Held {
     Writing,
     /// Found empty though it held objects: read again before they are deleted.
     Emptied,
-    /// Lost objects or much of its text, and changed less than [`SETTLE`] ago: perhaps
+    /// Lost objects or much of its text, and changed less than [`SETTLE`](super::timing::SETTLE) ago: perhaps
     /// the first part of a file written with several opens.
     Settling,
 }
