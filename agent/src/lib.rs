@@ -3,6 +3,9 @@
 //! Data flows one way: `source` -> `state` -> `select` -> `frontends` -> `dataplane`,
 //! driven by `runner`; `desired`, `maps` and `kernel` are reached through `dataplane`.
 //! docs/architecture.md draws the whole.
+// These docs are for socklb's developers (`cargo doc --document-private-items`): a module's
+// doc may name its private parts.
+#![allow(rustdoc::private_intra_doc_links)]
 pub mod cli;
 pub mod conntrack_gc;
 pub mod dataplane;

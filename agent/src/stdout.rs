@@ -2,7 +2,7 @@
 //! `head` goes away, like `cat`, `bpftool` and `kubectl`, instead of panicking.
 //!
 //! Rust ignores SIGPIPE, so a write to a pipe whose reader is gone fails with EPIPE (and
-//! `println!` panics on it). The commands write through [`print`], which turns EPIPE into
+//! `println!` panics on it). The commands write through [`print()`], which turns EPIPE into
 //! [`StdoutError::ReaderGone`]; the command then unwinds normally (a trace session gives its
 //! lease back on the way) and [`die_of_sigpipe`] ends the process as the kernel would have
 //! ended a C tool: killed by SIGPIPE, no message, status 141 in the shell. Dying of the

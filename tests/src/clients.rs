@@ -156,7 +156,7 @@ pub(crate) fn parse_attempts(stdout: &[u8], stderr: &[u8]) -> Vec<Attempt> {
 }
 
 /// The probe client; cargo builds this package's binaries before its integration tests.
-/// The `socklb-hold` client (see [`hold`]).
+/// The `socklb-hold` client (its source: `src/bin/hold.rs`).
 pub fn hold_bin() -> PathBuf {
     target_bin("socklb-hold", "SOCKLB_HOLD_BIN")
 }

@@ -1,7 +1,7 @@
 //! The address family a scenario runs over: one test body, run once per family, with the
-//! addresses chosen here. IPv4 servers listen on loopback aliases (127.0.<net>.<host>);
+//! addresses chosen here. IPv4 servers listen on loopback aliases (`127.0.<net>.<host>`);
 //! IPv6 has a single loopback address, so its servers listen on ULA addresses
-//! (fd00:0:0:<net>::<host>) that [`Family::local`] puts on the sandbox's `lo`.
+//! (`fd00:0:0:<net>::<host>`) that [`Family::local`] puts on the sandbox's `lo`.
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     process::Command,

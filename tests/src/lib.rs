@@ -23,7 +23,10 @@
 //! - [`test_run`] and [`frames`]: one packet through an attached TC program in the kernel's
 //!   test harness, and the frames it takes;
 //! - [`process`] and [`wait`]: commands, children, and waiting for what is asynchronous;
-//! - [`bench`], [`signals`] and [`machine`]: what the benchmarks need around a run.
+//! - [`bench`](mod@bench), [`signals`] and [`machine`]: what the benchmarks need around a run.
+// Docs for the harness's developers (`cargo doc --document-private-items`): a module's doc
+// may name its private parts.
+#![allow(rustdoc::private_intra_doc_links)]
 pub mod agent;
 pub mod bench;
 pub mod boom_server;

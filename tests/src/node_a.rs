@@ -1,6 +1,6 @@
 //! node-a alone: the one-node cluster of the tests that run the agent on a manifests
 //! directory in the sandbox. Its Node, Service web with endpoints on loopback addresses
-//! 127.0.<net>.<host>:8080, and the servers behind them.
+//! `127.0.<net>.<host>:8080`, and the servers behind them.
 use std::net::SocketAddr;
 
 use crate::{

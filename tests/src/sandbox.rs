@@ -124,7 +124,7 @@ impl Sandbox {
     }
 
     /// `socklb run` as node-a on `manifests` in this sandbox, started as `privileges` say,
-    /// for tests of how the agent starts or refuses to ([`Agent::start`] waits for ready).
+    /// for tests of how the agent starts or refuses to (`Agent::start` waits for ready).
     pub fn agent_command(&self, privileges: &ContainerPrivileges, manifests: &Path) -> Command {
         let mut command = privileges.command(agent_bin());
         command

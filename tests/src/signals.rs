@@ -22,7 +22,7 @@ pub fn unblock_signals_on_exec(command: &mut Command) {
 
 /// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and the threads it starts), so that a
 /// benchmark can wait for them on a thread of its own and clean up; returns the set. A
-/// spawned child inherits the mask: [`Agent`] clears it, so the agent still gets SIGTERM.
+/// spawned child inherits the mask: [`crate::agent::Agent`] clears it, so the agent still gets SIGTERM.
 pub fn block_termination_signals() -> libc::sigset_t {
     // SAFETY: sigset_t is plain data and sigemptyset initializes it; pthread_sigmask only
     // changes this thread's mask.

@@ -35,7 +35,8 @@ enum Task {
         #[arg(long, default_value = "localhost/socklb:dev")]
         name: String,
     },
-    /// Set up, then run every test: unit tests, clippy, and the privileged tests (as root).
+    /// Set up, then run every test: unit tests, clippy, the code's docs, and the privileged
+    /// tests (as root).
     Test {
         /// Only the tests whose name contains this filter.
         filter: Option<String>,
@@ -560,6 +561,17 @@ fn test(filter: Option<&str>) -> anyhow::Result<()> {
         &["clippy", "--all-targets", "--", "-D", "warnings"],
     )?;
     ebpf_clippy()?;
+    // The code's docs are read with their private items; a broken link fails like a lint.
+    step(
+        "docs",
+        &[
+            "doc",
+            "--no-deps",
+            "--document-private-items",
+            "--config",
+            "build.rustdocflags=['-D', 'warnings']",
+        ],
+    )?;
     // The privileged tests start the real agent binary.
     build_agent("build the agent", &[])?;
     // --all-targets: unit, integration and binary tests (there are no doc tests).

@@ -16,7 +16,7 @@ fn namespaced(text: &str) -> Result<String, String> {
     service_name(text).map(|_| text.to_owned())
 }
 
-/// A `--frontend` value: ADDRESS:PORT, [IPV6]:PORT, or an address alone (port 0: any).
+/// A `--frontend` value: `ADDRESS:PORT`, `[IPV6]:PORT`, or an address alone (port 0: any).
 fn frontend_address(text: &str) -> Result<SocketAddr, String> {
     text.parse::<SocketAddr>()
         .or_else(|_| {
@@ -302,7 +302,7 @@ fn parse_maglev_size(text: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{text:?} is not one of the prime table sizes {sizes:?}"))
 }
 
-/// An address to listen on: IP:PORT, or [IPv6]:PORT. A host name is not resolved (which
+/// An address to listen on: `IP:PORT`, or `[IPv6]:PORT`. A host name is not resolved (which
 /// address it meant would depend on the node's resolver at the agent's start).
 fn parse_bind_address(text: &str) -> Result<SocketAddr, String> {
     text.parse().map_err(|_| {
@@ -432,6 +432,8 @@ pub struct TraceArgs {
     pub service: Option<ServiceName>,
     /// Only this frontend, ADDRESS:PORT or [IPV6]:PORT; an ADDRESS alone (or port 0): any
     /// port of the address.
+    // A help text: `[IPV6]` is literal, not a link.
+    #[allow(rustdoc::broken_intra_doc_links)]
     #[arg(long, value_parser = frontend_address)]
     pub frontend: Option<std::net::SocketAddr>,
     /// Only translations to this backend address (IPv4 or IPv6).

@@ -4,7 +4,7 @@
 //!
 //! kube-rs's watcher does the protocol work (relist on 410 Gone, re-watch from the last
 //! resource version, bookmarks); this module only chooses what to request, waits between
-//! attempts as [`retry`](super::retry) says, logs what is retried and merges the two node
+//! attempts as [`super::retry`] says, logs what is retried and merges the two node
 //! feeds into one node stream.
 
 use std::{

@@ -3,7 +3,7 @@
 //! server said: the peer address the socket reports, the server's reply (its name), and the
 //! error if any. Run inside a test cgroup, it is "a process on the node".
 //!
-//! socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT|SECONDSs] [PAUSE_MS] [SOURCE_PORT]
+//! `socklb-probe tcp|udp|udp-connected ADDR:PORT [COUNT|SECONDSs] [PAUSE_MS] [SOURCE_PORT]`
 //!
 //! COUNT attempts, or as many as fit in SECONDS (e.g. `20s`).
 //!

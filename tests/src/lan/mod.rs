@@ -7,7 +7,7 @@
 //! routes pod2's subnet via node2. The client reaches LoadBalancer IPs and externalIPs
 //! through node1.
 //!
-//! The LAN is dual-stack: every one of those has an IPv6 (ULA) address too ([`Lan6`]), added
+//! The LAN is dual-stack: every one of those has an IPv6 (ULA) address too, added
 //! without duplicate address detection so that it is usable at once; a scenario picks its
 use std::{
     net::{Ipv4Addr, Ipv6Addr},

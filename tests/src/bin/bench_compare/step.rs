@@ -100,7 +100,7 @@ fn repeat(
 }
 
 /// A client namespace, a node of its own (the peer's rules and the node's baseline are
-/// there), with a veth pair to the server namespace: 10.200.<slot>.1 here, .2 there, default
+/// there), with a veth pair to the server namespace: `10.200.<slot>.1` here, .2 there, default
 /// route through it.
 fn client_netns(server: &File, slot: u32) -> anyhow::Result<File> {
     ensure!(slot < 256, "too many client namespaces");
