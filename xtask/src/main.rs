@@ -60,8 +60,9 @@ enum Bench {
         /// Service counts to measure at.
         #[arg(long, value_delimiter = ',', default_value = "1,1000,10000")]
         services: Vec<u32>,
-        /// Load the programs with the chart's capabilities (`chart`, as on a node) or as
-        /// root with every capability (`root`, no verifier Spectre hardening).
+        /// Load the programs with a default install's capabilities (`chart`, as on a node),
+        /// the chart's least (`minimal`, closeSocketsInPods=false: the verifier's Spectre
+        /// hardening on) or every capability (`root`).
         #[arg(long, default_value = "chart")]
         loader: String,
         /// `on`: a `socklb trace` session runs during the measurements (what tracing

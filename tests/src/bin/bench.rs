@@ -3,7 +3,8 @@
 //! service's backends, in one client process and interleaved, with 1, 1,000 and 10,000
 //! services of 10 backends in the maps, and reads the programs' kernel run time (BPF stats).
 //!
-//! socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root]
+//! socklb-bench datapath [--connections N] [--services 1,1000,10000]
+//!     [--loader chart|minimal|root]
 //!     [--trace on|off] [--family ipv4|ipv6] [--docs DIR]
 //!
 //! `--family ipv6` puts as many IPv6 Services as IPv4 ones in the maps and measures both
@@ -13,17 +14,19 @@
 //! `--trace on` runs a `socklb trace -o json` session (its output discarded) during every
 //! measurement: what tracing costs each translation.
 //!
-//! The programs are loaded with the chart's capabilities (BPF, NET_ADMIN), as on a node: the
-//! verifier then applies its Spectre hardening (masking of pointer arithmetic), which it
-//! skips for a loader with CAP_PERFMON. `--loader root` loads with every capability, to
-//! measure that difference.
+//! The programs are loaded with a default install's capabilities (the chart's default values:
+//! BPF, NET_ADMIN, SYS_ADMIN), as on a node. `--loader minimal` loads them with the chart's
+//! least (`closeSocketsInPods=false`: BPF, NET_ADMIN), under which the verifier applies its
+//! Spectre hardening (masking of pointer arithmetic, speculation barriers), which it skips
+//! for a loader with CAP_PERFMON or CAP_SYS_ADMIN; `--loader root` loads with every
+//! capability.
 //!
 //! Only processes in the sandbox cgroup are translated, so the timed client is this binary
 //! again, started inside the cgroup with the hidden `client` subcommand; it prints one JSON
 //! line that the parent turns into a markdown table.
 //!
 //! With `--docs DIR`, the table also replaces the `datapath` (or, with `--family ipv6`,
-//! `datapath ipv6`) section of DIR/benchmarks.md. Runs with `--trace on` or `--loader root`
+//! `datapath ipv6`) section of DIR/benchmarks.md. Runs with `--trace on` or another loader
 //! only print: their figures are read against other runs, which the page keeps by hand.
 use std::{
     fmt::Write as _,
@@ -56,9 +59,10 @@ use socklb_tests::{
     Sandbox,
     bench::{section::Section, trace_session::TraceSession},
     family::Family,
+    privileges,
 };
 
-const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|root] [--trace on|off] [--family ipv4|ipv6] [--docs DIR]";
+const USAGE: &str = "usage: socklb-bench datapath [--connections N] [--services 1,1000,10000] [--loader chart|minimal|root] [--trace on|off] [--family ipv4|ipv6] [--docs DIR]";
 const BACKENDS_PER_SERVICE: u32 = 10;
 /// Each measurement is split into this many VIP and direct batches, alternating which goes
 /// first, so that drift on a noisy machine hits both sides alike. Short batches matter: with
@@ -92,8 +96,8 @@ fn usage() -> ! {
 struct Options {
     connections: u32,
     services: Vec<u32>,
-    /// Load the programs with the chart's capabilities (true) or every capability.
-    chart_loader: bool,
+    /// With which capabilities the programs are loaded.
+    loader: Loader,
     /// A trace session runs during the measurements.
     trace: bool,
     /// The families measured, each with its own Services in the maps.
@@ -102,16 +106,27 @@ struct Options {
     docs: Option<PathBuf>,
 }
 
-/// IPv4 alone, loaded as the chart loads, no trace session.
+/// Whose capabilities load the programs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Loader {
+    /// A default install's agent (the chart's default values).
+    Chart,
+    /// The chart's least (`closeSocketsInPods=false`): the verifier's Spectre hardening on.
+    Minimal,
+    /// Every capability.
+    Root,
+}
+
+/// IPv4 alone, loaded as a default install loads, no trace session.
 const SECTION: Section = Section::new("datapath", "datapath", "Datapath: socket translation cost");
-/// `--family ipv6`, loaded as the chart loads, no trace session.
+/// `--family ipv6`, loaded as a default install loads, no trace session.
 const SECTION_IPV6: Section = Section::new("datapath ipv6", "datapath", "Datapath over IPv6");
 
 fn parse_options(args: &[String]) -> Options {
     let mut options = Options {
         connections: 20_000,
         services: vec![1, 1_000, 10_000],
-        chart_loader: true,
+        loader: Loader::Chart,
         trace: false,
         families: vec![Family::V4],
         docs: None,
@@ -129,9 +144,10 @@ fn parse_options(args: &[String]) -> Options {
                     .unwrap_or_else(|_| usage());
             }
             "--loader" => {
-                options.chart_loader = match value.as_str() {
-                    "chart" => true,
-                    "root" => false,
+                options.loader = match value.as_str() {
+                    "chart" => Loader::Chart,
+                    "minimal" => Loader::Minimal,
+                    "root" => Loader::Root,
                     _ => usage(),
                 }
             }
@@ -277,12 +293,12 @@ fn datapath(args: &[String]) {
         capacities: capacities(max_services * options.families.len() as u32),
         ..sandbox.config()
     };
-    let mut dataplane = if options.chart_loader {
-        sandbox.load(config)
-    } else {
-        Dataplane::load(config)
-    }
-    .expect("load the datapath");
+    let dataplane = match options.loader {
+        Loader::Chart => privileges::chart_agent().within(|| Dataplane::load(config)),
+        Loader::Minimal => sandbox.load(config),
+        Loader::Root => Dataplane::load(config),
+    };
+    let mut dataplane = dataplane.expect("load the datapath");
     // Run-time stats are counted only while this fd is open.
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
         .expect("enable BPF run-time stats (BPF_ENABLE_STATS needs CAP_SYS_ADMIN)");
@@ -353,12 +369,12 @@ fn datapath(args: &[String]) {
         } else {
             &SECTION
         };
-        if options.chart_loader && !options.trace {
+        if options.loader == Loader::Chart && !options.trace {
             section
                 .write(docs, &report)
                 .expect("write the results into the docs");
         } else {
-            eprintln!("--trace on and --loader root runs are not written into the docs");
+            eprintln!("--trace on and --loader minimal|root runs are not written into the docs");
         }
     }
 }
@@ -535,10 +551,11 @@ fn report(machine: &str, options: &Options, rows: &[(u32, Family, Measurement)])
         "{} connections per measurement (VIP and direct each), {ROUNDS} interleaved rounds; \
          {BACKENDS_PER_SERVICE} backends per service; programs loaded {}; {}\n",
         options.connections,
-        if options.chart_loader {
-            "with the chart's capabilities (no CAP_PERFMON: Spectre hardening on)"
-        } else {
-            "as root (every capability: no Spectre hardening)"
+        match options.loader {
+            Loader::Chart => "as a default install loads them (BPF, NET_ADMIN, SYS_ADMIN)",
+            Loader::Minimal =>
+                "with the chart's least capabilities (BPF, NET_ADMIN: Spectre hardening on)",
+            Loader::Root => "as root (every capability)",
         },
         if options.trace {
             "a `socklb trace` session running (output discarded)"
