@@ -157,6 +157,11 @@ enum Bench {
         /// Agent flags added to the compared agent's, e.g. "--pod-devices pod2".
         #[arg(long, allow_hyphen_values = true, requires = "compare_agent")]
         compare_flags: Option<String>,
+        /// `iptables`: leave the iptables path out of the rotation (its rule walks at
+        /// 10,000 Services evict the caches of the next connection of any path; nothing is
+        /// written to docs/ then).
+        #[arg(long, value_parser = ["iptables"])]
+        without: Option<String>,
     },
     /// What each packet of a pod's connection to a ClusterIP costs the per-packet path's
     /// programs, packet by packet (BPF_PROG_TEST_RUN), with the frontend filter and
@@ -380,6 +385,7 @@ fn main() -> anyhow::Result<()> {
                     flags,
                     compare_agent,
                     compare_flags,
+                    without,
                 } => {
                     let mut extra = Vec::new();
                     if let Some(binary) = compare_agent {
@@ -396,6 +402,9 @@ fn main() -> anyhow::Result<()> {
                     }
                     if let Some(added) = compare_flags {
                         extra.extend(["--compare-flags".to_owned(), added]);
+                    }
+                    if let Some(path) = without {
+                        extra.extend(["--without".to_owned(), path]);
                     }
                     node_bench(POD, &services, &flags, extra)
                 }

@@ -5,7 +5,7 @@
 //!
 //! socklb-bench-pod [--services 1000,10000] [--connections N] [--rounds N] [--seconds S]
 //!                  [--iptables legacy|nft] [--docs DIR] [--smoke] [--compare-agent PATH]
-//!                  [--compare-flags "FLAGS"]
+//!                  [--compare-flags "FLAGS"] [--without iptables]
 //!
 //! Each path gets its own world (socklb_tests::bench::node): a client pod (10.244.2.10, on
 //! the node's device pod2), the node, and the server pod behind it. What differs is what
@@ -43,6 +43,10 @@
 //! differ by more than most such changes. `--compare-flags` adds agent flags to that
 //! agent's (`--pod-devices pod2`: no programs on the server pod's device). Nothing is
 //! written to the docs then.
+//!
+//! `--without iptables` leaves the iptables path out of the rotation (nothing is written to
+//! the docs either): at 10,000 Services each of its connections walks 10,000 rules, which
+//! evicts from the caches what the next connection of any path would have found there.
 use std::{collections::BTreeMap, fmt::Write as _, fs, net::SocketAddrV4, path::PathBuf};
 
 use anyhow::ensure;
@@ -61,7 +65,7 @@ use socklb_tests::bench::{
 
 const USAGE: &str = "usage: socklb-bench-pod [--services 1000,10000] [--connections N] \
                      [--rounds N] [--seconds S] [--iptables legacy|nft] [--docs DIR] [--smoke] \
-                     [--compare-agent PATH] [--compare-flags \"FLAGS\"]";
+                     [--compare-agent PATH] [--compare-flags \"FLAGS\"] [--without iptables]";
 /// The client pod on the node's device pod2, its default route through the node.
 const CLIENT_POD: ClientLink = ClientLink {
     client: "10.244.2.10/24",
@@ -108,11 +112,15 @@ const PATHS: [Path; 7] = [
     Path::NoServiceNftables,
 ];
 
-/// The paths measured: [`PATHS`], and [`Path::Compared`] with `--compare-agent`.
-fn paths(compared: bool) -> Vec<Path> {
+/// The paths measured: [`PATHS`], [`Path::Compared`] with `--compare-agent`, and without
+/// [`Path::Iptables`] with `--without iptables`.
+fn paths(plan: &Plan) -> Vec<Path> {
     let mut paths = PATHS.to_vec();
-    if compared {
+    if plan.compared.is_some() {
         paths.insert(2, Path::Compared);
+    }
+    if !plan.iptables {
+        paths.retain(|&path| path != Path::Iptables);
     }
     paths
 }
@@ -142,8 +150,8 @@ impl Path {
 
 fn main() {
     node_flags::main(|args| {
-        let (options, services, compared) = parse_options(args)?;
-        bench(&options, &services, compared)
+        let (options, plan) = parse_options(args)?;
+        bench(&options, plan)
     });
 }
 
@@ -153,13 +161,31 @@ struct Compared {
     flags: Vec<String>,
 }
 
-/// The common options, the filler Service counts (one step each) and the agent to compare.
-fn parse_options(args: &[String]) -> anyhow::Result<(Options, Vec<u32>, Option<Compared>)> {
+/// What this benchmark measures beyond the common options.
+struct Plan {
+    /// The filler Service counts, one step each.
+    services: Vec<u32>,
+    /// The agent to compare.
+    compared: Option<Compared>,
+    /// Whether the iptables path is in the rotation.
+    iptables: bool,
+}
+
+/// The common options and the plan.
+fn parse_options(args: &[String]) -> anyhow::Result<(Options, Plan)> {
     let mut services = vec![1_000, 10_000];
     let (mut binary, mut compared_flags) = (None, Vec::new());
+    let mut iptables = true;
     let mut options = Options::parse(args, USAGE, |flags, flag, value| {
         match flag {
             "--services" => services = flags.numbers(flag, value, "1000,10000")?,
+            "--without" => {
+                ensure!(
+                    value == "iptables",
+                    "--without {value}: only iptables\n{USAGE}"
+                );
+                iptables = false;
+            }
             "--compare-agent" => binary = Some(PathBuf::from(value)),
             "--compare-flags" => {
                 compared_flags = value.split_whitespace().map(str::to_owned).collect();
@@ -189,6 +215,9 @@ fn parse_options(args: &[String]) -> anyhow::Result<(Options, Vec<u32>, Option<C
             None
         }
     };
+    if !iptables {
+        options.docs = None;
+    }
     if options.smoke {
         services = vec![100];
     }
@@ -196,7 +225,12 @@ fn parse_options(args: &[String]) -> anyhow::Result<(Options, Vec<u32>, Option<C
         !services.is_empty() && services.iter().all(|n| *n <= 60_000),
         "--services: counts of at most 60,000 (the address plan)"
     );
-    Ok((options, services, compared))
+    let plan = Plan {
+        services,
+        compared,
+        iptables,
+    };
+    Ok((options, plan))
 }
 
 /// What one Service count measured.
@@ -230,7 +264,11 @@ impl Agents {
     }
 }
 
-fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> anyhow::Result<()> {
+fn bench(options: &Options, plan: Plan) -> anyhow::Result<()> {
+    let paths = paths(&plan);
+    let Plan {
+        services, compared, ..
+    } = plan;
     preflight(options.iptables)?;
     // Before any thread exists, so that only the cleanup thread sees these signals.
     let signals = socklb_tests::block_termination_signals();
@@ -274,12 +312,12 @@ fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> any
     socklb_tests::cleanup_on_signal(signals, leftovers);
 
     let mut steps = Vec::new();
-    for &count in services {
+    for &count in &services {
         let cluster = measured_services(count, None);
         for files in agents.all() {
             files.reset(&cluster)?;
         }
-        steps.push(step(options, &cluster, count, &agents, &scratch)?);
+        steps.push(step(options, &paths, &cluster, count, &agents, &scratch)?);
     }
     let report = report(&machine, options, &steps, compared_label.as_deref());
     println!("## {}\n", SECTION.heading);
@@ -293,12 +331,12 @@ fn bench(options: &Options, services: &[u32], compared: Option<Compared>) -> any
 /// Builds the worlds for `cluster` and measures them.
 fn step(
     options: &Options,
+    paths: &[Path],
     cluster: &[Service],
     count: u32,
     agents: &Agents,
     scratch: &Scratch,
 ) -> anyhow::Result<Step> {
-    let paths = paths(agents.compared.is_some());
     eprintln!(
         "building the {} worlds ({count} filler services)",
         paths.len()
@@ -329,7 +367,7 @@ fn step(
         Path::Nftables | Path::NoServiceNftables => Translator::Nftables,
         Path::NoServicePerPacket => Translator::Agent(&agents.no_service, &per_packet_flags),
     };
-    let worlds = worlds(&paths, &CLIENT_POD, translator, cluster, &scratch.0)?;
+    let worlds = worlds(paths, &CLIENT_POD, translator, cluster, &scratch.0)?;
     let cgroup = |path| {
         if path == Path::Socket {
             socket.cgroup.as_path()
@@ -367,7 +405,7 @@ fn step(
         "the per-packet path's programs never ran: were the pods' devices found?"
     );
 
-    let throughput = iperf3_rounds(&paths, options.iperf_rounds, |path| {
+    let throughput = iperf3_rounds(paths, options.iperf_rounds, |path| {
         let cgroup = (path == Path::Socket).then_some(socket.cgroup.as_path());
         iperf3(
             &worlds[&path].client,
@@ -424,13 +462,22 @@ fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&st
     let _ = writeln!(report);
     for step in steps {
         let p50 = |path: Path| step.cells[&path].percentile(50) as f64 / 1e3;
+        // Left out of the rotation by `--without iptables`.
+        let over_iptables = step.cells.get(&Path::Iptables).map_or_else(
+            || "no iptables path".to_owned(),
+            |_| {
+                format!(
+                    "per-packet / iptables p50 {:.3}",
+                    p50(Path::PerPacket) / p50(Path::Iptables)
+                )
+            },
+        );
         let _ = writeln!(
             report,
-            "- {} Services: per-packet / iptables p50 {:.3}, per-packet / nftables p50 {:.3}, \
+            "- {} Services: {over_iptables}, per-packet / nftables p50 {:.3}, \
              per-packet / socket p50 {:.3}; the per-packet path's programs per packet: {:.0} ns \
              at the pods' ingress ({} packets), {:.0} ns at their egress ({} packets).",
             step.services,
-            p50(Path::PerPacket) / p50(Path::Iptables),
             p50(Path::PerPacket) / p50(Path::Nftables),
             p50(Path::PerPacket) / p50(Path::Socket),
             per_run(step.tc[0]),
