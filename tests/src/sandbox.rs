@@ -88,8 +88,8 @@ impl Sandbox {
         })
     }
 
-    /// Loads the datapath with exactly the agent container's capabilities, as the agent
-    /// would.
+    /// Loads the datapath with the agent container's least capabilities (the chart's
+    /// `closeSocketsInPods=false`), as such an agent would.
     pub fn load(&self, config: Config) -> Result<Dataplane, DataplaneError> {
         chart_agent_minimal().within(|| Dataplane::load(config))
     }

@@ -552,10 +552,15 @@ fn report(machine: &str, options: &Options, rows: &[(u32, Family, Measurement)])
          {BACKENDS_PER_SERVICE} backends per service; programs loaded {}; {}\n",
         options.connections,
         match options.loader {
-            Loader::Chart => "as a default install loads them (BPF, NET_ADMIN, SYS_ADMIN)",
-            Loader::Minimal =>
-                "with the chart's least capabilities (BPF, NET_ADMIN: Spectre hardening on)",
-            Loader::Root => "as root (every capability)",
+            Loader::Chart => format!(
+                "as a default install loads them ({})",
+                privileges::chart_agent().capabilities.join(", ")
+            ),
+            Loader::Minimal => format!(
+                "with the chart's least capabilities ({}: Spectre hardening on)",
+                privileges::chart_agent_minimal().capabilities.join(", ")
+            ),
+            Loader::Root => "as root (every capability)".to_owned(),
         },
         if options.trace {
             "a `socklb trace` session running (output discarded)"
