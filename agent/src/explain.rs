@@ -2,7 +2,7 @@
 //! and external traffic, and why; for every pod of this node, which path serves its
 //! connections, and why. A table for people, JSON (`-o json`) for tools.
 
-use std::{borrow::Cow, collections::BTreeMap};
+use std::{borrow::Cow, collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
@@ -23,6 +23,8 @@ pub struct Explanation {
     pub node: NodeView,
     pub services: Vec<ServiceSelection>,
     pub skipped: Vec<SkippedService>,
+    /// The scope the pods' paths are worked out for (`--socket-lb-scope`).
+    pub socket_lb_scope: Scope,
     pub pods: Vec<PodPath>,
 }
 
@@ -106,6 +108,7 @@ pub fn explain(state: &ClusterState, scope: Scope, only: &Only<'_>) -> Explanati
                 reason: reason.clone(),
             })
             .collect(),
+        socket_lb_scope: scope,
         pods: state
             .workloads()
             .paths()
@@ -251,6 +254,15 @@ pub fn table(explanation: &Explanation) -> String {
         }));
         out.push('\n');
         out.push_str(&aligned(&pods));
+        // The cluster's objects choose; the node may not follow (see inspect).
+        let _ = write!(
+            out,
+            "\npaths as the cluster's objects choose them under --socket-lb-scope {}; a pod \
+             whose device does not carry the per-packet program (--pod-devices), or whose \
+             address no network namespace of the node holds, keeps the socket path: `socklb \
+             inspect` shows what the node does\n",
+            explanation.socket_lb_scope
+        );
     }
     out
 }
@@ -621,6 +633,7 @@ spec: {clusterIP: None}
                 },
                 reason: SkipReason::Headless,
             }],
+            socket_lb_scope: Scope::Pods,
             pods: Vec::new(),
         };
         let table = table(&explanation);

@@ -47,6 +47,10 @@ pub struct Found {
     /// Addresses of pods the per-packet path would serve whose namespaces no served device
     /// leads to: they stay in `socket`.
     pub unserved: BTreeSet<IpAddr>,
+    /// Addresses of pods the per-packet path would serve that no pinned namespace holds:
+    /// such a pod's namespace, if it is on this node, cannot be told from others and stays
+    /// in `socket`.
+    pub unfound: BTreeSet<IpAddr>,
 }
 
 impl PodNamespaces {
@@ -166,6 +170,18 @@ impl PodNamespaces {
         found
             .unserved
             .retain(|address| !served_pods.contains(address));
+        // Namespaces without an address were read again above: a pod's address is in its
+        // status only once the CNI has given it.
+        let held: BTreeSet<&IpAddr> = pinned
+            .iter()
+            .filter_map(|namespace| self.seen.get(&namespace.inode))
+            .flat_map(|inside| &inside.addresses)
+            .collect();
+        found.unfound = per_packet
+            .iter()
+            .filter(|address| !held.contains(address))
+            .copied()
+            .collect();
         found
     }
 }

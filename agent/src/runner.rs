@@ -140,6 +140,8 @@ pub struct Runner {
     per_packet_pods: BTreeMap<String, SocketPath>,
     /// Pods the per-packet path would serve, kept on the socket path (said when it changes).
     unserved_pods: BTreeMap<String, SocketPath>,
+    /// Those whose addresses no pinned namespace holds, as last logged.
+    unfound_pods: BTreeMap<String, SocketPath>,
     /// Under a scope other than `pods`: the pods' namespaces' map was emptied.
     stale_namespaces_cleared: bool,
     /// The SNAT addresses last programmed, per family (`None`: not yet), to log only their
@@ -183,6 +185,7 @@ impl Runner {
             pod_namespaces: None,
             per_packet_pods: BTreeMap::new(),
             unserved_pods: BTreeMap::new(),
+            unfound_pods: BTreeMap::new(),
             stale_namespaces_cleared: false,
             snat_addresses: None,
             logged_skips: HashMap::new(),
@@ -734,10 +737,13 @@ impl Runner {
         self.dataplane.set_socket_lb_namespaces(&found.socket)?;
         let mut pods = BTreeMap::new();
         let mut unserved = BTreeMap::new();
+        let mut unfound = BTreeMap::new();
         for (pod, path) in workloads.paths().filter(|(_, path)| path.per_packet()) {
             let name = format!("{}/{}", pod.namespace, pod.name);
             if pod.ips.iter().any(|ip| found.unserved.contains(ip)) {
                 unserved.insert(name, path);
+            } else if !pod.ips.is_empty() && pod.ips.iter().all(|ip| found.unfound.contains(ip)) {
+                unfound.insert(name, path);
             } else {
                 pods.insert(name, path);
             }
@@ -768,6 +774,18 @@ impl Runner {
                 );
             }
             self.unserved_pods = unserved;
+        }
+        if unfound != self.unfound_pods {
+            if !unfound.is_empty() {
+                warn!(
+                    pods = %label(&unfound),
+                    "pods the per-packet path would serve, but no network namespace pinned on \
+                     this node (/run/netns) holds their addresses (status.podIPs): theirs cannot \
+                     be told from others' and keeps the socket path, whose hooks rewrite the \
+                     Service address at connect()"
+                );
+            }
+            self.unfound_pods = unfound;
         }
         Ok(())
     }

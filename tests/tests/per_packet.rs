@@ -740,6 +740,28 @@ fn a_pod_whose_device_the_per_packet_path_does_not_serve_keeps_the_socket_path(f
         ("per-packet-by-annotation".to_owned(), "socket".to_owned()),
         "explain's reason and inspect's path"
     );
+    // A pod whose address no namespace of the node holds (its podIPs wrong, or its
+    // namespace pinned where the runtime's are not) is named too: its namespace, if here,
+    // is not told from others'.
+    let nowhere = match family {
+        Family::V4 => "10.244.9.99",
+        Family::V6 => "fd00:244:9::99",
+    };
+    node.write(
+        "ghost.yaml",
+        &pod_yaml("ghost", nowhere, "socklb.io/socket-lb: \"off\""),
+    );
+    const UNFOUND: &str = "no network namespace pinned on this node";
+    agent.wait_for_log(UNFOUND, 1);
+    let log = agent.log();
+    let line = log
+        .lines()
+        .find(|line| line.contains(UNFOUND))
+        .unwrap_or_default();
+    assert!(
+        line.contains("default/ghost") && !line.contains("default/app"),
+        "the warning names the pod whose address no namespace holds, and only it: {line}"
+    );
 }
 
 /// A meshed pod whose namespace the agent found before the CNI gave it its address (its

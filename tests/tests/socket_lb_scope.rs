@@ -17,13 +17,13 @@ use std::{
 };
 
 use socklb_tests::{
-    Agent, KillOnDrop, ManifestDir, NamedServer, Sandbox, command_in_cgroup,
+    Agent, KillOnDrop, ManifestDir, NamedServer, Sandbox, agent_bin, command_in_cgroup,
     hold::Holder,
     hold_bin,
     netns::Netns,
     node_yaml,
     privileges::{ContainerPrivileges, chart_agent, chart_agent_minimal},
-    run, service_yaml, slice_yaml,
+    run, service_yaml, slice_yaml, stdout_of,
 };
 
 const BACKEND: &str = "10.204.0.1";
@@ -145,6 +145,12 @@ fn host_scope_leaves_a_pods_sockets_on_the_service_address() {
             agent.log()
         );
     }
+    assert_eq!(world.sandbox.inspect()["socket_lb_scope"], "all");
+    assert_eq!(
+        world.sandbox.inspected_pod_path(&world.pod.name),
+        "socket",
+        "scope all: inspect says the socket hooks serve the pod, listed or not"
+    );
     agent.stop();
 
     let agent = world.agent(chart_agent_minimal(), &["--socket-lb-scope", "host"]);
@@ -159,12 +165,30 @@ fn host_scope_leaves_a_pods_sockets_on_the_service_address() {
         "the pod's socket keeps the Service address (blackholed in the pod)\n{}",
         agent.log()
     );
-    // The `pods` agent's list is gone, and inspect no longer shows the pod on that path.
-    assert_ne!(
+    // The `pods` agent's list is gone: inspect shows the pod on its device's path.
+    assert_eq!(world.sandbox.inspect()["socket_lb_scope"], "host");
+    assert_eq!(
         world.sandbox.inspected_pod_path(&world.pod.name),
-        "socket",
+        "per-packet",
         "{}",
         agent.log()
+    );
+    // From another network namespace the devices are not the agent's: inspect says so
+    // rather than showing every pod served by neither path.
+    let elsewhere: serde_json::Value = serde_json::from_str(&stdout_of(
+        // Not `ip netns exec`, whose /sys of its own hides bpffs.
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", world.pod.name))
+            .arg(agent_bin())
+            .args(["inspect", "-o", "json", "--bpffs"])
+            .arg(&world.sandbox.pin_dir),
+    ))
+    .expect("inspect's JSON");
+    assert_eq!(elsewhere["pods"], serde_json::json!([]), "{elsewhere}");
+    let why = elsewhere["pods_unreadable"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("not in the agent's network namespace"),
+        "inspect from the pod's namespace: {elsewhere}"
     );
 }
 

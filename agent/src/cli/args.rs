@@ -162,7 +162,7 @@ pub struct SourceArgs {
 #[derive(Debug, Args)]
 pub struct PinArgs {
     /// Directory on bpffs for socklb's pinned maps and links.
-    #[arg(long = "bpffs", env = "SOCKLB_BPFFS", default_value = dataplane::DEFAULT_PIN_DIR)]
+    #[arg(long = "bpffs", alias = "pin-dir", env = "SOCKLB_BPFFS", default_value = dataplane::DEFAULT_PIN_DIR)]
     pub pin_dir: PathBuf,
 }
 
@@ -219,8 +219,10 @@ pub struct RunArgs {
     pub destroy_tcp_on_backend_removal: bool,
     /// Which sockets the socket hooks translate at connect() and sendmsg(): `pods` (the
     /// host's network namespace, where the agent runs, and the pods' namespaces the node's
-    /// runtime pinned under /run/netns or /var/run/netns; not namespaces made inside a pod,
-    /// such as a nested cluster's), `host` (the host's only: pods keep the Service address,
+    /// runtime pinned under /run/netns or /var/run/netns, but those of pods with an Istio or
+    /// Linkerd sidecar or the annotation `socklb.io/socket-lb: "off"` (or in a Namespace
+    /// labelled so); not namespaces made inside a pod, such as a nested cluster's), `host`
+    /// (the host's only: pods keep the Service address,
     /// as Cilium's hostNamespaceOnly, for meshes that route by the original destination),
     /// or `all` (every namespace). What the hooks leave alone is served per packet on the
     /// pod's device (`--pod-devices`).
@@ -230,7 +232,8 @@ pub struct RunArgs {
     /// node's NodePorts) are translated per packet, for what the socket hooks leave alone
     /// (VMs, sandboxes, meshed pods, processes outside the cgroup): `auto` (every veth
     /// whose peer is in another network namespace, as every veth CNI gives its pods),
-    /// `none`, or names, comma-separated, each exact or a prefix ending in `*` (`cali*`).
+    /// `none`, or names, comma-separated, each exact or a prefix ending in `*` (`cali*`),
+    /// with `auto` among them to add what it finds (`auto,wg0`).
     #[arg(long, default_value = "auto")]
     pub pod_devices: dataplane::PodDevices,
     /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,
@@ -268,17 +271,20 @@ pub struct ExternalArgs {
     /// at 4 bytes of value (about 64 bytes of kernel memory) per position and Service.
     #[arg(long, default_value_t = dataplane::DEFAULT_MAGLEV_TABLE_SIZE, value_parser = parse_maglev_size)]
     pub maglev_table_size: u32,
-    /// Idle time after which a TCP flow from outside whose handshake did not complete (a
-    /// SYN, or a SYN and its SYN-ACK) is forgotten and its SNAT port reused.
+    /// Idle time after which a TCP flow the TC programs translate (from outside, or a pod's
+    /// on the per-packet path) whose handshake did not complete (a SYN, or a SYN and its
+    /// SYN-ACK) is forgotten and its SNAT port reused.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub conntrack_tcp_timeout_syn: Duration,
-    /// Idle time after which an established TCP flow from outside is forgotten.
+    /// Idle time after which an established TCP flow the TC programs translate is
+    /// forgotten.
     #[arg(long, default_value = "6h", value_parser = humantime::parse_duration)]
     pub conntrack_tcp_timeout_established: Duration,
-    /// Idle time after which a TCP flow from outside that saw a FIN or RST is forgotten.
+    /// Idle time after which a TCP flow the TC programs translate that saw a FIN or RST is
+    /// forgotten.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub conntrack_tcp_timeout_close: Duration,
-    /// Idle time after which a UDP flow from outside is forgotten.
+    /// Idle time after which a UDP flow the TC programs translate is forgotten.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub conntrack_udp_timeout: Duration,
     /// How often the agent removes conntrack entries past their timeout: auto (every
@@ -442,7 +448,8 @@ pub struct TraceArgs {
     /// Also recvmsg() and getpeername() answers shown as the frontend.
     #[arg(long)]
     pub reverse: bool,
-    /// Also every packet of known flows from outside (conntrack hits), not only new flows.
+    /// Also every packet of known flows the TC programs translate (conntrack hits: from
+    /// outside, and pods' on the per-packet path), not only new flows.
     #[arg(long)]
     pub packets: bool,
     /// Stop after this many events (at least 1).

@@ -315,7 +315,7 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
     let program_logs = dataplane.program_logs()?;
     let source_kind = clap::ValueEnum::to_possible_value(&args.source.source)
         .map_or_else(String::new, |value| value.get_name().to_owned());
-    info!(node = %node_name, source = %source_kind, "starting");
+    info!(node = %node_name, source = %source_kind, %socket_lb_scope, "starting");
     runtime.block_on(async {
         // Aborted when the runtime stops.
         if let Some(logs) = program_logs {

@@ -88,6 +88,9 @@ pub struct Dataplane {
     /// How many sockets hold a record, kept by the programs.
     socket_records: Array<MapData, SocketRecordCount>,
     node: Array<MapData, NodeConfig>,
+    /// The cookie of the agent's network namespace (0: unknown), written into the node map
+    /// for `inspect` and `trace` to tell whether they see the agent's devices.
+    netns_cookie: u64,
     /// This node's IPv6 settings, when the object has the map (the IPv6 TC programs).
     node6: Option<Array<MapData, NodeConfig6>>,
     /// The cgroup v2 directory the programs attach to.

@@ -1,9 +1,13 @@
 //! This node's settings for the programs (the TC programs' SNAT address and ports and
-//! conntrack timeouts; the socket hooks' pod namespaces), written to their maps only when
-//! they change.
+//! conntrack timeouts; the socket hooks' pod namespaces), and for `inspect` the socket
+//! hooks' scope and the agent's network namespace, written to their maps only when they
+//! change.
 use std::{collections::BTreeSet, time::Duration};
 
-use socklb_abi::{NodeConfig, NodeConfig6, map_names};
+use socklb_abi::{
+    NodeConfig, NodeConfig6, SOCKET_LB_SCOPE_ALL, SOCKET_LB_SCOPE_HOST, SOCKET_LB_SCOPE_PODS,
+    map_names,
+};
 use tracing::{debug, info};
 
 use super::{Dataplane, config::NodeSettings, error::DataplaneError};
@@ -41,6 +45,12 @@ impl Dataplane {
             ct_timeout_established_s: timeout_seconds(settings.conntrack_timeouts.tcp_established),
             ct_timeout_closing_s: timeout_seconds(settings.conntrack_timeouts.tcp_close),
             ct_timeout_udp_s: timeout_seconds(settings.conntrack_timeouts.udp),
+            socket_lb_scope: match (self.config.socket_lb_netns, self.config.socket_lb_listed) {
+                (None, _) => SOCKET_LB_SCOPE_ALL,
+                (Some(_), false) => SOCKET_LB_SCOPE_HOST,
+                (Some(_), true) => SOCKET_LB_SCOPE_PODS,
+            },
+            agent_netns_cookie: self.netns_cookie,
         };
         let map_error = DataplaneError::map(map_names::NODE);
         if self.node.get(&0, 0).map_err(map_error)? != wanted {

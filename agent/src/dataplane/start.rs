@@ -149,6 +149,7 @@ impl Dataplane {
             counters,
             socket_records,
             node,
+            netns_cookie: super::netns_cookie().unwrap_or(0),
             node6,
             cgroup,
             config,

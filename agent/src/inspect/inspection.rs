@@ -10,7 +10,7 @@ use super::{
     frontends::{FrontendState, ServiceLabel},
     pods::PodState,
 };
-use crate::{kernel::flow_filter, maps::frontend_filter};
+use crate::{kernel::flow_filter, maps::frontend_filter, select::socket_path::Scope};
 
 #[derive(Debug, Serialize)]
 pub struct Inspection {
@@ -22,6 +22,9 @@ pub struct Inspection {
     /// Sockets holding a record of what they were translated for (bounded by
     /// `--max-socket-records`).
     pub socket_records: u64,
+    /// Which sockets the socket hooks translate (`--socket-lb-scope`), as the agent wrote
+    /// it at its last sync; `None`: not written yet.
+    pub socket_lb_scope: Option<Scope>,
     /// Pods' network namespaces whose sockets the socket hooks translate besides the
     /// host's (`--socket-lb-scope pods`).
     pub pod_namespaces: usize,

@@ -4,9 +4,11 @@
 //! serves each pod (`pods`).
 //!
 //! One module per kind of state: [`frontends`], [`affinity`], [`conntrack`], [`pods`], each
-//! read from its maps; [`inspection`] is what they make together, [`mod@table`] how it is
-//! shown; [`pinned`] opens the pins and decodes addresses.
+//! read from its maps, and [`agent`], what the agent runs with; [`inspection`] is what they
+//! make together, [`mod@table`] how it is shown; [`pinned`] opens the pins and decodes
+//! addresses.
 mod affinity;
+mod agent;
 mod conntrack;
 mod error;
 mod frontends;
@@ -20,7 +22,6 @@ use std::{collections::BTreeSet, net::IpAddr, path::Path};
 use aya::maps::{Array, MapData, PerCpuArray};
 use socklb_abi::{Counters, SocketRecordCount, map_names};
 
-use self::pinned::{entries_of, open, open6};
 pub use self::{
     affinity::AffinityState,
     conntrack::ConntrackState,
@@ -29,6 +30,10 @@ pub use self::{
     inspection::{CountersView, Inspection, only_service},
     pods::{PodPathState, PodState},
     table::table,
+};
+use self::{
+    pinned::{entries_of, open, open6},
+    pods::SocketScope,
 };
 use crate::{
     kernel::{
@@ -71,7 +76,21 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
             .collect()
     };
     let pod_devices: Vec<String> = of_role(DeviceRole::Pod);
-    let (pods, pods_unreadable) = match pods::pods(&listed, &pod_devices, only) {
+    let agent = agent::read(pin_dir)?;
+    let socket_scope = SocketScope {
+        scope: agent.scope,
+        listed: &listed,
+    };
+    let (pods, pods_unreadable) = match pods::pods(&socket_scope, &pod_devices, only) {
+        // Its devices are the agent's namespace's: matched against this one's, every pod
+        // would read as served by neither path.
+        _ if agent.elsewhere => (
+            Vec::new(),
+            Some(
+                "this process is not in the agent's network namespace, whose devices tell                  which path serves a pod: run inspect where the agent runs (in its pod, or                  through nsenter --net=/proc/<agent pid>/ns/net)"
+                    .to_owned(),
+            ),
+        ),
         Ok(pods) => (pods, None),
         Err(error) => (
             Vec::new(),
@@ -82,6 +101,7 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         ),
     };
     Ok(Inspection {
+        socket_lb_scope: agent.scope,
         external_devices: of_role(DeviceRole::External),
         pod_devices,
         pods,

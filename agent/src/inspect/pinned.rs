@@ -21,6 +21,7 @@ pub(super) fn open(pin_dir: &Path, name: &str) -> Result<Map, InspectError> {
     Ok(match name {
         n if n == map_names::COUNTERS => Map::PerCpuArray(data),
         n if n == map_names::SOCKET_RECORD_COUNT
+            || n == map_names::NODE
             || n == map_names::SLOTS
             || n == map_names::BACKENDS =>
         {

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, net::SocketAddr};
 use socklb_abi::Counters;
 
 use super::{frontends::ServiceLabel, inspection::Inspection, pods::PodPathState};
-use crate::terminal::printable;
+use crate::{select::socket_path::Scope, terminal::printable};
 
 pub fn table(inspection: &Inspection) -> String {
     let mut out = String::from(
@@ -126,12 +126,18 @@ pub fn table(inspection: &Inspection) -> String {
     }
     let _ = write!(
         out,
-        "\naffinity entries: {}\nfragmented datagrams: {}\nsockets with a record: {}\npods' \
-         namespaces in the socket hooks' scope: {}\nexternal devices: {}\npod devices (per-packet \
-         path): {}\ncounters:",
+        "\naffinity entries: {}\nfragmented datagrams: {}\nsockets with a record: {}\nsocket \
+         hooks' scope: {}\npods' namespaces in the socket hooks' scope: {}\nexternal devices: \
+         {}\npod devices (per-packet path): {}\ncounters:",
         inspection.affinity.len(),
         inspection.fragments,
         inspection.socket_records,
+        match inspection.socket_lb_scope {
+            Some(Scope::All) => "all (every network namespace's sockets)",
+            Some(Scope::Host) => "host (the host's sockets only)",
+            Some(Scope::Pods) => "pods (the host's, and the listed pods')",
+            None => "not written yet (the agent has not synced)",
+        },
         inspection.pod_namespaces,
         listed(&inspection.external_devices),
         listed(&inspection.pod_devices),
@@ -180,8 +186,9 @@ pub fn table(inspection: &Inspection) -> String {
             };
             let _ = write!(
                 out,
-                "\n  {} addresses {} devices {}: {path}",
+                "\n  {} netns {} addresses {} devices {}: {path}",
                 printable(&pod.namespace),
+                pod.cookie,
                 listed(
                     &pod.addresses
                         .iter()
@@ -248,8 +255,10 @@ mod tests {
             fragments: 0,
             socket_records: 0,
             pod_namespaces: 0,
+            socket_lb_scope: Some(crate::select::socket_path::Scope::Pods),
             pods: vec![PodState {
                 namespace: "/run/netns/cni-\x1b[2J".to_owned(),
+                cookie: 4096,
                 addresses: Vec::new(),
                 devices: vec!["veth\u{202e}0".to_owned()],
                 path: PodPathState::Socket,
@@ -315,6 +324,8 @@ mod tests {
             "/run/netns/cni-\\x1b[2J",
             "devices veth\\u{202e}0",
             "external devices: eth\\x1b0",
+            "socket hooks' scope: pods",
+            "netns 4096 addresses",
         ] {
             assert!(table.contains(shown), "{shown:?} missing:\n{table}");
         }

@@ -16,9 +16,8 @@ pub enum DeviceError {
     Missing { device: String },
     #[error(
         "device {device} is not an Ethernet device (link type {link_type}, {}): socklb's TC \
-         programs parse an Ethernet header, so NodePorts, LoadBalancer IPs and externalIPs on \
-         it cannot be translated (L3 devices such as WireGuard, tun and ipip are not \
-         supported)",
+         programs parse an Ethernet header, so no packet on it can be translated (L3 devices \
+         such as WireGuard, tun and ipip are not supported)",
         link_type_name(*link_type)
     )]
     NotEthernet { device: String, link_type: u16 },

@@ -29,8 +29,9 @@ pub enum PodDevices {
     Auto,
     /// None: only the socket path serves ClusterIPs.
     None,
-    /// The devices named, each an exact name or a prefix ending in `*` (`cali*`, `lxc*`).
-    Named(Vec<String>),
+    /// The devices named, each an exact name or a prefix ending in `*` (`cali*`, `lxc*`),
+    /// and with `auto` among them what [`Self::Auto`] finds too.
+    Named { auto: bool, patterns: Vec<String> },
 }
 
 impl FromStr for PodDevices {
@@ -41,21 +42,38 @@ impl FromStr for PodDevices {
             "auto" => Ok(Self::Auto),
             "none" => Ok(Self::None),
             names => {
-                let names: Vec<String> = names
-                    .split(',')
-                    .map(|name| name.trim().to_owned())
+                let names: Vec<&str> = names.split(',').map(str::trim).collect();
+                if names.contains(&"none") {
+                    return Err("none stands alone: it serves no device".to_owned());
+                }
+                let patterns: Vec<String> = names
+                    .iter()
+                    .filter(|name| **name != "auto")
+                    .map(|name| (*name).to_owned())
                     .collect();
-                match names.iter().find(|name| !valid_pattern(name)) {
-                    Some(name) => Err(format!(
+                if let Some(name) = patterns.iter().find(|name| !valid_pattern(name)) {
+                    return Err(format!(
                         "{name:?} is not a device name or a prefix ending in `*` (a device name \
                          has 1 to 15 characters, none of them '/', ':' or a space)"
-                    )),
-                    None => Ok(Self::Named(names)),
+                    ));
                 }
+                if patterns.iter().any(|name| name == LOOPBACK) {
+                    return Err(format!(
+                        "{LOOPBACK} carries the node's own traffic, which the socket hooks \
+                         serve: it is not a workload's device"
+                    ));
+                }
+                Ok(Self::Named {
+                    auto: names.contains(&"auto"),
+                    patterns,
+                })
             }
         }
     }
 }
+
+/// The loopback device: never a pod device, whatever a prefix matches.
+const LOOPBACK: &str = "lo";
 
 /// A device name, or a prefix of one followed by `*`.
 fn valid_pattern(pattern: &str) -> bool {
@@ -69,6 +87,9 @@ fn valid_pattern(pattern: &str) -> bool {
 }
 
 fn matches(pattern: &str, device: &str) -> bool {
+    if device == LOOPBACK {
+        return false;
+    }
     match pattern.strip_suffix('*') {
         Some(prefix) => device.starts_with(prefix),
         None => device == pattern,
@@ -96,8 +117,9 @@ impl PodDevices {
             .filter(|link| match self {
                 Self::Auto => link.workload_veth,
                 Self::None => false,
-                Self::Named(patterns) => {
-                    patterns.iter().any(|pattern| matches(pattern, &link.name))
+                Self::Named { auto, patterns } => {
+                    (*auto && link.workload_veth)
+                        || patterns.iter().any(|pattern| matches(pattern, &link.name))
                 }
             })
             .map(|link| link.name.clone())
@@ -109,7 +131,7 @@ impl PodDevices {
     /// The exact names of [`Self::Named`] that no link has (to be logged).
     pub fn missing(&self, links: &[Link]) -> Vec<String> {
         match self {
-            Self::Named(patterns) => patterns
+            Self::Named { patterns, .. } => patterns
                 .iter()
                 .filter(|pattern| !pattern.ends_with('*'))
                 .filter(|name| !links.iter().any(|link| &link.name == *name))
@@ -272,6 +294,24 @@ mod tests {
     }
 
     #[test]
+    fn auto_among_names_adds_what_it_finds_and_a_prefix_never_takes_loopback() {
+        let links = [
+            link("veth1", true),
+            link("wg0", false),
+            link("eth0", false),
+            link("lo", false),
+        ];
+        let devices: PodDevices = "auto, wg0".parse().expect("valid");
+        assert_eq!(devices.select(&links, &[]), ["veth1", "wg0"]);
+        assert!(devices.missing(&links).is_empty(), "auto is no device name");
+        let everything: PodDevices = "*".parse().expect("valid");
+        assert_eq!(
+            everything.select(&links, &["eth0".to_owned()]),
+            ["veth1", "wg0"]
+        );
+    }
+
+    #[test]
     fn bad_patterns_are_refused_by_name() {
         for bad in ["", "a/b", "x*y", "sixteen-chars-xx", "a b"] {
             let error = bad.parse::<PodDevices>().expect_err(bad);
@@ -279,5 +319,11 @@ mod tests {
         }
         assert_eq!("auto".parse(), Ok(PodDevices::Auto));
         assert_eq!("none".parse(), Ok(PodDevices::None));
+        for alone in ["none,tap0", "auto,none"] {
+            let error = alone.parse::<PodDevices>().expect_err(alone);
+            assert!(error.contains("none stands alone"), "{alone}: {error}");
+        }
+        let error = "tap0,lo".parse::<PodDevices>().expect_err("lo");
+        assert!(error.contains("not a workload's device"), "{error}");
     }
 }

@@ -28,6 +28,16 @@ pub enum Scope {
     Pods,
 }
 
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::All => "all",
+            Self::Host => "host",
+            Self::Pods => "pods",
+        })
+    }
+}
+
 /// What the choice reads of a pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodInfo {

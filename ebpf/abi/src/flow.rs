@@ -208,7 +208,20 @@ pub struct NodeConfig {
     pub ct_timeout_closing_s: u32,
     /// UDP flows.
     pub ct_timeout_udp_s: u32,
+    /// The socket hooks' scope the agent runs with (`SOCKET_LB_SCOPE_*`), for `socklb
+    /// inspect`: the hooks themselves read it from their load-time globals.
+    pub socket_lb_scope: u32,
+    /// The cookie of the agent's network namespace, for `socklb inspect` and `socklb
+    /// trace` to tell whether they see the devices the agent serves.
+    pub agent_netns_cookie: u64,
 }
+
+/// [`NodeConfig::socket_lb_scope`]: every network namespace's sockets are translated.
+pub const SOCKET_LB_SCOPE_ALL: u32 = 1;
+/// [`NodeConfig::socket_lb_scope`]: only the agent's (the host's) network namespace.
+pub const SOCKET_LB_SCOPE_HOST: u32 = 2;
+/// [`NodeConfig::socket_lb_scope`]: the host's and the listed pods' namespaces.
+pub const SOCKET_LB_SCOPE_PODS: u32 = 3;
 
 /// Conntrack idle timeouts in seconds, as the programs apply them: what [`NodeConfig`]
 /// sets, else the `CT_TIMEOUT_*` defaults.
