@@ -482,10 +482,15 @@ fn explain_command(args: &ExplainArgs) -> anyhow::Result<()> {
         && explanation.services.is_empty()
         && explanation.skipped.is_empty()
     {
-        bail!(
-            "--service {service}: no such Service among those socklb reads (the Kubernetes \
-             source lists no headless Service, nor one another proxy serves)"
-        );
+        let read = match (&args.source.source, &args.source.manifests) {
+            (SourceKind::File, Some(manifests)) => {
+                format!("in the manifests under {}", manifests.display())
+            }
+            _ => "from the API server, which lists no headless Service, nor one another \
+                  proxy serves"
+                .to_owned(),
+        };
+        bail!("--service {service}: no such Service among those socklb reads ({read})");
     }
     if let Some(pod) = &args.pod
         && explanation.pods.is_empty()

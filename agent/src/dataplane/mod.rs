@@ -29,6 +29,7 @@ pub use self::{
     config::{Config, ConntrackTimeouts, DEFAULT_MAGLEV_TABLE_SIZE, NodeSettings},
     error::DataplaneError,
     expired_flows::{ExpiredFlows, GC_INTERVAL_MAX, GC_INTERVAL_MIN, remove_expired_flows},
+    node::outside_agent_netns,
 };
 use crate::{
     desired::sizing::Sizes,

@@ -37,7 +37,8 @@ pub(super) fn read(pin_dir: &Path) -> Result<AgentView, InspectError> {
         SOCKET_LB_SCOPE_PODS => Some(Scope::Pods),
         _ => None,
     };
-    let agent = node.agent_netns_cookie;
-    let elsewhere = agent != 0 && crate::dataplane::netns_cookie().is_ok_and(|here| here != agent);
-    Ok(AgentView { scope, elsewhere })
+    Ok(AgentView {
+        scope,
+        elsewhere: crate::dataplane::outside_agent_netns(&node),
+    })
 }

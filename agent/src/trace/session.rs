@@ -18,8 +18,8 @@ use nix::{
     time::{ClockId, clock_gettime},
 };
 use socklb_abi::{
-    Counters, FrontendName, Ipv6Words, TRACE_FAMILY_V4, TRACE_FAMILY_V6, TRACE_FLAG_PACKETS,
-    TRACE_FLAG_REVERSE, TraceControl, ipv6_words, map_names,
+    Counters, FrontendName, Ipv6Words, NodeConfig, TRACE_FAMILY_V4, TRACE_FAMILY_V6,
+    TRACE_FLAG_PACKETS, TRACE_FLAG_REVERSE, TraceControl, ipv6_words, map_names,
 };
 
 use super::event::{self, DecodeError, Service, Shown, unnamed_device};
@@ -134,6 +134,13 @@ pub async fn run(
     let lost_before = lost(&counters);
     let mut details = Details::new(pin_dir)?;
     crate::stdout::note("tracing translations (lease renewed every second; Ctrl-C to stop)");
+    if details.devices.agent_elsewhere {
+        crate::stdout::note(
+            "this process is not in the agent's network namespace: devices are shown by their \
+             index there (if<N>); run trace where the agent runs (in its pod, or on the node) \
+             for their names",
+        );
+    }
     if let Some((namespace, name)) = &options.filters.service
         && !details.programs_service(namespace, name)
     {
@@ -248,6 +255,15 @@ fn open<T: TryFrom<Map, Error = MapError>>(
     MapData::from_pin(&path)
         .and_then(|data| T::try_from(kind(data)))
         .map_err(error)
+}
+
+/// Whether the agent that serves `pin_dir` runs in another network namespace than this
+/// process (false when its node map cannot be read: an agent from before it said).
+fn agent_elsewhere(pin_dir: &Path) -> bool {
+    open::<Array<MapData, NodeConfig>>(pin_dir, map_names::NODE, Map::Array)
+        .ok()
+        .and_then(|node| node.get(&0, 0).ok())
+        .is_some_and(|node| crate::dataplane::outside_agent_netns(&node))
 }
 
 fn lost(counters: &PerCpuArray<MapData, Counters>) -> u64 {
@@ -464,7 +480,10 @@ impl Details {
             names: open(pin_dir, map_names::NAMES, Map::HashMap)?,
             services: HashMap::new(),
             cgroups: CgroupPaths::new(),
-            devices: DeviceNames::default(),
+            devices: DeviceNames {
+                agent_elsewhere: agent_elsewhere(pin_dir),
+                ..DeviceNames::default()
+            },
             epoch_offset: monotonic_ns().ok().map(|now| (SystemTime::now(), now)),
         })
     }
@@ -542,6 +561,8 @@ impl Details {
 #[derive(Default)]
 struct DeviceNames {
     by_index: HashMap<u32, (String, Instant)>,
+    /// The agent runs in another network namespace, whose indexes these are: none is named.
+    agent_elsewhere: bool,
 }
 
 /// How long a device's name is trusted before it is looked up again.
@@ -550,6 +571,9 @@ const DEVICE_NAME_AGE: Duration = Duration::from_secs(5);
 impl DeviceNames {
     /// The name of device `ifindex`, or `if<N>` when this namespace has none of that index.
     fn name(&mut self, ifindex: u32) -> String {
+        if self.agent_elsewhere {
+            return unnamed_device(ifindex);
+        }
         if let Some((name, at)) = self.by_index.get(&ifindex)
             && at.elapsed() < DEVICE_NAME_AGE
         {
@@ -664,6 +688,15 @@ mod tests {
         assert_eq!(devices.name(1), "lo");
         assert_eq!(devices.name(1), "lo", "from the cache");
         assert_eq!(devices.name(u32::MAX), "if4294967295");
+        let mut elsewhere = DeviceNames {
+            agent_elsewhere: true,
+            ..DeviceNames::default()
+        };
+        assert_eq!(
+            elsewhere.name(1),
+            "if1",
+            "the agent's index 1, not this namespace's"
+        );
     }
 
     #[test]
