@@ -49,9 +49,38 @@ pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        // Many errors show their source in their own text already.
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    enum Outer {
+        /// Shows its source in its own text, as kube's errors do.
+        #[error("client error ({0})")]
+        Repeats(#[source] std::io::Error),
+        #[error("cannot read the manifests")]
+        Hides(#[source] std::io::Error),
+    }
+
+    #[test]
+    fn a_chain_says_each_cause_once() {
+        let cause = || std::io::Error::other("connection refused");
+        assert_eq!(
+            super::error_chain(&Outer::Hides(cause())),
+            "cannot read the manifests: connection refused"
+        );
+        assert_eq!(
+            super::error_chain(&Outer::Repeats(cause())),
+            "client error (connection refused)"
+        );
+    }
 }

@@ -47,9 +47,9 @@ pub struct Found {
     /// Addresses of pods the per-packet path would serve whose namespaces no served device
     /// leads to: they stay in `socket`.
     pub unserved: BTreeSet<IpAddr>,
-    /// Addresses of pods the per-packet path would serve that no pinned namespace holds:
-    /// such a pod's namespace, if it is on this node, cannot be told from others and stays
-    /// in `socket`.
+    /// Addresses of pods the per-packet path would serve that no pinned namespace holds
+    /// (left empty while one cannot be read): such a pod's namespace is not found, so not
+    /// left out of `socket` if pinned, nor known to be served if pinned elsewhere.
     pub unfound: BTreeSet<IpAddr>,
 }
 
@@ -171,17 +171,20 @@ impl PodNamespaces {
             .unserved
             .retain(|address| !served_pods.contains(address));
         // Namespaces without an address were read again above: a pod's address is in its
-        // status only once the CNI has given it.
-        let held: BTreeSet<&IpAddr> = pinned
+        // status only once the CNI has given it. One that could not be read may hold any.
+        let read: Vec<&Inside> = pinned
             .iter()
             .filter_map(|namespace| self.seen.get(&namespace.inode))
-            .flat_map(|inside| &inside.addresses)
             .collect();
-        found.unfound = per_packet
-            .iter()
-            .filter(|address| !held.contains(address))
-            .copied()
-            .collect();
+        if read.len() == pinned.len() {
+            let held: BTreeSet<&IpAddr> =
+                read.iter().flat_map(|inside| &inside.addresses).collect();
+            found.unfound = per_packet
+                .iter()
+                .filter(|address| !held.contains(address))
+                .copied()
+                .collect();
+        }
         found
     }
 }

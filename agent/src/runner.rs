@@ -742,7 +742,10 @@ impl Runner {
             let name = format!("{}/{}", pod.namespace, pod.name);
             if pod.ips.iter().any(|ip| found.unserved.contains(ip)) {
                 unserved.insert(name, path);
-            } else if !pod.ips.is_empty() && pod.ips.iter().all(|ip| found.unfound.contains(ip)) {
+            } else if !pod.terminating
+                && !pod.ips.is_empty()
+                && pod.ips.iter().all(|ip| found.unfound.contains(ip))
+            {
                 unfound.insert(name, path);
             } else {
                 pods.insert(name, path);
@@ -780,9 +783,11 @@ impl Runner {
                 warn!(
                     pods = %label(&unfound),
                     "pods the per-packet path would serve, but no network namespace pinned on \
-                     this node (/run/netns) holds their addresses (status.podIPs): theirs cannot \
-                     be told from others' and keeps the socket path, whose hooks rewrite the \
-                     Service address at connect()"
+                     this node (/run/netns, /var/run/netns) holds their addresses \
+                     (status.podIPs): their namespace is not found, so it is not left out of \
+                     the socket hooks if it is pinned there (their sidecars may see backends), \
+                     nor known to be served at all if it is pinned elsewhere; check the Pods' \
+                     addresses and where the runtime pins namespaces"
                 );
             }
             self.unfound_pods = unfound;
@@ -817,7 +822,9 @@ impl Runner {
             Ok(local) => local,
             Err(error) => {
                 warn!(%error, "cannot list the network devices; keeping the TC programs as they are");
-                return Ok(());
+                // The rest of the node map does not depend on them (a new map is empty).
+                let snat_addresses = self.snat_addresses.unwrap_or_default();
+                return self.dataplane.set_node(&self.node_settings(snat_addresses));
             }
         };
         let held: Vec<IpAddr> = local.iter().map(|(address, _)| *address).collect();
@@ -841,13 +848,22 @@ impl Runner {
             }
             self.snat_addresses = Some(snat_addresses);
         }
-        self.dataplane.set_node(&NodeSettings {
-            snat_address: snat_addresses.0,
-            snat_address6: snat_addresses.1,
+        self.dataplane
+            .set_node(&self.node_settings(snat_addresses))?;
+        self.tc_devices.program(&mut self.dataplane, node, local)
+    }
+
+    /// What the TC programs are told of this node, with these SNAT addresses.
+    fn node_settings(
+        &self,
+        (snat_address, snat_address6): (Option<Ipv4Addr>, Option<Ipv6Addr>),
+    ) -> NodeSettings {
+        NodeSettings {
+            snat_address,
+            snat_address6,
             snat_ports: self.external.snat_ports.clone(),
             conntrack_timeouts: self.external.conntrack_timeouts,
-        })?;
-        self.tc_devices.program(&mut self.dataplane, node, local)
+        }
     }
 
     fn record(&self) {

@@ -219,13 +219,13 @@ pub struct RunArgs {
     pub destroy_tcp_on_backend_removal: bool,
     /// Which sockets the socket hooks translate at connect() and sendmsg(): `pods` (the
     /// host's network namespace, where the agent runs, and the pods' namespaces the node's
-    /// runtime pinned under /run/netns or /var/run/netns, but those of pods with an Istio or
-    /// Linkerd sidecar or the annotation `socklb.io/socket-lb: "off"` (or in a Namespace
-    /// labelled so); not namespaces made inside a pod, such as a nested cluster's), `host`
-    /// (the host's only: pods keep the Service address,
-    /// as Cilium's hostNamespaceOnly, for meshes that route by the original destination),
-    /// or `all` (every namespace). What the hooks leave alone is served per packet on the
-    /// pod's device (`--pod-devices`).
+    /// runtime pinned under /run/netns or /var/run/netns, but those of pods the per-packet
+    /// path serves instead: an Istio or Linkerd sidecar, or the annotation
+    /// `socklb.io/socket-lb: "off"` (or a Namespace labelled so), on a device that carries
+    /// its program; not namespaces made inside a pod, such as a nested cluster's), `host`
+    /// (the host's only: pods keep the Service address, as Cilium's hostNamespaceOnly, for
+    /// meshes that route by the original destination), or `all` (every namespace). What the
+    /// hooks leave alone is served per packet on the pod's device (`--pod-devices`).
     #[arg(long, value_enum, default_value_t = SocketLbScope::Pods)]
     pub socket_lb_scope: SocketLbScope,
     /// Devices of workloads whose packets to internal frontends (ClusterIPs, and the
@@ -233,7 +233,7 @@ pub struct RunArgs {
     /// (VMs, sandboxes, meshed pods, processes outside the cgroup): `auto` (every veth
     /// whose peer is in another network namespace, as every veth CNI gives its pods),
     /// `none`, or names, comma-separated, each exact or a prefix ending in `*` (`cali*`),
-    /// with `auto` among them to add what it finds (`auto,wg0`).
+    /// with `auto` among them to add what it finds (`auto,tap0`).
     #[arg(long, default_value = "auto")]
     pub pod_devices: dataplane::PodDevices,
     /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,

@@ -30,11 +30,13 @@ use crate::{
 };
 
 /// Logs to stderr; `RUST_LOG` filters, else `info` for the agent and `warn` for the
-/// one-shot commands (whose output is on stdout).
+/// one-shot commands (whose output is on stdout). kube's client logs every failed request
+/// as an error, dozens a second while the API server is out of reach: the source's own
+/// warnings say the same, with the cause, at most once a minute per feed.
 pub fn init_tracing(cli: &Cli) {
     let default = match cli.command {
-        Command::Run(_) => "info",
-        _ => "warn",
+        Command::Run(_) => "info,kube_client::client::builder=off",
+        _ => "warn,kube_client::client::builder=off",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

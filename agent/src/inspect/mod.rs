@@ -81,24 +81,26 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
         scope: agent.scope,
         listed: &listed,
     };
-    let (pods, pods_unreadable) = match pods::pods(&socket_scope, &pod_devices, only) {
-        // Its devices are the agent's namespace's: matched against this one's, every pod
-        // would read as served by neither path.
-        _ if agent.elsewhere => (
-            Vec::new(),
-            Some(
-                "this process is not in the agent's network namespace, whose devices tell                  which path serves a pod: run inspect where the agent runs (in its pod, or                  through nsenter --net=/proc/<agent pid>/ns/net)"
-                    .to_owned(),
-            ),
-        ),
-        Ok(pods) => (pods, None),
-        Err(error) => (
-            Vec::new(),
-            Some(format!(
+    // Its devices are the agent's namespace's: matched against this one's, every pod would
+    // read as served by neither path.
+    let pods = if agent.elsewhere {
+        Err(
+            "this process is not in the agent's network namespace, whose devices tell which \
+             path serves a pod: run inspect where the agent runs (in its pod, or through \
+             nsenter --net=/proc/<agent pid>/ns/net)"
+                .to_owned(),
+        )
+    } else {
+        pods::pods(&socket_scope, &pod_devices, only).map_err(|error| {
+            format!(
                 "cannot enter the pods' network namespaces ({error}): run as root, or in the \
                  agent's container with CAP_SYS_ADMIN"
-            )),
-        ),
+            )
+        })
+    };
+    let (pods, pods_unreadable) = match pods {
+        Ok(pods) => (pods, None),
+        Err(why) => (Vec::new(), Some(why)),
     };
     Ok(Inspection {
         socket_lb_scope: agent.scope,

@@ -136,7 +136,7 @@ pub fn table(inspection: &Inspection) -> String {
             Some(Scope::All) => "all (every network namespace's sockets)",
             Some(Scope::Host) => "host (the host's sockets only)",
             Some(Scope::Pods) => "pods (the host's, and the listed pods')",
-            None => "not written yet (the agent has not synced)",
+            None => "not written (the agent has not synced yet, or is older than this inspect)",
         },
         inspection.pod_namespaces,
         listed(&inspection.external_devices),

@@ -297,17 +297,17 @@ mod tests {
     fn auto_among_names_adds_what_it_finds_and_a_prefix_never_takes_loopback() {
         let links = [
             link("veth1", true),
-            link("wg0", false),
+            link("tap0", false),
             link("eth0", false),
             link("lo", false),
         ];
-        let devices: PodDevices = "auto, wg0".parse().expect("valid");
-        assert_eq!(devices.select(&links, &[]), ["veth1", "wg0"]);
+        let devices: PodDevices = "auto, tap0".parse().expect("valid");
+        assert_eq!(devices.select(&links, &[]), ["tap0", "veth1"]);
         assert!(devices.missing(&links).is_empty(), "auto is no device name");
         let everything: PodDevices = "*".parse().expect("valid");
         assert_eq!(
             everything.select(&links, &["eth0".to_owned()]),
-            ["veth1", "wg0"]
+            ["tap0", "veth1"]
         );
     }
 

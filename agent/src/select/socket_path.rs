@@ -47,6 +47,9 @@ pub struct PodInfo {
     pub annotations: BTreeMap<String, String>,
     /// `spec.hostNetwork`: the pod's sockets are the host's.
     pub host_network: bool,
+    /// `metadata.deletionTimestamp` is set: its runtime may already have torn down its
+    /// network namespace while the Pod still shows its addresses.
+    pub terminating: bool,
 }
 
 /// The path of a pod's connections, and why.
@@ -228,6 +231,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             host_network: false,
+            terminating: false,
         }
     }
 

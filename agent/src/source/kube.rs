@@ -99,6 +99,7 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError
                 })?,
         },
     };
+    tracing::info!(api_server = %config.cluster_url, "reading the cluster from the API server");
     Client::try_from(config).map_err(KubeSourceError::Client)
 }
 
@@ -466,9 +467,7 @@ fn log_retry(
     let retry_in = wait.unwrap_or_default();
     let what = match error {
         watcher::Error::InitialListFailed(_) => "list failed; listing again",
-        watcher::Error::WatchStartFailed(_) => {
-            "watch failed to start; watching again from the last resource version"
-        }
+        watcher::Error::WatchStartFailed(_) => "watch failed to start; starting it again",
         watcher::Error::WatchError(status) if status.code == 410 => {
             "resource version expired (410 Gone); relisting"
         }
@@ -478,6 +477,8 @@ fn log_retry(
         }
         watcher::Error::NoResourceVersion => "object without resource version; relisting",
     };
+    // The whole chain: kube's own text stops at "client error (Connect)".
+    let error = crate::error_chain(error);
     if first {
         warn!(feed, %error, ?retry_in, "{what}; the datapath keeps its state meanwhile");
     } else {

@@ -180,6 +180,7 @@ fn pod_info(pod: &Pod) -> PodInfo {
             .as_ref()
             .and_then(|spec| spec.host_network)
             .unwrap_or(false),
+        terminating: pod.metadata.deletion_timestamp.is_some(),
     }
 }
 
