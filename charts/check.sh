@@ -566,6 +566,9 @@ def check_release(name, values, docs, notes):
         check(f"{name}: NOTES say how to check it (rollout status, /readyz, socklb explain) and how to turn off kube-proxy",
               all(s in notes for s in ("rollout status", "/readyz", "/socklb explain", "kube-proxy", "10256", "10249")),
               notes)
+        warns = "socketLbScope=pods needs closeSocketsInPods" in notes
+        check(f"{name}: NOTES warn that socketLbScope=pods without closeSocketsInPods serves every namespace, and only then",
+              warns == (not values["closeSocketsInPods"] and values["socketLbScope"] == "pods"), notes)
         unknown = [f for line in notes.splitlines() if "/socklb explain" in line
                    for f in flag_names(line.split("/socklb explain", 1)[1].split()) if f not in explain_flags]
         check(f"{name}: the `socklb explain` commands in NOTES use real flags", not unknown, f"unknown: {unknown}")

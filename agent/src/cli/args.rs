@@ -108,6 +108,11 @@ pub enum Command {
     /// Show each translation as it happens: which backend, and why.
     Trace(TraceArgs),
     /// Detach the programs and remove every pin socklb created.
+    ///
+    /// The node then translates no Service: run it once kube-proxy (or another dataplane)
+    /// serves the node again, or when socklb leaves for good. Nothing socklb did not create
+    /// is touched: kube-proxy's rules and other programs' pins and links stay. Refused while
+    /// an agent runs on the pin directory: stop it first (`--force` from inside its pod).
     Cleanup(CleanupArgs),
     /// Print the version and the map layout: a fingerprint of the pinned maps' names and
     /// their layouts' versions (two builds that print the same one share the maps as they

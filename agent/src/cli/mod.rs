@@ -651,6 +651,13 @@ fn cleanup(args: &CleanupArgs) -> anyhow::Result<()> {
     for path in &cleanup.removed {
         text.push_str(&format!("removed {}\n", path.display()));
     }
+    if !cleanup.removed.is_empty() {
+        text.push_str(&format!(
+            "{} removed: socklb no longer translates Services on this node (kube-proxy's \
+             rules, if any, were not touched)\n",
+            cleanup.removed.len()
+        ));
+    }
     stdout::print(&text)?;
     Ok(())
 }

@@ -35,9 +35,16 @@ pub enum HostError {
     #[error("cannot read /proc/self/mountinfo")]
     MountInfo(#[source] std::io::Error),
     #[error(
-        "{path} is not a cgroup v2 directory: pass the cgroup v2 mount (or a cgroup in it) to --cgroup-path"
+        "{path} is not a cgroup v2 directory: pass the cgroup v2 mount (or a cgroup in it) to \
+         --cgroup-path{} (the chart: hostPaths.cgroupRoot, the host's cgroup v2 mount, such as \
+         /sys/fs/cgroup/unified on a host with both cgroup versions)",
+        mount.as_ref().map_or_else(String::new, |mount| format!(", here {}", mount.display()))
     )]
-    NotCgroup2 { path: PathBuf },
+    NotCgroup2 {
+        path: PathBuf,
+        /// Where this process finds cgroup v2 mounted, if anywhere.
+        mount: Option<PathBuf>,
+    },
     #[error(
         "bpffs is not mounted at {path}: run `mount -t bpf bpf {path}` or pass --bpffs with a \
          directory on a mounted bpffs"
@@ -182,6 +189,7 @@ pub fn check_cgroup2(path: &Path) -> Result<(), HostError> {
         Some(CGROUP2_SUPER_MAGIC) => Ok(()),
         _ => Err(HostError::NotCgroup2 {
             path: path.to_owned(),
+            mount: cgroup2_mount().ok(),
         }),
     }
 }
