@@ -258,9 +258,9 @@ pub fn table(explanation: &Explanation) -> String {
         let _ = write!(
             out,
             "\npaths as the cluster's objects choose them under --socket-lb-scope {}; a pod \
-             whose device does not carry the per-packet program (--pod-devices), or whose \
-             address no network namespace of the node holds, keeps the socket path: `socklb \
-             inspect` shows what the node does\n",
+             whose device does not carry the per-packet program (--pod-devices) keeps the \
+             socket path, and one whose address no pinned network namespace holds may (the \
+             agent warns about both): `socklb inspect` shows what the node does\n",
             explanation.socket_lb_scope
         );
     }
