@@ -29,7 +29,6 @@ pub use self::{
     config::{Config, ConntrackTimeouts, DEFAULT_MAGLEV_TABLE_SIZE, NodeSettings},
     error::DataplaneError,
     expired_flows::{ExpiredFlows, GC_INTERVAL_MAX, GC_INTERVAL_MIN, remove_expired_flows},
-    node::outside_agent_netns,
 };
 use crate::{
     desired::sizing::Sizes,
@@ -56,7 +55,7 @@ pub use crate::{
         devices::{DeviceError, check_devices, check_ethernet},
         host::{
             HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding,
-            local_addresses, netns_cookie, prepare_pin_dir,
+            local_addresses, netns_cookie, outside_netns, prepare_pin_dir,
         },
         load::{LoadError, ProgramLoad},
         pin_lock::{Holder, PinLock, PinLockError, lock as lock_pin_dir},

@@ -91,11 +91,3 @@ impl Dataplane {
 fn timeout_seconds(timeout: Duration) -> u32 {
     u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX).max(1)
 }
-
-/// Whether this process runs in another network namespace than the agent that wrote `node`
-/// (`inspect`, `trace`): the devices it sees are then not the ones the agent serves. False
-/// when that cannot be told.
-pub fn outside_agent_netns(node: &NodeConfig) -> bool {
-    let agent = node.agent_netns_cookie;
-    agent != 0 && super::netns_cookie().is_ok_and(|here| here != agent)
-}

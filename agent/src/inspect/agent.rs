@@ -39,6 +39,6 @@ pub(super) fn read(pin_dir: &Path) -> Result<AgentView, InspectError> {
     };
     Ok(AgentView {
         scope,
-        elsewhere: crate::dataplane::outside_agent_netns(&node),
+        elsewhere: crate::dataplane::outside_netns(node.agent_netns_cookie),
     })
 }

@@ -295,6 +295,14 @@ fn check_socklbs_own(pin_dir: &Path, metadata: &fs::Metadata) -> Result<(), Host
     Ok(())
 }
 
+/// Whether this process runs in another network namespace than the one of `cookie` (an
+/// agent's, from its node map, for `inspect` and `trace`: the devices this process sees are
+/// then not the ones the agent serves). False when that cannot be told (`cookie` 0: not
+/// written).
+pub fn outside_netns(cookie: u64) -> bool {
+    cookie != 0 && netns_cookie().is_ok_and(|here| here != cookie)
+}
+
 /// The cookie of the agent's network namespace (the host's, where the agent runs with the
 /// host network), as `bpf_get_netns_cookie` gives it to the programs.
 pub fn netns_cookie() -> Result<u64, HostError> {

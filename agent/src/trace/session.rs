@@ -263,7 +263,7 @@ fn agent_elsewhere(pin_dir: &Path) -> bool {
     open::<Array<MapData, NodeConfig>>(pin_dir, map_names::NODE, Map::Array)
         .ok()
         .and_then(|node| node.get(&0, 0).ok())
-        .is_some_and(|node| crate::dataplane::outside_agent_netns(&node))
+        .is_some_and(|node| crate::dataplane::outside_netns(node.agent_netns_cookie))
 }
 
 fn lost(counters: &PerCpuArray<MapData, Counters>) -> u64 {
