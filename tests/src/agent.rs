@@ -200,11 +200,43 @@ impl Agent {
     pub fn start_binary(
         binary: &Path,
         privileges: &ContainerPrivileges,
-        (pin_dir, cgroup): (&Path, &Path),
+        state: (&Path, &Path),
         source: Source,
         node: &str,
         extra: &[&str],
     ) -> Self {
+        let (agent, ready) = Self::spawn(binary, privileges, state, source, node, extra);
+        let ready = ready.recv_timeout(Duration::from_secs(60)).unwrap_or(false);
+        assert!(ready, "the agent did not become ready:\n{}", agent.log());
+        agent
+    }
+
+    /// Starts the agent on the kube source of `kubeconfig` as the chart runs it, without
+    /// waiting until it is ready (its API server may be out of reach).
+    pub fn spawn_kube(sandbox: &Sandbox, kubeconfig: &Path, node: &str, extra: &[&str]) -> Self {
+        let state = (sandbox.pin_dir.as_path(), sandbox.cgroup.as_path());
+        let source = Source::Kube(kubeconfig);
+        Self::spawn(
+            &agent_bin(),
+            chart_agent_minimal(),
+            state,
+            source,
+            node,
+            extra,
+        )
+        .0
+    }
+
+    /// The agent started, and what says once whether it became ready (`false`: it exited
+    /// before).
+    fn spawn(
+        binary: &Path,
+        privileges: &ContainerPrivileges,
+        (pin_dir, cgroup): (&Path, &Path),
+        source: Source,
+        node: &str,
+        extra: &[&str],
+    ) -> (Self, std::sync::mpsc::Receiver<bool>) {
         let min_sync_period: &[&str] = if extra.contains(&"--min-sync-period") {
             &[]
         } else {
@@ -254,11 +286,7 @@ impl Agent {
             started,
             log,
         };
-        let ready = ready_rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or(false);
-        assert!(ready, "the agent did not become ready:\n{}", agent.log());
-        agent
+        (agent, ready_rx)
     }
 
     pub fn log(&self) -> String {

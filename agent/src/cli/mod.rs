@@ -399,10 +399,18 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         if result? {
             // The links stay pinned: the datapath keeps working while no agent runs.
             info!("stopped; programs stay attached (`socklb cleanup` removes them)");
-        } else {
+        } else if pin_dir_existed {
             info!(
                 "stopped before the first full sync: this run attached nothing (what an \
                  earlier agent attached stays; `socklb cleanup` removes it)"
+            );
+        } else {
+            // A bare node: the maps pinned at load are this run's, and no program read them.
+            dataplane::unpin_maps(pin_dir);
+            remove_pin_dir_left_empty(pin_dir, pin_dir_existed);
+            info!(
+                "stopped before the first full sync: this run attached nothing and unpinned \
+                 the maps it made"
             );
         }
         Ok(())

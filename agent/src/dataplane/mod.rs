@@ -57,7 +57,7 @@ pub use crate::{
             HostError, cgroup2_mount, ephemeral_ports, ipv4_forwarding, ipv6_forwarding,
             local_addresses, netns_cookie, outside_netns, prepare_pin_dir,
         },
-        load::{LoadError, ProgramLoad},
+        load::{LoadError, ProgramLoad, unpin_maps},
         pin_lock::{Holder, PinLock, PinLockError, lock as lock_pin_dir},
         pins::{DEFAULT_PIN_DIR, link_pin, lock_path as pin_lock_path, trace_lease_dir},
         pod_devices::{Link, PodDevices, links, netns_id, watch_links},

@@ -22,7 +22,7 @@ use crate::{
         flow_filter, host,
         load::{self, take_map},
         mapped_words::MappedWords,
-        object, pins,
+        object,
         program_logs::ProgramLogs,
     },
     maps::{
@@ -195,10 +195,7 @@ impl Dataplane {
             (result, loaded)
         });
         if let Err(error) = loaded {
-            for name in map_names::ALL {
-                let _ = std::fs::remove_file(pins::map_pin(&self.config.pin_dir, name));
-            }
-            load::remove_staging(&self.config.pin_dir);
+            load::unpin_maps(&self.config.pin_dir);
             return Err(DataplaneError::from(error).explain_refusal());
         }
         self.programs_loaded = true;

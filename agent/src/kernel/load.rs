@@ -248,6 +248,16 @@ pub fn load_grown(
     result
 }
 
+/// Unpins the maps a start pinned before any program of its ran: the kernel refused the
+/// programs, or the agent stopped before its first sync on a node it found bare. Nothing
+/// else reads them.
+pub fn unpin_maps(pin_dir: &Path) {
+    for name in map_names::ALL {
+        let _ = fs::remove_file(pins::map_pin(pin_dir, name));
+    }
+    remove_staging(pin_dir);
+}
+
 /// Removes what an interrupted growth left under [`pins::staging_dir`] (only socklb's maps).
 pub fn remove_staging(pin_dir: &Path) {
     let staging = pins::staging_dir(pin_dir);

@@ -1,6 +1,7 @@
 //! The API server goes away for 30 s: the datapath keeps serving what it had (no list that
 //! failed deletes anything), and once the server is back (answering 403 for a moment, as a
 //! restarted server does while its authorizer's cache warms) a change is applied within 3 s.
+//! One out of reach from the start is named in the log, with the cause.
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
@@ -8,8 +9,8 @@ use std::{
 };
 
 use socklb_tests::{
-    Agent, ManifestDir, NamedServer, Sandbox, fake_apiserver::FakeApiServer, node_yaml,
-    service_yaml, slice_yaml,
+    Agent, ManifestDir, NamedServer, Sandbox, cluster::kubeconfig as kubeconfig_for,
+    fake_apiserver::FakeApiServer, node_yaml, service_yaml, slice_yaml,
 };
 
 const VIP: &str = "10.96.30.10:80";
@@ -100,4 +101,32 @@ fn an_api_server_outage_keeps_the_datapath_and_changes_apply_soon_after() {
         attempts.len()
     );
     agent.stop();
+}
+
+/// An API server out of reach from the start (nothing listens at its address): the agent's
+/// log names the server and the cause, and the agent, stopped before its first sync on a
+/// node it found bare, leaves no pin behind.
+#[test]
+fn an_api_server_out_of_reach_is_named_and_a_stop_before_the_first_sync_leaves_no_pin() {
+    let sandbox = Sandbox::new("api-away");
+    let dir = ManifestDir::new(&sandbox);
+    let kubeconfig = dir.path.join("kubeconfig");
+    // Port 1 of the sandbox's loopback: refused at once, and nothing leaves the sandbox.
+    std::fs::write(&kubeconfig, kubeconfig_for("https://127.0.0.1:1"))
+        .expect("write the kubeconfig");
+    let agent = Agent::spawn_kube(&sandbox, &kubeconfig, "node-a", &[]);
+    agent.wait_for_log("the datapath keeps its state meanwhile", 1);
+    let log = agent.stop();
+    for said in [
+        "api_server=https://127.0.0.1:1",
+        "Connection refused",
+        "unpinned the maps it made",
+    ] {
+        assert!(log.contains(said), "the log does not say {said:?}:\n{log}");
+    }
+    assert!(
+        !sandbox.pin_dir.exists(),
+        "{} is left after a start that never synced:\n{log}",
+        sandbox.pin_dir.display()
+    );
 }
