@@ -24,7 +24,7 @@ use socklb_tests::{
     forged::{self, Capture, Flags},
     hold::Holder,
     hold_bin,
-    lan::{Addresses, LanNode, VM, VM6, answers, servers_of},
+    lan::{Addresses, LanNode, VM, VM6, answers, cni_netfilter_rules, servers_of},
     mesh_proxy_bin,
     netns::{Netns, veth},
     privileges::chart_agent,
@@ -33,6 +33,7 @@ use socklb_tests::{
 
 socklb_tests::for_each_family!(
     a_vm_reaches_cluster_ips_through_its_device,
+    a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery,
     a_vm_s_client_ip_affinity_holds_and_inspect_names_its_backend,
     a_pod_that_is_its_own_backend_gets_an_answer,
     a_refused_connection_closes_its_whole_flow,
@@ -117,6 +118,111 @@ fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
         serde_json::json!(["pod1", "vm1"]),
         "inspect shows the devices of the per-packet path: {seen}"
     );
+    assert_eq!(seen["pod_delivery"], "kernel", "the default: {seen}");
+}
+
+/// Under `--pod-delivery direct` a VM's flows to a pod of its node are redirected both ways
+/// past the node's routing and netfilter (a CNI's rules, which drop what conntrack finds
+/// INVALID, included): a counting rule for the pod's address sees none of their packets,
+/// where it sees the VM's connection to the pod's own address. Flows to the remote pod are
+/// SNATed and forwarded as ever; the VM sees the ClusterIP answer both ways.
+fn a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery(family: Family) {
+    let node = LanNode::new(family, "pp-direct", "k");
+    let vm = node.lan.vm();
+    let a = &node.a;
+    let _servers = [node.tcp_servers(8080), node.udp_servers(5353)];
+    node.write(
+        "web.yaml",
+        &a.exposed("web", 61)
+            .http_and_dns()
+            .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
+            .yaml(),
+    );
+    cni_netfilter_rules(family);
+    let counted = PacketsTo::count(family, a.pod1);
+    let _agent = node.agent(&["--pod-delivery", "direct"]);
+    let vm_address = match family {
+        Family::V4 => VM,
+        Family::V6 => VM6,
+    };
+    let vip = family.vip(61).to_string();
+    for (mode, port) in [("tcp", 80), ("udp", 53)] {
+        let frontend = Addresses::at(&vip, port);
+        let attempts = vm.probe(mode, &frontend, 40);
+        for attempt in &attempts {
+            assert_eq!(
+                attempt.peer.as_deref(),
+                Some(frontend.as_str()),
+                "{mode}: the VM sees the ClusterIP answer: {attempt:?}"
+            );
+        }
+        for (server, seen) in answers(&attempts) {
+            assert_eq!(seen.ip().to_string(), vm_address, "{mode}: {server}");
+        }
+        assert_eq!(
+            servers_of(&attempts),
+            ["pod1", "pod2"],
+            "{mode}: the local and the remote backend both serve"
+        );
+    }
+    assert_eq!(
+        counted.packets(),
+        0,
+        "no packet of the flows to the local pod crossed the node's netfilter"
+    );
+    let seen = node.sandbox.inspect();
+    assert_eq!(seen["pod_delivery"], "direct", "{seen}");
+    let pod1 = Addresses::at(&a.pod1.to_string(), 5353);
+    let flows = seen["conntrack"].as_array().expect("conntrack");
+    assert!(
+        flows
+            .iter()
+            .any(|flow| flow["rewritten_to"] == pod1.as_str() && flow["direct"] == true),
+        "inspect marks the UDP flows to the local pod direct: {flows:?}"
+    );
+    let direct = vm.probe("tcp", &Addresses::at(&a.pod1.to_string(), 8080), 1);
+    assert_eq!(servers_of(&direct), ["pod1"], "{direct:?}");
+    assert!(
+        counted.packets() > 0,
+        "the counting rule sees a connection to the pod's own address"
+    );
+    let counters = node.counters();
+    assert_eq!(counters.errors, 0, "{counters:?}");
+    assert_eq!(counters.rewrite_failed, 0, "{counters:?}");
+}
+
+/// A rule in node1's FORWARD chain (mangle table) that counts the packets to one address.
+struct PacketsTo {
+    save: &'static str,
+    rule: String,
+}
+
+impl PacketsTo {
+    fn count(family: Family, address: IpAddr) -> Self {
+        let (tool, save, prefix) = match family {
+            Family::V4 => ("iptables", "iptables-save", 32),
+            Family::V6 => ("ip6tables", "ip6tables-save", 128),
+        };
+        let rule = format!("-A FORWARD -d {address}/{prefix}");
+        // In node1, the namespace of this thread; it goes with it.
+        run(std::process::Command::new(tool)
+            .args(["-t", "mangle"])
+            .args(rule.split(' ')));
+        Self { save, rule }
+    }
+
+    /// Packets counted so far (`iptables-save -c`: `[packets:bytes] rule`).
+    fn packets(&self) -> u64 {
+        let saved = stdout_of(std::process::Command::new(self.save).args(["-c", "-t", "mangle"]));
+        saved
+            .lines()
+            .find_map(|line| {
+                let (counts, rule) = line.split_once("] ")?;
+                (rule == self.rule).then(|| counts.trim_start_matches('[').split(':').next())?
+            })
+            .and_then(|packets| packets.parse().ok())
+            .unwrap_or_else(|| panic!("no counter for `{}` in:\n{saved}", self.rule))
+    }
 }
 
 /// A VM's connections to a ClusterIP with `sessionAffinity: ClientIP` stick to one backend

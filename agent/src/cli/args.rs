@@ -241,6 +241,14 @@ pub struct RunArgs {
     /// with `auto` among them to add what it finds (`auto,tap0`).
     #[arg(long, default_value = "auto")]
     pub pod_devices: dataplane::PodDevices,
+    /// How a pod's packets the per-packet path translated to a backend on this node go on:
+    /// `kernel` (handed back to the node's routing and netfilter, which see the flow as
+    /// from the client to the backend, as under kube-proxy: its conntrack, an iptables
+    /// NetworkPolicy) or `direct` (redirected to the backend's device, and its answers to
+    /// the client's, past them: faster, for nodes whose CNI enforces no policy in
+    /// netfilter). Flows to other nodes are forwarded past netfilter either way.
+    #[arg(long, value_enum, default_value_t = dataplane::PodDelivery::Kernel)]
+    pub pod_delivery: dataplane::PodDelivery,
     /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,
     /// CAP_PERFMON or CAP_SYS_ADMIN), netlink SOCK_DESTROY, auto (the iterators if they
     /// load, else netlink), or off. The sweep enters other network namespaces with

@@ -311,13 +311,20 @@ fn run(args: &RunArgs) -> anyhow::Result<()> {
         },
         socket_lb_listed: socket_lb_scope == SocketLbScope::Pods,
         cluster_ips_from_outside: args.external.cluster_ips_from_outside,
+        pod_delivery: args.pod_delivery,
         program_load: ProgramLoad::WhenSized,
     })
     .inspect_err(|_| remove_pin_dir_left_empty(pin_dir, pin_dir_existed))?;
     let program_logs = dataplane.program_logs()?;
     let source_kind = clap::ValueEnum::to_possible_value(&args.source.source)
         .map_or_else(String::new, |value| value.get_name().to_owned());
-    info!(node = %node_name, source = %source_kind, %socket_lb_scope, "starting");
+    info!(
+        node = %node_name,
+        source = %source_kind,
+        %socket_lb_scope,
+        pod_delivery = %args.pod_delivery,
+        "starting"
+    );
     runtime.block_on(async {
         // Aborted when the runtime stops.
         if let Some(logs) = program_logs {

@@ -40,6 +40,9 @@ pub struct Config {
     /// Packets from outside the node to a ClusterIP are translated on the external devices
     /// (`--cluster-ips-from-outside`).
     pub cluster_ips_from_outside: bool,
+    /// How the per-packet path delivers a pod's flows to backends on this node
+    /// (`--pod-delivery`).
+    pub pod_delivery: PodDelivery,
     /// When the kernel verifies the programs: the agent waits, on a fresh node, for
     /// [`Dataplane::apply_first`](super::Dataplane::apply_first) to size the maps.
     pub program_load: ProgramLoad,
@@ -54,6 +57,40 @@ impl Config {
             socket_lb_listed: self.socket_lb_listed,
             cluster_ips_from_outside: self.cluster_ips_from_outside,
         }
+    }
+}
+
+/// How the per-packet path delivers a pod's flows to a backend on this node, both ways.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodDelivery {
+    /// Handed back to the kernel once translated: the node's routing and netfilter see
+    /// the flow as from the client to the backend (its conntrack, a CNI's NetworkPolicy
+    /// rules), as they see kube-proxy's DNATed flows.
+    #[default]
+    Kernel,
+    /// Redirected by socklb to the backend's device, and its replies to the client's,
+    /// past the node's routing and netfilter: faster, but netfilter rules (an iptables
+    /// NetworkPolicy) never see these flows.
+    Direct,
+}
+
+impl PodDelivery {
+    /// Its `POD_DELIVERY_*` code in the node map.
+    pub fn code(self) -> u32 {
+        match self {
+            Self::Kernel => socklb_abi::POD_DELIVERY_KERNEL,
+            Self::Direct => socklb_abi::POD_DELIVERY_DIRECT,
+        }
+    }
+}
+
+impl std::fmt::Display for PodDelivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Kernel => "kernel",
+            Self::Direct => "direct",
+        })
     }
 }
 
@@ -72,6 +109,7 @@ impl Default for Config {
             socket_lb_netns: None,
             socket_lb_listed: false,
             cluster_ips_from_outside: false,
+            pod_delivery: PodDelivery::Kernel,
             program_load: ProgramLoad::Now,
         }
     }

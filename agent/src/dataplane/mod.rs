@@ -26,7 +26,7 @@ use aya::{
 use socklb_abi::{Counters, NodeConfig, NodeConfig6, SocketRecordCount};
 
 pub use self::{
-    config::{Config, ConntrackTimeouts, DEFAULT_MAGLEV_TABLE_SIZE, NodeSettings},
+    config::{Config, ConntrackTimeouts, DEFAULT_MAGLEV_TABLE_SIZE, NodeSettings, PodDelivery},
     error::DataplaneError,
     expired_flows::{ExpiredFlows, GC_INTERVAL_MAX, GC_INTERVAL_MIN, remove_expired_flows},
 };

@@ -51,6 +51,8 @@ impl Dataplane {
                 (Some(_), true) => SOCKET_LB_SCOPE_PODS,
             },
             agent_netns_cookie: self.netns_cookie,
+            pod_delivery: self.config.pod_delivery.code(),
+            pad: 0,
         };
         let map_error = DataplaneError::map(map_names::NODE);
         if self.node.get(&0, 0).map_err(map_error)? != wanted {

@@ -9,8 +9,8 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use serde::Serialize;
 use socklb_abi::{
-    CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, CtEntry, CtEntry6, CtKey,
-    CtKey6, FragmentKey, FragmentKey6, FragmentPorts, map_names,
+    CT_FLAG_CLOSING, CT_FLAG_DIRECT, CT_FLAG_SEEN_REPLY, CT_FLAG_SNAT, CT_FORWARD, CtEntry,
+    CtEntry6, CtKey, CtKey6, FragmentKey, FragmentKey6, FragmentPorts, map_names,
 };
 
 use super::{
@@ -33,6 +33,9 @@ pub struct ConntrackState {
     pub service_id: u32,
     pub backend_id: u32,
     pub snat: bool,
+    /// A pod's flow to a local backend delivered past the node's routing and netfilter
+    /// (`--pod-delivery direct`).
+    pub direct: bool,
     pub closing: bool,
     /// In the main table: a TCP flow past its handshake, a UDP flow answered and continued.
     /// Unconfirmed flows (a SYN flood's) live in a table of their own.
@@ -148,6 +151,7 @@ fn conntrack_state(key: &CtKey, entry: &CtEntry, confirmed: bool, now: u32) -> C
         service_id: entry.service_id,
         backend_id: entry.backend_id,
         snat: entry.flags & CT_FLAG_SNAT != 0,
+        direct: entry.flags & CT_FLAG_DIRECT != 0,
         closing: entry.flags & CT_FLAG_CLOSING != 0,
         confirmed,
         seen_reply: entry.flags & CT_FLAG_SEEN_REPLY != 0,

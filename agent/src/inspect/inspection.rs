@@ -10,7 +10,9 @@ use super::{
     frontends::{FrontendState, ServiceLabel},
     pods::PodState,
 };
-use crate::{kernel::flow_filter, maps::frontend_filter, select::socket_path::Scope};
+use crate::{
+    dataplane::PodDelivery, kernel::flow_filter, maps::frontend_filter, select::socket_path::Scope,
+};
 
 #[derive(Debug, Serialize)]
 pub struct Inspection {
@@ -25,6 +27,9 @@ pub struct Inspection {
     /// Which sockets the socket hooks translate (`--socket-lb-scope`), as the agent wrote
     /// it at its last sync; `None`: not written yet.
     pub socket_lb_scope: Option<Scope>,
+    /// How pods' per-packet flows to backends on this node go on (`--pod-delivery`), as
+    /// the agent wrote it; `None`: not written.
+    pub pod_delivery: Option<PodDelivery>,
     /// Pods' network namespaces whose sockets the socket hooks translate besides the
     /// host's (`--socket-lb-scope pods`).
     pub pod_namespaces: usize,

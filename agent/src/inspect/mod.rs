@@ -104,6 +104,7 @@ pub fn inspect(pin_dir: &Path, only: Option<IpAddr>) -> Result<Inspection, Inspe
     };
     Ok(Inspection {
         socket_lb_scope: agent.scope,
+        pod_delivery: agent.pod_delivery,
         external_devices: of_role(DeviceRole::External),
         pod_devices,
         pods,

@@ -6,7 +6,7 @@ use std::{fmt::Write as _, net::SocketAddr};
 use socklb_abi::Counters;
 
 use super::{frontends::ServiceLabel, inspection::Inspection, pods::PodPathState};
-use crate::{select::socket_path::Scope, terminal::printable};
+use crate::{dataplane::PodDelivery, select::socket_path::Scope, terminal::printable};
 
 pub fn table(inspection: &Inspection) -> String {
     let mut out = String::from(
@@ -71,7 +71,7 @@ pub fn table(inspection: &Inspection) -> String {
             let protocol = c.protocol.map_or("?", |p| p.name());
             let _ = writeln!(
                 out,
-                "{:4} {:7} {} -> {}  =>  {} -> {}  service {} backend {}{}{}{} idle {}s",
+                "{:4} {:7} {} -> {}  =>  {} -> {}  service {} backend {}{}{}{}{} idle {}s",
                 protocol,
                 c.direction,
                 c.from,
@@ -81,6 +81,7 @@ pub fn table(inspection: &Inspection) -> String {
                 c.service_id,
                 c.backend_id,
                 if c.snat { " snat" } else { "" },
+                if c.direct { " direct" } else { "" },
                 match (c.confirmed, c.seen_reply) {
                     (true, true) => "",
                     (true, false) => " unanswered",
@@ -127,8 +128,9 @@ pub fn table(inspection: &Inspection) -> String {
     let _ = write!(
         out,
         "\naffinity entries: {}\nfragmented datagrams: {}\nsockets with a record: {}\nsocket \
-         hooks' scope: {}\npods' namespaces in the socket hooks' scope: {}\nexternal devices: \
-         {}\npod devices (per-packet path): {}\ncounters:",
+         hooks' scope: {}\npods' delivery (their per-packet flows to this node's pods): {}\npods' \
+         namespaces in the socket hooks' scope: {}\nexternal devices: {}\npod devices \
+         (per-packet path): {}\ncounters:",
         inspection.affinity.len(),
         inspection.fragments,
         inspection.socket_records,
@@ -137,6 +139,12 @@ pub fn table(inspection: &Inspection) -> String {
             Some(Scope::Host) => "host (the host's sockets only)",
             Some(Scope::Pods) => "pods (the host's, and the listed pods')",
             None => "not written (the agent has not synced yet, or is older than this inspect)",
+        },
+        match inspection.pod_delivery {
+            Some(PodDelivery::Kernel) => "kernel (through the node's routing and netfilter)",
+            Some(PodDelivery::Direct) =>
+                "direct (redirected past the node's routing and netfilter)",
+            None => "not written (no node map, or one older than this inspect)",
         },
         inspection.pod_namespaces,
         listed(&inspection.external_devices),
@@ -256,6 +264,7 @@ mod tests {
             socket_records: 0,
             pod_namespaces: 0,
             socket_lb_scope: Some(crate::select::socket_path::Scope::Pods),
+            pod_delivery: Some(PodDelivery::Kernel),
             pods: vec![PodState {
                 namespace: "/run/netns/cni-\x1b[2J".to_owned(),
                 cookie: 4096,

@@ -39,6 +39,10 @@ pub const CT_FLAG_FIN: u16 = 1 << 3;
 /// [`CtEntry::flags`]: [`CtEntry::sequence_high`] holds where this direction's TCP
 /// sequence numbers are. Entries written before it existed lack it and trust any segment.
 pub const CT_FLAG_SEQUENCE: u16 = 1 << 4;
+/// [`CtEntry::flags`]: a pod's flow to a backend on this node whose packets socklb
+/// delivers itself, both ways, past the node's routing and netfilter
+/// ([`NodeConfig::pod_delivery`] [`POD_DELIVERY_DIRECT`] when it was made).
+pub const CT_FLAG_DIRECT: u16 = 1 << 5;
 
 /// How far (in units of 65,536 sequence numbers, either way) a TCP segment's sequence
 /// number may be from the last one its direction sent for the segment to count on a
@@ -214,7 +218,18 @@ pub struct NodeConfig {
     /// The cookie of the agent's network namespace, for `socklb inspect` and `socklb
     /// trace` to tell whether they see the devices the agent serves.
     pub agent_netns_cookie: u64,
+    /// How a pod's flows to a backend on this node are delivered (`POD_DELIVERY_*`), read
+    /// when a flow is made: the flow keeps its way for its life.
+    pub pod_delivery: u32,
+    pub pad: u32,
 }
+
+/// [`NodeConfig::pod_delivery`]: through the node's routing and netfilter (the kernel's
+/// path), which see the flow as from the client to the backend.
+pub const POD_DELIVERY_KERNEL: u32 = 0;
+/// [`NodeConfig::pod_delivery`]: redirected straight to the backend's device, and its
+/// replies to the client's, past the node's routing and netfilter ([`CT_FLAG_DIRECT`]).
+pub const POD_DELIVERY_DIRECT: u32 = 1;
 
 /// [`NodeConfig::socket_lb_scope`]: every network namespace's sockets are translated.
 pub const SOCKET_LB_SCOPE_ALL: u32 = 1;

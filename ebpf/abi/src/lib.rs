@@ -48,7 +48,7 @@ const _: () = assert!(size_of::<Counters>() == Counters::NAMES.len() * 8);
 const _: () = assert!(size_of::<SourceRange>() == 12);
 const _: () = assert!(size_of::<CtKey>() == 16);
 const _: () = assert!(size_of::<CtEntry>() == 28);
-const _: () = assert!(size_of::<NodeConfig>() == 40);
+const _: () = assert!(size_of::<NodeConfig>() == 48);
 const _: () = assert!(size_of::<FragmentKey>() == 12);
 const _: () = assert!(size_of::<TraceEvent>() == 128);
 const _: () = assert!(size_of::<TraceControl>() == 56);

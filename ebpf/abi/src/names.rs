@@ -39,7 +39,7 @@ pub mod map_names {
     pub const FRONTEND_FILTER: &str = "socklb_fef_v1";
     /// [`crate::NodeConfig`], a single entry at index 0: what the TC programs need to
     /// know about this node.
-    pub const NODE: &str = "socklb_node_v3";
+    pub const NODE: &str = "socklb_node_v4";
     /// [`crate::FragmentKey`] -> [`crate::FragmentPorts`] (LRU): the ports of an IP
     /// datagram's first fragment, for its later fragments (which carry none).
     pub const FRAGMENTS: &str = "socklb_frag_v1";
@@ -154,7 +154,7 @@ pub mod map_names {
 
     /// Names of maps an older agent pinned and this one no longer uses: removed at load and
     /// by `socklb cleanup`.
-    pub const RETIRED: [&str; 19] = [
+    pub const RETIRED: [&str; 20] = [
         "socklb_cnt_v1",
         "socklb_cnt_v2",
         "socklb_cnt_v3",
@@ -165,6 +165,8 @@ pub mod map_names {
         "socklb_node_v1",
         // Before the socket hooks' scope and the agent's namespace.
         "socklb_node_v2",
+        // Before the pods' delivery.
+        "socklb_node_v3",
         RETIRED_SERVICES[0],
         RETIRED_SERVICES[1],
         "socklb_svc6_v1",

@@ -13,7 +13,8 @@
 use aya_ebpf::{bindings::BPF_NOEXIST, helpers};
 use socklb_abi::{
     CT_FLAG_CLOSING, CT_FLAG_FIN, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT, CT_FORWARD,
-    CT_REPLY, CtEntry, CtKey, CtTimeouts, NodeConfig, PROTO_TCP, in_sequence_window,
+    CT_REPLY, CtEntry, CtKey, CtTimeouts, NodeConfig, POD_DELIVERY_DIRECT, PROTO_TCP,
+    in_sequence_window,
 };
 
 use crate::{
@@ -51,6 +52,13 @@ pub fn now_s() -> u32 {
 pub fn may_be_snat_reply<A>(tuple: &Tuple<A>, node: Option<&NodeConfig>) -> bool {
     let port = u16::from_be(tuple.destination_port);
     node.is_some_and(|node| port >= node.snat_port_min && port <= node.snat_port_max)
+}
+
+/// Whether the agent asks for a pod's new flows to backends on this node to be delivered
+/// directly (`CT_FLAG_DIRECT`), and so whether a pod's device may see their answers.
+#[inline(always)]
+pub fn delivers_direct(node: Option<&NodeConfig>) -> bool {
+    node.is_some_and(|node| node.pod_delivery == POD_DELIVERY_DIRECT)
 }
 
 #[inline(always)]

@@ -20,7 +20,7 @@
 //! Anything else goes on to the full path, which looks at it afresh: the lookup here
 //! changed nothing that the full path's would not.
 use aya_ebpf::programs::TcContext;
-use socklb_abi::{CT_FLAG_SNAT, CT_FORWARD, PROTO_TCP};
+use socklb_abi::{CT_FLAG_DIRECT, CT_FLAG_SNAT, CT_FORWARD, PROTO_TCP};
 
 use crate::{
     conntrack::{self, Found},
@@ -74,6 +74,17 @@ pub fn screen_ingress4(ctx: &TcContext) -> Screen {
         return Screen::Full;
     }
     Screen::Pass
+}
+
+/// Whether an IPv4 packet the screen passed on a pod's device, where the agent asks for
+/// direct delivery, may answer a flow delivered directly (sent by a backend a flow was
+/// sent to): the full path takes it. Out of line, so that the entry's frame, which every
+/// call chain of the program adds up, does not grow; called only in that mode, so that a
+/// passed packet otherwise makes no call.
+#[inline(never)]
+pub fn may_be_direct_reply4(ctx: &TcContext) -> bool {
+    Packet::<u32>::parse_plain(ctx)
+        .is_some_and(|packet| flow_filter::reply_marked(&settled(&packet.tuple)))
 }
 
 /// Whether an IPv4 packet leaving a device passes untouched, screened in line: plain, and
@@ -136,8 +147,9 @@ pub fn ingress4<S: Side>(ctx: &TcContext) -> i32 {
         return FULL;
     }
     flow::trace_known::<_, S>(&packet, &entry);
-    let result = if entry.flags & CT_FLAG_SNAT != 0 {
-        // Forwarded by the full path's delivery, out of line: its FIB lookup is not needed
+    let result = if entry.flags & (CT_FLAG_SNAT | CT_FLAG_DIRECT) != 0 {
+        // Forwarded by the full path's delivery (a SNATed flow, or one delivered
+        // directly), out of line: its FIB lookup is not needed
         // on a pod's usual packets.
         match flow::deliver_apart::<V4>(ctx, &mut packet, &entry) {
             -1 => Err(Error),

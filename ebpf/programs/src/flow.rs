@@ -10,9 +10,10 @@
 //! half-way is dropped rather than sent on half-translated.
 use aya_ebpf::programs::TcContext;
 use socklb_abi::{
-    CT_FLAG_CLOSING, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE, CT_FLAG_SNAT, CT_FORWARD, CT_REPLY,
-    CtEntry, CtTimeouts, PROTO_TCP, SERVICE_FLAG_REJECT, TRACE_FAMILY_V4, TRACE_REASON_CONNTRACK,
-    TRACE_REASON_NO_BACKEND, TRACE_REASON_SNAT_EXHAUSTED, TRACE_REASON_SOURCE_DENIED,
+    BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_DIRECT, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE,
+    CT_FLAG_SNAT, CT_FORWARD, CT_REPLY, CtEntry, CtTimeouts, PROTO_TCP, SERVICE_FLAG_REJECT,
+    TRACE_FAMILY_V4, TRACE_REASON_CONNTRACK, TRACE_REASON_NO_BACKEND, TRACE_REASON_SNAT_EXHAUSTED,
+    TRACE_REASON_SOURCE_DENIED,
 };
 
 use crate::{
@@ -26,7 +27,7 @@ use crate::{
     log,
     maps::NODE,
     nat,
-    packet::{Address, Ending, Packet, PacketError, Segment},
+    packet::{Address, Ending, Packet, PacketError, Segment, Tuple},
     side::{self, Side},
     trace::{self, Decision, TracedValue},
 };
@@ -140,8 +141,9 @@ pub const EXPIRED: i32 = -4;
 
 /// An ICMP error about a flow from outside, arriving (`ingress`) or leaving the node,
 /// translated back (see `icmp`) and sent on as the flow's packets are: forwarded here if
-/// the flow is SNATed, else through the kernel's path. Anything else passes untouched. Out
-/// of line: not a TCP or UDP packet, so it needs none of their path's stack.
+/// the flow is SNATed or delivered directly, else through the kernel's path. Anything else
+/// passes untouched. Out of line: not a TCP or UDP packet, so it needs none of their path's
+/// stack.
 #[inline(never)]
 pub fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
     let Some(quote) = <F::Addr as Quoting>::quote(ctx) else {
@@ -162,7 +164,7 @@ pub fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
         .map_err(Error::from)
         .and_then(|()| {
             bump(|c| &mut c.icmp_errors_translated);
-            if !ingress || entry.flags & CT_FLAG_SNAT == 0 {
+            if !ingress || entry.flags & (CT_FLAG_SNAT | CT_FLAG_DIRECT) == 0 {
                 Ok(TC_ACT_OK)
             } else if ttl_exceeded(&packet) {
                 Ok(TC_ACT_SHOT)
@@ -208,15 +210,17 @@ pub fn try_ingress<F: Family, S: Side>(
 ) -> Result<i32, Error> {
     let now = conntrack::now_s();
     let segment = packet.segment();
-    let may_be_reply = conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0));
+    let may_be_reply = conntrack::may_be_snat_reply(&packet.tuple, NODE.get(0))
+        || (S::DIRECT && may_be_direct_reply(&packet.tuple));
     if segment.ending == Ending::Fin
         && !(may_be_reply
             && conntrack::record_fin::<F>(&packet.tuple, CT_REPLY, segment.sequence_high, now))
     {
         conntrack::record_fin::<F>(&packet.tuple, CT_FORWARD, segment.sequence_high, now);
     }
-    // A remote backend answering a SNATed flow, addressed to this node.
-    if may_be_reply && let Some(verdict) = snat_reply::<F>(ctx, packet, segment, now)? {
+    // A remote backend answering a SNATed flow, addressed to this node; a pod answering a
+    // flow delivered directly, on its own device.
+    if may_be_reply && let Some(verdict) = reply::<F>(ctx, packet, segment, now)? {
         return Ok(verdict);
     }
     let mut local = blank_entry::<F>();
@@ -285,7 +289,7 @@ pub fn try_ingress<F: Family, S: Side>(
 
 /// Rewrites the packet to its flow's entry and sends it on: a backend on this node through
 /// the kernel's path, seen by its conntrack, which also decides about a TTL of 1 or less;
-/// a SNATed flow forwarded here.
+/// a SNATed flow, or one delivered directly, forwarded here.
 #[inline(always)]
 fn deliver<F: Family>(
     ctx: &TcContext,
@@ -318,7 +322,7 @@ fn deliver_here<F: Family>(
     packet: &mut Packet<F::Addr>,
     entry: &CtEntry<F::Addr>,
 ) -> Result<i32, Error> {
-    if entry.flags & CT_FLAG_SNAT == 0 {
+    if entry.flags & (CT_FLAG_SNAT | CT_FLAG_DIRECT) == 0 {
         nat::rewrite(packet, entry)?;
         return Ok(TC_ACT_OK);
     }
@@ -328,38 +332,41 @@ fn deliver_here<F: Family>(
     Ok(deliver::forward::<F>(ctx, packet, Some(entry))?)
 }
 
-/// The reply of a SNATed flow from its remote backend, rewritten and forwarded (its
-/// verdict); `None`: not one.
+/// The reply of a SNATed flow from its remote backend, or of a flow delivered directly
+/// from its backend, rewritten and forwarded (its verdict); `None`: not one. A flow the
+/// kernel's path delivers (from outside to a pod of this node) is left to the egress
+/// program of the client's device, which records again what the lookup recorded (the
+/// answer, a RST), to no effect.
 #[inline(always)]
-fn snat_reply<F: Family>(
+fn reply<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
     segment: Segment,
     now: u32,
 ) -> Result<Option<i32>, Error> {
     if F::SPLIT_FRAMES {
-        match snat_reply_apart::<F>(ctx, packet, segment, now) {
+        match reply_apart::<F>(ctx, packet, segment, now) {
             NOT_A_REPLY => Ok(None),
             -1 => Err(Error),
             verdict => Ok(Some(verdict)),
         }
     } else {
-        snat_reply_here::<F>(ctx, packet, segment, now)
+        reply_here::<F>(ctx, packet, segment, now)
     }
 }
 
-/// [`snat_reply_apart`]'s "not a reply".
+/// [`reply_apart`]'s "not a reply".
 const NOT_A_REPLY: i32 = -2;
 
-/// [`snat_reply`] in a stack frame of its own: the verdict, [`NOT_A_REPLY`] or -1.
+/// [`reply`] in a stack frame of its own: the verdict, [`NOT_A_REPLY`] or -1.
 #[inline(never)]
-fn snat_reply_apart<F: Family>(
+fn reply_apart<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
     segment: Segment,
     now: u32,
 ) -> i32 {
-    match snat_reply_here::<F>(ctx, packet, segment, now) {
+    match reply_here::<F>(ctx, packet, segment, now) {
         Ok(Some(verdict)) => verdict,
         Ok(None) => NOT_A_REPLY,
         Err(Error) => -1,
@@ -367,7 +374,7 @@ fn snat_reply_apart<F: Family>(
 }
 
 #[inline(always)]
-fn snat_reply_here<F: Family>(
+fn reply_here<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
     segment: Segment,
@@ -376,11 +383,22 @@ fn snat_reply_here<F: Family>(
     let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, segment, now) else {
         return Ok(None);
     };
+    if reply.flags & (CT_FLAG_SNAT | CT_FLAG_DIRECT) == 0 {
+        return Ok(None);
+    }
     if ttl_exceeded(packet) {
         return Ok(Some(TC_ACT_SHOT));
     }
     nat::rewrite(packet, &reply)?;
     Ok(Some(deliver::forward::<F>(ctx, packet, None)?))
+}
+
+/// Whether a packet on a pod's device may answer a flow delivered directly (sent by a
+/// backend a flow was sent to, where the agent asks for direct delivery). Out of line: its
+/// callers' frames have no room to spare.
+#[inline(never)]
+fn may_be_direct_reply<A: Address>(tuple: &Tuple<A>) -> bool {
+    conntrack::delivers_direct(NODE.get(0)) && flow_filter::reply_marked(tuple)
 }
 
 /// Takes the SNAT port of a new flow to a remote backend ([`Flow::NeedsSnat`]), and traces
@@ -759,6 +777,13 @@ fn new_flow_here<F: Family, S: Side>(
         entry.sequence_high = segment.sequence_high;
     }
     let snat = S::snat(&backend, tuple.source);
+    if !snat
+        && S::DIRECT
+        && backend.flags & BACKEND_FLAG_REMOTE == 0
+        && conntrack::delivers_direct(NODE.get(0))
+    {
+        entry.flags |= CT_FLAG_DIRECT;
+    }
     // The closing flow of the client's port (`Known::Closed`): taken over, or removed
     // before this flow is made.
     if !F::SPLIT_FRAMES && closed {

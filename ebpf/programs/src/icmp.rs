@@ -7,7 +7,9 @@
 //! from outside the node", path MTU). Only a quote of TCP or UDP right after the IP header
 //! is translated; its own L4 checksum is left as it is (receivers do not check it).
 use aya_ebpf::programs::TcContext;
-use socklb_abi::{CT_FORWARD, CT_REPLY, CtEntry, Ipv6Words, NodeConfig, PROTO_TCP, PROTO_UDP};
+use socklb_abi::{
+    CT_FLAG_DIRECT, CT_FORWARD, CT_REPLY, CtEntry, Ipv6Words, NodeConfig, PROTO_TCP, PROTO_UDP,
+};
 
 use crate::{
     conntrack,
@@ -173,10 +175,11 @@ impl Quoting for Ipv6Words {
 }
 
 /// The conntrack entry an error goes by: that of the flow's direction opposite to the
-/// quoted packet's. Arriving from outside (`ingress`), the error is about a packet socklb
-/// forwarded to a remote backend (SNATed: the reply direction's entry, found only at a
-/// SNAT port) or about a reply sent to a client (the forward direction's entry); leaving
-/// the node, it is about a packet delivered to a backend here (the reply direction's).
+/// quoted packet's. Arriving (`ingress`), the error is about a packet socklb forwarded to
+/// its backend (SNATed: the reply direction's entry, found only at a SNAT port; or
+/// delivered directly to a pod, which answers on its own device) or about a reply sent to
+/// a client (the forward direction's entry); leaving the node, it is about a packet
+/// delivered to a backend here (the reply direction's).
 #[inline(always)]
 pub fn flow_of<F: Family>(
     quote: &Quote<F::Addr>,
@@ -185,10 +188,15 @@ pub fn flow_of<F: Family>(
     now: u32,
 ) -> Option<CtEntry<F::Addr>> {
     let reversed = quote.reversed();
-    if !ingress || conntrack::may_be_snat_reply(&reversed, node) {
+    let snat_port = conntrack::may_be_snat_reply(&reversed, node);
+    if !ingress || snat_port || conntrack::delivers_direct(node) {
         let reply = conntrack::peek::<F>(&reversed, CT_REPLY, now);
-        if reply.is_some() || !ingress {
-            return reply;
+        match reply {
+            Some(entry) if !ingress || snat_port || entry.flags & CT_FLAG_DIRECT != 0 => {
+                return reply;
+            }
+            _ if !ingress => return None,
+            _ => {}
         }
     }
     conntrack::peek::<F>(&reversed, CT_FORWARD, now)

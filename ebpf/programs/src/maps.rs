@@ -144,7 +144,7 @@ pub static FRONTEND_FILTER: Array<
 #[btf_map(name = "socklb_frag_v1", pin_by_name)]
 pub static FRAGMENTS: LruHashMap<FragmentKey, FragmentPorts, 8192> = LruHashMap::new();
 
-#[btf_map(name = "socklb_node_v3", pin_by_name)]
+#[btf_map(name = "socklb_node_v4", pin_by_name)]
 pub static NODE: Array<NodeConfig, 1> = Array::new();
 
 #[btf_map(name = "socklb_src_v1", pin_by_name)]

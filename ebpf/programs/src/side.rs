@@ -35,6 +35,9 @@ pub trait Side {
     /// than waiting in the unconfirmed one for the client's answer to its backend (unless
     /// a live flow holds its reply key: see `conntrack::insert`).
     const CONFIRMED_AT_ONCE: bool;
+    /// Whether its flows to a backend on this node may be delivered by socklb both ways
+    /// (`CT_FLAG_DIRECT`), when the agent asks for it (`NodeConfig::pod_delivery`).
+    const DIRECT: bool;
 
     /// Whether a new flow to `backend` from `client` is SNATed to this node's address (and
     /// forwarded by socklb) so that its replies come back through this node.
@@ -62,6 +65,8 @@ impl Side for External {
     /// A flood of SYNs from spoofed clients, who never answer, must evict only other
     /// handshakes, not established flows.
     const CONFIRMED_AT_ONCE: bool = false;
+    /// The node's netfilter sees flows from outside as kube-proxy's DNAT leaves them.
+    const DIRECT: bool = false;
 
     /// A backend on another node would answer the client directly, past this node.
     #[inline(always)]
@@ -98,6 +103,7 @@ impl Side for Pod {
     /// wait would protect nothing, and it would cost every connection a move between the
     /// tables (two inserts and two deletes at its first ACK).
     const CONFIRMED_AT_ONCE: bool = true;
+    const DIRECT: bool = true;
 
     /// Pod addresses route across the cluster, so a backend anywhere answers the pod
     /// straight, through this node, and its reply is rewritten on the pod device's egress.

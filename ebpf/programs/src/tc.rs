@@ -16,10 +16,12 @@ use aya_ebpf::{macros::classifier, programs::TcContext};
 use socklb_abi::Ipv6Words;
 
 use crate::{
+    conntrack,
     deliver::{TC_ACT_OK, TOO_BIG},
     family::{V4, V6},
     fast::{self, Screen},
     flow::{EXPIRED, NOT_TCP_OR_UDP, REFUSE, icmp_error, try_egress, try_ingress, verdict},
+    maps::NODE,
     packet::{self, ETH_P_IP, ETH_P_IPV6, Packet},
     reject,
     side::{External, Pod, Side},
@@ -39,7 +41,13 @@ pub fn socklb_tc_pod(ctx: TcContext) -> i32 {
 fn ingress<S: Side>(ctx: &TcContext) -> i32 {
     match packet::ether_type(ctx) {
         Some(ETH_P_IP) => match fast::screen_ingress4(ctx) {
-            Screen::Pass => TC_ACT_OK,
+            Screen::Pass
+                if !(S::DIRECT
+                    && conntrack::delivers_direct(NODE.get(0))
+                    && fast::may_be_direct_reply4(ctx)) =>
+            {
+                TC_ACT_OK
+            }
             screen => match fast_or_full4::<S>(ctx, screen) {
                 NOT_TCP_OR_UDP => icmp_error::<V4>(ctx, true),
                 REFUSE => reject::refuse4::<S>(ctx),
