@@ -13,6 +13,8 @@
 //!
 //! - per-packet: the agent with `--socket-lb-scope host`, so the pod's sockets keep the
 //!   VIP, and its pod programs on pod2 (found by `--pod-devices auto`) translate per packet;
+//! - per-packet, direct delivery: the same with `--pod-delivery direct`, whose programs
+//!   redirect the flow's packets both ways past the node's routing and netfilter;
 //! - socket: the agent with `--socket-lb-scope all`, the client in its cgroup: the VIP is
 //!   replaced at connect() (what most pods get), and the connection crosses the pod
 //!   programs on both pods' devices (`--pod-devices auto`, as on every node);
@@ -91,6 +93,8 @@ const TC_PROGRAMS: [&[(&str, &str)]; 2] = [
 enum Path {
     Direct,
     PerPacket,
+    /// The per-packet path with `--pod-delivery direct`.
+    PerPacketDirect,
     /// The per-packet path of the agent binary `--compare-agent` names.
     Compared,
     Socket,
@@ -102,9 +106,10 @@ enum Path {
     NoServiceNftables,
 }
 
-const PATHS: [Path; 7] = [
+const PATHS: [Path; 8] = [
     Path::Direct,
     Path::PerPacket,
+    Path::PerPacketDirect,
     Path::Socket,
     Path::Iptables,
     Path::Nftables,
@@ -117,7 +122,7 @@ const PATHS: [Path; 7] = [
 fn paths(plan: &Plan) -> Vec<Path> {
     let mut paths = PATHS.to_vec();
     if plan.compared.is_some() {
-        paths.insert(2, Path::Compared);
+        paths.insert(3, Path::Compared);
     }
     if !plan.iptables {
         paths.retain(|&path| path != Path::Iptables);
@@ -130,6 +135,7 @@ impl Path {
         match self {
             Self::Direct => "direct",
             Self::PerPacket => "socklb per-packet",
+            Self::PerPacketDirect => "socklb per-packet, direct delivery",
             Self::Compared => "socklb per-packet (compared agent)",
             Self::Socket => "socklb socket",
             Self::Iptables => "iptables",
@@ -242,10 +248,12 @@ struct Step {
     tc: [(u64, u64); 2],
 }
 
-/// The agents' files: the per-packet path's, the socket path's, the per-packet node's
-/// that no Service's traffic crosses, and the compared agent's with its added flags.
+/// The agents' files: the per-packet path's (delivered through the kernel, and directly),
+/// the socket path's, the per-packet node's that no Service's traffic crosses, and the
+/// compared agent's with its added flags.
 struct Agents {
     per_packet: AgentFiles,
+    per_packet_direct: AgentFiles,
     socket: AgentFiles,
     no_service: AgentFiles,
     compared: Option<(AgentFiles, Vec<String>)>,
@@ -258,7 +266,7 @@ impl Agents {
 
     /// All but the per-packet path's, whose leftovers guard removes the rest.
     fn others(&self) -> impl Iterator<Item = &AgentFiles> {
-        [&self.socket, &self.no_service]
+        [&self.per_packet_direct, &self.socket, &self.no_service]
             .into_iter()
             .chain(self.compared.as_ref().map(|(files, _)| files))
     }
@@ -280,6 +288,7 @@ fn bench(options: &Options, plan: Plan) -> anyhow::Result<()> {
     });
     let agents = Agents {
         per_packet: AgentFiles::new("socklb-bench-pod-pp", &[])?,
+        per_packet_direct: AgentFiles::new("socklb-bench-pod-pd", &[])?,
         socket: AgentFiles::new("socklb-bench-pod-sk", &[])?,
         no_service: AgentFiles::new("socklb-bench-pod-ns", &[])?,
         compared: match compared {
@@ -347,6 +356,7 @@ fn step(
     // path's connections cross them too (their screens pass each packet).
     let socket_flags = ["--socket-lb-scope", "all"];
     let per_packet_flags = ["--socket-lb-scope", "host"];
+    let direct_flags = ["--socket-lb-scope", "host", "--pod-delivery", "direct"];
     let mut compared_flags = per_packet_flags.to_vec();
     if let Some((_, added)) = &agents.compared {
         compared_flags.extend(added.iter().map(String::as_str));
@@ -354,6 +364,7 @@ fn step(
     let translator = |path| match path {
         Path::Direct => Translator::Nothing,
         Path::PerPacket => Translator::Agent(per_packet, &per_packet_flags),
+        Path::PerPacketDirect => Translator::Agent(&agents.per_packet_direct, &direct_flags),
         Path::Compared => Translator::Agent(
             agents
                 .compared
@@ -475,11 +486,13 @@ fn report(machine: &str, options: &Options, steps: &[Step], compared: Option<&st
         let _ = writeln!(
             report,
             "- {} Services: {over_iptables}, per-packet / nftables p50 {:.3}, \
-             per-packet / socket p50 {:.3}; the per-packet path's programs per packet: {:.0} ns \
-             at the pods' ingress ({} packets), {:.0} ns at their egress ({} packets).",
+             per-packet / socket p50 {:.3}, per-packet with direct delivery / nftables p50 \
+             {:.3}; the per-packet path's programs per packet: {:.0} ns at the pods' ingress \
+             ({} packets), {:.0} ns at their egress ({} packets).",
             step.services,
             p50(Path::PerPacket) / p50(Path::Nftables),
             p50(Path::PerPacket) / p50(Path::Socket),
+            p50(Path::PerPacketDirect) / p50(Path::Nftables),
             per_run(step.tc[0]),
             step.tc[0].1,
             per_run(step.tc[1]),
