@@ -3,7 +3,10 @@
 //! the workloads' devices (`--pod-devices`) take the per-packet path. Pods come and go, so
 //! the set is worked out again at every sync and whenever links change, and only the
 //! devices that are new get programs.
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use tracing::{info, warn};
 
@@ -28,6 +31,8 @@ pub struct TcDevices {
     refused: BTreeSet<String>,
     /// Pod devices that could not be served or found, logged once each.
     unserved_pods: BTreeSet<String>,
+    /// The interface index of each workload veth at the last listing of the links.
+    veths: BTreeMap<String, u32>,
 }
 
 impl TcDevices {
@@ -39,6 +44,7 @@ impl TcDevices {
             served: None,
             refused: BTreeSet::new(),
             unserved_pods: BTreeSet::new(),
+            veths: BTreeMap::new(),
         }
     }
 
@@ -58,7 +64,7 @@ impl TcDevices {
             .chain(pods.into_iter().map(|device| (device, DeviceRole::Pod)))
             .collect();
         if self.served.as_ref() == Some(&wanted) {
-            return Ok(());
+            return self.tell_peer_devices(dataplane);
         }
         let externals_changed = self.served.as_ref().is_none_or(|served| {
             !served
@@ -86,7 +92,19 @@ impl TcDevices {
         self.unserved_pods
             .retain(|device| wanted.iter().any(|(wanted, _)| wanted == device));
         self.served = Some(outcome.devices);
-        Ok(())
+        self.tell_peer_devices(dataplane)
+    }
+
+    /// Tells the programs which served pod devices are veths, which a flow delivered
+    /// directly enters through their peer (an index can change with no change of names: a
+    /// pod's device made again under its name).
+    fn tell_peer_devices(&self, dataplane: &mut Dataplane) -> Result<(), DataplaneError> {
+        let indexes = self
+            .served_pod_devices()
+            .iter()
+            .filter_map(|device| self.veths.get(device).copied())
+            .collect();
+        dataplane.set_peer_devices(&indexes)
     }
 
     /// The pod devices the per-packet path's programs are attached to now.
@@ -126,6 +144,11 @@ impl TcDevices {
                 return self.served_pod_devices();
             }
         };
+        self.veths = links
+            .iter()
+            .filter(|link| link.workload_veth)
+            .map(|link| (link.name.clone(), link.index))
+            .collect();
         for device in self.pods.missing(&links) {
             if self.unserved_pods.insert(device.clone()) {
                 warn!(

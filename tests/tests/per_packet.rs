@@ -28,7 +28,9 @@ use socklb_tests::{
     mesh_proxy_bin,
     netns::{Netns, veth},
     privileges::chart_agent,
-    run, stdout_of, wait,
+    run, stdout_of,
+    test_run::ifindex,
+    wait,
 };
 
 socklb_tests::for_each_family!(
@@ -170,6 +172,13 @@ fn a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery
         0,
         "no packet of the flows to the local pod crossed the node's netfilter"
     );
+    let veths: BTreeSet<u32> = ["pod1", "vm1"].into_iter().map(ifindex).collect();
+    assert_eq!(
+        peer_devices(&node),
+        veths,
+        "the agent lists the served pod devices that are veths, which flows delivered \
+         directly enter through their peer"
+    );
     let seen = node.sandbox.inspect();
     assert_eq!(seen["pod_delivery"], "direct", "{seen}");
     let pod1 = Addresses::at(&a.pod1.to_string(), 5353);
@@ -189,6 +198,15 @@ fn a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery
     let counters = node.counters();
     assert_eq!(counters.errors, 0, "{counters:?}");
     assert_eq!(counters.rewrite_failed, 0, "{counters:?}");
+}
+
+/// The interface indexes in the pinned `socklb_peerdev_v1`.
+fn peer_devices(node: &LanNode) -> BTreeSet<u32> {
+    let pin = node.sandbox.pin_dir.join(map_names::PEER_DEVICES);
+    let map = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
+    let map: aya::maps::HashMap<_, u32, u8> =
+        Map::HashMap(map).try_into().expect("the peer devices' map");
+    map.keys().map(|key| key.expect("a key")).collect()
 }
 
 /// A rule in node1's FORWARD chain (mangle table) that counts the packets to one address.

@@ -33,8 +33,8 @@ pub use self::{
 use crate::{
     desired::sizing::Sizes,
     maps::{
-        maglev::MaglevWriter, names::NamesWriter, namespaces::NamespacesWriter,
-        services::KernelMaps, source_ranges::SourceRangeWriter, writer::Writer,
+        key_set::KeySetWriter, maglev::MaglevWriter, names::NamesWriter, services::KernelMaps,
+        source_ranges::SourceRangeWriter, writer::Writer,
     },
 };
 pub use crate::{
@@ -83,7 +83,10 @@ pub struct Dataplane {
     maglev: MaglevWriter,
     names: NamesWriter,
     /// The pods' namespaces the socket hooks serve (`--socket-lb-scope pods`).
-    namespaces: NamespacesWriter,
+    /// The pods' network namespaces the socket hooks translate besides the host's.
+    namespaces: KeySetWriter<u64>,
+    /// The pod devices that are veths, by interface index.
+    peer_devices: KeySetWriter<u32>,
     counters: PerCpuArray<MapData, Counters>,
     /// How many sockets hold a record, kept by the programs.
     socket_records: Array<MapData, SocketRecordCount>,

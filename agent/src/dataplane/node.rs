@@ -34,6 +34,24 @@ impl Dataplane {
         Ok(())
     }
 
+    /// Tells the TC programs which pod devices are veths (by interface index), into whose
+    /// peer a flow delivered directly goes at once; written only on change.
+    pub fn set_peer_devices(&mut self, indexes: &BTreeSet<u32>) -> Result<(), DataplaneError> {
+        let (added, removed) = self
+            .peer_devices
+            .set(indexes)
+            .map_err(DataplaneError::map(map_names::PEER_DEVICES))?;
+        if added + removed > 0 {
+            debug!(
+                added,
+                removed,
+                total = indexes.len(),
+                "pod devices that are veths"
+            );
+        }
+        Ok(())
+    }
+
     /// Tells the TC programs this node's SNAT address and ports; written only on change.
     pub fn set_node(&mut self, settings: &NodeSettings) -> Result<(), DataplaneError> {
         let wanted = NodeConfig {

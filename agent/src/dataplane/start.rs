@@ -27,9 +27,9 @@ use crate::{
     },
     maps::{
         frontend_filter::FrontendFilter,
+        key_set::KeySetWriter,
         maglev::MaglevWriter,
         names::NamesWriter,
-        namespaces::NamespacesWriter,
         services::{self, KernelMaps, RawMaps},
         source_ranges::SourceRangeWriter,
         writer::{ApplyReport, Writer},
@@ -112,8 +112,12 @@ impl Dataplane {
             .map_err(DataplaneError::map(map_names::NAMES))?;
         let namespaces = take_map(&mut ebpf, map_names::SOCKET_LB_NAMESPACES)?
             .try_into()
-            .and_then(NamespacesWriter::adopt)
+            .and_then(KeySetWriter::adopt)
             .map_err(DataplaneError::map(map_names::SOCKET_LB_NAMESPACES))?;
+        let peer_devices = take_map(&mut ebpf, map_names::PEER_DEVICES)?
+            .try_into()
+            .and_then(KeySetWriter::adopt)
+            .map_err(DataplaneError::map(map_names::PEER_DEVICES))?;
         let node = take_map(&mut ebpf, map_names::NODE)?
             .try_into()
             .map_err(DataplaneError::map(map_names::NODE))?;
@@ -146,6 +150,7 @@ impl Dataplane {
             maglev,
             names,
             namespaces,
+            peer_devices,
             counters,
             socket_records,
             node,

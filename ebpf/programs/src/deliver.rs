@@ -15,6 +15,7 @@ use socklb_abi::CtEntry;
 
 use crate::{
     family::Family,
+    maps::PEER_DEVICES,
     nat,
     packet::{Packet, PacketError},
 };
@@ -62,6 +63,10 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
 /// Sends a packet on towards its new destination, rewritten first to `to` if given (else
 /// already translated): straight to the egress device the FIB names, or to the kernel's
 /// own path when the destination is local or unroutable (its usual errors then apply).
+/// A packet of a flow delivered directly (`to_pod`) whose device is a pod's veth goes into
+/// the pod's namespace at once (`bpf_redirect_peer`, from a TC ingress: no second pass
+/// through the device's queue and egress); to another device (a bridge) it leaves as
+/// the others do.
 /// A packet still to be rewritten is looked up with its size: one too big for the path
 /// (and not to be fragmented) is left as it is and its verdict is [`TOO_BIG`] less the
 /// path's MTU, for the entry to answer.
@@ -70,6 +75,7 @@ pub fn forward<F: Family>(
     ctx: &TcContext,
     packet: &mut Packet<F::Addr>,
     to: Option<&CtEntry<F::Addr>>,
+    to_pod: bool,
 ) -> Result<i32, PacketError> {
     let hop = if F::SPLIT_FRAMES {
         next_hop_apart::<F>(ctx, packet, to)
@@ -96,8 +102,21 @@ pub fn forward<F: Family>(
             unsafe { helpers::bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) } as i32,
         );
     }
+    if to_pod && peer_device(ifindex) {
+        // SAFETY: plain helper call without pointers.
+        return Ok(unsafe { helpers::bpf_redirect_peer(ifindex, 0) } as i32);
+    }
     // SAFETY: plain helper call without pointers.
     Ok(unsafe { helpers::bpf_redirect(ifindex, 0) } as i32)
+}
+
+/// Whether the device of `ifindex` is a pod's veth ([`PEER_DEVICES`]): its peer, in the
+/// pod's namespace, takes a redirected packet; `bpf_redirect_peer` drops what it sends to
+/// any other device.
+#[inline(always)]
+fn peer_device(ifindex: u32) -> bool {
+    // SAFETY: the value is not read, only whether there is one.
+    unsafe { PEER_DEVICES.get(&ifindex) }.is_some()
 }
 
 /// [`next_hop_here`]'s answers besides an egress device's index: the kernel's path.

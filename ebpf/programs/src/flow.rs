@@ -169,7 +169,7 @@ pub fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
             } else if ttl_exceeded(&packet) {
                 Ok(TC_ACT_SHOT)
             } else {
-                deliver::forward::<F>(ctx, &mut packet, None).map_err(Error::from)
+                deliver::forward::<F>(ctx, &mut packet, None, false).map_err(Error::from)
             }
         });
     verdict(result, &packet)
@@ -329,7 +329,8 @@ fn deliver_here<F: Family>(
     if ttl_exceeded(packet) {
         return Ok(EXPIRED);
     }
-    Ok(deliver::forward::<F>(ctx, packet, Some(entry))?)
+    let to_pod = entry.flags & CT_FLAG_DIRECT != 0;
+    Ok(deliver::forward::<F>(ctx, packet, Some(entry), to_pod)?)
 }
 
 /// The reply of a SNATed flow from its remote backend, or of a flow delivered directly
@@ -390,7 +391,8 @@ fn reply_here<F: Family>(
         return Ok(Some(TC_ACT_SHOT));
     }
     nat::rewrite(packet, &reply)?;
-    Ok(Some(deliver::forward::<F>(ctx, packet, None)?))
+    let to_pod = reply.flags & CT_FLAG_DIRECT != 0;
+    Ok(Some(deliver::forward::<F>(ctx, packet, None, to_pod)?))
 }
 
 /// Whether a packet on a pod's device may answer a flow delivered directly (sent by a
