@@ -8,6 +8,7 @@ use std::{
     net::IpAddr,
 };
 
+use socklb_abi::POD_DEVICE_VETH;
 use tracing::{info, warn};
 
 use crate::{
@@ -31,8 +32,10 @@ pub struct TcDevices {
     refused: BTreeSet<String>,
     /// Pod devices that could not be served or found, logged once each.
     unserved_pods: BTreeSet<String>,
-    /// The interface index of each workload veth at the last listing of the links.
-    veths: BTreeMap<String, u32>,
+    /// Each link's interface index and `POD_DEVICE_*` flags at the last listing.
+    links: BTreeMap<String, (u32, u8)>,
+    /// The served pod devices' map could not be written (logged once).
+    pod_devices_unwritten: bool,
 }
 
 impl TcDevices {
@@ -44,7 +47,8 @@ impl TcDevices {
             served: None,
             refused: BTreeSet::new(),
             unserved_pods: BTreeSet::new(),
-            veths: BTreeMap::new(),
+            links: BTreeMap::new(),
+            pod_devices_unwritten: false,
         }
     }
 
@@ -64,7 +68,8 @@ impl TcDevices {
             .chain(pods.into_iter().map(|device| (device, DeviceRole::Pod)))
             .collect();
         if self.served.as_ref() == Some(&wanted) {
-            return self.tell_peer_devices(dataplane);
+            self.tell_pod_devices(dataplane);
+            return Ok(());
         }
         let externals_changed = self.served.as_ref().is_none_or(|served| {
             !served
@@ -92,19 +97,32 @@ impl TcDevices {
         self.unserved_pods
             .retain(|device| wanted.iter().any(|(wanted, _)| wanted == device));
         self.served = Some(outcome.devices);
-        self.tell_peer_devices(dataplane)
+        self.tell_pod_devices(dataplane);
+        Ok(())
     }
 
-    /// Tells the programs which served pod devices are veths, which a flow delivered
-    /// directly enters through their peer (an index can change with no change of names: a
-    /// pod's device made again under its name).
-    fn tell_peer_devices(&self, dataplane: &mut Dataplane) -> Result<(), DataplaneError> {
-        let indexes = self
+    /// Tells the programs which devices carry the pod program, the only ones a flow
+    /// delivered directly is redirected to (an index can change with no change of names: a
+    /// pod's device made again under its name). Where the map cannot be written, such
+    /// flows to the devices it lacks take the kernel's path: logged, not an error of the sync.
+    fn tell_pod_devices(&mut self, dataplane: &mut Dataplane) {
+        let devices = self
             .served_pod_devices()
             .iter()
-            .filter_map(|device| self.veths.get(device).copied())
+            .filter_map(|device| self.links.get(device).copied())
             .collect();
-        dataplane.set_peer_devices(&indexes)
+        match dataplane.set_pod_devices(&devices) {
+            Ok(()) => self.pod_devices_unwritten = false,
+            Err(error) if !self.pod_devices_unwritten => {
+                self.pod_devices_unwritten = true;
+                warn!(
+                    error = %crate::error_chain(&error),
+                    "cannot list the served pod devices for the programs: flows delivered \
+                     directly to the devices missing there take the kernel's path"
+                );
+            }
+            Err(_) => {}
+        }
     }
 
     /// The pod devices the per-packet path's programs are attached to now.
@@ -144,10 +162,16 @@ impl TcDevices {
                 return self.served_pod_devices();
             }
         };
-        self.veths = links
+        self.links = links
             .iter()
-            .filter(|link| link.workload_veth)
-            .map(|link| (link.name.clone(), link.index))
+            .map(|link| {
+                let flags = if link.workload_veth {
+                    POD_DEVICE_VETH
+                } else {
+                    0
+                };
+                (link.name.clone(), (link.index, flags))
+            })
             .collect();
         for device in self.pods.missing(&links) {
             if self.unserved_pods.insert(device.clone()) {

@@ -4,7 +4,7 @@
 //! device, which the agent finds by itself. On the LAN of `socklb_tests::lan`, both
 //! families.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     io::{BufRead as _, BufReader},
     net::{IpAddr, SocketAddr},
     process::Stdio,
@@ -13,8 +13,8 @@ use std::{
 
 use aya::maps::{Array, Map, MapData};
 use socklb_abi::{
-    FLOW_FILTER_READY, FRONTEND_FILTER_READY, fold_ipv6, frontend_filter_slot, ipv6_words,
-    map_names,
+    FLOW_FILTER_READY, FRONTEND_FILTER_READY, POD_DEVICE_VETH, fold_ipv6, frontend_filter_slot,
+    ipv6_words, map_names,
 };
 use socklb_tests::{
     Agent, KillOnDrop, assert_logged,
@@ -125,9 +125,11 @@ fn a_vm_reaches_cluster_ips_through_its_device(family: Family) {
 
 /// Under `--pod-delivery direct` a VM's flows to a pod of its node are redirected both ways
 /// past the node's routing and netfilter (a CNI's rules, which drop what conntrack finds
-/// INVALID, included): a counting rule for the pod's address sees none of their packets,
-/// where it sees the VM's connection to the pod's own address. Flows to the remote pod are
-/// SNATed and forwarded as ever; the VM sees the ClusterIP answer both ways.
+/// INVALID, included): rules counting the packets to and from the pod's address see none
+/// of theirs, where they see the VM's connection to the pod's own address. Flows to the
+/// remote pod take the kernel's path as ever; the VM sees the ClusterIP answer both ways.
+/// A flow made direct goes on after a restart with `--pod-delivery kernel`, both its
+/// directions then through the kernel's path.
 fn a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery(family: Family) {
     let node = LanNode::new(family, "pp-direct", "k");
     let vm = node.lan.vm();
@@ -140,9 +142,17 @@ fn a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery
             .endpoints(&[a.pod1_endpoint(), a.pod2_endpoint()])
             .yaml(),
     );
+    node.write(
+        "held.yaml",
+        &a.exposed("held", 62)
+            .port("dns", 53, 5353, 30062, "UDP")
+            .endpoints(&[a.pod1_endpoint()])
+            .yaml(),
+    );
     cni_netfilter_rules(family);
-    let counted = PacketsTo::count(family, a.pod1);
-    let _agent = node.agent(&["--pod-delivery", "direct"]);
+    let to_pod1 = Counted::packets(family, "-d", a.pod1);
+    let from_pod1 = Counted::packets(family, "-s", a.pod1);
+    let agent = node.agent(&["--pod-delivery", "direct"]);
     let vm_address = match family {
         Family::V4 => VM,
         Family::V6 => VM6,
@@ -167,17 +177,28 @@ fn a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery
             "{mode}: the local and the remote backend both serve"
         );
     }
+    let held_vip = Addresses::at(&family.vip(62).to_string(), 53);
+    let mut command = vm.command(hold_bin());
+    command.args(["udp", &held_vip]);
+    let (mut held, first) = Holder::start("the VM's UDP client", command);
+    let answered_by_pod1 = |held: &socklb_tests::hold::Held, case: &str| {
+        let reply = held.reply.as_deref().unwrap_or_default();
+        assert!(
+            reply.starts_with("pod1 ") && held.peer.as_deref() == Some(held_vip.as_str()),
+            "{case}: {held:?}"
+        );
+    };
+    answered_by_pod1(&first, "made direct");
     assert_eq!(
-        counted.packets(),
-        0,
-        "no packet of the flows to the local pod crossed the node's netfilter"
+        (to_pod1.count(), from_pod1.count()),
+        (0, 0),
+        "no packet of the flows to the local pod crossed the node's netfilter, either way"
     );
-    let veths: BTreeSet<u32> = ["pod1", "vm1"].into_iter().map(ifindex).collect();
+    let veth = POD_DEVICE_VETH;
     assert_eq!(
-        peer_devices(&node),
-        veths,
-        "the agent lists the served pod devices that are veths, which flows delivered \
-         directly enter through their peer"
+        pod_devices(&node),
+        BTreeMap::from([(ifindex("pod1"), veth), (ifindex("vm1"), veth)]),
+        "the agent lists the served pod devices, veths both"
     );
     let seen = node.sandbox.inspect();
     assert_eq!(seen["pod_delivery"], "direct", "{seen}");
@@ -192,36 +213,48 @@ fn a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery
     let direct = vm.probe("tcp", &Addresses::at(&a.pod1.to_string(), 8080), 1);
     assert_eq!(servers_of(&direct), ["pod1"], "{direct:?}");
     assert!(
-        counted.packets() > 0,
-        "the counting rule sees a connection to the pod's own address"
+        to_pod1.count() > 0 && from_pod1.count() > 0,
+        "the counting rules see a connection to the pod's own address"
     );
     let counters = node.counters();
     assert_eq!(counters.errors, 0, "{counters:?}");
     assert_eq!(counters.rewrite_failed, 0, "{counters:?}");
+
+    agent.stop();
+    let seen_by_netfilter = (to_pod1.count(), from_pod1.count());
+    let _agent = node.agent(&["--pod-delivery", "kernel"]);
+    let again = held.ask("ping");
+    answered_by_pod1(&again, "after a restart with --pod-delivery kernel");
+    assert!(!again.reconnected, "the same connection: {again:?}");
+    assert!(
+        to_pod1.count() > seen_by_netfilter.0 && from_pod1.count() > seen_by_netfilter.1,
+        "both its directions now cross the node's netfilter"
+    );
 }
 
-/// The interface indexes in the pinned `socklb_peerdev_v1`.
-fn peer_devices(node: &LanNode) -> BTreeSet<u32> {
-    let pin = node.sandbox.pin_dir.join(map_names::PEER_DEVICES);
+/// The served pod devices in the pinned `socklb_poddev_v1`, with their flags.
+fn pod_devices(node: &LanNode) -> BTreeMap<u32, u8> {
+    let pin = node.sandbox.pin_dir.join(map_names::POD_DEVICES);
     let map = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
     let map: aya::maps::HashMap<_, u32, u8> =
-        Map::HashMap(map).try_into().expect("the peer devices' map");
-    map.keys().map(|key| key.expect("a key")).collect()
+        Map::HashMap(map).try_into().expect("the pod devices' map");
+    map.iter().map(|entry| entry.expect("an entry")).collect()
 }
 
-/// A rule in node1's FORWARD chain (mangle table) that counts the packets to one address.
-struct PacketsTo {
+/// A rule in node1's FORWARD chain (mangle table) that counts the packets to (`-d`) or from
+/// (`-s`) one address.
+struct Counted {
     save: &'static str,
     rule: String,
 }
 
-impl PacketsTo {
-    fn count(family: Family, address: IpAddr) -> Self {
+impl Counted {
+    fn packets(family: Family, side: &str, address: IpAddr) -> Self {
         let (tool, save, prefix) = match family {
             Family::V4 => ("iptables", "iptables-save", 32),
             Family::V6 => ("ip6tables", "ip6tables-save", 128),
         };
-        let rule = format!("-A FORWARD -d {address}/{prefix}");
+        let rule = format!("-A FORWARD {side} {address}/{prefix}");
         // In node1, the namespace of this thread; it goes with it.
         run(std::process::Command::new(tool)
             .args(["-t", "mangle"])
@@ -230,7 +263,7 @@ impl PacketsTo {
     }
 
     /// Packets counted so far (`iptables-save -c`: `[packets:bytes] rule`).
-    fn packets(&self) -> u64 {
+    fn count(&self) -> u64 {
         let saved = stdout_of(std::process::Command::new(self.save).args(["-c", "-t", "mangle"]));
         saved
             .lines()

@@ -245,8 +245,8 @@ pub struct RunArgs {
     /// `kernel` (handed back to the node's routing and netfilter, which see the flow as
     /// from the client to the backend, as under kube-proxy: its conntrack, an iptables
     /// NetworkPolicy) or `direct` (redirected to the backend's device, and its answers to
-    /// the client's, past them: faster, for nodes whose CNI enforces no policy in
-    /// netfilter). Flows to other nodes are forwarded past netfilter either way.
+    /// the client's, past them: faster, for nodes where no NetworkPolicy is enforced
+    /// between pods). Flows to other nodes take the kernel's path either way.
     #[arg(long, value_enum, default_value_t = dataplane::PodDelivery::Kernel)]
     pub pod_delivery: dataplane::PodDelivery,
     /// How sockets of removed backends are closed: BPF socket iterators (Linux >= 6.5,

@@ -33,7 +33,7 @@ pub use self::{
 use crate::{
     desired::sizing::Sizes,
     maps::{
-        key_set::KeySetWriter, maglev::MaglevWriter, names::NamesWriter, services::KernelMaps,
+        maglev::MaglevWriter, mirror::MirrorWriter, names::NamesWriter, services::KernelMaps,
         source_ranges::SourceRangeWriter, writer::Writer,
     },
 };
@@ -84,9 +84,9 @@ pub struct Dataplane {
     names: NamesWriter,
     /// The pods' namespaces the socket hooks serve (`--socket-lb-scope pods`).
     /// The pods' network namespaces the socket hooks translate besides the host's.
-    namespaces: KeySetWriter<u64>,
-    /// The pod devices that are veths, by interface index.
-    peer_devices: KeySetWriter<u32>,
+    namespaces: MirrorWriter<u64, u8>,
+    /// The served pod devices by interface index, with their `POD_DEVICE_*` flags.
+    pod_devices: MirrorWriter<u32, u8>,
     counters: PerCpuArray<MapData, Counters>,
     /// How many sockets hold a record, kept by the programs.
     socket_records: Array<MapData, SocketRecordCount>,

@@ -2,7 +2,10 @@
 //! conntrack timeouts; the socket hooks' pod namespaces), and for `inspect` the socket
 //! hooks' scope and the agent's network namespace, written to their maps only when they
 //! change.
-use std::{collections::BTreeSet, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
 
 use socklb_abi::{
     NodeConfig, NodeConfig6, SOCKET_LB_SCOPE_ALL, SOCKET_LB_SCOPE_HOST, SOCKET_LB_SCOPE_PODS,
@@ -19,9 +22,10 @@ impl Dataplane {
         &mut self,
         cookies: &BTreeSet<u64>,
     ) -> Result<(), DataplaneError> {
+        let wanted = cookies.iter().map(|&cookie| (cookie, 1)).collect();
         let (added, removed) = self
             .namespaces
-            .set(cookies)
+            .set(&wanted)
             .map_err(DataplaneError::map(map_names::SOCKET_LB_NAMESPACES))?;
         if added + removed > 0 {
             debug!(
@@ -34,19 +38,20 @@ impl Dataplane {
         Ok(())
     }
 
-    /// Tells the TC programs which pod devices are veths (by interface index), into whose
-    /// peer a flow delivered directly goes at once; written only on change.
-    pub fn set_peer_devices(&mut self, indexes: &BTreeSet<u32>) -> Result<(), DataplaneError> {
-        let (added, removed) = self
-            .peer_devices
-            .set(indexes)
-            .map_err(DataplaneError::map(map_names::PEER_DEVICES))?;
-        if added + removed > 0 {
+    /// Tells the TC programs which pod devices carry the per-packet path's programs (by
+    /// interface index, with their `POD_DEVICE_*` flags): a flow delivered directly goes
+    /// only to one of them, whose program takes its answers; written only on change.
+    pub fn set_pod_devices(&mut self, devices: &BTreeMap<u32, u8>) -> Result<(), DataplaneError> {
+        let (written, removed) = self
+            .pod_devices
+            .set(devices)
+            .map_err(DataplaneError::map(map_names::POD_DEVICES))?;
+        if written + removed > 0 {
             debug!(
-                added,
+                written,
                 removed,
-                total = indexes.len(),
-                "pod devices that are veths"
+                total = devices.len(),
+                "served pod devices"
             );
         }
         Ok(())

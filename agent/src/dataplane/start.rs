@@ -27,8 +27,8 @@ use crate::{
     },
     maps::{
         frontend_filter::FrontendFilter,
-        key_set::KeySetWriter,
         maglev::MaglevWriter,
+        mirror::MirrorWriter,
         names::NamesWriter,
         services::{self, KernelMaps, RawMaps},
         source_ranges::SourceRangeWriter,
@@ -112,12 +112,12 @@ impl Dataplane {
             .map_err(DataplaneError::map(map_names::NAMES))?;
         let namespaces = take_map(&mut ebpf, map_names::SOCKET_LB_NAMESPACES)?
             .try_into()
-            .and_then(KeySetWriter::adopt)
+            .and_then(MirrorWriter::adopt)
             .map_err(DataplaneError::map(map_names::SOCKET_LB_NAMESPACES))?;
-        let peer_devices = take_map(&mut ebpf, map_names::PEER_DEVICES)?
+        let pod_devices = take_map(&mut ebpf, map_names::POD_DEVICES)?
             .try_into()
-            .and_then(KeySetWriter::adopt)
-            .map_err(DataplaneError::map(map_names::PEER_DEVICES))?;
+            .and_then(MirrorWriter::adopt)
+            .map_err(DataplaneError::map(map_names::POD_DEVICES))?;
         let node = take_map(&mut ebpf, map_names::NODE)?
             .try_into()
             .map_err(DataplaneError::map(map_names::NODE))?;
@@ -150,7 +150,7 @@ impl Dataplane {
             maglev,
             names,
             namespaces,
-            peer_devices,
+            pod_devices,
             counters,
             socket_records,
             node,

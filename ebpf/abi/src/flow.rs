@@ -224,6 +224,10 @@ pub struct NodeConfig {
     pub pad: u32,
 }
 
+/// Flag of a served pod device (`map_names::POD_DEVICES`): a veth whose peer is in a pod's
+/// network namespace, into which a redirected packet goes at once (`bpf_redirect_peer`).
+pub const POD_DEVICE_VETH: u8 = 1 << 0;
+
 /// [`NodeConfig::pod_delivery`]: through the node's routing and netfilter (the kernel's
 /// path), which see the flow as from the client to the backend.
 pub const POD_DELIVERY_KERNEL: u32 = 0;

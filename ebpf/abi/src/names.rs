@@ -73,10 +73,10 @@ pub mod map_names {
     /// whose sockets the socket hooks translate under `--socket-lb-scope pods` (the pods'
     /// namespaces the node's runtime pinned), written by the agent.
     pub const SOCKET_LB_NAMESPACES: &str = "socklb_lbns_v1";
-    /// `u32` interface index -> `u8` (hash): the pod devices that are veths (their peer in
-    /// a pod's namespace), to which a flow delivered directly (`--pod-delivery direct`) is
-    /// handed straight into the pod (`bpf_redirect_peer`), written by the agent.
-    pub const PEER_DEVICES: &str = "socklb_peerdev_v1";
+    /// `u32` interface index -> `u8` `POD_DEVICE_*` flags (hash): the pod devices that
+    /// carry the per-packet path's programs, the only ones a flow delivered directly
+    /// (`--pod-delivery direct`) is redirected to, written by the agent.
+    pub const POD_DEVICES: &str = "socklb_poddev_v1";
     /// [`crate::GoneKey`] -> `u8` (hash, small): the (frontend, backend) pairs of one sync
     /// whose backend left, read by the socket iterators that close their sockets. Not
     /// pinned: it belongs to the running agent and is empty between sweeps.
@@ -148,7 +148,7 @@ pub mod map_names {
         SOCKET_RECORDS,
         SOCKET_RECORD_COUNT,
         SOCKET_LB_NAMESPACES,
-        PEER_DEVICES,
+        POD_DEVICES,
         AFFINITY6,
         CONNTRACK6,
         CONNTRACK_NEW6,

@@ -11,11 +11,11 @@ use aya_ebpf::{
     helpers,
     programs::TcContext,
 };
-use socklb_abi::CtEntry;
+use socklb_abi::{CtEntry, POD_DEVICE_VETH};
 
 use crate::{
     family::Family,
-    maps::PEER_DEVICES,
+    maps::POD_DEVICES,
     nat,
     packet::{Packet, PacketError},
 };
@@ -63,10 +63,11 @@ fn zeroed_fib_params(buffer: &mut MaybeUninit<[u64; 8]>) -> &mut bpf_fib_lookup 
 /// Sends a packet on towards its new destination, rewritten first to `to` if given (else
 /// already translated): straight to the egress device the FIB names, or to the kernel's
 /// own path when the destination is local or unroutable (its usual errors then apply).
-/// A packet of a flow delivered directly (`to_pod`) whose device is a pod's veth goes into
-/// the pod's namespace at once (`bpf_redirect_peer`, from a TC ingress: no second pass
-/// through the device's queue and egress); to another device (a bridge) it leaves as
-/// the others do.
+/// A packet of a flow delivered directly (`to_pod`) is redirected only to a served pod
+/// device ([`POD_DEVICES`]), whose program takes the flow's answers; to any other device
+/// (one the per-packet path does not serve, a bridge) it takes the kernel's path, as its
+/// answers will. Into a veth's pod it goes at once (`bpf_redirect_peer`, from a TC
+/// ingress: no second pass through the device's queue and egress).
 /// A packet still to be rewritten is looked up with its size: one too big for the path
 /// (and not to be fragmented) is left as it is and its verdict is [`TOO_BIG`] less the
 /// path's MTU, for the entry to answer.
@@ -94,15 +95,19 @@ pub fn forward<F: Family>(
     if hop == HOP_STACK {
         return Ok(TC_ACT_OK);
     }
-    packet.decrement_ttl()?;
     let ifindex = hop as u32;
+    let pod_device = if to_pod { pod_device(ifindex) } else { None };
+    if to_pod && pod_device.is_none() {
+        return Ok(TC_ACT_OK);
+    }
+    packet.decrement_ttl()?;
     if hop & HOP_NEIGHBOUR != 0 {
         // SAFETY: a null neighbour lets the kernel resolve the next hop itself.
         return Ok(
             unsafe { helpers::bpf_redirect_neigh(ifindex, core::ptr::null_mut(), 0, 0) } as i32,
         );
     }
-    if to_pod && peer_device(ifindex) {
+    if pod_device.is_some_and(|flags| flags & POD_DEVICE_VETH != 0) {
         // SAFETY: plain helper call without pointers.
         return Ok(unsafe { helpers::bpf_redirect_peer(ifindex, 0) } as i32);
     }
@@ -110,13 +115,12 @@ pub fn forward<F: Family>(
     Ok(unsafe { helpers::bpf_redirect(ifindex, 0) } as i32)
 }
 
-/// Whether the device of `ifindex` is a pod's veth ([`PEER_DEVICES`]): its peer, in the
-/// pod's namespace, takes a redirected packet; `bpf_redirect_peer` drops what it sends to
-/// any other device.
+/// The `POD_DEVICE_*` flags of a served pod device ([`POD_DEVICES`]); `None`: not one.
+/// `bpf_redirect_peer` drops what it sends to a device that is not a veth.
 #[inline(always)]
-fn peer_device(ifindex: u32) -> bool {
-    // SAFETY: the value is not read, only whether there is one.
-    unsafe { PEER_DEVICES.get(&ifindex) }.is_some()
+fn pod_device(ifindex: u32) -> Option<u8> {
+    // SAFETY: a plain integer read at once from a successful lookup.
+    unsafe { POD_DEVICES.get(&ifindex) }.copied()
 }
 
 /// [`next_hop_here`]'s answers besides an egress device's index: the kernel's path.

@@ -20,7 +20,7 @@
 //! Anything else goes on to the full path, which looks at it afresh: the lookup here
 //! changed nothing that the full path's would not.
 use aya_ebpf::programs::TcContext;
-use socklb_abi::{CT_FLAG_DIRECT, CT_FLAG_SNAT, CT_FORWARD, PROTO_TCP};
+use socklb_abi::{CT_FLAG_SNAT, CT_FORWARD, PROTO_TCP};
 
 use crate::{
     conntrack::{self, Found},
@@ -147,7 +147,7 @@ pub fn ingress4<S: Side>(ctx: &TcContext) -> i32 {
         return FULL;
     }
     flow::trace_known::<_, S>(&packet, &entry);
-    let result = if entry.flags & (CT_FLAG_SNAT | CT_FLAG_DIRECT) != 0 {
+    let result = if entry.flags & CT_FLAG_SNAT != 0 || flow::delivered_directly(&entry) {
         // Forwarded by the full path's delivery (a SNATed flow, or one delivered
         // directly), out of line: its FIB lookup is not needed
         // on a pod's usual packets.

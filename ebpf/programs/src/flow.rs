@@ -164,12 +164,13 @@ pub fn icmp_error<F: Family>(ctx: &TcContext, ingress: bool) -> i32 {
         .map_err(Error::from)
         .and_then(|()| {
             bump(|c| &mut c.icmp_errors_translated);
-            if !ingress || entry.flags & (CT_FLAG_SNAT | CT_FLAG_DIRECT) == 0 {
+            let to_pod = delivered_directly(&entry);
+            if !ingress || (entry.flags & CT_FLAG_SNAT == 0 && !to_pod) {
                 Ok(TC_ACT_OK)
             } else if ttl_exceeded(&packet) {
                 Ok(TC_ACT_SHOT)
             } else {
-                deliver::forward::<F>(ctx, &mut packet, None, false).map_err(Error::from)
+                deliver::forward::<F>(ctx, &mut packet, None, to_pod).map_err(Error::from)
             }
         });
     verdict(result, &packet)
@@ -322,14 +323,14 @@ fn deliver_here<F: Family>(
     packet: &mut Packet<F::Addr>,
     entry: &CtEntry<F::Addr>,
 ) -> Result<i32, Error> {
-    if entry.flags & (CT_FLAG_SNAT | CT_FLAG_DIRECT) == 0 {
+    let to_pod = delivered_directly(entry);
+    if entry.flags & CT_FLAG_SNAT == 0 && !to_pod {
         nat::rewrite(packet, entry)?;
         return Ok(TC_ACT_OK);
     }
     if ttl_exceeded(packet) {
         return Ok(EXPIRED);
     }
-    let to_pod = entry.flags & CT_FLAG_DIRECT != 0;
     Ok(deliver::forward::<F>(ctx, packet, Some(entry), to_pod)?)
 }
 
@@ -384,15 +385,24 @@ fn reply_here<F: Family>(
     let Some(reply) = conntrack::lookup_reply::<F>(&packet.tuple, segment, now) else {
         return Ok(None);
     };
-    if reply.flags & (CT_FLAG_SNAT | CT_FLAG_DIRECT) == 0 {
+    let to_pod = delivered_directly(&reply);
+    if reply.flags & CT_FLAG_SNAT == 0 && !to_pod {
         return Ok(None);
     }
     if ttl_exceeded(packet) {
         return Ok(Some(TC_ACT_SHOT));
     }
     nat::rewrite(packet, &reply)?;
-    let to_pod = reply.flags & CT_FLAG_DIRECT != 0;
     Ok(Some(deliver::forward::<F>(ctx, packet, None, to_pod)?))
+}
+
+/// Whether a flow's packets are delivered directly: made so, and the agent still asks for
+/// it. After a change to `kernel` both directions of such a flow take the kernel's path,
+/// whose conntrack picks the flow up (as after its own restart), since the answers are no
+/// longer looked for on the backend's device.
+#[inline(always)]
+pub fn delivered_directly<A>(entry: &CtEntry<A>) -> bool {
+    entry.flags & CT_FLAG_DIRECT != 0 && conntrack::delivers_direct(NODE.get(0))
 }
 
 /// Whether a packet on a pod's device may answer a flow delivered directly (sent by a

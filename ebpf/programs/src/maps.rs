@@ -101,13 +101,14 @@ pub static SOCKET_LB_NAMESPACES: HashMap<
     { BPF_F_NO_PREALLOC as usize },
 > = HashMap::new();
 
-/// The pod devices that are veths, by interface index (see `deliver`).
-#[btf_map(name = "socklb_peerdev_v1", pin_by_name)]
-pub static PEER_DEVICES: HashMap<u32, u8, PEER_DEVICES_CAPACITY, { BPF_F_NO_PREALLOC as usize }> =
+/// The served pod devices by interface index, with their `POD_DEVICE_*` flags (see
+/// `deliver`).
+#[btf_map(name = "socklb_poddev_v1", pin_by_name)]
+pub static POD_DEVICES: HashMap<u32, u8, POD_DEVICES_CAPACITY, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();
 
-/// Devices in [`PEER_DEVICES`] at most: as many as pods' namespaces.
-pub const PEER_DEVICES_CAPACITY: usize = SOCKET_LB_NAMESPACES_CAPACITY;
+/// Devices in [`POD_DEVICES`] at most: as many as pods' namespaces.
+pub const POD_DEVICES_CAPACITY: usize = SOCKET_LB_NAMESPACES_CAPACITY;
 
 /// Network namespaces in [`SOCKET_LB_NAMESPACES`] at most: far beyond a node's pods (the
 /// kubelet allows 110 by default).
