@@ -149,8 +149,7 @@ pub fn ingress4<S: Side>(ctx: &TcContext) -> i32 {
     flow::trace_known::<_, S>(&packet, &entry);
     let result = if entry.flags & CT_FLAG_SNAT != 0 || flow::delivered_directly(&entry) {
         // Forwarded by the full path's delivery (a SNATed flow, or one delivered
-        // directly), out of line: its FIB lookup is not needed
-        // on a pod's usual packets.
+        // directly), out of line: its FIB lookup is not needed on a pod's usual packets.
         match flow::deliver_apart::<V4>(ctx, &mut packet, &entry) {
             -1 => Err(Error),
             verdict => Ok(verdict),

@@ -4,10 +4,11 @@
 //! External selection), and packets from pod devices to internal frontends (their Cluster
 //! or Local selection, as the socket path gives them).
 //!
-//! A SNATed flow is forwarded by redirect, past netfilter; any other keeps its client
-//! address and takes the kernel's own path (docs/architecture.md says why). A packet with a
-//! TTL of 1 or less takes no conntrack or affinity entry, and one whose rewrite fails
-//! half-way is dropped rather than sent on half-translated.
+//! A SNATed flow is forwarded by redirect, past netfilter, and so is a pod's flow to a pod
+//! of this node delivered directly (`--pod-delivery direct`), both ways; any other keeps
+//! its client address and takes the kernel's own path (docs/architecture.md says why). A
+//! packet with a TTL of 1 or less takes no conntrack or affinity entry, and one whose
+//! rewrite fails half-way is dropped rather than sent on half-translated.
 use aya_ebpf::programs::TcContext;
 use socklb_abi::{
     BACKEND_FLAG_REMOTE, CT_FLAG_CLOSING, CT_FLAG_DIRECT, CT_FLAG_SEEN_REPLY, CT_FLAG_SEQUENCE,
