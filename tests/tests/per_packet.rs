@@ -232,7 +232,7 @@ fn a_vm_s_flows_to_a_local_pod_bypass_the_node_s_netfilter_under_direct_delivery
     );
 }
 
-/// The served pod devices in the pinned `socklb_poddev_v1`, with their flags.
+/// The served pod devices in the pinned `socklb_podif_v1`, with their flags.
 fn pod_devices(node: &LanNode) -> BTreeMap<u32, u8> {
     let pin = node.sandbox.pin_dir.join(map_names::POD_DEVICES);
     let map = MapData::from_pin(&pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));

@@ -83,7 +83,6 @@ pub struct Dataplane {
     maglev: MaglevWriter,
     names: NamesWriter,
     /// The pods' namespaces the socket hooks serve (`--socket-lb-scope pods`).
-    /// The pods' network namespaces the socket hooks translate besides the host's.
     namespaces: MirrorWriter<u64, u8>,
     /// The served pod devices by interface index, with their `POD_DEVICE_*` flags.
     pod_devices: MirrorWriter<u32, u8>,

@@ -1,6 +1,6 @@
 //! A small map the agent keeps equal to what it found, entry by entry: the pods' network
 //! namespaces the socket hooks translate besides the host's (`socklb_lbns_v1`, `--socket-lb-scope
-//! pods`, cookie -> 1), and the served pod devices (`socklb_poddev_v1`, interface index ->
+//! pods`, cookie -> 1), and the served pod devices (`socklb_podif_v1`, interface index ->
 //! `POD_DEVICE_*` flags). A namespace added before the pod's first connect() is translated at
 //! the socket; one added later was served per packet meanwhile.
 use std::collections::BTreeMap;

@@ -76,7 +76,7 @@ pub mod map_names {
     /// `u32` interface index -> `u8` `POD_DEVICE_*` flags (hash): the pod devices that
     /// carry the per-packet path's programs, the only ones a flow delivered directly
     /// (`--pod-delivery direct`) is redirected to, written by the agent.
-    pub const POD_DEVICES: &str = "socklb_poddev_v1";
+    pub const POD_DEVICES: &str = "socklb_podif_v1";
     /// [`crate::GoneKey`] -> `u8` (hash, small): the (frontend, backend) pairs of one sync
     /// whose backend left, read by the socket iterators that close their sockets. Not
     /// pinned: it belongs to the running agent and is empty between sweeps.

@@ -103,7 +103,7 @@ pub static SOCKET_LB_NAMESPACES: HashMap<
 
 /// The served pod devices by interface index, with their `POD_DEVICE_*` flags (see
 /// `deliver`).
-#[btf_map(name = "socklb_poddev_v1", pin_by_name)]
+#[btf_map(name = "socklb_podif_v1", pin_by_name)]
 pub static POD_DEVICES: HashMap<u32, u8, POD_DEVICES_CAPACITY, { BPF_F_NO_PREALLOC as usize }> =
     HashMap::new();
 
